@@ -1,0 +1,51 @@
+# kvstash — thin wrapper over CMake. The two commands a newcomer needs:
+#   make run    set up what is missing, build, and run the demo (MODEL=path.gguf to use yours)
+#   make test   set up, build, and run every test (also under ASan+UBSan with SANITIZE=1)
+.PHONY: all setup build run test test-asan bench clean demo-model
+
+BUILD      ?= build
+ASAN_BUILD ?= build-asan
+JOBS       ?= $(shell nproc)
+DEPS       := $(CURDIR)/build/deps
+DEMO_MODEL := $(BUILD)/models/demo.gguf
+MODEL      ?=
+CTEST_ARGS ?=
+
+all: build
+
+setup:
+	@bash scripts/setup.sh $(DEPS)
+
+$(BUILD)/CMakeCache.txt:
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKS_DEPS_DIR=$(DEPS) >/dev/null
+
+build: setup $(BUILD)/CMakeCache.txt
+	cmake --build $(BUILD) -j $(JOBS)
+
+# The demo model: the "bench" preset (compute like a real 0.5B model) unless MODEL= is given.
+demo-model: build
+	@if [ -z "$(MODEL)" ] && [ ! -f $(DEMO_MODEL) ]; then \
+	  echo "make run: generating a random-weight demo model (no weights can be downloaded here)"; \
+	  ./$(BUILD)/kvstash mkmodel --preset $${KS_DEMO_PRESET:-bench} --seed 1 $(DEMO_MODEL); fi
+
+run: demo-model
+	@bash scripts/run.sh ./$(BUILD)/kvstash "$(or $(MODEL),$(DEMO_MODEL))"
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure --no-tests=error -j 2 $(CTEST_ARGS)
+
+$(ASAN_BUILD)/CMakeCache.txt:
+	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DKS_SANITIZE=ON -DKS_DEPS_DIR=$(DEPS) >/dev/null
+
+test-asan: setup $(ASAN_BUILD)/CMakeCache.txt
+	cmake --build $(ASAN_BUILD) -j $(JOBS)
+	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+	  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp:print_suppressions=0 \
+	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  ctest --output-on-failure --no-tests=error -j 2 $(CTEST_ARGS)
+
+bench: build
+	@bash bench/run_all.sh
+
+clean:
+	rm -rf $(BUILD)/CMakeFiles $(BUILD)/kvstash $(ASAN_BUILD)

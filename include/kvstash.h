@@ -1,0 +1,148 @@
+/*
+ * kvstash.h — the public C API of libkvstash.
+ *
+ * kvstash keeps the KV state of a conversation between calls so that no
+ * prompt token is prefilled twice, and never changes the output by caching:
+ * with greedy sampling, a cached turn produces exactly the tokens and logits
+ * of an uncached one (flash attention is off by default for that reason).
+ *
+ * Objects are opaque and come in create/free pairs; free(NULL) is a no-op.
+ * Functions return 0 on success or a negative KS_E* code; ks_strerror()
+ * names it. Where a function also takes (err, errlen), a human-readable
+ * message is written there on failure.
+ *
+ * Thread model: a ks_chat owns one inference thread internally. The calls on
+ * one ks_chat must not run concurrently with each other (serialise them);
+ * different ks_chat objects are independent. Callbacks run on the inference
+ * thread and must not call back into the same ks_chat.
+ */
+#ifndef KVSTASH_H
+#define KVSTASH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------ errors */
+/* X(name, value, message): the one table every error code comes from. */
+#define KS_ERRNO_MAP(X)                                                        \
+    X(EINVAL, -1, "invalid argument")                                          \
+    X(ENOMEM, -2, "out of memory")                                             \
+    X(EIO, -3, "input/output error")                                           \
+    X(ENOSPC, -4, "no space left on device")                                   \
+    X(ECORRUPT, -5, "corrupt data")                                            \
+    X(EVERSION, -6, "unsupported format version")                              \
+    X(EBUSY, -7, "resource busy")                                              \
+    X(ENOENT, -8, "not found")                                                 \
+    X(EMODEL, -9, "model could not be loaded")                                 \
+    X(ECTX, -10, "prompt does not fit in the context")                         \
+    X(EDECODE, -11, "decode failed")                                           \
+    X(ECANCELED, -12, "canceled")                                              \
+    X(ETEMPLATE, -13, "chat template could not be applied")                    \
+    X(EFULL, -14, "queue full")                                                \
+    X(ESHUTDOWN, -15, "shutting down")                                         \
+    X(EEMPTY, -16, "empty input")                                              \
+    X(EMISMATCH, -17, "cached state does not match")
+
+enum {
+#define KS_ERRNO_ENUM(name, val, msg) KS_##name = val,
+    KS_ERRNO_MAP(KS_ERRNO_ENUM)
+#undef KS_ERRNO_ENUM
+};
+
+/* A static string describing err (never NULL). */
+const char *ks_strerror(int err);
+/* The code's symbolic name without the KS_ prefix, e.g. "ECORRUPT". */
+const char *ks_errname(int err);
+
+/* --------------------------------------------------------------- sampling */
+typedef struct ks_sample_params {
+    float temperature; /* <= 0: greedy (argmax) */
+    int top_k;         /* <= 0: off */
+    float top_p;       /* >= 1: off */
+    float min_p;       /* <= 0: off */
+    uint64_t seed;     /* for temperature > 0 */
+} ks_sample_params;
+
+ks_sample_params ks_sample_params_default(void); /* greedy */
+
+/* ----------------------------------------------------------- turn stats */
+typedef struct ks_turn_stats {
+    int n_prompt;        /* tokens in the whole prompt of this turn */
+    int n_cached;        /* of those, reused from the KV cache */
+    int n_new;           /* n_prompt - n_cached: prefilled this turn */
+    int n_generated;     /* tokens produced */
+    int n_dropped_msgs;  /* messages dropped from the front to fit the context */
+    double prompt_ms;    /* prefill time (from the request to the first sampled token) */
+    double ttft_ms;      /* time to first token, as seen by the caller */
+    double gen_ms;       /* time spent generating after the first token */
+    bool stopped_eog;    /* true: end of generation; false: max_tokens reached or canceled */
+} ks_turn_stats;
+
+/* --------------------------------------------------------------- ks_chat */
+/* A single conversation on one model with its KV kept between turns. */
+typedef struct ks_chat ks_chat;
+
+typedef struct ks_chat_params {
+    const char *model_path; /* GGUF file (required) */
+    int n_ctx;              /* context size in tokens (default 4096; capped at the model's) */
+    int n_batch;            /* prefill chunk (default 512) */
+    int n_threads;          /* 0 = number of online CPUs */
+    bool cache;             /* keep and reuse the KV between turns (default true) */
+    bool flash_attn;        /* default false: with it on, cached output can differ */
+    const char *system;     /* system prompt, may be NULL */
+} ks_chat_params;
+
+ks_chat_params ks_chat_params_default(void);
+
+/* Loads the model and creates the conversation. On failure returns a KS_E*
+ * code, sets *out to NULL and writes a message to err. */
+int ks_chat_create(const ks_chat_params *p, ks_chat **out, char *err, size_t errlen);
+void ks_chat_free(ks_chat *c);
+
+/* Called for each piece of generated text (UTF-8, never split inside a
+ * character). Return non-zero to stop the generation. */
+typedef int (*ks_text_cb)(void *ud, const char *text, size_t len);
+/* Called during the prefill with tokens done / total to do (for progress). */
+typedef void (*ks_progress_cb)(void *ud, int done, int total);
+
+typedef struct ks_gen_params {
+    int max_tokens;         /* default 256 */
+    ks_sample_params sample;
+    ks_text_cb on_text;     /* may be NULL */
+    ks_progress_cb on_progress; /* may be NULL */
+    void *ud;
+} ks_gen_params;
+
+ks_gen_params ks_gen_params_default(void);
+
+/* Appends a user message, generates the assistant reply and appends it too.
+ * *reply (may be NULL) receives the reply text: owned, free() it.
+ * stats (may be NULL) receives the turn's figures.
+ * Errors: KS_EEMPTY (empty message), KS_ECTX (the message alone does not fit),
+ * KS_EDECODE; on error the conversation is as before the call. */
+int ks_chat_send(ks_chat *c, const char *user_msg, const ks_gen_params *g, char **reply,
+                 ks_turn_stats *stats, char *err, size_t errlen);
+
+/* Forgets the history (keeps the system prompt) and drops the KV. */
+void ks_chat_clear(ks_chat *c);
+/* Replaces the system prompt (NULL: none) and forgets the history. */
+int ks_chat_set_system(ks_chat *c, const char *system);
+/* Number of messages in the history, the system prompt included. */
+int ks_chat_n_messages(const ks_chat *c);
+/* Tokens currently held in the KV cache for this conversation. */
+int ks_chat_n_cached(const ks_chat *c);
+/* Next-token logits after the last turn's prompt (valid until the next call),
+ * n_vocab in *n. For the exactness tests. NULL before the first turn. */
+const float *ks_chat_last_prompt_logits(const ks_chat *c, int *n);
+
+const char *ks_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

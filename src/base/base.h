@@ -1,0 +1,77 @@
+/*
+ * base.h — errors, logging, time and the token vector shared by every layer.
+ *
+ * Owns nothing global except the log level and log sink (set once at start,
+ * read by every thread). Thread model: every function here is thread-safe;
+ * ks_tokens values are owned by one thread at a time.
+ *
+ * Errors: functions return 0 on success and a negative KS_E* code on failure.
+ * All codes come from one table (KS_ERRNO_MAP) so that ks_strerror() and the
+ * enum can never disagree.
+ */
+#ifndef KS_BASE_H
+#define KS_BASE_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvstash.h" /* KS_E* codes and ks_strerror() are public */
+
+/* ------------------------------------------------------------------ logging */
+typedef enum { KS_LOG_DEBUG = 0, KS_LOG_INFO, KS_LOG_WARN, KS_LOG_ERROR, KS_LOG_OFF } ks_log_level;
+
+void ks_log_set_level(ks_log_level level);
+ks_log_level ks_log_get_level(void);
+/* Parses "debug", "info", "warn", "error", "off"; returns -1 when unknown. */
+int ks_log_parse_level(const char *s);
+void ks_log(ks_log_level level, const char *module, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+#define KS_DEBUG(mod, ...) do { if (ks_log_get_level() <= KS_LOG_DEBUG) ks_log(KS_LOG_DEBUG, mod, __VA_ARGS__); } while (0)
+#define KS_INFO(mod, ...)  ks_log(KS_LOG_INFO, mod, __VA_ARGS__)
+#define KS_WARN(mod, ...)  ks_log(KS_LOG_WARN, mod, __VA_ARGS__)
+#define KS_ERROR(mod, ...) ks_log(KS_LOG_ERROR, mod, __VA_ARGS__)
+
+/* --------------------------------------------------------------------- time */
+/* Monotonic clock in milliseconds / microseconds. */
+double ks_now_ms(void);
+int64_t ks_now_us(void);
+/* Wall clock, seconds since the epoch. */
+int64_t ks_wall_s(void);
+
+/* ----------------------------------------------------------- token vectors */
+/* A growable array of token ids. Zero-initialised is an empty vector.
+ * Owned: free with ks_tokens_free(). Not thread-safe. */
+typedef struct ks_tokens {
+    int32_t *v;
+    int n;
+    int cap;
+} ks_tokens;
+
+int ks_tokens_reserve(ks_tokens *t, int cap);          /* 0 or KS_ENOMEM */
+int ks_tokens_push(ks_tokens *t, int32_t tok);         /* 0 or KS_ENOMEM */
+int ks_tokens_append(ks_tokens *t, const int32_t *v, int n);
+int ks_tokens_assign(ks_tokens *t, const int32_t *v, int n);
+void ks_tokens_truncate(ks_tokens *t, int n);          /* keeps [0, n) */
+void ks_tokens_free(ks_tokens *t);
+
+/* ------------------------------------------------------------ small helpers */
+/* snprintf into err (may be NULL) — the common "message out-parameter". */
+void ks_set_err(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* strdup that returns NULL on NULL input. */
+char *ks_strdup(const char *s);
+/* A growable string buffer. Zero-initialised is empty; s is always NUL-terminated
+ * once anything was appended. Owned: free with ks_buf_free(). */
+typedef struct ks_buf {
+    char *s;
+    size_t len;
+    size_t cap;
+} ks_buf;
+int ks_buf_append(ks_buf *b, const char *s, size_t n);
+int ks_buf_printf(ks_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void ks_buf_reset(ks_buf *b);
+void ks_buf_free(ks_buf *b);
+
+#endif

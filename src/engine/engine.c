@@ -1,0 +1,431 @@
+/*
+ * engine.c — llama.cpp behind the ks_engine interface. See engine.h.
+ */
+#include "engine/engine.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ggml-backend.h"
+#include "llama.h"
+
+struct ks_engine {
+    struct llama_model *model;
+    struct llama_context *ctx;
+    const struct llama_vocab *vocab;
+    char *path;
+    char desc[128];
+    char name[128];
+    const char *tmpl; /* the model's template, or "chatml"; borrowed from the model */
+    int n_ctx_seq;
+    int n_seq;
+    int n_batch;
+    int n_vocab;
+    bool flash_attn;
+    int type_k, type_v;
+    volatile int *abort_flag;
+};
+
+struct ks_batch {
+    struct llama_batch b;
+    int n_max;
+};
+
+struct ks_sampler {
+    struct llama_sampler *chain;
+};
+
+#define MOD "engine"
+
+/* ------------------------------------------------------------- backends */
+static void llama_log_cb(enum ggml_log_level level, const char *text, void *ud) {
+    (void)ud;
+    /* llama.cpp is chatty at info level; its warnings and errors matter. */
+    if (level == GGML_LOG_LEVEL_ERROR || level == GGML_LOG_LEVEL_WARN) {
+        size_t n = strlen(text);
+        while (n && (text[n - 1] == '\n')) n--;
+        if (n) ks_log(level == GGML_LOG_LEVEL_ERROR ? KS_LOG_ERROR : KS_LOG_DEBUG, "llama", "%.*s", (int)n, text);
+    } else if (ks_log_get_level() <= KS_LOG_DEBUG && getenv("KS_LLAMA_VERBOSE")) {
+        fputs(text, stderr);
+    }
+}
+
+static pthread_once_t g_backend_once = PTHREAD_ONCE_INIT;
+static int g_backend_count;
+
+static void backend_init(void) {
+    llama_log_set(llama_log_cb, NULL);
+    /* Backends are separate shared libraries next to libllama; plain
+     * ggml_backend_load_all() only looks next to the executable. */
+    char dir[4096] = "";
+    Dl_info info;
+    if (dladdr((void *)&llama_backend_init, &info) && info.dli_fname) {
+        snprintf(dir, sizeof dir, "%s", info.dli_fname);
+        char *slash = strrchr(dir, '/');
+        if (slash) *slash = '\0'; else dir[0] = '\0';
+    }
+#ifdef KS_LLAMA_LIBDIR
+    if (!dir[0]) snprintf(dir, sizeof dir, "%s", KS_LLAMA_LIBDIR);
+#endif
+    if (!getenv("GGML_NO_BACKTRACE")) setenv("GGML_NO_BACKTRACE", "1", 0);
+    ggml_backend_load_all_from_path(dir[0] ? dir : NULL);
+    llama_backend_init();
+    g_backend_count = (int)ggml_backend_dev_count();
+    KS_DEBUG(MOD, "backends loaded from %s: %d device(s)", dir, g_backend_count);
+}
+
+/* ------------------------------------------------------------ open/free */
+ks_engine_params ks_engine_params_default(void) {
+    ks_engine_params p = {0};
+    p.n_ctx_seq = 4096;
+    p.n_seq = 1;
+    p.n_batch = 512;
+    p.type_k = -1;
+    p.type_v = -1;
+    return p;
+}
+
+static int check_gguf_file(const char *path, char *err, size_t errlen) {
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        ks_set_err(err, errlen, "model file '%s': %s", path, strerror(errno));
+        return errno == ENOENT ? KS_ENOENT : KS_EIO;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        ks_set_err(err, errlen, "model file '%s' is not a regular file", path);
+        return KS_EMODEL;
+    }
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        ks_set_err(err, errlen, "model file '%s': %s", path, strerror(errno));
+        return KS_EIO;
+    }
+    char magic[4] = {0};
+    size_t got = fread(magic, 1, 4, f);
+    fclose(f);
+    if (got != 4 || memcmp(magic, "GGUF", 4) != 0) {
+        ks_set_err(err, errlen, "model file '%s' is not a GGUF file (bad magic)", path);
+        return KS_EMODEL;
+    }
+    return 0;
+}
+
+int ks_engine_open(const ks_engine_params *p, ks_engine **out, char *err, size_t errlen) {
+    *out = NULL;
+    if (!p || !p->model_path || !p->model_path[0]) {
+        ks_set_err(err, errlen, "no model file given");
+        return KS_EINVAL;
+    }
+    if (p->n_seq < 1 || p->n_seq > 256) {
+        ks_set_err(err, errlen, "number of sequences must be 1..256 (got %d)", p->n_seq);
+        return KS_EINVAL;
+    }
+    int rc = check_gguf_file(p->model_path, err, errlen);
+    if (rc) return rc;
+    pthread_once(&g_backend_once, backend_init);
+    if (g_backend_count == 0) {
+        ks_set_err(err, errlen, "no ggml backend could be loaded (looked next to libllama)");
+        return KS_EMODEL;
+    }
+
+    ks_engine *e = calloc(1, sizeof *e);
+    if (!e) return KS_ENOMEM;
+    e->path = strdup(p->model_path);
+    e->flash_attn = p->flash_attn;
+
+    struct llama_model_params mp = llama_model_default_params();
+    mp.n_gpu_layers = 0;
+    e->model = llama_model_load_from_file(p->model_path, mp);
+    if (!e->model) {
+        ks_set_err(err, errlen,
+                   "model file '%s' could not be loaded (unsupported architecture or damaged file; "
+                   "run with --log debug for llama.cpp's reason)", p->model_path);
+        rc = KS_EMODEL;
+        goto fail;
+    }
+    e->vocab = llama_model_get_vocab(e->model);
+    e->n_vocab = llama_vocab_n_tokens(e->vocab);
+    llama_model_desc(e->model, e->desc, sizeof e->desc);
+    if (llama_model_meta_val_str(e->model, "general.name", e->name, sizeof e->name) <= 0) {
+        const char *base = strrchr(p->model_path, '/');
+        snprintf(e->name, sizeof e->name, "%s", base ? base + 1 : p->model_path);
+    }
+
+    /* Chat template: the model's own; ChatML when it carries none. Reject a
+     * template llama.cpp cannot apply now rather than on the first request. */
+    e->tmpl = llama_model_chat_template(e->model, NULL);
+    if (!e->tmpl) e->tmpl = "chatml";
+    {
+        llama_chat_message probe[2] = {{"system", "s"}, {"user", "u"}};
+        char buf[512];
+        if (llama_chat_apply_template(e->tmpl, probe, 2, true, buf, sizeof buf) < 0) {
+            ks_set_err(err, errlen,
+                       "model '%s' has a chat template llama.cpp's built-in templates do not support",
+                       p->model_path);
+            rc = KS_ETEMPLATE;
+            goto fail;
+        }
+    }
+
+    int n_ctx_seq = p->n_ctx_seq > 0 ? p->n_ctx_seq : 4096;
+    int n_train = llama_model_n_ctx_train(e->model);
+    if (n_train > 0 && n_ctx_seq > n_train) n_ctx_seq = n_train;
+    int n_batch = p->n_batch > 0 ? p->n_batch : 512;
+    int n_threads = p->n_threads > 0 ? p->n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (n_threads < 1) n_threads = 1;
+
+    struct llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = (uint32_t)n_ctx_seq * (uint32_t)p->n_seq;
+    cp.n_batch = (uint32_t)n_batch;
+    cp.n_ubatch = (uint32_t)n_batch;
+    cp.n_seq_max = (uint32_t)p->n_seq;
+    cp.n_threads = n_threads;
+    cp.n_threads_batch = n_threads;
+    cp.flash_attn_type = p->flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    cp.kv_unified = false;
+    cp.no_perf = true;
+    if (p->type_k >= 0) cp.type_k = (enum ggml_type)p->type_k;
+    if (p->type_v >= 0) cp.type_v = (enum ggml_type)p->type_v;
+    e->type_k = cp.type_k;
+    e->type_v = cp.type_v;
+    e->ctx = llama_init_from_model(e->model, cp);
+    if (!e->ctx) {
+        ks_set_err(err, errlen, "could not create a context of %d tokens x %d sequences (out of memory?)",
+                   n_ctx_seq, p->n_seq);
+        rc = KS_ENOMEM;
+        goto fail;
+    }
+    e->n_seq = p->n_seq;
+    e->n_ctx_seq = (int)llama_n_ctx_seq(e->ctx);
+    e->n_batch = (int)llama_n_batch(e->ctx);
+    KS_DEBUG(MOD, "model %s (%s): n_ctx_seq=%d n_seq=%d n_batch=%d threads=%d fa=%d", e->name, e->desc,
+             e->n_ctx_seq, e->n_seq, e->n_batch, n_threads, (int)p->flash_attn);
+    *out = e;
+    return 0;
+fail:
+    ks_engine_free(e);
+    return rc;
+}
+
+void ks_engine_free(ks_engine *e) {
+    if (!e) return;
+    if (e->ctx) llama_free(e->ctx);
+    if (e->model) llama_model_free(e->model);
+    free(e->path);
+    free(e);
+}
+
+/* ------------------------------------------------------------- model info */
+int ks_engine_n_ctx_seq(const ks_engine *e) { return e->n_ctx_seq; }
+int ks_engine_n_seq(const ks_engine *e) { return e->n_seq; }
+int ks_engine_n_batch(const ks_engine *e) { return e->n_batch; }
+int ks_engine_n_vocab(const ks_engine *e) { return e->n_vocab; }
+const char *ks_engine_model_path(const ks_engine *e) { return e->path; }
+const char *ks_engine_model_desc(const ks_engine *e) { return e->desc; }
+const char *ks_engine_model_name(const ks_engine *e) { return e->name; }
+
+void ks_engine_kv_params(const ks_engine *e, char *buf, size_t n) {
+    snprintf(buf, n, "type_k=%s;type_v=%s;fa=%d;n_ctx_seq=%d;kv_unified=0;state_v=%d",
+             ggml_type_name((enum ggml_type)e->type_k), ggml_type_name((enum ggml_type)e->type_v),
+             (int)e->flash_attn, e->n_ctx_seq, LLAMA_STATE_SEQ_VERSION);
+}
+
+uint32_t ks_engine_state_version(void) { return LLAMA_STATE_SEQ_VERSION; }
+
+char *ks_engine_meta_dump(const ks_engine *e) {
+    ks_buf b = {0};
+    int n = llama_model_meta_count(e->model);
+    char key[512];
+    char *val = malloc(1 << 16);
+    if (!val) return NULL;
+    for (int i = 0; i < n; i++) {
+        if (llama_model_meta_key_by_index(e->model, i, key, sizeof key) < 0) continue;
+        if (llama_model_meta_val_str_by_index(e->model, i, val, 1 << 16) < 0) val[0] = '\0';
+        ks_buf_printf(&b, "%s=%s\n", key, val);
+    }
+    free(val);
+    ks_buf_printf(&b, "n_params=%llu;size=%llu\n", (unsigned long long)llama_model_n_params(e->model),
+                  (unsigned long long)llama_model_size(e->model));
+    return b.s;
+}
+
+bool ks_engine_partial_rm_ok(const ks_engine *e) {
+    return !llama_model_is_recurrent(e->model) && !llama_model_is_hybrid(e->model);
+}
+
+/* -------------------------------------------------------------- tokenizer */
+int ks_engine_tokenize(const ks_engine *e, const char *text, size_t len, bool add_special,
+                       bool parse_special, ks_tokens *out) {
+    if (len > INT32_MAX / 2) return KS_EINVAL;
+    int cap = (int)len + 8;
+    int rc = ks_tokens_reserve(out, out->n + cap);
+    if (rc) return rc;
+    int n = llama_tokenize(e->vocab, text, (int32_t)len, out->v + out->n, cap, add_special, parse_special);
+    if (n < 0) {
+        rc = ks_tokens_reserve(out, out->n - n);
+        if (rc) return rc;
+        n = llama_tokenize(e->vocab, text, (int32_t)len, out->v + out->n, -n, add_special, parse_special);
+        if (n < 0) return KS_EINVAL;
+    }
+    out->n += n;
+    return 0;
+}
+
+int ks_engine_piece(const ks_engine *e, int32_t tok, char *buf, size_t n) {
+    int r = llama_token_to_piece(e->vocab, tok, buf, (int32_t)n, 0, false);
+    return r < 0 ? -r : r; /* negative = the size needed */
+}
+
+bool ks_engine_is_eog(const ks_engine *e, int32_t tok) { return llama_vocab_is_eog(e->vocab, tok); }
+
+int ks_engine_template(const ks_engine *e, const ks_msg *msgs, size_t n, bool add_gen, char **out) {
+    *out = NULL;
+    llama_chat_message *cm = calloc(n ? n : 1, sizeof *cm);
+    if (!cm) return KS_ENOMEM;
+    size_t total = 64;
+    for (size_t i = 0; i < n; i++) {
+        cm[i].role = msgs[i].role;
+        cm[i].content = msgs[i].content ? msgs[i].content : "";
+        total += strlen(cm[i].content) + strlen(cm[i].role) + 32;
+    }
+    size_t cap = total * 2;
+    char *buf = malloc(cap);
+    int rc = 0;
+    if (!buf) { rc = KS_ENOMEM; goto done; }
+    int32_t r = llama_chat_apply_template(e->tmpl, cm, n, add_gen, buf, (int32_t)cap);
+    if (r < 0) { rc = KS_ETEMPLATE; goto done; }
+    if ((size_t)r >= cap) {
+        cap = (size_t)r + 1;
+        char *nb = realloc(buf, cap);
+        if (!nb) { rc = KS_ENOMEM; goto done; }
+        buf = nb;
+        r = llama_chat_apply_template(e->tmpl, cm, n, add_gen, buf, (int32_t)cap);
+        if (r < 0 || (size_t)r >= cap) { rc = KS_ETEMPLATE; goto done; }
+    }
+    buf[r] = '\0';
+    *out = buf;
+    buf = NULL;
+done:
+    free(buf);
+    free(cm);
+    return rc;
+}
+
+/* ----------------------------------------------------- decode and logits */
+ks_batch *ks_batch_create(int n_max) {
+    ks_batch *b = calloc(1, sizeof *b);
+    if (!b) return NULL;
+    b->b = llama_batch_init(n_max, 0, 1);
+    b->n_max = n_max;
+    return b;
+}
+
+void ks_batch_free(ks_batch *b) {
+    if (!b) return;
+    llama_batch_free(b->b);
+    free(b);
+}
+
+void ks_batch_clear(ks_batch *b) { b->b.n_tokens = 0; }
+int ks_batch_n(const ks_batch *b) { return b->b.n_tokens; }
+
+int ks_batch_add(ks_batch *b, int32_t tok, int pos, int seq, bool logits) {
+    int i = b->b.n_tokens;
+    if (i >= b->n_max) return -1;
+    b->b.token[i] = tok;
+    b->b.pos[i] = pos;
+    b->b.n_seq_id[i] = 1;
+    b->b.seq_id[i][0] = seq;
+    b->b.logits[i] = logits ? 1 : 0;
+    b->b.n_tokens++;
+    return i;
+}
+
+int ks_engine_decode(ks_engine *e, ks_batch *b) {
+    if (b->b.n_tokens == 0) return 0;
+    int r = llama_decode(e->ctx, b->b);
+    if (r == 0) return 0;
+    if (r == 1) return KS_EFULL;
+    if (r == 2) return KS_ECANCELED;
+    KS_ERROR(MOD, "llama_decode failed (%d) on %d tokens", r, b->b.n_tokens);
+    return KS_EDECODE;
+}
+
+const float *ks_engine_logits(ks_engine *e, int i) { return llama_get_logits_ith(e->ctx, i); }
+
+/* --------------------------------------------------------------- sampling */
+ks_sampler *ks_sampler_create(const ks_engine *e, const ks_sample_params *sp) {
+    (void)e;
+    ks_sampler *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    struct llama_sampler_chain_params scp = llama_sampler_chain_default_params();
+    scp.no_perf = true;
+    s->chain = llama_sampler_chain_init(scp);
+    if (!s->chain) { free(s); return NULL; }
+    if (!sp || sp->temperature <= 0.0f) {
+        llama_sampler_chain_add(s->chain, llama_sampler_init_greedy());
+    } else {
+        if (sp->top_k > 0) llama_sampler_chain_add(s->chain, llama_sampler_init_top_k(sp->top_k));
+        if (sp->top_p > 0.0f && sp->top_p < 1.0f) llama_sampler_chain_add(s->chain, llama_sampler_init_top_p(sp->top_p, 1));
+        if (sp->min_p > 0.0f) llama_sampler_chain_add(s->chain, llama_sampler_init_min_p(sp->min_p, 1));
+        llama_sampler_chain_add(s->chain, llama_sampler_init_temp(sp->temperature));
+        llama_sampler_chain_add(s->chain, llama_sampler_init_dist((uint32_t)(sp->seed ^ (sp->seed >> 32))));
+    }
+    return s;
+}
+
+void ks_sampler_free(ks_sampler *s) {
+    if (!s) return;
+    llama_sampler_free(s->chain);
+    free(s);
+}
+
+int32_t ks_sampler_sample(ks_sampler *s, ks_engine *e, int i) {
+    /* llama_sampler_sample also accepts the token into the chain. */
+    return llama_sampler_sample(s->chain, e->ctx, i);
+}
+
+/* ------------------------------------------------------- sequence memory */
+bool ks_engine_seq_rm(ks_engine *e, int seq, int p0, int p1) {
+    return llama_memory_seq_rm(llama_get_memory(e->ctx), seq, p0, p1);
+}
+
+void ks_engine_seq_clear(ks_engine *e, int seq) {
+    /* Removing the whole range always succeeds, for every memory type. */
+    llama_memory_seq_rm(llama_get_memory(e->ctx), seq, -1, -1);
+}
+
+int ks_engine_seq_pos_max(ks_engine *e, int seq) {
+    return llama_memory_seq_pos_max(llama_get_memory(e->ctx), seq);
+}
+
+size_t ks_engine_state_size(ks_engine *e, int seq) { return llama_state_seq_get_size(e->ctx, seq); }
+
+size_t ks_engine_state_get(ks_engine *e, int seq, uint8_t *buf, size_t n) {
+    return llama_state_seq_get_data(e->ctx, buf, n, seq);
+}
+
+int ks_engine_state_set(ks_engine *e, int seq, const uint8_t *buf, size_t n) {
+    size_t r = llama_state_seq_set_data(e->ctx, buf, n, seq);
+    if (r == 0) {
+        ks_engine_seq_clear(e, seq);
+        return KS_EMISMATCH;
+    }
+    return 0;
+}
+
+static bool abort_cb(void *data) {
+    volatile int *flag = data;
+    return flag && *flag;
+}
+
+void ks_engine_set_abort(ks_engine *e, volatile int *flag) {
+    e->abort_flag = flag;
+    llama_set_abort_callback(e->ctx, flag ? abort_cb : NULL, (void *)flag);
+}

@@ -1,0 +1,142 @@
+/*
+ * sched.h — the inference scheduler: request queue, slots, continuous batching.
+ *
+ * Owns the inference thread, the slots and each slot's token list (the exact
+ * tokens whose KV the slot's sequence holds). One ks_sched drives one
+ * ks_engine; slot i uses sequence i.
+ *
+ * Slot life cycle (all transitions on the inference thread):
+ *   IDLE --assign--> PREFILL --first token--> GENERATE --eog/length/cancel--> IDLE
+ * An IDLE slot keeps its KV and token list (prompt + generated tokens that
+ * were decoded) so that the next request can reuse the longest common prefix.
+ *
+ * Invariants
+ *  1. slot.tokens[i] is exactly the token at position i of the slot's sequence,
+ *     for i < slot.tokens.n; nothing else is in the sequence.
+ *  2. A request is assigned only to an IDLE slot; every submitted request gets
+ *     exactly one on_done call (also when canceled or failed), after which the
+ *     scheduler never touches its callbacks again.
+ *  3. Each llama_decode batch holds one token per generating slot plus prefill
+ *     chunks of prefilling slots, at most n_batch tokens: a long prefill never
+ *     stalls the other streams for more than one step.
+ *
+ * Thread model: ks_sched_submit, ks_sched_cancel, ks_sched_slots and
+ * ks_sched_stats are safe from any thread. Callbacks (on_token, on_progress,
+ * on_done) run on the inference thread; they must be quick and must not call
+ * ks_sched_free.
+ */
+#ifndef KS_SCHED_H
+#define KS_SCHED_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "base/base.h"
+#include "engine/engine.h"
+
+typedef struct ks_sched ks_sched;
+
+typedef struct ks_sched_params {
+    ks_engine *engine;     /* borrowed; must outlive the scheduler */
+    int n_slots;           /* <= engine's n_seq (default: all of them) */
+    int max_queue;         /* requests waiting for a slot; beyond: KS_EFULL (default 64) */
+    bool cache_prompt;     /* server-wide switch; a request can only turn it off (default true) */
+    float affinity_min;    /* prefer the slot with the longest common prefix only when it
+                              covers at least this fraction of the prompt (default 0.05);
+                              otherwise the least-recently-used idle slot */
+} ks_sched_params;
+
+ks_sched_params ks_sched_params_default(void);
+
+typedef enum {
+    KS_FINISH_STOP = 0,   /* end of generation token, or the caller stopped it (stop string) */
+    KS_FINISH_LENGTH,     /* max_tokens reached */
+    KS_FINISH_CANCEL,     /* canceled (client went away, shutdown) */
+    KS_FINISH_ERROR       /* see result.error */
+} ks_finish;
+
+const char *ks_finish_name(ks_finish f); /* "stop", "length", "cancel", "error" */
+
+typedef struct ks_req_result {
+    uint64_t id;
+    int slot;
+    int n_prompt;
+    int n_cached;          /* prompt tokens whose KV was reused */
+    int n_generated;
+    double queue_ms;       /* submit -> slot assigned */
+    double prompt_ms;      /* slot assigned -> first token sampled (prefill) */
+    double ttft_ms;        /* submit -> first token sampled */
+    double gen_ms;         /* first token -> done */
+    ks_finish finish;
+    int error;             /* KS_E* when finish == KS_FINISH_ERROR */
+    char cache_mode[24];   /* "prefix", "miss", ... */
+    char cache_reason[48]; /* why not more was cached, "" when fully cached */
+    const float *logits;   /* want_logits: the first sampled token's logits (n_vocab), borrowed
+                              for the duration of on_done; else NULL */
+    int n_vocab;
+} ks_req_result;
+
+typedef struct ks_req_params {
+    const int32_t *tokens;  /* the whole prompt; copied by submit */
+    int n_tokens;
+    int max_tokens;         /* >= 1 */
+    ks_sample_params sample;
+    bool cache_prompt;      /* false: clear the slot and prefill everything */
+    bool want_logits;       /* pass the first token's logits to on_done */
+    int preferred_slot;     /* -1: choose; >= 0: wait for this slot (ks_chat uses 0) */
+    /* Called for each sampled token with its text piece (may be empty or an
+     * incomplete UTF-8 sequence). Return non-zero to stop (finish = stop). */
+    int (*on_token)(void *ud, int32_t tok, const char *piece, int len);
+    void (*on_progress)(void *ud, int done, int total);
+    void (*on_done)(void *ud, const ks_req_result *r);
+    void *ud;
+} ks_req_params;
+
+/* Starts the inference thread. Errors: KS_EINVAL, KS_ENOMEM. */
+int ks_sched_create(const ks_sched_params *p, ks_sched **out);
+/* Stops accepting, cancels queued requests, lets running ones finish their
+ * current step and cancels them, joins the thread, frees. NULL is a no-op. */
+void ks_sched_free(ks_sched *s);
+/* Queues a request; *id (may be NULL) receives its id. Errors: KS_EINVAL (no
+ * tokens, max_tokens < 1), KS_ECTX (prompt + max_tokens > context of a slot),
+ * KS_EFULL (queue full), KS_ESHUTDOWN. On error on_done is not called. */
+int ks_sched_submit(ks_sched *s, const ks_req_params *r, uint64_t *id);
+/* Cancels a queued or running request; on_done follows with KS_FINISH_CANCEL
+ * (unless it already finished). Unknown ids are ignored. */
+void ks_sched_cancel(ks_sched *s, uint64_t id);
+/* Blocks until no request is queued or running. */
+void ks_sched_drain(ks_sched *s);
+/* Drops the KV and token list of a slot (for /clear); waits if it is busy. */
+void ks_sched_clear_slot(ks_sched *s, int slot);
+
+typedef struct ks_slot_info {
+    int id;
+    bool busy;
+    uint64_t req_id;       /* 0 when idle */
+    int n_tokens;          /* tokens in the slot's KV */
+    int n_prompt;          /* of the current/last request */
+    int n_cached;
+    int n_generated;
+    int64_t last_used_us;  /* monotonic */
+} ks_slot_info;
+
+/* Fills up to n slot descriptions; returns the number of slots. */
+int ks_sched_slots(ks_sched *s, ks_slot_info *out, int n);
+
+typedef struct ks_sched_stats {
+    uint64_t requests_total;
+    uint64_t requests_rejected;   /* queue full */
+    uint64_t requests_canceled;
+    uint64_t prompt_tokens_total;
+    uint64_t prompt_tokens_cached_total;
+    uint64_t tokens_predicted_total;
+    double prompt_seconds_total;
+    double predicted_seconds_total;
+    int slots_busy;
+    int queue_depth;
+    int n_slots;
+} ks_sched_stats;
+
+void ks_sched_stats_get(ks_sched *s, ks_sched_stats *out);
+
+#endif

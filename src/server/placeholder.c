@@ -1,0 +1,1 @@
+int ks__server_placeholder;
