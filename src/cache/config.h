@@ -1,0 +1,120 @@
+/*
+ * config.h — every `kvstash serve` setting, from defaults, a YAML file
+ * (--config kvstash.yaml) and command-line flags, in that order of precedence
+ * (flags win).
+ *
+ * YAML layout (every key optional):
+ *
+ *   model: /path/to/model.gguf
+ *   host: 127.0.0.1
+ *   port: 8080
+ *   slots: 4                 # parallel sequences
+ *   ctx: 4096                # context per slot, tokens
+ *   batch: 512               # tokens per decode step
+ *   threads: 0               # 0 = all CPUs
+ *   cache_prompt: true       # same-slot prefix reuse
+ *   affinity_min: 0.05       # min shared fraction to prefer a slot by prefix
+ *   api_key: secret
+ *   max_queue: 64
+ *   max_body_bytes: 16777216
+ *   log: info                # debug|info|warn|error|off
+ *   models:                  # per-model cache settings; the entry whose key equals the
+ *     default:               # model's general.name or file base name applies, else "default"
+ *       system_prompt_cache: true
+ *       incremental_cache: true
+ *       cache_min_tokens: 100
+ *       slots: 3             # overrides the top-level slots for this model
+ *       spc_max_bytes: 268435456
+ *   store:
+ *     enabled: true
+ *     cache_dir: ~/.cache/kvstash      # disk tier directory
+ *     shm_dir: /dev/shm/kvstash-$USER  # shm tier directory
+ *     stride: 256
+ *     continued_interval: 512
+ *     min_tokens: 256                  # do not save states shorter than this
+ *     shutdown_timeout_ms: 5000
+ *     tiers:
+ *       ram:  { max_bytes: 268435456 }
+ *       shm:  { max_bytes: 1073741824 }
+ *       disk: { max_bytes: 10737418240 }
+ *     reasons: { cold: disk, continued: shm, finish: shm, evict: disk, shutdown: disk }
+ *
+ * An unknown key, a wrong type or an out-of-range value fails with a message
+ * that names the key path ("models.default.cache_min_tokens: expected an integer").
+ *
+ * Thread model: a ks_config is plain data, filled on the main thread before
+ * the server starts, read-only afterwards.
+ */
+#ifndef KS_CONFIG_H
+#define KS_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define KS_MAX_PATH 1024
+
+/* Save reasons (seed 003) and tiers; reason -> tier mapping lives in the store config. */
+typedef enum { KS_REASON_COLD = 0, KS_REASON_CONTINUED, KS_REASON_FINISH, KS_REASON_EVICT, KS_REASON_SHUTDOWN, KS_REASON__N } ks_reason;
+typedef enum { KS_TIER_RAM = 0, KS_TIER_SHM, KS_TIER_DISK, KS_TIER__N, KS_TIER_NONE = -1 } ks_tier_id;
+
+const char *ks_reason_name(ks_reason r);   /* "cold", ... */
+int ks_reason_parse(const char *s);        /* -1 when unknown */
+const char *ks_tier_name(ks_tier_id t);    /* "ram", "shm", "disk", "none" */
+int ks_tier_parse(const char *s);          /* KS_TIER_NONE for "none", -2 when unknown */
+
+typedef struct ks_model_cache_cfg {
+    bool system_prompt_cache;   /* SPC (default false) */
+    bool incremental_cache;     /* IMC (default false) */
+    int cache_min_tokens;       /* default 100 */
+    int slots;                  /* 0: use the top-level value */
+    int64_t spc_max_bytes;      /* default 256 MiB */
+} ks_model_cache_cfg;
+
+typedef struct ks_store_cfg {
+    bool enabled;                         /* default false unless a store key/flag is given */
+    char cache_dir[KS_MAX_PATH];          /* disk tier; default $XDG_CACHE_HOME/kvstash or ~/.cache/kvstash */
+    char shm_dir[KS_MAX_PATH];            /* default /dev/shm/kvstash-<uid> */
+    int stride;                           /* default 256 */
+    int continued_interval;               /* default 512 */
+    int min_tokens;                       /* default 256 */
+    int shutdown_timeout_ms;              /* default 5000 */
+    int64_t tier_max_bytes[KS_TIER__N];   /* ram 256 MiB, shm 1 GiB, disk 10 GiB; 0 disables the tier */
+    int reason_tier[KS_REASON__N];        /* ks_tier_id; default cold=disk continued=shm finish=shm evict=disk shutdown=disk */
+} ks_store_cfg;
+
+typedef struct ks_config {
+    char model[KS_MAX_PATH];
+    char host[256];
+    int port;
+    int slots;
+    int ctx;
+    int batch;
+    int threads;
+    bool cache_prompt;
+    float affinity_min;
+    char api_key[256];
+    int max_queue;
+    int64_t max_body_bytes;
+    char log[16];
+    ks_model_cache_cfg cache;   /* the resolved per-model entry (after ks_config_resolve_model) */
+    ks_store_cfg store;
+    /* raw per-model entries from the file, resolved against the model's name */
+    int n_models;
+    char model_keys[16][128];
+    ks_model_cache_cfg models[16];
+    bool model_has_slots[16];
+} ks_config;
+
+/* Fills every default. */
+void ks_config_defaults(ks_config *c);
+/* Reads a YAML file over the current values. Returns 0, or KS_ENOENT / KS_EINVAL
+ * with a message naming the file, line and key path in err. */
+int ks_config_load_file(ks_config *c, const char *path, char *err, size_t errlen);
+/* Same from a string (for tests). */
+int ks_config_load_string(ks_config *c, const char *yaml, char *err, size_t errlen);
+/* Picks the models.<name> entry for the model (its general.name or file base name,
+ * else "default") into c->cache; per-model slots override c->slots. */
+void ks_config_resolve_model(ks_config *c, const char *model_name, const char *model_file);
+
+#endif
