@@ -1,0 +1,110 @@
+/* Unit tests for base/textstream: UTF-8 repair and stop strings across pieces. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "base/textstream.h"
+
+static void feed_all(ks_textstream *ts, const char *const *pieces, int n, ks_buf *out) {
+    for (int i = 0; i < n; i++)
+        if (ks_textstream_feed(ts, pieces[i], strlen(pieces[i]), out) == 1) break;
+    ks_textstream_flush(ts, out);
+}
+
+static void test_plain(void **st) {
+    (void)st;
+    ks_textstream *ts = ks_textstream_create(NULL, 0);
+    ks_buf out = {0};
+    const char *p[] = {"Hello", ", ", "world"};
+    feed_all(ts, p, 3, &out);
+    assert_string_equal(out.s, "Hello, world");
+    assert_string_equal(ks_textstream_text(ts, NULL), "Hello, world");
+    ks_buf_free(&out);
+    ks_textstream_free(ts);
+}
+
+static void test_split_utf8(void **st) {
+    (void)st;
+    ks_textstream *ts = ks_textstream_create(NULL, 0);
+    ks_buf out = {0};
+    /* "é" = C3 A9 split across two pieces: nothing emitted after the first. */
+    assert_int_equal(ks_textstream_feed(ts, "a\xC3", 2, &out), 0);
+    assert_string_equal(out.s, "a");
+    assert_int_equal(ks_textstream_feed(ts, "\xA9!", 2, &out), 0);
+    assert_string_equal(out.s, "a\xC3\xA9!");
+    ks_buf_free(&out);
+    ks_textstream_free(ts);
+}
+
+static void test_invalid_bytes_replaced(void **st) {
+    (void)st;
+    ks_textstream *ts = ks_textstream_create(NULL, 0);
+    ks_buf out = {0};
+    ks_textstream_feed(ts, "x\xFFy", 3, &out);          /* invalid lead */
+    ks_textstream_feed(ts, "\xC3(", 2, &out);            /* lead + bad continuation */
+    ks_textstream_feed(ts, "\xE2\x82", 2, &out);         /* incomplete at the end */
+    ks_textstream_flush(ts, &out);
+    assert_string_equal(out.s, "x\xEF\xBF\xBDy\xEF\xBF\xBD(\xEF\xBF\xBD");
+    ks_buf_free(&out);
+    ks_textstream_free(ts);
+}
+
+static void test_stop_across_pieces(void **st) {
+    (void)st;
+    const char *stops[] = {"END", "xyz"};
+    ks_textstream *ts = ks_textstream_create(stops, 2);
+    ks_buf out = {0};
+    assert_int_equal(ks_textstream_feed(ts, "abc E", 5, &out), 0);
+    assert_string_equal(out.s, "abc "); /* "E" held: it may start "END" */
+    assert_int_equal(ks_textstream_feed(ts, "N", 1, &out), 0);
+    assert_int_equal(ks_textstream_feed(ts, "Dmore", 5, &out), 1);
+    assert_true(ks_textstream_stopped(ts));
+    ks_textstream_flush(ts, &out);
+    assert_string_equal(out.s, "abc ");
+    assert_int_equal(ks_textstream_feed(ts, "zzz", 3, &out), 1);
+    ks_buf_free(&out);
+    ks_textstream_free(ts);
+}
+
+static void test_partial_stop_released(void **st) {
+    (void)st;
+    const char *stops[] = {"STOP"};
+    ks_textstream *ts = ks_textstream_create(stops, 1);
+    ks_buf out = {0};
+    ks_textstream_feed(ts, "a ST", 4, &out);
+    assert_string_equal(out.s, "a ");
+    ks_textstream_feed(ts, "x", 1, &out); /* "STx" cannot be STOP any more */
+    assert_string_equal(out.s, "a STx");
+    ks_textstream_feed(ts, "STO", 3, &out);
+    ks_textstream_flush(ts, &out); /* end of generation: partial match is text */
+    assert_string_equal(out.s, "a STxSTO");
+    assert_false(ks_textstream_stopped(ts));
+    ks_buf_free(&out);
+    ks_textstream_free(ts);
+}
+
+static void test_stop_earliest_wins(void **st) {
+    (void)st;
+    const char *stops[] = {"cd", "b"};
+    ks_textstream *ts = ks_textstream_create(stops, 2);
+    ks_buf out = {0};
+    assert_int_equal(ks_textstream_feed(ts, "abcd", 4, &out), 1);
+    assert_string_equal(out.s, "a");
+    ks_buf_free(&out);
+    ks_textstream_free(ts);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_plain),
+        cmocka_unit_test(test_split_utf8),
+        cmocka_unit_test(test_invalid_bytes_replaced),
+        cmocka_unit_test(test_stop_across_pieces),
+        cmocka_unit_test(test_partial_stop_released),
+        cmocka_unit_test(test_stop_earliest_wins),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
