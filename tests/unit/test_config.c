@@ -1,0 +1,444 @@
+/* test_config.c — the YAML configuration (src/cache/config.c). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "base/base.h"
+#include "cache/config.h"
+
+/* Loads yaml over fresh defaults, expects failure, checks that the message
+ * contains want and that the configuration did not change. */
+static void expect_error(const char *yaml, const char *want) {
+    ks_config c, before;
+    ks_config_defaults(&c);
+    before = c;
+    char err[256] = "";
+    int rc = ks_config_load_string(&c, yaml, err, sizeof err);
+    if (rc != KS_EINVAL || !strstr(err, want))
+        fail_msg("yaml:\n%s\nrc %d (%s), message \"%s\", wanted it to contain \"%s\"", yaml, rc,
+                 ks_errname(rc), err, want);
+    assert_memory_equal(&c, &before, sizeof c);
+}
+
+static void load_ok(ks_config *c, const char *yaml) {
+    char err[256] = "";
+    int rc = ks_config_load_string(c, yaml, err, sizeof err);
+    if (rc != 0) fail_msg("yaml:\n%s\nrc %d: %s", yaml, rc, err);
+}
+
+/* ------------------------------------------------------------ defaults */
+static void test_defaults(void **state) {
+    (void)state;
+    setenv("HOME", "/home/tester", 1);
+    unsetenv("XDG_CACHE_HOME");
+    ks_config c;
+    ks_config_defaults(&c);
+    assert_string_equal(c.model, "");
+    assert_string_equal(c.host, "127.0.0.1");
+    assert_int_equal(c.port, 8080);
+    assert_int_equal(c.slots, 4);
+    assert_int_equal(c.ctx, 4096);
+    assert_int_equal(c.batch, 512);
+    assert_int_equal(c.threads, 0);
+    assert_true(c.cache_prompt);
+    assert_true(c.affinity_min > 0.0499f && c.affinity_min < 0.0501f);
+    assert_string_equal(c.api_key, "");
+    assert_int_equal(c.max_queue, 64);
+    assert_int_equal(c.max_body_bytes, 16777216);
+    assert_string_equal(c.log, "info");
+    assert_false(c.cache.system_prompt_cache);
+    assert_false(c.cache.incremental_cache);
+    assert_int_equal(c.cache.cache_min_tokens, 100);
+    assert_int_equal(c.cache.slots, 0);
+    assert_int_equal(c.cache.spc_max_bytes, 268435456);
+    assert_false(c.store.enabled);
+    assert_string_equal(c.store.cache_dir, "/home/tester/.cache/kvstash");
+    char shm[64];
+    snprintf(shm, sizeof shm, "/dev/shm/kvstash-%u", (unsigned)getuid());
+    assert_string_equal(c.store.shm_dir, shm);
+    assert_int_equal(c.store.stride, 256);
+    assert_int_equal(c.store.continued_interval, 512);
+    assert_int_equal(c.store.min_tokens, 256);
+    assert_int_equal(c.store.shutdown_timeout_ms, 5000);
+    assert_int_equal(c.store.tier_max_bytes[KS_TIER_RAM], 268435456LL);
+    assert_int_equal(c.store.tier_max_bytes[KS_TIER_SHM], 1073741824LL);
+    assert_int_equal(c.store.tier_max_bytes[KS_TIER_DISK], 10737418240LL);
+    assert_int_equal(c.store.reason_tier[KS_REASON_COLD], KS_TIER_DISK);
+    assert_int_equal(c.store.reason_tier[KS_REASON_CONTINUED], KS_TIER_SHM);
+    assert_int_equal(c.store.reason_tier[KS_REASON_FINISH], KS_TIER_SHM);
+    assert_int_equal(c.store.reason_tier[KS_REASON_EVICT], KS_TIER_DISK);
+    assert_int_equal(c.store.reason_tier[KS_REASON_SHUTDOWN], KS_TIER_DISK);
+    assert_int_equal(c.n_models, 0);
+
+    setenv("XDG_CACHE_HOME", "/tmp/xdg", 1);
+    ks_config_defaults(&c);
+    assert_string_equal(c.store.cache_dir, "/tmp/xdg/kvstash");
+    setenv("XDG_CACHE_HOME", "relative/dir", 1); /* invalid per the XDG spec: ignored */
+    ks_config_defaults(&c);
+    assert_string_equal(c.store.cache_dir, "/home/tester/.cache/kvstash");
+    unsetenv("XDG_CACHE_HOME");
+}
+
+static void test_names(void **state) {
+    (void)state;
+    assert_string_equal(ks_reason_name(KS_REASON_COLD), "cold");
+    assert_string_equal(ks_reason_name(KS_REASON_SHUTDOWN), "shutdown");
+    assert_string_equal(ks_reason_name(KS_REASON__N), "?");
+    assert_int_equal(ks_reason_parse("continued"), KS_REASON_CONTINUED);
+    assert_int_equal(ks_reason_parse("evict"), KS_REASON_EVICT);
+    assert_int_equal(ks_reason_parse("warm"), -1);
+    assert_int_equal(ks_reason_parse(NULL), -1);
+    assert_string_equal(ks_tier_name(KS_TIER_RAM), "ram");
+    assert_string_equal(ks_tier_name(KS_TIER_DISK), "disk");
+    assert_string_equal(ks_tier_name(KS_TIER_NONE), "none");
+    assert_int_equal(ks_tier_parse("shm"), KS_TIER_SHM);
+    assert_int_equal(ks_tier_parse("none"), KS_TIER_NONE);
+    assert_int_equal(ks_tier_parse("tape"), -2);
+    assert_int_equal(ks_tier_parse(NULL), -2);
+}
+
+/* ------------------------------------------------------------ a full file */
+static const char k_full_yaml[] =
+    "# every key\n"
+    "model: ~/models/qwen.gguf\n"
+    "host: 0.0.0.0\n"
+    "port: 9090\n"
+    "slots: 8\n"
+    "ctx: 8192\n"
+    "batch: 1024\n"
+    "threads: 6\n"
+    "cache_prompt: false\n"
+    "affinity_min: 0.25\n"
+    "api_key: \"s3cret\"\n"
+    "max_queue: 7\n"
+    "max_body_bytes: 1MiB\n"
+    "log: debug\n"
+    "models:\n"
+    "  default:\n"
+    "    system_prompt_cache: true\n"
+    "    cache_min_tokens: 50\n"
+    "    spc_max_bytes: 64MiB\n"
+    "  Qwen3-8B-Q8_0:\n"
+    "    incremental_cache: true\n"
+    "    cache_min_tokens: 200\n"
+    "    slots: 3\n"
+    "store:\n"
+    "  cache_dir: $HOME/kv\n"
+    "  shm_dir: /dev/shm/kv-${USER}\n"
+    "  stride: 128\n"
+    "  continued_interval: 1024\n"
+    "  min_tokens: 64\n"
+    "  shutdown_timeout_ms: 250\n"
+    "  tiers:\n"
+    "    ram:  { max_bytes: 512M }\n"
+    "    shm:  { max_bytes: 2GiB }\n"
+    "    disk: { max_bytes: 0 }\n"
+    "  reasons: { cold: ram, continued: disk, finish: none, evict: shm, shutdown: disk }\n";
+
+static void test_full_file(void **state) {
+    (void)state;
+    setenv("HOME", "/home/tester", 1);
+    setenv("USER", "tester", 1);
+    char dir[] = "/tmp/ks_test_config_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[256];
+    snprintf(path, sizeof path, "%s/kvstash.yaml", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(k_full_yaml, f);
+    fclose(f);
+
+    ks_config c;
+    ks_config_defaults(&c);
+    char err[256] = "";
+    int rc = ks_config_load_file(&c, path, err, sizeof err);
+    if (rc) fail_msg("load_file: %d %s", rc, err);
+    assert_string_equal(c.model, "/home/tester/models/qwen.gguf");
+    assert_string_equal(c.host, "0.0.0.0");
+    assert_int_equal(c.port, 9090);
+    assert_int_equal(c.slots, 8);
+    assert_int_equal(c.ctx, 8192);
+    assert_int_equal(c.batch, 1024);
+    assert_int_equal(c.threads, 6);
+    assert_false(c.cache_prompt);
+    assert_true(c.affinity_min > 0.2499f && c.affinity_min < 0.2501f);
+    assert_string_equal(c.api_key, "s3cret");
+    assert_int_equal(c.max_queue, 7);
+    assert_int_equal(c.max_body_bytes, 1048576);
+    assert_string_equal(c.log, "debug");
+    assert_int_equal(c.n_models, 2);
+    assert_string_equal(c.model_keys[0], "default");
+    assert_true(c.models[0].system_prompt_cache);
+    assert_false(c.models[0].incremental_cache);
+    assert_int_equal(c.models[0].cache_min_tokens, 50);
+    assert_int_equal(c.models[0].spc_max_bytes, 64LL << 20);
+    assert_false(c.model_has_slots[0]);
+    assert_string_equal(c.model_keys[1], "Qwen3-8B-Q8_0");
+    assert_true(c.models[1].incremental_cache);
+    assert_int_equal(c.models[1].cache_min_tokens, 200);
+    assert_int_equal(c.models[1].slots, 3);
+    assert_int_equal(c.models[1].spc_max_bytes, 256LL << 20); /* untouched: default */
+    assert_true(c.model_has_slots[1]);
+    assert_true(c.store.enabled); /* store keys given, enabled not: on */
+    assert_string_equal(c.store.cache_dir, "/home/tester/kv");
+    assert_string_equal(c.store.shm_dir, "/dev/shm/kv-tester");
+    assert_int_equal(c.store.stride, 128);
+    assert_int_equal(c.store.continued_interval, 1024);
+    assert_int_equal(c.store.min_tokens, 64);
+    assert_int_equal(c.store.shutdown_timeout_ms, 250);
+    assert_int_equal(c.store.tier_max_bytes[KS_TIER_RAM], 512LL << 20);
+    assert_int_equal(c.store.tier_max_bytes[KS_TIER_SHM], 2LL << 30);
+    assert_int_equal(c.store.tier_max_bytes[KS_TIER_DISK], 0);
+    assert_int_equal(c.store.reason_tier[KS_REASON_COLD], KS_TIER_RAM);
+    assert_int_equal(c.store.reason_tier[KS_REASON_CONTINUED], KS_TIER_DISK);
+    assert_int_equal(c.store.reason_tier[KS_REASON_FINISH], KS_TIER_NONE);
+    assert_int_equal(c.store.reason_tier[KS_REASON_EVICT], KS_TIER_SHM);
+    assert_int_equal(c.store.reason_tier[KS_REASON_SHUTDOWN], KS_TIER_DISK);
+
+    /* the same text from a string gives the same configuration */
+    ks_config d;
+    ks_config_defaults(&d);
+    load_ok(&d, k_full_yaml);
+    assert_memory_equal(&c, &d, sizeof c);
+
+    /* an error in a file names the file, the line and the key */
+    f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("port: 80\nstore:\n  tiers:\n    ram: { maxbytes: 1 }\n", f);
+    fclose(f);
+    rc = ks_config_load_file(&c, path, err, sizeof err);
+    assert_int_equal(rc, KS_EINVAL);
+    assert_non_null(strstr(err, path));
+    assert_non_null(strstr(err, "unknown key 'store.tiers.ram.maxbytes' at line 4"));
+    assert_int_equal(c.port, 9090); /* all or nothing */
+    unlink(path);
+    rmdir(dir);
+
+    rc = ks_config_load_file(&c, path, err, sizeof err);
+    assert_int_equal(rc, KS_ENOENT);
+    assert_non_null(strstr(err, path));
+}
+
+static void test_empty_and_layered_loads(void **state) {
+    (void)state;
+    ks_config c, d;
+    ks_config_defaults(&c);
+    d = c;
+    load_ok(&c, "");
+    load_ok(&c, "# only a comment\n");
+    assert_memory_equal(&c, &d, sizeof c);
+    /* later loads apply over earlier ones */
+    load_ok(&c, "port: 1234\nmodels:\n  m: { cache_min_tokens: 5 }\n");
+    load_ok(&c, "slots: 2\nmodels:\n  m: { slots: 9 }\n");
+    assert_int_equal(c.port, 1234);
+    assert_int_equal(c.slots, 2);
+    assert_int_equal(c.n_models, 1);
+    assert_int_equal(c.models[0].cache_min_tokens, 5);
+    assert_int_equal(c.models[0].slots, 9);
+    assert_true(c.model_has_slots[0]);
+    /* quoted numbers and YAML 1.1 booleans are read by their text */
+    load_ok(&c, "port: \"8081\"\ncache_prompt: no\n");
+    assert_int_equal(c.port, 8081);
+    assert_false(c.cache_prompt);
+}
+
+/* ------------------------------------------------------------ errors */
+static void test_unknown_keys(void **state) {
+    (void)state;
+    expect_error("port: 8080\nprot: 1\n", "unknown key 'prot' at line 2");
+    expect_error("store:\n  enabled: true\n  tiers:\n    ram:\n      max_bytes: 1\n"
+                 "      maxbytes: 2\n",
+                 "unknown key 'store.tiers.ram.maxbytes' at line 6");
+    expect_error("store:\n  tiers:\n    nvme: { max_bytes: 1 }\n",
+                 "unknown key 'store.tiers.nvme' at line 3");
+    expect_error("store:\n  reasons:\n    warm: disk\n", "unknown key 'store.reasons.warm' at line 3");
+    expect_error("store:\n  cachedir: /x\n", "unknown key 'store.cachedir' at line 2");
+    expect_error("models:\n  default:\n    cache_min_token: 5\n",
+                 "unknown key 'models.default.cache_min_token' at line 3");
+    expect_error("port: 1\nport: 2\n", "duplicate key 'port' at line 2");
+}
+
+static void test_wrong_types(void **state) {
+    (void)state;
+    expect_error("host: h\n\nport: abc\n", "'port' at line 3: expected an integer 1..65535, got 'abc'");
+    expect_error("slots: 2.5\n", "'slots' at line 1: expected an integer 1..64, got '2.5'");
+    expect_error("cache_prompt: maybe\n", "'cache_prompt' at line 1: expected true or false, got 'maybe'");
+    expect_error("affinity_min: lots\n", "'affinity_min' at line 1: expected a number 0..1");
+    expect_error("host: [a, b]\n", "'host' at line 1: expected a non-empty string, got a sequence");
+    expect_error("host: ''\n", "'host' at line 1: expected a non-empty string, got ''");
+    expect_error("port: { a: 1 }\n", "'port' at line 1: expected an integer 1..65535, got a mapping");
+    expect_error("models: [a]\n", "'models' at line 1: expected a mapping, got a sequence");
+    expect_error("models:\n  default: 3\n", "'models.default' at line 2: expected a mapping, got '3'");
+    expect_error("store:\n  tiers:\n    ram: 5\n", "'store.tiers.ram' at line 3: expected a mapping");
+    expect_error("models:\n  default:\n    incremental_cache: 1x\n",
+                 "'models.default.incremental_cache' at line 3: expected true or false");
+    expect_error("store:\n  cache_dir:\n", "'store.cache_dir' at line 2: expected a path");
+    expect_error("- 1\n- 2\n", "top level at line 1: expected a mapping");
+    expect_error("port: [1\n", "YAML syntax error at line");
+    expect_error("a: 1\n---\nb: 2\n", "second YAML document");
+}
+
+static void test_out_of_range(void **state) {
+    (void)state;
+    expect_error("port: 0\n", "'port' at line 1: expected an integer 1..65535, got '0'");
+    expect_error("port: 65536\n", "'port' at line 1: expected an integer 1..65535, got '65536'");
+    expect_error("slots: 65\n", "'slots' at line 1: expected an integer 1..64");
+    expect_error("ctx: 63\n", "'ctx' at line 1: expected an integer 64..1048576");
+    expect_error("ctx: 99999999999999999999\n", "'ctx' at line 1: expected an integer 64..1048576");
+    expect_error("batch: 65537\n", "'batch' at line 1: expected an integer 1..65536");
+    expect_error("threads: -1\n", "'threads' at line 1: expected an integer 0..1024");
+    expect_error("affinity_min: 1.5\n", "'affinity_min' at line 1: expected a number 0..1, got '1.5'");
+    expect_error("models:\n  x:\n    cache_min_tokens: 10000001\n",
+                 "'models.x.cache_min_tokens' at line 3: expected an integer 0..10000000");
+    expect_error("models:\n  x:\n    slots: 0\n", "'models.x.slots' at line 3: expected an integer 1..64");
+    expect_error("store:\n  tiers:\n    disk: { max_bytes: -1 }\n",
+                 "'store.tiers.disk.max_bytes' at line 3: expected a byte size >= 0");
+    expect_error("log: verbose\n", "'log' at line 1: expected one of debug|info|warn|error|off, got 'verbose'");
+    expect_error("store:\n  reasons: { cold: tape }\n",
+                 "'store.reasons.cold' at line 2: expected one of ram|shm|disk|none, got 'tape'");
+    expect_error("store:\n  shm_dir: $KS_SURELY_UNDEFINED_VAR/x\n",
+                 "'store.shm_dir' at line 2: undefined variable $KS_SURELY_UNDEFINED_VAR");
+}
+
+static void test_size_suffixes(void **state) {
+    (void)state;
+    static const struct { const char *text; int64_t want; } ok[] = {
+        {"268435456", 268435456}, {"0", 0},          {"256MiB", 256LL << 20},
+        {"1GiB", 1LL << 30},      {"512M", 512LL << 20}, {"512m", 512LL << 20},
+        {"4k", 4096},             {"4KiB", 4096},     {"2Gi", 2LL << 30},
+        {"10GB", 10000000000LL},  {"1.5GiB", 3LL << 29}, {"1 TiB", 1LL << 40},
+        {"100B", 100},            {"5kb", 5000},
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        ks_config c;
+        ks_config_defaults(&c);
+        char yaml[128];
+        snprintf(yaml, sizeof yaml, "models:\n  default:\n    spc_max_bytes: %s\n", ok[i].text);
+        load_ok(&c, yaml);
+        if (c.models[0].spc_max_bytes != ok[i].want)
+            fail_msg("'%s' parsed as %lld, want %lld", ok[i].text,
+                     (long long)c.models[0].spc_max_bytes, (long long)ok[i].want);
+    }
+    static const char *bad[] = {"12XB", "-1", "1.5", "MiB", "1..5M", "1e9", "99999999999TiB", ""};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char yaml[128];
+        snprintf(yaml, sizeof yaml, "store:\n  tiers:\n    ram:\n      max_bytes: '%s'\n", bad[i]);
+        expect_error(yaml, "'store.tiers.ram.max_bytes' at line 4: expected a byte size >= 0");
+    }
+    expect_error("max_body_bytes: 0\n", "'max_body_bytes' at line 1: expected a byte size >= 1");
+}
+
+static void test_paths_expand(void **state) {
+    (void)state;
+    setenv("HOME", "/home/tester", 1);
+    setenv("USER", "tester", 1);
+    ks_config c;
+    ks_config_defaults(&c);
+    load_ok(&c, "store:\n  cache_dir: ~\n  shm_dir: /dev/shm/kvstash-$USER\nmodel: ${HOME}/m.gguf\n");
+    assert_string_equal(c.store.cache_dir, "/home/tester");
+    assert_string_equal(c.store.shm_dir, "/dev/shm/kvstash-tester");
+    assert_string_equal(c.model, "/home/tester/m.gguf");
+    load_ok(&c, "model: /a/$/b\n"); /* a lone $ stays */
+    assert_string_equal(c.model, "/a/$/b");
+    expect_error("model: ~root/m.gguf\n", "'model' at line 1: ~user is not supported");
+    expect_error("model: ${HOME/m\n", "unterminated ${");
+}
+
+static void test_store_enabled_rule(void **state) {
+    (void)state;
+    ks_config c;
+    ks_config_defaults(&c);
+    load_ok(&c, "port: 1000\n");
+    assert_false(c.store.enabled);
+    load_ok(&c, "store:\n  stride: 64\n  enabled: false\n");
+    assert_false(c.store.enabled);
+    assert_int_equal(c.store.stride, 64);
+    load_ok(&c, "store:\n  reasons: { cold: none }\n");
+    assert_true(c.store.enabled);
+    ks_config_defaults(&c);
+    load_ok(&c, "store: { enabled: true }\n");
+    assert_true(c.store.enabled);
+    ks_config_defaults(&c);
+    load_ok(&c, "store: {}\n");
+    assert_false(c.store.enabled);
+}
+
+/* ------------------------------------------------------------ per model */
+static void test_resolve_model(void **state) {
+    (void)state;
+    ks_config c;
+    ks_config_defaults(&c);
+    ks_config_resolve_model(&c, "anything", "/m/x.gguf"); /* no entries: built-in */
+    assert_false(c.cache.incremental_cache);
+    assert_int_equal(c.cache.cache_min_tokens, 100);
+    assert_int_equal(c.slots, 4);
+
+    load_ok(&c, "slots: 4\n"
+                "models:\n"
+                "  default: { system_prompt_cache: true, cache_min_tokens: 50 }\n"
+                "  Qwen3-8B-Q8_0: { incremental_cache: true, slots: 3 }\n"
+                "  tiny.gguf: { cache_min_tokens: 7 }\n");
+    ks_config d = c;
+    /* by general.name */
+    ks_config_resolve_model(&d, "Qwen3-8B-Q8_0", "/m/other.gguf");
+    assert_true(d.cache.incremental_cache);
+    assert_false(d.cache.system_prompt_cache);
+    assert_int_equal(d.cache.cache_min_tokens, 100);
+    assert_int_equal(d.slots, 3);
+    /* by the file's base name without .gguf */
+    d = c;
+    ks_config_resolve_model(&d, "unnamed", "/models/Qwen3-8B-Q8_0.gguf");
+    assert_true(d.cache.incremental_cache);
+    assert_int_equal(d.slots, 3);
+    /* by the file's base name with its extension */
+    d = c;
+    ks_config_resolve_model(&d, NULL, "tiny.gguf");
+    assert_int_equal(d.cache.cache_min_tokens, 7);
+    assert_int_equal(d.slots, 4);
+    /* else "default", which leaves slots alone */
+    d = c;
+    ks_config_resolve_model(&d, "llama", "/m/llama.gguf");
+    assert_true(d.cache.system_prompt_cache);
+    assert_false(d.cache.incremental_cache);
+    assert_int_equal(d.cache.cache_min_tokens, 50);
+    assert_int_equal(d.slots, 4);
+    /* names are exact */
+    d = c;
+    ks_config_resolve_model(&d, "qwen3-8b-q8_0", NULL);
+    assert_false(d.cache.incremental_cache);
+}
+
+static void test_model_entry_limits(void **state) {
+    (void)state;
+    ks_buf b = {0};
+    ks_buf_printf(&b, "models:\n");
+    for (int i = 0; i < 17; i++) ks_buf_printf(&b, "  m%d: {}\n", i);
+    expect_error(b.s, "'models.m16' at line 18: at most 16 model entries");
+    ks_buf_free(&b);
+    expect_error("models:\n  \"\": {}\n", "a model name must be 1..127 bytes");
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_names),
+        cmocka_unit_test(test_full_file),
+        cmocka_unit_test(test_empty_and_layered_loads),
+        cmocka_unit_test(test_unknown_keys),
+        cmocka_unit_test(test_wrong_types),
+        cmocka_unit_test(test_out_of_range),
+        cmocka_unit_test(test_size_suffixes),
+        cmocka_unit_test(test_paths_expand),
+        cmocka_unit_test(test_store_enabled_rule),
+        cmocka_unit_test(test_resolve_model),
+        cmocka_unit_test(test_model_entry_limits),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
