@@ -134,6 +134,10 @@ void ks_chat_clear(ks_chat *c);
 int ks_chat_set_system(ks_chat *c, const char *system);
 /* Number of messages in the history, the system prompt included. */
 int ks_chat_n_messages(const ks_chat *c);
+/* Message i of the history (0 = the system prompt when there is one):
+ * content borrowed until the next call that changes the history; role in
+ * *role when role is not NULL. NULL when i is out of range. */
+const char *ks_chat_message(const ks_chat *c, int i, const char **role);
 /* Tokens currently held in the KV cache for this conversation. */
 int ks_chat_n_cached(const ks_chat *c);
 /* Next-token logits after the last turn's prompt (valid until the next call),

@@ -1,8 +1,213 @@
-/* cmd_chat.c — placeholder until the command lands. */
+/*
+ * cmd_chat.c — `kvstash chat`: an interactive multi-turn REPL over ks_chat.
+ *
+ * Reads one user message per line from stdin (a terminal or a pipe). Replies
+ * stream to stdout; after each reply the turn's figures go to stderr:
+ *   prompt: N tokens | cached: C | new: K | P tok/s | TTFT: T ms
+ *   output: M tokens | R tok/s
+ * Commands: /clear, /stats, /system TEXT, /quit (or end of input).
+ * A bad message (empty, longer than the context) prints an error and the
+ * session goes on; the exit code is then 1.
+ */
+#include <getopt.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/base.h"
 #include "cli/cli.h"
+#include "kvstash.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: kvstash chat -m MODEL [options]\n"
+            "  -m, --model PATH      GGUF model file (required)\n"
+            "  --system TEXT         system prompt\n"
+            "  --no-cache            prefill the whole history every turn (for comparison)\n"
+            "  --max-tokens N        reply length limit (default 256)\n"
+            "  --temp T              temperature; 0 = greedy (default 0)\n"
+            "  --top-k N --top-p P --min-p P   sampling filters (with --temp > 0)\n"
+            "  --seed S              sampling seed (default 42)\n"
+            "  --ctx N               context size in tokens (default 4096)\n"
+            "  --batch N             prefill chunk (default 512)\n"
+            "  --threads N           CPU threads (default: all)\n"
+            "  --flash-attn          enable flash attention (faster on some hardware, output may\n"
+            "                        then differ in the last bits between cached and uncached turns)\n"
+            "  --log LEVEL           debug|info|warn|error|off (default warn)\n"
+            "Reads one message per line. Commands: /clear /stats /system TEXT /quit\n");
+}
+
+typedef struct progress {
+    bool tty;
+    bool shown;
+} progress;
+
+static void on_progress(void *ud, int done, int total) {
+    progress *p = ud;
+    if (!p->tty || total < 256) return;
+    if (done < total) {
+        fprintf(stderr, "\rprefill %d/%d tokens (%d%%)", done, total, (int)(100.0 * done / total));
+        p->shown = true;
+    } else if (p->shown) {
+        fprintf(stderr, "\r%*s\r", 48, "");
+        p->shown = false;
+    }
+}
+
+static int on_text(void *ud, const char *text, size_t len) {
+    (void)ud;
+    fwrite(text, 1, len, stdout);
+    fflush(stdout);
+    return 0;
+}
+
+static char *trim(char *s) {
+    size_t n = strlen(s);
+    while (n && (s[n - 1] == '\n' || s[n - 1] == '\r')) s[--n] = '\0';
+    return s;
+}
+
 int ks_cmd_chat(int argc, char **argv) {
-    (void)argc; (void)argv;
-    fprintf(stderr, "kvstash chat: not built yet\n");
-    return 1;
+    ks_chat_params cp = ks_chat_params_default();
+    ks_gen_params gp = ks_gen_params_default();
+    enum { O_SYSTEM = 256, O_NOCACHE, O_MAXTOK, O_TEMP, O_SEED, O_CTX, O_THREADS, O_BATCH, O_TOPK, O_TOPP,
+           O_MINP, O_FA, O_LOG };
+    static const struct option opts[] = {
+        {"model", required_argument, 0, 'm'},  {"system", required_argument, 0, O_SYSTEM},
+        {"no-cache", no_argument, 0, O_NOCACHE}, {"max-tokens", required_argument, 0, O_MAXTOK},
+        {"temp", required_argument, 0, O_TEMP}, {"seed", required_argument, 0, O_SEED},
+        {"ctx", required_argument, 0, O_CTX},   {"threads", required_argument, 0, O_THREADS},
+        {"batch", required_argument, 0, O_BATCH}, {"top-k", required_argument, 0, O_TOPK},
+        {"top-p", required_argument, 0, O_TOPP}, {"min-p", required_argument, 0, O_MINP},
+        {"flash-attn", no_argument, 0, O_FA},   {"log", required_argument, 0, O_LOG},
+        {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
+    ks_log_set_level(KS_LOG_WARN);
+    optind = 1;
+    int c;
+    char *end;
+#define NUM(dst, conv, lo, hi, name)                                                             \
+    do {                                                                                         \
+        dst = conv;                                                                              \
+        if (*end || end == optarg || dst < (lo) || dst > (hi)) {                                 \
+            fprintf(stderr, "kvstash chat: %s must be a number in [%g, %g], got '%s'\n", name,   \
+                    (double)(lo), (double)(hi), optarg);                                         \
+            return 2;                                                                            \
+        }                                                                                        \
+    } while (0)
+    while ((c = getopt_long(argc, argv, "m:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'm': cp.model_path = optarg; break;
+        case O_SYSTEM: cp.system = optarg; break;
+        case O_NOCACHE: cp.cache = false; break;
+        case O_MAXTOK: NUM(gp.max_tokens, (int)strtol(optarg, &end, 10), 1, 1 << 20, "--max-tokens"); break;
+        case O_TEMP: NUM(gp.sample.temperature, strtof(optarg, &end), 0, 100, "--temp"); break;
+        case O_SEED:
+            gp.sample.seed = strtoull(optarg, &end, 10);
+            if (*end || end == optarg) {
+                fprintf(stderr, "kvstash chat: --seed must be a non-negative integer, got '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        case O_CTX: NUM(cp.n_ctx, (int)strtol(optarg, &end, 10), 64, 1 << 20, "--ctx"); break;
+        case O_THREADS: NUM(cp.n_threads, (int)strtol(optarg, &end, 10), 0, 1024, "--threads"); break;
+        case O_BATCH: NUM(cp.n_batch, (int)strtol(optarg, &end, 10), 1, 65536, "--batch"); break;
+        case O_TOPK: NUM(gp.sample.top_k, (int)strtol(optarg, &end, 10), 0, 1 << 20, "--top-k"); break;
+        case O_TOPP: NUM(gp.sample.top_p, strtof(optarg, &end), 0, 1, "--top-p"); break;
+        case O_MINP: NUM(gp.sample.min_p, strtof(optarg, &end), 0, 1, "--min-p"); break;
+        case O_FA: cp.flash_attn = true; break;
+        case O_LOG: {
+            int lv = ks_log_parse_level(optarg);
+            if (lv < 0) {
+                fprintf(stderr, "kvstash chat: --log must be debug|info|warn|error|off\n");
+                return 2;
+            }
+            ks_log_set_level((ks_log_level)lv);
+            break;
+        }
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+#undef NUM
+    if (optind < argc) {
+        fprintf(stderr, "kvstash chat: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    if (!cp.model_path) {
+        fprintf(stderr, "kvstash chat: no model given (-m MODEL.gguf)\n");
+        usage(stderr);
+        return 2;
+    }
+    char err[512] = "";
+    ks_chat *chat = NULL;
+    int rc = ks_chat_create(&cp, &chat, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, "kvstash chat: %s\n", err[0] ? err : ks_strerror(rc));
+        return 1;
+    }
+    bool tty_in = isatty(STDIN_FILENO);
+    progress prog = {.tty = isatty(STDERR_FILENO), .shown = false};
+    gp.on_text = on_text;
+    gp.on_progress = on_progress;
+    gp.ud = &prog;
+
+    int failures = 0, turns = 0;
+    long long tot_prompt = 0, tot_cached = 0, tot_gen = 0;
+    char *line = NULL;
+    size_t cap = 0;
+    for (;;) {
+        if (tty_in) {
+            fputs("> ", stdout);
+            fflush(stdout);
+        }
+        ssize_t got = getline(&line, &cap, stdin);
+        if (got < 0) break;
+        trim(line);
+        if (!strcmp(line, "/quit") || !strcmp(line, "/exit")) break;
+        if (!strcmp(line, "/clear")) {
+            ks_chat_clear(chat);
+            fprintf(stderr, "(history cleared)\n");
+            continue;
+        }
+        if (!strncmp(line, "/system", 7) && (line[7] == ' ' || line[7] == '\0')) {
+            ks_chat_set_system(chat, line[7] ? line + 8 : NULL);
+            fprintf(stderr, "(system prompt set; history cleared)\n");
+            continue;
+        }
+        if (!strcmp(line, "/stats")) {
+            fprintf(stderr,
+                    "turns: %d | prompt tokens: %lld | cached: %lld (%.1f%%) | generated: %lld | "
+                    "messages: %d | KV tokens held: %d\n",
+                    turns, tot_prompt, tot_cached, tot_prompt ? 100.0 * (double)tot_cached / (double)tot_prompt : 0.0,
+                    tot_gen, ks_chat_n_messages(chat), ks_chat_n_cached(chat));
+            continue;
+        }
+        if (tty_in && line[0] == '\0') continue; /* an empty Enter at a terminal is not a message */
+        char *reply = NULL;
+        ks_turn_stats st;
+        err[0] = '\0';
+        rc = ks_chat_send(chat, line, &gp, &reply, &st, err, sizeof err);
+        if (rc) {
+            fprintf(stderr, "kvstash chat: %s\n", err[0] ? err : ks_strerror(rc));
+            failures++;
+            continue;
+        }
+        fputc('\n', stdout);
+        fflush(stdout);
+        free(reply);
+        turns++;
+        tot_prompt += st.n_prompt;
+        tot_cached += st.n_cached;
+        tot_gen += st.n_generated;
+        double pps = st.prompt_ms > 0 ? st.n_new / (st.prompt_ms / 1e3) : 0;
+        double gps = st.gen_ms > 0 && st.n_generated > 1 ? (st.n_generated - 1) / (st.gen_ms / 1e3) : 0;
+        fprintf(stderr, "prompt: %d tokens | cached: %d | new: %d | %.1f tok/s | TTFT: %.0f ms", st.n_prompt,
+                st.n_cached, st.n_new, pps, st.ttft_ms);
+        if (st.n_dropped_msgs) fprintf(stderr, " | dropped: %d oldest messages (context full)", st.n_dropped_msgs);
+        fprintf(stderr, "\noutput: %d tokens | %.1f tok/s\n", st.n_generated, gps);
+    }
+    free(line);
+    ks_chat_free(chat);
+    return failures ? 1 : 0;
 }

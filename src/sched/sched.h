@@ -44,6 +44,10 @@ typedef struct ks_sched_params {
     float affinity_min;    /* prefer the slot with the longest common prefix only when it
                               covers at least this fraction of the prompt (default 0.05);
                               otherwise the least-recently-used idle slot */
+    bool exact;            /* default true: decode every sequence with >= 2 rows per batch so
+                              that cached, uncached and concurrent runs are bit-identical
+                              (see the note on exactness in sched.c); false saves the extra
+                              row per generated token */
 } ks_sched_params;
 
 ks_sched_params ks_sched_params_default(void);
@@ -84,6 +88,13 @@ typedef struct ks_req_params {
     bool cache_prompt;      /* false: clear the slot and prefill everything */
     bool want_logits;       /* pass the first token's logits to on_done */
     int preferred_slot;     /* -1: choose; >= 0: wait for this slot (ks_chat uses 0) */
+    /* Cache hints from the HTTP layer (optional; zero/NULL when absent). */
+    const uint64_t *msg_prefix_hash; /* n_msgs + 1 hashes of messages[0..k) (copied) */
+    int n_msgs;
+    int n_msgs_cacheable;   /* IMC: messages whose tokens form a clean prefix (all but the last) */
+    uint64_t sys_key;       /* SPC: hash of the system message (0: none) */
+    int n_sys_tokens;       /* SPC: tokens of the rendered system prefix, 0 when it is not a
+                               clean token prefix of the prompt under this template */
     /* Called for each sampled token with its text piece (may be empty or an
      * incomplete UTF-8 sequence). Return non-zero to stop (finish = stop). */
     int (*on_token)(void *ud, int32_t tok, const char *piece, int len);

@@ -1,0 +1,660 @@
+/*
+ * sched.c — the inference thread: queue, slots, continuous batching.
+ *
+ * NOTES ON THE DESIGN OF THE SCHEDULER
+ *
+ * One thread (run()) owns the engine's context, every slot's sequence and
+ * token list, and the samplers. HTTP threads only touch the queue, the cancel
+ * flags and the published slot info, all under `mu`.
+ *
+ * A loop iteration ("step"):
+ *   1. under mu: drop canceled queued requests, assign queued requests to idle
+ *      slots (FIFO; routing picks the slot), mark those slots busy;
+ *   2. without mu: plan each new assignment (trim the slot's KV to the reused
+ *      prefix), then build one batch — one token per generating slot, then
+ *      prefill chunks — decode it, sample, run callbacks, finish requests;
+ *   3. under mu: publish slot info and counters, wake drainers.
+ *
+ * Invariants (see sched.h for the public ones)
+ *  S1. slot->tokens grows only after a successful decode of those tokens, so
+ *      it never claims KV that is not there; on a decode error the slot's
+ *      sequence is cleared and its token list emptied.
+ *  S2. A slot's sequence id equals its index.
+ *  S3. Callbacks are called without holding mu.
+ */
+#include "sched/sched.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache/prefix.h"
+#include "cache/route.h"
+
+#define MOD "sched"
+
+typedef struct sreq {
+    uint64_t id;
+    ks_req_params p;
+    ks_tokens prompt;
+    uint64_t *hashes;
+    atomic_int cancel;
+    double t_submit, t_assign, t_first;
+    ks_req_result res;
+    struct sreq *next;
+} sreq;
+
+typedef enum { ST_IDLE = 0, ST_PREFILL, ST_GEN } slot_state;
+
+typedef struct slot {
+    int id;
+    slot_state state;
+    bool planned;        /* assigned and trimmed */
+    ks_tokens tokens;    /* exactly what the sequence holds (S1) */
+    sreq *r;
+    int n_past;          /* next prompt index to prefill */
+    int chunk;           /* prompt tokens in the current batch */
+    int32_t next_tok;    /* sampled, to be decoded next */
+    int i_logits;        /* batch index with logits in the current batch, -1 */
+    int pad_pos;         /* position of the throwaway companion row, -1 */
+    bool in_batch;
+    ks_sampler *smpl;
+    int n_generated;
+    int64_t last_used_us;
+    /* IMC identity of the branch the slot holds */
+    uint64_t msg_hash;
+    int n_msgs_cached;
+    /* route decision for the assigned request */
+    ks_route route;
+    /* published (under mu) */
+    ks_slot_info info;
+} slot;
+
+struct ks_sched {
+    ks_sched_params p;
+    ks_engine *e;
+    int n_slots;
+    int n_ctx_seq;
+    int n_batch;
+    slot *slots;
+    pthread_t th;
+    bool th_started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;      /* work arrived / stop */
+    pthread_cond_t cv_done; /* a request finished */
+    sreq *q_head, *q_tail;
+    int q_n;
+    int n_active;           /* assigned, not finished */
+    bool stop;
+    uint64_t next_id;
+    int *clear_pending;     /* per slot: a clear was asked */
+    ks_batch *batch;
+    float *logits_copy;
+    int prefill_rr;         /* round-robin start among prefilling slots */
+    bool pairs;             /* keep every sequence at >= 2 rows per decode (exactness) */
+    ks_sched_stats st;
+};
+
+const char *ks_finish_name(ks_finish f) {
+    switch (f) {
+    case KS_FINISH_STOP: return "stop";
+    case KS_FINISH_LENGTH: return "length";
+    case KS_FINISH_CANCEL: return "cancel";
+    default: return "error";
+    }
+}
+
+ks_sched_params ks_sched_params_default(void) {
+    ks_sched_params p = {0};
+    p.max_queue = 64;
+    p.cache_prompt = true;
+    p.affinity_min = 0.05f;
+    p.exact = true;
+    return p;
+}
+
+static void sreq_free(sreq *r) {
+    if (!r) return;
+    ks_tokens_free(&r->prompt);
+    free(r->hashes);
+    free(r);
+}
+
+/* ------------------------------------------------------------ finishing */
+/* Ends slot's request: on_done, then the slot becomes idle. Inference thread. */
+static void finish(ks_sched *s, slot *sl, ks_finish f, int err) {
+    sreq *r = sl->r;
+    double now = ks_now_ms();
+    r->res.slot = sl->id;
+    r->res.n_generated = sl->n_generated;
+    r->res.finish = f;
+    r->res.error = err;
+    if (r->t_first > 0) {
+        r->res.prompt_ms = r->t_first - r->t_assign;
+        r->res.ttft_ms = r->t_first - r->t_submit;
+        r->res.gen_ms = now - r->t_first;
+    } else if (r->t_assign > 0) {
+        r->res.prompt_ms = now - r->t_assign;
+    }
+    if (r->p.on_done) r->p.on_done(r->p.ud, &r->res); /* S3: no lock held */
+    ks_sampler_free(sl->smpl);
+    sl->smpl = NULL;
+
+    pthread_mutex_lock(&s->mu);
+    s->st.requests_total++;
+    if (f == KS_FINISH_CANCEL) s->st.requests_canceled++;
+    s->st.prompt_tokens_total += (uint64_t)r->res.n_prompt;
+    s->st.prompt_tokens_cached_total += (uint64_t)r->res.n_cached;
+    s->st.tokens_predicted_total += (uint64_t)sl->n_generated;
+    s->st.prompt_seconds_total += r->res.prompt_ms / 1e3;
+    s->st.predicted_seconds_total += r->res.gen_ms / 1e3;
+    sl->state = ST_IDLE;
+    sl->planned = false;
+    sl->r = NULL;
+    sl->last_used_us = ks_now_us();
+    s->n_active--;
+    pthread_cond_broadcast(&s->cv_done);
+    pthread_mutex_unlock(&s->mu);
+    sreq_free(r);
+}
+
+/* A request that never got a slot (canceled in the queue, or shutdown). */
+static void finish_unassigned(ks_sched *s, sreq *r, ks_finish f) {
+    r->res.finish = f;
+    r->res.slot = -1;
+    r->res.queue_ms = ks_now_ms() - r->t_submit;
+    if (r->p.on_done) r->p.on_done(r->p.ud, &r->res);
+    pthread_mutex_lock(&s->mu);
+    s->st.requests_total++;
+    if (f == KS_FINISH_CANCEL) s->st.requests_canceled++;
+    pthread_cond_broadcast(&s->cv_done);
+    pthread_mutex_unlock(&s->mu);
+    sreq_free(r);
+}
+
+/* ------------------------------------------------------------- routing */
+static int route_request(ks_sched *s, sreq *r, ks_route *out) {
+    if (r->p.preferred_slot >= 0) {
+        slot *sl = &s->slots[r->p.preferred_slot];
+        if (sl->state != ST_IDLE) return KS_EBUSY;
+        memset(out, 0, sizeof *out);
+        out->slot = sl->id;
+        bool cache = r->p.cache_prompt && s->p.cache_prompt;
+        out->n_common = cache ? ks_prefix_common(sl->tokens.v, sl->tokens.n, r->prompt.v, r->prompt.n) : 0;
+        out->n_reuse = ks_prefix_reuse(out->n_common, r->prompt.n);
+        out->mode = out->n_reuse > 0 ? KS_ROUTE_PREFIX : KS_ROUTE_MISS;
+        if (!cache) snprintf(out->reason, sizeof out->reason, "cache-disabled");
+        else if (out->n_reuse == 0 && sl->tokens.n > 0) snprintf(out->reason, sizeof out->reason, "diverged-at-token-0");
+        else if (out->n_reuse == 0) snprintf(out->reason, sizeof out->reason, "no-slot");
+        else if (out->n_reuse < r->prompt.n - 1) snprintf(out->reason, sizeof out->reason, "diverged-at-token-%d", out->n_reuse);
+        return 0;
+    }
+    ks_route_slot rs[256];
+    int n = s->n_slots < 256 ? s->n_slots : 256;
+    for (int i = 0; i < n; i++) {
+        slot *sl = &s->slots[i];
+        rs[i] = (ks_route_slot){.id = i, .busy = sl->state != ST_IDLE, .pending = false,
+                                .tokens = sl->tokens.v, .n_tokens = sl->tokens.n,
+                                .last_used_us = sl->last_used_us, .msg_hash = sl->msg_hash,
+                                .n_msgs_cached = sl->n_msgs_cached};
+    }
+    ks_route_req rq = {.tokens = r->prompt.v, .n_tokens = r->prompt.n, .msg_prefix_hash = r->hashes,
+                       .n_msgs = r->hashes ? r->p.n_msgs : 0,
+                       .cache_prompt = r->p.cache_prompt && s->p.cache_prompt};
+    ks_route_cfg cfg = {.imc = false, .cache_min_tokens = 100, .affinity_min = s->p.affinity_min};
+    return ks_route_select(rs, n, &rq, &cfg, out);
+}
+
+/* Under mu: move assignable queued requests onto idle slots. Canceled queued
+ * requests are moved to *dead for finishing outside the lock. */
+static void assign_locked(ks_sched *s, sreq **dead) {
+    sreq **pp = &s->q_head;
+    sreq *prev = NULL;
+    while (*pp) {
+        sreq *r = *pp;
+        if (atomic_load(&r->cancel) || s->stop) {
+            *pp = r->next;
+            if (s->q_tail == r) s->q_tail = prev;
+            s->q_n--;
+            r->next = *dead;
+            *dead = r;
+            continue;
+        }
+        ks_route rt;
+        if (route_request(s, r, &rt) != 0) {
+            /* Keep FIFO order for unpinned requests: a later one must not
+             * overtake when no slot is free. A pinned request waits alone. */
+            if (r->p.preferred_slot < 0) break;
+            prev = r;
+            pp = &r->next;
+            continue;
+        }
+        *pp = r->next;
+        if (s->q_tail == r) s->q_tail = prev;
+        s->q_n--;
+        slot *sl = &s->slots[rt.slot];
+        sl->r = r;
+        sl->route = rt;
+        sl->state = ST_PREFILL;
+        sl->planned = false;
+        s->n_active++;
+        r->t_assign = ks_now_ms();
+        r->res.queue_ms = r->t_assign - r->t_submit;
+    }
+}
+
+/* Inference thread: trim the slot's sequence to the reused prefix. */
+static void plan(ks_sched *s, slot *sl) {
+    sreq *r = sl->r;
+    ks_route *rt = &sl->route;
+    int n_reuse = rt->n_reuse;
+    if (n_reuse > sl->tokens.n) n_reuse = sl->tokens.n;
+    if (n_reuse == 0) {
+        if (sl->tokens.n > 0 || ks_engine_seq_pos_max(s->e, sl->id) >= 0) ks_engine_seq_clear(s->e, sl->id);
+        ks_tokens_truncate(&sl->tokens, 0);
+    } else if (n_reuse < sl->tokens.n) {
+        if (!ks_engine_seq_rm(s->e, sl->id, n_reuse, -1)) {
+            /* Recurrent/hybrid memory cannot drop a suffix: rebuild. */
+            KS_DEBUG(MOD, "slot[%d] partial removal unsupported, rebuilding", sl->id);
+            ks_engine_seq_clear(s->e, sl->id);
+            n_reuse = 0;
+            rt->mode = KS_ROUTE_MISS;
+            snprintf(rt->reason, sizeof rt->reason, "partial-rm-unsupported");
+        }
+        ks_tokens_truncate(&sl->tokens, n_reuse);
+    }
+    sl->n_past = n_reuse;
+    sl->n_generated = 0;
+    sl->i_logits = -1;
+    r->res.id = r->id;
+    r->res.n_prompt = r->prompt.n;
+    r->res.n_cached = n_reuse;
+    r->res.n_vocab = ks_engine_n_vocab(s->e);
+    snprintf(r->res.cache_mode, sizeof r->res.cache_mode, "%s", ks_route_mode_name(rt->mode));
+    snprintf(r->res.cache_reason, sizeof r->res.cache_reason, "%s", rt->reason);
+    sl->smpl = ks_sampler_create(s->e, &r->p.sample);
+    /* IMC identity: the branch this slot will hold after the request. */
+    if (r->hashes && r->p.n_msgs > 0) {
+        sl->msg_hash = r->hashes[r->p.n_msgs];
+        sl->n_msgs_cached = r->p.n_msgs;
+    } else {
+        sl->msg_hash = 0;
+        sl->n_msgs_cached = 0;
+    }
+    sl->planned = true;
+    KS_DEBUG(MOD, "slot[%d] req %llu: prompt %d, reuse %d (mode %s%s%s)", sl->id, (unsigned long long)r->id,
+             r->prompt.n, n_reuse, r->res.cache_mode, rt->reason[0] ? ", " : "", rt->reason);
+}
+
+/* ------------------------------------------------------------------ step */
+static void fail_slot(ks_sched *s, slot *sl, int err) {
+    ks_engine_seq_clear(s->e, sl->id);
+    ks_tokens_truncate(&sl->tokens, 0);
+    sl->msg_hash = 0;
+    sl->n_msgs_cached = 0;
+    finish(s, sl, KS_FINISH_ERROR, err);
+}
+
+static void sample_slot(ks_sched *s, slot *sl) {
+    sreq *r = sl->r;
+    int32_t tok = ks_sampler_sample(sl->smpl, s->e, sl->i_logits);
+    if (sl->state == ST_PREFILL) {
+        r->t_first = ks_now_ms();
+        if (r->p.want_logits) {
+            const float *lg = ks_engine_logits(s->e, sl->i_logits);
+            if (lg && s->logits_copy) {
+                memcpy(s->logits_copy, lg, sizeof(float) * (size_t)ks_engine_n_vocab(s->e));
+                r->res.logits = s->logits_copy;
+            }
+        }
+        sl->state = ST_GEN;
+    }
+    if (ks_engine_is_eog(s->e, tok)) {
+        finish(s, sl, KS_FINISH_STOP, 0);
+        return;
+    }
+    sl->n_generated++;
+    char piece[256];
+    int n = ks_engine_piece(s->e, tok, piece, sizeof piece);
+    if (n > (int)sizeof piece) n = 0; /* no token renders longer than this in practice */
+    int stop = r->p.on_token ? r->p.on_token(r->p.ud, tok, piece, n) : 0;
+    if (stop) {
+        finish(s, sl, KS_FINISH_STOP, 0);
+    } else if (atomic_load(&r->cancel)) {
+        finish(s, sl, KS_FINISH_CANCEL, 0);
+    } else if (sl->n_generated >= r->p.max_tokens) {
+        finish(s, sl, KS_FINISH_LENGTH, 0);
+    } else {
+        sl->next_tok = tok;
+    }
+}
+
+/* Adds tokens [from, from + n) of the slot's prompt (or, for a generating
+ * slot, its sampled token) to the batch so that the sequence contributes at
+ * least two rows: a lone token gets a throwaway companion at the next
+ * position, removed right after the decode (see NOTE ON EXACTNESS). */
+static void add_rows(ks_sched *s, ks_batch *b, slot *sl, const int32_t *toks, int pos0, int n, bool logits_last) {
+    for (int j = 0; j < n; j++) {
+        int idx = ks_batch_add(b, toks[j], pos0 + j, sl->id, logits_last && j == n - 1);
+        if (logits_last && j == n - 1) sl->i_logits = idx;
+    }
+    sl->pad_pos = -1;
+    if (n == 1 && s->pairs) {
+        ks_batch_add(b, toks[0], pos0 + 1, sl->id, false);
+        sl->pad_pos = pos0 + 1;
+    }
+}
+
+/*
+ * NOTE ON EXACTNESS. ggml's CPU matrix multiply takes a different kernel for
+ * a single row (ggml's vec_dot) than for two or more (llamafile's tinyBLAS),
+ * and the two round differently. A token decoded alone — every generated
+ * token, and the last token of a nearly fully cached prompt — would get K/V
+ * and logits that differ in the last bits from the same token inside a
+ * prefill, so a cached conversation would drift from an uncached one. With
+ * tinyBLAS, each output element is summed in the same order whatever the
+ * number of rows, so kvstash keeps every sequence at two or more rows in
+ * every micro-batch: a lone token is decoded together with a throwaway copy
+ * at the next position (causal attention: the real token never sees it),
+ * whose KV cell is removed right after. Measured in docs/LLAMA_FACTS.md:
+ * generated-token KV is then byte-identical to prefilled KV, and results do
+ * not depend on what other slots are doing.
+ *
+ * llama.cpp splits a multi-sequence batch into micro-batches with an equal
+ * number of rows per sequence; so that no sequence is left with a single
+ * row in the last micro-batch, a decode call holds the generating slots
+ * (two rows each) and at most one prefill chunk, never of exactly 3 rows.
+ */
+static void step(ks_sched *s) {
+    ks_batch *b = s->batch;
+    ks_batch_clear(b);
+    int n_gen = 0;
+    for (int i = 0; i < s->n_slots; i++) {
+        slot *sl = &s->slots[i];
+        sl->in_batch = false;
+        sl->i_logits = -1;
+        sl->chunk = 0;
+        sl->pad_pos = -1;
+        if (sl->state == ST_IDLE) continue;
+        if (atomic_load(&sl->r->cancel)) {
+            finish(s, sl, KS_FINISH_CANCEL, 0);
+            continue;
+        }
+        if (sl->state != ST_GEN) continue;
+        add_rows(s, b, sl, &sl->next_tok, sl->tokens.n, 1, true);
+        sl->in_batch = true;
+        n_gen++;
+    }
+    /* One prefill chunk, round-robin among prefilling slots. While others
+     * generate, keep it small so their streams keep flowing (sched.h, 3). */
+    int budget = s->n_batch - ks_batch_n(b);
+    if (n_gen > 0) {
+        int cap = s->n_batch / 4 > 64 ? s->n_batch / 4 : 64;
+        if (budget > cap) budget = cap;
+    }
+    for (int k = 0; k < s->n_slots && budget >= 2; k++) {
+        slot *sl = &s->slots[(s->prefill_rr + k) % s->n_slots];
+        if (sl->state != ST_PREFILL) continue;
+        sreq *r = sl->r;
+        int remaining = r->prompt.n - sl->n_past;
+        int take = remaining < budget ? remaining : budget;
+        if (n_gen > 0 && take == 3) take = 2; /* see the note: never 3 beside 2-row sequences */
+        if (take < remaining && remaining - take == 1) take--; /* never leave a single row behind */
+        if (take < 1) continue;
+        add_rows(s, b, sl, r->prompt.v + sl->n_past, sl->n_past, take, sl->n_past + take == r->prompt.n);
+        sl->chunk = take;
+        sl->in_batch = true;
+        s->prefill_rr = (sl->id + 1) % s->n_slots;
+        break;
+    }
+    if (ks_batch_n(b) == 0) return;
+
+    int rc = ks_engine_decode(s->e, b);
+    for (int i = 0; i < s->n_slots; i++) {
+        slot *sl = &s->slots[i];
+        if (sl->in_batch && sl->pad_pos >= 0) ks_engine_seq_rm(s->e, sl->id, sl->pad_pos, -1);
+    }
+    if (rc != 0) {
+        KS_ERROR(MOD, "decode of %d tokens failed: %s", ks_batch_n(b), ks_strerror(rc));
+        for (int i = 0; i < s->n_slots; i++)
+            if (s->slots[i].in_batch && s->slots[i].state != ST_IDLE) fail_slot(s, &s->slots[i], rc);
+        return;
+    }
+    for (int i = 0; i < s->n_slots; i++) {
+        slot *sl = &s->slots[i];
+        if (!sl->in_batch || sl->state == ST_IDLE) continue;
+        if (sl->state == ST_GEN) {
+            ks_tokens_push(&sl->tokens, sl->next_tok);
+        } else {
+            ks_tokens_append(&sl->tokens, sl->r->prompt.v + sl->n_past, sl->chunk);
+            sl->n_past += sl->chunk;
+            if (sl->r->p.on_progress) sl->r->p.on_progress(sl->r->p.ud, sl->n_past, sl->r->prompt.n);
+        }
+        if (sl->i_logits >= 0) sample_slot(s, sl);
+    }
+}
+
+static void publish_locked(ks_sched *s) {
+    int busy = 0;
+    for (int i = 0; i < s->n_slots; i++) {
+        slot *sl = &s->slots[i];
+        ks_slot_info *in = &sl->info;
+        in->id = i;
+        in->busy = sl->state != ST_IDLE;
+        busy += in->busy;
+        in->n_tokens = sl->tokens.n;
+        in->last_used_us = sl->last_used_us;
+        if (sl->r) {
+            in->req_id = sl->r->id;
+            in->n_prompt = sl->r->prompt.n;
+            in->n_cached = sl->r->res.n_cached;
+            in->n_generated = sl->n_generated;
+        } else {
+            in->req_id = 0;
+        }
+    }
+    s->st.slots_busy = busy;
+    s->st.queue_depth = s->q_n;
+}
+
+static void *run(void *arg) {
+    ks_sched *s = arg;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        for (int i = 0; i < s->n_slots; i++) {
+            if (s->clear_pending[i] && s->slots[i].state == ST_IDLE) {
+                ks_engine_seq_clear(s->e, i);
+                ks_tokens_truncate(&s->slots[i].tokens, 0);
+                s->slots[i].msg_hash = 0;
+                s->slots[i].n_msgs_cached = 0;
+                s->clear_pending[i] = 0;
+                pthread_cond_broadcast(&s->cv_done);
+            }
+        }
+        sreq *dead = NULL;
+        assign_locked(s, &dead);
+        publish_locked(s);
+        if (dead) {
+            pthread_mutex_unlock(&s->mu);
+            while (dead) {
+                sreq *n = dead->next;
+                finish_unassigned(s, dead, KS_FINISH_CANCEL);
+                dead = n;
+            }
+            pthread_mutex_lock(&s->mu);
+            continue;
+        }
+        if (s->n_active == 0) {
+            if (s->stop) break;
+            pthread_cond_wait(&s->cv, &s->mu);
+            continue;
+        }
+        bool stopping = s->stop;
+        pthread_mutex_unlock(&s->mu);
+
+        for (int i = 0; i < s->n_slots; i++) {
+            slot *sl = &s->slots[i];
+            if (sl->state == ST_IDLE) continue;
+            if (stopping) atomic_store(&sl->r->cancel, 1);
+            if (!sl->planned) plan(s, sl);
+        }
+        step(s);
+        pthread_mutex_lock(&s->mu);
+    }
+    publish_locked(s);
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+/* ------------------------------------------------------------ public API */
+int ks_sched_create(const ks_sched_params *p, ks_sched **out) {
+    *out = NULL;
+    if (!p || !p->engine) return KS_EINVAL;
+    ks_sched *s = calloc(1, sizeof *s);
+    if (!s) return KS_ENOMEM;
+    s->p = *p;
+    s->e = p->engine;
+    s->n_slots = p->n_slots > 0 ? p->n_slots : ks_engine_n_seq(s->e);
+    if (s->n_slots > ks_engine_n_seq(s->e)) {
+        free(s);
+        return KS_EINVAL;
+    }
+    if (s->p.max_queue <= 0) s->p.max_queue = 64;
+    s->n_ctx_seq = ks_engine_n_ctx_seq(s->e);
+    s->n_batch = ks_engine_n_batch(s->e);
+    s->next_id = 1;
+    s->pairs = p->exact && ks_engine_partial_rm_ok(s->e);
+    s->slots = calloc((size_t)s->n_slots, sizeof *s->slots);
+    s->clear_pending = calloc((size_t)s->n_slots, sizeof *s->clear_pending);
+    s->batch = ks_batch_create(s->n_batch);
+    s->logits_copy = malloc(sizeof(float) * (size_t)ks_engine_n_vocab(s->e));
+    if (!s->slots || !s->clear_pending || !s->batch || !s->logits_copy) goto nomem;
+    for (int i = 0; i < s->n_slots; i++) s->slots[i].id = i;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    pthread_cond_init(&s->cv_done, NULL);
+    s->st.n_slots = s->n_slots;
+    if (pthread_create(&s->th, NULL, run, s) != 0) {
+        pthread_mutex_destroy(&s->mu);
+        pthread_cond_destroy(&s->cv);
+        pthread_cond_destroy(&s->cv_done);
+        goto nomem;
+    }
+    s->th_started = true;
+    *out = s;
+    return 0;
+nomem:
+    ks_batch_free(s->batch);
+    free(s->logits_copy);
+    free(s->slots);
+    free(s->clear_pending);
+    free(s);
+    return KS_ENOMEM;
+}
+
+void ks_sched_free(ks_sched *s) {
+    if (!s) return;
+    pthread_mutex_lock(&s->mu);
+    s->stop = true;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    if (s->th_started) pthread_join(s->th, NULL);
+    for (int i = 0; i < s->n_slots; i++) {
+        ks_tokens_free(&s->slots[i].tokens);
+        ks_sampler_free(s->slots[i].smpl);
+    }
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    pthread_cond_destroy(&s->cv_done);
+    ks_batch_free(s->batch);
+    free(s->logits_copy);
+    free(s->slots);
+    free(s->clear_pending);
+    free(s);
+}
+
+int ks_sched_submit(ks_sched *s, const ks_req_params *p, uint64_t *id) {
+    if (!p || !p->tokens || p->n_tokens <= 0 || p->max_tokens < 1) return KS_EINVAL;
+    if (p->preferred_slot >= s->n_slots) return KS_EINVAL;
+    if ((int64_t)p->n_tokens + p->max_tokens > s->n_ctx_seq) return KS_ECTX;
+    sreq *r = calloc(1, sizeof *r);
+    if (!r) return KS_ENOMEM;
+    r->p = *p;
+    r->p.tokens = NULL;
+    r->p.msg_prefix_hash = NULL;
+    if (ks_tokens_assign(&r->prompt, p->tokens, p->n_tokens) != 0) goto nomem;
+    if (p->msg_prefix_hash && p->n_msgs > 0) {
+        r->hashes = malloc(sizeof(uint64_t) * (size_t)(p->n_msgs + 1));
+        if (!r->hashes) goto nomem;
+        memcpy(r->hashes, p->msg_prefix_hash, sizeof(uint64_t) * (size_t)(p->n_msgs + 1));
+    }
+    r->t_submit = ks_now_ms();
+    pthread_mutex_lock(&s->mu);
+    if (s->stop) {
+        pthread_mutex_unlock(&s->mu);
+        sreq_free(r);
+        return KS_ESHUTDOWN;
+    }
+    int idle = 0;
+    for (int i = 0; i < s->n_slots; i++) idle += s->slots[i].state == ST_IDLE;
+    if (s->q_n >= s->p.max_queue && idle <= s->q_n) {
+        s->st.requests_rejected++;
+        pthread_mutex_unlock(&s->mu);
+        sreq_free(r);
+        return KS_EFULL;
+    }
+    r->id = s->next_id++;
+    if (s->q_tail) s->q_tail->next = r; else s->q_head = r;
+    s->q_tail = r;
+    s->q_n++;
+    s->st.queue_depth = s->q_n;
+    if (id) *id = r->id;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+nomem:
+    sreq_free(r);
+    return KS_ENOMEM;
+}
+
+void ks_sched_cancel(ks_sched *s, uint64_t id) {
+    pthread_mutex_lock(&s->mu);
+    for (sreq *r = s->q_head; r; r = r->next)
+        if (r->id == id) atomic_store(&r->cancel, 1);
+    for (int i = 0; i < s->n_slots; i++)
+        if (s->slots[i].r && s->slots[i].r->id == id) atomic_store(&s->slots[i].r->cancel, 1);
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+void ks_sched_drain(ks_sched *s) {
+    pthread_mutex_lock(&s->mu);
+    while (s->q_n > 0 || s->n_active > 0) pthread_cond_wait(&s->cv_done, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+}
+
+void ks_sched_clear_slot(ks_sched *s, int slot_id) {
+    if (slot_id < 0 || slot_id >= s->n_slots) return;
+    pthread_mutex_lock(&s->mu);
+    s->clear_pending[slot_id] = 1;
+    pthread_cond_signal(&s->cv);
+    while (s->clear_pending[slot_id] && !s->stop) pthread_cond_wait(&s->cv_done, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+}
+
+int ks_sched_slots(ks_sched *s, ks_slot_info *out, int n) {
+    pthread_mutex_lock(&s->mu);
+    for (int i = 0; i < s->n_slots && i < n; i++) out[i] = s->slots[i].info;
+    int total = s->n_slots;
+    pthread_mutex_unlock(&s->mu);
+    return total;
+}
+
+void ks_sched_stats_get(ks_sched *s, ks_sched_stats *out) {
+    pthread_mutex_lock(&s->mu);
+    *out = s->st;
+    out->queue_depth = s->q_n;
+    pthread_mutex_unlock(&s->mu);
+}
