@@ -1,0 +1,91 @@
+/*
+ * mkmodel.h — writes random-weight GGUF models of architecture `llama`.
+ *
+ * No weights can be downloaded where kvstash is built and tested, so every
+ * test, demo and benchmark runs on a model this module makes. It uses ggml's
+ * gguf writer only (gguf.h / ggml.h from ggml-base), never llama.h.
+ *
+ * Design notes
+ *  1. Determinism: the file is a pure function of (preset, seed). Each tensor
+ *     draws from its own xoshiro256** stream seeded from the seed and the
+ *     tensor's name, so the bytes do not depend on the order or chunking of
+ *     the generation. Never rand().
+ *  2. Atomicity: the model is written to a temporary file in the destination
+ *     directory, fsynced, renamed over OUT and the directory fsynced. A killed
+ *     or failed run never leaves a partial file under OUT (a stray
+ *     "OUT.tmp.XXXXXX" may remain after SIGKILL; a failed run removes it).
+ *  3. Vocabulary (SentencePiece-style, tokenizer.ggml.model = "llama"):
+ *     <unk> 0, <s> 1, </s> 2, <0x00>..<0xFF> 3..258, <|im_start|> 259,
+ *     <|im_end|> 260, then "▁" (space), every printable ASCII character with
+ *     and without a leading "▁", then English words as "▁word" together with
+ *     every prefix of it (llama.cpp's SPM tokenizer only merges pairs whose
+ *     concatenation is itself a token, so a word is reachable only through a
+ *     chain of prefixes). The bench preset adds capitalised and unprefixed
+ *     variants and pads with synthetic pieces "▁w<id>" to 32000.
+ *     BOS = <s>, EOS = <|im_end|> (a reply ends at the end of its turn),
+ *     add_bos_token = true, add_space_prefix = false (ChatML), the Qwen2
+ *     ChatML Jinja template.
+ *  4. Readable greedy output: the rows of output.weight are scaled per token —
+ *     whole words 1.0, capitalised words 0.5, unprefixed words 0.3, ".,!?:;"
+ *     0.8, partial pieces and single characters 0.15, control, byte and
+ *     synthetic tokens 0.05, and <|im_end|> 1.6 so that a reply sometimes ends. This lives in
+ *     the weights only; nothing changes at run time. How soon a reply ends
+ *     depends on the seed (tiny seed 1: about half of the replies within 64
+ *     tokens; some seeds end most replies within a few tokens).
+ *  5. Weights: symmetric "normal-ish" values (sum of two uniforms) with
+ *     standard deviation 1/sqrt(fan_in), embeddings 1.0, norms exactly 1.0
+ *     (F32). The projections into the residual stream (attn_output, ffn_down)
+ *     get a gain of min(1, 1.5/sqrt(n_layer)) so that deep presets do not
+ *     collapse onto one repeated word. 2-D weights are F16 (tiny) or Q8_0
+ *     (bench, via ggml_quantize_chunk); output.weight is untied.
+ *
+ * Thread model: ks_mkmodel and ks_mkmodel_shape_of are reentrant (no global
+ * state of their own); ggml's quantizer is thread-safe.
+ */
+#ifndef KS_MKMODEL_H
+#define KS_MKMODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Fixed token ids of every generated model (note 3). */
+#define KS_MKMODEL_TOK_UNK 0
+#define KS_MKMODEL_TOK_BOS 1
+#define KS_MKMODEL_TOK_S_END 2       /* </s>: llama.cpp also treats it as end-of-generation */
+#define KS_MKMODEL_TOK_BYTE0 3       /* <0x00>; byte b is KS_MKMODEL_TOK_BYTE0 + b */
+#define KS_MKMODEL_TOK_IM_START 259
+#define KS_MKMODEL_TOK_IM_END 260    /* also tokenizer.ggml.eos_token_id */
+#define KS_MKMODEL_TOK_SPACE 261     /* "▁" */
+
+/* The shape of a preset. */
+typedef struct ks_mkmodel_shape {
+    const char *preset;     /* borrowed, static */
+    int n_vocab;
+    int n_embd;
+    int n_layer;
+    int n_head;
+    int n_head_kv;
+    int n_ff;
+    int n_ctx_train;
+    int wtype;              /* ggml_type of the 2-D weights (norms are F32) */
+    const char *wtype_name; /* "f16", "q8_0" — borrowed, static */
+    uint64_t n_params;      /* all tensor elements */
+} ks_mkmodel_shape;
+
+/* Names of the presets, "tiny|bench" — static. */
+const char *ks_mkmodel_presets(void);
+
+/* Fills *out with the shape of preset (builds the vocabulary to count it).
+ * Returns 0, KS_EINVAL for an unknown preset or NULL arguments, KS_ENOMEM. */
+int ks_mkmodel_shape_of(const char *preset, ks_mkmodel_shape *out);
+
+/* Writes the random-weight model `preset` ("tiny" or "bench") made from
+ * `seed` to out_path, atomically (note 2). Missing parent directories are
+ * created. An existing file at out_path is replaced.
+ * Returns 0 or: KS_EINVAL (unknown preset, empty path), KS_ENOMEM,
+ * KS_ENOSPC (disk full), KS_ENOENT (a parent directory cannot be reached),
+ * KS_EIO (any other I/O error). On failure a message is written to err
+ * (may be NULL) and nothing is left under out_path. */
+int ks_mkmodel(const char *preset, uint64_t seed, const char *out_path, char *err, size_t errlen);
+
+#endif

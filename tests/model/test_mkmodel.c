@@ -1,0 +1,339 @@
+/*
+ * Model tests for engine/mkmodel: the random-weight GGUF writer and the
+ * `kvstash mkmodel` command.
+ *
+ * Env: KS_TINY_MODEL — the tiny model written by the CTest fixture
+ * (`kvstash mkmodel --preset tiny --seed 1`); KS_BIN — the kvstash binary.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "base/base.h"
+#include "engine/engine.h"
+#include "engine/mkmodel.h"
+
+static char g_dir[256]; /* per-run scratch directory */
+
+static const char *tiny_model(void) {
+    const char *p = getenv("KS_TINY_MODEL");
+    if (!p || !*p) fail_msg("KS_TINY_MODEL is not set (run through ctest, or set it)");
+    return p;
+}
+
+static void path_in(char *buf, size_t n, const char *name) { snprintf(buf, n, "%s/%s", g_dir, name); }
+
+/* Whole file into memory. Owned: free(). */
+static uint8_t *slurp(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) fail_msg("cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *b = malloc((size_t)n + 1);
+    assert_non_null(b);
+    assert_int_equal(fread(b, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    *len = (size_t)n;
+    return b;
+}
+
+static bool same_file(const char *a, const char *b) {
+    size_t na, nb;
+    uint8_t *x = slurp(a, &na), *y = slurp(b, &nb);
+    bool same = na == nb && memcmp(x, y, na) == 0;
+    free(x);
+    free(y);
+    return same;
+}
+
+static int setup(void **st) {
+    (void)st;
+    snprintf(g_dir, sizeof g_dir, "/tmp/ks_test_mkmodel.XXXXXX");
+    if (!mkdtemp(g_dir)) return -1;
+    return 0;
+}
+
+static int teardown(void **st) {
+    (void)st;
+    DIR *d = opendir(g_dir);
+    if (d) {
+        struct dirent *de;
+        char p[512];
+        while ((de = readdir(d))) {
+            if (de->d_name[0] == '.') continue;
+            snprintf(p, sizeof p, "%s/%s", g_dir, de->d_name);
+            unlink(p);
+        }
+        closedir(d);
+    }
+    rmdir(g_dir);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ files */
+static void test_deterministic(void **st) {
+    (void)st;
+    char a[512], b[512], c[512], one[512];
+    path_in(a, sizeof a, "a.gguf");
+    path_in(b, sizeof b, "b.gguf");
+    path_in(c, sizeof c, "c.gguf");
+    path_in(one, sizeof one, "one.gguf");
+    char err[256] = "";
+    assert_int_equal(ks_mkmodel("tiny", 7, a, err, sizeof err), 0);
+    assert_int_equal(ks_mkmodel("tiny", 7, b, err, sizeof err), 0);
+    assert_int_equal(ks_mkmodel("tiny", 8, c, err, sizeof err), 0);
+    assert_true(same_file(a, b));
+    assert_false(same_file(a, c));
+    /* The library with seed 1 makes exactly the fixture's file (written by the CLI). */
+    assert_int_equal(ks_mkmodel("tiny", 1, one, err, sizeof err), 0);
+    assert_true(same_file(one, tiny_model()));
+    /* Rewriting over an existing file replaces it. */
+    assert_int_equal(ks_mkmodel("tiny", 8, a, err, sizeof err), 0);
+    assert_true(same_file(a, c));
+}
+
+static void test_tiny_size_and_shape(void **st) {
+    (void)st;
+    struct stat sb;
+    assert_int_equal(stat(tiny_model(), &sb), 0);
+    assert_true(sb.st_size > 0);
+    assert_true(sb.st_size <= 1024 * 1024);
+
+    ks_mkmodel_shape s;
+    assert_int_equal(ks_mkmodel_shape_of("tiny", &s), 0);
+    assert_int_equal(s.n_embd, 64);
+    assert_int_equal(s.n_layer, 2);
+    assert_true(s.n_vocab >= 600 && s.n_vocab <= 1000);
+    assert_int_equal(ks_mkmodel_shape_of("bench", &s), 0);
+    assert_int_equal(s.n_vocab, 32000);
+    assert_int_equal(s.n_layer, 24);
+    assert_int_equal(ks_mkmodel_shape_of("huge", &s), KS_EINVAL);
+}
+
+static void test_bad_arguments(void **st) {
+    (void)st;
+    char p[512], err[256] = "";
+    path_in(p, sizeof p, "x.gguf");
+    assert_int_equal(ks_mkmodel("nope", 1, p, err, sizeof err), KS_EINVAL);
+    assert_non_null(strstr(err, "nope"));
+    assert_int_equal(ks_mkmodel("tiny", 1, "", err, sizeof err), KS_EINVAL);
+    assert_int_equal(access(p, F_OK), -1);
+}
+
+static void test_unwritable_path(void **st) {
+    (void)st;
+    /* Tests run as root too, so permissions prove nothing: use a path whose
+     * parent is a regular file, and one under /proc. */
+    char file[512], bad[600], err[256] = "";
+    path_in(file, sizeof file, "plainfile");
+    FILE *f = fopen(file, "w");
+    assert_non_null(f);
+    fclose(f);
+    snprintf(bad, sizeof bad, "%s/model.gguf", file);
+    int rc = ks_mkmodel("tiny", 1, bad, err, sizeof err);
+    assert_true(rc < 0);
+    assert_true(err[0] != '\0');
+    assert_int_equal(access(bad, F_OK), -1);
+
+    err[0] = '\0';
+    rc = ks_mkmodel("tiny", 1, "/proc/kvstash-no-such-dir/model.gguf", err, sizeof err);
+    assert_true(rc < 0);
+    assert_true(err[0] != '\0');
+
+    /* Nothing but the plain file is left in the scratch directory: no temp file. */
+    DIR *d = opendir(g_dir);
+    struct dirent *de;
+    while ((de = readdir(d)))
+        if (strstr(de->d_name, ".tmp.")) fail_msg("temporary file left behind: %s", de->d_name);
+    closedir(d);
+}
+
+static void test_creates_parent_dirs(void **st) {
+    (void)st;
+    char p[512], err[256] = "";
+    path_in(p, sizeof p, "sub/dir/m.gguf");
+    assert_int_equal(ks_mkmodel("tiny", 3, p, err, sizeof err), 0);
+    assert_int_equal(access(p, R_OK), 0);
+    unlink(p);
+    path_in(p, sizeof p, "sub/dir");
+    rmdir(p);
+    path_in(p, sizeof p, "sub");
+    rmdir(p);
+}
+
+/* -------------------------------------------------------------------- CLI */
+static int run_cli(const char *args) {
+    const char *bin = getenv("KS_BIN");
+    if (!bin || !*bin) fail_msg("KS_BIN is not set");
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "'%s' mkmodel %s >/dev/null 2>&1", bin, args);
+    int st = system(cmd);
+    assert_true(WIFEXITED(st));
+    return WEXITSTATUS(st);
+}
+
+static void test_cli_exit_codes(void **st) {
+    (void)st;
+    char p[512], args[1024];
+    path_in(p, sizeof p, "cli.gguf");
+    assert_int_equal(run_cli("--help"), 0);
+    snprintf(args, sizeof args, "--preset nope '%s'", p);
+    assert_int_equal(run_cli(args), 2);
+    assert_int_equal(run_cli("--preset tiny"), 2);
+    snprintf(args, sizeof args, "--preset tiny --seed x '%s'", p);
+    assert_int_equal(run_cli(args), 2);
+    snprintf(args, sizeof args, "--bogus '%s'", p);
+    assert_int_equal(run_cli(args), 2);
+    assert_int_equal(access(p, F_OK), -1);
+    assert_int_equal(run_cli("--preset tiny /proc/kvstash-no-such-dir/m.gguf"), 1);
+    snprintf(args, sizeof args, "--preset tiny --seed 1 '%s'", p);
+    assert_int_equal(run_cli(args), 0);
+    assert_true(same_file(p, tiny_model()));
+}
+
+/* ----------------------------------------------------------------- engine */
+static ks_engine *open_tiny(void) {
+    ks_engine_params ep = ks_engine_params_default();
+    ep.model_path = tiny_model();
+    ep.n_ctx_seq = 512;
+    ep.n_threads = 2;
+    ks_engine *e = NULL;
+    char err[512] = "";
+    int rc = ks_engine_open(&ep, &e, err, sizeof err);
+    if (rc) fail_msg("ks_engine_open: %s (%s)", ks_strerror(rc), err);
+    return e;
+}
+
+static int count_tok(const ks_tokens *t, int32_t id) {
+    int n = 0;
+    for (int i = 0; i < t->n; i++) n += t->v[i] == id;
+    return n;
+}
+
+static void test_load_template_tokenize(void **st) {
+    (void)st;
+    ks_engine *e = open_tiny();
+    ks_mkmodel_shape s;
+    assert_int_equal(ks_mkmodel_shape_of("tiny", &s), 0);
+    assert_int_equal(ks_engine_n_vocab(e), s.n_vocab);
+
+    ks_msg msgs[2] = {{"system", "You are a helpful assistant."}, {"user", "What is the name of the sea?"}};
+    char *prompt = NULL;
+    assert_int_equal(ks_engine_template(e, msgs, 2, true, &prompt), 0);
+    assert_string_equal(prompt, "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+                                "<|im_start|>user\nWhat is the name of the sea?<|im_end|>\n"
+                                "<|im_start|>assistant\n");
+
+    ks_tokens t = {0};
+    assert_int_equal(ks_engine_tokenize(e, prompt, strlen(prompt), true, true, &t), 0);
+    assert_true(t.n > 10);
+    assert_int_equal(t.v[0], KS_MKMODEL_TOK_BOS);
+    assert_int_equal(count_tok(&t, KS_MKMODEL_TOK_IM_START), 3);
+    assert_int_equal(count_tok(&t, KS_MKMODEL_TOK_IM_END), 2);
+    /* Specials are single tokens, not "<", "|", ... and no "▁" follows them. */
+    assert_int_equal(count_tok(&t, KS_MKMODEL_TOK_BYTE0 + '<'), 0);
+    assert_int_equal(count_tok(&t, KS_MKMODEL_TOK_SPACE), 0);
+    for (int i = 0; i < t.n; i++) {
+        if (t.v[i] != KS_MKMODEL_TOK_IM_START) continue;
+        char piece[64];
+        assert_true(i + 1 < t.n);
+        int n = ks_engine_piece(e, t.v[i + 1], piece, sizeof piece);
+        assert_true(n > 0 && piece[0] != ' '); /* "system", not " system" */
+    }
+    /* Words are single tokens: " the name of the" is 4 tokens. */
+    ks_tokens w = {0};
+    assert_int_equal(ks_engine_tokenize(e, " the name of the", 16, false, false, &w), 0);
+    assert_int_equal(w.n, 4);
+    ks_tokens_free(&w);
+
+    assert_true(ks_engine_is_eog(e, KS_MKMODEL_TOK_IM_END));
+    assert_false(ks_engine_is_eog(e, KS_MKMODEL_TOK_IM_START));
+    assert_false(ks_engine_is_eog(e, t.v[t.n - 2])); /* a piece of "assistant" */
+
+    ks_tokens_free(&t);
+    free(prompt);
+    ks_engine_free(e);
+}
+
+/* Prefill the prompt, then greedily sample up to n tokens. Returns the count. */
+static int generate(ks_engine *e, const ks_tokens *prompt, int n, int32_t *out) {
+    ks_batch *b = ks_batch_create(prompt->n > n ? prompt->n : n);
+    assert_non_null(b);
+    for (int i = 0; i < prompt->n; i++) ks_batch_add(b, prompt->v[i], i, 0, i == prompt->n - 1);
+    assert_int_equal(ks_engine_decode(e, b), 0);
+    ks_sample_params sp = {0}; /* temperature 0: greedy */
+    ks_sampler *s = ks_sampler_create(e, &sp);
+    assert_non_null(s);
+    int idx = prompt->n - 1, got = 0;
+    for (int k = 0; k < n; k++) {
+        const float *logits = ks_engine_logits(e, idx);
+        assert_non_null(logits);
+        int32_t tok = ks_sampler_sample(s, e, idx);
+        assert_true(tok >= 0 && tok < ks_engine_n_vocab(e));
+        out[got++] = tok;
+        if (ks_engine_is_eog(e, tok)) break;
+        ks_batch_clear(b);
+        idx = ks_batch_add(b, tok, prompt->n + k, 0, true);
+        assert_int_equal(ks_engine_decode(e, b), 0);
+    }
+    ks_sampler_free(s);
+    ks_batch_free(b);
+    return got;
+}
+
+static void test_decode_greedy(void **st) {
+    (void)st;
+    ks_engine *e = open_tiny();
+    ks_msg msgs[2] = {{"system", "You are a helpful assistant."}, {"user", "Tell me a story about the sea."}};
+    char *prompt = NULL;
+    assert_int_equal(ks_engine_template(e, msgs, 2, true, &prompt), 0);
+    ks_tokens t = {0};
+    assert_int_equal(ks_engine_tokenize(e, prompt, strlen(prompt), true, true, &t), 0);
+
+    int32_t a[20], b[20];
+    int na = generate(e, &t, 20, a);
+    assert_true(na >= 1);
+    ks_buf text = {0};
+    for (int i = 0; i < na; i++) {
+        char piece[64];
+        int n = ks_engine_piece(e, a[i], piece, sizeof piece);
+        if (n > 0 && n < (int)sizeof piece) ks_buf_append(&text, piece, (size_t)n);
+    }
+    print_message("greedy (%d tokens): %s\n", na, text.s ? text.s : "");
+
+    /* Same prompt again from an empty sequence: the same tokens. */
+    ks_engine_seq_clear(e, 0);
+    int nb = generate(e, &t, 20, b);
+    assert_int_equal(na, nb);
+    assert_memory_equal(a, b, (size_t)na * sizeof a[0]);
+
+    ks_buf_free(&text);
+    ks_tokens_free(&t);
+    free(prompt);
+    ks_engine_free(e);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_deterministic),
+        cmocka_unit_test(test_tiny_size_and_shape),
+        cmocka_unit_test(test_bad_arguments),
+        cmocka_unit_test(test_unwritable_path),
+        cmocka_unit_test(test_creates_parent_dirs),
+        cmocka_unit_test(test_cli_exit_codes),
+        cmocka_unit_test(test_load_template_tokenize),
+        cmocka_unit_test(test_decode_greedy),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
