@@ -94,6 +94,9 @@ typedef struct ks_chat_params {
     int n_threads;          /* 0 = number of online CPUs */
     bool cache;             /* keep and reuse the KV between turns (default true) */
     bool flash_attn;        /* default false: with it on, cached output can differ */
+    bool exact;             /* default true: decode lone tokens with a throwaway companion row
+                               so cached and uncached output are bit-identical (see
+                               docs/LLAMA_FACTS.md); false is slightly faster per token */
     const char *system;     /* system prompt, may be NULL */
 } ks_chat_params;
 

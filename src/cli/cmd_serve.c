@@ -1,8 +1,311 @@
-/* cmd_serve.c — placeholder until the command lands. */
+/*
+ * cmd_serve.c — `kvstash serve`: the OpenAI-compatible HTTP server.
+ *
+ * Settings come from the defaults, then the YAML file (--config), then the
+ * flags (flags win; docs/SERVER.md lists them). Start-up order: engine →
+ * scheduler → HTTP daemon; then two lines on stderr that scripts and tests
+ * rely on:
+ *   kvstash: listening on http://HOST:PORT (model NAME, N slots, ctx C)
+ *   kvstash: port=PORT
+ *
+ * Signals: SIGINT and SIGTERM are blocked in every thread (the mask is set
+ * before any thread starts) and taken with sigwait on this thread, so no
+ * work happens in a signal handler. The first one drains: no new
+ * connections, running requests finish (up to --shutdown-timeout), the rest
+ * are canceled, everything is freed, exit 0. A second signal during the
+ * drain cancels at once.
+ */
+#include <getopt.h>
+#include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/base.h"
+#include "cache/config.h"
 #include "cli/cli.h"
+#include "engine/engine.h"
+#include "sched/sched.h"
+#include "server/server.h"
+
+#define CMD "kvstash serve"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: kvstash serve -m MODEL [options]\n"
+            "  -m, --model PATH          GGUF model file (required here or as model: in --config)\n"
+            "  --host ADDR               address to bind (default 127.0.0.1)\n"
+            "  --port N                  TCP port; 0 picks a free one (default 8080)\n"
+            "  --slots N                 parallel sequences (default 4)\n"
+            "  --ctx N                   context per slot, tokens (default 4096)\n"
+            "  --batch N                 tokens per decode step (default 512)\n"
+            "  --threads N               CPU threads; 0 = all (default 0)\n"
+            "  --no-cache-prompt         never reuse a slot's KV (every prompt is prefilled)\n"
+            "  --api-key KEY             require 'Authorization: Bearer KEY' (also $KVSTASH_API_KEY)\n"
+            "  --max-queue N             requests waiting for a slot; beyond: 503 (default 64)\n"
+            "  --max-body-bytes N        largest request body; beyond: 413 (default 16777216)\n"
+            "  --max-tokens N            max_tokens of requests that give none (default 2048;\n"
+            "                            always capped by the context left after the prompt)\n"
+            "  --alias NAME              model id in /v1/models and responses (default: the model's name)\n"
+            "  --timeout S               idle connection timeout, seconds (default 600)\n"
+            "  --shutdown-timeout MS     on SIGTERM, wait this long for running requests (default 10000)\n"
+            "  --flash-attn              enable flash attention (cached and uncached output may then\n"
+            "                            differ in the last bits)\n"
+            "  --config FILE             YAML settings (see docs/SERVER.md); flags override it\n"
+            "  --log LEVEL               debug|info|warn|error|off (default info)\n");
+}
+
+/* The flags as given, applied over the file's values. */
+typedef struct flags {
+    const char *model, *host, *api_key, *config, *log, *alias;
+    long port, slots, ctx, batch, threads, max_queue, max_tokens, timeout, shutdown_ms;
+    long long max_body;
+    bool no_cache, flash_attn;
+} flags;
+
+static int parse_long(const char *name, const char *s, long lo, long hi, long *out) {
+    char *end;
+    long long v = strtoll(s, &end, 10);
+    if (end == s || *end || v < lo || v > hi) {
+        fprintf(stderr, CMD ": %s must be an integer in [%ld, %ld], got '%s'\n", name, lo, hi, s);
+        return -1;
+    }
+    *out = (long)v;
+    return 0;
+}
+
+static int parse_flags(int argc, char **argv, flags *f) {
+    enum { O_HOST = 256, O_PORT, O_SLOTS, O_CTX, O_BATCH, O_THREADS, O_NOCACHE, O_KEY, O_QUEUE, O_BODY,
+           O_MAXTOK, O_ALIAS, O_TIMEOUT, O_SHUTDOWN, O_FA, O_CONFIG, O_LOG };
+    static const struct option opts[] = {
+        {"model", required_argument, 0, 'm'},          {"host", required_argument, 0, O_HOST},
+        {"port", required_argument, 0, O_PORT},        {"slots", required_argument, 0, O_SLOTS},
+        {"ctx", required_argument, 0, O_CTX},          {"batch", required_argument, 0, O_BATCH},
+        {"threads", required_argument, 0, O_THREADS},  {"no-cache-prompt", no_argument, 0, O_NOCACHE},
+        {"api-key", required_argument, 0, O_KEY},      {"max-queue", required_argument, 0, O_QUEUE},
+        {"max-body-bytes", required_argument, 0, O_BODY}, {"max-tokens", required_argument, 0, O_MAXTOK},
+        {"alias", required_argument, 0, O_ALIAS},      {"timeout", required_argument, 0, O_TIMEOUT},
+        {"shutdown-timeout", required_argument, 0, O_SHUTDOWN}, {"flash-attn", no_argument, 0, O_FA},
+        {"config", required_argument, 0, O_CONFIG},    {"log", required_argument, 0, O_LOG},
+        {"help", no_argument, 0, 'h'},                 {0, 0, 0, 0}};
+    memset(f, 0, sizeof *f);
+    f->port = f->slots = f->ctx = f->batch = f->threads = f->max_queue = f->max_tokens = f->timeout = -1;
+    f->shutdown_ms = 10000;
+    f->max_body = -1;
+    optind = 1;
+    opterr = 0;
+    int c;
+    long v;
+    while ((c = getopt_long(argc, argv, ":m:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'm': f->model = optarg; break;
+        case O_HOST: f->host = optarg; break;
+        case O_PORT: if (parse_long("--port", optarg, 0, 65535, &f->port)) return 2; break;
+        case O_SLOTS: if (parse_long("--slots", optarg, 1, 256, &f->slots)) return 2; break;
+        case O_CTX: if (parse_long("--ctx", optarg, 64, 1 << 24, &f->ctx)) return 2; break;
+        case O_BATCH: if (parse_long("--batch", optarg, 1, 1 << 20, &f->batch)) return 2; break;
+        case O_THREADS: if (parse_long("--threads", optarg, 0, 4096, &f->threads)) return 2; break;
+        case O_NOCACHE: f->no_cache = true; break;
+        case O_KEY: f->api_key = optarg; break;
+        case O_QUEUE: if (parse_long("--max-queue", optarg, 0, 1 << 20, &f->max_queue)) return 2; break;
+        case O_BODY:
+            if (parse_long("--max-body-bytes", optarg, 1024, 1L << 40, &v)) return 2;
+            f->max_body = v;
+            break;
+        case O_MAXTOK: if (parse_long("--max-tokens", optarg, 1, 1 << 24, &f->max_tokens)) return 2; break;
+        case O_ALIAS: f->alias = optarg; break;
+        case O_TIMEOUT: if (parse_long("--timeout", optarg, 0, 86400, &f->timeout)) return 2; break;
+        case O_SHUTDOWN: if (parse_long("--shutdown-timeout", optarg, 0, 3600000, &f->shutdown_ms)) return 2; break;
+        case O_FA: f->flash_attn = true; break;
+        case O_CONFIG: f->config = optarg; break;
+        case O_LOG:
+            if (ks_log_parse_level(optarg) < 0) {
+                fprintf(stderr, CMD ": --log must be debug, info, warn, error or off, got '%s'\n", optarg);
+                return 2;
+            }
+            f->log = optarg;
+            break;
+        case 'h': usage(stdout); return -1; /* --help: the caller exits 0 */
+        case ':':
+            fprintf(stderr, CMD ": option '%s' needs a value\n", argv[optind - 1]);
+            return 2;
+        default:
+            fprintf(stderr, CMD ": unknown option '%s'\n\n", argv[optind - 1]);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, CMD ": unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    return 0;
+}
+
+#define COPY(dst, src)                                                                      \
+    do {                                                                                    \
+        if (strlen(src) >= sizeof(dst)) {                                                   \
+            fprintf(stderr, CMD ": value too long: '%.40s...'\n", src);                     \
+            return 2;                                                                       \
+        }                                                                                   \
+        snprintf(dst, sizeof(dst), "%s", src);                                              \
+    } while (0)
+
+static int apply_flags(const flags *f, ks_config *c) {
+    if (f->model) COPY(c->model, f->model);
+    if (f->host) COPY(c->host, f->host);
+    if (f->api_key) COPY(c->api_key, f->api_key);
+    else if (!c->api_key[0] && getenv("KVSTASH_API_KEY")) COPY(c->api_key, getenv("KVSTASH_API_KEY"));
+    if (f->log) COPY(c->log, f->log);
+    if (f->port >= 0) c->port = (int)f->port;
+    if (f->slots >= 0) c->slots = (int)f->slots;
+    if (f->ctx >= 0) c->ctx = (int)f->ctx;
+    if (f->batch >= 0) c->batch = (int)f->batch;
+    if (f->threads >= 0) c->threads = (int)f->threads;
+    if (f->max_queue >= 0) c->max_queue = (int)f->max_queue;
+    if (f->max_body >= 0) c->max_body_bytes = f->max_body;
+    if (f->no_cache) c->cache_prompt = false;
+    return 0;
+}
+
+static int open_engine(const ks_config *c, bool flash_attn, ks_engine **e) {
+    ks_engine_params ep = ks_engine_params_default();
+    ep.model_path = c->model;
+    ep.n_seq = c->slots;
+    ep.n_ctx_seq = c->ctx;
+    ep.n_batch = c->batch;
+    ep.n_threads = c->threads;
+    ep.flash_attn = flash_attn;
+    char err[512] = "";
+    int rc = ks_engine_open(&ep, e, err, sizeof err);
+    if (rc) fprintf(stderr, CMD ": %s\n", err[0] ? err : ks_strerror(rc));
+    return rc;
+}
+
+static const char *signame(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "signal"; }
+
 int ks_cmd_serve(int argc, char **argv) {
-    (void)argc; (void)argv;
-    fprintf(stderr, "kvstash serve: not built yet\n");
-    return 1;
+    flags f;
+    int rc = parse_flags(argc, argv, &f);
+    if (rc == -1) return 0; /* --help */
+    if (rc) return rc;
+
+    ks_config cfg;
+    ks_config_defaults(&cfg);
+    if (f.config) {
+        char err[512] = "";
+        rc = ks_config_load_file(&cfg, f.config, err, sizeof err);
+        if (rc) {
+            fprintf(stderr, CMD ": %s\n", err[0] ? err : ks_strerror(rc));
+            return 2;
+        }
+    }
+    if ((rc = apply_flags(&f, &cfg))) return rc;
+    int lv = ks_log_parse_level(cfg.log);
+    ks_log_set_level(lv < 0 ? KS_LOG_INFO : (ks_log_level)lv);
+    if (!cfg.model[0]) {
+        fprintf(stderr, CMD ": no model: give -m MODEL (or model: in --config)\n\n");
+        usage(stderr);
+        return 2;
+    }
+    /* A models.<name> entry may set slots; the --slots flag still wins. The
+     * entry is matched by file name first (the engine, which knows
+     * general.name, is sized by the slot count), then again below. */
+    ks_config_resolve_model(&cfg, NULL, cfg.model);
+    if (f.slots >= 0) cfg.slots = (int)f.slots;
+
+    /* Block the shutdown signals before any thread exists, so every thread
+     * inherits the mask and only sigwait below sees them. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    ks_engine *e = NULL;
+    ks_sched *sched = NULL;
+    ks_server *srv = NULL;
+    int exit_code = 1;
+    if (open_engine(&cfg, f.flash_attn, &e)) goto done;
+    {
+        ks_config by_name = cfg;
+        ks_config_resolve_model(&by_name, ks_engine_model_name(e), cfg.model);
+        cfg.cache = by_name.cache;
+        if (f.slots < 0 && by_name.slots != cfg.slots) {
+            KS_INFO("serve", "models entry for '%s' sets %d slots: reopening", ks_engine_model_name(e),
+                    by_name.slots);
+            ks_engine_free(e);
+            e = NULL;
+            cfg.slots = by_name.slots;
+            if (open_engine(&cfg, f.flash_attn, &e)) goto done;
+        }
+    }
+
+    ks_sched_params sp = ks_sched_params_default();
+    sp.engine = e;
+    sp.n_slots = cfg.slots;
+    sp.max_queue = cfg.max_queue;
+    sp.cache_prompt = cfg.cache_prompt;
+    sp.affinity_min = cfg.affinity_min;
+    rc = ks_sched_create(&sp, &sched);
+    if (rc) {
+        fprintf(stderr, CMD ": cannot start the scheduler: %s\n", ks_strerror(rc));
+        goto done;
+    }
+
+    ks_server_params hp = ks_server_params_default();
+    hp.engine = e;
+    hp.sched = sched;
+    hp.host = cfg.host;
+    hp.port = cfg.port;
+    hp.api_key = cfg.api_key;
+    hp.model_name = f.alias;
+    hp.max_body_bytes = cfg.max_body_bytes;
+    if (f.max_tokens > 0) hp.default_max_tokens = (int)f.max_tokens;
+    if (f.timeout >= 0) hp.timeout_s = (int)f.timeout;
+    hp.cache_prompt = cfg.cache_prompt;
+    char err[512] = "";
+    rc = ks_server_start(&hp, &srv, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, CMD ": %s\n", err[0] ? err : ks_strerror(rc));
+        goto done;
+    }
+    bool v6 = strchr(cfg.host, ':') != NULL;
+    fprintf(stderr, "kvstash: listening on http://%s%s%s:%d (model %s, %d slots, ctx %d)\n", v6 ? "[" : "",
+            cfg.host, v6 ? "]" : "", ks_server_port(srv), f.alias ? f.alias : ks_engine_model_name(e), cfg.slots,
+            ks_engine_n_ctx_seq(e));
+    fprintf(stderr, "kvstash: port=%d\n", ks_server_port(srv));
+    if (cfg.api_key[0] == '\0' && strcmp(cfg.host, "127.0.0.1") && strcmp(cfg.host, "localhost") &&
+        strcmp(cfg.host, "::1"))
+        KS_WARN("serve", "listening on %s without --api-key: anyone who can reach it can use it", cfg.host);
+
+    int sig = 0;
+    while (sigwait(&sigs, &sig) != 0) {
+    }
+    KS_INFO("serve", "%s: stopping; waiting up to %ld ms for %d running request(s)", signame(sig), f.shutdown_ms,
+            ks_server_n_active(srv));
+    ks_server_quiesce(srv);
+    double deadline = ks_now_ms() + (double)f.shutdown_ms;
+    while (ks_server_n_active(srv) > 0 && ks_now_ms() < deadline) {
+        /* Sleep 50 ms, or less when a second signal comes: then cancel now. */
+        struct timespec ts = {0, 50 * 1000000L};
+        int s2 = sigtimedwait(&sigs, NULL, &ts);
+        if (s2 > 0) {
+            KS_WARN("serve", "%s again: canceling the running requests", signame(s2));
+            break;
+        }
+    }
+    if (ks_server_n_active(srv) > 0) KS_WARN("serve", "canceling %d request(s)", ks_server_n_active(srv));
+    exit_code = 0;
+done:
+    /* Order matters (server.h note 5): no server thread may call the
+     * scheduler once it is freed; the daemon stops after every on_done ran. */
+    if (srv) ks_server_detach_sched(srv);
+    ks_sched_free(sched);
+    ks_server_free(srv);
+    ks_engine_free(e);
+    if (exit_code == 0) KS_INFO("serve", "stopped");
+    return exit_code;
 }

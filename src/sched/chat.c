@@ -66,6 +66,7 @@ ks_chat_params ks_chat_params_default(void) {
     p.n_ctx = 4096;
     p.n_batch = 512;
     p.cache = true;
+    p.exact = true;
     return p;
 }
 
@@ -94,6 +95,7 @@ int ks_chat_create(const ks_chat_params *p, ks_chat **out, char *err, size_t err
     sp.engine = c->e;
     sp.n_slots = 1;
     sp.cache_prompt = true; /* per request: c->p.cache */
+    sp.exact = p->exact;
     rc = ks_sched_create(&sp, &c->s);
     if (rc) {
         ks_set_err(err, errlen, "could not start the inference thread: %s", ks_strerror(rc));

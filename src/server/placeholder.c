@@ -1,1 +1,0 @@
-int ks__server_placeholder;
