@@ -134,11 +134,22 @@ int ks_route_select(const ks_route_slot *slots, int n_slots, const ks_route_req 
         } else {
             KS_DEBUG("imc", "no slot matched, trying token prefix match");
             int best = pick_longest(slots, n_slots, req, true, &n_best);
-            if (best >= 0 && n_best >= cfg->cache_min_tokens) {
+            /* Beyond the seed: salvaging a prefix from a slot destroys the
+             * rest of its branch. When the shared part is less than half of
+             * that slot (typically another sub-agent that shares only a
+             * system preamble) and an empty slot is free, keep the other
+             * branch alive and build in the empty slot instead. */
+            bool keep_other = best >= 0 && empty >= 0 && n_best < slots[best].n_tokens &&
+                              2 * n_best < slots[best].n_tokens;
+            if (best >= 0 && n_best >= cfg->cache_min_tokens && !keep_other) {
                 chosen = best;
                 r.mode = KS_ROUTE_IMC_TOKEN_PREFIX;
                 KS_DEBUG("imc", "token prefix match found: slot[%d] %d tokens", slots[best].id,
                          n_best);
+            } else if (best >= 0 && n_best >= cfg->cache_min_tokens) {
+                KS_DEBUG("imc", "slot[%d] shares only %d of its %d tokens and a slot is empty: "
+                         "keeping its branch", slots[best].id, n_best, slots[best].n_tokens);
+                n_best = 0;
             } else {
                 KS_DEBUG("imc", "no usable token prefix match (best %d, cache_min_tokens %d)",
                          n_best, cfg->cache_min_tokens);

@@ -32,6 +32,7 @@
 
 #include "cache/prefix.h"
 #include "cache/route.h"
+#include "cache/spc.h"
 
 #define MOD "sched"
 
@@ -68,6 +69,7 @@ typedef struct slot {
     int n_msgs_cached;
     /* route decision for the assigned request */
     ks_route route;
+    int snap_sys;        /* SPC: capture the state when n_past reaches this, -1: no */
     /* published (under mu) */
     ks_slot_info info;
 } slot;
@@ -112,6 +114,7 @@ ks_sched_params ks_sched_params_default(void) {
     p.cache_prompt = true;
     p.affinity_min = 0.05f;
     p.exact = true;
+    p.cache_min_tokens = 100;
     return p;
 }
 
@@ -203,7 +206,8 @@ static int route_request(ks_sched *s, sreq *r, ks_route *out) {
     ks_route_req rq = {.tokens = r->prompt.v, .n_tokens = r->prompt.n, .msg_prefix_hash = r->hashes,
                        .n_msgs = r->hashes ? r->p.n_msgs : 0,
                        .cache_prompt = r->p.cache_prompt && s->p.cache_prompt};
-    ks_route_cfg cfg = {.imc = false, .cache_min_tokens = 100, .affinity_min = s->p.affinity_min};
+    ks_route_cfg cfg = {.imc = s->p.imc, .cache_min_tokens = s->p.cache_min_tokens,
+                        .affinity_min = s->p.affinity_min};
     return ks_route_select(rs, n, &rq, &cfg, out);
 }
 
@@ -245,16 +249,98 @@ static void assign_locked(ks_sched *s, sreq **dead) {
     }
 }
 
+/* SPC: restore the system prompt's state into the slot's (cleared) sequence.
+ * The key is a 64-bit hash, so the entry's tokens are compared with the
+ * prompt's before anything is restored (spc.h, invariant 5). */
+static bool spc_restore(ks_sched *s, slot *sl, sreq *r, int *n_reuse) {
+    int n_sys = r->p.n_sys_tokens;
+    const ks_spc_entry *e = ks_spc_acquire(s->p.spc, r->p.sys_key);
+    bool ok = false;
+    if (!e) {
+        s->st.spc_misses++;
+        return false;
+    }
+    if (e->tokens.n != n_sys || memcmp(e->tokens.v, r->prompt.v, sizeof(int32_t) * (size_t)n_sys) != 0) {
+        KS_WARN(MOD, "slot[%d] SPC entry does not match the prompt's system tokens; prefilling", sl->id);
+        s->st.spc_misses++;
+        goto done;
+    }
+    double t0 = ks_now_ms();
+    ks_engine_seq_clear(s->e, sl->id);
+    ks_tokens_truncate(&sl->tokens, 0);
+    if (ks_engine_state_set(s->e, sl->id, e->blob, e->len) != 0) {
+        KS_WARN(MOD, "slot[%d] SPC state rejected by llama; prefilling", sl->id);
+        s->st.spc_misses++;
+        *n_reuse = 0;
+        goto done;
+    }
+    ks_tokens_assign(&sl->tokens, e->tokens.v, n_sys);
+    *n_reuse = n_sys;
+    s->st.spc_hits++;
+    s->st.spc_restored_tokens += (uint64_t)n_sys;
+    KS_DEBUG(MOD, "slot[%d] spc-restore %d tokens (%zu bytes) in %.2f ms", sl->id, n_sys, e->len, ks_now_ms() - t0);
+    ok = true;
+done:
+    ks_spc_release(s->p.spc, e);
+    return ok;
+}
+
+/* SPC: the slot's sequence holds exactly the system prompt now: keep a copy. */
+static void spc_capture(ks_sched *s, slot *sl) {
+    sreq *r = sl->r;
+    size_t n = ks_engine_state_size(s->e, sl->id);
+    uint8_t *buf = n ? malloc(n) : NULL;
+    if (!buf) return;
+    size_t got = ks_engine_state_get(s->e, sl->id, buf, n);
+    if (got == 0) {
+        free(buf);
+        return;
+    }
+    int rc = ks_spc_insert(s->p.spc, r->p.sys_key, r->prompt.v, sl->snap_sys, buf, got); /* takes buf */
+    if (rc == 0) {
+        pthread_mutex_lock(&s->mu);
+        s->st.spc_builds++;
+        pthread_mutex_unlock(&s->mu);
+        KS_DEBUG(MOD, "slot[%d] spc-capture %d tokens, %zu bytes", sl->id, sl->snap_sys, got);
+    } else {
+        KS_DEBUG(MOD, "slot[%d] spc-capture refused: %s", sl->id, ks_strerror(rc));
+    }
+}
+
+static void count_mode(ks_sched *s, slot *sl, sreq *r, bool spc_hit, int n_reuse, bool took_over) {
+    ks_route *rt = &sl->route;
+    if (took_over) s->st.evictions++;
+    if (spc_hit) return;
+    switch (rt->mode) {
+    case KS_ROUTE_IMC_HASH: s->st.imc_hash_hits++; break;
+    case KS_ROUTE_IMC_TOKEN_PREFIX:
+        s->st.imc_token_prefix_hits++;
+        s->st.imc_salvaged_tokens += (uint64_t)n_reuse;
+        KS_DEBUG("imc", "imc-partial-rebuilt slot[%d]: salvaged_prefix=%d of %d (%.0f%%)", sl->id, n_reuse,
+                 r->prompt.n, 100.0 * n_reuse / r->prompt.n);
+        break;
+    case KS_ROUTE_PREFIX: s->st.mode_prefix++; break;
+    default:
+        s->st.mode_miss++;
+        if (s->p.imc) s->st.rebuilds++;
+        break;
+    }
+}
+
 /* Inference thread: trim the slot's sequence to the reused prefix. */
 static void plan(ks_sched *s, slot *sl) {
     sreq *r = sl->r;
     ks_route *rt = &sl->route;
     int n_reuse = rt->n_reuse;
     if (n_reuse > sl->tokens.n) n_reuse = sl->tokens.n;
+    /* A miss on a slot that held another branch: that branch is gone. */
+    bool took_over = rt->mode == KS_ROUTE_MISS && sl->tokens.n > 0 && r->p.cache_prompt && s->p.cache_prompt;
     if (n_reuse == 0) {
         if (sl->tokens.n > 0 || ks_engine_seq_pos_max(s->e, sl->id) >= 0) ks_engine_seq_clear(s->e, sl->id);
         ks_tokens_truncate(&sl->tokens, 0);
     } else if (n_reuse < sl->tokens.n) {
+        if (rt->mode == KS_ROUTE_IMC_TOKEN_PREFIX)
+            KS_DEBUG("imc", "imc-trim-prefix slot[%d]: cached_tokens=%d trim_pos=%d", sl->id, sl->tokens.n, n_reuse);
         if (!ks_engine_seq_rm(s->e, sl->id, n_reuse, -1)) {
             /* Recurrent/hybrid memory cannot drop a suffix: rebuild. */
             KS_DEBUG(MOD, "slot[%d] partial removal unsupported, rebuilding", sl->id);
@@ -262,9 +348,27 @@ static void plan(ks_sched *s, slot *sl) {
             n_reuse = 0;
             rt->mode = KS_ROUTE_MISS;
             snprintf(rt->reason, sizeof rt->reason, "partial-rm-unsupported");
+            pthread_mutex_lock(&s->mu);
+            s->st.partial_rm_rebuilds++;
+            pthread_mutex_unlock(&s->mu);
         }
         ks_tokens_truncate(&sl->tokens, n_reuse);
     }
+    sl->snap_sys = -1;
+    bool cache = r->p.cache_prompt && s->p.cache_prompt;
+    int n_sys = r->p.n_sys_tokens;
+    bool spc_hit = false;
+    /* The counters are read by other threads under mu; restoring a state
+     * takes about a millisecond, so holding mu across it is fine. */
+    pthread_mutex_lock(&s->mu);
+    if (cache && s->p.spc && r->p.sys_key && n_sys >= s->p.cache_min_tokens && n_sys < r->prompt.n &&
+        n_reuse < n_sys) {
+        spc_hit = spc_restore(s, sl, r, &n_reuse);
+        if (!spc_hit) sl->snap_sys = n_sys;
+    }
+    if (r->p.sys_key && n_sys > 0 && n_reuse < n_sys) s->st.sys_prompt_prefills++;
+    count_mode(s, sl, r, spc_hit, n_reuse, took_over);
+    pthread_mutex_unlock(&s->mu);
     sl->n_past = n_reuse;
     sl->n_generated = 0;
     sl->i_logits = -1;
@@ -272,7 +376,7 @@ static void plan(ks_sched *s, slot *sl) {
     r->res.n_prompt = r->prompt.n;
     r->res.n_cached = n_reuse;
     r->res.n_vocab = ks_engine_n_vocab(s->e);
-    snprintf(r->res.cache_mode, sizeof r->res.cache_mode, "%s", ks_route_mode_name(rt->mode));
+    snprintf(r->res.cache_mode, sizeof r->res.cache_mode, "%s", spc_hit ? "spc" : ks_route_mode_name(rt->mode));
     snprintf(r->res.cache_reason, sizeof r->res.cache_reason, "%s", rt->reason);
     sl->smpl = ks_sampler_create(s->e, &r->p.sample);
     /* IMC identity: the branch this slot will hold after the request. */
@@ -400,9 +504,8 @@ static void step(ks_sched *s) {
         sreq *r = sl->r;
         int remaining = r->prompt.n - sl->n_past;
         int take = remaining < budget ? remaining : budget;
+        if (sl->snap_sys > sl->n_past && take > sl->snap_sys - sl->n_past) take = sl->snap_sys - sl->n_past;
         if (n_gen > 0 && take == 3) take = 2; /* see the note: never 3 beside 2-row sequences */
-        if (take < remaining && remaining - take == 1) take--; /* never leave a single row behind */
-        if (take < 1) continue;
         add_rows(s, b, sl, r->prompt.v + sl->n_past, sl->n_past, take, sl->n_past + take == r->prompt.n);
         sl->chunk = take;
         sl->in_batch = true;
@@ -430,6 +533,10 @@ static void step(ks_sched *s) {
         } else {
             ks_tokens_append(&sl->tokens, sl->r->prompt.v + sl->n_past, sl->chunk);
             sl->n_past += sl->chunk;
+            if (sl->n_past == sl->snap_sys) {
+                spc_capture(s, sl);
+                sl->snap_sys = -1;
+            }
             if (sl->r->p.on_progress) sl->r->p.on_progress(sl->r->p.ud, sl->n_past, sl->r->prompt.n);
         }
         if (sl->i_logits >= 0) sample_slot(s, sl);
@@ -511,7 +618,7 @@ static void *run(void *arg) {
 /* ------------------------------------------------------------ public API */
 int ks_sched_create(const ks_sched_params *p, ks_sched **out) {
     *out = NULL;
-    if (!p || !p->engine) return KS_EINVAL;
+    if (!p || !p->engine || p->cache_min_tokens < 0) return KS_EINVAL;
     ks_sched *s = calloc(1, sizeof *s);
     if (!s) return KS_ENOMEM;
     s->p = *p;

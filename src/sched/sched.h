@@ -48,6 +48,12 @@ typedef struct ks_sched_params {
                               that cached, uncached and concurrent runs are bit-identical
                               (see the note on exactness in sched.c); false saves the extra
                               row per generated token */
+    /* Incremental Message Cache routing (seed 000): slots follow conversation
+     * branches, routed by message-prefix hash, token-prefix fallback. */
+    bool imc;
+    int cache_min_tokens;  /* IMC fallback threshold and SPC minimum (default 100) */
+    /* System Prompt Cache: borrowed store of system-prompt states (NULL: off). */
+    struct ks_spc *spc;
 } ks_sched_params;
 
 ks_sched_params ks_sched_params_default(void);
@@ -146,6 +152,20 @@ typedef struct ks_sched_stats {
     int slots_busy;
     int queue_depth;
     int n_slots;
+    /* cache decisions, one count per request by its final mode */
+    uint64_t mode_prefix;          /* same-slot / affinity prefix reuse */
+    uint64_t mode_miss;
+    uint64_t imc_hash_hits;
+    uint64_t imc_token_prefix_hits; /* salvages by token prefix */
+    uint64_t imc_salvaged_tokens;
+    uint64_t evictions;             /* a non-empty slot taken over for another branch */
+    uint64_t rebuilds;              /* IMC: a branch built from scratch */
+    uint64_t spc_hits;              /* system prompt restored from SPC */
+    uint64_t spc_misses;            /* SPC had no state for the system prompt */
+    uint64_t spc_builds;            /* SPC states captured (system prompt decoded for SPC) */
+    uint64_t spc_restored_tokens;
+    uint64_t sys_prompt_prefills;   /* requests whose system prompt was prefilled */
+    uint64_t partial_rm_rebuilds;   /* memory could not drop a suffix: rebuilt */
 } ks_sched_stats;
 
 void ks_sched_stats_get(ks_sched *s, ks_sched_stats *out);

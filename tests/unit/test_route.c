@@ -375,6 +375,41 @@ static void test_imc_token_prefix_threshold(void **state) {
     assert_string_equal(r.reason, "no-slot");
 }
 
+/* Beyond the seed: a token-prefix salvage that would destroy most of another
+ * branch (shared part < half of that slot) takes a free empty slot instead;
+ * without an empty slot the salvage goes ahead. */
+static void test_imc_token_prefix_keeps_other_branch(void **state) {
+    (void)state;
+    int32_t p[300], a[400];
+    fill(p, 300, 1);
+    fill(a, 400, 1);
+    a[150] = -1; /* 150 of the slot's 400 tokens shared: < half */
+    uint64_t h[3] = {1, 2, 3};
+    ks_route_slot s[2] = {mk_slot(0, a, 400, 1), mk_slot(1, NULL, 0, 0)};
+    s[0].msg_hash = 77;
+    s[0].n_msgs_cached = 2;
+    ks_route_req req = {.tokens = p, .n_tokens = 300, .msg_prefix_hash = h, .n_msgs = 2,
+                        .cache_prompt = true};
+    ks_route r = route_ok(s, 2, &req, &k_imc_cfg);
+    assert_int_equal(r.slot, 1);
+    assert_int_equal(r.mode, KS_ROUTE_MISS);
+    assert_string_equal(r.reason, "no-slot");
+    /* no empty slot: salvage */
+    s[1].busy = true;
+    r = route_ok(s, 2, &req, &k_imc_cfg);
+    assert_int_equal(r.slot, 0);
+    assert_int_equal(r.mode, KS_ROUTE_IMC_TOKEN_PREFIX);
+    assert_int_equal(r.n_reuse, 150);
+    /* more than half shared (same conversation drifted): salvage even with an empty slot */
+    s[1].busy = false;
+    a[150] = 151;
+    a[250] = -1; /* 250 of 400 shared */
+    r = route_ok(s, 2, &req, &k_imc_cfg);
+    assert_int_equal(r.slot, 0);
+    assert_int_equal(r.mode, KS_ROUTE_IMC_TOKEN_PREFIX);
+    assert_int_equal(r.n_reuse, 250);
+}
+
 static void test_imc_zero_cached_messages_never_hash_match(void **state) {
     (void)state;
     branch b;
@@ -462,6 +497,7 @@ int main(void) {
         cmocka_unit_test(test_imc_hash_beats_longer_token_prefix),
         cmocka_unit_test(test_imc_hash_reports_real_token_prefix),
         cmocka_unit_test(test_imc_token_prefix_threshold),
+        cmocka_unit_test(test_imc_token_prefix_keeps_other_branch),
         cmocka_unit_test(test_imc_zero_cached_messages_never_hash_match),
         cmocka_unit_test(test_imc_five_branches_three_slots_lru),
         cmocka_unit_test(test_inputs_are_not_modified),
