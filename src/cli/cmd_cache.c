@@ -1,8 +1,506 @@
-/* cmd_cache.c — placeholder until the command lands. */
+/*
+ * cmd_cache.c — `kvstash cache ls|stats|verify|gc|rm`: inspect and maintain
+ * the persistent store's directories without a model.
+ *
+ * Every subcommand works on the shm and disk tier directories (defaults as in
+ * the server: --cache-dir $XDG_CACHE_HOME/kvstash or ~/.cache/kvstash,
+ * --shm-dir /dev/shm/kvstash-<uid>); a directory that does not exist is
+ * empty. Files of every model are listed (the MODEL column tells them apart).
+ * Safe to run next to a server: files are only ever replaced atomically, and
+ * a server that finds a file gone treats it as a miss.
+ *
+ * Exit codes: 0 ok, 1 runtime error (verify: a bad file), 2 usage error.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/base.h"
+#include "cache/config.h"
+#include "cache/key.h"
+#include "cache/kvfile.h"
+#include "cache/store.h"
+#include "cache/tier.h"
 #include "cli/cli.h"
+
+#define CMD "kvstash cache"
+
+typedef struct opts {
+    const char *sub;
+    char dirs[KS_TIER__N][KS_MAX_PATH]; /* [SHM], [DISK] used */
+    bool all;
+    const char *prefix;
+    int64_t max_bytes;                   /* -1: the defaults */
+} opts;
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: kvstash cache <command> [--cache-dir DIR] [--shm-dir DIR] [options]\n"
+            "  ls     [KEYPREFIX]           list entries: key, tokens, bytes, tier, reason, age, hits\n"
+            "  stats                        totals per tier\n"
+            "  verify                       check every file completely; exit 1 naming each bad one\n"
+            "  gc     [--max-bytes N]       evict least recently hit entries until each tier holds at\n"
+            "                               most N bytes (default: shm 1G, disk 10G; K/M/G suffixes),\n"
+            "                               remove temp files of dead writers and quarantined files\n"
+            "  rm     --all | KEYPREFIX     remove entries\n"
+            "options:\n"
+            "  --cache-dir DIR   the disk tier (default $XDG_CACHE_HOME/kvstash or ~/.cache/kvstash)\n"
+            "  --shm-dir DIR     the shm tier (default /dev/shm/kvstash-<uid>)\n");
+}
+
+static const char *tier_str(int t) { return t == KS_TIER_SHM ? "shm" : t == KS_TIER_DISK ? "disk" : "ram"; }
+
+static const char *reason_str(int r) {
+    static const char *n[] = {"cold", "continued", "finish", "evict", "shutdown"};
+    return (r >= 0 && r < KS_REASON__N) ? n[r] : "?";
+}
+
+/* "12.3M" style sizes (binary units). */
+static void fmt_bytes(uint64_t b, char *out, size_t n) {
+    const char *u = "BKMGT";
+    double v = (double)b;
+    int i = 0;
+    while (v >= 1024.0 && i < 4) {
+        v /= 1024.0;
+        i++;
+    }
+    if (i == 0)
+        snprintf(out, n, "%lluB", (unsigned long long)b);
+    else
+        snprintf(out, n, "%.1f%c", v, u[i]);
+}
+
+static void fmt_age(int64_t us, char *out, size_t n) {
+    int64_t s = us / 1000000;
+    if (s < 0) s = 0;
+    if (s < 120)
+        snprintf(out, n, "%llds", (long long)s);
+    else if (s < 7200)
+        snprintf(out, n, "%lldm", (long long)(s / 60));
+    else if (s < 2 * 86400)
+        snprintf(out, n, "%lldh", (long long)(s / 3600));
+    else
+        snprintf(out, n, "%lldd", (long long)(s / 86400));
+}
+
+static int64_t now_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+static int parse_bytes(const char *s, int64_t *out) {
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || v < 0) return -1;
+    double mul = 1;
+    if (*end) {
+        switch (*end) {
+        case 'k': case 'K': mul = 1024.0; break;
+        case 'm': case 'M': mul = 1048576.0; break;
+        case 'g': case 'G': mul = 1073741824.0; break;
+        case 't': case 'T': mul = 1099511627776.0; break;
+        default: return -1;
+        }
+        end++;
+        if (*end == 'i' || *end == 'I') end++;
+        if (*end == 'b' || *end == 'B') end++;
+        if (*end) return -1;
+    }
+    v *= mul;
+    if (v > 9.2e18) return -1;
+    *out = (int64_t)v;
+    return 0;
+}
+
+static bool is_hex(const char *s) {
+    if (!*s || strlen(s) > KS_KEY_HEX_LEN) return false;
+    for (; *s; s++)
+        if (!((*s >= '0' && *s <= '9') || (*s >= 'a' && *s <= 'f') || (*s >= 'A' && *s <= 'F'))) return false;
+    return true;
+}
+
+static bool key_matches(const ks_key *k, const char *prefix) {
+    char hex[KS_KEY_HEX_LEN + 1];
+    ks_key_to_hex(k, hex);
+    for (size_t i = 0; prefix[i]; i++) {
+        char c = prefix[i];
+        if (c >= 'A' && c <= 'F') c = (char)(c - 'A' + 'a');
+        if (hex[i] != c) return false;
+    }
+    return true;
+}
+
+/* Returns 0 or 2 (usage error, message printed). */
+static int parse(int argc, char **argv, opts *o) {
+    memset(o, 0, sizeof *o);
+    o->max_bytes = -1;
+    ks_store_default_dirs(o->dirs[KS_TIER_DISK], o->dirs[KS_TIER_SHM]);
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    o->sub = argv[1];
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i], *val = NULL;
+        const char *names[] = {"--cache-dir", "--shm-dir", "--max-bytes"};
+        int which = -1;
+        for (int k = 0; k < 3; k++) {
+            size_t l = strlen(names[k]);
+            if (strcmp(a, names[k]) == 0) {
+                if (i + 1 >= argc) {
+                    fprintf(stderr, CMD ": %s needs a value\n", a);
+                    return 2;
+                }
+                which = k;
+                val = argv[++i];
+            } else if (strncmp(a, names[k], l) == 0 && a[l] == '=') {
+                which = k;
+                val = a + l + 1;
+            }
+        }
+        if (which == 0 || which == 1) {
+            if (!val[0] || strlen(val) >= KS_MAX_PATH) {
+                fprintf(stderr, CMD ": %s: invalid directory\n", names[which]);
+                return 2;
+            }
+            snprintf(o->dirs[which == 0 ? KS_TIER_DISK : KS_TIER_SHM], KS_MAX_PATH, "%s", val);
+        } else if (which == 2) {
+            if (parse_bytes(val, &o->max_bytes) != 0) {
+                fprintf(stderr, CMD ": --max-bytes: expected a size like 500M or 2G, got '%s'\n", val);
+                return 2;
+            }
+        } else if (strcmp(a, "--all") == 0) {
+            o->all = true;
+        } else if (a[0] == '-') {
+            fprintf(stderr, CMD " %s: unknown option '%s'\n", o->sub, a);
+            return 2;
+        } else if (!o->prefix) {
+            if (!is_hex(a)) {
+                fprintf(stderr, CMD " %s: '%s' is not a key prefix (hex digits)\n", o->sub, a);
+                return 2;
+            }
+            o->prefix = a;
+        } else {
+            fprintf(stderr, CMD " %s: unexpected argument '%s'\n", o->sub, a);
+            return 2;
+        }
+    }
+    return 0;
+}
+
+/* Opens a tier directory read-mostly; *t NULL when it does not exist.
+ * Returns 0 or 1 (error printed). */
+static int open_tier(const opts *o, int tier, unsigned flags, ks_tier **t) {
+    char err[512] = "";
+    *t = NULL;
+    int rc = ks_tier_file_open((ks_tier_id)tier, o->dirs[tier], flags, NULL, t, err, sizeof err);
+    if (rc == KS_ENOENT) return 0;
+    if (rc != 0) {
+        fprintf(stderr, CMD " %s: %s tier: %s\n", o->sub, tier_str(tier), err);
+        return 1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------- ls */
+typedef struct row {
+    ks_tier_entry e;
+    int tier;
+} row;
+
+typedef struct rows {
+    row *v;
+    size_t n, cap;
+    int tier;
+    const char *prefix;
+    bool oom;
+} rows;
+
+static int collect(void *ud, const ks_tier_entry *e) {
+    rows *r = ud;
+    if (r->prefix && !key_matches(&e->key, r->prefix)) return 0;
+    if (r->n == r->cap) {
+        size_t ncap = r->cap ? r->cap * 2 : 64;
+        row *nv = realloc(r->v, ncap * sizeof *nv);
+        if (!nv) {
+            r->oom = true;
+            return 1;
+        }
+        r->v = nv;
+        r->cap = ncap;
+    }
+    r->v[r->n].e = *e;
+    r->v[r->n].tier = r->tier;
+    r->n++;
+    return 0;
+}
+
+static int row_cmp(const void *a, const void *b) {
+    const row *x = a, *y = b;
+    if (x->e.last_hit_us != y->e.last_hit_us) return x->e.last_hit_us > y->e.last_hit_us ? -1 : 1;
+    return memcmp(x->e.key.b, y->e.key.b, KS_KEY_LEN);
+}
+
+/* Collects the entries of both tiers (matching o->prefix). */
+static int collect_all(const opts *o, rows *r, unsigned flags) {
+    for (int t = KS_TIER_SHM; t <= KS_TIER_DISK; t++) {
+        ks_tier *tier = NULL;
+        if (open_tier(o, t, flags, &tier) != 0) return 1;
+        if (!tier) continue;
+        r->tier = t;
+        r->prefix = o->prefix;
+        ks_tier_list(tier, collect, r);
+        ks_tier_close(tier);
+        if (r->oom) {
+            fprintf(stderr, CMD " %s: out of memory\n", o->sub);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static int cmd_ls(const opts *o) {
+    rows r = {0};
+    if (o->all) {
+        fprintf(stderr, CMD " ls: --all is for rm\n");
+        return 2;
+    }
+    if (collect_all(o, &r, 0) != 0) {
+        free(r.v);
+        return 1;
+    }
+    qsort(r.v, r.n, sizeof *r.v, row_cmp);
+    int64_t now = now_us();
+    printf("%-12s %8s %9s %-4s %-9s %6s %6s %6s %-8s\n", "KEY", "TOKENS", "BYTES", "TIER", "REASON", "AGE",
+           "IDLE", "HITS", "MODEL");
+    for (size_t i = 0; i < r.n; i++) {
+        const ks_tier_entry *e = &r.v[i].e;
+        char hex[KS_KEY_HEX_LEN + 1], fp[9], sz[16], age[16], idle[16];
+        ks_key_to_hex(&e->key, hex);
+        ks_hex_encode(e->model_fp, 4, fp);
+        fmt_bytes(e->bytes, sz, sizeof sz);
+        fmt_age(now - e->created_us, age, sizeof age);
+        if (e->hits)
+            fmt_age(now - e->last_hit_us, idle, sizeof idle);
+        else
+            snprintf(idle, sizeof idle, "-");
+        printf("%.12s %8d %9s %-4s %-9s %6s %6s %6llu %-8s\n", hex, e->n_tokens, sz, tier_str(r.v[i].tier),
+               reason_str(e->reason), age, idle, (unsigned long long)e->hits, fp);
+    }
+    if (r.n == 0) fprintf(stderr, o->prefix ? "no entry matches %s\n" : "the cache is empty\n", o->prefix);
+    free(r.v);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- stats */
+static void count_dir(const char *dir, int *temps, int *quarantined) {
+    char q[PATH_MAX];
+    *temps = *quarantined = 0;
+    DIR *d = opendir(dir);
+    if (d) {
+        struct dirent *de;
+        while ((de = readdir(d)) != NULL)
+            if (ks_kvfile_temp_parse(de->d_name, NULL)) (*temps)++;
+        closedir(d);
+    }
+    if (snprintf(q, sizeof q, "%s/quarantine", dir) >= (int)sizeof q) return;
+    if ((d = opendir(q)) != NULL) {
+        struct dirent *de;
+        while ((de = readdir(d)) != NULL)
+            if (de->d_name[0] != '.') (*quarantined)++;
+        closedir(d);
+    }
+}
+
+static int cmd_stats(const opts *o) {
+    uint64_t tot_b = 0, tot_e = 0;
+    printf("%-5s %8s %10s  %s\n", "TIER", "ENTRIES", "BYTES", "DETAIL");
+    for (int t = KS_TIER_SHM; t <= KS_TIER_DISK; t++) {
+        ks_tier *tier = NULL;
+        rows r = {0};
+        if (open_tier(o, t, 0, &tier) != 0) return 1;
+        if (!tier) {
+            printf("%-5s %8s %10s  %s (absent)\n", tier_str(t), "-", "-", o->dirs[t]);
+            continue;
+        }
+        r.tier = t;
+        ks_tier_list(tier, collect, &r);
+        uint64_t b = 0, e = 0;
+        ks_tier_usage(tier, &b, &e);
+        ks_tier_close(tier);
+        uint64_t by_reason[KS_REASON__N] = {0}, hits = 0, tokens = 0;
+        for (size_t i = 0; i < r.n; i++) {
+            if (r.v[i].e.reason >= 0 && r.v[i].e.reason < KS_REASON__N) by_reason[r.v[i].e.reason]++;
+            hits += r.v[i].e.hits;
+            tokens += (uint64_t)r.v[i].e.n_tokens;
+        }
+        free(r.v);
+        int temps, quar;
+        count_dir(o->dirs[t], &temps, &quar);
+        char sz[16];
+        fmt_bytes(b, sz, sizeof sz);
+        printf("%-5s %8llu %10s  %s\n", tier_str(t), (unsigned long long)e, sz, o->dirs[t]);
+        printf("%-5s %8s %10s  tokens %llu, hits %llu; cold %llu, continued %llu, finish %llu, evict %llu, "
+               "shutdown %llu; temp files %d, quarantined %d\n",
+               "", "", "", (unsigned long long)tokens, (unsigned long long)hits,
+               (unsigned long long)by_reason[0], (unsigned long long)by_reason[1],
+               (unsigned long long)by_reason[2], (unsigned long long)by_reason[3],
+               (unsigned long long)by_reason[4], temps, quar);
+        tot_b += b;
+        tot_e += e;
+    }
+    char sz[16];
+    fmt_bytes(tot_b, sz, sizeof sz);
+    printf("%-5s %8llu %10s\n", "total", (unsigned long long)tot_e, sz);
+    return 0;
+}
+
+/* --------------------------------------------------------------- verify */
+typedef struct vstate {
+    int good, bad;
+} vstate;
+
+static int verify_cb(void *ud, const char *path, int rc, const ks_kvfile_meta *m) {
+    vstate *v = ud;
+    if (rc == 0) {
+        v->good++;
+    } else {
+        v->bad++;
+        printf("bad: %s: %s (%s)\n", path, ks_errname(rc), ks_strerror(rc));
+    }
+    return 0;
+}
+
+static int cmd_verify(const opts *o) {
+    vstate v = {0, 0};
+    for (int t = KS_TIER_SHM; t <= KS_TIER_DISK; t++) {
+        int rc = ks_store_verify_dir(o->dirs[t], verify_cb, &v);
+        if (rc == KS_ENOENT) continue;
+        if (rc < 0) {
+            fprintf(stderr, CMD " verify: %s: %s\n", o->dirs[t], ks_strerror(rc));
+            return 1;
+        }
+    }
+    printf("%d files checked: %d good, %d bad\n", v.good + v.bad, v.good, v.bad);
+    return v.bad ? 1 : 0;
+}
+
+/* ------------------------------------------------------------------- gc */
+static int purge_quarantine(const char *dir) {
+    char q[PATH_MAX], p[PATH_MAX];
+    int n = 0;
+    if (snprintf(q, sizeof q, "%s/quarantine", dir) >= (int)sizeof q) return 0;
+    DIR *d = opendir(q);
+    if (!d) return 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        if (de->d_name[0] == '.') continue;
+        if (snprintf(p, sizeof p, "%s/%s", q, de->d_name) >= (int)sizeof p) continue;
+        if (unlink(p) == 0) n++;
+    }
+    closedir(d);
+    rmdir(q);
+    return n;
+}
+
+static int cmd_gc(const opts *o) {
+    ks_store_params def = ks_store_params_default();
+    if (o->prefix || o->all) {
+        fprintf(stderr, CMD " gc: takes no key prefix (use rm)\n");
+        return 2;
+    }
+    for (int t = KS_TIER_SHM; t <= KS_TIER_DISK; t++) {
+        ks_tier *tier = NULL;
+        /* CLEANUP: temp files of dead writers go, files with a bad header are
+         * moved to quarantine/ (and purged below). */
+        if (open_tier(o, t, KS_TIER_CLEANUP, &tier) != 0) return 1;
+        if (!tier) continue;
+        uint64_t budget = (uint64_t)(o->max_bytes >= 0 ? o->max_bytes : def.cfg.tier_max_bytes[t]);
+        uint64_t b0 = 0, b1 = 0, e1 = 0;
+        ks_tier_usage(tier, &b0, NULL);
+        int n = ks_tier_evict(tier, budget, NULL, NULL);
+        ks_tier_usage(tier, &b1, &e1);
+        uint64_t bad = atomic_load(&tier->n_bad);
+        ks_tier_close(tier);
+        int purged = purge_quarantine(o->dirs[t]);
+        char freed[16], now[16], lim[16];
+        fmt_bytes(b0 - b1, freed, sizeof freed);
+        fmt_bytes(b1, now, sizeof now);
+        fmt_bytes(budget, lim, sizeof lim);
+        printf("%s: evicted %d entries (%s), now %llu entries, %s (budget %s); %llu bad files, %d "
+               "quarantined files removed\n",
+               tier_str(t), n, freed, (unsigned long long)e1, now, lim, (unsigned long long)bad, purged);
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------- rm */
+static int cmd_rm(const opts *o) {
+    if (o->all == (o->prefix != NULL)) {
+        fprintf(stderr, CMD " rm: give either --all or a KEYPREFIX\n");
+        return 2;
+    }
+    int removed = 0, failed = 0;
+    for (int t = KS_TIER_SHM; t <= KS_TIER_DISK; t++) {
+        ks_tier *tier = NULL;
+        rows r = {0};
+        if (open_tier(o, t, 0, &tier) != 0) return 1;
+        if (!tier) continue;
+        r.tier = t;
+        r.prefix = o->prefix;
+        ks_tier_list(tier, collect, &r);
+        for (size_t i = 0; i < r.n; i++) {
+            char hex[KS_KEY_HEX_LEN + 1];
+            ks_key_to_hex(&r.v[i].e.key, hex);
+            int rc = ks_tier_remove(tier, &r.v[i].e.key);
+            if (rc == 0) {
+                removed++;
+                if (!o->all) printf("removed %s (%s, %d tokens)\n", hex, tier_str(t), r.v[i].e.n_tokens);
+            } else if (rc != KS_ENOENT) {
+                failed++;
+                fprintf(stderr, CMD " rm: %s: %s\n", hex, ks_strerror(rc));
+            }
+        }
+        free(r.v);
+        ks_tier_close(tier);
+    }
+    if (o->all) printf("removed %d entries\n", removed);
+    if (!o->all && removed == 0 && failed == 0) {
+        fprintf(stderr, CMD " rm: no entry matches %s\n", o->prefix);
+        return 1;
+    }
+    return failed ? 1 : 0;
+}
+
 int ks_cmd_cache(int argc, char **argv) {
-    (void)argc; (void)argv;
-    fprintf(stderr, "kvstash cache: not built yet\n");
-    return 1;
+    opts o;
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h") || (i == 1 && !strcmp(argv[i], "help"))) {
+            usage(stdout);
+            return 0;
+        }
+    int rc = parse(argc, argv, &o);
+    if (rc) return rc;
+    if ((!strcmp(o.sub, "stats") || !strcmp(o.sub, "verify")) && (o.prefix || o.all)) {
+        fprintf(stderr, CMD " %s: takes no key prefix or --all\n", o.sub);
+        return 2;
+    }
+    /* Warnings (a file moved to quarantine...) are worth seeing; chatter is not. */
+    if (ks_log_get_level() < KS_LOG_WARN) ks_log_set_level(KS_LOG_WARN);
+    if (!strcmp(o.sub, "ls")) return cmd_ls(&o);
+    if (!strcmp(o.sub, "stats")) return cmd_stats(&o);
+    if (!strcmp(o.sub, "verify")) return cmd_verify(&o);
+    if (!strcmp(o.sub, "gc")) return cmd_gc(&o);
+    if (!strcmp(o.sub, "rm")) return cmd_rm(&o);
+    fprintf(stderr, CMD ": unknown command '%s'\n", o.sub);
+    usage(stderr);
+    return 2;
 }

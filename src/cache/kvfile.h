@@ -1,0 +1,138 @@
+/*
+ * kvfile.h — the on-disk format of one cached KV state (docs/kvfile-format.md).
+ *
+ * A kvfile is named <dir>/<64 hex of the key>.kvs and holds, little-endian:
+ *
+ *   header (160 bytes, self-checked by an XXH3-64 in its last 8 bytes)
+ *   tokens (n_tokens x u32)
+ *   payload (llama sequence state, opaque)
+ *   checksum (u64: XXH3-64 of every byte before it)
+ *   trailer (24 bytes: last-hit time, hit count, XXH3-64 of those 16 bytes)
+ *
+ * Writing: a temp file ".<key16>.<pid>.<counter>.tmp" in the same directory
+ * is written, fsynced and closed, then link()ed to its final name (which
+ * fails when the name exists: a kvfile is never replaced), the temp name is
+ * unlinked and the directory fsynced. Every failure removes the temp file.
+ * On a filesystem without hard links (EPERM/EOPNOTSUPP/ENOSYS/EMLINK from
+ * link) the temp file is renamed instead.
+ *
+ * Reading is bounded: every length is checked against fixed limits and the
+ * file's size before anything is allocated, and no byte read from the file
+ * ever reaches an assert.
+ *
+ * Invariants
+ *  1. No incomplete file is ever visible under a final name: the final name
+ *     appears (link) only after the whole content was written and fsynced.
+ *  2. A file whose header check or checksum does not match is refused with
+ *     KS_ECORRUPT; a file of another format version or llama state version
+ *     with KS_EVERSION; a sound file for another model, other KV params, key
+ *     or tokens with KS_EMISMATCH. Flipping any byte before the trailer makes
+ *     the file fail to read.
+ *  3. A stored checksum is never 0 (a computed 0 is stored as
+ *     KS_KVFILE_CSUM_ZERO), so 0 never means "no checksum".
+ *  4. The trailer (hit count, last hit) is outside both checks: updating it in
+ *     place (ks_kvfile_touch) never invalidates the file. A torn or damaged
+ *     trailer only loses the hit statistics (trailer_ok = false).
+ *
+ * Thread model: every function is reentrant and works on paths; concurrent
+ * readers and one writer per final name are safe (see store.h for who
+ * writes). Other processes may read and write the same directory.
+ */
+#ifndef KS_KVFILE_H
+#define KS_KVFILE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "cache/key.h"
+
+#define KS_KVFILE_MAGIC "KVSTASH\0"
+#define KS_KVFILE_VERSION 1u
+#define KS_KVFILE_HEADER_LEN 160u
+#define KS_KVFILE_HEADER_MAX 4096u          /* any version's header must fit */
+#define KS_KVFILE_TAIL_LEN 32u              /* checksum (8) + trailer (24) */
+#define KS_KVFILE_MAX_TOKENS (1u << 24)     /* 16 Mi tokens */
+#define KS_KVFILE_MAX_PAYLOAD ((uint64_t)1 << 40)
+#define KS_KVFILE_CSUM_ZERO 0x4b56535441534830ull /* "KVSTASH0": stored for a computed 0 */
+#define KS_KVFILE_EXT ".kvs"
+/* "<64 hex>.kvs" + NUL */
+#define KS_KVFILE_NAME_LEN (KS_KEY_HEX_LEN + 4)
+
+/* What a header (and trailer) says. */
+typedef struct ks_kvfile_meta {
+    uint32_t version;        /* format version */
+    uint32_t state_version;  /* llama's sequence-state version */
+    uint32_t reason;         /* ks_reason */
+    uint32_t n_tokens;
+    uint64_t payload_len;
+    int64_t created_us;      /* wall clock, microseconds since the epoch */
+    uint8_t model_fp[32];
+    uint8_t params_hash[32]; /* SHA-256 of the kv-params bytes */
+    ks_key key;
+    /* trailer (not checksummed) */
+    int64_t last_hit_us;     /* created_us when never hit or when the trailer is bad */
+    uint64_t hits;
+    bool trailer_ok;
+    uint64_t file_size;      /* set by the readers */
+} ks_kvfile_meta;
+
+/* What the reader must find; NULL pointers are not checked. */
+typedef struct ks_kvfile_expect {
+    const uint8_t *model_fp;     /* 32 bytes */
+    const uint8_t *params_hash;  /* 32 bytes */
+    bool check_state_version;
+    uint32_t state_version;
+    const ks_key *key;
+    const int32_t *tokens;       /* the exact token list, n_tokens long */
+    int n_tokens;
+} ks_kvfile_expect;
+
+/* <dir>/<hex>.kvs into out. Returns 0 or KS_EINVAL when it does not fit. */
+int ks_kvfile_path(const char *dir, const ks_key *key, char *out, size_t n);
+/* true when name is "<64 lower-case hex>.kvs"; fills *key when non-NULL. */
+bool ks_kvfile_name_parse(const char *name, ks_key *key);
+/* true when name is one of our temp files; fills *pid with its writer. */
+bool ks_kvfile_temp_parse(const char *name, pid_t *pid);
+
+/* Writes and publishes <dir>/<key>.kvs. meta supplies state_version, reason,
+ * created_us, model_fp, params_hash and key (n_tokens and payload_len come
+ * from n and len). tokens/payload are borrowed.
+ * *existed (may be NULL) is set when a file of that name already existed: then
+ * nothing was published and 0 is returned. *file_bytes (may be NULL) receives
+ * the published file's size.
+ * Errors: KS_EINVAL (bad arguments, n or len over the limits), KS_ENOSPC
+ * (ENOSPC/EDQUOT), KS_ENOMEM, KS_EIO (any other failure). On error no temp
+ * file is left behind and nothing is published — except when only the
+ * clean-up unlink itself failed, in which case *orphan (may be NULL) receives
+ * the temp path (PATH_MAX bytes) so that the caller can retry the unlink.
+ * A failure after the final name appeared (unlinking the temp name, fsyncing
+ * the directory) is logged and ignored: the published file is complete. */
+int ks_kvfile_write(const char *dir, const ks_kvfile_meta *meta, const int32_t *tokens, int n,
+                    const uint8_t *payload, size_t len, bool *existed, uint64_t *file_bytes,
+                    char *orphan);
+
+/* Reads and checks the header and trailer only (no checksum of the body):
+ * what a directory scan needs. Errors: KS_ENOENT, KS_EIO, KS_ECORRUPT,
+ * KS_EVERSION (another format version; meta->version is set). */
+int ks_kvfile_read_meta(const char *path, ks_kvfile_meta *meta);
+
+/* Reads and verifies the whole file against exp (may be NULL).
+ * tokens_out / payload_out (may be NULL) receive owned copies (free()); when
+ * NULL the data is only verified, streaming, without a big allocation.
+ * meta (may be NULL) receives the header and trailer.
+ * Errors: KS_ENOENT, KS_EIO, KS_ENOMEM, KS_ECORRUPT (header check, lengths,
+ * checksum), KS_EVERSION (format or state version), KS_EMISMATCH (model,
+ * params, key or tokens differ from exp). Nothing is allocated on error. */
+int ks_kvfile_read(const char *path, const ks_kvfile_expect *exp, ks_kvfile_meta *meta,
+                   int32_t **tokens_out, uint8_t **payload_out);
+
+/* Rewrites the trailer in place (pwrite of 24 bytes). 0, KS_ENOENT, KS_EIO or
+ * KS_ECORRUPT (the file is not a kvfile of this version). */
+int ks_kvfile_touch(const char *path, int64_t last_hit_us, uint64_t hits);
+
+/* Maps an errno to KS_ENOSPC / KS_ENOMEM / KS_ENOENT / KS_EIO. */
+int ks_kvfile_errno(int e);
+
+#endif

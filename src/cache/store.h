@@ -1,0 +1,199 @@
+/*
+ * store.h — the persistent tiered KV store: longest-prefix lookup over the
+ * ram, shm and disk tiers, save reasons, and the writer thread.
+ *
+ * The store maps a token prefix to the llama sequence state that holds
+ * exactly those tokens. A state is saved under ks_key(model fingerprint,
+ * kv-params, tokens) into the tier its save reason maps to
+ * (cfg.reason_tier); a lookup walks the candidate prefix lengths of a prompt
+ * longest first and returns the first entry that loads and verifies.
+ *
+ * Design notes
+ *  - The index is the union of the tiers' tables (tier.h). It is rebuilt at
+ *    open from the shm and disk headers, so the cache survives restarts, and
+ *    refreshed before each lookup when a directory's mtime changed (one
+ *    stat per directory; the directory is read again only then), so saves
+ *    of other processes on the same directories are found.
+ *  - Candidate lengths of a lookup: every multiple of cfg.stride up to
+ *    min(n, max_len), plus every distinct n_tokens of the index up to that
+ *    (so states saved at arbitrary lengths, e.g. by `finish`, are found).
+ *    Their keys come from one pass of the prefix hasher (key.h).
+ *  - A file that fails to load (checksum, truncation, format or llama state
+ *    version, wrong model or params, different tokens) is a miss: it is
+ *    counted in corrupt_files, hidden from the index at once and moved into
+ *    <dir>/quarantine/ by the writer thread. It is never restored.
+ *  - Saves: the caller (the inference thread) computes the key and drops
+ *    what need not be written (below min_tokens, tier "none", already stored
+ *    or queued); the rest goes to the writer thread through a bounded queue.
+ *  - Hit statistics are kept in memory and written back to the files'
+ *    trailers by the writer thread about once a second and at close.
+ *
+ * Invariants
+ *  1. A lookup hit returns a payload whose file passed every check against
+ *     this store's model fingerprint, kv-params hash, llama state version and
+ *     the exact prompt tokens [0, hit.n_tokens).
+ *  2. Only the writer thread creates, removes or renames files (saves,
+ *     eviction, quarantine, trailer updates). Lookups read files and may
+ *     update the in-memory index (hits, rescans) under the tier locks, which
+ *     are never held across I/O: a lookup never waits on a file write.
+ *  3. No half-written file is visible under a final name, and an I/O error
+ *     (ENOSPC, EIO, a short write, a failed fsync) skips that save only: it
+ *     is logged, counted, its temp file removed, and the store keeps serving.
+ *  4. Each tier stays within cfg.tier_max_bytes after every save of this
+ *     process (least recently hit entries are evicted first).
+ *  5. Two processes (or two stores) on one directory never corrupt each
+ *     other's files: temp names carry pid + counter, publishing is an atomic
+ *     link() that never replaces a file, and readers verify everything.
+ *
+ * Thread model: ks_store_lookup, ks_store_save, ks_store_flush, ks_store_gc,
+ * ks_store_stats and ks_store_note_restore are safe from any thread, also
+ * concurrently. ks_store_open/close run on one thread with no other call in
+ * flight. The store owns one writer thread between open and close.
+ */
+#ifndef KS_STORE_H
+#define KS_STORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cache/config.h"
+#include "cache/kvfile.h"
+#include "cache/tier.h"
+
+typedef struct ks_store ks_store;
+
+typedef struct ks_store_params {
+    ks_store_cfg cfg;           /* dirs, stride, min_tokens, budgets, reason -> tier, timeouts */
+    uint8_t model_fp[32];       /* ks_model_fingerprint() */
+    const void *kv_params;      /* the bytes that shape the KV besides model and tokens
+                                   (ks_engine_kv_params); copied by open; may be NULL */
+    size_t kv_params_len;
+    uint32_t state_version;     /* llama's sequence-state version */
+    int queue_max;              /* async saves waiting for the writer (default 16) */
+    uint64_t queue_max_bytes;   /* and their payload bytes (default 1 GiB) */
+} ks_store_params;
+
+/* Defaults: the documented ks_store_cfg defaults (config.h) with the default
+ * directories (ks_store_default_dirs), a zero fingerprint and no kv params. */
+ks_store_params ks_store_params_default(void);
+
+/* The default directories: cache_dir = $XDG_CACHE_HOME/kvstash or
+ * $HOME/.cache/kvstash; shm_dir = /dev/shm/kvstash-<uid>. Each buffer holds
+ * KS_MAX_PATH bytes; either may be NULL. */
+void ks_store_default_dirs(char *cache_dir, char *shm_dir);
+
+/* Opens the tiers whose budget is > 0 (ram in memory; shm and disk create
+ * their directories with mode 0700), rebuilds the index from the files'
+ * headers, removes temp files left by dead processes, quarantines files with
+ * a bad header, and starts the writer thread (which first enforces the
+ * budgets).
+ * An shm directory that cannot be used only disables the shm tier (WARN).
+ * Errors: KS_EINVAL (bad parameters; shm_dir and cache_dir the same), KS_EIO
+ * / KS_ENOSPC (cache_dir cannot be created or read; owned by another user
+ * -> KS_EINVAL), KS_ENOMEM; *out is NULL then and err says why. */
+int ks_store_open(const ks_store_params *p, ks_store **out, char *err, size_t errlen);
+
+/* Writes what is queued (for at most cfg.shutdown_timeout_ms; later saves
+ * are dropped and counted as skipped), persists the hit statistics, stops the
+ * writer thread and frees everything. NULL is a no-op. No other call on s may
+ * be in flight or follow. */
+void ks_store_close(ks_store *s);
+
+/* A lookup result. payload is read-only and owned by the hit: valid until
+ * ks_store_hit_free(). */
+typedef struct ks_store_hit {
+    int n_tokens;           /* the restored prefix is tokens[0, n_tokens) */
+    ks_tier_id tier;        /* where it came from (KS_TIER_NONE on a miss) */
+    ks_reason reason;       /* why it was saved */
+    const uint8_t *payload; /* the llama sequence state */
+    size_t payload_len;
+    double load_ms;         /* reading and verifying it */
+    ks_tier_blob blob_;     /* internal */
+} ks_store_hit;
+
+/* Releases hit's payload and zeroes it. NULL and a zeroed hit are no-ops. */
+void ks_store_hit_free(ks_store_hit *hit);
+
+/* Longest-prefix lookup: finds the longest L <= min(n, max_len) (max_len < 0:
+ * no cap) such that the state of tokens[0, L) is stored and verifies, probing
+ * the candidate lengths (see above) longest first, each in ram, then shm, then
+ * disk. The directories are rescanned first when they changed (saves of
+ * other processes).
+ * tokens is borrowed. *hit is always initialised; on 0 it owns a payload
+ * (ks_store_hit_free).
+ * Returns 0 on a hit, KS_ENOENT on a miss (also when min(n, max_len) < 1),
+ * KS_EINVAL (NULL s/hit, n < 0, tokens NULL with n > 0), KS_ENOMEM.
+ * Thread-safe; never waits for a file write. */
+int ks_store_lookup(ks_store *s, const int32_t *tokens, int n, int max_len, ks_store_hit *hit);
+
+/* Saves the state of tokens[0, n) for reason into cfg.reason_tier[reason].
+ * Takes ownership of payload (malloc'd; freed by the store on every path,
+ * also on error). tokens is borrowed (copied when queued).
+ * Not written, returning 0: n < cfg.min_tokens; the tier is KS_TIER_NONE or
+ * disabled; the key is already stored or queued (counted as dedup).
+ * async (sync = false): queued for the writer thread; returns 0, or KS_EFULL
+ * when the queue is full (logged, counted in skipped_saves).
+ * sync (for evict/shutdown): waits until written, for at most
+ * cfg.shutdown_timeout_ms (<= 0: no limit); returns 0, the write's error
+ * (KS_ENOSPC, KS_EIO, KS_ENOMEM; logged and counted in failed_saves — the
+ * store keeps serving), or KS_EBUSY on timeout (the save stays queued).
+ * Other errors: KS_EINVAL, KS_ENOMEM, KS_ESHUTDOWN (closing).
+ * Thread-safe. */
+int ks_store_save(ks_store *s, ks_reason reason, const int32_t *tokens, int n, uint8_t *payload,
+                  size_t len, bool sync);
+
+/* Waits until every save queued before this call was processed, for at most
+ * timeout_ms (<= 0: no limit). 0, KS_EBUSY (timeout), KS_ESHUTDOWN. */
+int ks_store_flush(ks_store *s, int timeout_ms);
+
+/* Enforces every tier's budget now (on the writer thread, waited for), removes
+ * temp files of dead processes and picks up changes of other processes.
+ * Returns the number of entries evicted (>= 0), or KS_ESHUTDOWN / KS_EBUSY
+ * (the writer did not answer within cfg.shutdown_timeout_ms). */
+int ks_store_gc(ks_store *s);
+
+/* Adds the time the caller spent restoring a hit into llama (restore_ms_total). */
+void ks_store_note_restore(ks_store *s, double ms);
+
+/* Counters since open (bytes/entries: current). */
+struct ks_store_stats {
+    uint64_t lookups;
+    uint64_t hits;                         /* lookups that returned a state */
+    uint64_t misses;
+    uint64_t tier_hits[KS_TIER__N];        /* lookups served by the tier */
+    uint64_t tier_misses[KS_TIER__N];      /* lookups not served by the (enabled) tier */
+    uint64_t tier_bytes[KS_TIER__N];       /* current usage, foreign entries included */
+    uint64_t tier_entries[KS_TIER__N];
+    uint64_t tier_max_bytes[KS_TIER__N];   /* budgets (0: tier disabled) */
+    uint64_t tier_evictions[KS_TIER__N];
+    uint64_t saves[KS_REASON__N];          /* states written, by reason */
+    uint64_t saved_bytes;                  /* their payload bytes */
+    uint64_t dedup_saves;                  /* already stored or queued */
+    uint64_t small_saves;                  /* n < min_tokens */
+    uint64_t dropped_saves;                /* tier none/disabled, or bigger than the budget */
+    uint64_t skipped_saves;                /* queue full, or dropped at close */
+    uint64_t failed_saves;                 /* I/O errors (ENOSPC, EIO...) */
+    uint64_t corrupt_files;                /* bad files met (lookups, scans, saves) */
+    uint64_t queued;                       /* saves waiting now */
+    double load_ms_total;                  /* reading + verifying hits */
+    double save_ms_total;                  /* writing saves (writer thread) */
+    double restore_ms_total;               /* ks_store_note_restore() */
+};
+
+/* Fills *out (zeroed first). Thread-safe. */
+void ks_store_stats(ks_store *s, struct ks_store_stats *out);
+
+/* Called by ks_store_verify_dir for each file: path, the result of the full
+ * check (0, KS_ECORRUPT, KS_EVERSION, KS_EIO...) and, when the header could
+ * be read, its metadata (else NULL). Return non-zero to stop. */
+typedef int (*ks_store_verify_cb)(void *ud, const char *path, int rc, const ks_kvfile_meta *meta);
+
+/* Checks every kvfile in dir completely (header, every length, checksum, and
+ * that the header's key matches the file name), without a model: no file is
+ * changed. Temp files and subdirectories are skipped.
+ * Returns the number of bad files (>= 0), or KS_ENOENT / KS_EIO when dir
+ * cannot be read. cb may be NULL. */
+int ks_store_verify_dir(const char *dir, ks_store_verify_cb cb, void *ud);
+
+#endif

@@ -1,0 +1,221 @@
+/*
+ * tier.h — one storage tier of the persistent store behind a table of
+ * function pointers (the way Redis ae.c picks ae_epoll.c or ae_kqueue.c):
+ *
+ *   ram   tier_ram.c   in-process map key -> reference-counted blob
+ *   shm   tier_file.c  a directory of kvfiles under /dev/shm/kvstash-<uid>/
+ *   disk  tier_file.c  a directory of kvfiles under the cache dir
+ *
+ * Each tier owns its entry table: key -> metadata (tokens, bytes, reason,
+ * times, hits, and whether the entry belongs to this model). The store's
+ * index is the union of the tiers' tables; each tier has its own byte budget
+ * and LRU (least recently hit first, ties broken by insertion order).
+ *
+ * Entry classes. A file tier's directory may be shared by processes running
+ * other models or another llama.cpp: an entry is
+ *   OWN      same model fingerprint, kv-params hash and llama state version:
+ *            served by lookups;
+ *   STALE    same model and params, another llama state version: under our
+ *            key but unusable — a lookup that meets it counts it as a bad
+ *            file and quarantines it;
+ *   FOREIGN  another model or other params: never served and never touched
+ *            by lookups, but counted in the budget and evicted by LRU like
+ *            the rest (the budget is the directory's).
+ *
+ * Invariants
+ *  1. A table entry describes a file whose header was read and checked (file
+ *     tiers) or a blob that was fully stored (ram); it never describes a temp
+ *     file.
+ *  2. usage() equals the sum of the entries' bytes.
+ *  3. The table lock is never held across file I/O: lookups can only wait for
+ *     another thread's table update, never for a file write.
+ *  4. An entry marked bad is invisible to has()/get() until it is removed.
+ *
+ * Thread model: has, get, mark_bad, lengths, list and usage are safe from any
+ * thread (table rwlock). put, remove, evict, quarantine, persist and
+ * close belong to one thread: the store's writer thread (or the CLI's only
+ * thread). rescan may run on any thread (one at a time, others skip); it only
+ * adds entries for new files and drops entries whose file vanished.
+ */
+#ifndef KS_TIER_H
+#define KS_TIER_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cache/config.h"
+#include "cache/key.h"
+#include "cache/kvfile.h"
+
+typedef enum { KS_ENTRY_OWN = 0, KS_ENTRY_STALE, KS_ENTRY_FOREIGN } ks_entry_class;
+
+/* A copy of one entry's metadata. */
+typedef struct ks_tier_entry {
+    ks_key key;
+    int n_tokens;
+    int reason;              /* ks_reason */
+    uint64_t bytes;          /* size on the tier (file size, or blob size for ram) */
+    int64_t created_us;      /* wall clock, microseconds */
+    int64_t last_hit_us;     /* created_us when never hit */
+    uint64_t hits;
+    uint32_t state_version;
+    uint8_t model_fp[32];
+    ks_entry_class cls;
+} ks_tier_entry;
+
+/* What "ours" means for entry classes. NULL model_fp: every entry is OWN (the
+ * CLI, which has no model). */
+typedef struct ks_tier_ident {
+    const uint8_t *model_fp;     /* 32 bytes */
+    const uint8_t *params_hash;  /* 32 bytes */
+    uint32_t state_version;
+} ks_tier_ident;
+
+/* A payload handed out by get(). payload is read-only and valid until
+ * ks_tier_blob_release(). */
+typedef struct ks_tier_blob {
+    const uint8_t *payload;
+    size_t len;
+    void *owner_; /* internal: the malloc'd buffer or the ram blob reference */
+    bool ram_;
+} ks_tier_blob;
+
+void ks_tier_blob_release(ks_tier_blob *b);
+
+typedef struct ks_tier ks_tier;
+typedef struct ks__tentry ks__tentry;
+
+/* Called for each entry (a copy); return non-zero to stop. */
+typedef int (*ks_tier_list_cb)(void *ud, const ks_tier_entry *e);
+
+typedef struct ks_tier_vt {
+    /* Stores an entry. meta gives key, reason, created_us, state_version,
+     * model_fp, params_hash; tokens are borrowed. *payload is the caller's
+     * malloc'd buffer: a tier that keeps it sets *payload = NULL (ram), else
+     * it stays the caller's. *existed: the key was already stored (nothing was
+     * done, 0 returned). Errors: KS_ENOSPC, KS_EIO, KS_ENOMEM, KS_EINVAL. */
+    int (*put)(ks_tier *t, const ks_kvfile_meta *meta, const int32_t *tokens, int n,
+               uint8_t **payload, size_t len, bool *existed);
+    /* Loads and verifies the entry against exp (tokens, model, params, key).
+     * 0 and *out filled; KS_ENOENT (absent or vanished); KS_ECORRUPT,
+     * KS_EVERSION, KS_EMISMATCH (a bad entry: the caller marks it); KS_EIO,
+     * KS_ENOMEM. A hit updates the entry's last hit and hit count. */
+    int (*get)(ks_tier *t, const ks_key *key, const ks_kvfile_expect *exp, ks_tier_blob *out);
+    /* Frees the storage of an entry that is marked bad (invisible) and about
+     * to leave the table: its file, or the ram blob reference taken out of
+     * it. 0 or KS_EIO. */
+    int (*drop)(ks_tier *t, const ks_key *key, void *blob);
+    /* Moves the file of an entry marked bad into <dir>/quarantine/ and drops
+     * the entry (ram: drops it). Does nothing when the entry is not (or no
+     * longer) marked bad: a good state saved again since is kept. */
+    int (*quarantine)(ks_tier *t, const ks_key *key);
+    /* Rescans the directory when its mtime changed (KS_RESCAN_FORCE: always;
+     * KS_RESCAN_CLEANUP, owner thread only: also remove temp files of dead
+     * writers and quarantine files with a bad header). Returns the number of
+     * entries added (>= 0) or KS_EIO / KS_ENOENT / KS_ENOMEM. ram: 0. */
+    int (*rescan)(ks_tier *t, unsigned flags);
+    /* Writes the hit statistics of hit entries back to their trailers. */
+    void (*persist)(ks_tier *t);
+    void (*close)(ks_tier *t);
+} ks_tier_vt;
+
+/* The common part of every tier; implementations embed it first. The table
+ * functions below work on it for every tier. */
+struct ks_tier {
+    const ks_tier_vt *vt;
+    ks_tier_id id;
+    char dir[KS_MAX_PATH];        /* file tiers; "" for ram */
+    ks_tier_ident ident;          /* copied */
+    uint8_t ident_fp[32], ident_params[32];
+    bool has_ident;
+    pthread_rwlock_t lock;        /* guards everything below */
+    ks_keymap map;                /* key -> ks__tentry* */
+    uint64_t bytes;
+    uint64_t seq;                 /* LRU and insertion clock */
+    _Atomic uint64_t n_bad;       /* files found bad by scans and saves (quarantined) */
+};
+
+/* ------------------------------------------------------------ the tiers */
+/* A ram tier. ident may be NULL. Returns 0 or KS_ENOMEM. */
+int ks_tier_ram_open(const ks_tier_ident *ident, ks_tier **out);
+
+/* Flags for ks_tier_file_open. */
+enum {
+    KS_TIER_CREATE = 1,   /* create the directory (and parents), mode 0700 */
+    KS_TIER_CLEANUP = 2,  /* at open: remove temp files of dead writers and
+                             quarantine files whose header is bad */
+};
+/* A file tier over dir (id: KS_TIER_SHM or KS_TIER_DISK). Scans the directory
+ * (headers only) to build the table. Errors: KS_ENOENT (no such directory
+ * and no KS_TIER_CREATE), KS_EINVAL (not a directory, or owned by another
+ * user), KS_EIO, KS_ENOMEM; message in err. */
+int ks_tier_file_open(ks_tier_id id, const char *dir, unsigned flags, const ks_tier_ident *ident,
+                      ks_tier **out, char *err, size_t errlen);
+
+/* --------------------------------------------------- generic operations */
+static inline int ks_tier_put(ks_tier *t, const ks_kvfile_meta *m, const int32_t *tok, int n,
+                              uint8_t **payload, size_t len, bool *existed) {
+    return t->vt->put(t, m, tok, n, payload, len, existed);
+}
+static inline int ks_tier_get(ks_tier *t, const ks_key *k, const ks_kvfile_expect *e,
+                              ks_tier_blob *out) {
+    return t->vt->get(t, k, e, out);
+}
+static inline int ks_tier_quarantine(ks_tier *t, const ks_key *k) { return t->vt->quarantine(t, k); }
+enum { KS_RESCAN_FORCE = 1, KS_RESCAN_CLEANUP = 2 };
+static inline int ks_tier_rescan(ks_tier *t, unsigned flags) { return t->vt->rescan(t, flags); }
+static inline void ks_tier_persist(ks_tier *t) { t->vt->persist(t); }
+/* NULL is a no-op. */
+void ks_tier_close(ks_tier *t);
+
+/* Removes the entry and its file. 0, KS_ENOENT, or KS_EIO when the file could
+ * not be removed (the entry is dropped from the table anyway). */
+int ks_tier_remove(ks_tier *t, const ks_key *key);
+/* true when key is present and not bad; *e (may be NULL) receives a copy. */
+bool ks_tier_has(ks_tier *t, const ks_key *key, ks_tier_entry *e);
+/* Marks the entry bad; true only for the call that marked it (count once). */
+bool ks_tier_mark_bad(ks_tier *t, const ks_key *key);
+/* Appends the n_tokens of every OWN, good entry with 1 <= n_tokens <= max_len
+ * to out[*n] while *n < cap (duplicates included). */
+void ks_tier_lengths(ks_tier *t, int max_len, int *out, int *n, int cap);
+/* Calls cb with a copy of every entry, from a snapshot taken under the lock
+ * (cb runs without the lock). Returns 0, KS_ENOMEM, or cb's non-zero value. */
+int ks_tier_list(ks_tier *t, ks_tier_list_cb cb, void *ud);
+void ks_tier_usage(ks_tier *t, uint64_t *bytes, uint64_t *entries);
+/* Removes least-recently-hit entries until usage <= max_bytes; evicted keys
+ * are reported to cb (may be NULL). Returns the number evicted.
+ * Removal order (here and in ks_tier_remove): mark the entries bad, drop
+ * their storage, then take them out of the table — so that a concurrent
+ * rescan never re-indexes a file that is about to vanish. */
+int ks_tier_evict(ks_tier *t, uint64_t max_bytes, void (*cb)(void *ud, const ks_tier_entry *e),
+                  void *ud);
+
+/* ---------------------------------------------- internals for the tiers */
+struct ks__tentry {
+    ks_tier_entry info;
+    uint64_t lru;         /* t->seq at the last hit or at insertion */
+    uint64_t ins;         /* t->seq at insertion */
+    bool bad;
+    bool dirty;           /* hit statistics not yet persisted */
+    void *blob;           /* ram: the blob */
+};
+/* Classifies a header against the tier's identity. */
+ks_entry_class ks__tier_classify(const ks_tier *t, const ks_kvfile_meta *m);
+/* Inserts a new entry (caller holds the write lock). 0 or KS_ENOMEM. */
+int ks__tier_insert_locked(ks_tier *t, const ks_tier_entry *info, void *blob, ks__tentry **out);
+/* Removes an entry from the table (caller holds the write lock) and returns it
+ * (caller frees), NULL when absent. */
+ks__tentry *ks__tier_unlink_locked(ks_tier *t, const ks_key *key);
+/* Records a hit (takes the write lock). */
+void ks__tier_touch(ks_tier *t, const ks_key *key);
+/* Common part of open/close. */
+int ks__tier_init(ks_tier *t, const ks_tier_vt *vt, ks_tier_id id, const ks_tier_ident *ident);
+void ks__tier_fini(ks_tier *t);
+/* Takes entries that were marked bad (and whose storage was dropped) out of
+ * the table. */
+void ks__tier_forget_bad(ks_tier *t, const ks_key *keys, int n);
+
+#endif

@@ -1,0 +1,425 @@
+/* test_kvfile.c — the kvfile format (src/cache/kvfile.c): round trip, every
+ * flipped byte and every truncation refused, version and identity checks,
+ * trailer updates that keep the checksum valid. */
+#include <dirent.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <cmocka.h>
+
+#include "base/base.h"
+#include "cache/config.h"
+#include "cache/kvfile.h"
+
+typedef struct fx {
+    char dir[64];
+    char path[PATH_MAX];
+    uint8_t fp[32], params[32];
+    ks_key key;
+    int32_t toks[5];
+    uint8_t payload[300];
+    ks_kvfile_meta meta;
+} fx;
+
+static int setup(void **state) {
+    fx *f = calloc(1, sizeof *f);
+    if (!f) return -1;
+    snprintf(f->dir, sizeof f->dir, "/tmp/ks-kvf-XXXXXX");
+    if (!mkdtemp(f->dir)) return -1;
+    for (int i = 0; i < 32; i++) {
+        f->fp[i] = (uint8_t)(0xa0 + i);
+        f->params[i] = (uint8_t)(0x10 + i);
+    }
+    int32_t t[5] = {1, 17, 99999, 5, -3};
+    memcpy(f->toks, t, sizeof t);
+    for (size_t i = 0; i < sizeof f->payload; i++) f->payload[i] = (uint8_t)(i * 31 + 7);
+    ks_key_compute(f->fp, "kv", 2, f->toks, 5, &f->key);
+    f->meta.state_version = 3;
+    f->meta.reason = KS_REASON_FINISH;
+    f->meta.created_us = 1700000000123456ll;
+    memcpy(f->meta.model_fp, f->fp, 32);
+    memcpy(f->meta.params_hash, f->params, 32);
+    f->meta.key = f->key;
+    ks_kvfile_path(f->dir, &f->key, f->path, sizeof f->path);
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state) {
+    fx *f = *state;
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", f->dir);
+    int rc = system(cmd);
+    free(f);
+    return rc == 0 ? 0 : -1;
+}
+
+static void write_ok(fx *f) {
+    bool existed = true;
+    uint64_t bytes = 0;
+    char orphan[PATH_MAX];
+    int rc = ks_kvfile_write(f->dir, &f->meta, f->toks, 5, f->payload, sizeof f->payload, &existed,
+                             &bytes, orphan);
+    assert_int_equal(rc, 0);
+    assert_false(existed);
+    assert_string_equal(orphan, "");
+    assert_int_equal(bytes, KS_KVFILE_HEADER_LEN + 5 * 4 + sizeof f->payload + KS_KVFILE_TAIL_LEN);
+}
+
+static ks_kvfile_expect expect_all(fx *f) {
+    ks_kvfile_expect e = {.model_fp = f->fp,
+                          .params_hash = f->params,
+                          .check_state_version = true,
+                          .state_version = 3,
+                          .key = &f->key,
+                          .tokens = f->toks,
+                          .n_tokens = 5};
+    return e;
+}
+
+static uint8_t *slurp(const char *path, size_t *n) {
+    FILE *fp = fopen(path, "rb");
+    assert_non_null(fp);
+    fseek(fp, 0, SEEK_END);
+    long sz = ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    uint8_t *b = malloc((size_t)sz + 1);
+    assert_non_null(b);
+    assert_int_equal(fread(b, 1, (size_t)sz, fp), (size_t)sz);
+    fclose(fp);
+    *n = (size_t)sz;
+    return b;
+}
+
+static void spit(const char *path, const uint8_t *b, size_t n) {
+    FILE *fp = fopen(path, "wb");
+    assert_non_null(fp);
+    if (n) assert_int_equal(fwrite(b, 1, n, fp), n);
+    assert_int_equal(fclose(fp), 0);
+}
+
+static int count_entries(const char *dir, const char *prefix) {
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL)
+        if (strncmp(de->d_name, prefix, strlen(prefix)) == 0 && strcmp(de->d_name, ".") && strcmp(de->d_name, ".."))
+            n++;
+    closedir(d);
+    return n;
+}
+
+static void test_round_trip(void **state) {
+    fx *f = *state;
+    write_ok(f);
+    assert_int_equal(count_entries(f->dir, "."), 0); /* no temp file left */
+    ks_kvfile_meta m;
+    assert_int_equal(ks_kvfile_read_meta(f->path, &m), 0);
+    assert_int_equal(m.version, KS_KVFILE_VERSION);
+    assert_int_equal(m.state_version, 3);
+    assert_int_equal(m.reason, KS_REASON_FINISH);
+    assert_int_equal(m.n_tokens, 5);
+    assert_int_equal(m.payload_len, sizeof f->payload);
+    assert_int_equal(m.created_us, 1700000000123456ll);
+    assert_int_equal(m.last_hit_us, m.created_us);
+    assert_int_equal(m.hits, 0);
+    assert_true(m.trailer_ok);
+    assert_memory_equal(m.model_fp, f->fp, 32);
+    assert_memory_equal(m.params_hash, f->params, 32);
+    assert_true(ks_key_eq(&m.key, &f->key));
+
+    ks_kvfile_expect e = expect_all(f);
+    int32_t *toks = NULL;
+    uint8_t *payload = NULL;
+    assert_int_equal(ks_kvfile_read(f->path, &e, &m, &toks, &payload), 0);
+    assert_memory_equal(toks, f->toks, sizeof f->toks);
+    assert_memory_equal(payload, f->payload, sizeof f->payload);
+    free(toks);
+    free(payload);
+    /* verify-only and no expectations */
+    assert_int_equal(ks_kvfile_read(f->path, NULL, NULL, NULL, NULL), 0);
+
+    /* A second write of the same key publishes nothing and says so. */
+    bool existed = false;
+    uint8_t other[10] = {0};
+    assert_int_equal(ks_kvfile_write(f->dir, &f->meta, f->toks, 5, other, sizeof other, &existed, NULL, NULL), 0);
+    assert_true(existed);
+    assert_int_equal(ks_kvfile_read(f->path, &e, NULL, NULL, &payload), 0);
+    assert_memory_equal(payload, f->payload, sizeof f->payload);
+    free(payload);
+    assert_int_equal(count_entries(f->dir, "."), 0);
+    /* an empty payload and no tokens are valid too */
+    ks_kvfile_meta m0 = f->meta;
+    m0.key.b[0] ^= 0xff;
+    char p0[PATH_MAX];
+    ks_kvfile_path(f->dir, &m0.key, p0, sizeof p0);
+    assert_int_equal(ks_kvfile_write(f->dir, &m0, NULL, 0, NULL, 0, NULL, NULL, NULL), 0);
+    payload = NULL;
+    assert_int_equal(ks_kvfile_read(p0, NULL, &m, NULL, &payload), 0);
+    assert_int_equal(m.n_tokens, 0);
+    assert_int_equal(m.payload_len, 0);
+    free(payload);
+}
+
+static void test_names(void **state) {
+    (void)state;
+    ks_key k;
+    char name[KS_KVFILE_NAME_LEN + 1], hex[KS_KEY_HEX_LEN + 1];
+    for (int i = 0; i < 32; i++) k.b[i] = (uint8_t)(i * 3);
+    ks_key_to_hex(&k, hex);
+    snprintf(name, sizeof name, "%s.kvs", hex);
+    ks_key back;
+    assert_true(ks_kvfile_name_parse(name, &back));
+    assert_true(ks_key_eq(&k, &back));
+    name[0] = 'A'; /* upper case is not ours */
+    assert_false(ks_kvfile_name_parse(name, NULL));
+    assert_false(ks_kvfile_name_parse("abc.kvs", NULL));
+    assert_false(ks_kvfile_name_parse("quarantine", NULL));
+    pid_t pid = 0;
+    assert_true(ks_kvfile_temp_parse(".0123456789abcdef.4242.7.tmp", &pid));
+    assert_int_equal(pid, 4242);
+    assert_false(ks_kvfile_temp_parse(".0123456789abcdef.x.7.tmp", &pid));
+    assert_false(ks_kvfile_temp_parse("0123456789abcdef0.4242.7.tmp", &pid));
+}
+
+/* Flipping any bit of any byte before the trailer makes the file unreadable. */
+static void test_flip_every_byte(void **state) {
+    fx *f = *state;
+    write_ok(f);
+    size_t n;
+    uint8_t *orig = slurp(f->path, &n);
+    ks_kvfile_expect e = expect_all(f);
+    for (size_t i = 0; i < n - 24; i++) {
+        for (int bit = 0; bit < 8; bit += 7) {
+            uint8_t *b = malloc(n);
+            memcpy(b, orig, n);
+            b[i] ^= (uint8_t)(1u << bit);
+            spit(f->path, b, n);
+            free(b);
+            uint8_t *payload = NULL;
+            int rc = ks_kvfile_read(f->path, &e, NULL, NULL, &payload);
+            if (rc != KS_ECORRUPT) fail_msg("flip of byte %zu bit %d: rc %s", i, bit, ks_errname(rc));
+            assert_null(payload);
+            rc = ks_kvfile_read(f->path, NULL, NULL, NULL, NULL);
+            if (rc != KS_ECORRUPT) fail_msg("flip of byte %zu (no expectations): rc %s", i, ks_errname(rc));
+            /* A header byte is caught by the header check already. */
+            if (i < KS_KVFILE_HEADER_LEN) assert_int_equal(ks_kvfile_read_meta(f->path, NULL), KS_ECORRUPT);
+        }
+    }
+    /* Trailer bytes are outside the checks: the file still reads, the hit
+     * statistics are dropped when their own check fails. */
+    for (size_t i = n - 24; i < n; i++) {
+        uint8_t *b = malloc(n);
+        memcpy(b, orig, n);
+        b[i] ^= 0x01;
+        spit(f->path, b, n);
+        free(b);
+        ks_kvfile_meta m;
+        assert_int_equal(ks_kvfile_read(f->path, &e, &m, NULL, NULL), 0);
+        assert_false(m.trailer_ok);
+        assert_int_equal(m.hits, 0);
+        assert_int_equal(m.last_hit_us, m.created_us);
+    }
+    spit(f->path, orig, n);
+    assert_int_equal(ks_kvfile_read(f->path, &e, NULL, NULL, NULL), 0);
+    free(orig);
+}
+
+static void test_truncate_every_length(void **state) {
+    fx *f = *state;
+    write_ok(f);
+    size_t n;
+    uint8_t *orig = slurp(f->path, &n);
+    for (size_t len = 0; len < n; len++) {
+        spit(f->path, orig, len);
+        int rc = ks_kvfile_read(f->path, NULL, NULL, NULL, NULL);
+        if (rc != KS_ECORRUPT) fail_msg("truncated to %zu: rc %s", len, ks_errname(rc));
+        rc = ks_kvfile_read_meta(f->path, NULL);
+        if (rc != KS_ECORRUPT) fail_msg("truncated to %zu (meta): rc %s", len, ks_errname(rc));
+    }
+    /* one byte too many */
+    uint8_t *b = malloc(n + 1);
+    memcpy(b, orig, n);
+    b[n] = 0;
+    spit(f->path, b, n + 1);
+    assert_int_equal(ks_kvfile_read(f->path, NULL, NULL, NULL, NULL), KS_ECORRUPT);
+    free(b);
+    free(orig);
+}
+
+/* Rewrites header fields and re-seals the header check: what a writer of
+ * another version (or a lying one) would produce. */
+static void reseal(uint8_t *b) {
+    uint64_t h = XXH3_64bits(b, 152);
+    if (!h) h = KS_KVFILE_CSUM_ZERO;
+    memcpy(b + 152, &h, 8);
+}
+
+static void test_versions_and_limits(void **state) {
+    fx *f = *state;
+    write_ok(f);
+    size_t n;
+    uint8_t *orig = slurp(f->path, &n);
+    uint8_t *b = malloc(n);
+    ks_kvfile_expect e = expect_all(f);
+    ks_kvfile_meta m;
+
+    /* format version 2 */
+    memcpy(b, orig, n);
+    uint32_t v2 = 2;
+    memcpy(b + 8, &v2, 4);
+    reseal(b);
+    spit(f->path, b, n);
+    assert_int_equal(ks_kvfile_read(f->path, &e, NULL, NULL, NULL), KS_EVERSION);
+    assert_int_equal(ks_kvfile_read_meta(f->path, &m), KS_EVERSION);
+    assert_int_equal(m.version, 2);
+
+    /* unknown flags */
+    memcpy(b, orig, n);
+    uint32_t flags = 1;
+    memcpy(b + 28, &flags, 4);
+    reseal(b);
+    spit(f->path, b, n);
+    assert_int_equal(ks_kvfile_read(f->path, &e, NULL, NULL, NULL), KS_EVERSION);
+
+    /* huge lengths with a valid header: refused before any allocation */
+    uint32_t big_n = KS_KVFILE_MAX_TOKENS;
+    uint64_t big_len = KS_KVFILE_MAX_PAYLOAD;
+    memcpy(b, orig, n);
+    memcpy(b + 24, &big_n, 4);
+    reseal(b);
+    spit(f->path, b, n);
+    assert_int_equal(ks_kvfile_read(f->path, NULL, NULL, NULL, NULL), KS_ECORRUPT);
+    memcpy(b, orig, n);
+    memcpy(b + 32, &big_len, 8);
+    reseal(b);
+    spit(f->path, b, n);
+    assert_int_equal(ks_kvfile_read(f->path, NULL, NULL, NULL, NULL), KS_ECORRUPT);
+    big_n = 0xffffffffu;
+    memcpy(b, orig, n);
+    memcpy(b + 24, &big_n, 4);
+    reseal(b);
+    spit(f->path, b, n);
+    assert_int_equal(ks_kvfile_read(f->path, NULL, NULL, NULL, NULL), KS_ECORRUPT);
+    /* header_len beyond the limit or the file */
+    uint32_t hl = 1u << 30;
+    memcpy(b, orig, n);
+    memcpy(b + 12, &hl, 4);
+    spit(f->path, b, n);
+    assert_int_equal(ks_kvfile_read(f->path, NULL, NULL, NULL, NULL), KS_ECORRUPT);
+    /* a reason out of range */
+    uint32_t reason = KS_REASON__N;
+    memcpy(b, orig, n);
+    memcpy(b + 20, &reason, 4);
+    reseal(b);
+    spit(f->path, b, n);
+    assert_int_equal(ks_kvfile_read(f->path, NULL, NULL, NULL, NULL), KS_ECORRUPT);
+
+    /* A stored 0 never means "no checksum": zero the body checksum, and the header check. */
+    memcpy(b, orig, n);
+    memset(b + n - 32, 0, 8);
+    spit(f->path, b, n);
+    assert_int_equal(ks_kvfile_read(f->path, NULL, NULL, NULL, NULL), KS_ECORRUPT);
+    memcpy(b, orig, n);
+    memset(b + 152, 0, 8);
+    spit(f->path, b, n);
+    assert_int_equal(ks_kvfile_read(f->path, NULL, NULL, NULL, NULL), KS_ECORRUPT);
+
+    /* identity checks on a sound file */
+    spit(f->path, orig, n);
+    ks_kvfile_expect x = e;
+    x.state_version = 4;
+    assert_int_equal(ks_kvfile_read(f->path, &x, NULL, NULL, NULL), KS_EVERSION);
+    x = e;
+    uint8_t other[32];
+    memcpy(other, f->fp, 32);
+    other[0] ^= 1;
+    x.model_fp = other;
+    assert_int_equal(ks_kvfile_read(f->path, &x, NULL, NULL, NULL), KS_EMISMATCH);
+    x = e;
+    x.params_hash = other;
+    assert_int_equal(ks_kvfile_read(f->path, &x, NULL, NULL, NULL), KS_EMISMATCH);
+    x = e;
+    ks_key k2 = f->key;
+    k2.b[5] ^= 1;
+    x.key = &k2;
+    assert_int_equal(ks_kvfile_read(f->path, &x, NULL, NULL, NULL), KS_EMISMATCH);
+    x = e;
+    int32_t t2[5];
+    memcpy(t2, f->toks, sizeof t2);
+    t2[4]++;
+    x.tokens = t2;
+    int32_t *tout = NULL;
+    uint8_t *pout = NULL;
+    assert_int_equal(ks_kvfile_read(f->path, &x, NULL, &tout, &pout), KS_EMISMATCH);
+    assert_null(tout);
+    assert_null(pout);
+    x = e;
+    x.n_tokens = 4;
+    assert_int_equal(ks_kvfile_read(f->path, &x, NULL, NULL, NULL), KS_EMISMATCH);
+    /* not a regular file, missing file */
+    assert_int_equal(ks_kvfile_read(f->dir, NULL, NULL, NULL, NULL), KS_ECORRUPT);
+    char missing[PATH_MAX];
+    snprintf(missing, sizeof missing, "%s/nope.kvs", f->dir);
+    assert_int_equal(ks_kvfile_read(missing, NULL, NULL, NULL, NULL), KS_ENOENT);
+    assert_int_equal(ks_kvfile_read_meta(missing, NULL), KS_ENOENT);
+    free(b);
+    free(orig);
+}
+
+static void test_touch_keeps_checksum(void **state) {
+    fx *f = *state;
+    write_ok(f);
+    ks_kvfile_expect e = expect_all(f);
+    for (uint64_t h = 1; h <= 3; h++) assert_int_equal(ks_kvfile_touch(f->path, 1800000000000000ll + (int64_t)h, h), 0);
+    ks_kvfile_meta m;
+    assert_int_equal(ks_kvfile_read(f->path, &e, &m, NULL, NULL), 0);
+    assert_true(m.trailer_ok);
+    assert_int_equal(m.hits, 3);
+    assert_int_equal(m.last_hit_us, 1800000000000003ll);
+    /* touch refuses what is not a kvfile */
+    char junk[PATH_MAX];
+    snprintf(junk, sizeof junk, "%s/junk", f->dir);
+    uint8_t zeros[400] = {0};
+    spit(junk, zeros, sizeof zeros);
+    assert_int_equal(ks_kvfile_touch(junk, 1, 1), KS_ECORRUPT);
+    size_t n;
+    uint8_t *b = slurp(junk, &n);
+    assert_memory_equal(b, zeros, sizeof zeros);
+    free(b);
+}
+
+static void test_write_errors(void **state) {
+    fx *f = *state;
+    char missing[PATH_MAX];
+    snprintf(missing, sizeof missing, "%s/no/such/dir", f->dir);
+    assert_int_equal(ks_kvfile_write(missing, &f->meta, f->toks, 5, f->payload, 10, NULL, NULL, NULL), KS_EIO);
+    assert_int_equal(ks_kvfile_write(f->dir, &f->meta, NULL, 5, f->payload, 10, NULL, NULL, NULL), KS_EINVAL);
+    assert_int_equal(ks_kvfile_write(f->dir, &f->meta, f->toks, -1, f->payload, 10, NULL, NULL, NULL), KS_EINVAL);
+    assert_int_equal(count_entries(f->dir, ""), 0);
+}
+
+int main(void) {
+    ks_log_set_level(KS_LOG_ERROR);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_round_trip, setup, teardown),
+        cmocka_unit_test(test_names),
+        cmocka_unit_test_setup_teardown(test_flip_every_byte, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_truncate_every_length, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_versions_and_limits, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_touch_keeps_checksum, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_write_errors, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
