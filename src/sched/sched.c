@@ -33,6 +33,7 @@
 #include "cache/prefix.h"
 #include "cache/route.h"
 #include "cache/spc.h"
+#include "cache/store.h"
 
 #define MOD "sched"
 
@@ -70,6 +71,8 @@ typedef struct slot {
     /* route decision for the assigned request */
     ks_route route;
     int snap_sys;        /* SPC: capture the state when n_past reaches this, -1: no */
+    int snap_store;      /* store: cold save when n_past reaches this, -1: no */
+    int saved_n;         /* tokens.n when the slot's content was last saved to the store, -1 */
     /* published (under mu) */
     ks_slot_info info;
 } slot;
@@ -115,6 +118,10 @@ ks_sched_params ks_sched_params_default(void) {
     p.affinity_min = 0.05f;
     p.exact = true;
     p.cache_min_tokens = 100;
+    p.store_stride = 256;
+    p.continued_interval = 512;
+    p.store_min_tokens = 256;
+    p.save_on_shutdown = true;
     return p;
 }
 
@@ -125,10 +132,16 @@ static void sreq_free(sreq *r) {
     free(r);
 }
 
+static void store_save(ks_sched *s, slot *sl, ks_reason why, bool sync);
+
 /* ------------------------------------------------------------ finishing */
 /* Ends slot's request: on_done, then the slot becomes idle. Inference thread. */
+static void publish_locked(ks_sched *s);
+
 static void finish(ks_sched *s, slot *sl, ks_finish f, int err) {
     sreq *r = sl->r;
+    if (s->p.store && (f == KS_FINISH_STOP || f == KS_FINISH_LENGTH) && r->p.cache_prompt && s->p.cache_prompt)
+        store_save(s, sl, KS_REASON_FINISH, false);
     double now = ks_now_ms();
     r->res.slot = sl->id;
     r->res.n_generated = sl->n_generated;
@@ -141,10 +154,11 @@ static void finish(ks_sched *s, slot *sl, ks_finish f, int err) {
     } else if (r->t_assign > 0) {
         r->res.prompt_ms = now - r->t_assign;
     }
-    if (r->p.on_done) r->p.on_done(r->p.ud, &r->res); /* S3: no lock held */
     ks_sampler_free(sl->smpl);
     sl->smpl = NULL;
 
+    /* The slot is idle and published before on_done, so a caller woken by
+     * on_done sees the slot as it is now (its KV and token count). */
     pthread_mutex_lock(&s->mu);
     s->st.requests_total++;
     if (f == KS_FINISH_CANCEL) s->st.requests_canceled++;
@@ -157,7 +171,13 @@ static void finish(ks_sched *s, slot *sl, ks_finish f, int err) {
     sl->planned = false;
     sl->r = NULL;
     sl->last_used_us = ks_now_us();
+    sl->info.n_generated = sl->n_generated;
     s->n_active--;
+    publish_locked(s);
+    pthread_mutex_unlock(&s->mu);
+
+    if (r->p.on_done) r->p.on_done(r->p.ud, &r->res); /* S3: no lock held */
+    pthread_mutex_lock(&s->mu);
     pthread_cond_broadcast(&s->cv_done);
     pthread_mutex_unlock(&s->mu);
     sreq_free(r);
@@ -249,6 +269,75 @@ static void assign_locked(ks_sched *s, sreq **dead) {
     }
 }
 
+/* Copies the slot's sequence state into a new buffer (owned: free()). */
+static uint8_t *snapshot(ks_sched *s, slot *sl, size_t *len) {
+    double t0 = ks_now_ms();
+    size_t n = ks_engine_state_size(s->e, sl->id);
+    uint8_t *buf = n ? malloc(n) : NULL;
+    if (!buf) return NULL;
+    *len = ks_engine_state_get(s->e, sl->id, buf, n);
+    if (*len == 0) {
+        free(buf);
+        return NULL;
+    }
+    pthread_mutex_lock(&s->mu);
+    s->st.snapshot_ms_total += ks_now_ms() - t0;
+    pthread_mutex_unlock(&s->mu);
+    return buf;
+}
+
+/* Hands the slot's current KV (all of slot->tokens) to the store. */
+static void store_save(ks_sched *s, slot *sl, ks_reason why, bool sync) {
+    if (!s->p.store || sl->tokens.n < s->p.store_min_tokens || sl->tokens.n == sl->saved_n) return;
+    size_t len = 0;
+    uint8_t *buf = snapshot(s, sl, &len);
+    if (!buf) return;
+    int rc = ks_store_save(s->p.store, why, sl->tokens.v, sl->tokens.n, buf, len, sync); /* takes buf */
+    if (rc == 0) sl->saved_n = sl->tokens.n;
+    pthread_mutex_lock(&s->mu);
+    s->st.store_save_requests[why]++;
+    pthread_mutex_unlock(&s->mu);
+    KS_DEBUG(MOD, "slot[%d] save %s: %d tokens, %zu bytes%s (%s)", sl->id, ks_reason_name(why), sl->tokens.n,
+             len, sync ? ", sync" : "", rc ? ks_strerror(rc) : "ok");
+}
+
+/* Store: restore the longest stored prefix of the prompt when it beats what
+ * the slot already reuses. Returns true when the slot now holds it. */
+static bool store_restore(ks_sched *s, slot *sl, sreq *r, int *n_reuse) {
+    double t0 = ks_now_ms();
+    ks_store_hit hit;
+    if (ks_store_lookup(s->p.store, r->prompt.v, r->prompt.n, r->prompt.n - 1, &hit) != 0) return false;
+    bool ok = false;
+    if (hit.n_tokens <= *n_reuse) goto done;
+    if (sl->tokens.n > *n_reuse) store_save(s, sl, KS_REASON_EVICT, true); /* about to drop unsaved KV */
+    ks_engine_seq_clear(s->e, sl->id);
+    ks_tokens_truncate(&sl->tokens, 0);
+    if (ks_engine_state_set(s->e, sl->id, hit.payload, hit.payload_len) != 0) {
+        KS_WARN(MOD, "slot[%d] stored state of %d tokens rejected by llama; prefilling", sl->id, hit.n_tokens);
+        *n_reuse = 0;
+        sl->saved_n = -1;
+        goto done;
+    }
+    ks_tokens_assign(&sl->tokens, r->prompt.v, hit.n_tokens);
+    *n_reuse = hit.n_tokens;
+    sl->saved_n = hit.n_tokens; /* it is in the store already */
+    double ms = ks_now_ms() - t0;
+    ks_store_note_restore(s->p.store, ms);
+    snprintf(r->res.cache_tier, sizeof r->res.cache_tier, "%s", ks_tier_name(hit.tier));
+    r->res.restore_ms = ms;
+    pthread_mutex_lock(&s->mu);
+    s->st.store_hits++;
+    s->st.store_restored_tokens += (uint64_t)hit.n_tokens;
+    s->st.store_restore_ms_total += ms;
+    pthread_mutex_unlock(&s->mu);
+    KS_DEBUG(MOD, "slot[%d] store-restore %d tokens from %s (%zu bytes, %.2f ms)", sl->id, hit.n_tokens,
+             ks_tier_name(hit.tier), hit.payload_len, ms);
+    ok = true;
+done:
+    ks_store_hit_free(&hit);
+    return ok;
+}
+
 /* SPC: restore the system prompt's state into the slot's (cleared) sequence.
  * The key is a 64-bit hash, so the entry's tokens are compared with the
  * prompt's before anything is restored (spc.h, invariant 5). */
@@ -333,6 +422,10 @@ static void plan(ks_sched *s, slot *sl) {
     ks_route *rt = &sl->route;
     int n_reuse = rt->n_reuse;
     if (n_reuse > sl->tokens.n) n_reuse = sl->tokens.n;
+    bool cache = r->p.cache_prompt && s->p.cache_prompt;
+    /* evict (sync): the KV about to be dropped goes to the store first,
+     * unless it is there already (the finish save of its last request). */
+    if (s->p.store && cache && n_reuse < sl->tokens.n) store_save(s, sl, KS_REASON_EVICT, true);
     /* A miss on a slot that held another branch: that branch is gone. */
     bool took_over = rt->mode == KS_ROUTE_MISS && sl->tokens.n > 0 && r->p.cache_prompt && s->p.cache_prompt;
     if (n_reuse == 0) {
@@ -354,8 +447,9 @@ static void plan(ks_sched *s, slot *sl) {
         }
         ks_tokens_truncate(&sl->tokens, n_reuse);
     }
+    if (n_reuse < sl->saved_n) sl->saved_n = -1;
     sl->snap_sys = -1;
-    bool cache = r->p.cache_prompt && s->p.cache_prompt;
+    sl->snap_store = -1;
     int n_sys = r->p.n_sys_tokens;
     bool spc_hit = false;
     /* The counters are read by other threads under mu; restoring a state
@@ -366,9 +460,19 @@ static void plan(ks_sched *s, slot *sl) {
         spc_hit = spc_restore(s, sl, r, &n_reuse);
         if (!spc_hit) sl->snap_sys = n_sys;
     }
-    if (r->p.sys_key && n_sys > 0 && n_reuse < n_sys) s->st.sys_prompt_prefills++;
-    count_mode(s, sl, r, spc_hit, n_reuse, took_over);
     pthread_mutex_unlock(&s->mu);
+    bool store_hit = false;
+    if (cache && s->p.store && n_reuse < r->prompt.n - 1) store_hit = store_restore(s, sl, r, &n_reuse);
+    if (store_hit) spc_hit = false;
+    pthread_mutex_lock(&s->mu);
+    if (r->p.sys_key && n_sys > 0 && n_reuse < n_sys) s->st.sys_prompt_prefills++;
+    count_mode(s, sl, r, spc_hit || store_hit, n_reuse, took_over);
+    pthread_mutex_unlock(&s->mu);
+    /* cold save point: the last stride boundary the prefill will cross */
+    if (cache && s->p.store && s->p.store_stride > 0) {
+        int b = ks_prefix_align_down(r->prompt.n - 1, s->p.store_stride);
+        if (b > n_reuse && b >= s->p.store_min_tokens) sl->snap_store = b;
+    }
     sl->n_past = n_reuse;
     sl->n_generated = 0;
     sl->i_logits = -1;
@@ -376,7 +480,8 @@ static void plan(ks_sched *s, slot *sl) {
     r->res.n_prompt = r->prompt.n;
     r->res.n_cached = n_reuse;
     r->res.n_vocab = ks_engine_n_vocab(s->e);
-    snprintf(r->res.cache_mode, sizeof r->res.cache_mode, "%s", spc_hit ? "spc" : ks_route_mode_name(rt->mode));
+    snprintf(r->res.cache_mode, sizeof r->res.cache_mode, "%s",
+             store_hit ? "store" : spc_hit ? "spc" : ks_route_mode_name(rt->mode));
     snprintf(r->res.cache_reason, sizeof r->res.cache_reason, "%s", rt->reason);
     sl->smpl = ks_sampler_create(s->e, &r->p.sample);
     /* IMC identity: the branch this slot will hold after the request. */
@@ -505,6 +610,7 @@ static void step(ks_sched *s) {
         int remaining = r->prompt.n - sl->n_past;
         int take = remaining < budget ? remaining : budget;
         if (sl->snap_sys > sl->n_past && take > sl->snap_sys - sl->n_past) take = sl->snap_sys - sl->n_past;
+        if (sl->snap_store > sl->n_past && take > sl->snap_store - sl->n_past) take = sl->snap_store - sl->n_past;
         if (n_gen > 0 && take == 3) take = 2; /* see the note: never 3 beside 2-row sequences */
         add_rows(s, b, sl, r->prompt.v + sl->n_past, sl->n_past, take, sl->n_past + take == r->prompt.n);
         sl->chunk = take;
@@ -530,12 +636,19 @@ static void step(ks_sched *s) {
         if (!sl->in_batch || sl->state == ST_IDLE) continue;
         if (sl->state == ST_GEN) {
             ks_tokens_push(&sl->tokens, sl->next_tok);
+            if (s->p.store && s->p.continued_interval > 0 && sl->n_generated % s->p.continued_interval == 0 &&
+                sl->r->p.cache_prompt && s->p.cache_prompt)
+                store_save(s, sl, KS_REASON_CONTINUED, false);
         } else {
             ks_tokens_append(&sl->tokens, sl->r->prompt.v + sl->n_past, sl->chunk);
             sl->n_past += sl->chunk;
             if (sl->n_past == sl->snap_sys) {
                 spc_capture(s, sl);
                 sl->snap_sys = -1;
+            }
+            if (sl->n_past == sl->snap_store) {
+                store_save(s, sl, KS_REASON_COLD, false);
+                sl->snap_store = -1;
             }
             if (sl->r->p.on_progress) sl->r->p.on_progress(sl->r->p.ud, sl->n_past, sl->r->prompt.n);
         }
@@ -559,7 +672,7 @@ static void publish_locked(ks_sched *s) {
             in->n_cached = sl->r->res.n_cached;
             in->n_generated = sl->n_generated;
         } else {
-            in->req_id = 0;
+            in->req_id = 0; /* n_prompt/n_cached/n_generated: of the last request */
         }
     }
     s->st.slots_busy = busy;
@@ -612,6 +725,9 @@ static void *run(void *arg) {
     }
     publish_locked(s);
     pthread_mutex_unlock(&s->mu);
+    if (s->p.store && s->p.save_on_shutdown) {
+        for (int i = 0; i < s->n_slots; i++) store_save(s, &s->slots[i], KS_REASON_SHUTDOWN, true);
+    }
     return NULL;
 }
 
@@ -638,7 +754,11 @@ int ks_sched_create(const ks_sched_params *p, ks_sched **out) {
     s->batch = ks_batch_create(s->n_batch);
     s->logits_copy = malloc(sizeof(float) * (size_t)ks_engine_n_vocab(s->e));
     if (!s->slots || !s->clear_pending || !s->batch || !s->logits_copy) goto nomem;
-    for (int i = 0; i < s->n_slots; i++) s->slots[i].id = i;
+    for (int i = 0; i < s->n_slots; i++) {
+        s->slots[i].id = i;
+        s->slots[i].saved_n = -1;
+        s->slots[i].snap_sys = s->slots[i].snap_store = -1;
+    }
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     pthread_cond_init(&s->cv_done, NULL);

@@ -54,6 +54,17 @@ typedef struct ks_sched_params {
     int cache_min_tokens;  /* IMC fallback threshold and SPC minimum (default 100) */
     /* System Prompt Cache: borrowed store of system-prompt states (NULL: off). */
     struct ks_spc *spc;
+    /* Persistent tiered store (NULL: off), borrowed. Save points (seed 003):
+     * cold (async) when a prefill crosses the last stride boundary of the
+     * prompt, continued (async) every continued_interval generated tokens,
+     * finish (async) at the end, evict (sync) before a slot's unsaved KV is
+     * dropped, shutdown (sync) when the scheduler stops. Looked up when the
+     * slot, IMC and SPC leave more than the last token to prefill. */
+    struct ks_store *store;
+    int store_stride;          /* default 256 */
+    int continued_interval;    /* 0: no continued saves (default 512) */
+    int store_min_tokens;      /* no save below this (default 256) */
+    bool save_on_shutdown;     /* default true */
 } ks_sched_params;
 
 ks_sched_params ks_sched_params_default(void);
@@ -81,6 +92,8 @@ typedef struct ks_req_result {
     int error;             /* KS_E* when finish == KS_FINISH_ERROR */
     char cache_mode[24];   /* "prefix", "miss", ... */
     char cache_reason[48]; /* why not more was cached, "" when fully cached */
+    char cache_tier[8];    /* "store" mode: the tier it came from ("ram", "shm", "disk") */
+    double restore_ms;     /* state restore time (SPC or store), included in prompt_ms */
     const float *logits;   /* want_logits: the first sampled token's logits (n_vocab), borrowed
                               for the duration of on_done; else NULL */
     int n_vocab;
@@ -166,6 +179,11 @@ typedef struct ks_sched_stats {
     uint64_t spc_restored_tokens;
     uint64_t sys_prompt_prefills;   /* requests whose system prompt was prefilled */
     uint64_t partial_rm_rebuilds;   /* memory could not drop a suffix: rebuilt */
+    uint64_t store_hits;            /* prompts restored from the persistent store */
+    uint64_t store_restored_tokens;
+    double store_restore_ms_total;  /* lookup + read + verify + state set */
+    uint64_t store_save_requests[5]; /* by ks_reason: states handed to the store */
+    double snapshot_ms_total;       /* time the inference thread spent copying states */
 } ks_sched_stats;
 
 void ks_sched_stats_get(ks_sched *s, ks_sched_stats *out);

@@ -13,7 +13,7 @@ check() { # name, condition...
 }
 
 # 1. A 3-turn piped session: exit 0, 3 stats lines, turn 2 and 3 cached > 0.
-printf 'hello there\nhow are you\ntell me more\n' | "$BIN" chat -m "$MODEL" --max-tokens 8 --system "Be brief." \
+printf 'hello there\nhow are you\ntell me more\n' | "$BIN" chat --threads 1 -m "$MODEL" --max-tokens 8 --system "Be brief." \
     >"$tmp/out" 2>"$tmp/err"
 rc=$?
 check "piped session exits 0" test $rc -eq 0
@@ -26,38 +26,38 @@ check "turn 2 reuses history (cached=$c2)" test "$c2" -gt 0
 check "turn 3 reuses more (cached=$c3 > $c2)" test "$c3" -gt "$c2"
 
 # 2. --no-cache: every turn cold.
-printf 'hello there\nhow are you\n' | "$BIN" chat -m "$MODEL" --max-tokens 8 --no-cache >/dev/null 2>"$tmp/err2"
+printf 'hello there\nhow are you\n' | "$BIN" chat --threads 1 -m "$MODEL" --max-tokens 8 --no-cache >/dev/null 2>"$tmp/err2"
 check "--no-cache keeps cached at 0" test "$(grep -c 'cached: 0 ' "$tmp/err2")" -eq 2
 
 # 3. Same greedy replies with and without the cache.
-printf 'one\ntwo\nthree\n' | "$BIN" chat -m "$MODEL" --max-tokens 12 >"$tmp/a" 2>/dev/null
-printf 'one\ntwo\nthree\n' | "$BIN" chat -m "$MODEL" --max-tokens 12 --no-cache >"$tmp/b" 2>/dev/null
+printf 'one\ntwo\nthree\n' | "$BIN" chat --threads 1 -m "$MODEL" --max-tokens 12 >"$tmp/a" 2>/dev/null
+printf 'one\ntwo\nthree\n' | "$BIN" chat --threads 1 -m "$MODEL" --max-tokens 12 --no-cache >"$tmp/b" 2>/dev/null
 check "cached replies equal uncached replies" cmp -s "$tmp/a" "$tmp/b"
 
 # 4. Bad input.
-"$BIN" chat -m /nonexistent/model.gguf </dev/null >/dev/null 2>"$tmp/e1"; rc=$?
+"$BIN" chat --threads 1 -m /nonexistent/model.gguf </dev/null >/dev/null 2>"$tmp/e1"; rc=$?
 check "missing model: non-zero exit ($rc)" test $rc -ne 0
 check "missing model: message names the file" grep -q "/nonexistent/model.gguf" "$tmp/e1"
 echo "this is not a model" >"$tmp/notgguf.gguf"
-"$BIN" chat -m "$tmp/notgguf.gguf" </dev/null >/dev/null 2>"$tmp/e2"; rc=$?
+"$BIN" chat --threads 1 -m "$tmp/notgguf.gguf" </dev/null >/dev/null 2>"$tmp/e2"; rc=$?
 check "non-GGUF file: non-zero exit ($rc)" test $rc -ne 0
 check "non-GGUF file: clear message" grep -q "not a GGUF file" "$tmp/e2"
-printf 'hello\n\nworld\n' | "$BIN" chat -m "$MODEL" --max-tokens 4 >/dev/null 2>"$tmp/e3"; rc=$?
+printf 'hello\n\nworld\n' | "$BIN" chat --threads 1 -m "$MODEL" --max-tokens 4 >/dev/null 2>"$tmp/e3"; rc=$?
 check "empty message: non-zero exit ($rc)" test $rc -ne 0
 check "empty message: clear message" grep -q "empty message" "$tmp/e3"
 check "empty message: the session went on (2 replies)" test "$(grep -c '^prompt:' "$tmp/e3")" -eq 2
 long=$(head -c 3000 /dev/zero | tr '\0' 'a' | sed 's/aaaaa/aaaa /g')
-printf 'hi\n%s\nbye\n' "$long" | "$BIN" chat -m "$MODEL" --ctx 256 --max-tokens 8 >/dev/null 2>"$tmp/e4"; rc=$?
+printf 'hi\n%s\nbye\n' "$long" | "$BIN" chat --threads 1 -m "$MODEL" --ctx 256 --max-tokens 8 >/dev/null 2>"$tmp/e4"; rc=$?
 check "message longer than the context: non-zero exit ($rc)" test $rc -ne 0
 check "message longer than the context: clear message" grep -q "message too long" "$tmp/e4"
 check "message longer than the context: session went on" test "$(grep -c '^prompt:' "$tmp/e4")" -eq 2
-"$BIN" chat --max-tokens abc -m "$MODEL" </dev/null >/dev/null 2>"$tmp/e5"; rc=$?
+"$BIN" chat --threads 1 --max-tokens abc -m "$MODEL" </dev/null >/dev/null 2>"$tmp/e5"; rc=$?
 check "bad flag value: exit 2 ($rc)" test $rc -eq 2
 check "bad flag value: names the flag" grep -q -- "--max-tokens" "$tmp/e5"
 
 # 5. Overflow: a small context keeps going and reports dropped turns.
 printf 'first message here\nsecond message here\nthird message here\nfourth message here\nfifth message here\nsixth one\n' |
-    "$BIN" chat -m "$MODEL" --ctx 128 --max-tokens 16 --system "Keep me." >/dev/null 2>"$tmp/e6"; rc=$?
+    "$BIN" chat --threads 1 -m "$MODEL" --ctx 128 --max-tokens 16 --system "Keep me." >/dev/null 2>"$tmp/e6"; rc=$?
 check "overflow: exit 0 ($rc)" test $rc -eq 0
 check "overflow: dropped turns reported" grep -q "dropped: .* oldest messages" "$tmp/e6"
 

@@ -38,7 +38,7 @@ static ks_chat *open_chat(bool cache, int n_ctx, const char *system) {
     p.cache = cache;
     p.n_ctx = n_ctx;
     p.system = system;
-    p.n_threads = 2;
+    p.n_threads = 1;
     char err[256] = "";
     ks_chat *c = NULL;
     int rc = ks_chat_create(&p, &c, err, sizeof err);

@@ -207,7 +207,7 @@ static ks_engine *open_tiny(void) {
     ks_engine_params ep = ks_engine_params_default();
     ep.model_path = tiny_model();
     ep.n_ctx_seq = 512;
-    ep.n_threads = 2;
+    ep.n_threads = 1;
     ks_engine *e = NULL;
     char err[512] = "";
     int rc = ks_engine_open(&ep, &e, err, sizeof err);

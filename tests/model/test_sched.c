@@ -87,7 +87,7 @@ static ks_engine *open_engine(int n_seq) {
     ep.model_path = getenv("KS_TINY_MODEL");
     ep.n_seq = n_seq;
     ep.n_ctx_seq = 2048;
-    ep.n_threads = 2;
+    ep.n_threads = 1;
     ks_engine *e = NULL;
     char err[256] = "";
     int rc = ks_engine_open(&ep, &e, err, sizeof err);

@@ -296,7 +296,7 @@ static int setup(void **st) {
     ep.model_path = getenv("KS_TINY_MODEL");
     ep.n_seq = 3;
     ep.n_ctx_seq = 2048;
-    ep.n_threads = 2;
+    ep.n_threads = 1;
     char err[256] = "";
     int rc = ks_engine_open(&ep, &g_e, err, sizeof err);
     if (rc) fprintf(stderr, "%s\n", err);
