@@ -518,7 +518,7 @@ static void report_bad(ks_store *s, int t, const ks_key *key, int L, int rc) {
 
 /* One walk over the candidate lengths. 0 with *hit filled, or KS_ENOENT /
  * KS_ENOMEM. */
-static int probe(ks_store *s, const int32_t *tokens, int lim, ks_store_hit *hit) {
+static int probe(ks_store *s, const int32_t *tokens, int min_len, int lim, ks_store_hit *hit) {
     int rc = KS_ENOENT, k = 0;
     int *lens = NULL;
     ks_key *keys = NULL;
@@ -553,7 +553,7 @@ static int probe(ks_store *s, const int32_t *tokens, int lim, ks_store_hit *hit)
         rc = kr;
         goto done;
     }
-    for (int i = k - 1; i >= 0; i--) {
+    for (int i = k - 1; i >= 0 && lens[i] >= min_len; i--) {
         for (int t = 0; t < KS_TIER__N; t++) {
             ks_tier_entry e;
             if (!s->tiers[t] || !ks_tier_has(s->tiers[t], &keys[i], &e)) continue;
@@ -594,6 +594,11 @@ done:
 }
 
 int ks_store_lookup(ks_store *s, const int32_t *tokens, int n, int max_len, ks_store_hit *hit) {
+    return ks_store_lookup_range(s, tokens, n, 1, max_len, hit);
+}
+
+int ks_store_lookup_range(ks_store *s, const int32_t *tokens, int n, int min_len, int max_len,
+                          ks_store_hit *hit) {
     int rc = KS_ENOENT;
     if (!hit) return KS_EINVAL;
     memset(hit, 0, sizeof *hit);
@@ -606,7 +611,7 @@ int ks_store_lookup(ks_store *s, const int32_t *tokens, int n, int max_len, ks_s
          * one stat per directory tells, and only then is it read again. */
         for (int t = 0; t < KS_TIER__N; t++)
             if (s->tiers[t]) ks_tier_rescan(s->tiers[t], 0);
-        rc = probe(s, tokens, lim, hit);
+        rc = probe(s, tokens, min_len < 1 ? 1 : min_len, lim, hit);
     }
     if (rc == 0) {
         atomic_fetch_add(&s->hits, 1);

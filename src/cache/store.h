@@ -126,6 +126,11 @@ void ks_store_hit_free(ks_store_hit *hit);
  * KS_EINVAL (NULL s/hit, n < 0, tokens NULL with n > 0), KS_ENOMEM.
  * Thread-safe; never waits for a file write. */
 int ks_store_lookup(ks_store *s, const int32_t *tokens, int n, int max_len, ks_store_hit *hit);
+/* Same, considering only prefixes of at least min_len tokens: a caller that
+ * already holds min_len - 1 tokens of KV does not pay for reading a shorter
+ * state it would not use. */
+int ks_store_lookup_range(ks_store *s, const int32_t *tokens, int n, int min_len, int max_len,
+                          ks_store_hit *hit);
 
 /* Saves the state of tokens[0, n) for reason into cfg.reason_tier[reason].
  * Takes ownership of payload (malloc'd; freed by the store on every path,

@@ -10,5 +10,6 @@ int ks_cmd_chat(int argc, char **argv);
 int ks_cmd_serve(int argc, char **argv);
 int ks_cmd_mkmodel(int argc, char **argv);
 int ks_cmd_cache(int argc, char **argv);
+int ks_cmd_bench(int argc, char **argv);
 
 #endif

@@ -24,8 +24,11 @@
 
 #include "base/base.h"
 #include "cache/config.h"
+#include "cache/spc.h"
+#include "cache/store.h"
 #include "cli/cli.h"
 #include "engine/engine.h"
+#include "engine/fingerprint.h"
 #include "sched/sched.h"
 #include "server/server.h"
 
@@ -42,6 +45,12 @@ static void usage(FILE *f) {
             "  --batch N                 tokens per decode step (default 512)\n"
             "  --threads N               CPU threads; 0 = all (default 0)\n"
             "  --no-cache-prompt         never reuse a slot's KV (every prompt is prefilled)\n"
+            "  --imc                     incremental message cache: route conversations to their slot\n"
+            "                            by message hashes (models.<name>.incremental_cache)\n"
+            "  --spc                     system prompt cache: keep system-prompt KV states in RAM\n"
+            "                            (models.<name>.system_prompt_cache)\n"
+            "  --cache-dir DIR           enable the persistent KV store with its disk tier in DIR\n"
+            "                            (store.enabled, store.cache_dir)\n"
             "  --api-key KEY             require 'Authorization: Bearer KEY' (also $KVSTASH_API_KEY)\n"
             "  --max-queue N             requests waiting for a slot; beyond: 503 (default 64)\n"
             "  --max-body-bytes N        largest request body; beyond: 413 (default 16777216)\n"
@@ -61,7 +70,8 @@ typedef struct flags {
     const char *model, *host, *api_key, *config, *log, *alias;
     long port, slots, ctx, batch, threads, max_queue, max_tokens, timeout, shutdown_ms;
     long long max_body;
-    bool no_cache, flash_attn;
+    bool no_cache, flash_attn, imc, spc;
+    const char *cache_dir;
 } flags;
 
 static int parse_long(const char *name, const char *s, long lo, long hi, long *out) {
@@ -77,7 +87,7 @@ static int parse_long(const char *name, const char *s, long lo, long hi, long *o
 
 static int parse_flags(int argc, char **argv, flags *f) {
     enum { O_HOST = 256, O_PORT, O_SLOTS, O_CTX, O_BATCH, O_THREADS, O_NOCACHE, O_KEY, O_QUEUE, O_BODY,
-           O_MAXTOK, O_ALIAS, O_TIMEOUT, O_SHUTDOWN, O_FA, O_CONFIG, O_LOG };
+           O_MAXTOK, O_ALIAS, O_TIMEOUT, O_SHUTDOWN, O_FA, O_CONFIG, O_LOG, O_IMC, O_SPC, O_CACHEDIR };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},          {"host", required_argument, 0, O_HOST},
         {"port", required_argument, 0, O_PORT},        {"slots", required_argument, 0, O_SLOTS},
@@ -88,6 +98,8 @@ static int parse_flags(int argc, char **argv, flags *f) {
         {"alias", required_argument, 0, O_ALIAS},      {"timeout", required_argument, 0, O_TIMEOUT},
         {"shutdown-timeout", required_argument, 0, O_SHUTDOWN}, {"flash-attn", no_argument, 0, O_FA},
         {"config", required_argument, 0, O_CONFIG},    {"log", required_argument, 0, O_LOG},
+        {"imc", no_argument, 0, O_IMC},                {"spc", no_argument, 0, O_SPC},
+        {"cache-dir", required_argument, 0, O_CACHEDIR},
         {"help", no_argument, 0, 'h'},                 {0, 0, 0, 0}};
     memset(f, 0, sizeof *f);
     f->port = f->slots = f->ctx = f->batch = f->threads = f->max_queue = f->max_tokens = f->timeout = -1;
@@ -118,6 +130,9 @@ static int parse_flags(int argc, char **argv, flags *f) {
         case O_TIMEOUT: if (parse_long("--timeout", optarg, 0, 86400, &f->timeout)) return 2; break;
         case O_SHUTDOWN: if (parse_long("--shutdown-timeout", optarg, 0, 3600000, &f->shutdown_ms)) return 2; break;
         case O_FA: f->flash_attn = true; break;
+        case O_IMC: f->imc = true; break;
+        case O_SPC: f->spc = true; break;
+        case O_CACHEDIR: f->cache_dir = optarg; break;
         case O_CONFIG: f->config = optarg; break;
         case O_LOG:
             if (ks_log_parse_level(optarg) < 0) {
@@ -166,7 +181,33 @@ static int apply_flags(const flags *f, ks_config *c) {
     if (f->max_queue >= 0) c->max_queue = (int)f->max_queue;
     if (f->max_body >= 0) c->max_body_bytes = f->max_body;
     if (f->no_cache) c->cache_prompt = false;
+    if (f->cache_dir) {
+        COPY(c->store.cache_dir, f->cache_dir);
+        c->store.enabled = true;
+    }
     return 0;
+}
+
+/* The persistent store for this engine: keys carry the model's fingerprint and
+ * the KV-shaping parameters, so states of another model or context size are
+ * never found. */
+static int open_store(const ks_config *c, const ks_engine *e, ks_store **out) {
+    ks_store_params sp = ks_store_params_default();
+    sp.cfg = c->store;
+    char err[512] = "";
+    int rc = ks_model_fingerprint_cached(c->model, c->store.cache_dir, sp.model_fp, NULL, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, CMD ": model fingerprint: %s\n", err[0] ? err : ks_strerror(rc));
+        return rc;
+    }
+    char kv[256];
+    ks_engine_kv_params(e, kv, sizeof kv);
+    sp.kv_params = kv;
+    sp.kv_params_len = strlen(kv);
+    sp.state_version = ks_engine_state_version();
+    rc = ks_store_open(&sp, out, err, sizeof err);
+    if (rc) fprintf(stderr, CMD ": cannot open the KV store: %s\n", err[0] ? err : ks_strerror(rc));
+    return rc;
 }
 
 static int open_engine(const ks_config *c, bool flash_attn, ks_engine **e) {
@@ -227,6 +268,9 @@ int ks_cmd_serve(int argc, char **argv) {
     ks_engine *e = NULL;
     ks_sched *sched = NULL;
     ks_server *srv = NULL;
+    ks_spc *spc = NULL;
+    ks_store *store = NULL;
+    ks_metrics *metrics = NULL;
     int exit_code = 1;
     if (open_engine(&cfg, f.flash_attn, &e)) goto done;
     {
@@ -243,12 +287,38 @@ int ks_cmd_serve(int argc, char **argv) {
         }
     }
 
+    if (f.imc) cfg.cache.incremental_cache = true;
+    if (f.spc) cfg.cache.system_prompt_cache = true;
+
+    metrics = ks_metrics_create();
+    if (!metrics) {
+        fprintf(stderr, CMD ": out of memory\n");
+        goto done;
+    }
+    if (cfg.cache.system_prompt_cache) {
+        if ((rc = ks_spc_create(cfg.cache.spc_max_bytes, &spc)) || (rc = ks_metrics_add(metrics, ks_metrics_spc, spc))) {
+            fprintf(stderr, CMD ": cannot create the system prompt cache: %s\n", ks_strerror(rc));
+            goto done;
+        }
+    }
+    if (cfg.store.enabled) {
+        if (open_store(&cfg, e, &store)) goto done;
+        if ((rc = ks_metrics_add(metrics, ks_metrics_store, store))) goto done;
+    }
+
     ks_sched_params sp = ks_sched_params_default();
     sp.engine = e;
     sp.n_slots = cfg.slots;
     sp.max_queue = cfg.max_queue;
     sp.cache_prompt = cfg.cache_prompt;
     sp.affinity_min = cfg.affinity_min;
+    sp.imc = cfg.cache.incremental_cache;
+    sp.cache_min_tokens = cfg.cache.cache_min_tokens;
+    sp.spc = spc;
+    sp.store = store;
+    sp.store_stride = cfg.store.stride;
+    sp.continued_interval = cfg.store.continued_interval;
+    sp.store_min_tokens = cfg.store.min_tokens;
     rc = ks_sched_create(&sp, &sched);
     if (rc) {
         fprintf(stderr, CMD ": cannot start the scheduler: %s\n", ks_strerror(rc));
@@ -266,6 +336,12 @@ int ks_cmd_serve(int argc, char **argv) {
     if (f.max_tokens > 0) hp.default_max_tokens = (int)f.max_tokens;
     if (f.timeout >= 0) hp.timeout_s = (int)f.timeout;
     hp.cache_prompt = cfg.cache_prompt;
+    hp.metrics = metrics;
+    /* The SPC key must change with whatever changes a system prompt's KV. */
+    char model_id[512], kv[256];
+    ks_engine_kv_params(e, kv, sizeof kv);
+    snprintf(model_id, sizeof model_id, "%s|%s", ks_engine_model_path(e), kv);
+    hp.model_id = model_id;
     char err[512] = "";
     rc = ks_server_start(&hp, &srv, err, sizeof err);
     if (rc) {
@@ -277,6 +353,8 @@ int ks_cmd_serve(int argc, char **argv) {
             cfg.host, v6 ? "]" : "", ks_server_port(srv), f.alias ? f.alias : ks_engine_model_name(e), cfg.slots,
             ks_engine_n_ctx_seq(e));
     fprintf(stderr, "kvstash: port=%d\n", ks_server_port(srv));
+    KS_INFO("serve", "cache: prompt %s, imc %s, spc %s, store %s%s", cfg.cache_prompt ? "on" : "off",
+            sp.imc ? "on" : "off", spc ? "on" : "off", store ? "on at " : "off", store ? cfg.store.cache_dir : "");
     if (cfg.api_key[0] == '\0' && strcmp(cfg.host, "127.0.0.1") && strcmp(cfg.host, "localhost") &&
         strcmp(cfg.host, "::1"))
         KS_WARN("serve", "listening on %s without --api-key: anyone who can reach it can use it", cfg.host);
@@ -303,8 +381,11 @@ done:
     /* Order matters (server.h note 5): no server thread may call the
      * scheduler once it is freed; the daemon stops after every on_done ran. */
     if (srv) ks_server_detach_sched(srv);
-    ks_sched_free(sched);
+    ks_sched_free(sched); /* shutdown saves go to the store here */
     ks_server_free(srv);
+    ks_metrics_free(metrics);
+    ks_store_close(store); /* writes what is queued (store.shutdown_timeout_ms) */
+    ks_spc_free(spc);
     ks_engine_free(e);
     if (exit_code == 0) KS_INFO("serve", "stopped");
     return exit_code;

@@ -16,6 +16,7 @@ static void usage(FILE *f) {
             "  serve    -m MODEL   OpenAI-compatible HTTP server with slots and caches\n"
             "  mkmodel  --preset tiny|bench OUT.gguf   write a random-weight test model\n"
             "  cache    ls|stats|verify|gc|rm --cache-dir DIR   inspect the persistent store\n"
+            "  bench    chat|decode -m MODEL   measure the multi-turn cache and pair decoding\n"
             "  version\n"
             "\n"
             "`kvstash <command> --help` shows the command's options.\n",
@@ -32,6 +33,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "serve")) return ks_cmd_serve(argc - 1, argv + 1);
     if (!strcmp(cmd, "mkmodel")) return ks_cmd_mkmodel(argc - 1, argv + 1);
     if (!strcmp(cmd, "cache")) return ks_cmd_cache(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench")) return ks_cmd_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
         printf("kvstash %s\n", ks_version());
         return 0;

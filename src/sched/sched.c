@@ -306,7 +306,8 @@ static void store_save(ks_sched *s, slot *sl, ks_reason why, bool sync) {
 static bool store_restore(ks_sched *s, slot *sl, sreq *r, int *n_reuse) {
     double t0 = ks_now_ms();
     ks_store_hit hit;
-    if (ks_store_lookup(s->p.store, r->prompt.v, r->prompt.n, r->prompt.n - 1, &hit) != 0) return false;
+    if (ks_store_lookup_range(s->p.store, r->prompt.v, r->prompt.n, *n_reuse + 1, r->prompt.n - 1, &hit) != 0)
+        return false;
     bool ok = false;
     if (hit.n_tokens <= *n_reuse) goto done;
     if (sl->tokens.n > *n_reuse) store_save(s, sl, KS_REASON_EVICT, true); /* about to drop unsaved KV */
