@@ -237,6 +237,21 @@ static void test_longest_prefix(void **state) {
     expect_payload(&h, 100, 13);
     ks_store_hit_free(&h);
     ks_store_hit_free(&h); /* a zeroed hit is a no-op */
+    /* lookup_range: prefixes shorter than min_len are not even read */
+    uint64_t hits_before;
+    struct ks_store_stats st;
+    ks_store_stats(s, &st);
+    hits_before = st.hits;
+    assert_int_equal(ks_store_lookup_range(s, f->toks, 20, 14, -1, &h), 0);
+    assert_int_equal(h.n_tokens, 16);
+    ks_store_hit_free(&h);
+    assert_int_equal(ks_store_lookup_range(s, f->toks, 20, 9, 15, &h), 0);
+    assert_int_equal(h.n_tokens, 13);
+    ks_store_hit_free(&h);
+    assert_int_equal(ks_store_lookup_range(s, f->toks, 20, 17, -1, &h), KS_ENOENT);
+    assert_int_equal(ks_store_lookup_range(s, f->toks, 20, 14, 15, &h), KS_ENOENT);
+    ks_store_stats(s, &st);
+    assert_int_equal((int)(st.hits - hits_before), 2);
     ks_store_close(s);
 }
 
