@@ -157,14 +157,15 @@ done:
 }
 
 /* ------------------------------------------------------------ defaults */
-static ks_model_cache_cfg model_defaults(void) {
-    return (ks_model_cache_cfg){
-        .system_prompt_cache = false,
-        .incremental_cache = false,
-        .cache_min_tokens = 100,
-        .slots = 0,
-        .spc_max_bytes = 256LL << 20,
-    };
+/* Fills m in place (memset first): returning the struct by value would leave
+ * its padding bytes unspecified, and configs are compared with memcmp. */
+static void model_defaults(ks_model_cache_cfg *m) {
+    memset(m, 0, sizeof *m);
+    m->system_prompt_cache = false;
+    m->incremental_cache = false;
+    m->cache_min_tokens = 100;
+    m->slots = 0;
+    m->spc_max_bytes = 256LL << 20;
 }
 
 void ks_config_defaults(ks_config *c) {
@@ -180,7 +181,7 @@ void ks_config_defaults(ks_config *c) {
     c->max_queue = 64;
     c->max_body_bytes = 16777216;
     snprintf(c->log, sizeof c->log, "info");
-    c->cache = model_defaults();
+    model_defaults(&c->cache);
 
     ks_store_cfg *s = &c->store;
     s->enabled = false;
@@ -515,7 +516,7 @@ static int models_pair(walk *w, const char *path, const char *key, yaml_node_t *
         return KS_EINVAL;
     }
     model_ud mu = {.m = &c->models[i], .has_slots = fresh ? false : c->model_has_slots[i]};
-    if (fresh) c->models[i] = model_defaults();
+    if (fresh) model_defaults(&c->models[i]);
     int rc = each_pair(w, full, vn, model_pair, &mu);
     if (rc) return rc;
     if (fresh) {
@@ -645,10 +646,13 @@ static int load_text(ks_config *c, const char *text, size_t len, char *err, size
             rc = KS_ENOMEM;
             goto done;
         }
-        *tmp = *c;
+        /* memcpy, not assignment: padding bytes are copied too, so a config
+         * loaded from a file compares equal (memcmp) to the same text loaded
+         * from a string. */
+        memcpy(tmp, c, sizeof *tmp);
         walk w = {.doc = &doc, .err = err, .errlen = errlen};
         rc = each_pair(&w, "", root, top_pair, tmp);
-        if (rc == 0) *c = *tmp;
+        if (rc == 0) memcpy(c, tmp, sizeof *c);
     }
     goto done;
 
@@ -733,12 +737,12 @@ void ks_config_resolve_model(ks_config *c, const char *model_name, const char *m
     }
     if (i < 0) i = find_model(c, "default", 7);
     if (i < 0) {
-        c->cache = model_defaults();
+        model_defaults(&c->cache);
         KS_DEBUG("config", "no models entry for '%s': built-in cache defaults",
                  model_name ? model_name : "");
         return;
     }
-    c->cache = c->models[i];
+    memcpy(&c->cache, &c->models[i], sizeof c->cache);
     if (c->model_has_slots[i]) c->slots = c->models[i].slots;
     KS_DEBUG("config", "cache settings from models.%s", c->model_keys[i]);
 }
