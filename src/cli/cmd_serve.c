@@ -3,8 +3,9 @@
  *
  * Settings come from the defaults, then the YAML file (--config), then the
  * flags (flags win; docs/SERVER.md lists them). Start-up order: engine →
- * scheduler → HTTP daemon; then two lines on stderr that scripts and tests
- * rely on:
+ * caches (SPC, persistent store, with their /metrics sources) → scheduler →
+ * HTTP daemon; teardown runs in reverse. Then two lines on stderr that
+ * scripts and tests rely on:
  *   kvstash: listening on http://HOST:PORT (model NAME, N slots, ctx C)
  *   kvstash: port=PORT
  *
@@ -296,7 +297,8 @@ int ks_cmd_serve(int argc, char **argv) {
         goto done;
     }
     if (cfg.cache.system_prompt_cache) {
-        if ((rc = ks_spc_create(cfg.cache.spc_max_bytes, &spc)) || (rc = ks_metrics_add(metrics, ks_metrics_spc, spc))) {
+        if ((rc = ks_spc_create(cfg.cache.spc_max_bytes, &spc)) ||
+            (rc = ks_metrics_add(metrics, ks_metrics_spc, spc))) {
             fprintf(stderr, CMD ": cannot create the system prompt cache: %s\n", ks_strerror(rc));
             goto done;
         }
@@ -378,7 +380,7 @@ int ks_cmd_serve(int argc, char **argv) {
     if (ks_server_n_active(srv) > 0) KS_WARN("serve", "canceling %d request(s)", ks_server_n_active(srv));
     exit_code = 0;
 done:
-    /* Order matters (server.h note 5): no server thread may call the
+    /* Order matters (server.h note 6): no server thread may call the
      * scheduler once it is freed; the daemon stops after every on_done ran. */
     if (srv) ks_server_detach_sched(srv);
     ks_sched_free(sched); /* shutdown saves go to the store here */

@@ -1,0 +1,603 @@
+/*
+ * api.c — see api.h. Request validation, response and chunk JSON.
+ */
+#include "server/api.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+#define T_INVALID "invalid_request_error"
+
+/* ------------------------------------------------------------------ errors */
+void ks_api_error_set(ks_api_error *e, int status, const char *type, const char *code,
+                      const char *param, const char *fmt, ...) {
+    e->status = status;
+    e->type = type;
+    e->code = code;
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+}
+
+json_t *ks_api_error_json(const ks_api_error *e) {
+    /* The message may quote user input cut at a byte limit: json_string
+     * refuses invalid UTF-8, so fall back to a generic message then. */
+    json_t *msg = json_string(e->message);
+    if (!msg) msg = json_string("invalid request");
+    return json_pack("{s:{s:o, s:s, s:o, s:o}}", "error",
+                     "message", msg,
+                     "type", e->type ? e->type : T_INVALID,
+                     "param", e->param[0] ? json_string(e->param) : json_null(),
+                     "code", e->code ? json_string(e->code) : json_null());
+}
+
+/* ---------------------------------------------------------------- parsing */
+ks_sample_params ks_api_sample_defaults(void) {
+    ks_sample_params sp = ks_sample_params_default();
+    sp.temperature = 0.8f;
+    sp.top_k = 40;
+    sp.top_p = 0.95f;
+    sp.min_p = 0.05f;
+    sp.seed = 0;
+    return sp;
+}
+
+/* Shorthand: fail with 400 invalid_request_error. */
+#define BAD(code, param, ...)                                                           \
+    do {                                                                                \
+        ks_api_error_set(err, 400, T_INVALID, code, param, __VA_ARGS__);                \
+        return KS_EINVAL;                                                               \
+    } while (0)
+
+/* A field counts as absent when missing or null (OpenAI accepts explicit nulls). */
+static json_t *field(json_t *obj, const char *key) {
+    json_t *v = json_object_get(obj, key);
+    return (v && !json_is_null(v)) ? v : NULL;
+}
+
+static const char *json_type_name(const json_t *v) {
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a number";
+    case JSON_TRUE:
+    case JSON_FALSE: return "a boolean";
+    default: return "null";
+    }
+}
+
+/* Optional number in [lo, hi] into *out. */
+static int get_number(json_t *root, const char *key, double lo, double hi, float *out,
+                      ks_api_error *err) {
+    json_t *v = field(root, key);
+    if (!v) return 0;
+    if (!json_is_number(v))
+        BAD("invalid_type", key, "Invalid type for '%s': expected a number, but got %s instead.",
+            key, json_type_name(v));
+    double d = json_number_value(v);
+    if (!isfinite(d) || d < lo)
+        BAD("decimal_below_min_value", key,
+            "Invalid '%s': decimal below minimum value. Expected a value >= %g, but got %g instead.",
+            key, lo, d);
+    if (d > hi)
+        BAD("decimal_above_max_value", key,
+            "Invalid '%s': decimal above maximum value. Expected a value <= %g, but got %g instead.",
+            key, hi, d);
+    *out = (float)d;
+    return 0;
+}
+
+/* Optional integer >= lo into *out; *set (may be NULL) tells whether it was given. */
+static int get_int(json_t *root, const char *key, long long lo, long long hi, long long *out,
+                   bool *set, ks_api_error *err) {
+    json_t *v = field(root, key);
+    if (set) *set = v != NULL;
+    if (!v) return 0;
+    if (!json_is_integer(v))
+        BAD("invalid_type", key, "Invalid type for '%s': expected an integer, but got %s instead.",
+            key, json_type_name(v));
+    long long x = json_integer_value(v);
+    if (x < lo)
+        BAD("integer_below_min_value", key,
+            "Invalid '%s': integer below minimum value. Expected a value >= %lld, but got %lld instead.",
+            key, lo, x);
+    if (x > hi)
+        BAD("integer_above_max_value", key,
+            "Invalid '%s': integer above maximum value. Expected a value <= %lld, but got %lld instead.",
+            key, hi, x);
+    *out = x;
+    return 0;
+}
+
+static int get_bool(json_t *root, const char *key, bool *out, ks_api_error *err) {
+    json_t *v = field(root, key);
+    if (!v) return 0;
+    if (!json_is_boolean(v))
+        BAD("invalid_type", key, "Invalid type for '%s': expected a boolean, but got %s instead.",
+            key, json_type_name(v));
+    *out = json_is_true(v);
+    return 0;
+}
+
+static int keep(ks_api_request *r, char *s) {
+    char **n = realloc(r->owned, (size_t)(r->n_owned + 1) * sizeof *n);
+    if (!n) {
+        free(s);
+        return KS_ENOMEM;
+    }
+    r->owned = n;
+    r->owned[r->n_owned++] = s;
+    return 0;
+}
+
+static int oom(ks_api_error *err) {
+    ks_api_error_set(err, 500, "server_error", "out_of_memory", NULL, "out of memory");
+    return KS_ENOMEM;
+}
+
+/* stop: a string, or an array of up to KS_API_MAX_STOPS strings. Empty
+ * strings are ignored (they could never match anything useful). */
+static int parse_stop(json_t *root, ks_api_request *r, ks_api_error *err) {
+    json_t *v = field(root, "stop");
+    if (!v) return 0;
+    if (json_is_string(v)) {
+        if (json_string_length(v) > KS_API_MAX_STOP_LEN)
+            BAD("string_above_max_length", "stop", "Invalid 'stop': longer than %d bytes.",
+                KS_API_MAX_STOP_LEN);
+        if (json_string_length(v) > 0) r->stops[r->n_stops++] = json_string_value(v);
+        return 0;
+    }
+    if (!json_is_array(v))
+        BAD("invalid_type", "stop",
+            "Invalid type for 'stop': expected a string or an array of strings, but got %s instead.",
+            json_type_name(v));
+    if (json_array_size(v) > KS_API_MAX_STOPS)
+        BAD("array_above_max_length", "stop",
+            "Invalid 'stop': array too long. Expected an array with maximum length %d, but got an "
+            "array with length %zu instead.", KS_API_MAX_STOPS, json_array_size(v));
+    size_t i;
+    json_t *s;
+    json_array_foreach(v, i, s) {
+        char param[32];
+        snprintf(param, sizeof param, "stop[%zu]", i);
+        if (!json_is_string(s))
+            BAD("invalid_type", param, "Invalid type for '%s': expected a string, but got %s instead.",
+                param, json_type_name(s));
+        if (json_string_length(s) > KS_API_MAX_STOP_LEN)
+            BAD("string_above_max_length", param, "Invalid '%s': longer than %d bytes.", param,
+                KS_API_MAX_STOP_LEN);
+        if (json_string_length(s) > 0) r->stops[r->n_stops++] = json_string_value(s);
+    }
+    return 0;
+}
+
+/* The fields /v1/chat/completions and /v1/completions share. */
+static int parse_common(json_t *root, ks_api_request *r, ks_api_error *err) {
+    int rc;
+    long long x;
+    bool set;
+    /* max_completion_tokens is the newer name; it wins when both are given. */
+    if ((rc = get_int(root, "max_completion_tokens", 1, INT32_MAX, &x, &set, err))) return rc;
+    if (set) {
+        r->max_tokens = (int)x;
+    } else {
+        if ((rc = get_int(root, "max_tokens", 1, INT32_MAX, &x, &set, err))) return rc;
+        if (set) r->max_tokens = (int)x;
+    }
+    if ((rc = get_number(root, "temperature", 0.0, 2.0, &r->sample.temperature, err))) return rc;
+    if ((rc = get_number(root, "top_p", 0.0, 1.0, &r->sample.top_p, err))) return rc;
+    if ((rc = get_number(root, "min_p", 0.0, 1.0, &r->sample.min_p, err))) return rc;
+    if ((rc = get_int(root, "top_k", 0, INT32_MAX, &x, &set, err))) return rc;
+    if (set) r->sample.top_k = (int)x;
+    if ((rc = get_int(root, "seed", INT64_MIN, INT64_MAX, &x, &r->seed_set, err))) return rc;
+    if (r->seed_set) r->sample.seed = (uint64_t)x;
+    if ((rc = get_int(root, "n", 1, INT32_MAX, &x, &set, err))) return rc;
+    if (set && x != 1)
+        BAD("invalid_value", "n", "Invalid 'n': only n = 1 is supported, got %lld.", x);
+    if ((rc = parse_stop(root, r, err))) return rc;
+    if ((rc = get_bool(root, "stream", &r->stream, err))) return rc;
+    json_t *so = field(root, "stream_options");
+    if (so) {
+        if (!json_is_object(so))
+            BAD("invalid_type", "stream_options",
+                "Invalid type for 'stream_options': expected an object, but got %s instead.",
+                json_type_name(so));
+        json_t *iu = field(so, "include_usage");
+        if (iu && !json_is_boolean(iu))
+            BAD("invalid_type", "stream_options.include_usage",
+                "Invalid type for 'stream_options.include_usage': expected a boolean, but got %s instead.",
+                json_type_name(iu));
+        r->include_usage = iu && json_is_true(iu);
+    }
+    if ((rc = get_bool(root, "cache_prompt", &r->cache_prompt, err))) return rc;
+    return 0;
+}
+
+/* One message's content: a string, or an array of {type:"text", text} parts
+ * joined with "\n" (as llama.cpp's server flattens them for templates that
+ * take plain text). null only for an assistant message (a tool-call turn). */
+static int parse_content(json_t *m, size_t i, bool assistant, ks_api_request *r,
+                         const char **out, ks_api_error *err) {
+    char param[64];
+    snprintf(param, sizeof param, "messages[%zu].content", i);
+    json_t *c = field(m, "content");
+    if (!c) {
+        if (assistant) {
+            *out = "";
+            return 0;
+        }
+        BAD("missing_required_parameter", param, "Missing required parameter: '%s'.", param);
+    }
+    if (json_is_string(c)) {
+        *out = json_string_value(c);
+        return 0;
+    }
+    if (!json_is_array(c))
+        BAD("invalid_type", param,
+            "Invalid type for '%s': expected a string or an array of content parts, but got %s instead.",
+            param, json_type_name(c));
+    ks_buf b = {0};
+    size_t j;
+    json_t *part;
+    json_array_foreach(c, j, part) {
+        char pp[96];
+        snprintf(pp, sizeof pp, "%s[%zu]", param, j);
+        const char *msg = NULL, *code = NULL;
+        char where[112];
+        snprintf(where, sizeof where, "%s", pp);
+        if (!json_is_object(part)) {
+            code = "invalid_type";
+            msg = "expected a content part object";
+        } else {
+            json_t *type = field(part, "type");
+            json_t *text = field(part, "text");
+            if (!type || !json_is_string(type)) {
+                code = type ? "invalid_type" : "missing_required_parameter";
+                msg = "a content part needs a string 'type'";
+                snprintf(where, sizeof where, "%s.type", pp);
+            } else if (strcmp(json_string_value(type), "text") != 0) {
+                code = "invalid_value";
+                msg = "only content parts of type 'text' are supported";
+                snprintf(where, sizeof where, "%s.type", pp);
+            } else if (!text || !json_is_string(text)) {
+                code = text ? "invalid_type" : "missing_required_parameter";
+                msg = "a text content part needs a string 'text'";
+                snprintf(where, sizeof where, "%s.text", pp);
+            } else {
+                if (b.len && ks_buf_append(&b, "\n", 1)) goto nomem;
+                if (ks_buf_append(&b, json_string_value(text), json_string_length(text))) goto nomem;
+            }
+        }
+        if (msg) {
+            ks_buf_free(&b);
+            BAD(code, where, "Invalid '%s': %s.", where, msg);
+        }
+    }
+    if (!b.s && ks_buf_append(&b, "", 0)) goto nomem;
+    if (keep(r, b.s)) return oom(err);
+    *out = b.s;
+    return 0;
+nomem:
+    ks_buf_free(&b);
+    return oom(err);
+}
+
+static int parse_messages(json_t *root, ks_api_request *r, ks_api_error *err) {
+    json_t *ms = field(root, "messages");
+    if (!ms) BAD("missing_required_parameter", "messages", "Missing required parameter: 'messages'.");
+    if (!json_is_array(ms))
+        BAD("invalid_type", "messages", "Invalid type for 'messages': expected an array, but got %s instead.",
+            json_type_name(ms));
+    size_t n = json_array_size(ms);
+    if (n == 0)
+        BAD("empty_array", "messages",
+            "Invalid 'messages': empty array. Expected an array with minimum length 1, but got an empty "
+            "array instead.");
+    if (n > INT32_MAX / 2) BAD("invalid_value", "messages", "Too many messages.");
+    r->msgs = calloc(n, sizeof *r->msgs);
+    if (!r->msgs) return oom(err);
+    size_t i;
+    json_t *m;
+    json_array_foreach(ms, i, m) {
+        char param[64];
+        snprintf(param, sizeof param, "messages[%zu]", i);
+        if (!json_is_object(m))
+            BAD("invalid_type", param, "Invalid type for '%s': expected an object, but got %s instead.",
+                param, json_type_name(m));
+        snprintf(param, sizeof param, "messages[%zu].role", i);
+        json_t *role = field(m, "role");
+        if (!role) BAD("missing_required_parameter", param, "Missing required parameter: '%s'.", param);
+        if (!json_is_string(role))
+            BAD("invalid_type", param, "Invalid type for '%s': expected a string, but got %s instead.",
+                param, json_type_name(role));
+        const char *rs = json_string_value(role);
+        const char *canon;
+        if (!strcmp(rs, "system") || !strcmp(rs, "developer")) canon = "system";
+        else if (!strcmp(rs, "user")) canon = "user";
+        else if (!strcmp(rs, "assistant")) canon = "assistant";
+        else {
+            /* Quote at most 40 bytes of the role: the message has a fixed size. */
+            BAD("invalid_value", param,
+                "Invalid value for '%s': '%.40s' is not supported. Supported values are: 'system', "
+                "'developer', 'user' and 'assistant'.", param, rs);
+        }
+        r->msgs[i].role = canon;
+        int rc = parse_content(m, i, !strcmp(rs, "assistant"), r, &r->msgs[i].content, err);
+        if (rc) return rc;
+        r->n_msgs = (int)i + 1;
+    }
+    return 0;
+}
+
+/* prompt: a non-empty string, an array holding one string, or an array of
+ * token ids (checked against the vocabulary by the server). */
+static int parse_prompt(json_t *root, ks_api_request *r, ks_api_error *err) {
+    json_t *p = field(root, "prompt");
+    if (!p) BAD("missing_required_parameter", "prompt", "Missing required parameter: 'prompt'.");
+    if (json_is_string(p)) {
+        if (json_string_length(p) == 0) BAD("invalid_value", "prompt", "Invalid 'prompt': empty string.");
+        r->prompt = json_string_value(p);
+        return 0;
+    }
+    if (!json_is_array(p))
+        BAD("invalid_type", "prompt",
+            "Invalid type for 'prompt': expected a string, an array of strings or an array of "
+            "token ids, but got %s instead.", json_type_name(p));
+    size_t n = json_array_size(p);
+    if (n == 0) BAD("empty_array", "prompt", "Invalid 'prompt': empty array.");
+    json_t *first = json_array_get(p, 0);
+    if (json_is_string(first)) {
+        if (n > 1)
+            BAD("invalid_value", "prompt", "Invalid 'prompt': only one prompt per request is supported.");
+        if (json_string_length(first) == 0) BAD("invalid_value", "prompt[0]", "Invalid 'prompt[0]': empty string.");
+        r->prompt = json_string_value(first);
+        return 0;
+    }
+    if (n > INT32_MAX / 2) BAD("invalid_value", "prompt", "Invalid 'prompt': too many tokens.");
+    r->prompt_tokens = malloc(n * sizeof *r->prompt_tokens);
+    if (!r->prompt_tokens) return oom(err);
+    size_t i;
+    json_t *t;
+    json_array_foreach(p, i, t) {
+        char param[32];
+        snprintf(param, sizeof param, "prompt[%zu]", i);
+        if (!json_is_integer(t))
+            BAD("invalid_type", param,
+                "Invalid type for '%s': expected a token id (integer), but got %s instead.", param,
+                json_type_name(t));
+        long long x = json_integer_value(t);
+        if (x < 0 || x > INT32_MAX) BAD("invalid_value", param, "Invalid '%s': %lld is not a token id.", param, x);
+        r->prompt_tokens[r->n_prompt_tokens++] = (int32_t)x;
+    }
+    return 0;
+}
+
+int ks_api_parse(ks_api_kind kind, const char *body, size_t len, ks_api_request *out,
+                 ks_api_error *err) {
+    memset(out, 0, sizeof *out);
+    out->kind = kind;
+    out->max_tokens = -1;
+    out->sample = ks_api_sample_defaults();
+    out->cache_prompt = true;
+    json_error_t je;
+    out->root = json_loadb(body ? body : "", len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &je);
+    int rc;
+    if (!out->root) {
+        ks_api_error_set(err, 400, T_INVALID, "invalid_json", NULL,
+                         "We could not parse the JSON body of your request: %s (line %d, column %d).",
+                         je.text, je.line, je.column);
+        rc = KS_EINVAL;
+        goto fail;
+    }
+    if (!json_is_object(out->root)) {
+        ks_api_error_set(err, 400, T_INVALID, "invalid_type", NULL,
+                         "The request body must be a JSON object, not %s.", json_type_name(out->root));
+        rc = KS_EINVAL;
+        goto fail;
+    }
+    rc = kind == KS_API_CHAT ? parse_messages(out->root, out, err) : parse_prompt(out->root, out, err);
+    if (rc) goto fail;
+    rc = parse_common(out->root, out, err);
+    if (rc) goto fail;
+    return 0;
+fail:
+    ks_api_request_free(out);
+    return rc;
+}
+
+void ks_api_request_free(ks_api_request *r) {
+    if (!r) return;
+    for (int i = 0; i < r->n_owned; i++) free(r->owned[i]);
+    free(r->owned);
+    free(r->msgs);
+    free(r->prompt_tokens);
+    if (r->root) json_decref(r->root);
+    memset(r, 0, sizeof *r);
+}
+
+/* --------------------------------------------------------------- responses */
+static uint64_t splitmix64(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+void ks_api_make_id(char *buf, size_t n, const char *prefix) {
+    static _Atomic uint64_t counter;
+    static _Atomic uint64_t seed;
+    uint64_t s = atomic_load(&seed);
+    if (s == 0) {
+        uint64_t fresh = 0;
+        if (getrandom(&fresh, sizeof fresh, GRND_NONBLOCK) != (ssize_t)sizeof fresh)
+            fresh = (uint64_t)time(NULL) * 6364136223846793005ull ^ (uint64_t)getpid();
+        fresh |= 1; /* never 0, so the seed is drawn once */
+        uint64_t expected = 0;
+        atomic_compare_exchange_strong(&seed, &expected, fresh);
+        s = atomic_load(&seed);
+    }
+    /* splitmix64 is a bijection, so distinct counters give distinct ids. */
+    uint64_t c = atomic_fetch_add(&counter, 1);
+    uint64_t a = splitmix64(s + c);
+    uint64_t b = splitmix64(a ^ s);
+    snprintf(buf, n, "%s%016llx%08llx", prefix, (unsigned long long)a,
+             (unsigned long long)(b & 0xffffffffull));
+}
+
+const char *ks_api_finish_reason(const ks_req_result *r, bool stopped_by_string) {
+    if (stopped_by_string) return "stop";
+    switch (r->finish) {
+    case KS_FINISH_STOP: return "stop";
+    case KS_FINISH_LENGTH: return "length";
+    default: return NULL;
+    }
+}
+
+/* jansson refuses inf/nan: a rate over a zero duration renders as 0. */
+static json_t *jreal(double x) { return json_real(isfinite(x) ? x : 0.0); }
+static double per(double a, double b) { return b > 0 ? a / b : 0.0; }
+
+json_t *ks_api_usage_json(const ks_req_result *r) {
+    return json_pack("{s:i, s:i, s:i, s:{s:i}}",
+                     "prompt_tokens", r->n_prompt,
+                     "completion_tokens", r->n_generated,
+                     "total_tokens", r->n_prompt + r->n_generated,
+                     "prompt_tokens_details", "cached_tokens", r->n_cached);
+}
+
+json_t *ks_api_timings_json(const ks_req_result *r) {
+    int prompt_n = r->n_prompt - r->n_cached;
+    return json_pack("{s:i, s:i, s:o, s:o, s:o, s:i, s:o, s:o, s:o}",
+                     "cache_n", r->n_cached,
+                     "prompt_n", prompt_n,
+                     "prompt_ms", jreal(r->prompt_ms),
+                     "prompt_per_token_ms", jreal(per(r->prompt_ms, prompt_n)),
+                     "prompt_per_second", jreal(per(1e3 * prompt_n, r->prompt_ms)),
+                     "predicted_n", r->n_generated,
+                     "predicted_ms", jreal(r->gen_ms),
+                     "predicted_per_token_ms", jreal(per(r->gen_ms, r->n_generated)),
+                     "predicted_per_second", jreal(per(1e3 * r->n_generated, r->gen_ms)));
+}
+
+json_t *ks_api_cache_json(const ks_req_result *r) {
+    char mode[sizeof r->cache_mode + 1], reason[sizeof r->cache_reason + 1];
+    /* The scheduler's fixed-size fields need not be NUL-terminated at the edge. */
+    snprintf(mode, sizeof mode, "%.*s", (int)sizeof r->cache_mode, r->cache_mode);
+    snprintf(reason, sizeof reason, "%.*s", (int)sizeof r->cache_reason, r->cache_reason);
+    char tier[sizeof r->cache_tier + 1];
+    snprintf(tier, sizeof tier, "%.*s", (int)sizeof r->cache_tier, r->cache_tier);
+    json_t *o = json_pack("{s:s, s:i, s:i}", "mode", mode[0] ? mode : "none",
+                          "cached_tokens", r->n_cached, "slot", r->slot);
+    if (o && reason[0]) json_object_set_new(o, "reason", json_string(reason));
+    /* Where a restored state came from and what restoring it cost. */
+    if (o && tier[0]) json_object_set_new(o, "tier", json_string(tier));
+    if (o && r->restore_ms > 0) json_object_set_new(o, "restore_ms", jreal(r->restore_ms));
+    return o;
+}
+
+static json_t *envelope(const ks_api_gen *g, const char *object, json_t *choices) {
+    char fp[48];
+    snprintf(fp, sizeof fp, "kvstash-%s", ks_version());
+    return json_pack("{s:s, s:s, s:I, s:s, s:s, s:o}", "id", g->id ? g->id : "", "object", object,
+                     "created", (json_int_t)g->created, "model", g->model ? g->model : "",
+                     "system_fingerprint", fp, "choices", choices);
+}
+
+/* usage + timings + cache on an object (the last chunk, or the full response). */
+static json_t *with_stats(json_t *o, const ks_req_result *r) {
+    if (!o || !r) return o;
+    json_t *u = ks_api_usage_json(r), *t = ks_api_timings_json(r), *c = ks_api_cache_json(r);
+    if (!u || !t || !c) {
+        json_decref(u);
+        json_decref(t);
+        json_decref(c);
+        json_decref(o);
+        return NULL;
+    }
+    json_object_set_new(o, "usage", u);
+    json_object_set_new(o, "timings", t);
+    json_object_set_new(o, "cache", c);
+    return o;
+}
+
+json_t *ks_api_response_json(const ks_api_gen *g) {
+    json_t *text = json_string(g->text ? g->text : "");
+    if (!text) return NULL; /* not UTF-8: the textstream guarantees it is */
+    json_t *choice;
+    if (g->kind == KS_API_CHAT)
+        choice = json_pack("{s:i, s:{s:s, s:o}, s:n, s:s}", "index", 0, "message", "role", "assistant",
+                           "content", text, "logprobs", "finish_reason", g->finish ? g->finish : "stop");
+    else
+        choice = json_pack("{s:o, s:i, s:n, s:s}", "text", text, "index", 0, "logprobs",
+                           "finish_reason", g->finish ? g->finish : "stop");
+    if (!choice) return NULL;
+    json_t *o = envelope(g, g->kind == KS_API_CHAT ? "chat.completion" : "text_completion",
+                         json_pack("[o]", choice));
+    return with_stats(o, g->r);
+}
+
+json_t *ks_api_chunk_json(const ks_api_gen *g, ks_api_chunk_kind k, const char *text, size_t len) {
+    bool chat = g->kind == KS_API_CHAT;
+    const char *object = chat ? "chat.completion.chunk" : "text_completion";
+    json_t *choice = NULL;
+    switch (k) {
+    case KS_API_CHUNK_ROLE:
+        choice = chat ? json_pack("{s:i, s:{s:s, s:s}, s:n, s:n}", "index", 0, "delta", "role", "assistant",
+                                  "content", "", "logprobs", "finish_reason")
+                      : json_pack("{s:s, s:i, s:n, s:n}", "text", "", "index", 0, "logprobs", "finish_reason");
+        break;
+    case KS_API_CHUNK_DELTA: {
+        json_t *t = json_stringn(text ? text : "", text ? len : 0);
+        if (!t) return NULL;
+        choice = chat ? json_pack("{s:i, s:{s:o}, s:n, s:n}", "index", 0, "delta", "content", t, "logprobs",
+                                  "finish_reason")
+                      : json_pack("{s:o, s:i, s:n, s:n}", "text", t, "index", 0, "logprobs", "finish_reason");
+        break;
+    }
+    case KS_API_CHUNK_FINISH: {
+        const char *f = g->finish ? g->finish : "stop";
+        choice = chat ? json_pack("{s:i, s:{}, s:n, s:s}", "index", 0, "delta", "logprobs", "finish_reason", f)
+                      : json_pack("{s:s, s:i, s:n, s:s}", "text", "", "index", 0, "logprobs", "finish_reason", f);
+        break;
+    }
+    case KS_API_CHUNK_USAGE: {
+        json_t *o = envelope(g, object, json_array());
+        return with_stats(o, g->r);
+    }
+    }
+    if (!choice) return NULL;
+    json_t *o = envelope(g, object, json_pack("[o]", choice));
+    if (o && k == KS_API_CHUNK_FINISH && g->r) {
+        /* llama-server puts timings on the last chunk; the cache object too. */
+        json_t *t = ks_api_timings_json(g->r), *c = ks_api_cache_json(g->r);
+        if (t) json_object_set_new(o, "timings", t);
+        if (c) json_object_set_new(o, "cache", c);
+    }
+    return o;
+}
+
+char *ks_api_dump(const json_t *obj) {
+    return json_dumps(obj, JSON_COMPACT | JSON_REAL_PRECISION(9));
+}
+
+int ks_api_sse(ks_buf *out, const json_t *obj) {
+    if (!obj) return KS_EINVAL;
+    char *s = ks_api_dump(obj);
+    if (!s) return KS_ENOMEM;
+    int rc = ks_buf_printf(out, "data: %s\n\n", s);
+    free(s);
+    return rc;
+}
+
+int ks_api_sse_done(ks_buf *out) { return ks_buf_append(out, "data: [DONE]\n\n", 14); }

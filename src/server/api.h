@@ -1,0 +1,148 @@
+/*
+ * api.h — the OpenAI-compatible wire protocol: request parsing and
+ * validation, response and SSE chunk JSON, error bodies.
+ *
+ * Pure functions over jansson: no sockets, no engine, no scheduler, so every
+ * rule here is unit-tested without a model (tests/unit/test_api*.c).
+ *
+ * Design notes
+ *  1. Validation happens completely before anything is queued: a request that
+ *     parses is well-formed (types, ranges, roles, stop strings). Only the
+ *     checks that need the model (tokenized length against the context, token
+ *     ids against the vocabulary) are left to the server.
+ *  2. Errors follow OpenAI's shape, {"error":{"message","type","param","code"}},
+ *     with OpenAI's codes where OpenAI has one (invalid_type,
+ *     missing_required_parameter, integer_below_min_value, ...), so client
+ *     libraries surface them the usual way.
+ *  3. Unknown fields are ignored, as OpenAI-compatible servers do, so that
+ *     clients sending e.g. "user", "presence_penalty" or "tools" keep working.
+ *  4. Every string in a parsed request is valid UTF-8 without NUL bytes
+ *     (jansson refuses anything else), so it can go to the tokenizer as a C string.
+ *
+ * Thread model: every function is reentrant; a ks_api_request belongs to one
+ * thread at a time.
+ */
+#ifndef KS_API_H
+#define KS_API_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "base/base.h"
+#include "engine/engine.h"
+#include "sched/sched.h"
+
+#define KS_API_MAX_STOPS 16
+/* Upper bound on a stop string's length; longer ones are refused (400). */
+#define KS_API_MAX_STOP_LEN 256
+
+/* ------------------------------------------------------------------ errors */
+/* An HTTP error in OpenAI's shape. type/code point to static strings. */
+typedef struct ks_api_error {
+    int status;          /* HTTP status: 400, 401, 404, 405, 413, 500, 503 */
+    const char *type;    /* "invalid_request_error", "authentication_error", "server_error" */
+    const char *code;    /* e.g. "invalid_type"; NULL renders as null */
+    char param[96];      /* offending field, e.g. "messages[1].role"; "" renders as null */
+    char message[384];
+} ks_api_error;
+
+/* Fills e (status, type, code, param may be NULL) with a printf-style message. */
+void ks_api_error_set(ks_api_error *e, int status, const char *type, const char *code,
+                      const char *param, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+/* {"error":{...}} — new reference, NULL on ENOMEM. */
+json_t *ks_api_error_json(const ks_api_error *e);
+
+/* ---------------------------------------------------------------- requests */
+typedef enum { KS_API_CHAT = 0, KS_API_COMPLETION } ks_api_kind;
+
+typedef struct ks_api_request {
+    ks_api_kind kind;
+    /* chat: roles are static strings ("system", "user", "assistant"; "developer"
+     * is mapped to "system"); contents are borrowed from this request. */
+    ks_msg *msgs;
+    int n_msgs;
+    /* completion: exactly one of prompt (borrowed) or prompt_tokens (owned) is set. */
+    const char *prompt;
+    int32_t *prompt_tokens;
+    int n_prompt_tokens;
+
+    int max_tokens;        /* -1: not given (the server picks, see docs/SERVER.md) */
+    ks_sample_params sample;
+    bool seed_set;         /* false: the server draws a seed */
+    const char *stops[KS_API_MAX_STOPS]; /* borrowed, non-empty */
+    int n_stops;
+    bool stream;
+    bool include_usage;    /* stream_options.include_usage */
+    bool cache_prompt;     /* extension; default true (the server switch still applies) */
+
+    /* owned storage behind the borrowed pointers */
+    json_t *root;
+    char **owned;
+    int n_owned;
+} ks_api_request;
+
+/* Sampling defaults of a request that sets none (llama-server's, so that
+ * outputs match what its users know): temperature 0.8, top_k 40,
+ * top_p 0.95, min_p 0.05. */
+ks_sample_params ks_api_sample_defaults(void);
+
+/* Parses and validates a request body of `kind`. Returns 0 and fills *out
+ * (free with ks_api_request_free), or a negative KS_E* code with *err filled
+ * (status 400; the caller checks the body size limit, 413, before calling).
+ * body need not be NUL-terminated. */
+int ks_api_parse(ks_api_kind kind, const char *body, size_t len, ks_api_request *out,
+                 ks_api_error *err);
+/* Frees what ks_api_parse allocated; zeroes *r. NULL-safe, idempotent. */
+void ks_api_request_free(ks_api_request *r);
+
+/* ---------------------------------------------------------------- responses */
+/* Everything a response shows about one generation. */
+typedef struct ks_api_gen {
+    ks_api_kind kind;
+    const char *id;          /* "chatcmpl-..." or "cmpl-..." */
+    int64_t created;         /* unix seconds */
+    const char *model;
+    const char *text;        /* the whole reply (non-stream) */
+    const char *finish;      /* "stop" | "length" */
+    const ks_req_result *r;  /* counts and timings; may be NULL in chunks that need none */
+} ks_api_gen;
+
+/* A new id: prefix + 24 hex digits, unique in the process. n >= prefix + 25. */
+void ks_api_make_id(char *buf, size_t n, const char *prefix);
+
+/* finish_reason for a scheduler result: "stop", "length" (NULL for
+ * cancel/error, which are not successful completions). stopped_by_string
+ * wins over length when the stop string completed on the last allowed token. */
+const char *ks_api_finish_reason(const ks_req_result *r, bool stopped_by_string);
+
+/* The usage / timings / cache objects (new references). cache:
+ * {mode, cached_tokens, slot, reason?, tier?, restore_ms?}; reason only when
+ * not everything reusable was reused, tier/restore_ms only for a restore. */
+json_t *ks_api_usage_json(const ks_req_result *r);
+json_t *ks_api_timings_json(const ks_req_result *r);
+json_t *ks_api_cache_json(const ks_req_result *r);
+
+/* The complete non-streamed response: chat.completion or text_completion. */
+json_t *ks_api_response_json(const ks_api_gen *g);
+
+/* Stream chunks (chat.completion.chunk or text_completion):
+ *  role:   first chat chunk, delta {role:"assistant", content:""}
+ *  delta:  text (non-empty)
+ *  finish: empty delta with finish_reason, plus timings and cache
+ *  usage:  choices [] with usage, timings and cache (stream_options.include_usage) */
+typedef enum { KS_API_CHUNK_ROLE, KS_API_CHUNK_DELTA, KS_API_CHUNK_FINISH, KS_API_CHUNK_USAGE } ks_api_chunk_kind;
+json_t *ks_api_chunk_json(const ks_api_gen *g, ks_api_chunk_kind k, const char *text, size_t len);
+
+/* Appends "data: <compact JSON>\n\n" to out. 0, KS_ENOMEM or KS_EINVAL (unencodable). */
+int ks_api_sse(ks_buf *out, const json_t *obj);
+/* Appends "data: [DONE]\n\n". */
+int ks_api_sse_done(ks_buf *out);
+
+/* Compact JSON text of obj (owned: free()); NULL on ENOMEM. Reals with 9
+ * significant digits. */
+char *ks_api_dump(const json_t *obj);
+
+#endif

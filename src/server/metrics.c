@@ -1,0 +1,241 @@
+/*
+ * metrics.c — see metrics.h.
+ */
+#include "server/metrics.h"
+
+#include "cache/spc.h"
+#include "cache/store.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---------------------------------------------------------------- writer */
+static void put(ks_prom *p, const char *s) {
+    if (p->rc == 0) p->rc = ks_buf_append(p->out, s, strlen(s));
+}
+
+/* Integral values print as integers (exact up to 2^53); the rest with 9
+ * significant digits; NaN / infinities with Prometheus' spellings. */
+static void put_value(ks_prom *p, double v) {
+    char b[48];
+    if (isnan(v)) snprintf(b, sizeof b, "NaN");
+    else if (isinf(v)) snprintf(b, sizeof b, v > 0 ? "+Inf" : "-Inf");
+    else if (v == floor(v) && fabs(v) < 9007199254740992.0) snprintf(b, sizeof b, "%.0f", v);
+    else snprintf(b, sizeof b, "%.9g", v);
+    put(p, b);
+}
+
+void ks_prom_family(ks_prom *p, const char *name, const char *type, const char *help) {
+    if (p->rc) return;
+    p->rc = ks_buf_printf(p->out, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+void ks_prom_sample(ks_prom *p, const char *name, const char *label, const char *value, double v) {
+    put(p, name);
+    if (label) {
+        put(p, "{");
+        put(p, label);
+        put(p, "=\"");
+        for (const char *c = value ? value : ""; *c; c++) {
+            char e[3] = {*c, 0, 0};
+            if (*c == '\\' || *c == '"') e[0] = '\\', e[1] = *c;
+            else if (*c == '\n') e[0] = '\\', e[1] = 'n';
+            put(p, e);
+        }
+        put(p, "\"}");
+    }
+    put(p, " ");
+    put_value(p, v);
+    put(p, "\n");
+}
+
+void ks_prom_counter(ks_prom *p, const char *name, const char *help, double v) {
+    ks_prom_family(p, name, "counter", help);
+    ks_prom_sample(p, name, NULL, NULL, v);
+}
+
+void ks_prom_gauge(ks_prom *p, const char *name, const char *help, double v) {
+    ks_prom_family(p, name, "gauge", help);
+    ks_prom_sample(p, name, NULL, NULL, v);
+}
+
+/* -------------------------------------------------------------- registry */
+struct ks_metrics {
+    struct {
+        ks_metrics_fn fn;
+        void *ud;
+    } *src;
+    int n;
+};
+
+ks_metrics *ks_metrics_create(void) { return calloc(1, sizeof(ks_metrics)); }
+
+void ks_metrics_free(ks_metrics *m) {
+    if (!m) return;
+    free(m->src);
+    free(m);
+}
+
+int ks_metrics_add(ks_metrics *m, ks_metrics_fn fn, void *ud) {
+    void *n = realloc(m->src, (size_t)(m->n + 1) * sizeof *m->src);
+    if (!n) return KS_ENOMEM;
+    m->src = n;
+    m->src[m->n].fn = fn;
+    m->src[m->n].ud = ud;
+    m->n++;
+    return 0;
+}
+
+int ks_metrics_render(const ks_metrics *m, ks_buf *out) {
+    ks_prom p = {out, 0};
+    for (int i = 0; i < m->n && p.rc == 0; i++) m->src[i].fn(m->src[i].ud, &p);
+    /* An empty registry still yields a valid (empty) NUL-terminated body. */
+    if (p.rc == 0 && !out->s) p.rc = ks_buf_append(out, "", 0);
+    return p.rc;
+}
+
+/* --------------------------------------------------------------- sources */
+void ks_metrics_sched(ks_prom *p, const ks_sched_stats *st) {
+    ks_prom_counter(p, "kvstash_requests_total", "Generation requests finished by the scheduler (any outcome).",
+                    (double)st->requests_total);
+    ks_prom_counter(p, "kvstash_requests_rejected_total", "Requests refused because the queue was full.",
+                    (double)st->requests_rejected);
+    ks_prom_counter(p, "kvstash_requests_canceled_total",
+                    "Requests canceled (client disconnected or shutdown).", (double)st->requests_canceled);
+    ks_prom_counter(p, "kvstash_prompt_tokens_total", "Prompt tokens of all requests, cached or not.",
+                    (double)st->prompt_tokens_total);
+    ks_prom_counter(p, "kvstash_prompt_tokens_cached_total",
+                    "Prompt tokens whose KV was reused instead of prefilled.",
+                    (double)st->prompt_tokens_cached_total);
+    ks_prom_counter(p, "kvstash_prompt_tokens_prefilled_total", "Prompt tokens actually prefilled.",
+                    (double)(st->prompt_tokens_total - st->prompt_tokens_cached_total));
+    ks_prom_gauge(p, "kvstash_cache_hit_ratio",
+                  "Cached prompt tokens / prompt tokens since start (0 before the first request).",
+                  st->prompt_tokens_total
+                      ? (double)st->prompt_tokens_cached_total / (double)st->prompt_tokens_total
+                      : 0.0);
+    ks_prom_counter(p, "kvstash_prompt_seconds_total", "Time spent prefilling prompts.",
+                    st->prompt_seconds_total);
+    ks_prom_counter(p, "kvstash_tokens_predicted_total", "Tokens generated.",
+                    (double)st->tokens_predicted_total);
+    ks_prom_counter(p, "kvstash_predicted_seconds_total", "Time spent generating.",
+                    st->predicted_seconds_total);
+    ks_prom_gauge(p, "kvstash_slots_busy", "Slots running a request.", st->slots_busy);
+    ks_prom_gauge(p, "kvstash_slots_total", "Slots (parallel sequences).", st->n_slots);
+    ks_prom_gauge(p, "kvstash_queue_depth", "Requests waiting for a slot.", st->queue_depth);
+
+    /* How prompts were served. The scheduler counts the route decision once per
+     * request; an SPC or store restore is counted besides, so the decisions do
+     * not partition the requests. */
+    ks_prom_family(p, "kvstash_cache_decisions_total", "counter",
+                   "Cache decisions by kind (route modes once per request; spc and store restores besides).");
+    ks_prom_sample(p, "kvstash_cache_decisions_total", "decision", "prefix", (double)st->mode_prefix);
+    ks_prom_sample(p, "kvstash_cache_decisions_total", "decision", "imc-hash", (double)st->imc_hash_hits);
+    ks_prom_sample(p, "kvstash_cache_decisions_total", "decision", "imc-token-prefix",
+                   (double)st->imc_token_prefix_hits);
+    ks_prom_sample(p, "kvstash_cache_decisions_total", "decision", "spc", (double)st->spc_hits);
+    ks_prom_sample(p, "kvstash_cache_decisions_total", "decision", "store", (double)st->store_hits);
+    ks_prom_sample(p, "kvstash_cache_decisions_total", "decision", "miss", (double)st->mode_miss);
+    ks_prom_counter(p, "kvstash_imc_salvaged_tokens_total", "Tokens kept by IMC token-prefix salvage.",
+                    (double)st->imc_salvaged_tokens);
+    ks_prom_counter(p, "kvstash_slot_evictions_total", "Non-empty slots taken over for another branch.",
+                    (double)st->evictions);
+    ks_prom_counter(p, "kvstash_imc_rebuilds_total", "IMC branches built from scratch.", (double)st->rebuilds);
+    ks_prom_counter(p, "kvstash_spc_misses_total", "System prompts the SPC had no state for.",
+                    (double)st->spc_misses);
+    ks_prom_counter(p, "kvstash_spc_builds_total", "System-prompt states captured into the SPC.",
+                    (double)st->spc_builds);
+    ks_prom_counter(p, "kvstash_spc_restored_tokens_total", "Tokens restored from the SPC.",
+                    (double)st->spc_restored_tokens);
+    ks_prom_counter(p, "kvstash_sys_prompt_prefills_total", "Requests whose system prompt was prefilled.",
+                    (double)st->sys_prompt_prefills);
+    ks_prom_counter(p, "kvstash_partial_rm_rebuilds_total",
+                    "Sequences rebuilt because the memory could not drop a suffix.", (double)st->partial_rm_rebuilds);
+    ks_prom_counter(p, "kvstash_store_restored_tokens_total", "Tokens restored from the persistent store.",
+                    (double)st->store_restored_tokens);
+    ks_prom_counter(p, "kvstash_store_restore_seconds_total", "Store lookup + read + verify + state set.",
+                    st->store_restore_ms_total / 1e3);
+    ks_prom_family(p, "kvstash_store_save_requests_total", "counter", "States handed to the store, by save reason.");
+    int n_reasons = (int)(sizeof st->store_save_requests / sizeof st->store_save_requests[0]);
+    for (int r = 0; r < KS_REASON__N && r < n_reasons; r++)
+        ks_prom_sample(p, "kvstash_store_save_requests_total", "reason", ks_reason_name((ks_reason)r),
+                       (double)st->store_save_requests[r]);
+    ks_prom_counter(p, "kvstash_snapshot_seconds_total", "Inference-thread time spent copying states.",
+                    st->snapshot_ms_total / 1e3);
+}
+
+void ks_metrics_spc(void *ud, ks_prom *p) {
+    ks_spc_stats st;
+    ks_spc_get_stats(ud, &st);
+    ks_prom_counter(p, "kvstash_spc_lookups_hit_total", "SPC lookups that found the system prompt.", (double)st.hits);
+    ks_prom_counter(p, "kvstash_spc_lookups_miss_total", "SPC lookups that did not.", (double)st.misses);
+    ks_prom_counter(p, "kvstash_spc_inserts_total", "System-prompt states stored.", (double)st.inserts);
+    ks_prom_counter(p, "kvstash_spc_refused_total", "States refused by the byte budget.", (double)st.refused);
+    ks_prom_counter(p, "kvstash_spc_evictions_total", "States evicted to make room.", (double)st.evictions);
+    ks_prom_gauge(p, "kvstash_spc_entries", "System-prompt states held.", (double)st.entries);
+    ks_prom_gauge(p, "kvstash_spc_bytes", "Bytes held by the SPC.", (double)st.bytes);
+    ks_prom_gauge(p, "kvstash_spc_max_bytes", "SPC byte budget.", (double)st.max_bytes);
+}
+
+void ks_metrics_store(void *ud, ks_prom *p) {
+    struct ks_store_stats st;
+    ks_store_stats(ud, &st);
+    ks_prom_counter(p, "kvstash_store_lookups_total", "Store lookups.", (double)st.lookups);
+    ks_prom_counter(p, "kvstash_store_hits_total", "Store lookups that returned a state.", (double)st.hits);
+    ks_prom_counter(p, "kvstash_store_misses_total", "Store lookups that did not.", (double)st.misses);
+    const char *fam[][3] = {
+        {"kvstash_store_tier_hits_total", "counter", "Lookups served by the tier."},
+        {"kvstash_store_tier_bytes", "gauge", "Bytes in the tier (entries of other processes included)."},
+        {"kvstash_store_tier_entries", "gauge", "States in the tier."},
+        {"kvstash_store_tier_max_bytes", "gauge", "Tier budget (0: disabled)."},
+        {"kvstash_store_tier_evictions_total", "counter", "States evicted from the tier."},
+    };
+    const uint64_t *val[] = {st.tier_hits, st.tier_bytes, st.tier_entries, st.tier_max_bytes, st.tier_evictions};
+    for (size_t f = 0; f < sizeof fam / sizeof fam[0]; f++) {
+        ks_prom_family(p, fam[f][0], fam[f][1], fam[f][2]);
+        for (int t = 0; t < KS_TIER__N; t++)
+            ks_prom_sample(p, fam[f][0], "tier", ks_tier_name((ks_tier_id)t), (double)val[f][t]);
+    }
+    ks_prom_family(p, "kvstash_store_saves_total", "counter", "States written, by save reason.");
+    for (int r = 0; r < KS_REASON__N; r++)
+        ks_prom_sample(p, "kvstash_store_saves_total", "reason", ks_reason_name((ks_reason)r), (double)st.saves[r]);
+    ks_prom_counter(p, "kvstash_store_saved_bytes_total", "Payload bytes written.", (double)st.saved_bytes);
+    ks_prom_family(p, "kvstash_store_saves_not_written_total", "counter", "Saves not written, by cause.");
+    ks_prom_sample(p, "kvstash_store_saves_not_written_total", "cause", "dedup", (double)st.dedup_saves);
+    ks_prom_sample(p, "kvstash_store_saves_not_written_total", "cause", "small", (double)st.small_saves);
+    ks_prom_sample(p, "kvstash_store_saves_not_written_total", "cause", "dropped", (double)st.dropped_saves);
+    ks_prom_sample(p, "kvstash_store_saves_not_written_total", "cause", "skipped", (double)st.skipped_saves);
+    ks_prom_sample(p, "kvstash_store_saves_not_written_total", "cause", "failed", (double)st.failed_saves);
+    ks_prom_counter(p, "kvstash_store_corrupt_files_total", "Bad files met (never restored).",
+                    (double)st.corrupt_files);
+    ks_prom_gauge(p, "kvstash_store_queued_saves", "Saves waiting for the writer thread.", (double)st.queued);
+    ks_prom_counter(p, "kvstash_store_load_seconds_total", "Reading and verifying hits.", st.load_ms_total / 1e3);
+    ks_prom_counter(p, "kvstash_store_save_seconds_total", "Writing saves (writer thread).", st.save_ms_total / 1e3);
+}
+
+void ks_http_count(ks_http_counters *c, int status) {
+    atomic_fetch_add(&c->requests, 1);
+    if (status >= KS_HTTP_STATUS_MIN && status <= KS_HTTP_STATUS_MAX)
+        atomic_fetch_add(&c->by_status[status - KS_HTTP_STATUS_MIN], 1);
+}
+
+void ks_metrics_http(void *ud, ks_prom *p) {
+    ks_http_counters *c = ud;
+    ks_prom_counter(p, "kvstash_http_requests_total", "HTTP requests answered.",
+                    (double)atomic_load(&c->requests));
+    ks_prom_family(p, "kvstash_http_errors_total", "counter", "HTTP error responses by status code.");
+    for (int s = 400; s <= KS_HTTP_STATUS_MAX; s++) {
+        uint64_t n = atomic_load(&c->by_status[s - KS_HTTP_STATUS_MIN]);
+        if (!n) continue;
+        char code[8];
+        snprintf(code, sizeof code, "%d", s);
+        ks_prom_sample(p, "kvstash_http_errors_total", "code", code, (double)n);
+    }
+    ks_prom_counter(p, "kvstash_client_disconnects_total",
+                    "Generations canceled because the client went away.",
+                    (double)atomic_load(&c->client_disconnects));
+    ks_prom_gauge(p, "kvstash_uptime_seconds", "Seconds since the server started.",
+                  c->started_us ? (double)(ks_now_us() - c->started_us) / 1e6 : 0.0);
+}

@@ -1,0 +1,105 @@
+/*
+ * server.h — the HTTP server of `kvstash serve` (libmicrohttpd).
+ *
+ * Owns the MHD daemon, the routing table, authentication, body limits, the
+ * per-request generation objects and the /metrics registry. It borrows the
+ * engine (tokenizer, template, model info) and the scheduler (generation).
+ *
+ * Endpoints (docs/SERVER.md):
+ *   POST /v1/chat/completions  (also /chat/completions)   stream and non-stream
+ *   POST /v1/completions       (also /completions)        stream and non-stream
+ *   GET  /v1/models            (also /models)
+ *   GET  /health               {"status":"ok"}; never needs the API key
+ *   GET  /metrics              Prometheus text
+ *   GET  /slots                slot table as JSON
+ *
+ * Design notes
+ *  1. Thread per connection (MHD_USE_THREAD_PER_CONNECTION): a handler may
+ *     block on its own request without holding up anyone else. The inference
+ *     thread never blocks on HTTP: its callbacks append text to the request's
+ *     buffer under a short mutex and signal; the connection thread formats
+ *     and writes. A slow client only grows its own buffer (bounded by
+ *     max_tokens).
+ *  2. A generation object is reference-counted: one reference for the HTTP
+ *     request, one for the scheduler (dropped in on_done), one for a
+ *     streaming response's content reader. It is freed when the last goes.
+ *  3. A client that goes away is noticed while its connection thread waits
+ *     (the socket is polled for hang-up every 200 ms) or by MHD's
+ *     request-completed callback; either cancels the request in the
+ *     scheduler, so its slot frees within one decode step.
+ *  4. Every response status is counted (/metrics); every error body has
+ *     OpenAI's shape (api.h).
+ *  5. Chat requests carry the scheduler's cache hints: the message-prefix
+ *     hashes (IMC) and, for a leading system message whose rendered tokens
+ *     are exactly the prompt's first tokens, its SPC key and token count.
+ *     Hints only steer routing; the scheduler compares tokens before reusing.
+ *  6. Shutdown order (cmd_serve.c): ks_server_quiesce (no new connections,
+ *     new requests get 503) → wait for ks_server_n_active() == 0 or a
+ *     timeout → ks_server_detach_sched (no server thread calls the scheduler
+ *     after it returns) → ks_sched_free (cancels what is left; every on_done
+ *     runs) → ks_server_free (stops MHD, joins the connection threads).
+ *
+ * Thread model: start/quiesce/detach/free on one (the main) thread; the
+ * rest of the work runs on MHD's threads and, for the callbacks, on the
+ * scheduler's inference thread.
+ */
+#ifndef KS_SERVER_H
+#define KS_SERVER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/engine.h"
+#include "sched/sched.h"
+#include "server/metrics.h"
+
+typedef struct ks_server ks_server;
+
+typedef struct ks_server_params {
+    ks_engine *engine;        /* borrowed; must outlive the server */
+    ks_sched *sched;          /* borrowed; see ks_server_detach_sched */
+    const char *host;         /* address to bind (default "127.0.0.1"); copied */
+    int port;                 /* 0: a free port, see ks_server_port (default 8080) */
+    const char *api_key;      /* NULL or "": no authentication; copied */
+    const char *model_name;   /* id in /v1/models and responses; NULL: the engine's name */
+    int64_t max_body_bytes;   /* larger bodies get 413 (default 16 MiB) */
+    int default_max_tokens;   /* for requests without max_tokens, capped at the context
+                                 left after the prompt (default 2048) */
+    int max_connections;      /* concurrent connections (default 256) */
+    int timeout_s;            /* idle connection timeout (default 600; generation time
+                                 does not count) */
+    bool cache_prompt;        /* shown in /v1/models meta; the switch itself is the
+                                 scheduler's (default true) */
+    const char *model_id;     /* what besides the text makes a system prompt's KV differ
+                                 (model, context parameters): part of the SPC key; copied.
+                                 NULL: the model name */
+    ks_metrics *metrics;      /* borrowed registry holding the caller's sources (SPC,
+                                 store...); the server adds its own before serving.
+                                 NULL: the server makes one */
+} ks_server_params;
+
+ks_server_params ks_server_params_default(void);
+
+/* Binds and starts serving. Errors: KS_EINVAL (bad params or host),
+ * KS_EIO (bind/listen failed, message in err), KS_ENOMEM. A borrowed
+ * registry (p->metrics) then refers to the server: render it only between a
+ * successful start and ks_server_free, and free it after the server. */
+int ks_server_start(const ks_server_params *p, ks_server **out, char *err, size_t errlen);
+/* The bound port (the real one when started with port 0). */
+int ks_server_port(const ks_server *s);
+/* Stops accepting connections; requests that arrive on open keep-alive
+ * connections get 503 "shutting_down". Running requests continue. Idempotent. */
+void ks_server_quiesce(ks_server *s);
+/* Generation requests still alive (queued, running, or being written out). */
+int ks_server_n_active(ks_server *s);
+/* After this returns no server thread calls the scheduler again (waits for
+ * calls in progress); requests that still wait for their on_done get it from
+ * ks_sched_free. Idempotent. */
+void ks_server_detach_sched(ks_server *s);
+/* Waits up to 3 s for requests still writing their reply, stops the daemon
+ * (closing every connection) and frees. Call after ks_server_detach_sched
+ * and ks_sched_free when a scheduler was attached. NULL is a no-op. */
+void ks_server_free(ks_server *s);
+
+#endif

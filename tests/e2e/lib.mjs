@@ -1,0 +1,285 @@
+// lib.mjs — helpers for the end-to-end tests of `kvstash serve`.
+//
+// startServer() runs the real binary ($KS_BIN) on the tiny model ($KS_TINY_MODEL)
+// with --port 0, reads the port from the "kvstash: port=N" line on stderr and
+// waits for /health. stop() sends SIGTERM and returns the exit code; every
+// server still running when the process exits is killed, so a failing test never
+// leaves one behind.
+import { spawn } from 'node:child_process';
+import assert from 'node:assert/strict';
+
+export const BIN = process.env.KS_BIN;
+export const MODEL = process.env.KS_TINY_MODEL;
+
+const live = new Set();
+function killAll() {
+  for (const p of live) {
+    try { p.kill('SIGKILL'); } catch { /* already gone */ }
+  }
+}
+process.on('exit', killAll);
+// A runner that times out sends SIGTERM/SIGINT: take the servers down too.
+for (const sig of ['SIGTERM', 'SIGINT', 'SIGHUP']) {
+  process.on(sig, () => { killAll(); process.exit(128 + (sig === 'SIGINT' ? 2 : sig === 'SIGHUP' ? 1 : 15)); });
+}
+
+export function requireEnv() {
+  assert.ok(BIN, 'KS_BIN must point to the kvstash binary');
+  assert.ok(MODEL, 'KS_TINY_MODEL must point to the tiny GGUF model');
+}
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+export { sleep };
+
+// Small, deterministic defaults: 2 slots of 512 tokens, one thread (the test
+// machine has 2 shared cores; ggml's spinning threads crawl when oversubscribed).
+// defaults: false leaves --slots and --ctx to the server (or its --config).
+export async function startServer(args = [], { timeoutMs = 60000, env = {}, defaults: useDefaults = true } = {}) {
+  requireEnv();
+  const defaults = useDefaults ? { '--slots': '2', '--ctx': '512', '--threads': '1' } : { '--threads': '1' };
+  const full = ['serve', '-m', MODEL, '--port', '0', '--log', 'info'];
+  for (const [k, v] of Object.entries(defaults)) if (!args.includes(k)) full.push(k, v);
+  full.push(...args);
+  const proc = spawn(BIN, full, {
+    stdio: ['ignore', 'pipe', 'pipe'],
+    env: { ...process.env, GGML_NO_BACKTRACE: '1', ...env },
+  });
+  live.add(proc);
+  let stderr = '';
+  let stdout = '';
+  const exited = new Promise((resolve) => {
+    proc.on('exit', (code, signal) => {
+      live.delete(proc);
+      resolve({ code, signal });
+    });
+  });
+  proc.stdout.on('data', (d) => { stdout += d; });
+  const port = await new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`no port line after ${timeoutMs} ms; stderr:\n${stderr}`)), timeoutMs);
+    proc.stderr.on('data', (d) => {
+      stderr += d;
+      const m = /kvstash: port=(\d+)/.exec(stderr);
+      if (m) { clearTimeout(timer); resolve(Number(m[1])); }
+    });
+    exited.then(({ code, signal }) => {
+      clearTimeout(timer);
+      reject(new Error(`server exited (code ${code}, signal ${signal}) before listening; stderr:\n${stderr}`));
+    });
+  });
+  const srv = {
+    proc,
+    port,
+    base: `http://127.0.0.1:${port}`,
+    get stderr() { return stderr; },
+    get stdout() { return stdout; },
+    exited,
+    // SIGTERM, then the exit status (SIGKILL after timeoutMs, reported as a failure).
+    async stop(timeoutMs = 30000) {
+      if (proc.exitCode === null && proc.signalCode === null) proc.kill('SIGTERM');
+      let timer;
+      const t = new Promise((r) => { timer = setTimeout(() => r('timeout'), timeoutMs); });
+      const r = await Promise.race([exited, t]);
+      clearTimeout(timer);
+      if (r === 'timeout') {
+        proc.kill('SIGKILL');
+        await exited;
+        return { code: null, signal: 'timeout', stderr };
+      }
+      return { ...r, stderr };
+    },
+  };
+  // Listening is announced after the daemon started; /health must answer.
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    try {
+      const r = await fetch(`${srv.base}/health`);
+      if (r.status === 200) break;
+    } catch { /* not yet */ }
+    if (Date.now() > deadline) throw new Error(`/health never answered; stderr:\n${stderr}`);
+    await sleep(50);
+  }
+  return srv;
+}
+
+// Stops the server and asserts a clean exit (code 0).
+export async function stopOk(srv) {
+  const r = await srv.stop();
+  assert.equal(r.code, 0, `server exit code ${r.code} signal ${r.signal}; stderr tail:\n${r.stderr.slice(-3000)}`);
+}
+
+export async function postJSON(srv, path, body, { headers = {}, raw = false, signal } = {}) {
+  const res = await fetch(srv.base + path, {
+    method: 'POST',
+    headers: { 'Content-Type': 'application/json', ...headers },
+    body: raw ? body : JSON.stringify(body),
+    signal,
+  });
+  const text = await res.text();
+  let json = null;
+  try { json = JSON.parse(text); } catch { /* not JSON */ }
+  return { status: res.status, headers: res.headers, text, json };
+}
+
+export async function getJSON(srv, path, { headers = {} } = {}) {
+  const res = await fetch(srv.base + path, { headers });
+  const text = await res.text();
+  let json = null;
+  try { json = JSON.parse(text); } catch { /* not JSON */ }
+  return { status: res.status, headers: res.headers, text, json };
+}
+
+// A non-streamed chat completion that must succeed; returns the response JSON.
+export async function chat(srv, messages, extra = {}, opts = {}) {
+  const r = await postJSON(srv, '/v1/chat/completions', { messages, temperature: 0, max_tokens: 16, ...extra }, opts);
+  assert.equal(r.status, 200, `chat failed: ${r.status} ${r.text}`);
+  return r.json;
+}
+
+// Parses an SSE body into events: each { data } string; JSON-decoded into
+// .json unless it is [DONE]. Asserts the framing: "data: X" lines, blank-line separated.
+export function parseSSE(text) {
+  const events = [];
+  const blocks = text.split('\n\n');
+  assert.equal(blocks.pop(), '', `SSE body does not end with a blank line: ${JSON.stringify(text.slice(-80))}`);
+  for (const b of blocks) {
+    assert.ok(b.startsWith('data: '), `SSE event without "data: ": ${JSON.stringify(b.slice(0, 80))}`);
+    const data = b.slice(6);
+    assert.ok(!data.includes('\n'), 'an SSE event spans lines');
+    events.push({ data, json: data === '[DONE]' ? null : JSON.parse(data) });
+  }
+  return events;
+}
+
+// A streamed request read to the end. Returns { status, events, text, done, finish, usage }.
+export async function stream(srv, path, body, { headers = {} } = {}) {
+  const res = await fetch(srv.base + path, {
+    method: 'POST',
+    headers: { 'Content-Type': 'application/json', ...headers },
+    body: JSON.stringify({ ...body, stream: true }),
+  });
+  const raw = await res.text();
+  if (res.status !== 200) return { status: res.status, raw, json: JSON.parse(raw) };
+  assert.match(res.headers.get('content-type'), /^text\/event-stream/);
+  const events = parseSSE(raw);
+  let text = '';
+  let finish = null;
+  let usage = null;
+  let error = null;
+  for (const e of events) {
+    if (!e.json) continue;
+    if (e.json.error) { error = e.json.error; continue; }
+    if (e.json.usage) usage = e.json;
+    for (const c of e.json.choices ?? []) {
+      text += c.delta?.content ?? c.text ?? '';
+      if (c.finish_reason) finish = c.finish_reason;
+    }
+  }
+  const done = events.length > 0 && events[events.length - 1].data === '[DONE]';
+  return { status: res.status, raw, events, text, done, finish, usage, error };
+}
+
+// Reads a streamed response incrementally: calls onEvent(json|null, data) per
+// event; stops when onEvent returns true (then aborts the request) or at the end.
+export async function streamUntil(srv, path, body, onEvent, { signal } = {}) {
+  const ac = new AbortController();
+  if (signal) signal.addEventListener('abort', () => ac.abort());
+  const res = await fetch(srv.base + path, {
+    method: 'POST',
+    headers: { 'Content-Type': 'application/json' },
+    body: JSON.stringify({ ...body, stream: true }),
+    signal: ac.signal,
+  });
+  assert.equal(res.status, 200);
+  const reader = res.body.getReader();
+  const dec = new TextDecoder();
+  let buf = '';
+  const seen = [];
+  try {
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return { aborted: false, events: seen };
+      buf += dec.decode(value, { stream: true });
+      let i;
+      while ((i = buf.indexOf('\n\n')) >= 0) {
+        const block = buf.slice(0, i);
+        buf = buf.slice(i + 2);
+        assert.ok(block.startsWith('data: '));
+        const data = block.slice(6);
+        const json = data === '[DONE]' ? null : JSON.parse(data);
+        seen.push(data);
+        if (onEvent(json, data)) {
+          ac.abort();
+          return { aborted: true, events: seen };
+        }
+      }
+    }
+  } catch (e) {
+    if (ac.signal.aborted) return { aborted: true, events: seen };
+    throw e;
+  }
+}
+
+// Polls fn until it returns a truthy value; fails after timeoutMs.
+export async function until(fn, what, timeoutMs = 20000, stepMs = 50) {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const v = await fn();
+    if (v) return v;
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await sleep(stepMs);
+  }
+}
+
+// Parses Prometheus text; asserts every non-comment line is `name{labels} value`.
+// Returns a Map from "name{labels}" (or "name") to the numeric value.
+export function parseProm(text) {
+  const out = new Map();
+  const sample = /^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\.)*",?)*\})? (-?[0-9.eE+-]+|NaN|[+-]Inf)$/;
+  for (const line of text.split('\n')) {
+    if (line === '') continue;
+    if (line.startsWith('#')) {
+      assert.match(line, /^# (HELP|TYPE) [a-zA-Z_:][a-zA-Z0-9_:]* .+$/, `bad comment line: ${line}`);
+      continue;
+    }
+    const m = sample.exec(line);
+    assert.ok(m, `not a Prometheus sample line: ${JSON.stringify(line)}`);
+    out.set(m[1] + (m[2] ?? ''), Number(m[3]));
+  }
+  return out;
+}
+
+export async function metrics(srv, headers = {}) {
+  const res = await fetch(srv.base + '/metrics', { headers });
+  assert.equal(res.status, 200);
+  assert.match(res.headers.get('content-type'), /^text\/plain/);
+  return parseProm(await res.text());
+}
+
+// An OpenAI-style error body with the expected status/code/param.
+export function assertError(r, status, code, param) {
+  assert.equal(r.status, status, `expected ${status}, got ${r.status}: ${r.text}`);
+  assert.ok(r.json && typeof r.json.error === 'object', `no error object: ${r.text}`);
+  const e = r.json.error;
+  assert.equal(typeof e.message, 'string');
+  assert.ok(e.message.length > 0);
+  assert.equal(typeof e.type, 'string');
+  if (code !== undefined) assert.equal(e.code, code, `code: ${r.text}`);
+  if (param !== undefined) assert.equal(e.param, param, `param: ${r.text}`);
+  return e;
+}
+
+// A request that keeps its slot busy for seconds on the tiny model, whatever
+// it samples: a ~7200-token prompt prefilled one token per step. Servers for
+// it need LONG_ARGS (8192-token slots, batch 2: the scheduler decodes >= 2 rows
+// per sequence, so 2 is the smallest batch that makes progress).
+export const LONG_ARGS = ['--ctx', '8192', '--batch', '2'];
+export const LONG_PROMPT = 'hello world '.repeat(1800);
+export const longChat = (extra = {}) => ({
+  messages: [{ role: 'user', content: LONG_PROMPT }], temperature: 0, max_tokens: 64, cache_prompt: false, ...extra,
+});
+
+export async function slots(srv, headers = {}) {
+  const r = await getJSON(srv, '/slots', { headers });
+  assert.equal(r.status, 200);
+  return r.json;
+}

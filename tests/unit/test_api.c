@@ -1,0 +1,380 @@
+/* test_api.c — request parsing and validation of the OpenAI protocol (src/server/api.c). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "base/base.h"
+#include "server/api.h"
+
+/* Parses body as kind and expects a 4xx with the given code and param
+ * (param NULL: the error has no param). Prints both sides on mismatch. */
+static void expect_bad(ks_api_kind kind, const char *body, int status, const char *code, const char *param) {
+    ks_api_request r;
+    ks_api_error e;
+    memset(&e, 0, sizeof e);
+    int rc = ks_api_parse(kind, body, strlen(body), &r, &e);
+    if (rc == 0) {
+        ks_api_request_free(&r);
+        fail_msg("body %s: parsed, wanted %d %s (param %s)", body, status, code, param ? param : "null");
+    }
+    if (rc != KS_EINVAL) fail_msg("body %s: rc %d (%s), wanted KS_EINVAL", body, rc, ks_errname(rc));
+    if (e.status != status || strcmp(e.code ? e.code : "null", code) ||
+        strcmp(e.param, param ? param : ""))
+        fail_msg("body %s:\n  got  %d %s param '%s' (%s)\n  want %d %s param '%s'", body, e.status,
+                 e.code ? e.code : "null", e.param, e.message, status, code, param ? param : "");
+    assert_string_equal(e.type, "invalid_request_error");
+    assert_true(strlen(e.message) > 0);
+    /* The parse failure left nothing behind: free is a no-op. */
+    assert_null(r.root);
+    ks_api_request_free(&r);
+}
+
+static void parse_ok(ks_api_kind kind, const char *body, ks_api_request *r) {
+    ks_api_error e;
+    int rc = ks_api_parse(kind, body, strlen(body), r, &e);
+    if (rc) fail_msg("body %s: rc %d: %d %s param '%s': %s", body, rc, e.status, e.code ? e.code : "null",
+                     e.param, e.message);
+}
+
+#define CHAT(extra) "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]" extra "}"
+#define CMPL(extra) "{\"prompt\":\"once upon\"" extra "}"
+
+/* ------------------------------------------------------------ chat: bad */
+static void test_bad_json(void **state) {
+    (void)state;
+    expect_bad(KS_API_CHAT, "", 400, "invalid_json", NULL);
+    expect_bad(KS_API_CHAT, "{", 400, "invalid_json", NULL);
+    expect_bad(KS_API_CHAT, "{\"messages\":[}", 400, "invalid_json", NULL);
+    expect_bad(KS_API_CHAT, "{\"a\":1} trailing", 400, "invalid_json", NULL);
+    expect_bad(KS_API_CHAT, "\xff\xfe{}", 400, "invalid_json", NULL);
+    /* Invalid UTF-8 inside a string and NUL escapes are refused by jansson. */
+    expect_bad(KS_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"\xc3\x28\"}]}", 400, "invalid_json", NULL);
+    expect_bad(KS_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\\u0000b\"}]}", 400,
+               "invalid_json", NULL);
+    /* Not an object. */
+    expect_bad(KS_API_CHAT, "[]", 400, "invalid_type", NULL);
+    expect_bad(KS_API_CHAT, "42", 400, "invalid_type", NULL);
+    expect_bad(KS_API_CHAT, "\"x\"", 400, "invalid_type", NULL);
+    /* Duplicate keys are ambiguous: refused. */
+    expect_bad(KS_API_CHAT, "{\"messages\":[],\"messages\":[]}", 400, "invalid_json", NULL);
+}
+
+static void test_bad_messages(void **state) {
+    (void)state;
+    expect_bad(KS_API_CHAT, "{}", 400, "missing_required_parameter", "messages");
+    expect_bad(KS_API_CHAT, "{\"messages\":null}", 400, "missing_required_parameter", "messages");
+    expect_bad(KS_API_CHAT, "{\"messages\":[]}", 400, "empty_array", "messages");
+    expect_bad(KS_API_CHAT, "{\"messages\":\"hi\"}", 400, "invalid_type", "messages");
+    expect_bad(KS_API_CHAT, "{\"messages\":{\"role\":\"user\"}}", 400, "invalid_type", "messages");
+    expect_bad(KS_API_CHAT, "{\"messages\":[\"hi\"]}", 400, "invalid_type", "messages[0]");
+    expect_bad(KS_API_CHAT, "{\"messages\":[{\"content\":\"hi\"}]}", 400, "missing_required_parameter",
+               "messages[0].role");
+    expect_bad(KS_API_CHAT, "{\"messages\":[{\"role\":7,\"content\":\"hi\"}]}", 400, "invalid_type",
+               "messages[0].role");
+    expect_bad(KS_API_CHAT,
+               "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"wizard\",\"content\":\"hi\"}]}",
+               400, "invalid_value", "messages[1].role");
+    expect_bad(KS_API_CHAT, "{\"messages\":[{\"role\":\"tool\",\"content\":\"hi\"}]}", 400, "invalid_value",
+               "messages[0].role");
+    expect_bad(KS_API_CHAT, "{\"messages\":[{\"role\":\"user\"}]}", 400, "missing_required_parameter",
+               "messages[0].content");
+    expect_bad(KS_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":null}]}", 400,
+               "missing_required_parameter", "messages[0].content");
+    expect_bad(KS_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":5}]}", 400, "invalid_type",
+               "messages[0].content");
+    expect_bad(KS_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":{\"text\":\"x\"}}]}", 400,
+               "invalid_type", "messages[0].content");
+    /* Content parts. */
+    expect_bad(KS_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[\"x\"]}]}", 400, "invalid_type",
+               "messages[0].content[0]");
+    expect_bad(KS_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"text\":\"x\"}]}]}", 400,
+               "missing_required_parameter", "messages[0].content[0].type");
+    expect_bad(KS_API_CHAT,
+               "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},"
+               "{\"type\":\"image_url\",\"image_url\":{\"url\":\"x\"}}]}]}",
+               400, "invalid_value", "messages[0].content[1].type");
+    expect_bad(KS_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\"}]}]}", 400,
+               "missing_required_parameter", "messages[0].content[0].text");
+    expect_bad(KS_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":3}]}]}",
+               400, "invalid_type", "messages[0].content[0].text");
+}
+
+static void test_bad_sampling(void **state) {
+    (void)state;
+    expect_bad(KS_API_CHAT, CHAT(",\"temperature\":\"hot\""), 400, "invalid_type", "temperature");
+    expect_bad(KS_API_CHAT, CHAT(",\"temperature\":true"), 400, "invalid_type", "temperature");
+    expect_bad(KS_API_CHAT, CHAT(",\"temperature\":-0.5"), 400, "decimal_below_min_value", "temperature");
+    expect_bad(KS_API_CHAT, CHAT(",\"temperature\":2.5"), 400, "decimal_above_max_value", "temperature");
+    expect_bad(KS_API_CHAT, CHAT(",\"top_p\":1.5"), 400, "decimal_above_max_value", "top_p");
+    expect_bad(KS_API_CHAT, CHAT(",\"top_p\":[1]"), 400, "invalid_type", "top_p");
+    expect_bad(KS_API_CHAT, CHAT(",\"min_p\":-1"), 400, "decimal_below_min_value", "min_p");
+    expect_bad(KS_API_CHAT, CHAT(",\"top_k\":-1"), 400, "integer_below_min_value", "top_k");
+    expect_bad(KS_API_CHAT, CHAT(",\"top_k\":2.5"), 400, "invalid_type", "top_k");
+    expect_bad(KS_API_CHAT, CHAT(",\"max_tokens\":0"), 400, "integer_below_min_value", "max_tokens");
+    expect_bad(KS_API_CHAT, CHAT(",\"max_tokens\":-5"), 400, "integer_below_min_value", "max_tokens");
+    expect_bad(KS_API_CHAT, CHAT(",\"max_tokens\":1.5"), 400, "invalid_type", "max_tokens");
+    expect_bad(KS_API_CHAT, CHAT(",\"max_tokens\":\"10\""), 400, "invalid_type", "max_tokens");
+    expect_bad(KS_API_CHAT, CHAT(",\"max_tokens\":99999999999"), 400, "integer_above_max_value", "max_tokens");
+    expect_bad(KS_API_CHAT, CHAT(",\"max_completion_tokens\":0"), 400, "integer_below_min_value",
+               "max_completion_tokens");
+    expect_bad(KS_API_CHAT, CHAT(",\"seed\":\"x\""), 400, "invalid_type", "seed");
+    expect_bad(KS_API_CHAT, CHAT(",\"n\":2"), 400, "invalid_value", "n");
+    expect_bad(KS_API_CHAT, CHAT(",\"stream\":\"yes\""), 400, "invalid_type", "stream");
+    expect_bad(KS_API_CHAT, CHAT(",\"stream\":1"), 400, "invalid_type", "stream");
+    expect_bad(KS_API_CHAT, CHAT(",\"stream_options\":true"), 400, "invalid_type", "stream_options");
+    expect_bad(KS_API_CHAT, CHAT(",\"stream_options\":{\"include_usage\":1}"), 400, "invalid_type",
+               "stream_options.include_usage");
+    expect_bad(KS_API_CHAT, CHAT(",\"cache_prompt\":\"no\""), 400, "invalid_type", "cache_prompt");
+}
+
+static void test_bad_stop(void **state) {
+    (void)state;
+    expect_bad(KS_API_CHAT, CHAT(",\"stop\":5"), 400, "invalid_type", "stop");
+    expect_bad(KS_API_CHAT, CHAT(",\"stop\":{\"a\":1}"), 400, "invalid_type", "stop");
+    expect_bad(KS_API_CHAT, CHAT(",\"stop\":[\"a\",5]"), 400, "invalid_type", "stop[1]");
+    expect_bad(KS_API_CHAT, CHAT(",\"stop\":[\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\",\"9\",\"10\","
+                                 "\"11\",\"12\",\"13\",\"14\",\"15\",\"16\",\"17\"]"),
+               400, "array_above_max_length", "stop");
+    char body[1024];
+    char big[KS_API_MAX_STOP_LEN + 2];
+    memset(big, 'x', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    snprintf(body, sizeof body, CHAT(",\"stop\":\"%s\""), big);
+    expect_bad(KS_API_CHAT, body, 400, "string_above_max_length", "stop");
+    snprintf(body, sizeof body, CHAT(",\"stop\":[\"a\",\"%s\"]"), big);
+    expect_bad(KS_API_CHAT, body, 400, "string_above_max_length", "stop[1]");
+}
+
+/* ------------------------------------------------------- completions: bad */
+static void test_bad_prompt(void **state) {
+    (void)state;
+    expect_bad(KS_API_COMPLETION, "{}", 400, "missing_required_parameter", "prompt");
+    expect_bad(KS_API_COMPLETION, "{\"prompt\":null}", 400, "missing_required_parameter", "prompt");
+    expect_bad(KS_API_COMPLETION, "{\"prompt\":\"\"}", 400, "invalid_value", "prompt");
+    expect_bad(KS_API_COMPLETION, "{\"prompt\":[]}", 400, "empty_array", "prompt");
+    expect_bad(KS_API_COMPLETION, "{\"prompt\":[\"a\",\"b\"]}", 400, "invalid_value", "prompt");
+    expect_bad(KS_API_COMPLETION, "{\"prompt\":[\"\"]}", 400, "invalid_value", "prompt[0]");
+    expect_bad(KS_API_COMPLETION, "{\"prompt\":5}", 400, "invalid_type", "prompt");
+    expect_bad(KS_API_COMPLETION, "{\"prompt\":{\"a\":1}}", 400, "invalid_type", "prompt");
+    expect_bad(KS_API_COMPLETION, "{\"prompt\":[1,\"a\"]}", 400, "invalid_type", "prompt[1]");
+    expect_bad(KS_API_COMPLETION, "{\"prompt\":[1,-2]}", 400, "invalid_value", "prompt[1]");
+    expect_bad(KS_API_COMPLETION, "{\"prompt\":[[1,2]]}", 400, "invalid_type", "prompt[0]");
+    expect_bad(KS_API_COMPLETION, CMPL(",\"temperature\":\"0\""), 400, "invalid_type", "temperature");
+    expect_bad(KS_API_COMPLETION, CMPL(",\"max_tokens\":0"), 400, "integer_below_min_value", "max_tokens");
+    /* A chat body on the completions endpoint lacks its prompt. */
+    expect_bad(KS_API_COMPLETION, CHAT(""), 400, "missing_required_parameter", "prompt");
+}
+
+/* ---------------------------------------------------------------- good */
+static void test_chat_defaults(void **state) {
+    (void)state;
+    ks_api_request r;
+    parse_ok(KS_API_CHAT, CHAT(""), &r);
+    assert_int_equal(r.kind, KS_API_CHAT);
+    assert_int_equal(r.n_msgs, 1);
+    assert_string_equal(r.msgs[0].role, "user");
+    assert_string_equal(r.msgs[0].content, "hi");
+    assert_int_equal(r.max_tokens, -1);
+    assert_false(r.stream);
+    assert_false(r.include_usage);
+    assert_true(r.cache_prompt);
+    assert_false(r.seed_set);
+    assert_int_equal(r.n_stops, 0);
+    ks_sample_params d = ks_api_sample_defaults();
+    assert_true(r.sample.temperature == d.temperature);
+    assert_int_equal(r.sample.top_k, 40);
+    assert_true(r.sample.top_p == 0.95f);
+    assert_true(r.sample.min_p == 0.05f);
+    ks_api_request_free(&r);
+    ks_api_request_free(&r); /* idempotent */
+    ks_api_request_free(NULL);
+}
+
+static void test_chat_fields(void **state) {
+    (void)state;
+    ks_api_request r;
+    parse_ok(KS_API_CHAT,
+             "{\"model\":\"whatever\",\"user\":\"u\",\"presence_penalty\":0,\"tools\":[],"
+             "\"messages\":[{\"role\":\"developer\",\"content\":\"be brief\"},"
+             "{\"role\":\"system\",\"content\":\"sys\",\"name\":\"x\"},"
+             "{\"role\":\"user\",\"content\":\"q1\"},{\"role\":\"assistant\",\"content\":null},"
+             "{\"role\":\"assistant\"},{\"role\":\"user\",\"content\":\"q2\"}],"
+             "\"max_tokens\":7,\"temperature\":0,\"top_p\":1,\"top_k\":0,\"min_p\":0,\"seed\":-3,\"n\":1,"
+             "\"stream\":true,\"stream_options\":{\"include_usage\":true},\"cache_prompt\":false,"
+             "\"stop\":null,\"logprobs\":null}",
+             &r);
+    assert_int_equal(r.n_msgs, 6);
+    assert_string_equal(r.msgs[0].role, "system"); /* developer is system */
+    assert_string_equal(r.msgs[0].content, "be brief");
+    assert_string_equal(r.msgs[1].role, "system");
+    assert_string_equal(r.msgs[3].role, "assistant");
+    assert_string_equal(r.msgs[3].content, "");
+    assert_string_equal(r.msgs[4].content, "");
+    assert_string_equal(r.msgs[5].content, "q2");
+    assert_int_equal(r.max_tokens, 7);
+    assert_true(r.sample.temperature == 0.0f);
+    assert_int_equal(r.sample.top_k, 0);
+    assert_true(r.seed_set);
+    assert_true(r.sample.seed == (uint64_t)-3);
+    assert_true(r.stream);
+    assert_true(r.include_usage);
+    assert_false(r.cache_prompt);
+    assert_int_equal(r.n_stops, 0);
+    ks_api_request_free(&r);
+
+    /* max_completion_tokens wins over max_tokens; an integer temperature is a number. */
+    parse_ok(KS_API_CHAT, CHAT(",\"max_tokens\":5,\"max_completion_tokens\":9,\"temperature\":1"), &r);
+    assert_int_equal(r.max_tokens, 9);
+    assert_true(r.sample.temperature == 1.0f);
+    ks_api_request_free(&r);
+    parse_ok(KS_API_CHAT, CHAT(",\"max_tokens\":null,\"temperature\":null,\"stream\":null"), &r);
+    assert_int_equal(r.max_tokens, -1);
+    assert_false(r.stream);
+    ks_api_request_free(&r);
+    /* include_usage without stream is accepted (and harmless). */
+    parse_ok(KS_API_CHAT, CHAT(",\"stream_options\":{}"), &r);
+    assert_false(r.include_usage);
+    ks_api_request_free(&r);
+}
+
+static void test_content_parts(void **state) {
+    (void)state;
+    ks_api_request r;
+    parse_ok(KS_API_CHAT,
+             "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"first\"},"
+             "{\"type\":\"text\",\"text\":\"second\"},{\"type\":\"text\",\"text\":\"\"},"
+             "{\"type\":\"text\",\"text\":\"third \\u00e9\"}]},"
+             "{\"role\":\"assistant\",\"content\":[]},"
+             "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"\"},{\"type\":\"text\",\"text\":\"x\"}]}]}",
+             &r);
+    assert_int_equal(r.n_msgs, 3);
+    /* Joined with "\n" like llama.cpp's server; an empty leading part adds no newline. */
+    assert_string_equal(r.msgs[0].content, "first\nsecond\n\nthird \xc3\xa9");
+    assert_string_equal(r.msgs[1].content, "");
+    assert_string_equal(r.msgs[2].content, "x");
+    ks_api_request_free(&r);
+}
+
+static void test_stop_parsing(void **state) {
+    (void)state;
+    ks_api_request r;
+    parse_ok(KS_API_CHAT, CHAT(",\"stop\":\"\\n\\n\""), &r);
+    assert_int_equal(r.n_stops, 1);
+    assert_string_equal(r.stops[0], "\n\n");
+    ks_api_request_free(&r);
+
+    parse_ok(KS_API_CHAT, CHAT(",\"stop\":[\"END\",\"\",\"\\u00fc\"]"), &r);
+    assert_int_equal(r.n_stops, 2); /* the empty string is dropped */
+    assert_string_equal(r.stops[0], "END");
+    assert_string_equal(r.stops[1], "\xc3\xbc");
+    ks_api_request_free(&r);
+
+    parse_ok(KS_API_CHAT, CHAT(",\"stop\":[]"), &r);
+    assert_int_equal(r.n_stops, 0);
+    ks_api_request_free(&r);
+
+    parse_ok(KS_API_CHAT, CHAT(",\"stop\":\"\""), &r);
+    assert_int_equal(r.n_stops, 0);
+    ks_api_request_free(&r);
+
+    parse_ok(KS_API_CHAT, CHAT(",\"stop\":[\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\",\"9\",\"10\","
+                               "\"11\",\"12\",\"13\",\"14\",\"15\",\"16\"]"),
+             &r);
+    assert_int_equal(r.n_stops, KS_API_MAX_STOPS);
+    assert_string_equal(r.stops[15], "16");
+    ks_api_request_free(&r);
+}
+
+static void test_prompt_forms(void **state) {
+    (void)state;
+    ks_api_request r;
+    parse_ok(KS_API_COMPLETION, CMPL(",\"max_tokens\":3,\"stream\":true"), &r);
+    assert_string_equal(r.prompt, "once upon");
+    assert_null(r.prompt_tokens);
+    assert_int_equal(r.max_tokens, 3);
+    assert_true(r.stream);
+    ks_api_request_free(&r);
+
+    parse_ok(KS_API_COMPLETION, "{\"prompt\":[\"only one\"]}", &r);
+    assert_string_equal(r.prompt, "only one");
+    ks_api_request_free(&r);
+
+    parse_ok(KS_API_COMPLETION, "{\"prompt\":[1,2,300]}", &r);
+    assert_null(r.prompt);
+    assert_int_equal(r.n_prompt_tokens, 3);
+    assert_int_equal(r.prompt_tokens[2], 300);
+    ks_api_request_free(&r);
+}
+
+/* The body need not be NUL-terminated: only len bytes are read. */
+static void test_body_length(void **state) {
+    (void)state;
+    const char *s = CHAT("") "GARBAGE";
+    ks_api_request r;
+    ks_api_error e;
+    assert_int_equal(ks_api_parse(KS_API_CHAT, s, strlen(s) - 7, &r, &e), 0);
+    ks_api_request_free(&r);
+    assert_int_equal(ks_api_parse(KS_API_CHAT, s, strlen(s), &r, &e), KS_EINVAL);
+    assert_int_equal(e.status, 400);
+}
+
+/* ---------------------------------------------------------------- errors */
+static void test_error_json(void **state) {
+    (void)state;
+    ks_api_error e;
+    ks_api_error_set(&e, 400, "invalid_request_error", "invalid_type", "temperature", "bad %s", "thing");
+    json_t *o = ks_api_error_json(&e);
+    assert_non_null(o);
+    json_t *err = json_object_get(o, "error");
+    assert_true(json_is_object(err));
+    assert_string_equal(json_string_value(json_object_get(err, "message")), "bad thing");
+    assert_string_equal(json_string_value(json_object_get(err, "type")), "invalid_request_error");
+    assert_string_equal(json_string_value(json_object_get(err, "param")), "temperature");
+    assert_string_equal(json_string_value(json_object_get(err, "code")), "invalid_type");
+    json_decref(o);
+
+    /* No param, no code: both null (OpenAI's shape keeps the keys). */
+    ks_api_error_set(&e, 503, "server_error", NULL, NULL, "busy");
+    o = ks_api_error_json(&e);
+    err = json_object_get(o, "error");
+    assert_true(json_is_null(json_object_get(err, "param")));
+    assert_true(json_is_null(json_object_get(err, "code")));
+    json_decref(o);
+
+    /* A message cut inside a UTF-8 character still encodes. */
+    ks_api_error_set(&e, 400, "invalid_request_error", "x", NULL, "%s", "caf\xc3");
+    o = ks_api_error_json(&e);
+    assert_non_null(o);
+    assert_non_null(json_string_value(json_object_get(json_object_get(o, "error"), "message")));
+    json_decref(o);
+}
+
+/* A long unknown role is quoted, cut, and the error still renders. */
+static void test_long_role(void **state) {
+    (void)state;
+    char body[2048];
+    char role[600];
+    memset(role, 'r', sizeof role - 1);
+    role[sizeof role - 1] = '\0';
+    snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"%s\",\"content\":\"x\"}]}", role);
+    expect_bad(KS_API_CHAT, body, 400, "invalid_value", "messages[0].role");
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bad_json),      cmocka_unit_test(test_bad_messages),
+        cmocka_unit_test(test_bad_sampling),  cmocka_unit_test(test_bad_stop),
+        cmocka_unit_test(test_bad_prompt),    cmocka_unit_test(test_chat_defaults),
+        cmocka_unit_test(test_chat_fields),   cmocka_unit_test(test_content_parts),
+        cmocka_unit_test(test_stop_parsing),  cmocka_unit_test(test_prompt_forms),
+        cmocka_unit_test(test_body_length),   cmocka_unit_test(test_error_json),
+        cmocka_unit_test(test_long_role),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
