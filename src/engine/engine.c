@@ -177,6 +177,10 @@ int ks_engine_open(const ks_engine_params *p, ks_engine **out, char *err, size_t
     int n_train = llama_model_n_ctx_train(e->model);
     if (n_train > 0 && n_ctx_seq > n_train) n_ctx_seq = n_train;
     int n_batch = p->n_batch > 0 ? p->n_batch : 512;
+    /* The scheduler decodes every generating sequence as two rows (see the
+     * note on exactness in sched.c): a batch must hold two rows per sequence
+     * plus a prefill chunk. */
+    if (n_batch < 2 * p->n_seq + 2) n_batch = 2 * p->n_seq + 2;
     int n_threads = p->n_threads > 0 ? p->n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (n_threads < 1) n_threads = 1;
 
@@ -231,9 +235,11 @@ const char *ks_engine_model_desc(const ks_engine *e) { return e->desc; }
 const char *ks_engine_model_name(const ks_engine *e) { return e->name; }
 
 void ks_engine_kv_params(const ks_engine *e, char *buf, size_t n) {
-    snprintf(buf, n, "type_k=%s;type_v=%s;fa=%d;n_ctx_seq=%d;kv_unified=0;state_v=%d",
+    /* n_seq too: llama's sequence-state blob differs with the number of
+     * sequences, and a blob of another layout is refused at restore. */
+    snprintf(buf, n, "type_k=%s;type_v=%s;fa=%d;n_ctx_seq=%d;n_seq=%d;kv_unified=0;state_v=%d",
              ggml_type_name((enum ggml_type)e->type_k), ggml_type_name((enum ggml_type)e->type_v),
-             (int)e->flash_attn, e->n_ctx_seq, LLAMA_STATE_SEQ_VERSION);
+             (int)e->flash_attn, e->n_ctx_seq, e->n_seq, LLAMA_STATE_SEQ_VERSION);
 }
 
 uint32_t ks_engine_state_version(void) { return LLAMA_STATE_SEQ_VERSION; }
