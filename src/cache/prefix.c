@@ -23,3 +23,9 @@ int ks_prefix_align_down(int n, int stride) {
     if (stride <= 0) return n;
     return n - n % stride;
 }
+
+int ks_prefix_kv_after(int n_prompt, int n_generated, bool ended_eog) {
+    if (n_prompt < 0) n_prompt = 0;
+    if (n_generated <= 0) return n_prompt;
+    return n_prompt + (ended_eog ? n_generated : n_generated - 1);
+}

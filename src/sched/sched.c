@@ -24,6 +24,7 @@
  */
 #include "sched/sched.h"
 
+#include <assert.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -138,8 +139,11 @@ static void store_save(ks_sched *s, slot *sl, ks_reason why, bool sync);
 /* Ends slot's request: on_done, then the slot becomes idle. Inference thread. */
 static void publish_locked(ks_sched *s);
 
-static void finish(ks_sched *s, slot *sl, ks_finish f, int err) {
+static void finish(ks_sched *s, slot *sl, ks_finish f, int err, bool eog) {
     sreq *r = sl->r;
+    /* Invariant S1 and the bookkeeping rule of prefix.h, checked in debug builds. */
+    assert((f != KS_FINISH_STOP && f != KS_FINISH_LENGTH) ||
+           sl->tokens.n == ks_prefix_kv_after(r->prompt.n, sl->n_generated, eog));
     if (s->p.store && (f == KS_FINISH_STOP || f == KS_FINISH_LENGTH) && r->p.cache_prompt && s->p.cache_prompt)
         store_save(s, sl, KS_REASON_FINISH, false);
     double now = ks_now_ms();
@@ -504,7 +508,7 @@ static void fail_slot(ks_sched *s, slot *sl, int err) {
     ks_tokens_truncate(&sl->tokens, 0);
     sl->msg_hash = 0;
     sl->n_msgs_cached = 0;
-    finish(s, sl, KS_FINISH_ERROR, err);
+    finish(s, sl, KS_FINISH_ERROR, err, false);
 }
 
 static void sample_slot(ks_sched *s, slot *sl) {
@@ -522,7 +526,7 @@ static void sample_slot(ks_sched *s, slot *sl) {
         sl->state = ST_GEN;
     }
     if (ks_engine_is_eog(s->e, tok)) {
-        finish(s, sl, KS_FINISH_STOP, 0);
+        finish(s, sl, KS_FINISH_STOP, 0, true);
         return;
     }
     sl->n_generated++;
@@ -531,11 +535,11 @@ static void sample_slot(ks_sched *s, slot *sl) {
     if (n > (int)sizeof piece) n = 0; /* no token renders longer than this in practice */
     int stop = r->p.on_token ? r->p.on_token(r->p.ud, tok, piece, n) : 0;
     if (stop) {
-        finish(s, sl, KS_FINISH_STOP, 0);
+        finish(s, sl, KS_FINISH_STOP, 0, false);
     } else if (atomic_load(&r->cancel)) {
-        finish(s, sl, KS_FINISH_CANCEL, 0);
+        finish(s, sl, KS_FINISH_CANCEL, 0, false);
     } else if (sl->n_generated >= r->p.max_tokens) {
-        finish(s, sl, KS_FINISH_LENGTH, 0);
+        finish(s, sl, KS_FINISH_LENGTH, 0, false);
     } else {
         sl->next_tok = tok;
     }
@@ -589,7 +593,7 @@ static void step(ks_sched *s) {
         sl->pad_pos = -1;
         if (sl->state == ST_IDLE) continue;
         if (atomic_load(&sl->r->cancel)) {
-            finish(s, sl, KS_FINISH_CANCEL, 0);
+            finish(s, sl, KS_FINISH_CANCEL, 0, false);
             continue;
         }
         if (sl->state != ST_GEN) continue;

@@ -48,11 +48,33 @@ static void test_align_down(void **state) {
     assert_int_equal(ks_prefix_align_down(1000, 1), 1000);
 }
 
+/* Token bookkeeping after generation: a turn of 10 prompt tokens that
+ * generated 4 tokens holds 13 (the 4th was sampled, never fed back) when it
+ * stopped on max_tokens or a stop string, and 14 when it then sampled an
+ * end-of-generation token; the next turn's prompt then reuses exactly that. */
+static void test_kv_after_generation(void **state) {
+    (void)state;
+    assert_int_equal(ks_prefix_kv_after(10, 4, false), 13);
+    assert_int_equal(ks_prefix_kv_after(10, 4, true), 14);
+    assert_int_equal(ks_prefix_kv_after(10, 1, false), 10);
+    assert_int_equal(ks_prefix_kv_after(10, 0, true), 10);  /* EOG as the first token */
+    assert_int_equal(ks_prefix_kv_after(10, 0, false), 10);
+    assert_int_equal(ks_prefix_kv_after(-3, 0, false), 0);
+    /* a follow-up prompt = prompt + the 4 generated tokens + 5 new ones */
+    int32_t kv[13], next[19];
+    for (int i = 0; i < 19; i++) next[i] = 100 + i;
+    for (int i = 0; i < 13; i++) kv[i] = next[i];
+    int common = ks_prefix_common(kv, ks_prefix_kv_after(10, 4, false), next, 19);
+    assert_int_equal(common, 13);
+    assert_int_equal(ks_prefix_reuse(common, 19), 13); /* decode the 4th reply token + 5 new */
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_common),
         cmocka_unit_test(test_reuse_keeps_one_token_to_decode),
         cmocka_unit_test(test_align_down),
+        cmocka_unit_test(test_kv_after_generation),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
