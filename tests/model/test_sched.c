@@ -17,48 +17,7 @@
 #include "cache/prefix.h"
 #include "engine/engine.h"
 #include "sched/sched.h"
-
-typedef struct run {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    bool done;
-    ks_req_result res;
-    ks_tokens out;
-} run;
-
-static int on_token(void *ud, int32_t tok, const char *piece, int len) {
-    (void)piece;
-    (void)len;
-    ks_tokens_push(&((run *)ud)->out, tok);
-    return 0;
-}
-
-static void on_done(void *ud, const ks_req_result *r) {
-    run *x = ud;
-    pthread_mutex_lock(&x->mu);
-    x->res = *r;
-    x->done = true;
-    pthread_cond_signal(&x->cv);
-    pthread_mutex_unlock(&x->mu);
-}
-
-static void run_init(run *x) {
-    memset(x, 0, sizeof *x);
-    pthread_mutex_init(&x->mu, NULL);
-    pthread_cond_init(&x->cv, NULL);
-}
-
-static void run_wait(run *x) {
-    pthread_mutex_lock(&x->mu);
-    while (!x->done) pthread_cond_wait(&x->cv, &x->mu);
-    pthread_mutex_unlock(&x->mu);
-}
-
-static void run_free(run *x) {
-    ks_tokens_free(&x->out);
-    pthread_mutex_destroy(&x->mu);
-    pthread_cond_destroy(&x->cv);
-}
+#include "run_util.h"
 
 static void submit(ks_sched *s, const ks_tokens *prompt, bool cache, int max_tokens, run *x) {
     ks_req_params p = {0};
@@ -68,8 +27,8 @@ static void submit(ks_sched *s, const ks_tokens *prompt, bool cache, int max_tok
     p.sample = ks_sample_params_default();
     p.cache_prompt = cache;
     p.preferred_slot = -1;
-    p.on_token = on_token;
-    p.on_done = on_done;
+    p.on_token = run_on_token;
+    p.on_done = run_on_done;
     p.ud = x;
     assert_int_equal(ks_sched_submit(s, &p, NULL), 0);
 }

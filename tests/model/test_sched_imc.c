@@ -18,30 +18,7 @@
 #include "cache/spc.h"
 #include "engine/engine.h"
 #include "sched/sched.h"
-
-typedef struct run {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    bool done;
-    ks_req_result res;
-    ks_tokens out;
-} run;
-
-static int on_token(void *ud, int32_t tok, const char *piece, int len) {
-    (void)piece;
-    (void)len;
-    ks_tokens_push(&((run *)ud)->out, tok);
-    return 0;
-}
-
-static void on_done(void *ud, const ks_req_result *r) {
-    run *x = ud;
-    pthread_mutex_lock(&x->mu);
-    x->res = *r;
-    x->done = true;
-    pthread_cond_signal(&x->cv);
-    pthread_mutex_unlock(&x->mu);
-}
+#include "run_util.h"
 
 typedef struct conv {
     ks_msg m[16];
@@ -54,9 +31,7 @@ static ks_sched *g_cold;
 
 /* Renders, hashes and submits a conversation; waits; returns the result. */
 static void ask(ks_sched *s, const conv *c, bool cache, int slot, bool with_sys, run *x) {
-    memset(x, 0, sizeof *x);
-    pthread_mutex_init(&x->mu, NULL);
-    pthread_cond_init(&x->cv, NULL);
+    run_init(x);
     char *text = NULL;
     assert_int_equal(ks_engine_template(g_e, c->m, (size_t)c->n, true, &text), 0);
     ks_tokens toks = {0}, sys = {0};
@@ -85,22 +60,14 @@ static void ask(ks_sched *s, const conv *c, bool cache, int slot, bool with_sys,
         p.sys_key = ks_msghash_system("system", c->m[0].content, "tiny");
         p.n_sys_tokens = ks_prefix_common(sys.v, sys.n, toks.v, toks.n) == sys.n ? sys.n : 0;
     }
-    p.on_token = on_token;
-    p.on_done = on_done;
+    p.on_token = run_on_token;
+    p.on_done = run_on_done;
     p.ud = x;
     assert_int_equal(ks_sched_submit(s, &p, NULL), 0);
-    pthread_mutex_lock(&x->mu);
-    while (!x->done) pthread_cond_wait(&x->cv, &x->mu);
-    pthread_mutex_unlock(&x->mu);
+    run_wait(x);
     assert_int_not_equal(x->res.finish, KS_FINISH_ERROR);
     ks_tokens_free(&toks);
     ks_tokens_free(&sys);
-}
-
-static void run_free(run *x) {
-    ks_tokens_free(&x->out);
-    pthread_mutex_destroy(&x->mu);
-    pthread_cond_destroy(&x->cv);
 }
 
 static void assert_same_output(const run *a, const run *b) {
