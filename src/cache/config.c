@@ -22,7 +22,7 @@
  *    somewhere unexpected.
  *  - Error messages name the key path and the line (1-based) of the offending
  *    node: "unknown key 'store.tiers.ram.maxbytes' at line 7",
- *    "'port' at line 3: expected an integer 1..65535, got 'abc'".
+ *    "'port' at line 3: expected an integer 0..65535, got 'abc'".
  */
 #include "cache/config.h"
 
@@ -375,7 +375,7 @@ typedef struct field {
 static const field k_top_fields[] = {
     FS(ks_config, model, F_PATH),
     FS(ks_config, host, F_STR),
-    FI(ks_config, port, 1, 65535),
+    FI(ks_config, port, 0, 65535), /* 0: any free port */
     FI(ks_config, slots, 1, 64),
     FI(ks_config, ctx, 64, 1048576),
     FI(ks_config, batch, 1, 65536),

@@ -254,6 +254,7 @@ int ks_cmd_serve(int argc, char **argv) {
     /* A models.<name> entry may set slots; the --slots flag still wins. The
      * entry is matched by file name first (the engine, which knows
      * general.name, is sized by the slot count), then again below. */
+    int top_slots = cfg.slots; /* before any models entry touches it */
     ks_config_resolve_model(&cfg, NULL, cfg.model);
     if (f.slots >= 0) cfg.slots = (int)f.slots;
 
@@ -276,6 +277,9 @@ int ks_cmd_serve(int argc, char **argv) {
     if (open_engine(&cfg, f.flash_attn, &e)) goto done;
     {
         ks_config by_name = cfg;
+        /* Resolve from the top-level slots again: the file-name entry applied
+         * above must not leak its slots into an entry matched by name. */
+        by_name.slots = top_slots;
         ks_config_resolve_model(&by_name, ks_engine_model_name(e), cfg.model);
         cfg.cache = by_name.cache;
         if (f.slots < 0 && by_name.slots != cfg.slots) {

@@ -267,13 +267,13 @@ static void test_unknown_keys(void **state) {
 
 static void test_wrong_types(void **state) {
     (void)state;
-    expect_error("host: h\n\nport: abc\n", "'port' at line 3: expected an integer 1..65535, got 'abc'");
+    expect_error("host: h\n\nport: abc\n", "'port' at line 3: expected an integer 0..65535, got 'abc'");
     expect_error("slots: 2.5\n", "'slots' at line 1: expected an integer 1..64, got '2.5'");
     expect_error("cache_prompt: maybe\n", "'cache_prompt' at line 1: expected true or false, got 'maybe'");
     expect_error("affinity_min: lots\n", "'affinity_min' at line 1: expected a number 0..1");
     expect_error("host: [a, b]\n", "'host' at line 1: expected a non-empty string, got a sequence");
     expect_error("host: ''\n", "'host' at line 1: expected a non-empty string, got ''");
-    expect_error("port: { a: 1 }\n", "'port' at line 1: expected an integer 1..65535, got a mapping");
+    expect_error("port: { a: 1 }\n", "'port' at line 1: expected an integer 0..65535, got a mapping");
     expect_error("models: [a]\n", "'models' at line 1: expected a mapping, got a sequence");
     expect_error("models:\n  default: 3\n", "'models.default' at line 2: expected a mapping, got '3'");
     expect_error("store:\n  tiers:\n    ram: 5\n", "'store.tiers.ram' at line 3: expected a mapping");
@@ -287,8 +287,8 @@ static void test_wrong_types(void **state) {
 
 static void test_out_of_range(void **state) {
     (void)state;
-    expect_error("port: 0\n", "'port' at line 1: expected an integer 1..65535, got '0'");
-    expect_error("port: 65536\n", "'port' at line 1: expected an integer 1..65535, got '65536'");
+    expect_error("port: -1\n", "'port' at line 1: expected an integer 0..65535, got '-1'");
+    expect_error("port: 65536\n", "'port' at line 1: expected an integer 0..65535, got '65536'");
     expect_error("slots: 65\n", "'slots' at line 1: expected an integer 1..64");
     expect_error("ctx: 63\n", "'ctx' at line 1: expected an integer 64..1048576");
     expect_error("ctx: 99999999999999999999\n", "'ctx' at line 1: expected an integer 64..1048576");
