@@ -164,7 +164,10 @@ int ks_route_select(const ks_route_slot *slots, int n_slots, const ks_route_req 
     r.n_reuse = ks_prefix_reuse(r.n_common, req->n_tokens);
 
     if (r.mode == KS_ROUTE_MISS) {
-        const char *why = n_best > 0 ? "below-threshold" : s->n_tokens == 0 ? "no-slot" : "evicted";
+        /* A taken-over slot is an eviction whatever it shared (chat prompts
+         * share at least the start token and the first header); on an empty
+         * slot, say whether some slot came close. */
+        const char *why = s->n_tokens > 0 ? "evicted" : n_best > 0 ? "below-threshold" : "no-slot";
         snprintf(r.reason, sizeof r.reason, "%s", why);
     } else if (r.n_reuse < req->n_tokens - 1 && r.n_common < s->n_tokens) {
         snprintf(r.reason, sizeof r.reason, "diverged-at-token-%d", r.n_common);
