@@ -283,3 +283,175 @@ export async function slots(srv, headers = {}) {
   assert.equal(r.status, 200);
   return r.json;
 }
+
+// ---------------------------------------------------------------------------
+// Persistent store helpers (store.test.mjs).
+
+// Writes a YAML config with a `store:` section into file and returns its path.
+// cacheDir and shmDir are required: a test never uses ~/.cache or /dev/shm.
+// tiers: { ram, shm, disk } budgets in bytes; reasons: { cold: 'disk', ... }.
+export async function writeStoreConfig(file, { cacheDir, shmDir, stride = 16, minTokens = 32,
+  continuedInterval, shutdownTimeoutMs, tiers = {}, reasons = {} }) {
+  const { writeFileSync } = await import('node:fs');
+  assert.ok(cacheDir && shmDir, 'writeStoreConfig needs cacheDir and shmDir');
+  const lines = ['store:', '  enabled: true', `  cache_dir: ${cacheDir}`, `  shm_dir: ${shmDir}`,
+    `  stride: ${stride}`, `  min_tokens: ${minTokens}`];
+  if (continuedInterval !== undefined) lines.push(`  continued_interval: ${continuedInterval}`);
+  if (shutdownTimeoutMs !== undefined) lines.push(`  shutdown_timeout_ms: ${shutdownTimeoutMs}`);
+  const t = Object.entries(tiers);
+  if (t.length) {
+    lines.push('  tiers:');
+    for (const [k, v] of t) lines.push(`    ${k}: { max_bytes: ${v} }`);
+  }
+  const r = Object.entries(reasons);
+  if (r.length) lines.push(`  reasons: { ${r.map(([k, v]) => `${k}: ${v}`).join(', ')} }`);
+  writeFileSync(file, lines.join('\n') + '\n');
+  return file;
+}
+
+const sumPrefix = (m, prefix) => [...m].filter(([k]) => k.startsWith(prefix)).reduce((a, [, v]) => a + v, 0);
+
+// Waits until the store has processed every save the scheduler handed it:
+// nothing queued, and every save request accounted for (written or not written,
+// with its cause). Returns the final metrics.
+export async function settleStore(srv, timeoutMs = 30000) {
+  let last;
+  try {
+    return await until(async () => {
+      const m = (last = await metrics(srv));
+      const asked = sumPrefix(m, 'kvstash_store_save_requests_total{');
+      const done = sumPrefix(m, 'kvstash_store_saves_total{') + sumPrefix(m, 'kvstash_store_saves_not_written_total{');
+      return m.get('kvstash_store_queued_saves') === 0 && done === asked ? m : null;
+    }, 'the store writer to finish its queue', timeoutMs, 25);
+  } catch (e) {
+    const lines = last ? [...last].filter(([k]) => k.startsWith('kvstash_store')).map(([k, v]) => `${k} ${v}`) : [];
+    throw new Error(`${e.message}\n${lines.join('\n')}`);
+  }
+}
+
+// Sum of a metric family's samples ("kvstash_store_saves_total" -> every reason).
+export function metricSum(m, name) { return sumPrefix(m, name + '{'); }
+
+// Published kvfiles (<64 hex>.kvs) and temp files (.*.tmp) of a tier directory.
+export async function kvFiles(dir) {
+  const { readdirSync, existsSync } = await import('node:fs');
+  if (!existsSync(dir)) return [];
+  return readdirSync(dir).filter((f) => /^[0-9a-f]{64}\.kvs$/.test(f)).sort();
+}
+export async function tempFiles(dir) {
+  const { readdirSync, existsSync } = await import('node:fs');
+  if (!existsSync(dir)) return [];
+  return readdirSync(dir).filter((f) => f.endsWith('.tmp'));
+}
+
+// The fixed part of a kvfile header (docs/kvfile-format.md).
+export function kvHeader(buf) {
+  assert.ok(buf.length >= 160, `kvfile of ${buf.length} bytes`);
+  return {
+    magic: buf.subarray(0, 8).toString('latin1'),
+    version: buf.readUInt32LE(8),
+    headerLen: buf.readUInt32LE(12),
+    stateVersion: buf.readUInt32LE(16),
+    reason: buf.readUInt32LE(20),
+    nTokens: buf.readUInt32LE(24),
+    flags: buf.readUInt32LE(28),
+    payloadLen: Number(buf.readBigUInt64LE(32)),
+    modelFp: buf.subarray(48, 80).toString('hex'),
+    key: buf.subarray(112, 144).toString('hex'),
+    headerCheck: buf.readBigUInt64LE(152),
+  };
+}
+
+// XXH3-64 (seed 0, default secret) for inputs of 129..240 bytes — enough to
+// recompute a kvfile's 152-byte header check. The kvfile format stores a
+// computed 0 as "KVSTASH0" (kvNonzero).
+const XXH3_SECRET = Buffer.from(
+  'b8fe6c3923a44bbe7c01812cf721ad1cded46de9839097db7240a4a4b7b3671fcb79e64eccc0e578825ad07dccff7221' +
+  'b8084674f743248ee03590e6813a264c3c2852bb91c300cb88d0658b1b532ea371644897a20df94e3819ef46a9deacd8' +
+  'a8fa763fe39c343ff9dcbbc7c70b4f1d8a51e04bcdb45931c89f7ec9d9787364eac5ac8334d3ebc3c581a0fffa1363eb' +
+  '170ddd51b7f0da49d316552629d4689e2b16be587d47a1fc8ff8b8d17ad031ce45cb3a8f95160428afd7fbcabb4b407e', 'hex');
+const M64 = (1n << 64n) - 1n;
+function xxhMix16(buf, off, soff) {
+  const lo = buf.readBigUInt64LE(off) ^ XXH3_SECRET.readBigUInt64LE(soff);
+  const hi = buf.readBigUInt64LE(off + 8) ^ XXH3_SECRET.readBigUInt64LE(soff + 8);
+  const p = lo * hi;
+  return ((p & M64) ^ (p >> 64n)) & M64;
+}
+function xxhAvalanche(h) {
+  h ^= h >> 37n;
+  h = (h * 0x165667919E3779F9n) & M64;
+  return h ^ (h >> 32n);
+}
+export function xxh3_64(buf) {
+  const len = buf.length;
+  assert.ok(len >= 129 && len <= 240, 'xxh3_64 here only handles 129..240 bytes');
+  let acc = (BigInt(len) * 0x9E3779B185EBCA87n) & M64;
+  for (let i = 0; i < 8; i++) acc = (acc + xxhMix16(buf, 16 * i, 16 * i)) & M64;
+  acc = xxhAvalanche(acc);
+  for (let i = 8; i < Math.floor(len / 16); i++) acc = (acc + xxhMix16(buf, 16 * i, 16 * (i - 8) + 3)) & M64;
+  acc = (acc + xxhMix16(buf, len - 16, 136 - 17)) & M64;
+  return xxhAvalanche(acc);
+}
+export const kvNonzero = (h) => (h === 0n ? 0x4b56535441534830n : h);
+
+// Runs `kvstash ARGS...` to completion: { code, stdout, stderr }.
+export async function runBin(args, { timeoutMs = 60000 } = {}) {
+  requireEnv();
+  const { spawnSync } = await import('node:child_process');
+  const r = spawnSync(BIN, args, { encoding: 'utf8', timeout: timeoutMs, env: { ...process.env, GGML_NO_BACKTRACE: '1' } });
+  if (r.error) throw r.error;
+  return { code: r.status, signal: r.signal, stdout: r.stdout, stderr: r.stderr };
+}
+
+// ---------------------------------------------------------------------------
+// Helpers of the cache tests (imc, spc, config).
+
+// The tiny model's chat template (ChatML, src/engine/mkmodel.c), rendered in
+// JS: the tests derive expected token counts from it with countTokens().
+export function chatml(messages, addGenerationPrompt = true) {
+  let s = '';
+  for (const m of messages) s += `<|im_start|>${m.role}\n${m.content}<|im_end|>\n`;
+  return addGenerationPrompt ? s + '<|im_start|>assistant\n' : s;
+}
+
+// Tokens of `text` as the server tokenizes a prompt (BOS included, special
+// tokens parsed): usage.prompt_tokens of a 1-token completion. Use a server
+// whose cache does not matter (the --no-cache-prompt reference): a completion
+// takes a slot like any request.
+export async function countTokens(srv, text) {
+  const r = await postJSON(srv, '/v1/completions', { prompt: text, max_tokens: 1, temperature: 0 });
+  assert.equal(r.status, 200, `countTokens: ${r.status} ${r.text}`);
+  return r.json.usage.prompt_tokens;
+}
+
+// Writes a YAML config into a per-process temporary directory (removed at
+// exit) and returns its path.
+import { mkdtempSync as cfgMkdtemp, writeFileSync as cfgWrite, rmSync as cfgRm } from 'node:fs';
+import { tmpdir as cfgTmpdir } from 'node:os';
+import { join as cfgJoin } from 'node:path';
+let cfgDir = null;
+let cfgN = 0;
+export function writeConfig(yaml) {
+  if (!cfgDir) {
+    cfgDir = cfgMkdtemp(cfgJoin(cfgTmpdir(), 'kvstash-e2e-cfg-'));
+    process.on('exit', () => { try { cfgRm(cfgDir, { recursive: true, force: true }); } catch { /* gone */ } });
+  }
+  const p = cfgJoin(cfgDir, `c${++cfgN}.yaml`);
+  cfgWrite(p, yaml);
+  return p;
+}
+
+// The reply text of a chat completion.
+export const replyOf = (r) => r.choices[0].message.content;
+
+// Asserts a cached reply equals the reference server's reply to the same request.
+export function assertSameReply(got, ref, what) {
+  assert.equal(replyOf(got), replyOf(ref), `${what}: text differs from the uncached reference`);
+  assert.equal(got.choices[0].finish_reason, ref.choices[0].finish_reason, `${what}: finish_reason`);
+  assert.equal(got.usage.completion_tokens, ref.usage.completion_tokens, `${what}: completion_tokens`);
+  assert.equal(got.usage.prompt_tokens, ref.usage.prompt_tokens, `${what}: prompt_tokens`);
+}
+
+// Value of a metric (0 when absent) and the difference between two scrapes.
+export const metric = (m, name) => m.get(name) ?? 0;
+export const mdelta = (a, b, name) => metric(b, name) - metric(a, name);
