@@ -439,7 +439,7 @@ static void plan(ks_sched *s, slot *sl) {
     } else if (n_reuse < sl->tokens.n) {
         if (rt->mode == KS_ROUTE_IMC_TOKEN_PREFIX)
             KS_DEBUG("imc", "imc-trim-prefix slot[%d]: cached_tokens=%d trim_pos=%d", sl->id, sl->tokens.n, n_reuse);
-        if (!ks_engine_seq_rm(s->e, sl->id, n_reuse, -1)) {
+        if (s->p.simulate_no_partial_rm || !ks_engine_seq_rm(s->e, sl->id, n_reuse, -1)) {
             /* Recurrent/hybrid memory cannot drop a suffix: rebuild. */
             KS_DEBUG(MOD, "slot[%d] partial removal unsupported, rebuilding", sl->id);
             ks_engine_seq_clear(s->e, sl->id);

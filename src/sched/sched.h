@@ -65,6 +65,10 @@ typedef struct ks_sched_params {
     int continued_interval;    /* 0: no continued saves (default 512) */
     int store_min_tokens;      /* no save below this (default 256) */
     bool save_on_shutdown;     /* default true */
+    /* Tests only: behave as if the memory could not remove a partial range
+     * (recurrent/hybrid models), to exercise the full-rebuild fallback on
+     * models that can. */
+    bool simulate_no_partial_rm;
 } ks_sched_params;
 
 ks_sched_params ks_sched_params_default(void);

@@ -55,14 +55,17 @@ static ks_engine *open_engine(int n_seq) {
     return e;
 }
 
-static ks_sched *open_sched(ks_engine *e, int n_slots) {
+static ks_sched *open_sched_ex(ks_engine *e, int n_slots, bool no_partial_rm) {
     ks_sched_params sp = ks_sched_params_default();
     sp.engine = e;
     sp.n_slots = n_slots;
+    sp.simulate_no_partial_rm = no_partial_rm;
     ks_sched *s = NULL;
     assert_int_equal(ks_sched_create(&sp, &s), 0);
     return s;
 }
+
+static ks_sched *open_sched(ks_engine *e, int n_slots) { return open_sched_ex(e, n_slots, false); }
 
 /* One request, waited for. */
 static void once(ks_sched *s, const ks_tokens *prompt, bool cache, int max_tokens, run *x) {
@@ -187,6 +190,52 @@ static void test_batching_is_exact(void **st) {
     ks_engine_free(e2);
 }
 
+/* Memory that cannot drop a suffix (recurrent/hybrid models; simulated):
+ * a divergent prompt rebuilds the slot from scratch — never a wrong answer —
+ * while a prompt that only extends the slot still reuses it. */
+static void test_no_partial_rm_rebuilds(void **st) {
+    (void)st;
+    ks_engine *e = open_engine(1);
+    ks_sched *s = open_sched_ex(e, 1, true);
+    ks_msg a[] = {{"system", "You are a helpful assistant for testing caches."},
+                  {"user", "first question about apples and pears"}};
+    ks_msg b[] = {{"system", "You are a helpful assistant for testing caches."},
+                  {"user", "first question about apples and plums"}};
+    ks_tokens pa = {0}, pb = {0};
+    prompt_of(e, a, 2, &pa);
+    prompt_of(e, b, 2, &pb);
+    run ra, rb, rc2, cold;
+    once(s, &pa, true, 12, &ra);
+    once(s, &pb, true, 12, &rb); /* diverges inside the slot: full rebuild */
+    assert_int_equal(rb.res.n_cached, 0);
+    assert_string_equal(rb.res.cache_mode, "miss");
+    assert_string_equal(rb.res.cache_reason, "partial-rm-unsupported");
+    once(s, &pb, false, 12, &cold);
+    assert_int_equal(rb.out.n, cold.out.n);
+    assert_memory_equal(rb.out.v, cold.out.v, sizeof(int32_t) * (size_t)cold.out.n);
+    /* an extension of what the slot holds needs no removal: reused */
+    ks_tokens ext = {0};
+    ks_tokens_assign(&ext, pb.v, pb.n);
+    ks_tokens_append(&ext, cold.out.v, cold.out.n); /* everything the slot holds, and more */
+    ks_tokens_append(&ext, pa.v + 1, 3);
+    int held = ks_prefix_kv_after(pb.n, cold.out.n, cold.res.finish == KS_FINISH_STOP);
+    once(s, &ext, true, 4, &rc2);
+    assert_int_equal(rc2.res.n_cached, held);
+    assert_string_equal(rc2.res.cache_mode, "prefix");
+    ks_sched_stats stt;
+    ks_sched_stats_get(s, &stt);
+    assert_int_equal((int)stt.partial_rm_rebuilds, 1);
+    run_free(&ra);
+    run_free(&rb);
+    run_free(&rc2);
+    run_free(&cold);
+    ks_tokens_free(&pa);
+    ks_tokens_free(&pb);
+    ks_tokens_free(&ext);
+    ks_sched_free(s);
+    ks_engine_free(e);
+}
+
 /* Bad submissions are refused with a code and nothing is queued. */
 static void test_submit_errors(void **st) {
     (void)st;
@@ -215,6 +264,7 @@ int main(void) {
         cmocka_unit_test(test_edited_message_trims_suffix),
         cmocka_unit_test(test_changed_system_prompt_is_miss),
         cmocka_unit_test(test_batching_is_exact),
+        cmocka_unit_test(test_no_partial_rm_rebuilds),
         cmocka_unit_test(test_submit_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
