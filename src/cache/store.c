@@ -634,6 +634,20 @@ static bool stored_anywhere(ks_store *s, const ks_key *key) {
     return false;
 }
 
+bool ks_store_wants(ks_store *s, ks_reason reason, const int32_t *tokens, int n) {
+    if (!s || (int)reason < 0 || reason >= KS_REASON__N || n <= 0 || !tokens) return false;
+    if (n < s->cfg.min_tokens) return false;
+    int t = s->cfg.reason_tier[reason];
+    if (t == KS_TIER_NONE || !s->tiers[t]) return false;
+    ks_key key;
+    if (ks_key_compute(s->fp, s->kv_params, s->kv_len, tokens, n, &key) != 0) return true;
+    if (stored_anywhere(s, &key)) return false;
+    pthread_mutex_lock(&s->mu);
+    bool queued = ks_keymap_get(&s->pending, &key) != NULL;
+    pthread_mutex_unlock(&s->mu);
+    return !queued;
+}
+
 int ks_store_save(ks_store *s, ks_reason reason, const int32_t *tokens, int n, uint8_t *payload,
                   size_t len, bool sync) {
     int rc = 0;

@@ -73,7 +73,6 @@ typedef struct slot {
     ks_route route;
     int snap_sys;        /* SPC: capture the state when n_past reaches this, -1: no */
     int snap_store;      /* store: cold save when n_past reaches this, -1: no */
-    int saved_n;         /* tokens.n when the slot's content was last saved to the store, -1 */
     /* published (under mu) */
     ks_slot_info info;
 } slot;
@@ -292,12 +291,16 @@ static uint8_t *snapshot(ks_sched *s, slot *sl, size_t *len) {
 
 /* Hands the slot's current KV (all of slot->tokens) to the store. */
 static void store_save(ks_sched *s, slot *sl, ks_reason why, bool sync) {
-    if (!s->p.store || sl->tokens.n < s->p.store_min_tokens || sl->tokens.n == sl->saved_n) return;
+    /* Ask the store first: nothing is copied for a reason that maps to no
+     * tier, or for a state it already holds (e.g. the finish save of the
+     * request that left this KV, when the slot is evicted later). */
+    if (!s->p.store || sl->tokens.n < s->p.store_min_tokens ||
+        !ks_store_wants(s->p.store, why, sl->tokens.v, sl->tokens.n))
+        return;
     size_t len = 0;
     uint8_t *buf = snapshot(s, sl, &len);
     if (!buf) return;
     int rc = ks_store_save(s->p.store, why, sl->tokens.v, sl->tokens.n, buf, len, sync); /* takes buf */
-    if (rc == 0) sl->saved_n = sl->tokens.n;
     pthread_mutex_lock(&s->mu);
     s->st.store_save_requests[why]++;
     pthread_mutex_unlock(&s->mu);
@@ -320,12 +323,10 @@ static bool store_restore(ks_sched *s, slot *sl, sreq *r, int *n_reuse) {
     if (ks_engine_state_set(s->e, sl->id, hit.payload, hit.payload_len) != 0) {
         KS_WARN(MOD, "slot[%d] stored state of %d tokens rejected by llama; prefilling", sl->id, hit.n_tokens);
         *n_reuse = 0;
-        sl->saved_n = -1;
         goto done;
     }
     ks_tokens_assign(&sl->tokens, r->prompt.v, hit.n_tokens);
     *n_reuse = hit.n_tokens;
-    sl->saved_n = hit.n_tokens; /* it is in the store already */
     double ms = ks_now_ms() - t0;
     ks_store_note_restore(s->p.store, ms);
     snprintf(r->res.cache_tier, sizeof r->res.cache_tier, "%s", ks_tier_name(hit.tier));
@@ -429,7 +430,7 @@ static void plan(ks_sched *s, slot *sl) {
     if (n_reuse > sl->tokens.n) n_reuse = sl->tokens.n;
     bool cache = r->p.cache_prompt && s->p.cache_prompt;
     /* evict (sync): the KV about to be dropped goes to the store first,
-     * unless it is there already (the finish save of its last request). */
+     * unless it is there already (store_save asks the store). */
     if (s->p.store && cache && n_reuse < sl->tokens.n) store_save(s, sl, KS_REASON_EVICT, true);
     /* A miss on a slot that held another branch: that branch is gone. */
     bool took_over = rt->mode == KS_ROUTE_MISS && sl->tokens.n > 0 && r->p.cache_prompt && s->p.cache_prompt;
@@ -452,7 +453,6 @@ static void plan(ks_sched *s, slot *sl) {
         }
         ks_tokens_truncate(&sl->tokens, n_reuse);
     }
-    if (n_reuse < sl->saved_n) sl->saved_n = -1;
     sl->snap_sys = -1;
     sl->snap_store = -1;
     int n_sys = r->p.n_sys_tokens;
@@ -761,7 +761,6 @@ int ks_sched_create(const ks_sched_params *p, ks_sched **out) {
     if (!s->slots || !s->clear_pending || !s->batch || !s->logits_copy) goto nomem;
     for (int i = 0; i < s->n_slots; i++) {
         s->slots[i].id = i;
-        s->slots[i].saved_n = -1;
         s->slots[i].snap_sys = s->slots[i].snap_store = -1;
     }
     pthread_mutex_init(&s->mu, NULL);
