@@ -248,7 +248,11 @@ static int do_save(ks_store *s, job *j) {
         atomic_fetch_add(&s->dedup_saves, 1);
         return 0;
     }
-    /* Make room first, so that the tier never holds more than its budget. */
+    /* Make room first, so that the tier never holds more than its budget.
+     * Another process may have saved into the same directory since we last
+     * looked (one stat tells): count its files too, or two writers would
+     * each fill the budget. */
+    ks_tier_rescan(tier, 0);
     evict_tier(s, t, budget - need);
     ks_kvfile_meta m;
     memset(&m, 0, sizeof m);
