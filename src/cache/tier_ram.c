@@ -194,7 +194,7 @@ int ks_tier_evict(ks_tier *t, uint64_t max_bytes, void (*cb)(void *ud, const ks_
         else
             all[k++] = e;
     }
-    qsort(all, k, sizeof *all, lru_cmp);
+    if (k) qsort(all, k, sizeof *all, lru_cmp);
     for (size_t i = 0; i < k && live > max_bytes; i++) {
         all[i]->bad = true;
         v[n].info = all[i]->info;

@@ -277,7 +277,7 @@ static int cmd_ls(const opts *o) {
         free(r.v);
         return 1;
     }
-    qsort(r.v, r.n, sizeof *r.v, row_cmp);
+    if (r.n) qsort(r.v, r.n, sizeof *r.v, row_cmp); /* r.v is NULL when empty: UB for qsort */
     int64_t now = now_us();
     printf("%-12s %8s %9s %-4s %-9s %6s %6s %6s %-8s\n", "KEY", "TOKENS", "BYTES", "TIER", "REASON", "AGE",
            "IDLE", "HITS", "MODEL");
