@@ -640,16 +640,26 @@ static bool stored_anywhere(ks_store *s, const ks_key *key) {
 
 bool ks_store_wants(ks_store *s, ks_reason reason, const int32_t *tokens, int n) {
     if (!s || (int)reason < 0 || reason >= KS_REASON__N || n <= 0 || !tokens) return false;
-    if (n < s->cfg.min_tokens) return false;
+    /* A "no" is accounted as the save would have been: small, dropped or dedup. */
+    if (n < s->cfg.min_tokens) {
+        atomic_fetch_add(&s->small_saves, 1);
+        return false;
+    }
     int t = s->cfg.reason_tier[reason];
-    if (t == KS_TIER_NONE || !s->tiers[t]) return false;
+    if (t == KS_TIER_NONE || !s->tiers[t]) {
+        atomic_fetch_add(&s->dropped_saves, 1);
+        return false;
+    }
     ks_key key;
     if (ks_key_compute(s->fp, s->kv_params, s->kv_len, tokens, n, &key) != 0) return true;
-    if (stored_anywhere(s, &key)) return false;
-    pthread_mutex_lock(&s->mu);
-    bool queued = ks_keymap_get(&s->pending, &key) != NULL;
-    pthread_mutex_unlock(&s->mu);
-    return !queued;
+    bool have = stored_anywhere(s, &key);
+    if (!have) {
+        pthread_mutex_lock(&s->mu);
+        have = ks_keymap_get(&s->pending, &key) != NULL;
+        pthread_mutex_unlock(&s->mu);
+    }
+    if (have) atomic_fetch_add(&s->dedup_saves, 1);
+    return !have;
 }
 
 int ks_store_save(ks_store *s, ks_reason reason, const int32_t *tokens, int n, uint8_t *payload,

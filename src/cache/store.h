@@ -154,7 +154,8 @@ int ks_store_flush(ks_store *s, int timeout_ms);
 /* Would a save of tokens[0, n) for reason write anything? false when the
  * reason maps to no enabled tier, n is below min_tokens, or that state is
  * already stored or queued. Lets a caller skip copying a state that would be
- * dropped. Thread-safe; computes one key. */
+ * dropped; a "no" is counted in the stats as that save would have been
+ * (small_saves, dropped_saves or dedup_saves). Thread-safe; computes one key. */
 bool ks_store_wants(ks_store *s, ks_reason reason, const int32_t *tokens, int n);
 
 /* Enforces every tier's budget now (on the writer thread, waited for), removes

@@ -291,19 +291,20 @@ static uint8_t *snapshot(ks_sched *s, slot *sl, size_t *len) {
 
 /* Hands the slot's current KV (all of slot->tokens) to the store. */
 static void store_save(ks_sched *s, slot *sl, ks_reason why, bool sync) {
+    if (!s->p.store || sl->tokens.n < s->p.store_min_tokens) return;
     /* Ask the store first: nothing is copied for a reason that maps to no
      * tier, or for a state it already holds (e.g. the finish save of the
-     * request that left this KV, when the slot is evicted later). */
-    if (!s->p.store || sl->tokens.n < s->p.store_min_tokens ||
-        !ks_store_wants(s->p.store, why, sl->tokens.v, sl->tokens.n))
-        return;
+     * request that left this KV, when the slot is evicted later). Such a "no"
+     * is still a save request, counted by the store as not written. */
+    bool want = ks_store_wants(s->p.store, why, sl->tokens.v, sl->tokens.n);
     size_t len = 0;
-    uint8_t *buf = snapshot(s, sl, &len);
-    if (!buf) return;
-    int rc = ks_store_save(s->p.store, why, sl->tokens.v, sl->tokens.n, buf, len, sync); /* takes buf */
+    uint8_t *buf = want ? snapshot(s, sl, &len) : NULL;
+    if (want && !buf) return; /* out of memory: nothing was asked of the store */
     pthread_mutex_lock(&s->mu);
     s->st.store_save_requests[why]++;
     pthread_mutex_unlock(&s->mu);
+    if (!want) return;
+    int rc = ks_store_save(s->p.store, why, sl->tokens.v, sl->tokens.n, buf, len, sync); /* takes buf */
     KS_DEBUG(MOD, "slot[%d] save %s: %d tokens, %zu bytes%s (%s)", sl->id, ks_reason_name(why), sl->tokens.n,
              len, sync ? ", sync" : "", rc ? ks_strerror(rc) : "ok");
 }
