@@ -96,7 +96,8 @@ typedef struct ks_chat_params {
     bool flash_attn;        /* default false: with it on, cached output can differ */
     bool exact;             /* default true: decode lone tokens with a throwaway companion row
                                so cached and uncached output are bit-identical (see
-                               docs/LLAMA_FACTS.md); false is slightly faster per token */
+                               docs/LLAMA_FACTS.md); false decodes about 1.7x faster on one
+                               stream (docs/BENCHMARKS.md) but loses that guarantee */
     const char *system;     /* system prompt, may be NULL */
 } ks_chat_params;
 

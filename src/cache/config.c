@@ -177,6 +177,7 @@ void ks_config_defaults(ks_config *c) {
     c->batch = 512;
     c->threads = 0;
     c->cache_prompt = true;
+    c->exact = true;
     c->affinity_min = 0.05f;
     c->max_queue = 64;
     c->max_body_bytes = 16777216;
@@ -381,6 +382,7 @@ static const field k_top_fields[] = {
     FI(ks_config, batch, 1, 65536),
     FI(ks_config, threads, 0, 1024),
     FB(ks_config, cache_prompt),
+    FB(ks_config, exact),
     FF(ks_config, affinity_min, 0, 1),
     FS(ks_config, api_key, F_STR),
     FI(ks_config, max_queue, 1, 1000000),

@@ -13,6 +13,7 @@
  *   batch: 512               # tokens per decode step
  *   threads: 0               # 0 = all CPUs
  *   cache_prompt: true       # same-slot prefix reuse
+ *   exact: true              # decode lone tokens in pairs: cached == uncached, bit for bit
  *   affinity_min: 0.05       # min shared fraction to prefer a slot by prefix
  *   api_key: secret
  *   max_queue: 64
@@ -104,6 +105,7 @@ typedef struct ks_config {
     char model_keys[16][128];
     ks_model_cache_cfg models[16];
     bool model_has_slots[16];
+    bool exact;                 /* default true (see the note on exactness in sched.c) */
 } ks_config;
 
 /* Fills every default. */

@@ -46,6 +46,8 @@ static void usage(FILE *f) {
             "  --batch N                 tokens per decode step (default 512)\n"
             "  --threads N               CPU threads; 0 = all (default 0)\n"
             "  --no-cache-prompt         never reuse a slot's KV (every prompt is prefilled)\n"
+            "  --no-exact                decode generated tokens alone: faster decode, but cached and\n"
+            "                            concurrent output may differ in the last bits (exact: false)\n"
             "  --imc                     incremental message cache: route conversations to their slot\n"
             "                            by message hashes (models.<name>.incremental_cache)\n"
             "  --spc                     system prompt cache: keep system-prompt KV states in RAM\n"
@@ -71,7 +73,7 @@ typedef struct flags {
     const char *model, *host, *api_key, *config, *log, *alias;
     long port, slots, ctx, batch, threads, max_queue, max_tokens, timeout, shutdown_ms;
     long long max_body;
-    bool no_cache, flash_attn, imc, spc;
+    bool no_cache, no_exact, flash_attn, imc, spc;
     const char *cache_dir;
 } flags;
 
@@ -87,13 +89,14 @@ static int parse_long(const char *name, const char *s, long lo, long hi, long *o
 }
 
 static int parse_flags(int argc, char **argv, flags *f) {
-    enum { O_HOST = 256, O_PORT, O_SLOTS, O_CTX, O_BATCH, O_THREADS, O_NOCACHE, O_KEY, O_QUEUE, O_BODY,
+    enum { O_HOST = 256, O_PORT, O_SLOTS, O_CTX, O_BATCH, O_THREADS, O_NOCACHE, O_NOEXACT, O_KEY, O_QUEUE, O_BODY,
            O_MAXTOK, O_ALIAS, O_TIMEOUT, O_SHUTDOWN, O_FA, O_CONFIG, O_LOG, O_IMC, O_SPC, O_CACHEDIR };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},          {"host", required_argument, 0, O_HOST},
         {"port", required_argument, 0, O_PORT},        {"slots", required_argument, 0, O_SLOTS},
         {"ctx", required_argument, 0, O_CTX},          {"batch", required_argument, 0, O_BATCH},
         {"threads", required_argument, 0, O_THREADS},  {"no-cache-prompt", no_argument, 0, O_NOCACHE},
+        {"no-exact", no_argument, 0, O_NOEXACT},
         {"api-key", required_argument, 0, O_KEY},      {"max-queue", required_argument, 0, O_QUEUE},
         {"max-body-bytes", required_argument, 0, O_BODY}, {"max-tokens", required_argument, 0, O_MAXTOK},
         {"alias", required_argument, 0, O_ALIAS},      {"timeout", required_argument, 0, O_TIMEOUT},
@@ -120,6 +123,7 @@ static int parse_flags(int argc, char **argv, flags *f) {
         case O_BATCH: if (parse_long("--batch", optarg, 1, 1 << 20, &f->batch)) return 2; break;
         case O_THREADS: if (parse_long("--threads", optarg, 0, 4096, &f->threads)) return 2; break;
         case O_NOCACHE: f->no_cache = true; break;
+        case O_NOEXACT: f->no_exact = true; break;
         case O_KEY: f->api_key = optarg; break;
         case O_QUEUE: if (parse_long("--max-queue", optarg, 0, 1 << 20, &f->max_queue)) return 2; break;
         case O_BODY:
@@ -182,6 +186,7 @@ static int apply_flags(const flags *f, ks_config *c) {
     if (f->max_queue >= 0) c->max_queue = (int)f->max_queue;
     if (f->max_body >= 0) c->max_body_bytes = f->max_body;
     if (f->no_cache) c->cache_prompt = false;
+    if (f->no_exact) c->exact = false;
     if (f->cache_dir) {
         COPY(c->store.cache_dir, f->cache_dir);
         c->store.enabled = true;
@@ -317,6 +322,7 @@ int ks_cmd_serve(int argc, char **argv) {
     sp.n_slots = cfg.slots;
     sp.max_queue = cfg.max_queue;
     sp.cache_prompt = cfg.cache_prompt;
+    sp.exact = cfg.exact;
     sp.affinity_min = cfg.affinity_min;
     sp.imc = cfg.cache.incremental_cache;
     sp.cache_min_tokens = cfg.cache.cache_min_tokens;

@@ -48,6 +48,7 @@ static void test_defaults(void **state) {
     assert_int_equal(c.batch, 512);
     assert_int_equal(c.threads, 0);
     assert_true(c.cache_prompt);
+    assert_true(c.exact);
     assert_true(c.affinity_min > 0.0499f && c.affinity_min < 0.0501f);
     assert_string_equal(c.api_key, "");
     assert_int_equal(c.max_queue, 64);
@@ -115,6 +116,7 @@ static const char k_full_yaml[] =
     "batch: 1024\n"
     "threads: 6\n"
     "cache_prompt: false\n"
+    "exact: false\n"
     "affinity_min: 0.25\n"
     "api_key: \"s3cret\"\n"
     "max_queue: 7\n"
@@ -168,6 +170,7 @@ static void test_full_file(void **state) {
     assert_int_equal(c.batch, 1024);
     assert_int_equal(c.threads, 6);
     assert_false(c.cache_prompt);
+    assert_false(c.exact);
     assert_true(c.affinity_min > 0.2499f && c.affinity_min < 0.2501f);
     assert_string_equal(c.api_key, "s3cret");
     assert_int_equal(c.max_queue, 7);
@@ -247,6 +250,7 @@ static void test_empty_and_layered_loads(void **state) {
     load_ok(&c, "port: \"8081\"\ncache_prompt: no\n");
     assert_int_equal(c.port, 8081);
     assert_false(c.cache_prompt);
+    assert_true(c.exact); /* untouched by a layer that does not name it */
 }
 
 /* ------------------------------------------------------------ errors */
