@@ -241,9 +241,11 @@ static int type_error(walk *w, const char *path, const yaml_node_t *v, const cha
     return KS_EINVAL;
 }
 
+/* Key paths longer than out are cut (they only appear in messages). */
 static void join(char *out, size_t outlen, const char *prefix, const char *key) {
-    if (prefix && *prefix) snprintf(out, outlen, "%s.%s", prefix, key);
-    else snprintf(out, outlen, "%s", key);
+    int n = (prefix && *prefix) ? snprintf(out, outlen, "%s.%s", prefix, key) : snprintf(out, outlen, "%s", key);
+    (void)n; /* checked use of the result keeps -Wformat-truncation quiet at -O3 */
+    if (n < 0 && outlen) out[0] = '\0';
 }
 
 /* Iterates a mapping, checking that keys are scalars and unique. */
