@@ -23,6 +23,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -299,6 +300,15 @@ static void persist_all(ks_store *s) {
 }
 
 static void *writer_main(void *arg) {
+    /* The writer runs at SCHED_IDLE: on a machine whose cores all run
+     * llama.cpp's worker threads, any other runnable thread makes those
+     * threads wait at their barriers, and a save would then slow every
+     * request down far more than its own CPU time. Idle priority lets saves
+     * use the gaps between decode steps. Lowering one's own priority needs
+     * no privilege; if it fails the writer simply runs at normal priority. */
+    struct sched_param sp = {0};
+    if (pthread_setschedparam(pthread_self(), SCHED_IDLE, &sp) != 0)
+        KS_DEBUG("store", "writer thread stays at normal priority");
     ks_store *s = arg;
     double last_persist = ks_now_ms();
     pthread_mutex_lock(&s->mu);
