@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# server_sharedsys.sh — one long system prompt shared by several users (issue 4): plain prefix reuse, --spc, --spc --imc, and --spc --imc + store vs --no-cache-prompt.
+# Over real HTTP against `kvstash serve` (bench/http_bench.mjs sharedsys); docs/BENCHMARKS.md.
+#
+# usage: bench/server_sharedsys.sh [KVSTASH_BIN [MODEL.gguf]]
+#   KVSTASH_BIN  default build/kvstash (this script builds nothing)
+#   MODEL        default build/models/bench.gguf, generated with
+#                `kvstash mkmodel --preset bench --seed 1` when missing
+# Environment (defaults in brackets): THREADS [2] (--threads of every server)
+#   USERS [6] TURNS [2] MSG_WORDS [60] SYS_WORDS [800] MAX_TOKENS [16] SLOTS [3]
+#   STORE [1]  0 leaves out the server with a persistent store
+# Writes bench/out/server_sharedsys.{md,csv}, the servers' logs bench/out/server_sharedsys-*.log and
+# docs/img/server_sharedsys.png; prints the markdown tables.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BIN=${1:-$ROOT/build/kvstash}
+MODEL=${2:-$ROOT/build/models/bench.gguf}
+THREADS=${THREADS:-2}
+OUT=$ROOT/bench/out
+IMG=$ROOT/docs/img
+
+if [ ! -x "$BIN" ]; then
+    echo "server_sharedsys.sh: no kvstash binary at $BIN (build it first: make build)" >&2
+    exit 1
+fi
+if [ ! -f "$MODEL" ]; then
+    echo "server_sharedsys.sh: generating the bench model at $MODEL" >&2
+    mkdir -p "$(dirname "$MODEL")"
+    "$BIN" mkmodel --preset bench --seed 1 "$MODEL"
+fi
+command -v node >/dev/null 2>&1 || { echo "server_sharedsys.sh: node is required" >&2; exit 1; }
+if ! command -v gnuplot >/dev/null 2>&1; then
+    echo "server_sharedsys.sh: gnuplot missing; installing gnuplot-nox" >&2
+    apt-get install -y gnuplot-nox >/dev/null || { apt-get update >/dev/null && apt-get install -y gnuplot-nox >/dev/null; }
+fi
+mkdir -p "$OUT" "$IMG"
+
+USERS=${USERS:-6}; TURNS=${TURNS:-2}; MSG_WORDS=${MSG_WORDS:-60}; SYS_WORDS=${SYS_WORDS:-800}
+MAX_TOKENS=${MAX_TOKENS:-16}; SLOTS=${SLOTS:-3}; STORE=${STORE:-1}
+SETTINGS="USERS=$USERS TURNS=$TURNS MSG_WORDS=$MSG_WORDS SYS_WORDS=$SYS_WORDS MAX_TOKENS=$MAX_TOKENS SLOTS=$SLOTS STORE=$STORE"
+ARGS=(--users "$USERS" --turns "$TURNS" --msg-words "$MSG_WORDS" --sys-words "$SYS_WORDS" --max-tokens "$MAX_TOKENS" --slots "$SLOTS" --store "$STORE")
+CMD=(node "$ROOT/bench/http_bench.mjs" sharedsys --bin "$BIN" --model "$MODEL" --out "$OUT" --threads "$THREADS" "${ARGS[@]}")
+echo "\$ ${CMD[*]}" >&2
+# The tables name the command that made them: this script with its settings.
+export KS_BENCH_CMD="THREADS=$THREADS $SETTINGS bench/server_sharedsys.sh"
+"${CMD[@]}"
+
+NCOL=$(head -1 "$OUT/server_sharedsys.csv" | awk -F, "{print NF}")
+gnuplot -e "csv='$OUT/server_sharedsys.csv'; out='$IMG/server_sharedsys.png'; ncol=$NCOL; ttl='kvstash serve: shared system prompt, median time to first token per turn'; subtitle='$USERS users, one $SYS_WORDS-word system prompt, $SLOTS slots, $MSG_WORDS-word messages, $THREADS threads'" \
+    "$ROOT/bench/plot_server_turns.gp"
+echo >&2 "server_sharedsys.sh: tables in $OUT/server_sharedsys.md, plot in $IMG/server_sharedsys.png"

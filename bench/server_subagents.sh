@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# server_subagents.sh — sub-agents (issue 4): agents with their own system prompts interleaved on fewer slots; --imc, --spc --imc, --spc --imc + store vs --no-cache-prompt.
+# Over real HTTP against `kvstash serve` (bench/http_bench.mjs subagents); docs/BENCHMARKS.md.
+#
+# usage: bench/server_subagents.sh [KVSTASH_BIN [MODEL.gguf]]
+#   KVSTASH_BIN  default build/kvstash (this script builds nothing)
+#   MODEL        default build/models/bench.gguf, generated with
+#                `kvstash mkmodel --preset bench --seed 1` when missing
+# Environment (defaults in brackets): THREADS [2] (--threads of every server)
+#   AGENTS [6] TURNS [5] MSG_WORDS [40] SYS_WORDS [300] MAX_TOKENS [16] SLOTS [3]
+#   STORE [1]  0 leaves out the server with a persistent store
+# Writes bench/out/server_subagents.{md,csv}, the servers' logs bench/out/server_subagents-*.log and
+# docs/img/server_subagents.png; prints the markdown tables.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BIN=${1:-$ROOT/build/kvstash}
+MODEL=${2:-$ROOT/build/models/bench.gguf}
+THREADS=${THREADS:-2}
+OUT=$ROOT/bench/out
+IMG=$ROOT/docs/img
+
+if [ ! -x "$BIN" ]; then
+    echo "server_subagents.sh: no kvstash binary at $BIN (build it first: make build)" >&2
+    exit 1
+fi
+if [ ! -f "$MODEL" ]; then
+    echo "server_subagents.sh: generating the bench model at $MODEL" >&2
+    mkdir -p "$(dirname "$MODEL")"
+    "$BIN" mkmodel --preset bench --seed 1 "$MODEL"
+fi
+command -v node >/dev/null 2>&1 || { echo "server_subagents.sh: node is required" >&2; exit 1; }
+if ! command -v gnuplot >/dev/null 2>&1; then
+    echo "server_subagents.sh: gnuplot missing; installing gnuplot-nox" >&2
+    apt-get install -y gnuplot-nox >/dev/null || { apt-get update >/dev/null && apt-get install -y gnuplot-nox >/dev/null; }
+fi
+mkdir -p "$OUT" "$IMG"
+
+AGENTS=${AGENTS:-6}; TURNS=${TURNS:-5}; MSG_WORDS=${MSG_WORDS:-40}; SYS_WORDS=${SYS_WORDS:-300}
+MAX_TOKENS=${MAX_TOKENS:-16}; SLOTS=${SLOTS:-3}; STORE=${STORE:-1}
+SETTINGS="AGENTS=$AGENTS TURNS=$TURNS MSG_WORDS=$MSG_WORDS SYS_WORDS=$SYS_WORDS MAX_TOKENS=$MAX_TOKENS SLOTS=$SLOTS STORE=$STORE"
+ARGS=(--agents "$AGENTS" --turns "$TURNS" --msg-words "$MSG_WORDS" --sys-words "$SYS_WORDS" --max-tokens "$MAX_TOKENS" --slots "$SLOTS" --store "$STORE")
+CMD=(node "$ROOT/bench/http_bench.mjs" subagents --bin "$BIN" --model "$MODEL" --out "$OUT" --threads "$THREADS" "${ARGS[@]}")
+echo "\$ ${CMD[*]}" >&2
+# The tables name the command that made them: this script with its settings.
+export KS_BENCH_CMD="THREADS=$THREADS $SETTINGS bench/server_subagents.sh"
+"${CMD[@]}"
+
+NCOL=$(head -1 "$OUT/server_subagents.csv" | awk -F, "{print NF}")
+gnuplot -e "csv='$OUT/server_subagents.csv'; out='$IMG/server_subagents.png'; ncol=$NCOL; ttl='kvstash serve: sub-agents, median time to first token per turn'; subtitle='$AGENTS agents with $SYS_WORDS-word system prompts on $SLOTS slots, $MSG_WORDS-word messages, $THREADS threads'" \
+    "$ROOT/bench/plot_server_turns.gp"
+echo >&2 "server_subagents.sh: tables in $OUT/server_subagents.md, plot in $IMG/server_subagents.png"
