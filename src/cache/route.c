@@ -120,9 +120,17 @@ int ks_route_select(const ks_route_slot *slots, int n_slots, const ks_route_req 
          * tokens of 100 must count as 5%. Token counts are integers, so a
          * tolerance far below one token changes nothing else. */
         double need = (double)cfg->affinity_min * (double)req->n_tokens - 1e-3;
-        if (best >= 0 && (double)n_best >= need) {
+        /* As for IMC below: a match that would destroy most of another
+         * conversation (shared part < half of that slot, typically just a
+         * shared system prompt) does not beat a free empty slot — the
+         * system prompt cache or the store can fill the empty one. */
+        bool keep_other = best >= 0 && empty >= 0 && n_best < slots[best].n_tokens &&
+                          2 * n_best < slots[best].n_tokens;
+        if (best >= 0 && (double)n_best >= need && !keep_other) {
             chosen = best;
             r.mode = KS_ROUTE_PREFIX;
+        } else if (best >= 0 && (double)n_best >= need) {
+            n_best = 0; /* declined on purpose: "no-slot", not "below-threshold" */
         }
     } else {
         int h = pick_hash(slots, n_slots, req);

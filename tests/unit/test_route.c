@@ -142,13 +142,21 @@ static void test_prefix_below_affinity_takes_empty_slot(void **state) {
     assert_int_equal(r.n_reuse, 0);
     assert_string_equal(r.reason, "below-threshold");
 
-    /* 5 common tokens reach the threshold */
+    /* 5 common tokens reach the threshold, but they are a small part of
+     * slot 0's conversation and an empty slot is free: slot 0 is kept */
     a[4] = 5;
     a[5] = -1;
+    r = route_ok(s, 2, &req, &k_prefix_cfg);
+    assert_int_equal(r.slot, 1);
+    assert_int_equal(r.mode, KS_ROUTE_MISS);
+    assert_string_equal(r.reason, "no-slot");
+    /* without a free slot the 5 tokens are reused */
+    s[1].busy = true;
     r = route_ok(s, 2, &req, &k_prefix_cfg);
     assert_int_equal(r.slot, 0);
     assert_int_equal(r.mode, KS_ROUTE_PREFIX);
     assert_int_equal(r.n_reuse, 5);
+    s[1].busy = false;
 
     /* below threshold, no empty slot: the LRU slot, keeping its exact prefix */
     a[5] = 6;
