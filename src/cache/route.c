@@ -93,6 +93,17 @@ static int pick_hash(const ks_route_slot *slots, int n, const ks_route_req *req)
     return best;
 }
 
+/* Should a match of n_common tokens on slot s give way to a free empty slot?
+ * Yes when taking s would destroy most of another conversation (the shared
+ * part is under half of s), or when the shared part is no more than the
+ * system prompt that the system prompt cache can restore into the empty slot
+ * (a few tokens of slack cover the next message's header). */
+static bool spares_other(const ks_route_slot *s, int n_common, const ks_route_req *req) {
+    if (n_common >= s->n_tokens) return false; /* nothing of s would be lost */
+    if (2 * n_common < s->n_tokens) return true;
+    return req->spc_tokens > 0 && n_common <= req->spc_tokens + 8;
+}
+
 int ks_route_select(const ks_route_slot *slots, int n_slots, const ks_route_req *req,
                     const ks_route_cfg *cfg, ks_route *out) {
     if (!slots || n_slots <= 0 || !req || !cfg || !out || !req->tokens || req->n_tokens <= 0)
@@ -124,8 +135,7 @@ int ks_route_select(const ks_route_slot *slots, int n_slots, const ks_route_req 
          * conversation (shared part < half of that slot, typically just a
          * shared system prompt) does not beat a free empty slot — the
          * system prompt cache or the store can fill the empty one. */
-        bool keep_other = best >= 0 && empty >= 0 && n_best < slots[best].n_tokens &&
-                          2 * n_best < slots[best].n_tokens;
+        bool keep_other = best >= 0 && empty >= 0 && spares_other(&slots[best], n_best, req);
         if (best >= 0 && (double)n_best >= need && !keep_other) {
             chosen = best;
             r.mode = KS_ROUTE_PREFIX;
@@ -147,8 +157,7 @@ int ks_route_select(const ks_route_slot *slots, int n_slots, const ks_route_req 
              * that slot (typically another sub-agent that shares only a
              * system preamble) and an empty slot is free, keep the other
              * branch alive and build in the empty slot instead. */
-            bool keep_other = best >= 0 && empty >= 0 && n_best < slots[best].n_tokens &&
-                              2 * n_best < slots[best].n_tokens;
+            bool keep_other = best >= 0 && empty >= 0 && spares_other(&slots[best], n_best, req);
             if (best >= 0 && n_best >= cfg->cache_min_tokens && !keep_other) {
                 chosen = best;
                 r.mode = KS_ROUTE_IMC_TOKEN_PREFIX;

@@ -79,6 +79,9 @@ typedef struct ks_route_req {
                                         raw completions */
     int n_msgs;
     bool cache_prompt;              /* false: clear the slot and prefill everything */
+    int spc_tokens;                 /* > 0: the system prompt cache holds the prompt's first
+                                       spc_tokens tokens, so an empty slot can get them back
+                                       for the price of one state restore */
 } ks_route_req;
 
 typedef struct ks_route_cfg {

@@ -229,6 +229,9 @@ static int route_request(ks_sched *s, sreq *r, ks_route *out) {
     ks_route_req rq = {.tokens = r->prompt.v, .n_tokens = r->prompt.n, .msg_prefix_hash = r->hashes,
                        .n_msgs = r->hashes ? r->p.n_msgs : 0,
                        .cache_prompt = r->p.cache_prompt && s->p.cache_prompt};
+    if (s->p.spc && r->p.sys_key && r->p.n_sys_tokens >= s->p.cache_min_tokens &&
+        ks_spc_contains(s->p.spc, r->p.sys_key))
+        rq.spc_tokens = r->p.n_sys_tokens;
     ks_route_cfg cfg = {.imc = s->p.imc, .cache_min_tokens = s->p.cache_min_tokens,
                         .affinity_min = s->p.affinity_min};
     return ks_route_select(rs, n, &rq, &cfg, out);

@@ -418,6 +418,33 @@ static void test_imc_token_prefix_keeps_other_branch(void **state) {
     assert_int_equal(r.n_reuse, 250);
 }
 
+/* A match that is no more than the system prompt SPC can restore gives way
+ * to an empty slot, even when it is most of the other slot (a long shared
+ * system prompt and short turns); without SPC holding it, the match wins. */
+static void test_spc_prompt_match_prefers_empty_slot(void **state) {
+    (void)state;
+    int32_t p[1000], a[1000];
+    fill(p, 1000, 1);
+    fill(a, 1000, 1);
+    a[905] = -1; /* 905 shared of the slot's 1000: most of it */
+    ks_route_slot s[2] = {mk_slot(0, a, 1000, 1), mk_slot(1, NULL, 0, 0)};
+    ks_route_req req = {.tokens = p, .n_tokens = 1000, .cache_prompt = true};
+    ks_route r = route_ok(s, 2, &req, &k_prefix_cfg);
+    assert_int_equal(r.slot, 0);
+    assert_int_equal(r.mode, KS_ROUTE_PREFIX);
+    req.spc_tokens = 900; /* SPC holds the first 900: take the empty slot */
+    r = route_ok(s, 2, &req, &k_prefix_cfg);
+    assert_int_equal(r.slot, 1);
+    assert_int_equal(r.mode, KS_ROUTE_MISS);
+    req.spc_tokens = 800; /* the match goes well past what SPC holds: reuse it */
+    r = route_ok(s, 2, &req, &k_prefix_cfg);
+    assert_int_equal(r.slot, 0);
+    s[1].busy = true; /* no empty slot: reuse it */
+    req.spc_tokens = 900;
+    r = route_ok(s, 2, &req, &k_prefix_cfg);
+    assert_int_equal(r.slot, 0);
+}
+
 static void test_imc_zero_cached_messages_never_hash_match(void **state) {
     (void)state;
     branch b;
@@ -506,6 +533,7 @@ int main(void) {
         cmocka_unit_test(test_imc_hash_reports_real_token_prefix),
         cmocka_unit_test(test_imc_token_prefix_threshold),
         cmocka_unit_test(test_imc_token_prefix_keeps_other_branch),
+        cmocka_unit_test(test_spc_prompt_match_prefers_empty_slot),
         cmocka_unit_test(test_imc_zero_cached_messages_never_hash_match),
         cmocka_unit_test(test_imc_five_branches_three_slots_lru),
         cmocka_unit_test(test_inputs_are_not_modified),
