@@ -14,27 +14,8 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-BIN=${1:-$ROOT/build/kvstash}
-MODEL=${2:-$ROOT/build/models/bench.gguf}
-THREADS=${THREADS:-2}
-OUT=$ROOT/bench/out
-IMG=$ROOT/docs/img
-
-if [ ! -x "$BIN" ]; then
-    echo "server_sharedsys.sh: no kvstash binary at $BIN (build it first: make build)" >&2
-    exit 1
-fi
-if [ ! -f "$MODEL" ]; then
-    echo "server_sharedsys.sh: generating the bench model at $MODEL" >&2
-    mkdir -p "$(dirname "$MODEL")"
-    "$BIN" mkmodel --preset bench --seed 1 "$MODEL"
-fi
-command -v node >/dev/null 2>&1 || { echo "server_sharedsys.sh: node is required" >&2; exit 1; }
-if ! command -v gnuplot >/dev/null 2>&1; then
-    echo "server_sharedsys.sh: gnuplot missing; installing gnuplot-nox" >&2
-    apt-get install -y gnuplot-nox >/dev/null || { apt-get update >/dev/null && apt-get install -y gnuplot-nox >/dev/null; }
-fi
-mkdir -p "$OUT" "$IMG"
+. "$ROOT/bench/lib.sh"
+bench_prepare server_sharedsys.sh "$@"
 
 USERS=${USERS:-6}; TURNS=${TURNS:-2}; MSG_WORDS=${MSG_WORDS:-60}; SYS_WORDS=${SYS_WORDS:-800}
 MAX_TOKENS=${MAX_TOKENS:-16}; SLOTS=${SLOTS:-3}; STORE=${STORE:-1}

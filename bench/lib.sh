@@ -1,0 +1,30 @@
+# lib.sh — the common start of the bench/server_*.sh scripts: binary and model
+# (the bench model is generated when missing), node and gnuplot, output dirs.
+# Usage (after setting ROOT): . "$ROOT/bench/lib.sh"; bench_prepare NAME.sh "$@"
+# Sets BIN, MODEL, THREADS, OUT, IMG.
+
+bench_prepare() {
+    local name=$1
+    shift
+    BIN=${1:-$ROOT/build/kvstash}
+    MODEL=${2:-$ROOT/build/models/bench.gguf}
+    THREADS=${THREADS:-2}
+    OUT=$ROOT/bench/out
+    IMG=$ROOT/docs/img
+
+    if [ ! -x "$BIN" ]; then
+        echo "$name: no kvstash binary at $BIN (build it first: make build)" >&2
+        exit 1
+    fi
+    if [ ! -f "$MODEL" ]; then
+        echo "$name: generating the bench model at $MODEL" >&2
+        mkdir -p "$(dirname "$MODEL")"
+        "$BIN" mkmodel --preset bench --seed 1 "$MODEL"
+    fi
+    command -v node >/dev/null 2>&1 || { echo "$name: node is required" >&2; exit 1; }
+    if ! command -v gnuplot >/dev/null 2>&1; then
+        echo "$name: gnuplot missing; installing gnuplot-nox" >&2
+        apt-get install -y gnuplot-nox >/dev/null || { apt-get update >/dev/null && apt-get install -y gnuplot-nox >/dev/null; }
+    fi
+    mkdir -p "$OUT" "$IMG"
+}
