@@ -386,6 +386,17 @@ static int check_expect_header(const ks_kvfile_meta *m, const ks_kvfile_expect *
     return 0;
 }
 
+/* Reads exactly n bytes at off and feeds them to the running checksum (st may
+ * be NULL). KS_EIO on a read error, KS_ECORRUPT when the file ends early
+ * (truncated under us). */
+static int read_exact(int fd, void *buf, size_t n, off_t off, XXH3_state_t *st) {
+    ssize_t r = ks_sysio_pread_all(fd, buf, n, off);
+    if (r < 0) return KS_EIO;
+    if ((size_t)r != n) return KS_ECORRUPT;
+    if (st) XXH3_64bits_update(st, buf, n);
+    return 0;
+}
+
 int ks_kvfile_read(const char *path, const ks_kvfile_expect *exp, ks_kvfile_meta *meta,
                    int32_t **tokens_out, uint8_t **payload_out) {
     int rc = 0, fd = -1;
@@ -412,26 +423,8 @@ int ks_kvfile_read(const char *path, const ks_kvfile_expect *exp, ks_kvfile_meta
         rc = KS_ENOMEM;
         goto done;
     }
-    ssize_t r = ks_sysio_pread_all(fd, hdr, sizeof hdr, 0);
-    if (r < 0) {
-        rc = KS_EIO;
-        goto done;
-    }
-    if ((size_t)r != sizeof hdr) {
-        rc = KS_ECORRUPT; /* truncated under us */
-        goto done;
-    }
-    XXH3_64bits_update(st, hdr, sizeof hdr);
-    r = ks_sysio_pread_all(fd, toks, tok_bytes, KS_KVFILE_HEADER_LEN);
-    if (r < 0) {
-        rc = KS_EIO;
-        goto done;
-    }
-    if ((size_t)r != tok_bytes) {
-        rc = KS_ECORRUPT;
-        goto done;
-    }
-    XXH3_64bits_update(st, toks, tok_bytes);
+    if ((rc = read_exact(fd, hdr, sizeof hdr, 0, st)) != 0) goto done;
+    if ((rc = read_exact(fd, toks, tok_bytes, KS_KVFILE_HEADER_LEN, st)) != 0) goto done;
 #if !(defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__)
     for (uint32_t i = 0; i < m.n_tokens; i++) toks[i] = (int32_t)get32((const uint8_t *)&toks[i]);
 #endif
@@ -441,16 +434,7 @@ int ks_kvfile_read(const char *path, const ks_kvfile_expect *exp, ks_kvfile_meta
             rc = KS_ENOMEM;
             goto done;
         }
-        r = ks_sysio_pread_all(fd, payload, (size_t)m.payload_len, off);
-        if (r < 0) {
-            rc = KS_EIO;
-            goto done;
-        }
-        if ((uint64_t)r != m.payload_len) {
-            rc = KS_ECORRUPT;
-            goto done;
-        }
-        XXH3_64bits_update(st, payload, (size_t)m.payload_len);
+        if ((rc = read_exact(fd, payload, (size_t)m.payload_len, off, st)) != 0) goto done;
     } else {
         if (!(chunk = malloc(VERIFY_CHUNK))) {
             rc = KS_ENOMEM;
@@ -460,26 +444,13 @@ int ks_kvfile_read(const char *path, const ks_kvfile_expect *exp, ks_kvfile_meta
         off_t at = off;
         while (left > 0) {
             size_t k = left < VERIFY_CHUNK ? (size_t)left : VERIFY_CHUNK;
-            r = ks_sysio_pread_all(fd, chunk, k, at);
-            if (r < 0) {
-                rc = KS_EIO;
-                goto done;
-            }
-            if ((size_t)r != k) {
-                rc = KS_ECORRUPT;
-                goto done;
-            }
-            XXH3_64bits_update(st, chunk, k);
+            if ((rc = read_exact(fd, chunk, k, at, st)) != 0) goto done;
             left -= k;
             at += (off_t)k;
         }
     }
-    r = ks_sysio_pread_all(fd, csum, 8, (off_t)(off + (off_t)m.payload_len));
-    if (r < 0) {
-        rc = KS_EIO;
-        goto done;
-    }
-    if (r != 8 || get64(csum) != nonzero(XXH3_64bits_digest(st))) {
+    if ((rc = read_exact(fd, csum, 8, (off_t)(off + (off_t)m.payload_len), NULL)) != 0) goto done;
+    if (get64(csum) != nonzero(XXH3_64bits_digest(st))) {
         rc = KS_ECORRUPT;
         goto done;
     }
