@@ -378,16 +378,71 @@ function fitLine() {
   const a = my - b * mx;
   return { a, b, n: s.length, at: (n) => a + b * n };
 }
+// ------------------------------------------------------ floor at depth
+// shared/DESIGN.md: the floor of a cached request is the prefill of its new
+// tokens plus the state restore. The new tokens of a turn attend to the whole
+// history before them, so `kvstash bench floor --stdin` measures their prefill
+// on llama.cpp alone *at that depth*: `depth` tokens of history are put in the
+// KV untimed, then only the n new tokens are decoded (timed, to the first
+// token's argmax), plus the time to set a depth-token sequence state back into
+// the context (added to the floor of a request that restored a state: mode
+// spc or store). No kvstash code runs in the timed part, so TTFT / floor@depth
+// is what the cache adds on top of the work no cache can skip. Same --threads
+// and batch as the servers; it computes only while the servers are idle.
+let dproc = null;
+async function depthFloor(depth, n) {
+  if (!dproc) {
+    const p = spawn(BIN, ['bench', 'floor', '-m', MODEL, '--threads', String(THREADS), '--ctx', '8192', '--stdin'],
+      { stdio: ['pipe', 'pipe', 'pipe'], env: { ...process.env, GGML_NO_BACKTRACE: '1' } });
+    live.add(p);
+    p.on('exit', () => live.delete(p));
+    dproc = { p, buf: '', waiting: [], err: '' };
+    p.stderr.on('data', (d) => { dproc.err += d; });
+    p.stdout.on('data', (d) => {
+      dproc.buf += d;
+      let i;
+      while ((i = dproc.buf.indexOf('\n')) >= 0) {
+        const line = dproc.buf.slice(0, i);
+        dproc.buf = dproc.buf.slice(i + 1);
+        const w = dproc.waiting.shift();
+        if (w) w(line);
+      }
+    });
+    const ready = await new Promise((res) => dproc.waiting.push(res));
+    if (!ready.startsWith('ready')) throw new Error(`bench floor did not start: ${ready} ${dproc.err}`);
+  }
+  const line = await new Promise((res) => {
+    dproc.waiting.push(res);
+    dproc.p.stdin.write(`${depth} ${Math.max(1, n)} 1\n`);
+  });
+  const m = /^([\d.]+) ([\d.]+)$/.exec(line);
+  if (!m) throw new Error(`bench floor ${depth} ${n}: ${line} ${dproc.err}`);
+  return { prefill: Number(m[1]), restore: Number(m[2]), depth };
+}
+function stopDepthFloor() {
+  if (dproc) dproc.p.stdin.end();
+  dproc = null;
+}
+// The floor@depth of request x (its depth measurement d): the prefill, plus
+// the restore when the request restored a state.
+const restored = (r) => r.mode === 'spc' || r.mode === 'store';
+const atDepth = (d, r) => (d ? d.prefill + (restored(r) && d.depth > 0 ? d.restore : 0) : NaN);
+
 // A cached request's floor: the off server's TTFT of the same prompt when it
-// prefilled (almost) everything, else a measured fresh prefill of n tokens.
-// The floor of the tokens a conversation added ("ideal n"): measured once per step.
+// prefilled (almost) everything, else a measured fresh prefill of n tokens
+// (depth 0), and the floor at the request's depth (.depth).
+// The floor of the tokens a conversation added ("ideal n"): measured once per
+// step, also at depth (prompt - ideal).
 async function idealFloor(off, ideal, offSame) {
-  if (ideal >= 0.95 * offSame.prompt_tokens) return offSame.ttft;
-  return (await floor(off, Math.max(1, ideal))).ttft;
+  if (ideal >= 0.95 * offSame.prompt_tokens) return { ms: offSame.ttft, depth: { prefill: offSame.ttft, restore: 0, depth: 0 } };
+  const ms = (await floor(off, Math.max(1, ideal))).ttft;
+  return { ms, depth: await depthFloor(offSame.prompt_tokens - ideal, ideal) };
 }
 async function floorFor(off, on, offSame) {
-  if (on.cached_tokens === 0 && offSame) return { ttft: offSame.ttft, prompt_tokens: offSame.prompt_tokens, same: true };
+  if (on.cached_tokens === 0 && offSame)
+    return { ttft: offSame.ttft, prompt_tokens: offSame.prompt_tokens, same: true, depth: { prefill: offSame.ttft, restore: 0, depth: 0 } };
   const r = await floor(off, Math.max(1, on.n_prefilled));
+  r.depth = await depthFloor(on.cached_tokens, on.n_prefilled);
   return r;
 }
 
@@ -506,7 +561,7 @@ async function wlMultiturn() {
       const fl = await floorFor(off, r.on, r.off);
       const prev = rows.filter((x) => x.conv === s).at(-1);
       const ideal = prev ? r.on.prompt_tokens - (prev.on.prompt_tokens + prev.on.completion_tokens) : r.on.prompt_tokens;
-      rows.push({ conv: s, turn: t, on: r.on, off: r.off, floor: fl, ideal });
+      rows.push({ conv: s, turn: t, on: r.on, off: r.off, floor: fl, ideal, dfl: atDepth(fl.depth, r.on) });
       msgs.push({ role: 'assistant', content: r.off.content });
       process.stderr.write(`turn ${t} conv ${s}: on ${f(r.on.ttft)} ms (${r.on.mode}, cached ${r.on.cached_tokens}/${r.on.prompt_tokens}) ` +
         `off ${f(r.off.ttft)} ms floor(${fl.prompt_tokens}) ${f(fl.ttft)} ms\n`);
@@ -520,7 +575,8 @@ async function wlMultiturn() {
     `${SW}-word system prompt per conversation, ${UW}-word user messages, max_tokens ${MT}, temperature 0, ` +
     `${SLOTS} slots, ctx ${CTX}. Cache on (default settings) vs \`--no-cache-prompt\`, both servers alive, ` +
     'requests alternated. Per turn: medians over the conversations. "new" = prompt − cached tokens (what the ' +
-    'cache-on server prefilled); floor = TTFT of a fresh request of that many tokens on the cache-off server.');
+    'cache-on server prefilled); floor = TTFT of a fresh request of that many tokens on the cache-off server (depth 0); ' +
+    'floor@depth = the prefill of those tokens after the cached ones, on llama.cpp alone (`kvstash bench floor`).');
   const trows = [];
   const crow = [];
   for (let t = 1; t <= T; t++) {
@@ -536,21 +592,25 @@ async function wlMultiturn() {
       onp: median(rs.map((x) => x.on.prompt_ms)),
       offp: median(rs.map((x) => x.off.prompt_ms)),
       fl: median(rs.map((x) => x.floor.ttft)),
+      dfl: median(rs.map((x) => x.dfl)),
+      dratio: median(rs.map((x) => x.on.ttft / x.dfl)),
       ratio,
     };
     trows.push([t, f(row.prompt), f(row.cached), f(row.nnew), f(row.on), f(row.off), fr(row.off / row.on), f(row.fl),
-      fr(ratio), f(row.onp, 1), f(row.offp, 1), countModes(rs.map((x) => x.on))]);
-    crow.push([t, row.prompt, row.cached, row.nnew, f(row.on, 2), f(row.off, 2), f(row.fl, 2), f(ratio, 3)]);
+      fr(ratio), f(row.dfl), fr(row.dratio), f(row.onp, 1), f(row.offp, 1), countModes(rs.map((x) => x.on))]);
+    crow.push([t, row.prompt, row.cached, row.nnew, f(row.on, 2), f(row.off, 2), f(row.fl, 2), f(ratio, 3), f(row.dfl, 2), f(row.dratio, 3)]);
   }
-  say(table(['turn', 'prompt tok', 'cached', 'new', 'TTFT on ms', 'TTFT off ms', 'off/on', 'floor ms', 'on/floor',
-    'prompt_ms on', 'prompt_ms off', 'modes (on)'], trows));
+  say(table(['turn', 'prompt tok', 'cached', 'new', 'TTFT on ms', 'TTFT off ms', 'off/on', 'floor@0 ms', 'on/floor@0',
+    'floor@depth ms', 'on/floor@depth', 'prompt_ms on', 'prompt_ms off', 'modes (on)'], trows));
   const later = rows.filter((x) => x.turn >= 2);
   say();
   say(`Turns 2–${T} (${later.length} requests): median TTFT on ${f(median(later.map((x) => x.on.ttft)))} ms, off ` +
-    `${f(median(later.map((x) => x.off.ttft)))} ms; median on/floor ${fr(median(later.map((x) => x.on.ttft / x.floor.ttft)))} ` +
-    `(target ≤ 1.2×); worst ${fr(Math.max(...later.map((x) => x.on.ttft / x.floor.ttft)))}. Replies on ≠ off: ${mismatches} of ${rows.length}. ` +
+    `${f(median(later.map((x) => x.off.ttft)))} ms; median on/floor@depth ${fr(median(later.map((x) => x.on.ttft / x.dfl)))} ` +
+    `(target ≤ 1.2×), worst ${fr(Math.max(...later.map((x) => x.on.ttft / x.dfl)))}, within 1.2× in ` +
+    `${later.filter((x) => x.on.ttft / x.dfl <= 1.2).length} of ${later.length}; median on/floor@0 ` +
+    `${fr(median(later.map((x) => x.on.ttft / x.floor.ttft)))}, worst ${fr(Math.max(...later.map((x) => x.on.ttft / x.floor.ttft)))}. Replies on ≠ off: ${mismatches} of ${rows.length}. ` +
     `Cache hit ratio (on): ${f(100 * mOn.g('kvstash_cache_hit_ratio'), 1)}%.`);
-  csv('server_multiturn.csv', ['turn', 'prompt', 'cached', 'new', 'ttft_on', 'ttft_off', 'floor', 'ratio'], crow);
+  csv('server_multiturn.csv', ['turn', 'prompt', 'cached', 'new', 'ttft_on', 'ttft_off', 'floor', 'ratio', 'floor_depth', 'ratio_depth'], crow);
 }
 
 // Issue 4a: 6 agents with their own system prompts on 3 slots, 5 turns each, interleaved.
@@ -584,12 +644,13 @@ async function wlSubagents() {
       const prev = prevOf[a];
       const ideal = prev ? r.off.prompt_tokens - (prev.prompt_tokens + prev.completion_tokens) : r.off.prompt_tokens;
       prevOf[a] = r.off;
-      const idealMs = await idealFloor(off, ideal, r.off);
+      const idl = await idealFloor(off, ideal, r.off);
+      const idealMs = idl.ms;
       for (const s of list) {
         total++;
         if (r[s.name].content !== r.off.content) mismatches++;
         const fl = await floorFor(off, r[s.name], r.off);
-        rows.push({ srv: s.name, agent: a, turn: t, on: r[s.name], off: r.off, floor: fl, ideal, idealMs });
+        rows.push({ srv: s.name, agent: a, turn: t, on: r[s.name], off: r.off, floor: fl, ideal, idealMs, dfl: atDepth(fl.depth, r[s.name]), idfl: atDepth(idl.depth, r[s.name]), idepth: idl.depth.prefill });
       }
       msgs.push({ role: 'assistant', content: r.off.content });
       process.stderr.write(`turn ${t} agent ${a}: ${list.map((s) => `${s.name} ${f(r[s.name].ttft)} ms ${r[s.name].mode} ${r[s.name].cached_tokens}/${r[s.name].prompt_tokens}`).join('; ')}; off ${f(r.off.ttft)} ms\n`);
@@ -621,11 +682,13 @@ function summaryTable(rows, list, off, T, mets) {
       trows.push([s.name, label, rs.length, f(median(rs.map((x) => x.on.prompt_tokens))), f(median(rs.map((x) => x.on.cached_tokens))),
         f(median(rs.map((x) => x.on.ttft))), f(median(rs.map((x) => x.off.ttft))), fr(median(rs.map((x) => x.off.ttft / x.on.ttft))),
         f(median(rs.map((x) => x.on.n_prefilled))), fr(median(rs.map((x) => x.on.ttft / x.floor.ttft))),
-        f(median(rs.map((x) => x.ideal))), fr(median(rs.map((x) => x.on.ttft / x.idealMs))), countModes(rs.map((x) => x.on))]);
+        fr(median(rs.map((x) => x.on.ttft / x.dfl))),
+        f(median(rs.map((x) => x.ideal))), fr(median(rs.map((x) => x.on.ttft / x.idealMs))),
+        fr(median(rs.map((x) => x.on.ttft / x.idfl))), countModes(rs.map((x) => x.on))]);
     }
   }
-  say(table(['server', 'turns', 'req', 'prompt tok', 'cached', 'TTFT ms', 'TTFT off ms', 'off/on', 'new', 'TTFT/floor(new)',
-    'ideal new', 'TTFT/floor(ideal)', 'cache modes'], trows));
+  say(table(['server', 'turns', 'req', 'prompt tok', 'cached', 'TTFT ms', 'TTFT off ms', 'off/on', 'new', 'TTFT/floor@0(new)',
+    'TTFT/floor@depth(new)', 'ideal new', 'TTFT/floor@0(ideal)', 'TTFT/floor@depth(ideal)', 'cache modes'], trows));
   say();
   const prow = [];
   for (let t = 1; t <= T; t++) {
@@ -637,11 +700,12 @@ function summaryTable(rows, list, off, T, mets) {
     }
     r.push(f(median(o.map((x) => x.off.ttft))));
     r.push(f(median(o.map((x) => x.idealMs))));
+    r.push(f(median(o.map((x) => x.idepth))));
     prow.push(r);
   }
   say('Median TTFT per turn (ms):');
   say();
-  say(table(['turn', ...list.map((s) => s.name), 'off', 'floor(ideal)'], prow));
+  say(table(['turn', ...list.map((s) => s.name), 'off', 'floor@0(ideal)', 'floor@depth(ideal)'], prow));
   if (mets) {
     say();
     const mrows = [];
@@ -661,9 +725,10 @@ function csvPerTurn(name, rows, list, T) {
     const o = rows.filter((x) => x.turn === t && x.srv === list[0].name);
     const r = [t, f(median(o.map((x) => x.off.ttft)), 2), f(median(o.map((x) => x.idealMs)), 2)];
     for (const s of list) r.push(f(median(rows.filter((x) => x.turn === t && x.srv === s.name).map((x) => x.on.ttft)), 2));
+    r.push(f(median(o.map((x) => x.idepth)), 2)); // the ideal floor at depth, no restore (an in-slot hit)
     crow.push(r);
   }
-  csv(name, ['turn', 'off', 'floor_ideal', ...list.map((s) => s.name)], crow);
+  csv(name, ['turn', 'off', 'floor_ideal', ...list.map((s) => s.name), 'floor_ideal_depth'], crow);
 }
 
 // Issue 4b: one long system prompt shared by U users, 2 turns each.
@@ -699,12 +764,13 @@ async function wlSharedsys() {
       const seenSys = t > 1 || u > 0;
       const ideal = prev ? r.off.prompt_tokens - (prev.prompt_tokens + prev.completion_tokens) : r.off.prompt_tokens - (seenSys ? nSys ?? SW + 3 : 0);
       prevOf[u] = r.off;
-      const idealMs = await idealFloor(off, ideal, r.off);
+      const idl = await idealFloor(off, ideal, r.off);
+      const idealMs = idl.ms;
       for (const s of list) {
         total++;
         if (r[s.name].content !== r.off.content) mismatches++;
         const fl = await floorFor(off, r[s.name], r.off);
-        rows.push({ srv: s.name, user: u, turn: t, on: r[s.name], off: r.off, floor: fl, ideal, idealMs });
+        rows.push({ srv: s.name, user: u, turn: t, on: r[s.name], off: r.off, floor: fl, ideal, idealMs, dfl: atDepth(fl.depth, r[s.name]), idfl: atDepth(idl.depth, r[s.name]), idepth: idl.depth.prefill });
       }
       msgs.push({ role: 'assistant', content: r.off.content });
       process.stderr.write(`turn ${t} user ${u}: ${list.map((s) => `${s.name} ${f(r[s.name].ttft)} ms ${r[s.name].mode} ${r[s.name].cached_tokens}/${r[s.name].prompt_tokens}`).join('; ')}; off ${f(r.off.ttft)} ms\n`);
@@ -770,11 +836,12 @@ async function wlRestart() {
       const r = await roundRobin([srv, off], msgs, 0, MT); // the restarted server first
       const on = r[srv.name];
       const fl = await floor(off, Math.max(1, on.n_prefilled));
+      fl.depth = await depthFloor(on.cached_tokens, on.n_prefilled);
       await sleep(50);
       const m = /store-restore (\d+) tokens from (\w+) \((\d+) bytes, ([\d.]+) ms\)/.exec(srv.stderr.slice(logLen));
       const bytes = m ? Number(m[3]) : (ls.find((e) => e.tokens === on.cached_tokens) || {}).bytes;
       const mm = await metrics(srv); // one store hit since start: its read + verify time
-      rows.push({ variant: v.name, rep, on, off: r.off, floor: fl, bytes, stopMs, startMs, same: on.content === r.off.content,
+      rows.push({ variant: v.name, rep, on, off: r.off, floor: fl, dfl: atDepth(fl.depth, on), bytes, stopMs, startMs, same: on.content === r.off.content,
         loadS: mm.g('kvstash_store_load_seconds_total'), entries: ls.length, saveReqs: mBefore });
       msgs.push({ role: 'assistant', content: r.off.content });
       process.stderr.write(`${v.name} rep ${rep}: on ${f(on.ttft)} ms (${on.mode}/${on.tier} ${on.cached_tokens}/${on.prompt_tokens}, ` +
@@ -790,22 +857,25 @@ async function wlRestart() {
     `${TARGET} tokens; then, ${R} times: SIGTERM, start a new server on the same store directories (disk tier in a ` +
     'temp dir, shm tier in a temp dir under /dev/shm), one unrelated short warm-up request, and the next turn ' +
     `(${UW}-word message). The cache-off server (alive throughout) answers the same turn by prefilling the whole ` +
-    'history; floor = a fresh prefill of only the tokens the restarted server prefilled. Restore throughput = state ' +
+    'history; floor@0 = a fresh prefill of only the tokens the restarted server prefilled; floor@depth = the prefill ' +
+    'of those tokens after the restored ones plus llama\'s state set of the restored tokens from memory, on llama.cpp ' +
+    'alone (`kvstash bench floor`). Restore throughput = state ' +
     'bytes (from the server\'s debug line `store-restore N tokens from TIER (B bytes, MS ms)`) / `cache.restore_ms` ' +
     '(lookup + read + checksum + token check + llama state set).');
   const trows = [];
   for (const x of rows) {
     trows.push([x.variant, x.rep, x.on.prompt_tokens, x.on.cached_tokens, `${x.on.mode}/${x.on.tier || '–'}`, f(x.on.ttft), f(x.on.prompt_ms, 1),
-      f(x.floor.ttft), fr(x.on.ttft / x.floor.ttft), f(x.off.ttft), fr(x.off.ttft / x.on.ttft), f(x.on.restore_ms, 2),
+      f(x.floor.ttft), fr(x.on.ttft / x.floor.ttft), f(x.dfl), fr(x.on.ttft / x.dfl), f(x.off.ttft), fr(x.off.ttft / x.on.ttft), f(x.on.restore_ms, 2),
       f(x.loadS * 1000, 2), x.bytes ? f(x.bytes / 1048576, 1) : '–', x.bytes ? f(x.bytes / 1e6 / x.on.restore_ms, 2) : '–', x.same ? 'yes' : 'NO']);
   }
-  say(table(['variant', 'rep', 'prompt tok', 'cached', 'mode/tier', 'TTFT ms', 'prompt_ms', 'floor ms', 'TTFT/floor',
+  say(table(['variant', 'rep', 'prompt tok', 'cached', 'mode/tier', 'TTFT ms', 'prompt_ms', 'floor@0 ms', 'TTFT/floor@0',
+    'floor@depth ms', 'TTFT/floor@depth',
     'full prefill ms', 'full/TTFT', 'restore ms', 'of which read+verify ms', 'state MiB', 'restore GB/s', 'same reply'], trows));
   say();
   for (const v of variants) {
     const rs = rows.filter((x) => x.variant === v.name);
-    say(`- ${v.name}: median TTFT ${f(median(rs.map((x) => x.on.ttft)))} ms; TTFT/floor ${fr(median(rs.map((x) => x.on.ttft / x.floor.ttft)))} ` +
-      `(target ≤ 1.2×); full prefill / TTFT ${fr(median(rs.map((x) => x.off.ttft / x.on.ttft)))} (target ≥ 10×); restore ` +
+    say(`- ${v.name}: median TTFT ${f(median(rs.map((x) => x.on.ttft)))} ms; TTFT/floor@depth ${fr(median(rs.map((x) => x.on.ttft / x.dfl)))} ` +
+      `(target ≤ 1.2×), TTFT/floor@0 ${fr(median(rs.map((x) => x.on.ttft / x.floor.ttft)))}; full prefill / TTFT ${fr(median(rs.map((x) => x.off.ttft / x.on.ttft)))} (target ≥ 10×); restore ` +
       `${f(median(rs.map((x) => x.on.restore_ms)), 1)} ms, ${f(median(rs.filter((x) => x.bytes).map((x) => x.bytes / 1e6 / x.on.restore_ms)), 2)} GB/s ` +
       `(target ≥ 1 GB/s from the disk tier in the page cache); server start ${f(median(rs.map((x) => x.startMs)))} ms, ` +
       `SIGTERM to exit ${f(median(rs.map((x) => x.stopMs)))} ms.`);
@@ -816,11 +886,12 @@ async function wlRestart() {
     say();
     say('```yaml\n' + t + '\n```');
   }
-  csv('server_restart.csv', ['variant', 'rep', 'ttft', 'floor', 'full', 'restore_ms'],
-    rows.map((x) => [`"${x.variant}"`, x.rep, f(x.on.ttft, 2), f(x.floor.ttft, 2), f(x.off.ttft, 2), f(x.on.restore_ms, 3)]));
-  csv('server_restart_summary.csv', ['variant', 'after_restart', 'floor', 'full_prefill'], variants.map((v) => {
+  csv('server_restart.csv', ['variant', 'rep', 'ttft', 'floor', 'full', 'restore_ms', 'floor_depth'],
+    rows.map((x) => [`"${x.variant}"`, x.rep, f(x.on.ttft, 2), f(x.floor.ttft, 2), f(x.off.ttft, 2), f(x.on.restore_ms, 3), f(x.dfl, 2)]));
+  csv('server_restart_summary.csv', ['variant', 'after_restart', 'floor', 'full_prefill', 'floor_depth'], variants.map((v) => {
     const rs = rows.filter((x) => x.variant === v.name);
-    return [`"${v.name}"`, f(median(rs.map((x) => x.on.ttft)), 2), f(median(rs.map((x) => x.floor.ttft)), 2), f(median(rs.map((x) => x.off.ttft)), 2)];
+    return [`"${v.name}"`, f(median(rs.map((x) => x.on.ttft)), 2), f(median(rs.map((x) => x.floor.ttft)), 2), f(median(rs.map((x) => x.off.ttft)), 2),
+      f(median(rs.map((x) => x.dfl)), 2)];
   }));
 }
 function cacheLs(dirs) {
@@ -872,13 +943,15 @@ async function wlWorkingset() {
       const prev = prevOf[c];
       const ideal = prev ? r.off.prompt_tokens - (prev.prompt_tokens + prev.completion_tokens) : r.off.prompt_tokens;
       prevOf[c] = r.off;
-      const idealMs = await idealFloor(off, ideal, r.off);
+      const idl = await idealFloor(off, ideal, r.off);
+      const idealMs = idl.ms;
       for (const s of list) {
         total++;
         if (r[s.name].content !== r.off.content) mismatches++;
         // Turn 1 misses everywhere: its floor is the cache-off TTFT of the same prompt.
-        const fl = t > 1 ? await floorFor(off, r[s.name], r.off) : { ttft: r.off.ttft, prompt_tokens: r.off.prompt_tokens };
-        rows.push({ srv: s.name, conv: c, turn: t, on: r[s.name], off: r.off, floor: fl, ideal, idealMs });
+        const fl = t > 1 ? await floorFor(off, r[s.name], r.off)
+          : { ttft: r.off.ttft, prompt_tokens: r.off.prompt_tokens, depth: { prefill: r.off.ttft, restore: 0, depth: 0 } };
+        rows.push({ srv: s.name, conv: c, turn: t, on: r[s.name], off: r.off, floor: fl, ideal, idealMs, dfl: atDepth(fl.depth, r[s.name]), idfl: atDepth(idl.depth, r[s.name]), idepth: idl.depth.prefill });
       }
       msgs.push({ role: 'assistant', content: r.off.content });
       process.stderr.write(`turn ${t} conv ${c}: ${list.map((s) => `${s.name} ${f(r[s.name].ttft)} ms ${r[s.name].mode}/${r[s.name].tier} ${r[s.name].cached_tokens}/${r[s.name].prompt_tokens}`).join('; ')}; off ${f(r.off.ttft)} ms\n`);
@@ -1021,7 +1094,8 @@ async function wlContext() {
       const msgs = [...sys, { role: 'user', content: words(UW, 61000 + 10 * N + rep) }];
       const r = await roundRobin(list, msgs, step++, MT);
       const fl = await floor(off, r.on.n_prefilled);
-      rows.push({ N, rep, r, floor: fl });
+      fl.depth = await depthFloor(r.on.cached_tokens, r.on.n_prefilled);
+      rows.push({ N, rep, r, floor: fl, dfl: atDepth(fl.depth, r.on) });
       process.stderr.write(`cached ${r.on.cached_tokens}: on ${f(r.on.ttft)} ms (new ${r.on.n_prefilled}), fa ${f(r['on-fa'].ttft)} ms ` +
         `(cached ${r['on-fa'].cached_tokens}), floor(${fl.prompt_tokens}) ${f(fl.ttft)} ms\n`);
     }
@@ -1040,11 +1114,13 @@ async function wlContext() {
     const on = median(rs.map((x) => x.r.on.ttft)), fa = median(rs.map((x) => x.r['on-fa'].ttft)), fl = median(rs.map((x) => x.floor.ttft));
     trows.push([f(median(rs.map((x) => x.r.on.cached_tokens))), f(median(rs.map((x) => x.r.on.n_prefilled))), f(on), f(fa), f(fl),
       fr(median(rs.map((x) => x.r.on.ttft / x.floor.ttft))), fr(median(rs.map((x) => x.r['on-fa'].ttft / x.floor.ttft))),
+      f(median(rs.map((x) => x.dfl))), fr(median(rs.map((x) => x.r.on.ttft / x.dfl))),
       f(median(rs.map((x) => x.r.on.prompt_ms)), 1), f(median(rs.map((x) => x.r['on-fa'].prompt_ms)), 1)]);
-    crow.push([median(rs.map((x) => x.r.on.cached_tokens)), f(on, 2), f(fa, 2), f(fl, 2)]);
+    crow.push([median(rs.map((x) => x.r.on.cached_tokens)), f(on, 2), f(fa, 2), f(fl, 2), f(median(rs.map((x) => x.dfl)), 2)]);
   }
-  say(table(['cached tok', 'new tok', 'TTFT ms', 'TTFT flash-attn ms', 'floor ms', 'TTFT/floor', 'flash-attn/floor', 'prompt_ms', 'prompt_ms flash-attn'], trows));
-  csv('server_context.csv', ['cached', 'ttft', 'ttft_fa', 'floor'], crow);
+  say(table(['cached tok', 'new tok', 'TTFT ms', 'TTFT flash-attn ms', 'floor@0 ms', 'TTFT/floor@0', 'flash-attn/floor@0',
+    'floor@depth ms', 'TTFT/floor@depth', 'prompt_ms', 'prompt_ms flash-attn'], trows));
+  csv('server_context.csv', ['cached', 'ttft', 'ttft_fa', 'floor', 'floor_depth'], crow);
 }
 
 // ---------------------------------------------------------------- main
@@ -1055,6 +1131,7 @@ if (!fs.existsSync(MODEL)) die(`no model at ${MODEL} (kvstash mkmodel --preset b
 machineFacts();
 try {
   await WORKLOADS[WL]();
+  stopDepthFloor();
   say();
   say(`Command: \`${process.env.KS_BENCH_CMD || `node bench/http_bench.mjs ${argv.join(' ')}`}\``);
   footer();
