@@ -1,7 +1,7 @@
 # plot_server_restart.gp — `bench/server_restart.sh`: the first turn after a restart vs its
 # floor and vs a cache-off server prefilling the whole history (medians).
 # usage: gnuplot -e "csv='bench/out/server_restart_summary.csv'; out='docs/img/server_restart.png'; subtitle='...'" bench/plot_server_restart.gp
-# CSV columns: 1 variant, 2 after_restart, 3 floor, 4 full_prefill (ms)
+# CSV columns: 1 variant, 2 after_restart, 3 floor (depth 0), 4 full_prefill, 5 floor_depth (ms)
 if (!exists("csv")) csv = 'bench/out/server_restart_summary.csv'
 if (!exists("out")) out = 'docs/img/server_restart.png'
 if (!exists("subtitle")) subtitle = ''
@@ -22,5 +22,6 @@ set grid ytics mytics
 set format y '%g'
 set key top left box
 plot csv using 2:xtic(1) title 'restarted server (store)' lc rgb '#1f77b4', \
-     '' using 3 title 'floor: fresh prefill of the new tokens' lc rgb '#2ca02c', \
+     '' using 5 title 'floor: new tokens at their depth + state set' lc rgb '#2ca02c', \
+     '' using 3 title 'the new tokens prefilled fresh (depth 0)' lc rgb '#bcbd22', \
      '' using 4 title 'cache off: whole history prefilled' lc rgb '#d62728'

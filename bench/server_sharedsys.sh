@@ -27,7 +27,7 @@ echo "\$ ${CMD[*]}" >&2
 export KS_BENCH_CMD="THREADS=$THREADS $SETTINGS bench/server_sharedsys.sh"
 "${CMD[@]}"
 
-NCOL=$(head -1 "$OUT/server_sharedsys.csv" | awk -F, "{print NF}")
+NCOL=$(($(head -1 "$OUT/server_sharedsys.csv" | awk -F, "{print NF}") - 1)) # the last column is the floor at depth
 gnuplot -e "csv='$OUT/server_sharedsys.csv'; out='$IMG/server_sharedsys.png'; ncol=$NCOL; ttl='kvstash serve: shared system prompt, median time to first token per turn'; subtitle='$USERS users, one $SYS_WORDS-word system prompt, $SLOTS slots, $MSG_WORDS-word messages, $THREADS threads'" \
     "$ROOT/bench/plot_server_turns.gp"
 echo >&2 "server_sharedsys.sh: tables in $OUT/server_sharedsys.md, plot in $IMG/server_sharedsys.png"

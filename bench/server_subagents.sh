@@ -27,7 +27,7 @@ echo "\$ ${CMD[*]}" >&2
 export KS_BENCH_CMD="THREADS=$THREADS $SETTINGS bench/server_subagents.sh"
 "${CMD[@]}"
 
-NCOL=$(head -1 "$OUT/server_subagents.csv" | awk -F, "{print NF}")
+NCOL=$(($(head -1 "$OUT/server_subagents.csv" | awk -F, "{print NF}") - 1)) # the last column is the floor at depth
 gnuplot -e "csv='$OUT/server_subagents.csv'; out='$IMG/server_subagents.png'; ncol=$NCOL; ttl='kvstash serve: sub-agents, median time to first token per turn'; subtitle='$AGENTS agents with $SYS_WORDS-word system prompts on $SLOTS slots, $MSG_WORDS-word messages, $THREADS threads'" \
     "$ROOT/bench/plot_server_turns.gp"
 echo >&2 "server_subagents.sh: tables in $OUT/server_subagents.md, plot in $IMG/server_subagents.png"

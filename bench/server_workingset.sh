@@ -26,7 +26,7 @@ echo "\$ ${CMD[*]}" >&2
 export KS_BENCH_CMD="THREADS=$THREADS $SETTINGS bench/server_workingset.sh"
 "${CMD[@]}"
 
-NCOL=$(head -1 "$OUT/server_workingset.csv" | awk -F, "{print NF}")
+NCOL=$(($(head -1 "$OUT/server_workingset.csv" | awk -F, "{print NF}") - 1)) # the last column is the floor at depth
 gnuplot -e "csv='$OUT/server_workingset.csv'; out='$IMG/server_workingset.png'; ncol=$NCOL; ttl='kvstash serve: working set larger than the ram tier, median time to first token per turn'; subtitle='$CONVS conversations round-robin, ram tier $RAM_MIB MiB + disk tier, $SLOTS slots, $THREADS threads'" \
     "$ROOT/bench/plot_server_turns.gp"
 echo >&2 "server_workingset.sh: tables in $OUT/server_workingset.md, plot in $IMG/server_workingset.png"
