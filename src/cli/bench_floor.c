@@ -20,6 +20,9 @@ struct ks_floor {
     int32_t *toks;  /* the token stream, n_ctx + 1 ids */
     uint8_t *state; /* restore scratch */
     size_t state_cap;
+    uint8_t *full;  /* the state of the longest history decoded so far */
+    size_t full_len, full_cap;
+    int full_n;     /* its tokens */
 };
 
 static uint64_t mix(uint64_t *s) { /* splitmix64 */
@@ -68,6 +71,7 @@ void ks_floor_free(ks_floor *f) {
     ks_engine_free(f->e);
     free(f->toks);
     free(f->state);
+    free(f->full);
     free(f);
 }
 
@@ -107,9 +111,35 @@ int ks_floor_measure(ks_floor *f, int depth, int n_new, bool restore, double *pr
         }
     }
     int i_last = -1, rc;
+    if (f->n_kv < depth && f->full_n > f->n_kv) {
+        /* a longer history was decoded before: setting its state back is far
+         * cheaper than decoding the difference again */
+        if (ks_engine_state_set(f->e, 0, f->full, f->full_len) == 0) {
+            f->n_kv = f->full_n;
+            if (f->n_kv > depth && !ks_engine_seq_rm(f->e, 0, depth, -1)) {
+                ks_engine_seq_clear(f->e, 0);
+                f->n_kv = 0;
+            } else if (f->n_kv > depth) {
+                f->n_kv = depth;
+            }
+        } else {
+            f->n_kv = 0;
+            f->full_n = 0;
+        }
+    }
     if (f->n_kv < depth) {
         if ((rc = decode_range(f, f->n_kv, depth, false, &i_last))) return rc;
         f->n_kv = depth;
+        size_t need = ks_engine_state_size(f->e, 0);
+        if (need > f->full_cap) {
+            uint8_t *nb = realloc(f->full, need);
+            if (nb) {
+                f->full = nb;
+                f->full_cap = need;
+            }
+        }
+        f->full_len = need <= f->full_cap ? ks_engine_state_get(f->e, 0, f->full, f->full_cap) : 0;
+        f->full_n = f->full_len ? depth : 0;
     }
     if (restore && depth > 0) {
         size_t need = ks_engine_state_size(f->e, 0);
