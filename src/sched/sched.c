@@ -21,6 +21,23 @@
  *      sequence is cleared and its token list emptied.
  *  S2. A slot's sequence id equals its index.
  *  S3. Callbacks are called without holding mu.
+ *
+ * Snapshot points inside a prefill (a chunk ends exactly there, so that the
+ * sequence holds exactly those tokens when its state is copied):
+ *  - snap_sys: the system prompt's end, when SPC did not have it (capture).
+ *  - cold saves (store) cost a warm turn no decode step. The last prefill
+ *    chunk of a request (the chunk as sized reaches the end of the prompt) is
+ *    cut for one only in a COLD prefill (< a stride reused: one extra step beside
+ *    a whole prompt's prefill), at the prompt's last stride boundary; after a
+ *    reused history it is never cut (the finish save follows within the
+ *    request) — that cut cost warm turns ~150 ms of TTFT with 4 concurrent
+ *    requests (docs/BENCHMARKS.md, save overhead). A chunk that is not the last
+ *    and crosses a stride boundary b may end at b (its last one), moving the
+ *    few tokens after b to the next chunk when that adds no decode step at
+ *    the current budget; the state of exactly b tokens is then handed to the
+ *    store as a `cold` save (if it wants it). Of those chunks only the last
+ *    one saves (looking ahead at the current budget), so a long prefill gets
+ *    one cold save, at its last stride-aligned chunk end. See cold_cut().
  */
 #include "sched/sched.h"
 
@@ -72,7 +89,8 @@ typedef struct slot {
     /* route decision for the assigned request */
     ks_route route;
     int snap_sys;        /* SPC: capture the state when n_past reaches this, -1: no */
-    int snap_store;      /* store: cold save when n_past reaches this, -1: no */
+    int snap_store;      /* store: cold save when n_past reaches this at the end of the
+                            current chunk, -1: no (set per step by cold_cut) */
     /* published (under mu) */
     ks_slot_info info;
 } slot;
@@ -477,11 +495,6 @@ static void plan(ks_sched *s, slot *sl) {
     if (r->p.sys_key && n_sys > 0 && n_reuse < n_sys) s->st.sys_prompt_prefills++;
     count_mode(s, sl, r, spc_hit || store_hit, n_reuse, took_over);
     pthread_mutex_unlock(&s->mu);
-    /* cold save point: the last stride boundary the prefill will cross */
-    if (cache && s->p.store && s->p.store_stride > 0) {
-        int b = ks_prefix_align_down(r->prompt.n - 1, s->p.store_stride);
-        if (b > n_reuse && b >= s->p.store_min_tokens) sl->snap_store = b;
-    }
     sl->n_past = n_reuse;
     sl->n_generated = 0;
     sl->i_logits = -1;
@@ -565,6 +578,75 @@ static void add_rows(ks_sched *s, ks_batch *b, slot *sl, const int32_t *toks, in
     }
 }
 
+/* Decode steps left to prefill tokens [pos, n) at budget tokens a chunk, with
+ * a chunk ending at sys (the pending SPC stop) when pos < sys < n. */
+static int prefill_steps(int pos, int n, int sys, int budget) {
+    int steps = 0;
+    if (sys > pos && sys < n) {
+        steps = (sys - pos + budget - 1) / budget;
+        pos = sys;
+    }
+    return steps + (n - pos + budget - 1) / budget;
+}
+
+/* Where a prefill chunk [pos, end) that is not the last of the prompt (n
+ * tokens) can end for a cold save: its last stride boundary b, when b is
+ * after pos, at least store_min_tokens, and the tokens moved from this chunk
+ * to the next ones cost no decode step at this budget. -1: nowhere. */
+static int cold_point(const ks_sched *s, int pos, int end, int n, int sys, int budget) {
+    int b = ks_prefix_align_down(end, s->p.store_stride);
+    if (b <= pos || b < s->p.store_min_tokens) return -1;
+    if (prefill_steps(b, n, sys, budget) != prefill_steps(end, n, sys, budget)) return -1;
+    return b;
+}
+
+/* Sizes the cold save of the chunk [n_past, n_past + take) of a prefilling
+ * slot, which is NOT the request's last chunk (the caller never cuts that
+ * one). The chunk ends at its cold_point() when no later chunk of this prefill
+ * has one, looking ahead at the current budget: so a prefill saves once, at
+ * its last stride-aligned chunk end. When the budget changes later (slots
+ * start or stop generating) a prefill may save twice or not at all; the finish
+ * save follows either way. Returns the chunk size and sets sl->snap_store to
+ * the save point (-1: none). */
+static int cold_cut(ks_sched *s, slot *sl, int take, int budget) {
+    sreq *r = sl->r;
+    sl->snap_store = -1;
+    if (!s->p.store || s->p.store_stride <= 0 || !r->p.cache_prompt || !s->p.cache_prompt) return take;
+    int n = r->prompt.n, sys = sl->snap_sys;
+    int b = cold_point(s, sl->n_past, sl->n_past + take, n, sys, budget);
+    if (b < 0) return take;
+    for (int pos = sl->n_past + take;;) {
+        int end = pos + budget;
+        if (sys > pos && end > sys) end = sys;
+        if (end >= n) { /* the last chunk: cut only in a cold prefill (cold_cut_last) */
+            if (r->res.n_cached < s->p.store_stride && ks_prefix_align_down(n - 1, s->p.store_stride) > pos)
+                return take;
+            break;
+        }
+        if (cold_point(s, pos, end, n, sys, budget) >= 0) return take; /* a later chunk saves */
+        pos = end;
+    }
+    sl->snap_store = b;
+    return b - sl->n_past;
+}
+
+/* The last chunk [n_past, n) of a COLD prefill (less than a stride reused,
+ * e.g. the template's first tokens left in a taken-over slot) ends at
+ * the prompt's last stride boundary b < n, for one `cold` save of the prompt:
+ * the issue's "cold after a cold prefill". It costs one decode step, which is
+ * small beside a whole prompt's prefill; a warm turn (a few new tokens after
+ * a reused history) never pays it. Returns the chunk size. */
+static int cold_cut_last(ks_sched *s, slot *sl, int take) {
+    sreq *r = sl->r;
+    sl->snap_store = -1;
+    if (!s->p.store || s->p.store_stride <= 0 || !r->p.cache_prompt || !s->p.cache_prompt) return take;
+    if (r->res.n_cached >= s->p.store_stride) return take; /* warm: a history was reused */
+    int b = ks_prefix_align_down(r->prompt.n - 1, s->p.store_stride);
+    if (b <= sl->n_past || b >= sl->n_past + take || b < s->p.store_min_tokens) return take;
+    sl->snap_store = b;
+    return b - sl->n_past;
+}
+
 /*
  * NOTE ON EXACTNESS. ggml's CPU matrix multiply takes a different kernel for
  * a single row (ggml's vec_dot) than for two or more (llamafile's tinyBLAS),
@@ -619,8 +701,11 @@ static void step(ks_sched *s) {
         int remaining = r->prompt.n - sl->n_past;
         int take = remaining < budget ? remaining : budget;
         if (sl->snap_sys > sl->n_past && take > sl->snap_sys - sl->n_past) take = sl->snap_sys - sl->n_past;
-        if (sl->snap_store > sl->n_past && take > sl->snap_store - sl->n_past) take = sl->snap_store - sl->n_past;
+        sl->snap_store = -1;
+        if (take < remaining) take = cold_cut(s, sl, take, budget);
+        else take = cold_cut_last(s, sl, take); /* only in a cold prefill */
         if (n_gen > 0 && take == 3) take = 2; /* see the note: never 3 beside 2-row sequences */
+        if (sl->snap_store != sl->n_past + take) sl->snap_store = -1;
         add_rows(s, b, sl, r->prompt.v + sl->n_past, sl->n_past, take, sl->n_past + take == r->prompt.n);
         sl->chunk = take;
         sl->in_batch = true;
@@ -655,10 +740,8 @@ static void step(ks_sched *s) {
                 spc_capture(s, sl);
                 sl->snap_sys = -1;
             }
-            if (sl->n_past == sl->snap_store) {
-                store_save(s, sl, KS_REASON_COLD, false);
-                sl->snap_store = -1;
-            }
+            if (sl->n_past == sl->snap_store) store_save(s, sl, KS_REASON_COLD, false);
+            sl->snap_store = -1;
             if (sl->r->p.on_progress) sl->r->p.on_progress(sl->r->p.ud, sl->n_past, sl->r->prompt.n);
         }
         if (sl->i_logits >= 0) sample_slot(s, sl);

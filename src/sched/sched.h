@@ -55,11 +55,15 @@ typedef struct ks_sched_params {
     /* System Prompt Cache: borrowed store of system-prompt states (NULL: off). */
     struct ks_spc *spc;
     /* Persistent tiered store (NULL: off), borrowed. Save points (seed 003):
-     * cold (async) when a prefill crosses the last stride boundary of the
-     * prompt, continued (async) every continued_interval generated tokens,
-     * finish (async) at the end, evict (sync) before a slot's unsaved KV is
-     * dropped, shutdown (sync) when the scheduler stops. Looked up when the
-     * slot, IMC and SPC leave more than the last token to prefill. */
+     * cold (async) once per prefill: at the last stride boundary of the
+     * prompt in a cold prefill (< one stride reused), else at the last
+     * stride-aligned end of a chunk that is not the request's last (a warm
+     * turn never pays an extra decode step for it; one prefilled in a single
+     * chunk gets none), continued (async) every continued_interval
+     * generated tokens, finish (async) at the end, evict (sync) before a
+     * slot's unsaved KV is dropped, shutdown (sync) when the scheduler stops.
+     * Looked up when the slot, IMC and SPC leave more than the last token to
+     * prefill. */
     struct ks_store *store;
     int store_stride;          /* default 256 */
     int continued_interval;    /* 0: no continued saves (default 512) */

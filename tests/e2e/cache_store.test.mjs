@@ -36,6 +36,8 @@ after(async () => {
   if (dir) rmSync(dir, { recursive: true, force: true });
 });
 
+// The first turn is a cold prefill: it leaves a cold save at the prompt's last
+// stride multiple (256) that a replay of the same prompt can restore.
 const CACHED = () => ['--ctx', '2048', '--config', config];
 // Long enough (> store.min_tokens 256, > cache_min_tokens 100) for every tier to take it.
 const system = { role: 'system', content: 'You are a careful assistant who answers briefly. '.repeat(40) };
@@ -82,6 +84,8 @@ test('all caches on: replies equal the uncached server, and the store survives a
     assert.equal(r.choices[0].message.content, ref[0].choices[0].message.content);
     assert.equal(r.cache.mode, 'store', JSON.stringify(r.cache));
     assert.ok(r.usage.prompt_tokens_details.cached_tokens > 0);
+    // The same prompt again: only a cold save (stride 256) is a proper prefix of it.
+    assert.equal(r.usage.prompt_tokens_details.cached_tokens % 256, 0, JSON.stringify(r.usage));
     assert.ok(['ram', 'shm', 'disk'].includes(r.cache.tier));
     assert.equal(typeof r.cache.restore_ms, 'number');
     const m = await metrics(b);

@@ -22,6 +22,11 @@ import {
 
 const STRIDE = 16;
 const MAX_TOKENS = 8;
+// A warm turn never pays a decode step for a cold save (its last prefill chunk
+// is never cut), so the warm ~110-200 token turns here get one only when they
+// are prefilled in several chunks. CHUNKED servers take 16 tokens (one stride)
+// per decode: every prefill then saves at its last stride-aligned chunk end.
+const CHUNKED = ['--batch', '16'];
 
 let root;
 let mounted = null; // a tmpfs still mounted when a test failed early
@@ -88,12 +93,14 @@ test('restart: after SIGTERM a new process continues the conversation from the s
   const dirs = await storeDir('restart');
   const msgs = [sys('Restart')];
   const turns = [];
-  const a = await startServer(['--config', dirs.config]);
+  const a = await startServer(['--config', dirs.config, ...CHUNKED]);
   try {
     for (const [i, u] of ['Hello there.', 'What did I just say?', 'Tell me more.'].entries()) {
       turns.push(await say(a, msgs, u, `A turn ${i + 1}`));
     }
     assert.ok(turns[0].usage.prompt_tokens >= 32, 'the prompt is above store.min_tokens');
+    const m = await settleStore(a);
+    assert.ok(m.get('kvstash_store_saves_total{reason="cold"}') >= 1, 'the chunked prefills were cold-saved (to disk)');
   } finally {
     await stopOk(a); // exit 0: shutdown writes the queue
   }
@@ -108,7 +115,8 @@ test('restart: after SIGTERM a new process continues the conversation from the s
       'B indexed the files of A at start');
     msgs.push({ role: 'user', content: 'Thanks, bye.' });
     const r = await turn(b, msgs, 'B turn 4');
-    // At least the previous turn's prompt (its cold save is stride-aligned down).
+    // At least the previous turn's prompt, less a stride (its finish save holds
+    // prompt and reply; a cold save would be stride-aligned down).
     assertStoreHit(r, turns[2].usage.prompt_tokens - STRIDE, 'B turn 4');
     const m = await metrics(b);
     assert.ok(m.get('kvstash_store_hits_total') >= 1);
@@ -157,6 +165,52 @@ test('evict and shutdown saves persist a slot\'s KV when finish saves go to tier
     assertStoreHit(r2, tx.usage.prompt_tokens, 'x turn 2 (evict save)');
   } finally {
     await stopOk(b);
+  }
+});
+
+// ----------------------------------------------------------------------- 1c
+// A cold prefill saves its prompt once, at the last stride boundary (its last
+// chunk is cut there: one decode step beside a whole prompt's prefill); a warm
+// turn never pays a step for a cold save, so a turn whose new tokens fit one
+// chunk adds none. Another process replaying the first prompt restores exactly
+// the cold save.
+test('cold saves: one for a cold prefill at its last stride boundary, none for a warm one-chunk turn', async () => {
+  const reasons = { cold: 'disk', continued: 'none', finish: 'disk', evict: 'disk', shutdown: 'disk' };
+  const headers = async (dir) => (await kvFiles(dir)).map((f) => kvHeader(readFileSync(path.join(dir, f))));
+  const msgs = [sys('Cold'), { role: 'user', content: 'Hello there.' }];
+  const dirs = await storeDir('cold', { reasons });
+  const a = await startServer(['--config', dirs.config]);
+  let n;
+  try {
+    const r = await turn(a, msgs, 'cold turn');
+    n = r.usage.prompt_tokens;
+    assert.ok(n > 2 * STRIDE && n <= 512, `${n} prompt tokens: past stride boundaries, within one chunk`);
+    let m = await settleStore(a);
+    assert.equal(m.get('kvstash_store_save_requests_total{reason="cold"}'), 1, 'one cold save for the cold prefill');
+    assert.equal(m.get('kvstash_store_saves_total{reason="cold"}'), 1, 'cold saves written');
+    const w = [...msgs, { role: 'assistant', content: r.choices[0].message.content }, { role: 'user', content: 'And then? Tell me everything about it, step by step, with all the details you know.' }];
+    const r2 = await turn(a, w, 'warm turn');
+    assert.ok(r2.usage.prompt_tokens_details.cached_tokens >= n, 'the warm turn reused the first');
+    assert.ok(Math.floor((r2.usage.prompt_tokens - 1) / STRIDE) * STRIDE > r2.usage.prompt_tokens_details.cached_tokens,
+      'the warm turn crosses a stride boundary');
+    m = await settleStore(a);
+    assert.equal(m.get('kvstash_store_save_requests_total{reason="cold"}'), 1, 'no cold save for a warm one-chunk turn');
+    assert.equal(m.get('kvstash_store_saves_total{reason="finish"}'), 2, 'the finish saves');
+  } finally {
+    await stopOk(a);
+  }
+  const at = Math.floor((n - 1) / STRIDE) * STRIDE;
+  const cold = (await headers(dirs.disk)).filter((h) => h.reason === 0);
+  assert.equal(cold.length, 1, 'one cold-reason file');
+  assert.equal(cold[0].nTokens, at, `the cold save of a ${n}-token prompt`);
+  // Another process gets the first prompt again: restored from the cold save.
+  const c = await startServer(['--config', dirs.config]);
+  try {
+    const r = await turn(c, msgs, 'replay');
+    assertStoreHit(r, at, 'replay of the first prompt');
+    assert.equal(r.usage.prompt_tokens_details.cached_tokens, at);
+  } finally {
+    await stopOk(c);
   }
 });
 
@@ -236,13 +290,17 @@ test('damaged, version-bumped and other-model files are never served; verify nam
       assert.ok(into[c].length > 0, `${what}: ${c} saved no file`);
     }
   }
-  const a = await startServer(['--config', dirs.config]);
+  // Each conversation's turn 1 leaves a cold save at a stride multiple: a
+  // cold prefill on a slot of its own, in 16-token chunks.
+  // n_seq is part of the keys: every server here has 8 slots.
+  const SLOTS = ['--slots', '8'];
+  const a = await startServer(['--config', dirs.config, ...SLOTS, ...CHUNKED]);
   try {
     await seed(a, convs.filter((c) => c !== 'Foreign'), files, 'model 1');
   } finally {
     await stopOk(a);
   }
-  const a2 = await startServer(['--config', dirs.config, '-m', model2]);
+  const a2 = await startServer(['--config', dirs.config, '-m', model2, ...SLOTS, ...CHUNKED]);
   try {
     await seed(a2, ['Swap', 'Foreign'], files2, 'model 2');
   } finally {
@@ -313,7 +371,7 @@ test('damaged, version-bumped and other-model files are never served; verify nam
   for (const f of files.Version) assert.match(v.stdout, new RegExp(`bad: \\S*${f}: EVERSION`), 'version bump reads as EVERSION');
 
   // A new model-1 server: damaged prefixes are misses with the uncached output.
-  const b = await startServer(['--config', dirs.config]);
+  const b = await startServer(['--config', dirs.config, ...SLOTS]);
   let m0, m1;
   try {
     m0 = await metrics(b);
@@ -455,7 +513,7 @@ test('budgets: the disk tier never holds more than its max_bytes, evicting least
       assert.equal(m.get('kvstash_store_tier_entries{tier="disk"}'), (await kvFiles(dirs.disk)).length);
     }
     assert.ok(m.get('kvstash_store_tier_evictions_total{tier="disk"}') > 0, 'evictions happened');
-    assert.ok(metricSum(m, 'kvstash_store_saves_total') >= 16, 'every conversation was saved');
+    assert.ok(m.get('kvstash_store_saves_total{reason="finish"}') >= 8, 'every conversation was saved');
   } finally {
     sampling = false;
     await bg;
