@@ -332,10 +332,14 @@ static void store_save(ks_sched *s, slot *sl, ks_reason why, bool sync) {
 
 /* Store: restore the longest stored prefix of the prompt when it beats what
  * the slot already reuses. Returns true when the slot now holds it. */
-static bool store_restore(ks_sched *s, slot *sl, sreq *r, int *n_reuse) {
+/* Restores the longest stored prefix of the prompt longer than `beat` tokens
+ * (beat >= *n_reuse: what the slot or SPC gives without the store). */
+static bool store_restore(ks_sched *s, slot *sl, sreq *r, int *n_reuse, int beat) {
     double t0 = ks_now_ms();
     ks_store_hit hit;
-    if (ks_store_lookup_range(s->p.store, r->prompt.v, r->prompt.n, *n_reuse + 1, r->prompt.n - 1, &hit) != 0)
+    if (beat < *n_reuse) beat = *n_reuse;
+    if (beat + 1 > r->prompt.n - 1) return false;
+    if (ks_store_lookup_range(s->p.store, r->prompt.v, r->prompt.n, beat + 1, r->prompt.n - 1, &hit) != 0)
         return false;
     bool ok = false;
     if (hit.n_tokens <= *n_reuse) goto done;
@@ -481,16 +485,20 @@ static void plan(ks_sched *s, slot *sl) {
     bool spc_hit = false;
     /* The counters are read by other threads under mu; restoring a state
      * takes about a millisecond, so holding mu across it is fine. */
-    pthread_mutex_lock(&s->mu);
-    if (cache && s->p.spc && r->p.sys_key && n_sys >= s->p.cache_min_tokens && n_sys < r->prompt.n &&
-        n_reuse < n_sys) {
+    bool spc_ok = cache && s->p.spc && r->p.sys_key && n_sys >= s->p.cache_min_tokens && n_sys < r->prompt.n &&
+                  n_reuse < n_sys;
+    bool store_ok = cache && s->p.store;
+    /* The store first when SPC could act: a stored state longer than the
+     * system prompt (a conversation's earlier turn) makes SPC's restore
+     * wasted work; only then SPC, then a shorter stored prefix. */
+    bool store_hit = store_ok && spc_ok && store_restore(s, sl, r, &n_reuse, n_sys);
+    if (!store_hit && spc_ok) {
+        pthread_mutex_lock(&s->mu);
         spc_hit = spc_restore(s, sl, r, &n_reuse);
         if (!spc_hit) sl->snap_sys = n_sys;
+        pthread_mutex_unlock(&s->mu);
     }
-    pthread_mutex_unlock(&s->mu);
-    bool store_hit = false;
-    if (cache && s->p.store && n_reuse < r->prompt.n - 1) store_hit = store_restore(s, sl, r, &n_reuse);
-    if (store_hit) spc_hit = false;
+    if (!store_hit && !spc_hit && store_ok) store_hit = store_restore(s, sl, r, &n_reuse, n_reuse);
     pthread_mutex_lock(&s->mu);
     if (r->p.sys_key && n_sys > 0 && n_reuse < n_sys) s->st.sys_prompt_prefills++;
     count_mode(s, sl, r, spc_hit || store_hit, n_reuse, took_over);

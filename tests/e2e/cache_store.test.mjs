@@ -107,3 +107,35 @@ test('two users sharing a system prompt get the uncached replies', async () => {
     await stopOk(srv);
   }
 });
+
+// A conversation whose slot was taken over comes back from the store alone:
+// when the store holds more than the system prompt, SPC's state is not
+// restored first (that restore would be overwritten right away).
+test('a conversation back on a taken-over slot: restored from the store, not from SPC then the store', async () => {
+  const sysA = { role: 'system', content: 'Agent A: you plan the work and answer briefly. '.repeat(12) };
+  const sysB = { role: 'system', content: 'Agent B: you review the work and answer briefly. '.repeat(12) };
+  const srv = await startServer([...CACHED(), '--slots', '1'], { defaults: false });
+  try {
+    const run = async (msgs) => {
+      const r = await chat(srv, msgs, { max_tokens: 8 });
+      const p = await chat(plain, msgs, { max_tokens: 8 });
+      assert.equal(r.choices[0].message.content, p.choices[0].message.content, JSON.stringify(r.cache));
+      return r;
+    };
+    const a = [sysA, { role: 'user', content: 'Plan a small garden.' }];
+    const a1 = await run(a);
+    a.push({ role: 'assistant', content: a1.choices[0].message.content }, { role: 'user', content: 'And the watering?' });
+    await run([sysB, { role: 'user', content: 'Review the plan.' }]); // takes the only slot
+    const m0 = await metrics(srv);
+    assert.ok(m0.get('kvstash_spc_entries') >= 1, 'SPC holds a system prompt');
+    const a2 = await run(a);
+    const m1 = await metrics(srv);
+    assert.equal(a2.cache.mode, 'store', JSON.stringify(a2.cache));
+    assert.ok(a2.usage.prompt_tokens_details.cached_tokens > a1.usage.prompt_tokens - 8,
+      `A's first turn came back (${JSON.stringify(a2.usage)})`);
+    assert.equal(m1.get('kvstash_spc_restored_tokens_total'), m0.get('kvstash_spc_restored_tokens_total'),
+      'no SPC restore before the store restore');
+  } finally {
+    await stopOk(srv);
+  }
+});
