@@ -197,7 +197,7 @@ void ks_config_defaults(ks_config *c) {
     s->continued_interval = 512;
     s->min_tokens = 256;
     s->shutdown_timeout_ms = 5000;
-    s->tier_max_bytes[KS_TIER_RAM] = 256LL << 20;
+    s->tier_max_bytes[KS_TIER_RAM] = 2048LL << 20; /* --cache-ram's default */
     s->tier_max_bytes[KS_TIER_SHM] = 1LL << 30;
     s->tier_max_bytes[KS_TIER_DISK] = 10LL << 30;
     s->reason_tier[KS_REASON_COLD] = KS_TIER_DISK;
@@ -719,6 +719,33 @@ done:
     free(text);
     fclose(f);
     return rc;
+}
+
+/* ------------------------------------------------------------ store mode */
+const char *ks_store_mode_name(ks_store_mode m) {
+    switch (m) {
+    case KS_STORE_RAM_ONLY: return "ram-only";
+    case KS_STORE_FULL: return "full";
+    default: return "off";
+    }
+}
+
+ks_store_mode ks_config_store_plan(const ks_config *c, ks_store_cfg *out) {
+    memcpy(out, &c->store, sizeof *out);
+    /* No reuse at all: nothing would ever be looked up, and nothing saved. */
+    if (!c->cache_prompt) return KS_STORE_OFF;
+    if (c->store.enabled) return KS_STORE_FULL;
+    if (c->store.tier_max_bytes[KS_TIER_RAM] <= 0) return KS_STORE_OFF;
+    /* RAM only: no directory may be used, so none is named. */
+    out->enabled = true;
+    out->cache_dir[0] = '\0';
+    out->shm_dir[0] = '\0';
+    out->tier_max_bytes[KS_TIER_SHM] = 0;
+    out->tier_max_bytes[KS_TIER_DISK] = 0;
+    for (int r = 0; r < KS_REASON__N; r++)
+        if (out->reason_tier[r] != KS_TIER_NONE) out->reason_tier[r] = KS_TIER_RAM;
+    out->reason_tier[KS_REASON_SHUTDOWN] = KS_TIER_NONE; /* the RAM dies with the process */
+    return KS_STORE_RAM_ONLY;
 }
 
 /* ------------------------------------------------------------ per model */

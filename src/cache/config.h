@@ -27,7 +27,7 @@
  *       slots: 3             # overrides the top-level slots for this model
  *       spc_max_bytes: 268435456
  *   store:
- *     enabled: true
+ *     enabled: true                    # the full store (shm and disk tiers); see "Store modes"
  *     cache_dir: ~/.cache/kvstash      # disk tier directory
  *     shm_dir: /dev/shm/kvstash-$USER  # shm tier directory
  *     stride: 256
@@ -35,10 +35,25 @@
  *     min_tokens: 256                  # do not save states shorter than this
  *     shutdown_timeout_ms: 5000
  *     tiers:
- *       ram:  { max_bytes: 268435456 }
+ *       ram:  { max_bytes: 2GiB }      # also the RAM-only store's budget (--cache-ram)
  *       shm:  { max_bytes: 1073741824 }
  *       disk: { max_bytes: 10737418240 }
  *     reasons: { cold: disk, continued: shm, finish: shm, evict: disk, shutdown: disk }
+ *
+ * Store modes (ks_config_store_plan): `kvstash serve` opens
+ *  - the full store (ram, shm and disk tiers, store.reasons as given) when
+ *    store.enabled is true: `enabled: true`, any other store key without
+ *    `enabled: false`, or --cache-dir;
+ *  - else the RAM-only store, when the ram tier's budget is > 0 (the
+ *    default): only the ram tier, no directory used or created, no file
+ *    read or written; every reason that maps to a tier maps to ram, except
+ *    shutdown (none: the RAM dies with the process). Its settings are
+ *    store.tiers.ram.max_bytes, stride, min_tokens, continued_interval,
+ *    shutdown_timeout_ms and reasons (`none` stays none), so
+ *    `store: { enabled: false, tiers: { ram: { max_bytes: 4GiB } } }` sizes
+ *    it without turning on the full store;
+ *  - no store when the ram budget is 0 and store.enabled is false, and never
+ *    when cache_prompt is false (no reuse at all: no lookups, no saves).
  *
  * An unknown key, a wrong type or an out-of-range value fails with a message
  * that names the key path ("models.default.cache_min_tokens: expected an integer").
@@ -73,14 +88,14 @@ typedef struct ks_model_cache_cfg {
 } ks_model_cache_cfg;
 
 typedef struct ks_store_cfg {
-    bool enabled;                         /* default false unless a store key/flag is given */
+    bool enabled;                         /* the full store; default false unless a store key/flag is given */
     char cache_dir[KS_MAX_PATH];          /* disk tier; default $XDG_CACHE_HOME/kvstash or ~/.cache/kvstash */
     char shm_dir[KS_MAX_PATH];            /* default /dev/shm/kvstash-<uid> */
     int stride;                           /* default 256 */
     int continued_interval;               /* default 512 */
     int min_tokens;                       /* default 256 */
     int shutdown_timeout_ms;              /* default 5000 */
-    int64_t tier_max_bytes[KS_TIER__N];   /* ram 256 MiB, shm 1 GiB, disk 10 GiB; 0 disables the tier */
+    int64_t tier_max_bytes[KS_TIER__N];   /* ram 2 GiB, shm 1 GiB, disk 10 GiB; 0 disables the tier */
     int reason_tier[KS_REASON__N];        /* ks_tier_id; default cold=disk continued=shm finish=shm evict=disk shutdown=disk */
 } ks_store_cfg;
 
@@ -115,6 +130,16 @@ void ks_config_defaults(ks_config *c);
 int ks_config_load_file(ks_config *c, const char *path, char *err, size_t errlen);
 /* Same from a string (for tests). */
 int ks_config_load_string(ks_config *c, const char *yaml, char *err, size_t errlen);
+/* Which store `kvstash serve` opens (see "Store modes" above). */
+typedef enum { KS_STORE_OFF = 0, KS_STORE_RAM_ONLY, KS_STORE_FULL } ks_store_mode;
+
+/* Decides the store for c and writes its settings to *out (c->store, changed
+ * for the RAM-only mode: shm and disk budgets 0, both directories "", reasons
+ * mapped to ram, shutdown to none). *out is a copy of c->store for the other
+ * modes. c and out may not be NULL. */
+ks_store_mode ks_config_store_plan(const ks_config *c, ks_store_cfg *out);
+const char *ks_store_mode_name(ks_store_mode m); /* "off", "ram-only", "full" */
+
 /* Picks the models.<name> entry for the model (its general.name or file base name,
  * else "default") into c->cache; per-model slots override c->slots. */
 void ks_config_resolve_model(ks_config *c, const char *model_name, const char *model_file);

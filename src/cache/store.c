@@ -125,7 +125,7 @@ ks_store_params ks_store_params_default(void) {
     p.cfg.continued_interval = 512;
     p.cfg.min_tokens = 256;
     p.cfg.shutdown_timeout_ms = 5000;
-    p.cfg.tier_max_bytes[KS_TIER_RAM] = 256ll << 20;
+    p.cfg.tier_max_bytes[KS_TIER_RAM] = 2048ll << 20;
     p.cfg.tier_max_bytes[KS_TIER_SHM] = 1ll << 30;
     p.cfg.tier_max_bytes[KS_TIER_DISK] = 10ll << 30;
     p.cfg.reason_tier[KS_REASON_COLD] = KS_TIER_DISK;
@@ -461,11 +461,16 @@ int ks_store_open(const ks_store_params *p, ks_store **out, char *err, size_t er
     }
     for (int t = 0; t < KS_TIER__N; t++) {
         uint64_t b = 0, e = 0;
-        if (s->tiers[t]) ks_tier_usage(s->tiers[t], &b, &e);
+        if (!s->tiers[t]) {
+            /* A disabled tier: its directory, if any is named, is not used. */
+            KS_INFO("store", "%-4s tier: off", tier_label(t));
+            continue;
+        }
+        ks_tier_usage(s->tiers[t], &b, &e);
         KS_INFO("store", "%-4s tier: %s%s%llu entries, %.1f MiB (budget %.1f MiB)", tier_label(t),
                 t == KS_TIER_RAM ? "" : (t == KS_TIER_SHM ? s->cfg.shm_dir : s->cfg.cache_dir),
                 t == KS_TIER_RAM ? "" : ": ", (unsigned long long)e, (double)b / 1048576.0,
-                s->tiers[t] ? (double)s->cfg.tier_max_bytes[t] / 1048576.0 : 0.0);
+                (double)s->cfg.tier_max_bytes[t] / 1048576.0);
     }
 done:
     if (rc != 0) {

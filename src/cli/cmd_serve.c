@@ -3,7 +3,7 @@
  *
  * Settings come from the defaults, then the YAML file (--config), then the
  * flags (flags win; docs/SERVER.md lists them). Start-up order: engine →
- * caches (SPC, persistent store, with their /metrics sources) → scheduler →
+ * caches (SPC, KV store, with their /metrics sources) → scheduler →
  * HTTP daemon; teardown runs in reverse. Then two lines on stderr that
  * scripts and tests rely on:
  *   kvstash: listening on http://HOST:PORT (model NAME, N slots, ctx C)
@@ -15,6 +15,12 @@
  * connections, running requests finish (up to --shutdown-timeout), the rest
  * are canceled, everything is freed, exit 0. A second signal during the
  * drain cancels at once.
+ *
+ * The KV store (ks_config_store_plan, config.h "Store modes"): the full store
+ * with --cache-dir or a store: section; otherwise a RAM-only store (ram tier
+ * only, --cache-ram MiB, default 2048) that keeps the states of conversations
+ * whose slot was taken over, writing no file and using no directory; none
+ * with --cache-ram 0 or --no-cache-prompt.
  */
 #include <getopt.h>
 #include <signal.h>
@@ -52,8 +58,12 @@ static void usage(FILE *f) {
             "                            by message hashes (models.<name>.incremental_cache)\n"
             "  --spc                     system prompt cache: keep system-prompt KV states in RAM\n"
             "                            (models.<name>.system_prompt_cache)\n"
-            "  --cache-dir DIR           enable the persistent KV store with its disk tier in DIR\n"
-            "                            (store.enabled, store.cache_dir)\n"
+            "  --cache-ram MIB           RAM budget of the KV store (store.tiers.ram.max_bytes; default\n"
+            "                            2048). Without --cache-dir the store is RAM-only: evicted\n"
+            "                            conversations are restored from RAM, no file is written;\n"
+            "                            0 turns it off\n"
+            "  --cache-dir DIR           enable the full persistent KV store (ram, shm and disk tiers)\n"
+            "                            with its disk tier in DIR (store.enabled, store.cache_dir)\n"
             "  --api-key KEY             require 'Authorization: Bearer KEY' (also $KVSTASH_API_KEY)\n"
             "  --max-queue N             requests waiting for a slot; beyond: 503 (default 64)\n"
             "  --max-body-bytes N        largest request body; beyond: 413 (default 16777216)\n"
@@ -73,6 +83,7 @@ typedef struct flags {
     const char *model, *host, *api_key, *config, *log, *alias;
     long port, slots, ctx, batch, threads, max_queue, max_tokens, timeout, shutdown_ms;
     long long max_body;
+    long cache_ram; /* MiB, -1: not given */
     bool no_cache, no_exact, flash_attn, imc, spc;
     const char *cache_dir;
 } flags;
@@ -90,7 +101,7 @@ static int parse_long(const char *name, const char *s, long lo, long hi, long *o
 
 static int parse_flags(int argc, char **argv, flags *f) {
     enum { O_HOST = 256, O_PORT, O_SLOTS, O_CTX, O_BATCH, O_THREADS, O_NOCACHE, O_NOEXACT, O_KEY, O_QUEUE, O_BODY,
-           O_MAXTOK, O_ALIAS, O_TIMEOUT, O_SHUTDOWN, O_FA, O_CONFIG, O_LOG, O_IMC, O_SPC, O_CACHEDIR };
+           O_MAXTOK, O_ALIAS, O_TIMEOUT, O_SHUTDOWN, O_FA, O_CONFIG, O_LOG, O_IMC, O_SPC, O_CACHEDIR, O_CACHERAM };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},          {"host", required_argument, 0, O_HOST},
         {"port", required_argument, 0, O_PORT},        {"slots", required_argument, 0, O_SLOTS},
@@ -103,12 +114,13 @@ static int parse_flags(int argc, char **argv, flags *f) {
         {"shutdown-timeout", required_argument, 0, O_SHUTDOWN}, {"flash-attn", no_argument, 0, O_FA},
         {"config", required_argument, 0, O_CONFIG},    {"log", required_argument, 0, O_LOG},
         {"imc", no_argument, 0, O_IMC},                {"spc", no_argument, 0, O_SPC},
-        {"cache-dir", required_argument, 0, O_CACHEDIR},
+        {"cache-dir", required_argument, 0, O_CACHEDIR}, {"cache-ram", required_argument, 0, O_CACHERAM},
         {"help", no_argument, 0, 'h'},                 {0, 0, 0, 0}};
     memset(f, 0, sizeof *f);
     f->port = f->slots = f->ctx = f->batch = f->threads = f->max_queue = f->max_tokens = f->timeout = -1;
     f->shutdown_ms = 10000;
     f->max_body = -1;
+    f->cache_ram = -1;
     optind = 1;
     opterr = 0;
     int c;
@@ -138,6 +150,7 @@ static int parse_flags(int argc, char **argv, flags *f) {
         case O_IMC: f->imc = true; break;
         case O_SPC: f->spc = true; break;
         case O_CACHEDIR: f->cache_dir = optarg; break;
+        case O_CACHERAM: if (parse_long("--cache-ram", optarg, 0, 1L << 24, &f->cache_ram)) return 2; break;
         case O_CONFIG: f->config = optarg; break;
         case O_LOG:
             if (ks_log_parse_level(optarg) < 0) {
@@ -191,17 +204,21 @@ static int apply_flags(const flags *f, ks_config *c) {
         COPY(c->store.cache_dir, f->cache_dir);
         c->store.enabled = true;
     }
+    if (f->cache_ram >= 0) c->store.tier_max_bytes[KS_TIER_RAM] = (int64_t)f->cache_ram << 20;
     return 0;
 }
 
-/* The persistent store for this engine: keys carry the model's fingerprint and
- * the KV-shaping parameters, so states of another model or context size are
- * never found. */
-static int open_store(const ks_config *c, const ks_engine *e, ks_store **out) {
+/* The KV store for this engine, with the settings of ks_config_store_plan:
+ * keys carry the model's fingerprint and the KV-shaping parameters, so states
+ * of another model or context size are never found. The fingerprint is
+ * cached in the disk tier's directory only when there is one (a RAM-only
+ * store writes nothing). */
+static int open_store(const ks_config *c, const ks_store_cfg *sc, const ks_engine *e, ks_store **out) {
     ks_store_params sp = ks_store_params_default();
-    sp.cfg = c->store;
+    sp.cfg = *sc;
     char err[512] = "";
-    int rc = ks_model_fingerprint_cached(c->model, c->store.cache_dir, sp.model_fp, NULL, err, sizeof err);
+    const char *fp_dir = sc->tier_max_bytes[KS_TIER_DISK] > 0 ? sc->cache_dir : NULL;
+    int rc = ks_model_fingerprint_cached(c->model, fp_dir, sp.model_fp, NULL, err, sizeof err);
     if (rc) {
         fprintf(stderr, CMD ": model fingerprint: %s\n", err[0] ? err : ks_strerror(rc));
         return rc;
@@ -312,8 +329,12 @@ int ks_cmd_serve(int argc, char **argv) {
             goto done;
         }
     }
-    if (cfg.store.enabled) {
-        if (open_store(&cfg, e, &store)) goto done;
+    ks_store_cfg store_cfg;
+    ks_store_mode store_mode = ks_config_store_plan(&cfg, &store_cfg);
+    if (store_mode == KS_STORE_OFF && cfg.store.enabled)
+        KS_WARN("serve", "prompt caching is off: the KV store (%s) is not opened", cfg.store.cache_dir);
+    if (store_mode != KS_STORE_OFF) {
+        if (open_store(&cfg, &store_cfg, e, &store)) goto done;
         if ((rc = ks_metrics_add(metrics, ks_metrics_store, store))) goto done;
     }
 
@@ -328,9 +349,9 @@ int ks_cmd_serve(int argc, char **argv) {
     sp.cache_min_tokens = cfg.cache.cache_min_tokens;
     sp.spc = spc;
     sp.store = store;
-    sp.store_stride = cfg.store.stride;
-    sp.continued_interval = cfg.store.continued_interval;
-    sp.store_min_tokens = cfg.store.min_tokens;
+    sp.store_stride = store_cfg.stride;
+    sp.continued_interval = store_cfg.continued_interval;
+    sp.store_min_tokens = store_cfg.min_tokens;
     rc = ks_sched_create(&sp, &sched);
     if (rc) {
         fprintf(stderr, CMD ": cannot start the scheduler: %s\n", ks_strerror(rc));
@@ -365,8 +386,14 @@ int ks_cmd_serve(int argc, char **argv) {
             cfg.host, v6 ? "]" : "", ks_server_port(srv), f.alias ? f.alias : ks_engine_model_name(e), cfg.slots,
             ks_engine_n_ctx_seq(e));
     fprintf(stderr, "kvstash: port=%d\n", ks_server_port(srv));
-    KS_INFO("serve", "cache: prompt %s, imc %s, spc %s, store %s%s", cfg.cache_prompt ? "on" : "off",
-            sp.imc ? "on" : "off", spc ? "on" : "off", store ? "on at " : "off", store ? cfg.store.cache_dir : "");
+    char store_desc[KS_MAX_PATH + 32] = "off";
+    if (store && store_mode == KS_STORE_RAM_ONLY)
+        snprintf(store_desc, sizeof store_desc, "ram-only (%.0f MiB)",
+                 (double)store_cfg.tier_max_bytes[KS_TIER_RAM] / 1048576.0);
+    else if (store)
+        snprintf(store_desc, sizeof store_desc, "on at %s", store_cfg.cache_dir);
+    KS_INFO("serve", "cache: prompt %s, imc %s, spc %s, store %s", cfg.cache_prompt ? "on" : "off",
+            sp.imc ? "on" : "off", spc ? "on" : "off", store_desc);
     if (cfg.api_key[0] == '\0' && strcmp(cfg.host, "127.0.0.1") && strcmp(cfg.host, "localhost") &&
         strcmp(cfg.host, "::1"))
         KS_WARN("serve", "listening on %s without --api-key: anyone who can reach it can use it", cfg.host);

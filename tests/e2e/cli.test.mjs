@@ -18,7 +18,7 @@ test('--help prints the usage and exits 0', () => {
   assert.equal(r.code, 0);
   assert.match(r.stdout, /usage: kvstash serve -m MODEL/);
   for (const f of ['--host', '--port', '--slots', '--ctx', '--threads', '--batch', '--no-cache-prompt', '--api-key',
-    '--max-queue', '--config', '--log']) assert.ok(r.stdout.includes(f), f);
+    '--max-queue', '--config', '--log', '--cache-ram', '--cache-dir']) assert.ok(r.stdout.includes(f), f);
 });
 
 test('usage errors exit 2 with a message', () => {

@@ -90,8 +90,14 @@ test('3 sub-agents interleaved on 3 slots: from round 2 on every request is an i
   }
 });
 
+// The IMC-only behaviour of an evicted branch (a rebuild from scratch) is what
+// this test checks: --cache-ram 0 turns off the default RAM store, which would
+// restore a taken-over branch once its prompt reaches store.min_tokens
+// (ram_store.test.mjs tests that).
+const NO_STORE = ['--cache-ram', '0'];
+
 test('5 sub-agents on 3 slots: LRU eviction, rebuild from scratch, and exact replies', async () => {
-  const srv = await startServer(['--slots', '3', '--imc']);
+  const srv = await startServer(['--slots', '3', '--imc', ...NO_STORE]);
   try {
     const m0 = await metrics(srv);
     const header = await countTokens(ref, '<|im_start|>system\n'); // what any two agents share

@@ -68,7 +68,7 @@ static void test_defaults(void **state) {
     assert_int_equal(c.store.continued_interval, 512);
     assert_int_equal(c.store.min_tokens, 256);
     assert_int_equal(c.store.shutdown_timeout_ms, 5000);
-    assert_int_equal(c.store.tier_max_bytes[KS_TIER_RAM], 268435456LL);
+    assert_int_equal(c.store.tier_max_bytes[KS_TIER_RAM], 2147483648LL); /* --cache-ram 2048 */
     assert_int_equal(c.store.tier_max_bytes[KS_TIER_SHM], 1073741824LL);
     assert_int_equal(c.store.tier_max_bytes[KS_TIER_DISK], 10737418240LL);
     assert_int_equal(c.store.reason_tier[KS_REASON_COLD], KS_TIER_DISK);
@@ -374,6 +374,83 @@ static void test_store_enabled_rule(void **state) {
     assert_false(c.store.enabled);
 }
 
+/* ------------------------------------------------------------ store mode */
+/* The RAM-only plan: only the ram tier, no directory, reasons mapped to ram
+ * (those set to none stay none), shutdown none; everything else as in c. */
+static void assert_ram_only(const ks_config *c, const ks_store_cfg *o, int64_t ram) {
+    assert_true(o->enabled);
+    assert_string_equal(o->cache_dir, "");
+    assert_string_equal(o->shm_dir, "");
+    assert_int_equal(o->tier_max_bytes[KS_TIER_RAM], ram);
+    assert_int_equal(o->tier_max_bytes[KS_TIER_SHM], 0);
+    assert_int_equal(o->tier_max_bytes[KS_TIER_DISK], 0);
+    for (int r = 0; r < KS_REASON__N; r++) {
+        int want = (r == KS_REASON_SHUTDOWN || c->store.reason_tier[r] == KS_TIER_NONE) ? KS_TIER_NONE
+                                                                                        : KS_TIER_RAM;
+        if (o->reason_tier[r] != want)
+            fail_msg("reason %s: tier %s, wanted %s", ks_reason_name((ks_reason)r),
+                     ks_tier_name((ks_tier_id)o->reason_tier[r]), ks_tier_name((ks_tier_id)want));
+    }
+    assert_int_equal(o->stride, c->store.stride);
+    assert_int_equal(o->min_tokens, c->store.min_tokens);
+    assert_int_equal(o->continued_interval, c->store.continued_interval);
+    assert_int_equal(o->shutdown_timeout_ms, c->store.shutdown_timeout_ms);
+}
+
+static void test_store_plan(void **state) {
+    (void)state;
+    ks_config c, before;
+    ks_store_cfg o;
+    /* defaults: the RAM-only store of 2 GiB */
+    ks_config_defaults(&c);
+    before = c;
+    assert_int_equal(ks_config_store_plan(&c, &o), KS_STORE_RAM_ONLY);
+    assert_ram_only(&c, &o, 2048LL << 20);
+    assert_memory_equal(&c, &before, sizeof c); /* c is not changed */
+    assert_string_equal(ks_store_mode_name(KS_STORE_RAM_ONLY), "ram-only");
+    assert_string_equal(ks_store_mode_name(KS_STORE_FULL), "full");
+    assert_string_equal(ks_store_mode_name(KS_STORE_OFF), "off");
+    /* no prompt caching: no store at all */
+    c.cache_prompt = false;
+    assert_int_equal(ks_config_store_plan(&c, &o), KS_STORE_OFF);
+    load_ok(&c, "cache_prompt: true\n");
+    assert_int_equal(ks_config_store_plan(&c, &o), KS_STORE_RAM_ONLY);
+
+    /* the budget of the RAM-only store is the ram tier's; enabled: false keeps
+     * the full store off, and the other store settings apply */
+    ks_config_defaults(&c);
+    load_ok(&c, "store:\n  enabled: false\n  min_tokens: 32\n  stride: 16\n"
+                "  tiers: { ram: { max_bytes: 64MiB }, disk: { max_bytes: 1GiB } }\n"
+                "  reasons: { cold: none, finish: disk, shutdown: ram }\n");
+    assert_false(c.store.enabled);
+    assert_int_equal(ks_config_store_plan(&c, &o), KS_STORE_RAM_ONLY);
+    assert_ram_only(&c, &o, 64LL << 20);
+    assert_int_equal(o.min_tokens, 32);
+    assert_int_equal(o.stride, 16);
+    assert_int_equal(o.reason_tier[KS_REASON_COLD], KS_TIER_NONE);
+    assert_int_equal(o.reason_tier[KS_REASON_FINISH], KS_TIER_RAM);
+    assert_int_equal(o.reason_tier[KS_REASON_SHUTDOWN], KS_TIER_NONE);
+    /* a ram budget of 0 turns it off */
+    load_ok(&c, "store: { enabled: false, tiers: { ram: { max_bytes: 0 } } }\n");
+    assert_int_equal(ks_config_store_plan(&c, &o), KS_STORE_OFF);
+
+    /* the full store: its settings as given, also a ram budget of 0 */
+    ks_config_defaults(&c);
+    load_ok(&c, "store: { tiers: { ram: { max_bytes: 0 } } }\n");
+    assert_true(c.store.enabled);
+    assert_int_equal(ks_config_store_plan(&c, &o), KS_STORE_FULL);
+    assert_memory_equal(&o, &c.store, sizeof o);
+    ks_config_defaults(&c);
+    load_ok(&c, "store: { enabled: true, cache_dir: /tmp/x }\n");
+    assert_int_equal(ks_config_store_plan(&c, &o), KS_STORE_FULL);
+    assert_memory_equal(&o, &c.store, sizeof o);
+    assert_string_equal(o.cache_dir, "/tmp/x");
+    assert_int_equal(o.reason_tier[KS_REASON_SHUTDOWN], KS_TIER_DISK);
+    /* ... but not without prompt caching */
+    load_ok(&c, "cache_prompt: false\n");
+    assert_int_equal(ks_config_store_plan(&c, &o), KS_STORE_OFF);
+}
+
 /* ------------------------------------------------------------ per model */
 static void test_resolve_model(void **state) {
     (void)state;
@@ -441,6 +518,7 @@ int main(void) {
         cmocka_unit_test(test_size_suffixes),
         cmocka_unit_test(test_paths_expand),
         cmocka_unit_test(test_store_enabled_rule),
+        cmocka_unit_test(test_store_plan),
         cmocka_unit_test(test_resolve_model),
         cmocka_unit_test(test_model_entry_limits),
     };
