@@ -12,6 +12,15 @@
  *   `s->pending` maps the keys of queued saves so a second save of the same
  *   state is a dedup, not a second write.
  *
+ * Read your own writes
+ *   A lookup also sees the saves still queued: a state saved a moment ago
+ *   (a finish save, or an evict save deduplicated against it) is found even
+ *   when the idle-priority writer has not written it yet. A job still in the
+ *   queue is copied from under s->mu (the writer has not touched it); a job
+ *   the writer is writing to ram or shm (milliseconds) is waited for
+ *   (PENDING_WAIT_MS at most) and then read from its tier like any entry; one
+ *   being written to disk (an fsync can take a second) is a miss.
+ *
  * Where state changes
  *   - tier tables: the writer (put, evict, quarantine, GC rescans); lookups
  *     (hit statistics, entries of vanished files, rescans that add entries);
@@ -37,6 +46,7 @@
 #include "cache/key.h"
 
 #define PERSIST_EVERY_MS 1000.0
+#define PENDING_WAIT_MS 250
 
 typedef enum { JOB_SAVE, JOB_QUARANTINE, JOB_GC, JOB_FLUSH } job_kind;
 
@@ -53,6 +63,7 @@ typedef struct job {
     size_t len;
     int64_t created_us;
     bool async;
+    bool taken;        /* the writer dequeued it (under s->mu): its payload is in flux */
     /* completion (under s->mu) */
     int refs;          /* 1, or 2 while a caller waits */
     bool done;
@@ -325,6 +336,7 @@ static void *writer_main(void *arg) {
             s->head = j->next;
             if (!s->head) s->tail = NULL;
             s->n_queued--;
+            j->taken = true;
             if (j->kind == JOB_SAVE && j->async) {
                 s->n_async--;
                 s->async_bytes -= j->len;
@@ -537,6 +549,87 @@ static void report_bad(ks_store *s, int t, const ks_key *key, int L, int rc) {
 
 /* One walk over the candidate lengths. 0 with *hit filled, or KS_ENOENT /
  * KS_ENOMEM. */
+/* The entry of key (tokens[0, n)) from the first tier that holds it and
+ * verifies: 0 and hit filled, else KS_ENOENT (a bad entry is reported). */
+static int tiers_get(ks_store *s, const ks_key *key, const int32_t *tokens, int n, ks_store_hit *hit) {
+    for (int t = 0; t < KS_TIER__N; t++) {
+        ks_tier_entry e;
+        if (!s->tiers[t] || !ks_tier_has(s->tiers[t], key, &e)) continue;
+        if (e.cls == KS_ENTRY_FOREIGN) continue;
+        ks_kvfile_expect exp = {
+            .model_fp = s->fp,
+            .params_hash = s->params_hash,
+            .check_state_version = true,
+            .state_version = s->state_version,
+            .key = key,
+            .tokens = tokens,
+            .n_tokens = n,
+        };
+        double t0 = ks_now_ms();
+        int r = ks_tier_get(s->tiers[t], key, &exp, &hit->blob_);
+        if (r == 0) {
+            hit->n_tokens = n;
+            hit->tier = (ks_tier_id)t;
+            hit->reason = (ks_reason)e.reason;
+            hit->payload = hit->blob_.payload;
+            hit->payload_len = hit->blob_.len;
+            hit->load_ms = ks_now_ms() - t0;
+            add_ms(&s->load_us, hit->load_ms);
+            return 0;
+        }
+        if (r == KS_ECORRUPT || r == KS_EVERSION || r == KS_EMISMATCH)
+            report_bad(s, t, key, n, r);
+        else if (r != KS_ENOENT)
+            KS_WARN("store", "%s entry of %d tokens could not be read: %s", tier_label(t), n, ks_strerror(r));
+    }
+    return KS_ENOENT;
+}
+
+/* A queued save of key (tokens[0, n)): copies its payload into hit (0); a
+ * job the writer has taken is waited for, then KS_EBUSY (the caller reads
+ * the tiers again); KS_ENOENT when nothing is queued under key. */
+static int pending_get(ks_store *s, const ks_key *key, const int32_t *tokens, int n, ks_store_hit *hit) {
+    int rc = KS_ENOENT;
+    double t0 = ks_now_ms();
+    pthread_mutex_lock(&s->mu);
+    job *j = ks_keymap_get(&s->pending, key);
+    if (!j || j->kind != JOB_SAVE || j->done || j->n != n ||
+        memcmp(j->tokens, tokens, (size_t)n * sizeof *tokens) != 0) {
+        /* nothing queued (or a 256-bit key collision: never restore it) */
+    } else if (j->taken && j->tier == KS_TIER_DISK) {
+        /* being written to disk (fsync: up to a second here): not worth
+         * stalling the caller, which may be the inference thread */
+    } else if (j->taken) {
+        j->refs++;
+        wait_job_locked(s, j, PENDING_WAIT_MS); /* drops our reference */
+        rc = KS_EBUSY;
+    } else if (j->payload) {
+        uint8_t *copy = malloc(j->len ? j->len : 1);
+        if (!copy) {
+            rc = KS_ENOMEM;
+        } else {
+            memcpy(copy, j->payload, j->len);
+            hit->blob_.owner_ = copy;
+            hit->blob_.ram_ = false;
+            hit->blob_.payload = copy;
+            hit->blob_.len = j->len;
+            hit->n_tokens = n;
+            hit->tier = j->tier;
+            hit->reason = j->reason;
+            hit->payload = copy;
+            hit->payload_len = j->len;
+            rc = 0;
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (rc == 0) {
+        hit->load_ms = ks_now_ms() - t0;
+        add_ms(&s->load_us, hit->load_ms);
+        KS_DEBUG("store", "lookup: %d tokens from the save queue (%s, not written yet)", n, tier_label(hit->tier));
+    }
+    return rc;
+}
+
 static int probe(ks_store *s, const int32_t *tokens, int min_len, int lim, ks_store_hit *hit) {
     int rc = KS_ENOENT, k = 0;
     int *lens = NULL;
@@ -548,8 +641,11 @@ static int probe(ks_store *s, const int32_t *tokens, int min_len, int lim, ks_st
         n_entries += e;
     }
     int n_stride = s->cfg.stride > 0 ? lim / s->cfg.stride : 0;
+    pthread_mutex_lock(&s->mu);
+    int n_queued = s->n_queued;
+    pthread_mutex_unlock(&s->mu);
     /* Entries may be added while we collect: the cap just truncates. */
-    int cap = n_stride + (int)(n_entries < (uint64_t)INT_MAX / 2 ? n_entries : (uint64_t)INT_MAX / 2) + 16;
+    int cap = n_stride + (int)(n_entries < (uint64_t)INT_MAX / 2 ? n_entries : (uint64_t)INT_MAX / 2) + n_queued + 16;
     if (!(lens = malloc((size_t)cap * sizeof *lens))) {
         rc = KS_ENOMEM;
         goto done;
@@ -557,6 +653,10 @@ static int probe(ks_store *s, const int32_t *tokens, int min_len, int lim, ks_st
     for (int i = 1; i <= n_stride; i++) lens[k++] = i * s->cfg.stride;
     for (int t = 0; t < KS_TIER__N; t++)
         if (s->tiers[t]) ks_tier_lengths(s->tiers[t], lim, lens, &k, cap);
+    pthread_mutex_lock(&s->mu); /* the lengths of queued saves too */
+    for (job *q = s->head; q && k < cap; q = q->next)
+        if (q->kind == JOB_SAVE && q->n <= lim) lens[k++] = q->n;
+    pthread_mutex_unlock(&s->mu);
     if (k == 0) goto done;
     qsort(lens, (size_t)k, sizeof *lens, int_cmp);
     int u = 0;
@@ -573,37 +673,16 @@ static int probe(ks_store *s, const int32_t *tokens, int min_len, int lim, ks_st
         goto done;
     }
     for (int i = k - 1; i >= 0 && lens[i] >= min_len; i--) {
-        for (int t = 0; t < KS_TIER__N; t++) {
-            ks_tier_entry e;
-            if (!s->tiers[t] || !ks_tier_has(s->tiers[t], &keys[i], &e)) continue;
-            if (e.cls == KS_ENTRY_FOREIGN) continue;
-            ks_kvfile_expect exp = {
-                .model_fp = s->fp,
-                .params_hash = s->params_hash,
-                .check_state_version = true,
-                .state_version = s->state_version,
-                .key = &keys[i],
-                .tokens = tokens,
-                .n_tokens = lens[i],
-            };
-            double t0 = ks_now_ms();
-            int r = ks_tier_get(s->tiers[t], &keys[i], &exp, &hit->blob_);
-            if (r == 0) {
-                hit->n_tokens = lens[i];
-                hit->tier = (ks_tier_id)t;
-                hit->reason = (ks_reason)e.reason;
-                hit->payload = hit->blob_.payload;
-                hit->payload_len = hit->blob_.len;
-                hit->load_ms = ks_now_ms() - t0;
-                add_ms(&s->load_us, hit->load_ms);
-                rc = 0;
-                goto done;
-            }
-            if (r == KS_ECORRUPT || r == KS_EVERSION || r == KS_EMISMATCH)
-                report_bad(s, t, &keys[i], lens[i], r);
-            else if (r != KS_ENOENT)
-                KS_WARN("store", "%s entry of %d tokens could not be read: %s", tier_label(t), lens[i],
-                        ks_strerror(r));
+        if (tiers_get(s, &keys[i], tokens, lens[i], hit) == 0) {
+            rc = 0;
+            goto done;
+        }
+        /* Not in a tier: maybe queued for one (read your own writes). If the
+         * writer was writing it, it has been waited for: the tiers again. */
+        int pr = pending_get(s, &keys[i], tokens, lens[i], hit);
+        if (pr == 0 || (pr == KS_EBUSY && tiers_get(s, &keys[i], tokens, lens[i], hit) == 0)) {
+            rc = 0;
+            goto done;
         }
     }
 done:

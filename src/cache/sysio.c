@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -57,9 +58,35 @@ const char *ks_sysio_op_name(ks_sysio_op op) {
     return (op >= 0 && op < KS_SYSIO__N) ? names[op] : "?";
 }
 
+static _Atomic int g_hold = -1; /* the held op, -1: none */
+static _Atomic int g_held;       /* callers blocked now */
+static pthread_mutex_t g_hold_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_hold_cv = PTHREAD_COND_INITIALIZER;
+
+void ks_sysio_hold(ks_sysio_op op) { atomic_store(&g_hold, (int)op); }
+
+void ks_sysio_release(void) {
+    pthread_mutex_lock(&g_hold_mu);
+    atomic_store(&g_hold, -1);
+    pthread_cond_broadcast(&g_hold_cv);
+    pthread_mutex_unlock(&g_hold_mu);
+}
+
+int ks_sysio_held(void) { return atomic_load(&g_held); }
+
+static void maybe_hold(ks_sysio_op op) {
+    if (atomic_load_explicit(&g_hold, memory_order_relaxed) != (int)op) return;
+    pthread_mutex_lock(&g_hold_mu);
+    atomic_fetch_add(&g_held, 1);
+    while (atomic_load(&g_hold) == (int)op) pthread_cond_wait(&g_hold_cv, &g_hold_mu);
+    atomic_fetch_sub(&g_held, 1);
+    pthread_mutex_unlock(&g_hold_mu);
+}
+
 /* Returns 0: no fault; 1: fail; 2: short write. */
 static int check(ks_sysio_op op) {
     atomic_fetch_add_explicit(&g_count[op], 1, memory_order_relaxed);
+    maybe_hold(op);
     if (!atomic_load_explicit(&g_armed, memory_order_relaxed)) return 0;
     if (atomic_load(&g_op) != (int)op) return 0;
     if (atomic_load(&g_fired) && atomic_load(&g_sticky))

@@ -14,8 +14,9 @@
  * (a disk that stays full) until ks_sysio_fault_clear().
  *
  * Invariants
- *  1. With no fault armed, each wrapper is the plain system call plus one
- *     relaxed atomic increment (the per-operation call counter).
+ *  1. With no fault armed and nothing held, each wrapper is the plain system
+ *     call plus one relaxed atomic increment (the per-operation call counter)
+ *     and two relaxed loads.
  *  2. A fault fires on exactly one call (or every call from then on when
  *     sticky), whichever thread makes it.
  *
@@ -76,5 +77,13 @@ bool ks_sysio_fault_fired(void);
 long ks_sysio_count(ks_sysio_op op);
 void ks_sysio_count_reset(void);
 const char *ks_sysio_op_name(ks_sysio_op op);
+
+/* Holds every call of op from now on: the calling thread blocks (before the
+ * call) until ks_sysio_release(). ks_sysio_held() tells how many callers are
+ * blocked now, so a test knows a step was reached (e.g. the store's writer
+ * thread inside a save). */
+void ks_sysio_hold(ks_sysio_op op);
+void ks_sysio_release(void);
+int ks_sysio_held(void);
 
 #endif

@@ -56,6 +56,7 @@ static int setup(void **state) {
 static int teardown(void **state) {
     fx *f = *state;
     ks_sysio_fault_clear();
+    ks_sysio_release(); /* never leave a writer blocked behind a failed test */
     char cmd[256];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", f->dir);
     int rc = system(cmd);
@@ -324,11 +325,70 @@ static void test_kill9_while_saving(void **state) {
     ks_store_close(s);
 }
 
+/* Read your own writes: while the writer is stuck inside a disk save (its
+ * fsync held), a save queued behind it is found by lookups straight from the
+ * queue — also as the prefix of a longer prompt — and the save being written
+ * to disk is a miss that does not wait. Once released, both come from their
+ * tiers. */
+static void test_lookup_sees_queued_saves(void **state) {
+    fx *f = *state;
+    ks_store_params p = disk_params(f);
+    p.cfg.tier_max_bytes[KS_TIER_RAM] = 64 << 20;
+    p.cfg.reason_tier[KS_REASON_FINISH] = KS_TIER_RAM; /* cold: disk */
+    ks_store *s = NULL;
+    char err[256];
+    assert_int_equal(ks_store_open(&p, &s, err, sizeof err), 0);
+    int32_t a[NTOK], b[NTOK + 8];
+    for (int i = 0; i < NTOK; i++) a[i] = 7000 + i;
+    for (int i = 0; i < NTOK + 8; i++) b[i] = 9000 + i;
+
+    ks_sysio_hold(KS_SYSIO_FSYNC);
+    assert_int_equal(ks_store_save(s, KS_REASON_COLD, a, NTOK, mkpayload(PAYLOAD, 1), PAYLOAD, false), 0);
+    for (int i = 0; i < 5000 && ks_sysio_held() == 0; i++) usleep(1000);
+    assert_int_equal(ks_sysio_held(), 1); /* the writer is inside a's save */
+    assert_int_equal(ks_store_save(s, KS_REASON_FINISH, b, NTOK, mkpayload(PAYLOAD, 2), PAYLOAD, false), 0);
+
+    ks_store_hit h;
+    /* b's first NTOK tokens: queued, not written; found as the prefix of b */
+    assert_int_equal(ks_store_lookup(s, b, NTOK + 8, -1, &h), 0);
+    assert_int_equal(h.n_tokens, NTOK);
+    assert_int_equal(h.tier, KS_TIER_RAM);
+    assert_int_equal(h.reason, KS_REASON_FINISH);
+    uint8_t *want = mkpayload(PAYLOAD, 2);
+    assert_int_equal(h.payload_len, PAYLOAD);
+    assert_memory_equal(h.payload, want, PAYLOAD);
+    free(want);
+    ks_store_hit_free(&h);
+    struct ks_store_stats st;
+    ks_store_stats(s, &st);
+    assert_int_equal(st.tier_entries[KS_TIER_RAM], 0); /* really still queued */
+    /* a different token in the middle: not b's state */
+    b[5]++;
+    assert_int_equal(ks_store_lookup(s, b, NTOK + 8, -1, &h), KS_ENOENT);
+    b[5]--;
+    /* a: the writer is writing it to disk: a miss, without waiting for it */
+    double t0 = ks_now_ms();
+    assert_int_equal(ks_store_lookup(s, a, NTOK, -1, &h), KS_ENOENT);
+    assert_true(ks_now_ms() - t0 < 200);
+
+    ks_sysio_release();
+    assert_int_equal(ks_store_flush(s, 0), 0);
+    assert_int_equal(ks_store_lookup(s, a, NTOK, -1, &h), 0);
+    assert_int_equal(h.tier, KS_TIER_DISK);
+    ks_store_hit_free(&h);
+    assert_int_equal(ks_store_lookup(s, b, NTOK + 8, -1, &h), 0);
+    assert_int_equal(h.tier, KS_TIER_RAM);
+    assert_int_equal(h.n_tokens, NTOK);
+    ks_store_hit_free(&h);
+    ks_store_close(s);
+}
+
 int main(void) {
     ks_log_set_level(getenv("KS_TEST_LOG") ? KS_LOG_DEBUG : KS_LOG_OFF);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_fault_at_each_step, setup, teardown),
         cmocka_unit_test_setup_teardown(test_kill9_while_saving, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_lookup_sees_queued_saves, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
