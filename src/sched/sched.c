@@ -72,6 +72,7 @@ typedef struct slot {
     int id;
     slot_state state;
     bool planned;        /* assigned and trimmed */
+    bool no_store;       /* the KV was left by a cache_prompt:false request: never saved */
     ks_tokens tokens;    /* exactly what the sequence holds (S1) */
     sreq *r;
     int n_past;          /* next prompt index to prefill */
@@ -312,7 +313,7 @@ static uint8_t *snapshot(ks_sched *s, slot *sl, size_t *len) {
 
 /* Hands the slot's current KV (all of slot->tokens) to the store. */
 static void store_save(ks_sched *s, slot *sl, ks_reason why, bool sync) {
-    if (!s->p.store || sl->tokens.n < s->p.store_min_tokens) return;
+    if (!s->p.store || sl->no_store || sl->tokens.n < s->p.store_min_tokens) return;
     /* Ask the store first: nothing is copied for a reason that maps to no
      * tier, or for a state it already holds (e.g. the finish save of the
      * request that left this KV, when the slot is evicted later). Such a "no"
@@ -458,6 +459,9 @@ static void plan(ks_sched *s, slot *sl) {
     /* evict (sync): the KV about to be dropped goes to the store first,
      * unless it is there already (store_save asks the store). */
     if (s->p.store && cache && n_reuse < sl->tokens.n) store_save(s, sl, KS_REASON_EVICT, true);
+    /* The KV this request leaves is its own: a cache_prompt:false request's
+     * is never stored, not later as evict or shutdown either. */
+    sl->no_store = !cache;
     /* A miss on a slot that held another branch: that branch is gone. */
     bool took_over = rt->mode == KS_ROUTE_MISS && sl->tokens.n > 0 && r->p.cache_prompt && s->p.cache_prompt;
     if (n_reuse == 0) {

@@ -200,6 +200,13 @@ test('cache_prompt:false requests on the default server: no store lookup and no 
       'no save request');
     assert.equal(metricSum(m1, 'kvstash_store_saves_total') - metricSum(m0, 'kvstash_store_saves_total'), 0, 'no save');
     assert.equal(mdelta(m0, m1, 'kvstash_requests_total'), 3);
+    // what such a request left in the slot is never stored: not when a
+    // caching request takes the slot over (evict), nor at shutdown
+    const g = await chat(srv, [sys('Cooking'), { role: 'user', content: 'Which flowers like shade?' }], { max_tokens: 4 });
+    assert.equal(g.cache.mode, 'miss', JSON.stringify(g.cache));
+    const m2 = await settleStore(srv);
+    assert.equal(mdelta(m1, m2, 'kvstash_store_save_requests_total{reason="evict"}'), 0, 'no evict save of it');
+    assert.ok(mdelta(m1, m2, 'kvstash_store_save_requests_total{reason="finish"}') >= 1, 'the caching request saves');
   } finally {
     await stopOk(srv);
   }
