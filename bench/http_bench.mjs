@@ -620,8 +620,8 @@ async function wlSubagents() {
   const withStore = num('store', 1) !== 0;
   const base = ['--slots', String(SLOTS), '--ctx', String(CTX)];
   const list = [];
-  list.push(await startServer('imc', [...base, '--imc']));
-  list.push(await startServer('spc+imc', [...base, '--spc', '--imc']));
+  list.push(await startServer('imc-nostore', [...base, '--imc', '--cache-ram', '0']));
+  list.push(await startServer('spc+imc', [...base, '--spc', '--imc'])); // default: the RAM-only store
   let dirs = null;
   if (withStore) {
     dirs = tmpStoreDirs('subagents');
@@ -664,9 +664,11 @@ async function wlSubagents() {
   header(`Sub-agents (issue 4): ${A} agents × ${T} turns on ${SLOTS} slots, interleaved`,
     `Each agent has its own ${SW}-word system prompt; ${UW}-word user messages, max_tokens ${MT}; agents take turns ` +
     `round-robin (agent 1 turn 1, agent 2 turn 1, …), so ${A} conversations compete for ${SLOTS} slots. ` +
-    'All servers alive at once, requests alternated. "new" = prompt − cached (what the server prefilled) and its ' +
+    'Servers: `--imc --cache-ram 0` (no store: an evicted agent is rebuilt), `--spc --imc` (the default RAM-only ' +
+    'store), `--spc --imc` with the full store in temp dirs, and `--no-cache-prompt`; all alive at once, requests ' +
+    'alternated. "new" = prompt − cached (what the server prefilled) and its ' +
     'floor (measured); "ideal" = tokens the agent added since its last turn (new user message and template), with ' +
-    'its floor measured the same way.');
+    'its floor measured the same way; @depth = at the position those tokens really have (`kvstash bench floor`).');
   summaryTable(rows, list, off, T, mets);
   say();
   say(`Replies that differ from the cache-off server's: ${mismatches} of ${total}.`);
@@ -736,7 +738,8 @@ async function wlSharedsys() {
   const U = num('users', 6), T = num('turns', 2), UW = num('msg-words', 60), SW = num('sys-words', 800);
   const MT = num('max-tokens', 16), SLOTS = num('slots', 3), CTX = num('ctx', 2048);
   const base = ['--slots', String(SLOTS), '--ctx', String(CTX)];
-  const list = [await startServer('prefix', base), await startServer('spc', [...base, '--spc']),
+  const list = [await startServer('prefix-nostore', [...base, '--cache-ram', '0']),
+    await startServer('prefix', base), await startServer('spc', [...base, '--spc']),
     await startServer('spc+imc', [...base, '--spc', '--imc'])];
   let dirs = null;
   if (num('store', 1) !== 0) {
@@ -781,7 +784,8 @@ async function wlSharedsys() {
   for (const s of [...list, off]) await s.stop();
   if (dirs) rmDirs(dirs);
   header(`Shared system prompt (issue 4): ${U} users × ${T} turns on ${SLOTS} slots, one ${SW}-word system prompt`,
-    `${UW}-word user messages, max_tokens ${MT}; users take turns round-robin. Plain prefix reuse (default settings), ` +
+    `${UW}-word user messages, max_tokens ${MT}; users take turns round-robin. Plain prefix reuse without a store ` +
+    '(`--cache-ram 0`), plain prefix reuse (default settings: the RAM-only store), ' +
     '`--spc`, `--spc --imc` and (with a store in temp dirs) `--spc --imc --config store.yaml` vs `--no-cache-prompt`, ' +
     'all alive at once, requests alternated. "ideal new" = the tokens ' +
     'no earlier request had sent (everything after the system prompt on a first turn, the new user message later).');
@@ -1008,7 +1012,8 @@ async function wlSaves() {
   const base = ['--slots', String(CONC), '--ctx', String(CTX)];
   const dirs = tmpStoreDirs('saves');
   const cfg = writeConfig(dirs);
-  const list = [await startServer('store', [...base, '--config', cfg.file], { log: 'debug' }), await startServer('nostore', base, { log: 'debug' })];
+  const list = [await startServer('store', [...base, '--config', cfg.file], { log: 'debug' }),
+    await startServer('nostore', [...base, '--cache-ram', '0'], { log: 'debug' })];
   for (const s of list) await warmup(s);
   const rows = [];
   const wall = { store: [], nostore: [] };
