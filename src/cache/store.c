@@ -13,13 +13,13 @@
  *   state is a dedup, not a second write.
  *
  * Read your own writes
- *   A lookup also sees the saves still queued: a state saved a moment ago
+ *   A lookup also sees the saves not written yet: a state saved a moment ago
  *   (a finish save, or an evict save deduplicated against it) is found even
- *   when the idle-priority writer has not written it yet. A job still in the
- *   queue is copied from under s->mu (the writer has not touched it); a job
- *   the writer is writing to ram or shm (milliseconds) is waited for
- *   (PENDING_WAIT_MS at most) and then read from its tier like any entry; one
- *   being written to disk (an fsync can take a second) is a miss.
+ *   when the idle-priority writer has not written it (or is writing it: an
+ *   fsync can take a second). Its payload is copied under s->mu; a job's
+ *   payload is never changed or freed before the job completes under s->mu
+ *   (the ram tier, which keeps the buffer it stores, gets a copy), so the
+ *   lookup never waits for the writer.
  *
  * Where state changes
  *   - tier tables: the writer (put, evict, quarantine, GC rescans); lookups
@@ -46,7 +46,6 @@
 #include "cache/key.h"
 
 #define PERSIST_EVERY_MS 1000.0
-#define PENDING_WAIT_MS 250
 
 typedef enum { JOB_SAVE, JOB_QUARANTINE, JOB_GC, JOB_FLUSH } job_kind;
 
@@ -63,7 +62,6 @@ typedef struct job {
     size_t len;
     int64_t created_us;
     bool async;
-    bool taken;        /* the writer dequeued it (under s->mu): its payload is in flux */
     /* completion (under s->mu) */
     int refs;          /* 1, or 2 while a caller waits */
     bool done;
@@ -275,7 +273,17 @@ static int do_save(ks_store *s, job *j) {
     memcpy(m.params_hash, s->params_hash, 32);
     m.key = j->key;
     double t0 = ks_now_ms();
-    int rc = ks_tier_put(tier, &m, j->tokens, j->n, &j->payload, j->len, &existed);
+    /* j->payload stays as it is until the job completes (lookups may copy it
+     * meanwhile, under s->mu: read your own writes). A tier that keeps the
+     * buffer (ram) therefore gets a copy of its own. */
+    uint8_t *pl = j->payload, *own = NULL;
+    if (t == KS_TIER_RAM) {
+        if (!(own = malloc(j->len ? j->len : 1))) return KS_ENOMEM;
+        memcpy(own, j->payload, j->len);
+        pl = own;
+    }
+    int rc = ks_tier_put(tier, &m, j->tokens, j->n, &pl, j->len, &existed);
+    if (own && pl) free(own); /* not kept */
     add_ms(&s->save_us, ks_now_ms() - t0);
     if (rc != 0) {
         KS_WARN("store", "save of %d tokens (%s) to %s failed: %s; skipped", j->n,
@@ -336,7 +344,6 @@ static void *writer_main(void *arg) {
             s->head = j->next;
             if (!s->head) s->tail = NULL;
             s->n_queued--;
-            j->taken = true;
             if (j->kind == JOB_SAVE && j->async) {
                 s->n_async--;
                 s->async_bytes -= j->len;
@@ -585,9 +592,8 @@ static int tiers_get(ks_store *s, const ks_key *key, const int32_t *tokens, int 
     return KS_ENOENT;
 }
 
-/* A queued save of key (tokens[0, n)): copies its payload into hit (0); a
- * job the writer has taken is waited for, then KS_EBUSY (the caller reads
- * the tiers again); KS_ENOENT when nothing is queued under key. */
+/* A queued save of key (tokens[0, n)), also one the writer is writing right
+ * now: copies its payload into hit (0), else KS_ENOENT. */
 static int pending_get(ks_store *s, const ks_key *key, const int32_t *tokens, int n, ks_store_hit *hit) {
     int rc = KS_ENOENT;
     double t0 = ks_now_ms();
@@ -596,13 +602,6 @@ static int pending_get(ks_store *s, const ks_key *key, const int32_t *tokens, in
     if (!j || j->kind != JOB_SAVE || j->done || j->n != n ||
         memcmp(j->tokens, tokens, (size_t)n * sizeof *tokens) != 0) {
         /* nothing queued (or a 256-bit key collision: never restore it) */
-    } else if (j->taken && j->tier == KS_TIER_DISK) {
-        /* being written to disk (fsync: up to a second here): not worth
-         * stalling the caller, which may be the inference thread */
-    } else if (j->taken) {
-        j->refs++;
-        wait_job_locked(s, j, PENDING_WAIT_MS); /* drops our reference */
-        rc = KS_EBUSY;
     } else if (j->payload) {
         uint8_t *copy = malloc(j->len ? j->len : 1);
         if (!copy) {
@@ -642,7 +641,7 @@ static int probe(ks_store *s, const int32_t *tokens, int min_len, int lim, ks_st
     }
     int n_stride = s->cfg.stride > 0 ? lim / s->cfg.stride : 0;
     pthread_mutex_lock(&s->mu);
-    int n_queued = s->n_queued;
+    int n_queued = (int)s->pending.n;
     pthread_mutex_unlock(&s->mu);
     /* Entries may be added while we collect: the cap just truncates. */
     int cap = n_stride + (int)(n_entries < (uint64_t)INT_MAX / 2 ? n_entries : (uint64_t)INT_MAX / 2) + n_queued + 16;
@@ -653,9 +652,14 @@ static int probe(ks_store *s, const int32_t *tokens, int min_len, int lim, ks_st
     for (int i = 1; i <= n_stride; i++) lens[k++] = i * s->cfg.stride;
     for (int t = 0; t < KS_TIER__N; t++)
         if (s->tiers[t]) ks_tier_lengths(s->tiers[t], lim, lens, &k, cap);
-    pthread_mutex_lock(&s->mu); /* the lengths of queued saves too */
-    for (job *q = s->head; q && k < cap; q = q->next)
+    /* The lengths of saves not written yet too: queued, or being written
+     * (out of the queue already, still in `pending` until they complete). */
+    pthread_mutex_lock(&s->mu);
+    for (size_t i = 0; i < s->pending.cap && k < cap; i++) {
+        if (!ks_keymap_live(&s->pending, i)) continue;
+        const job *q = s->pending.vals[i];
         if (q->kind == JOB_SAVE && q->n <= lim) lens[k++] = q->n;
+    }
     pthread_mutex_unlock(&s->mu);
     if (k == 0) goto done;
     qsort(lens, (size_t)k, sizeof *lens, int_cmp);
@@ -677,10 +681,8 @@ static int probe(ks_store *s, const int32_t *tokens, int min_len, int lim, ks_st
             rc = 0;
             goto done;
         }
-        /* Not in a tier: maybe queued for one (read your own writes). If the
-         * writer was writing it, it has been waited for: the tiers again. */
-        int pr = pending_get(s, &keys[i], tokens, lens[i], hit);
-        if (pr == 0 || (pr == KS_EBUSY && tiers_get(s, &keys[i], tokens, lens[i], hit) == 0)) {
+        /* Not in a tier: maybe queued for one (read your own writes). */
+        if (pending_get(s, &keys[i], tokens, lens[i], hit) == 0) {
             rc = 0;
             goto done;
         }

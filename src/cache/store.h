@@ -32,15 +32,13 @@
  *  1. A lookup hit returns a payload whose file passed every check against
  *     this store's model fingerprint, kv-params hash, llama state version and
  *     the exact prompt tokens [0, hit.n_tokens) — or the payload of this
- *     store's own save still queued for the writer, whose tokens equal
+ *     store's own save not yet written by the writer, whose tokens equal
  *     [0, hit.n_tokens) (read your own writes: a state saved a moment ago is
  *     found before the idle-priority writer has written it).
  *  2. Only the writer thread creates, removes or renames files (saves,
  *     eviction, quarantine, trailer updates). Lookups read files and may
  *     update the in-memory index (hits, rescans) under the tier locks, which
- *     are never held across I/O: a lookup never waits on a file write, but
- *     for a save of the very state it wants that the writer is putting into
- *     the ram or shm tier at that moment (milliseconds, at most 250 ms).
+ *     are never held across I/O: a lookup never waits on a file write.
  *  3. No half-written file is visible under a final name, and an I/O error
  *     (ENOSPC, EIO, a short write, a failed fsync) skips that save only: it
  *     is logged, counted, its temp file removed, and the store keeps serving.
@@ -129,7 +127,7 @@ void ks_store_hit_free(ks_store_hit *hit);
  * (ks_store_hit_free).
  * Returns 0 on a hit, KS_ENOENT on a miss (also when min(n, max_len) < 1),
  * KS_EINVAL (NULL s/hit, n < 0, tokens NULL with n > 0), KS_ENOMEM.
- * Thread-safe; waits for a file write only as invariant 2 says. */
+ * Thread-safe; never waits for a file write. */
 int ks_store_lookup(ks_store *s, const int32_t *tokens, int n, int max_len, ks_store_hit *hit);
 /* Same, considering only prefixes of at least min_len tokens: a caller that
  * already holds min_len - 1 tokens of KV does not pay for reading a shorter
