@@ -397,17 +397,18 @@ static int read_exact(int fd, void *buf, size_t n, off_t off, XXH3_state_t *st) 
     return 0;
 }
 
-int ks_kvfile_read(const char *path, const ks_kvfile_expect *exp, ks_kvfile_meta *meta,
-                   int32_t **tokens_out, uint8_t **payload_out) {
+/* The reader behind ks_kvfile_read and ks_kvfile_read_buf: the payload goes
+ * into *pbuf (*pcap bytes, reused when big enough) when pbuf is given. */
+static int read_file(const char *path, const ks_kvfile_expect *exp, ks_kvfile_meta *meta, int32_t **tokens_out,
+                     uint8_t **pbuf, size_t *pcap) {
     int rc = 0, fd = -1;
     ks_kvfile_meta m;
     int32_t *toks = NULL;
-    uint8_t *payload = NULL, *chunk = NULL;
+    uint8_t *chunk = NULL;
     XXH3_state_t *st = NULL;
     uint8_t hdr[KS_KVFILE_HEADER_LEN], csum[8];
 
     if (tokens_out) *tokens_out = NULL;
-    if (payload_out) *payload_out = NULL;
     if ((rc = open_header(path, &fd, &m)) != 0) goto done;
     if ((rc = check_expect_header(&m, exp)) != 0) goto done;
 
@@ -429,12 +430,18 @@ int ks_kvfile_read(const char *path, const ks_kvfile_expect *exp, ks_kvfile_meta
     for (uint32_t i = 0; i < m.n_tokens; i++) toks[i] = (int32_t)get32((const uint8_t *)&toks[i]);
 #endif
     off_t off = (off_t)(KS_KVFILE_HEADER_LEN + tok_bytes);
-    if (payload_out) {
-        if (!(payload = malloc(m.payload_len ? (size_t)m.payload_len : 1))) {
-            rc = KS_ENOMEM;
-            goto done;
+    if (pbuf) {
+        size_t need = m.payload_len ? (size_t)m.payload_len : 1;
+        if (!*pbuf || *pcap < need) {
+            free(*pbuf);
+            *pcap = 0;
+            if (!(*pbuf = malloc(need))) {
+                rc = KS_ENOMEM;
+                goto done;
+            }
+            *pcap = need;
         }
-        if ((rc = read_exact(fd, payload, (size_t)m.payload_len, off, st)) != 0) goto done;
+        if ((rc = read_exact(fd, *pbuf, (size_t)m.payload_len, off, st)) != 0) goto done;
     } else {
         if (!(chunk = malloc(VERIFY_CHUNK))) {
             rc = KS_ENOMEM;
@@ -462,18 +469,33 @@ int ks_kvfile_read(const char *path, const ks_kvfile_expect *exp, ks_kvfile_meta
         *tokens_out = toks;
         toks = NULL;
     }
-    if (payload_out) {
-        *payload_out = payload;
-        payload = NULL;
-    }
 done:
     if (meta) *meta = m;
     if (fd >= 0) ks_sysio_close(fd);
     XXH3_freeState(st);
     free(chunk);
     free(toks);
-    free(payload);
     return rc;
+}
+
+int ks_kvfile_read(const char *path, const ks_kvfile_expect *exp, ks_kvfile_meta *meta,
+                   int32_t **tokens_out, uint8_t **payload_out) {
+    if (!payload_out) return read_file(path, exp, meta, tokens_out, NULL, NULL);
+    uint8_t *buf = NULL;
+    size_t cap = 0;
+    *payload_out = NULL;
+    int rc = read_file(path, exp, meta, tokens_out, &buf, &cap);
+    if (rc == 0)
+        *payload_out = buf;
+    else
+        free(buf);
+    return rc;
+}
+
+int ks_kvfile_read_buf(const char *path, const ks_kvfile_expect *exp, ks_kvfile_meta *meta, uint8_t **buf,
+                       size_t *cap) {
+    if (!buf || !cap) return KS_EINVAL;
+    return read_file(path, exp, meta, NULL, buf, cap);
 }
 
 int ks_kvfile_touch(const char *path, int64_t last_hit_us, uint64_t hits) {

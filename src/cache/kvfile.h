@@ -127,6 +127,14 @@ int ks_kvfile_read_meta(const char *path, ks_kvfile_meta *meta);
  * params, key or tokens differ from exp). Nothing is allocated on error. */
 int ks_kvfile_read(const char *path, const ks_kvfile_expect *exp, ks_kvfile_meta *meta,
                    int32_t **tokens_out, uint8_t **payload_out);
+/* Same, reading the payload into the caller's buffer *buf of *cap bytes
+ * (both may be NULL / 0): reused when big enough, else replaced by a new
+ * one (*buf and *cap updated; the old one freed). Reusing a buffer whose
+ * pages are already mapped reads a page-cached file about 3x faster than
+ * into a fresh allocation (first-touch page faults). On error *buf is still
+ * a valid buffer of *cap bytes (or NULL) and holds no meaningful data. */
+int ks_kvfile_read_buf(const char *path, const ks_kvfile_expect *exp, ks_kvfile_meta *meta, uint8_t **buf,
+                       size_t *cap);
 
 /* Rewrites the trailer in place (pwrite of 24 bytes). 0, KS_ENOENT, KS_EIO or
  * KS_ECORRUPT (the file is not a kvfile of this version). */

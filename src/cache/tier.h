@@ -79,11 +79,16 @@ typedef struct ks_tier_ident {
 typedef struct ks_tier_blob {
     const uint8_t *payload;
     size_t len;
-    void *owner_; /* internal: the malloc'd buffer or the ram blob reference */
+    void *owner_;          /* internal: the malloc'd buffer or the ram blob reference */
     bool ram_;
+    struct ks_tier *pool_; /* internal: a file tier that takes the buffer back (its spare) */
+    size_t cap_;
 } ks_tier_blob;
 
+/* A blob from a file tier must be released before that tier is closed. */
 void ks_tier_blob_release(ks_tier_blob *b);
+/* Internal: a file tier keeps one released read buffer for the next get. */
+void ks__tier_spare_put(struct ks_tier *t, void *buf, size_t cap);
 
 typedef struct ks_tier ks_tier;
 typedef struct ks__tentry ks__tentry;

@@ -254,6 +254,8 @@ void ks_tier_blob_release(ks_tier_blob *b) {
     if (!b) return;
     if (b->ram_)
         blob_unref(b->owner_);
+    else if (b->pool_)
+        ks__tier_spare_put(b->pool_, b->owner_, b->cap_);
     else
         free(b->owner_);
     memset(b, 0, sizeof *b);

@@ -172,6 +172,44 @@ static void test_round_trip(void **state) {
     free(payload);
 }
 
+/* ks_kvfile_read_buf: the payload lands in the caller's buffer, reused when
+ * big enough, replaced when too small; a failed read keeps a valid buffer. */
+static void test_read_into_buffer(void **state) {
+    fx *f = *state;
+    write_ok(f);
+    ks_kvfile_expect e = {.model_fp = f->fp, .params_hash = f->params, .key = &f->key, .tokens = f->toks,
+                          .n_tokens = 5};
+    uint8_t *buf = malloc(10);
+    size_t cap = 10;
+    ks_kvfile_meta m;
+    assert_int_equal(ks_kvfile_read_buf(f->path, &e, &m, &buf, &cap), 0); /* too small: replaced */
+    assert_int_equal(cap, sizeof f->payload);
+    assert_memory_equal(buf, f->payload, sizeof f->payload);
+    assert_int_equal(m.payload_len, sizeof f->payload);
+    uint8_t *big = realloc(buf, 4096);
+    assert_non_null(big);
+    buf = big;
+    cap = 4096;
+    memset(buf, 0, cap);
+    assert_int_equal(ks_kvfile_read_buf(f->path, &e, NULL, &buf, &cap), 0); /* big enough: reused */
+    assert_ptr_equal(buf, big);
+    assert_int_equal(cap, 4096);
+    assert_memory_equal(buf, f->payload, sizeof f->payload);
+    int32_t other[5] = {1, 17, 99999, 5, -4};
+    e.tokens = other; /* a mismatch: an error, the buffer stays ours */
+    assert_int_equal(ks_kvfile_read_buf(f->path, &e, NULL, &buf, &cap), KS_EMISMATCH);
+    assert_ptr_equal(buf, big);
+    uint8_t *none = NULL;
+    size_t ncap = 0;
+    e.tokens = f->toks;
+    assert_int_equal(ks_kvfile_read_buf(f->path, &e, NULL, &none, &ncap), 0); /* no buffer yet */
+    assert_non_null(none);
+    assert_memory_equal(none, f->payload, sizeof f->payload);
+    assert_int_equal(ks_kvfile_read_buf(f->path, &e, NULL, NULL, &ncap), KS_EINVAL);
+    free(none);
+    free(buf);
+}
+
 static void test_names(void **state) {
     (void)state;
     ks_key k;
@@ -414,6 +452,7 @@ int main(void) {
     ks_log_set_level(KS_LOG_ERROR);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_round_trip, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_read_into_buffer, setup, teardown),
         cmocka_unit_test(test_names),
         cmocka_unit_test_setup_teardown(test_flip_every_byte, setup, teardown),
         cmocka_unit_test_setup_teardown(test_truncate_every_length, setup, teardown),

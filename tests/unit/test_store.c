@@ -381,6 +381,33 @@ static void test_restart(void **state) {
     ks_store_close(s);
 }
 
+/* A file tier keeps one read buffer between lookups: the next hit reads
+ * into it (pages already mapped), and every hit still carries its own data. */
+static void test_file_reads_reuse_a_buffer(void **state) {
+    fx *f = *state;
+    ks_store_params p = params_for(f, 1, 1);
+    ks_store *s = open_store(&p);
+    save_sync(s, KS_REASON_COLD, f->toks, 8, 3000, 1);  /* disk */
+    save_sync(s, KS_REASON_COLD, f->toks, 12, 2000, 2); /* disk, smaller */
+    ks_store_hit a, b, c;
+    assert_int_equal(ks_store_lookup(s, f->toks, 9, -1, &a), 0);
+    assert_int_equal(a.tier, KS_TIER_DISK);
+    expect_payload(&a, 3000, 1);
+    const uint8_t *first = a.payload;
+    /* while a holds the buffer, another read gets a buffer of its own */
+    assert_int_equal(ks_store_lookup(s, f->toks, 13, -1, &b), 0);
+    assert_int_equal(b.n_tokens, 12);
+    expect_payload(&b, 2000, 2);
+    assert_ptr_not_equal(b.payload, first);
+    ks_store_hit_free(&b);
+    ks_store_hit_free(&a); /* the larger buffer is the one kept */
+    assert_int_equal(ks_store_lookup(s, f->toks, 13, -1, &c), 0);
+    assert_ptr_equal(c.payload, first);
+    expect_payload(&c, 2000, 2);
+    ks_store_hit_free(&c);
+    ks_store_close(s);
+}
+
 static void test_two_stores_one_dir(void **state) {
     fx *f = *state;
     ks_store_params p = params_for(f, 1, 1);
@@ -760,6 +787,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_save_filters, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lru_budget_per_tier, setup, teardown),
         cmocka_unit_test_setup_teardown(test_restart, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_file_reads_reuse_a_buffer, setup, teardown),
         cmocka_unit_test_setup_teardown(test_two_stores_one_dir, setup, teardown),
         cmocka_unit_test_setup_teardown(test_corrupt_file_is_a_miss, setup, teardown),
         cmocka_unit_test_setup_teardown(test_state_version_bump, setup, teardown),
