@@ -278,7 +278,10 @@ static int do_save(ks_store *s, job *j) {
      * buffer (ram) therefore gets a copy of its own. */
     uint8_t *pl = j->payload, *own = NULL;
     if (t == KS_TIER_RAM) {
-        if (!(own = malloc(j->len ? j->len : 1))) return KS_ENOMEM;
+        if (!(own = malloc(j->len ? j->len : 1))) {
+            atomic_fetch_add(&s->failed_saves, 1);
+            return KS_ENOMEM;
+        }
         memcpy(own, j->payload, j->len);
         pl = own;
     }
@@ -554,8 +557,6 @@ static void report_bad(ks_store *s, int t, const ks_key *key, int L, int rc) {
     pthread_mutex_unlock(&s->mu);
 }
 
-/* One walk over the candidate lengths. 0 with *hit filled, or KS_ENOENT /
- * KS_ENOMEM. */
 /* The entry of key (tokens[0, n)) from the first tier that holds it and
  * verifies: 0 and hit filled, else KS_ENOENT (a bad entry is reported). */
 static int tiers_get(ks_store *s, const ks_key *key, const int32_t *tokens, int n, ks_store_hit *hit) {
@@ -629,6 +630,8 @@ static int pending_get(ks_store *s, const ks_key *key, const int32_t *tokens, in
     return rc;
 }
 
+/* One walk over the candidate lengths, longest first. 0 with *hit filled, or
+ * KS_ENOENT / KS_ENOMEM. */
 static int probe(ks_store *s, const int32_t *tokens, int min_len, int lim, ks_store_hit *hit) {
     int rc = KS_ENOENT, k = 0;
     int *lens = NULL;
@@ -677,12 +680,12 @@ static int probe(ks_store *s, const int32_t *tokens, int min_len, int lim, ks_st
         goto done;
     }
     for (int i = k - 1; i >= 0 && lens[i] >= min_len; i--) {
-        if (tiers_get(s, &keys[i], tokens, lens[i], hit) == 0) {
-            rc = 0;
-            goto done;
-        }
-        /* Not in a tier: maybe queued for one (read your own writes). */
-        if (pending_get(s, &keys[i], tokens, lens[i], hit) == 0) {
+        /* A save not written yet first (read your own writes), then the
+         * tiers: the writer puts an entry into its tier before the job
+         * leaves `pending`, so a save completing between the two checks is
+         * found by one of them (the other order could miss it in both). */
+        if (pending_get(s, &keys[i], tokens, lens[i], hit) == 0 ||
+            tiers_get(s, &keys[i], tokens, lens[i], hit) == 0) {
             rc = 0;
             goto done;
         }

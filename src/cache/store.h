@@ -115,7 +115,9 @@ typedef struct ks_store_hit {
     ks_tier_blob blob_;     /* internal */
 } ks_store_hit;
 
-/* Releases hit's payload and zeroes it. NULL and a zeroed hit are no-ops. */
+/* Releases hit's payload and zeroes it. NULL and a zeroed hit are no-ops.
+ * Every hit must be freed before ks_store_close (a hit read from a file tier
+ * gives its read buffer back to that tier). */
 void ks_store_hit_free(ks_store_hit *hit);
 
 /* Longest-prefix lookup: finds the longest L <= min(n, max_len) (max_len < 0:

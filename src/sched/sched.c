@@ -334,14 +334,15 @@ static void store_save(ks_sched *s, slot *sl, ks_reason why, bool sync) {
 /* Store: restore the longest stored prefix of the prompt when it beats what
  * the slot already reuses. Returns true when the slot now holds it. */
 /* Restores the longest stored prefix of the prompt longer than `beat` tokens
- * (beat >= *n_reuse: what the slot or SPC gives without the store). */
-static bool store_restore(ks_sched *s, slot *sl, sreq *r, int *n_reuse, int beat) {
+ * (beat >= *n_reuse: what the slot or SPC gives without the store) and at
+ * most `max` tokens (capped at all but the last token of the prompt). */
+static bool store_restore(ks_sched *s, slot *sl, sreq *r, int *n_reuse, int beat, int max) {
     double t0 = ks_now_ms();
     ks_store_hit hit;
     if (beat < *n_reuse) beat = *n_reuse;
-    if (beat + 1 > r->prompt.n - 1) return false;
-    if (ks_store_lookup_range(s->p.store, r->prompt.v, r->prompt.n, beat + 1, r->prompt.n - 1, &hit) != 0)
-        return false;
+    if (max > r->prompt.n - 1) max = r->prompt.n - 1;
+    if (beat + 1 > max) return false;
+    if (ks_store_lookup_range(s->p.store, r->prompt.v, r->prompt.n, beat + 1, max, &hit) != 0) return false;
     bool ok = false;
     if (hit.n_tokens <= *n_reuse) goto done;
     if (sl->tokens.n > *n_reuse) store_save(s, sl, KS_REASON_EVICT, true); /* about to drop unsaved KV */
@@ -495,14 +496,16 @@ static void plan(ks_sched *s, slot *sl) {
     /* The store first when SPC could act: a stored state longer than the
      * system prompt (a conversation's earlier turn) makes SPC's restore
      * wasted work; only then SPC, then a shorter stored prefix. */
-    bool store_hit = store_ok && spc_ok && store_restore(s, sl, r, &n_reuse, n_sys);
+    bool store_hit = store_ok && spc_ok && store_restore(s, sl, r, &n_reuse, n_sys, r->prompt.n);
     if (!store_hit && spc_ok) {
         pthread_mutex_lock(&s->mu);
         spc_hit = spc_restore(s, sl, r, &n_reuse);
         if (!spc_hit) sl->snap_sys = n_sys;
         pthread_mutex_unlock(&s->mu);
     }
-    if (!store_hit && !spc_hit && store_ok) store_hit = store_restore(s, sl, r, &n_reuse, n_reuse);
+    /* (when SPC could act, lengths above n_sys were asked for already) */
+    if (!store_hit && !spc_hit && store_ok)
+        store_hit = store_restore(s, sl, r, &n_reuse, n_reuse, spc_ok ? n_sys : r->prompt.n);
     pthread_mutex_lock(&s->mu);
     if (r->p.sys_key && n_sys > 0 && n_reuse < n_sys) s->st.sys_prompt_prefills++;
     count_mode(s, sl, r, spc_hit || store_hit, n_reuse, took_over);
