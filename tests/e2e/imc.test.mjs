@@ -143,6 +143,41 @@ test('5 sub-agents on 3 slots: LRU eviction, rebuild from scratch, and exact rep
   }
 });
 
+// The same sub-agent churn with the server's defaults plus --spc --imc: the
+// default RAM-only store catches every branch an eviction takes away, so from
+// round 2 on no agent is rebuilt — each comes back from its slot (imc-hash) or
+// from RAM (store) with at least its previous prompt cached — and every reply
+// still equals the uncached server's. The system prompts are long enough
+// (> store.min_tokens, 256) to be saved.
+test('5 sub-agents on 3 slots with the default RAM store: evicted branches come back from RAM, exact replies', async () => {
+  const srv = await startServer(['--slots', '3', '--imc', '--spc']);
+  try {
+    const m0 = await metrics(srv);
+    const conv = AGENT_SYS.map((s) => [{ role: 'system', content: `${s} ${LONG_SYS} ${LONG_SYS}` },
+      { role: 'user', content: 'begin' }]);
+    const prev = [];
+    for (let round = 1; round <= 3; round++) {
+      for (let a = 0; a < conv.length; a++) {
+        const what = `agent ${a} round ${round}`;
+        const r = await turn(srv, conv[a], what);
+        if (round === 1) {
+          assert.ok(r.usage.prompt_tokens > 256, `${what}: ${r.usage.prompt_tokens} prompt tokens, over store.min_tokens`);
+        } else {
+          assert.ok(['imc-hash', 'store'].includes(r.cache.mode), `${what}: ${JSON.stringify(r.cache)}`);
+          assert.ok(r.cache.cached_tokens >= prev[a], `${what}: cached ${r.cache.cached_tokens} < previous prompt ${prev[a]}`);
+        }
+        prev[a] = r.usage.prompt_tokens;
+        conv[a].push({ role: 'assistant', content: replyOf(r) }, { role: 'user', content: 'go on' });
+      }
+    }
+    const m1 = await metrics(srv);
+    assert.ok(dec(m0, m1, 'store') >= 4, `store restores: ${dec(m0, m1, 'store')}`);
+    assert.equal(mdelta(m0, m1, 'kvstash_store_hits_total'), dec(m0, m1, 'store'));
+  } finally {
+    await stopOk(srv);
+  }
+});
+
 test('template drift: an assistant message re-sent with other whitespace falls back to imc-token-prefix and salvages the common prefix', async () => {
   const srv = await startServer(['--slots', '2', '--imc', '--config', cfgMin(16)]);
   try {
