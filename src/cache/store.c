@@ -17,9 +17,10 @@
  *   (a finish save, or an evict save deduplicated against it) is found even
  *   when the idle-priority writer has not written it (or is writing it: an
  *   fsync can take a second). Its payload is copied under s->mu; a job's
- *   payload is never changed or freed before the job completes under s->mu
- *   (the ram tier, which keeps the buffer it stores, gets a copy), so the
- *   lookup never waits for the writer.
+ *   payload is freed only when the job completes, under s->mu, and when the
+ *   ram tier keeps the buffer, the job lets go of it under s->mu before the
+ *   writer could evict it (see do_save), so the lookup never waits for the
+ *   writer and never reads a freed buffer.
  *
  * Where state changes
  *   - tier tables: the writer (put, evict, quarantine, GC rescans); lookups
@@ -273,20 +274,19 @@ static int do_save(ks_store *s, job *j) {
     memcpy(m.params_hash, s->params_hash, 32);
     m.key = j->key;
     double t0 = ks_now_ms();
-    /* j->payload stays as it is until the job completes (lookups may copy it
-     * meanwhile, under s->mu: read your own writes). A tier that keeps the
-     * buffer (ram) therefore gets a copy of its own. */
-    uint8_t *pl = j->payload, *own = NULL;
-    if (t == KS_TIER_RAM) {
-        if (!(own = malloc(j->len ? j->len : 1))) {
-            atomic_fetch_add(&s->failed_saves, 1);
-            return KS_ENOMEM;
-        }
-        memcpy(own, j->payload, j->len);
-        pl = own;
-    }
+    /* Lookups may copy j->payload under s->mu until the job completes (read
+     * your own writes). A tier that keeps the buffer (ram) takes it from a
+     * local pointer; j->payload is cleared under s->mu right after, before
+     * anything could drop the tier's reference to it (only this thread
+     * evicts), so a lookup either copies a live buffer or finds the entry
+     * in the tier. */
+    uint8_t *pl = j->payload;
     int rc = ks_tier_put(tier, &m, j->tokens, j->n, &pl, j->len, &existed);
-    if (own && pl) free(own); /* not kept */
+    if (!pl) {
+        pthread_mutex_lock(&s->mu);
+        j->payload = NULL; /* the tier keeps it */
+        pthread_mutex_unlock(&s->mu);
+    }
     add_ms(&s->save_us, ks_now_ms() - t0);
     if (rc != 0) {
         KS_WARN("store", "save of %d tokens (%s) to %s failed: %s; skipped", j->n,
