@@ -99,6 +99,7 @@ struct ks_store {
     _Atomic uint64_t saves[KS_REASON__N], saved_bytes;
     _Atomic uint64_t dedup_saves, small_saves, dropped_saves, skipped_saves, failed_saves;
     _Atomic uint64_t corrupt_files;
+    _Atomic uint64_t pending_hits;
     _Atomic uint64_t load_us, save_us, restore_us;
 };
 
@@ -625,6 +626,7 @@ static int pending_get(ks_store *s, const ks_key *key, const int32_t *tokens, in
     if (rc == 0) {
         hit->load_ms = ks_now_ms() - t0;
         add_ms(&s->load_us, hit->load_ms);
+        atomic_fetch_add(&s->pending_hits, 1);
         KS_DEBUG("store", "lookup: %d tokens from the save queue (%s, not written yet)", n, tier_label(hit->tier));
     }
     return rc;
@@ -869,6 +871,7 @@ void ks_store_stats(ks_store *s, struct ks_store_stats *o) {
     o->failed_saves = atomic_load(&s->failed_saves);
     /* Bad files met by lookups, plus those the tiers' scans and saves moved aside. */
     o->corrupt_files = atomic_load(&s->corrupt_files);
+    o->pending_hits = atomic_load(&s->pending_hits);
     for (int t = 0; t < KS_TIER__N; t++)
         if (s->tiers[t]) o->corrupt_files += atomic_load(&s->tiers[t]->n_bad);
     o->load_ms_total = (double)atomic_load(&s->load_us) / 1000.0;

@@ -192,6 +192,7 @@ struct ks_store_stats {
     uint64_t failed_saves;                 /* I/O errors (ENOSPC, EIO...) */
     uint64_t corrupt_files;                /* bad files met (lookups, scans, saves) */
     uint64_t queued;                       /* saves waiting now */
+    uint64_t pending_hits;                 /* hits served from a save not written yet */
     double load_ms_total;                  /* reading + verifying hits */
     double save_ms_total;                  /* writing saves (writer thread) */
     double restore_ms_total;               /* ks_store_note_restore() */

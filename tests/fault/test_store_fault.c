@@ -363,6 +363,7 @@ static void test_lookup_sees_queued_saves(void **state) {
     struct ks_store_stats st;
     ks_store_stats(s, &st);
     assert_int_equal(st.tier_entries[KS_TIER_RAM], 0); /* really still queued */
+    assert_int_equal(st.pending_hits, 1);
     /* a different token in the middle: not b's state */
     b[5]++;
     assert_int_equal(ks_store_lookup(s, b, NTOK + 8, -1, &h), KS_ENOENT);
@@ -378,6 +379,8 @@ static void test_lookup_sees_queued_saves(void **state) {
     free(want);
     ks_store_hit_free(&h);
     assert_int_equal(ks_sysio_held(), 1); /* still held: nothing was waited for */
+    ks_store_stats(s, &st);
+    assert_int_equal(st.pending_hits, 2);
 
     ks_sysio_release();
     assert_int_equal(ks_store_flush(s, 0), 0);
