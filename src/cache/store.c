@@ -739,28 +739,45 @@ static bool stored_anywhere(ks_store *s, const ks_key *key) {
     return false;
 }
 
-bool ks_store_wants(ks_store *s, ks_reason reason, const int32_t *tokens, int n) {
-    if (!s || (int)reason < 0 || reason >= KS_REASON__N || n <= 0 || !tokens) return false;
-    /* A "no" is accounted as the save would have been: small, dropped or dedup. */
-    if (n < s->cfg.min_tokens) {
+/* The checks every save goes through before it is queued: *tier is the
+ * tier it goes to, or -1 when it is not written — too small, a reason mapped
+ * to no (enabled) tier, or the state is stored already — each counted as
+ * such; *key is computed when the key was needed. Returns 0 or the error of
+ * computing the key. (Whether the state is queued already is checked by the
+ * callers, under s->mu.) */
+static int save_check(ks_store *s, ks_reason reason, const int32_t *tokens, int n, ks_key *key, int *tier) {
+    *tier = -1;
+    if (n < s->cfg.min_tokens || n == 0) {
         atomic_fetch_add(&s->small_saves, 1);
-        return false;
+        return 0;
     }
     int t = s->cfg.reason_tier[reason];
     if (t == KS_TIER_NONE || !s->tiers[t]) {
         atomic_fetch_add(&s->dropped_saves, 1);
-        return false;
+        return 0;
     }
+    int rc = ks_key_compute(s->fp, s->kv_params, s->kv_len, tokens, n, key);
+    if (rc != 0) return rc;
+    if (stored_anywhere(s, key)) {
+        atomic_fetch_add(&s->dedup_saves, 1);
+        return 0;
+    }
+    *tier = t;
+    return 0;
+}
+
+bool ks_store_wants(ks_store *s, ks_reason reason, const int32_t *tokens, int n) {
+    if (!s || (int)reason < 0 || reason >= KS_REASON__N || n <= 0 || !tokens) return false;
+    /* A "no" is accounted as the save would have been: small, dropped or dedup. */
     ks_key key;
-    if (ks_key_compute(s->fp, s->kv_params, s->kv_len, tokens, n, &key) != 0) return true;
-    bool have = stored_anywhere(s, &key);
-    if (!have) {
-        pthread_mutex_lock(&s->mu);
-        have = ks_keymap_get(&s->pending, &key) != NULL;
-        pthread_mutex_unlock(&s->mu);
-    }
-    if (have) atomic_fetch_add(&s->dedup_saves, 1);
-    return !have;
+    int t;
+    if (save_check(s, reason, tokens, n, &key, &t) != 0) return true; /* the save will report it */
+    if (t < 0) return false;
+    pthread_mutex_lock(&s->mu);
+    bool queued = ks_keymap_get(&s->pending, &key) != NULL;
+    pthread_mutex_unlock(&s->mu);
+    if (queued) atomic_fetch_add(&s->dedup_saves, 1);
+    return !queued;
 }
 
 int ks_store_save(ks_store *s, ks_reason reason, const int32_t *tokens, int n, uint8_t *payload,
@@ -773,20 +790,8 @@ int ks_store_save(ks_store *s, ks_reason reason, const int32_t *tokens, int n, u
         rc = KS_EINVAL;
         goto done;
     }
-    if (n < s->cfg.min_tokens || n == 0) {
-        atomic_fetch_add(&s->small_saves, 1);
-        goto done;
-    }
-    int t = s->cfg.reason_tier[reason];
-    if (t == KS_TIER_NONE || !s->tiers[t]) {
-        atomic_fetch_add(&s->dropped_saves, 1);
-        goto done;
-    }
-    if ((rc = ks_key_compute(s->fp, s->kv_params, s->kv_len, tokens, n, &key)) != 0) goto done;
-    if (stored_anywhere(s, &key)) {
-        atomic_fetch_add(&s->dedup_saves, 1);
-        goto done;
-    }
+    int t;
+    if ((rc = save_check(s, reason, tokens, n, &key, &t)) != 0 || t < 0) goto done;
     if (!(j = calloc(1, sizeof *j)) || !(j->tokens = malloc((size_t)n * sizeof *tokens))) {
         rc = KS_ENOMEM;
         goto done;
