@@ -433,14 +433,17 @@ const atDepth = (d, r) => (d ? d.prefill + (restored(r) && d.depth > 0 ? d.resto
 // (depth 0), and the floor at the request's depth (.depth).
 // The floor of the tokens a conversation added ("ideal n"): measured once per
 // step, also at depth (prompt - ideal).
+// The floor of a request that prefills (about) its whole prompt: the cache-off
+// TTFT of the same prompt, at depth 0 as well.
+const sameAsOff = (offSame) => ({ ttft: offSame.ttft, prompt_tokens: offSame.prompt_tokens, same: true,
+  depth: { prefill: offSame.ttft, restore: 0, depth: 0 } });
 async function idealFloor(off, ideal, offSame) {
-  if (ideal >= 0.95 * offSame.prompt_tokens) return { ms: offSame.ttft, depth: { prefill: offSame.ttft, restore: 0, depth: 0 } };
+  if (ideal >= 0.95 * offSame.prompt_tokens) return { ms: offSame.ttft, depth: sameAsOff(offSame).depth };
   const ms = (await floor(off, Math.max(1, ideal))).ttft;
   return { ms, depth: await depthFloor(offSame.prompt_tokens - ideal, ideal) };
 }
 async function floorFor(off, on, offSame) {
-  if (on.cached_tokens === 0 && offSame)
-    return { ttft: offSame.ttft, prompt_tokens: offSame.prompt_tokens, same: true, depth: { prefill: offSame.ttft, restore: 0, depth: 0 } };
+  if (on.cached_tokens === 0 && offSame) return sameAsOff(offSame);
   const r = await floor(off, Math.max(1, on.n_prefilled));
   r.depth = await depthFloor(on.cached_tokens, on.n_prefilled);
   return r;
@@ -645,13 +648,8 @@ async function wlSubagents() {
       const ideal = prev ? r.off.prompt_tokens - (prev.prompt_tokens + prev.completion_tokens) : r.off.prompt_tokens;
       prevOf[a] = r.off;
       const idl = await idealFloor(off, ideal, r.off);
-      const idealMs = idl.ms;
-      for (const s of list) {
-        total++;
-        if (r[s.name].content !== r.off.content) mismatches++;
-        const fl = await floorFor(off, r[s.name], r.off);
-        rows.push({ srv: s.name, agent: a, turn: t, on: r[s.name], off: r.off, floor: fl, ideal, idealMs, dfl: atDepth(fl.depth, r[s.name]), idfl: atDepth(idl.depth, r[s.name]), idepth: idl.depth.prefill });
-      }
+      total += list.length;
+      mismatches += await recordStep(rows, list, off, r, t, { agent: a }, ideal, idl);
       msgs.push({ role: 'assistant', content: r.off.content });
       process.stderr.write(`turn ${t} agent ${a}: ${list.map((s) => `${s.name} ${f(r[s.name].ttft)} ms ${r[s.name].mode} ${r[s.name].cached_tokens}/${r[s.name].prompt_tokens}`).join('; ')}; off ${f(r.off.ttft)} ms\n`);
     }
@@ -673,6 +671,23 @@ async function wlSubagents() {
   say();
   say(`Replies that differ from the cache-off server's: ${mismatches} of ${total}.`);
   csvPerTurn('server_subagents.csv', rows, list, T);
+}
+
+// One step of a multi-server workload: a row per cache-on server of list
+// (its result, its floors for the tokens it prefilled and for the ideal ones,
+// at depth 0 and at depth), keyed by `key` ({ agent: a } ...). firstTurnMiss:
+// every request misses, the cache-off TTFT is the floor. Returns how many
+// replies differ from the cache-off server's.
+async function recordStep(rows, list, off, r, t, key, ideal, idl, firstTurnMiss = false) {
+  let mismatches = 0;
+  for (const s of list) {
+    const on = r[s.name];
+    if (on.content !== r.off.content) mismatches++;
+    const fl = firstTurnMiss ? sameAsOff(r.off) : await floorFor(off, on, r.off);
+    rows.push({ srv: s.name, ...key, turn: t, on, off: r.off, floor: fl, ideal, idealMs: idl.ms,
+      dfl: atDepth(fl.depth, on), idfl: atDepth(idl.depth, on), idepth: idl.depth.prefill });
+  }
+  return mismatches;
 }
 
 // A summary per server (all turns and turns >= 2) and per turn.
@@ -768,13 +783,8 @@ async function wlSharedsys() {
       const ideal = prev ? r.off.prompt_tokens - (prev.prompt_tokens + prev.completion_tokens) : r.off.prompt_tokens - (seenSys ? nSys ?? SW + 3 : 0);
       prevOf[u] = r.off;
       const idl = await idealFloor(off, ideal, r.off);
-      const idealMs = idl.ms;
-      for (const s of list) {
-        total++;
-        if (r[s.name].content !== r.off.content) mismatches++;
-        const fl = await floorFor(off, r[s.name], r.off);
-        rows.push({ srv: s.name, user: u, turn: t, on: r[s.name], off: r.off, floor: fl, ideal, idealMs, dfl: atDepth(fl.depth, r[s.name]), idfl: atDepth(idl.depth, r[s.name]), idepth: idl.depth.prefill });
-      }
+      total += list.length;
+      mismatches += await recordStep(rows, list, off, r, t, { user: u }, ideal, idl);
       msgs.push({ role: 'assistant', content: r.off.content });
       process.stderr.write(`turn ${t} user ${u}: ${list.map((s) => `${s.name} ${f(r[s.name].ttft)} ms ${r[s.name].mode} ${r[s.name].cached_tokens}/${r[s.name].prompt_tokens}`).join('; ')}; off ${f(r.off.ttft)} ms\n`);
     }
@@ -948,15 +958,9 @@ async function wlWorkingset() {
       const ideal = prev ? r.off.prompt_tokens - (prev.prompt_tokens + prev.completion_tokens) : r.off.prompt_tokens;
       prevOf[c] = r.off;
       const idl = await idealFloor(off, ideal, r.off);
-      const idealMs = idl.ms;
-      for (const s of list) {
-        total++;
-        if (r[s.name].content !== r.off.content) mismatches++;
-        // Turn 1 misses everywhere: its floor is the cache-off TTFT of the same prompt.
-        const fl = t > 1 ? await floorFor(off, r[s.name], r.off)
-          : { ttft: r.off.ttft, prompt_tokens: r.off.prompt_tokens, depth: { prefill: r.off.ttft, restore: 0, depth: 0 } };
-        rows.push({ srv: s.name, conv: c, turn: t, on: r[s.name], off: r.off, floor: fl, ideal, idealMs, dfl: atDepth(fl.depth, r[s.name]), idfl: atDepth(idl.depth, r[s.name]), idepth: idl.depth.prefill });
-      }
+      total += list.length;
+      // Turn 1 misses everywhere: its floor is the cache-off TTFT of the same prompt.
+      mismatches += await recordStep(rows, list, off, r, t, { conv: c }, ideal, idl, t === 1);
       msgs.push({ role: 'assistant', content: r.off.content });
       process.stderr.write(`turn ${t} conv ${c}: ${list.map((s) => `${s.name} ${f(r[s.name].ttft)} ms ${r[s.name].mode}/${r[s.name].tier} ${r[s.name].cached_tokens}/${r[s.name].prompt_tokens}`).join('; ')}; off ${f(r.off.ttft)} ms\n`);
     }
