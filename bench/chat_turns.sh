@@ -13,33 +13,15 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-BIN=${1:-$ROOT/build/kvstash}
-MODEL=${2:-$ROOT/build/models/bench.gguf}
+. "$ROOT/bench/lib.sh"
+bench_prepare chat_turns.sh "$@" # BIN, MODEL, THREADS [2], OUT, IMG
 TURNS=${TURNS:-20}
 MSG_WORDS=${MSG_WORDS:-60}
 REPLY_TOKENS=${REPLY_TOKENS:-48}
 CTX=${CTX:-8192}
-THREADS=${THREADS:-2}
 REPEAT=${REPEAT:-3}
 DECODE_TOKENS=${DECODE_TOKENS:-128}
 DECODE_ROUNDS=${DECODE_ROUNDS:-3}
-OUT=$ROOT/bench/out
-IMG=$ROOT/docs/img
-
-if [ ! -x "$BIN" ]; then
-    echo "chat_turns.sh: no kvstash binary at $BIN (build it first: make build)" >&2
-    exit 1
-fi
-if [ ! -f "$MODEL" ]; then
-    echo "chat_turns.sh: generating the bench model at $MODEL" >&2
-    mkdir -p "$(dirname "$MODEL")"
-    "$BIN" mkmodel --preset bench --seed 1 "$MODEL"
-fi
-if ! command -v gnuplot >/dev/null 2>&1; then
-    echo "chat_turns.sh: gnuplot missing; installing gnuplot-nox" >&2
-    apt-get install -y gnuplot-nox >/dev/null || { apt-get update >/dev/null && apt-get install -y gnuplot-nox >/dev/null; }
-fi
-mkdir -p "$OUT" "$IMG"
 
 CMD=("$BIN" bench chat -m "$MODEL" --turns "$TURNS" --msg-words "$MSG_WORDS" --reply-tokens "$REPLY_TOKENS"
      --ctx "$CTX" --threads "$THREADS" --repeat "$REPEAT" --csv "$OUT/chat_turns.csv")

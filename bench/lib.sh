@@ -1,5 +1,6 @@
-# lib.sh — the common start of the bench/server_*.sh scripts: binary and model
-# (the bench model is generated when missing), node and gnuplot, output dirs.
+# lib.sh — the common start of the bench/*.sh scripts: binary and model (the
+# bench model is generated when missing), node (for the server_*.sh scripts,
+# which drive HTTP from node) and gnuplot, output dirs.
 # Usage (after setting ROOT): . "$ROOT/bench/lib.sh"; bench_prepare NAME.sh "$@"
 # Sets BIN, MODEL, THREADS, OUT, IMG.
 
@@ -21,7 +22,9 @@ bench_prepare() {
         mkdir -p "$(dirname "$MODEL")"
         "$BIN" mkmodel --preset bench --seed 1 "$MODEL"
     fi
-    command -v node >/dev/null 2>&1 || { echo "$name: node is required" >&2; exit 1; }
+    case $name in
+    server_*) command -v node >/dev/null 2>&1 || { echo "$name: node is required" >&2; exit 1; } ;;
+    esac
     if ! command -v gnuplot >/dev/null 2>&1; then
         echo "$name: gnuplot missing; installing gnuplot-nox" >&2
         apt-get install -y gnuplot-nox >/dev/null || { apt-get update >/dev/null && apt-get install -y gnuplot-nox >/dev/null; }
