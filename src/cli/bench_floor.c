@@ -61,6 +61,9 @@ int ks_floor_open(const ks_floor_params *p, ks_floor **out, char *err, size_t er
     uint64_t s = 12345;
     int lo = f->n_vocab / 4, span = f->n_vocab - lo;
     for (int i = 0; i <= f->n_ctx; i++) f->toks[i] = lo + (int32_t)(mix(&s) % (uint64_t)span);
+    /* warm-up: the first decode pays graph allocation and first touches */
+    double pm, rm;
+    ks_floor_measure(f, 0, 16, false, &pm, &rm);
     *out = f;
     return 0;
 }
@@ -98,6 +101,21 @@ static int decode_range(ks_floor *f, int from, int to, bool want_logits, int *i_
     return 0;
 }
 
+/* Copies seq 0's state into *buf (grown to fit; *cap its size): 0 and *len,
+ * or KS_ENOMEM / KS_EIO. */
+static int snapshot(ks_floor *f, uint8_t **buf, size_t *cap, size_t *len) {
+    size_t need = ks_engine_state_size(f->e, 0);
+    *len = 0;
+    if (need > *cap) {
+        uint8_t *nb = realloc(*buf, need);
+        if (!nb) return KS_ENOMEM;
+        *buf = nb;
+        *cap = need;
+    }
+    *len = ks_engine_state_get(f->e, 0, *buf, *cap);
+    return *len ? 0 : KS_EIO;
+}
+
 int ks_floor_measure(ks_floor *f, int depth, int n_new, bool restore, double *prefill_ms, double *restore_ms) {
     *prefill_ms = *restore_ms = 0;
     if (depth < 0 || n_new < 1 || depth + n_new + 1 > f->n_ctx) return KS_EINVAL;
@@ -130,27 +148,12 @@ int ks_floor_measure(ks_floor *f, int depth, int n_new, bool restore, double *pr
     if (f->n_kv < depth) {
         if ((rc = decode_range(f, f->n_kv, depth, false, &i_last))) return rc;
         f->n_kv = depth;
-        size_t need = ks_engine_state_size(f->e, 0);
-        if (need > f->full_cap) {
-            uint8_t *nb = realloc(f->full, need);
-            if (nb) {
-                f->full = nb;
-                f->full_cap = need;
-            }
-        }
-        f->full_len = need <= f->full_cap ? ks_engine_state_get(f->e, 0, f->full, f->full_cap) : 0;
-        f->full_n = f->full_len ? depth : 0;
+        /* without the copy a longer history is just decoded again next time */
+        f->full_n = snapshot(f, &f->full, &f->full_cap, &f->full_len) == 0 ? depth : 0;
     }
     if (restore && depth > 0) {
-        size_t need = ks_engine_state_size(f->e, 0);
-        if (need > f->state_cap) {
-            uint8_t *nb = realloc(f->state, need);
-            if (!nb) return KS_ENOMEM;
-            f->state = nb;
-            f->state_cap = need;
-        }
-        size_t got = ks_engine_state_get(f->e, 0, f->state, f->state_cap);
-        if (!got) return KS_EIO;
+        size_t got;
+        if ((rc = snapshot(f, &f->state, &f->state_cap, &got))) return rc;
         ks_engine_seq_clear(f->e, 0);
         double t0 = ks_now_ms();
         rc = ks_engine_state_set(f->e, 0, f->state, got);
@@ -237,8 +240,6 @@ int ks_bench_floor_main(int argc, char **argv) {
         return 1;
     }
     double pm, rm;
-    /* warm-up: the first decode pays graph allocation and first touches */
-    ks_floor_measure(f, 0, 16, false, &pm, &rm);
     if (!from_stdin) {
         for (int i = 0; i < repeat && !rc; i++) {
             rc = ks_floor_measure(f, depth, n_new, restore, &pm, &rm);

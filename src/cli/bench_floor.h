@@ -37,6 +37,8 @@ typedef struct ks_floor_params {
     int n_threads; /* 0: all CPUs */
 } ks_floor_params;
 
+/* Loads the model and runs one untimed warm-up prefill (graph allocation,
+ * first touches of the weights). */
 int ks_floor_open(const ks_floor_params *p, ks_floor **out, char *err, size_t errlen);
 void ks_floor_free(ks_floor *f);
 

@@ -342,8 +342,6 @@ static int bench_chat(int argc, char **argv) {
             fprintf(stderr, "kvstash bench chat: %s\n", err[0] ? err : ks_strerror(rc));
             goto out;
         }
-        double pm, rm;
-        ks_floor_measure(dfl, 0, 16, false, &pm, &rm); /* warm-up */
     }
 
     /* Warm-up: the first decode of each chat pays one-time costs (graph
