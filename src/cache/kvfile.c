@@ -273,6 +273,15 @@ done:
 }
 
 /* ---------------------------------------------------------------- reading */
+/* Opens an existing kvfile: 0 and *fd, or KS_ENOENT / KS_EIO / KS_ENOMEM
+ * (no space cannot be the reason an open of an existing file fails). */
+static int open_existing(const char *path, int flags, int *fd) {
+    *fd = ks_sysio_open(path, flags | O_CLOEXEC, 0);
+    if (*fd >= 0) return 0;
+    int rc = ks_kvfile_errno(errno);
+    return rc == KS_ENOSPC ? KS_EIO : rc;
+}
+
 /* Opens path and reads + checks its header. On success *fd is open. */
 static int open_header(const char *path, int *fd_out, ks_kvfile_meta *m) {
     int rc = 0, fd = -1;
@@ -280,12 +289,7 @@ static int open_header(const char *path, int *fd_out, ks_kvfile_meta *m) {
     struct stat sb;
     memset(m, 0, sizeof *m);
     *fd_out = -1;
-    fd = ks_sysio_open(path, O_RDONLY | O_CLOEXEC, 0);
-    if (fd < 0) {
-        rc = ks_kvfile_errno(errno);
-        if (rc == KS_ENOSPC) rc = KS_EIO;
-        goto done;
-    }
+    if ((rc = open_existing(path, O_RDONLY, &fd)) != 0) goto done;
     if (fstat(fd, &sb) != 0) {
         rc = KS_EIO;
         goto done;
@@ -502,12 +506,7 @@ int ks_kvfile_touch(const char *path, int64_t last_hit_us, uint64_t hits) {
     int rc = 0, fd = -1;
     uint8_t h[16], t[TRAILER_LEN];
     struct stat sb;
-    fd = ks_sysio_open(path, O_RDWR | O_CLOEXEC, 0);
-    if (fd < 0) {
-        rc = ks_kvfile_errno(errno);
-        if (rc == KS_ENOSPC) rc = KS_EIO;
-        goto done;
-    }
+    if ((rc = open_existing(path, O_RDWR, &fd)) != 0) goto done;
     /* Only touch what looks like a v1 kvfile of a plausible size; the trailer
      * sits at the very end, so a wrong file would otherwise get 24 bytes
      * overwritten. */
