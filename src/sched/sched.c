@@ -331,11 +331,10 @@ static void store_save(ks_sched *s, slot *sl, ks_reason why, bool sync) {
              len, sync ? ", sync" : "", rc ? ks_strerror(rc) : "ok");
 }
 
-/* Store: restore the longest stored prefix of the prompt when it beats what
- * the slot already reuses. Returns true when the slot now holds it. */
-/* Restores the longest stored prefix of the prompt longer than `beat` tokens
- * (beat >= *n_reuse: what the slot or SPC gives without the store) and at
- * most `max` tokens (capped at all but the last token of the prompt). */
+/* Store: restores the longest stored prefix of the prompt longer than `beat`
+ * tokens (beat >= *n_reuse: what the slot or SPC gives without the store)
+ * and at most `max` tokens (capped at all but the last token of the prompt).
+ * Returns true when the slot now holds it. */
 static bool store_restore(ks_sched *s, slot *sl, sreq *r, int *n_reuse, int beat, int max) {
     double t0 = ks_now_ms();
     ks_store_hit hit;
@@ -615,6 +614,22 @@ static int cold_point(const ks_sched *s, int pos, int end, int n, int sys, int b
     return b;
 }
 
+/* Whether this slot's prefill takes cold saves at all: a store with a stride,
+ * and a request that caches (no_store mirrors cache_prompt, set in plan). */
+static bool cold_saves(const ks_sched *s, const slot *sl) {
+    return s->p.store && s->p.store_stride > 0 && !sl->no_store;
+}
+
+/* Where the LAST chunk of a COLD prefill (less than a stride reused, e.g. the
+ * template's first tokens left in a taken-over slot) ends for its cold save:
+ * the prompt's last stride boundary, if it is at least store_min_tokens;
+ * -1 for a warm prefill (a history was reused) or none. */
+static int cold_last_point(const ks_sched *s, const sreq *r) {
+    if (r->res.n_cached >= s->p.store_stride) return -1;
+    int b = ks_prefix_align_down(r->prompt.n - 1, s->p.store_stride);
+    return b >= s->p.store_min_tokens ? b : -1;
+}
+
 /* Sizes the cold save of the chunk [n_past, n_past + take) of a prefilling
  * slot, which is NOT the request's last chunk (the caller never cuts that
  * one). The chunk ends at its cold_point() when no later chunk of this prefill
@@ -626,7 +641,7 @@ static int cold_point(const ks_sched *s, int pos, int end, int n, int sys, int b
 static int cold_cut(ks_sched *s, slot *sl, int take, int budget) {
     sreq *r = sl->r;
     sl->snap_store = -1;
-    if (!s->p.store || s->p.store_stride <= 0 || !r->p.cache_prompt || !s->p.cache_prompt) return take;
+    if (!cold_saves(s, sl)) return take;
     int n = r->prompt.n, sys = sl->snap_sys;
     int b = cold_point(s, sl->n_past, sl->n_past + take, n, sys, budget);
     if (b < 0) return take;
@@ -634,8 +649,7 @@ static int cold_cut(ks_sched *s, slot *sl, int take, int budget) {
         int end = pos + budget;
         if (sys > pos && end > sys) end = sys;
         if (end >= n) { /* the last chunk: cut only in a cold prefill (cold_cut_last) */
-            if (r->res.n_cached < s->p.store_stride && ks_prefix_align_down(n - 1, s->p.store_stride) > pos)
-                return take;
+            if (cold_last_point(s, r) > pos) return take;
             break;
         }
         if (cold_point(s, pos, end, n, sys, budget) >= 0) return take; /* a later chunk saves */
@@ -645,19 +659,16 @@ static int cold_cut(ks_sched *s, slot *sl, int take, int budget) {
     return b - sl->n_past;
 }
 
-/* The last chunk [n_past, n) of a COLD prefill (less than a stride reused,
- * e.g. the template's first tokens left in a taken-over slot) ends at
- * the prompt's last stride boundary b < n, for one `cold` save of the prompt:
- * the issue's "cold after a cold prefill". It costs one decode step, which is
- * small beside a whole prompt's prefill; a warm turn (a few new tokens after
- * a reused history) never pays it. Returns the chunk size. */
+/* The last chunk [n_past, n) of a COLD prefill ends at cold_last_point(),
+ * for one `cold` save of the prompt: the issue's "cold after a cold prefill".
+ * It costs one decode step, which is small beside a whole prompt's prefill; a
+ * warm turn (a few new tokens after a reused history) never pays it. Returns
+ * the chunk size and sets sl->snap_store (-1: none). */
 static int cold_cut_last(ks_sched *s, slot *sl, int take) {
-    sreq *r = sl->r;
     sl->snap_store = -1;
-    if (!s->p.store || s->p.store_stride <= 0 || !r->p.cache_prompt || !s->p.cache_prompt) return take;
-    if (r->res.n_cached >= s->p.store_stride) return take; /* warm: a history was reused */
-    int b = ks_prefix_align_down(r->prompt.n - 1, s->p.store_stride);
-    if (b <= sl->n_past || b >= sl->n_past + take || b < s->p.store_min_tokens) return take;
+    if (!cold_saves(s, sl)) return take;
+    int b = cold_last_point(s, sl->r);
+    if (b <= sl->n_past || b >= sl->n_past + take) return take;
     sl->snap_store = b;
     return b - sl->n_past;
 }
@@ -716,8 +727,7 @@ static void step(ks_sched *s) {
         int remaining = r->prompt.n - sl->n_past;
         int take = remaining < budget ? remaining : budget;
         if (sl->snap_sys > sl->n_past && take > sl->snap_sys - sl->n_past) take = sl->snap_sys - sl->n_past;
-        sl->snap_store = -1;
-        if (take < remaining) take = cold_cut(s, sl, take, budget);
+        if (take < remaining) take = cold_cut(s, sl, take, budget); /* both set sl->snap_store */
         else take = cold_cut_last(s, sl, take); /* only in a cold prefill */
         if (n_gen > 0 && take == 3) take = 2; /* see the note: never 3 beside 2-row sequences */
         if (sl->snap_store != sl->n_past + take) sl->snap_store = -1;
