@@ -28,7 +28,7 @@
 #include <xxhash.h>
 
 #include "base/base.h"
-#include "cache/config.h"
+#include "cache/store_cfg.h"
 #include "cache/sysio.h"
 
 #define OFF_VERSION 8

@@ -130,33 +130,12 @@ void ks_store_default_dirs(char *cache_dir, char *shm_dir) {
 ks_store_params ks_store_params_default(void) {
     ks_store_params p;
     memset(&p, 0, sizeof p);
+    ks_store_cfg_defaults(&p.cfg);
     p.cfg.enabled = true;
     ks_store_default_dirs(p.cfg.cache_dir, p.cfg.shm_dir);
-    p.cfg.stride = 256;
-    p.cfg.continued_interval = 512;
-    p.cfg.min_tokens = 256;
-    p.cfg.shutdown_timeout_ms = 5000;
-    p.cfg.tier_max_bytes[KS_TIER_RAM] = 2048ll << 20;
-    p.cfg.tier_max_bytes[KS_TIER_SHM] = 1ll << 30;
-    p.cfg.tier_max_bytes[KS_TIER_DISK] = 10ll << 30;
-    p.cfg.reason_tier[KS_REASON_COLD] = KS_TIER_DISK;
-    p.cfg.reason_tier[KS_REASON_CONTINUED] = KS_TIER_SHM;
-    p.cfg.reason_tier[KS_REASON_FINISH] = KS_TIER_SHM;
-    p.cfg.reason_tier[KS_REASON_EVICT] = KS_TIER_DISK;
-    p.cfg.reason_tier[KS_REASON_SHUTDOWN] = KS_TIER_DISK;
     p.queue_max = 16;
     p.queue_max_bytes = 1ull << 30;
     return p;
-}
-
-static const char *tier_label(int t) {
-    static const char *n[] = {"ram", "shm", "disk"};
-    return (t >= 0 && t < KS_TIER__N) ? n[t] : "none";
-}
-
-static const char *reason_label(int r) {
-    static const char *n[] = {"cold", "continued", "finish", "evict", "shutdown"};
-    return (r >= 0 && r < KS_REASON__N) ? n[r] : "?";
 }
 
 /* ------------------------------------------------------------------ jobs */
@@ -231,7 +210,7 @@ static int evict_tier(ks_store *s, int t, uint64_t max_bytes) {
     int n = ks_tier_evict(s->tiers[t], max_bytes, NULL, NULL);
     if (n > 0) {
         atomic_fetch_add(&s->tier_evictions[t], (uint64_t)n);
-        KS_DEBUG("store", "evicted %d %s entries to stay under %llu bytes", n, tier_label(t),
+        KS_DEBUG("store", "evicted %d %s entries to stay under %llu bytes", n, ks_tier_name(t),
                  (unsigned long long)max_bytes);
     }
     return n;
@@ -249,7 +228,7 @@ static int do_save(ks_store *s, job *j) {
     }
     if (need > budget) {
         KS_INFO("store", "not saving %d tokens (%s): %llu bytes exceed the %s budget of %llu",
-                j->n, reason_label(j->reason), (unsigned long long)need, tier_label(t),
+                j->n, ks_reason_name(j->reason), (unsigned long long)need, ks_tier_name(t),
                 (unsigned long long)budget);
         atomic_fetch_add(&s->dropped_saves, 1);
         return KS_ENOSPC;
@@ -291,7 +270,7 @@ static int do_save(ks_store *s, job *j) {
     add_ms(&s->save_us, ks_now_ms() - t0);
     if (rc != 0) {
         KS_WARN("store", "save of %d tokens (%s) to %s failed: %s; skipped", j->n,
-                reason_label(j->reason), tier_label(t), ks_strerror(rc));
+                ks_reason_name(j->reason), ks_tier_name(t), ks_strerror(rc));
         atomic_fetch_add(&s->failed_saves, 1);
         return rc;
     }
@@ -302,7 +281,7 @@ static int do_save(ks_store *s, job *j) {
     atomic_fetch_add(&s->saves[j->reason], 1);
     atomic_fetch_add(&s->saved_bytes, j->len);
     KS_DEBUG("store", "saved %d tokens (%s, %zu bytes) to %s in %.1f ms", j->n,
-             reason_label(j->reason), j->len, tier_label(t), ks_now_ms() - t0);
+             ks_reason_name(j->reason), j->len, ks_tier_name(t), ks_now_ms() - t0);
     evict_tier(s, t, budget);
     return 0;
 }
@@ -362,7 +341,7 @@ static void *writer_main(void *arg) {
             case JOB_SAVE:
                 if (late) {
                     KS_WARN("store", "shutdown timeout: dropping the save of %d tokens (%s)", j->n,
-                            reason_label(j->reason));
+                            ks_reason_name(j->reason));
                     atomic_fetch_add(&s->skipped_saves, 1);
                     rc = KS_ESHUTDOWN;
                 } else {
@@ -418,7 +397,7 @@ int ks_store_open(const ks_store_params *p, ks_store **out, char *err, size_t er
     for (int r = 0; r < KS_REASON__N; r++) {
         int t = p->cfg.reason_tier[r];
         if (t != KS_TIER_NONE && (t < 0 || t >= KS_TIER__N)) {
-            ks_set_err(err, errlen, "invalid tier %d for reason %s", t, reason_label(r));
+            ks_set_err(err, errlen, "invalid tier %d for reason %s", t, ks_reason_name(r));
             return KS_EINVAL;
         }
     }
@@ -486,11 +465,11 @@ int ks_store_open(const ks_store_params *p, ks_store **out, char *err, size_t er
         uint64_t b = 0, e = 0;
         if (!s->tiers[t]) {
             /* A disabled tier: its directory, if any is named, is not used. */
-            KS_INFO("store", "%-4s tier: off", tier_label(t));
+            KS_INFO("store", "%-4s tier: off", ks_tier_name(t));
             continue;
         }
         ks_tier_usage(s->tiers[t], &b, &e);
-        KS_INFO("store", "%-4s tier: %s%s%llu entries, %.1f MiB (budget %.1f MiB)", tier_label(t),
+        KS_INFO("store", "%-4s tier: %s%s%llu entries, %.1f MiB (budget %.1f MiB)", ks_tier_name(t),
                 t == KS_TIER_RAM ? "" : (t == KS_TIER_SHM ? s->cfg.shm_dir : s->cfg.cache_dir),
                 t == KS_TIER_RAM ? "" : ": ", (unsigned long long)e, (double)b / 1048576.0,
                 (double)s->cfg.tier_max_bytes[t] / 1048576.0);
@@ -542,7 +521,7 @@ static void report_bad(ks_store *s, int t, const ks_key *key, int L, int rc) {
     atomic_fetch_add(&s->corrupt_files, 1);
     char hex[KS_KEY_HEX_LEN + 1];
     ks_key_to_hex(key, hex);
-    KS_WARN("store", "%s entry %.12s (%d tokens) failed to load: %s; treated as a miss", tier_label(t),
+    KS_WARN("store", "%s entry %.12s (%d tokens) failed to load: %s; treated as a miss", ks_tier_name(t),
             hex, L, ks_strerror(rc));
     job *j = calloc(1, sizeof *j);
     if (!j) return;
@@ -589,7 +568,7 @@ static int tiers_get(ks_store *s, const ks_key *key, const int32_t *tokens, int 
         if (r == KS_ECORRUPT || r == KS_EVERSION || r == KS_EMISMATCH)
             report_bad(s, t, key, n, r);
         else if (r != KS_ENOENT)
-            KS_WARN("store", "%s entry of %d tokens could not be read: %s", tier_label(t), n, ks_strerror(r));
+            KS_WARN("store", "%s entry of %d tokens could not be read: %s", ks_tier_name(t), n, ks_strerror(r));
     }
     return KS_ENOENT;
 }
@@ -627,7 +606,7 @@ static int pending_get(ks_store *s, const ks_key *key, const int32_t *tokens, in
         hit->load_ms = ks_now_ms() - t0;
         add_ms(&s->load_us, hit->load_ms);
         atomic_fetch_add(&s->pending_hits, 1);
-        KS_DEBUG("store", "lookup: %d tokens from the save queue (%s, not written yet)", n, tier_label(hit->tier));
+        KS_DEBUG("store", "lookup: %d tokens from the save queue (%s, not written yet)", n, ks_tier_name(hit->tier));
     }
     return rc;
 }
@@ -815,7 +794,7 @@ int ks_store_save(ks_store *s, ks_reason reason, const int32_t *tokens, int n, u
     } else if (!sync && (s->n_async >= s->queue_max || s->async_bytes + len > s->queue_max_bytes)) {
         atomic_fetch_add(&s->skipped_saves, 1);
         KS_WARN("store", "save queue full (%d saves, %llu bytes): skipping the %s save of %d tokens",
-                s->n_async, (unsigned long long)s->async_bytes, reason_label(reason), n);
+                s->n_async, (unsigned long long)s->async_bytes, ks_reason_name(reason), n);
         rc = KS_EFULL;
     } else if (ks_keymap_put(&s->pending, &key, j) != 0) {
         rc = KS_ENOMEM;

@@ -60,8 +60,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "cache/config.h"
 #include "cache/kvfile.h"
+#include "cache/store_cfg.h"
 #include "cache/tier.h"
 
 typedef struct ks_store ks_store;
@@ -77,7 +77,7 @@ typedef struct ks_store_params {
     uint64_t queue_max_bytes;   /* and their payload bytes (default 1 GiB) */
 } ks_store_params;
 
-/* Defaults: the documented ks_store_cfg defaults (config.h) with the default
+/* Defaults: ks_store_cfg_defaults (store_cfg.h), enabled, with the default
  * directories (ks_store_default_dirs), a zero fingerprint and no kv params. */
 ks_store_params ks_store_params_default(void);
 

@@ -46,9 +46,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "cache/config.h"
 #include "cache/key.h"
 #include "cache/kvfile.h"
+#include "cache/store_cfg.h"
 
 typedef enum { KS_ENTRY_OWN = 0, KS_ENTRY_STALE, KS_ENTRY_FOREIGN } ks_entry_class;
 

@@ -22,10 +22,10 @@
 #include <unistd.h>
 
 #include "base/base.h"
-#include "cache/config.h"
 #include "cache/key.h"
 #include "cache/kvfile.h"
 #include "cache/store.h"
+#include "cache/store_cfg.h"
 #include "cache/tier.h"
 #include "cli/cli.h"
 

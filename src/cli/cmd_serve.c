@@ -30,7 +30,7 @@
 #include <time.h>
 
 #include "base/base.h"
-#include "cache/config.h"
+#include "config/config.h"
 #include "cache/spc.h"
 #include "cache/store.h"
 #include "cli/cli.h"

@@ -1,6 +1,6 @@
 // config.test.mjs — `kvstash serve --config FILE`: a bad file stops the server
 // before it listens, with exit code 2 and a message naming the key path
-// (src/cache/config.h); a good one is applied (per-model cache settings,
+// (src/config/config.h); a good one is applied (per-model cache settings,
 // slots), and flags still win.
 import { test } from 'node:test';
 import { spawn } from 'node:child_process';

@@ -1,4 +1,4 @@
-/* test_config.c — the YAML configuration (src/cache/config.c). */
+/* test_config.c — the YAML configuration (src/config/config.c). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -11,7 +11,7 @@
 #include <cmocka.h>
 
 #include "base/base.h"
-#include "cache/config.h"
+#include "config/config.h"
 
 /* Loads yaml over fresh defaults, expects failure, checks that the message
  * contains want and that the configuration did not change. */
@@ -85,24 +85,6 @@ static void test_defaults(void **state) {
     ks_config_defaults(&c);
     assert_string_equal(c.store.cache_dir, "/home/tester/.cache/kvstash");
     unsetenv("XDG_CACHE_HOME");
-}
-
-static void test_names(void **state) {
-    (void)state;
-    assert_string_equal(ks_reason_name(KS_REASON_COLD), "cold");
-    assert_string_equal(ks_reason_name(KS_REASON_SHUTDOWN), "shutdown");
-    assert_string_equal(ks_reason_name(KS_REASON__N), "?");
-    assert_int_equal(ks_reason_parse("continued"), KS_REASON_CONTINUED);
-    assert_int_equal(ks_reason_parse("evict"), KS_REASON_EVICT);
-    assert_int_equal(ks_reason_parse("warm"), -1);
-    assert_int_equal(ks_reason_parse(NULL), -1);
-    assert_string_equal(ks_tier_name(KS_TIER_RAM), "ram");
-    assert_string_equal(ks_tier_name(KS_TIER_DISK), "disk");
-    assert_string_equal(ks_tier_name(KS_TIER_NONE), "none");
-    assert_int_equal(ks_tier_parse("shm"), KS_TIER_SHM);
-    assert_int_equal(ks_tier_parse("none"), KS_TIER_NONE);
-    assert_int_equal(ks_tier_parse("tape"), -2);
-    assert_int_equal(ks_tier_parse(NULL), -2);
 }
 
 /* ------------------------------------------------------------ a full file */
@@ -509,7 +491,6 @@ static void test_model_entry_limits(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults),
-        cmocka_unit_test(test_names),
         cmocka_unit_test(test_full_file),
         cmocka_unit_test(test_empty_and_layered_loads),
         cmocka_unit_test(test_unknown_keys),

@@ -18,7 +18,7 @@
 #include <cmocka.h>
 
 #include "base/base.h"
-#include "cache/config.h"
+#include "cache/store_cfg.h"
 #include "cache/kvfile.h"
 
 typedef struct fx {

@@ -23,6 +23,7 @@
 #include "cache/key.h"
 #include "cache/kvfile.h"
 #include "cache/store.h"
+#include "cache/store_cfg.h"
 
 #define NTOK 64
 
@@ -148,6 +149,25 @@ static void file_of(fx *f, const char *dir, const ks_store_params *p, int n, cha
 }
 
 /* ------------------------------------------------------------------ tests */
+/* The names of the reasons and tiers (store_cfg.h), as the YAML and the logs spell them. */
+static void test_reason_and_tier_names(void **state) {
+    (void)state;
+    assert_string_equal(ks_reason_name(KS_REASON_COLD), "cold");
+    assert_string_equal(ks_reason_name(KS_REASON_SHUTDOWN), "shutdown");
+    assert_string_equal(ks_reason_name(KS_REASON__N), "?");
+    assert_int_equal(ks_reason_parse("continued"), KS_REASON_CONTINUED);
+    assert_int_equal(ks_reason_parse("evict"), KS_REASON_EVICT);
+    assert_int_equal(ks_reason_parse("warm"), -1);
+    assert_int_equal(ks_reason_parse(NULL), -1);
+    assert_string_equal(ks_tier_name(KS_TIER_RAM), "ram");
+    assert_string_equal(ks_tier_name(KS_TIER_DISK), "disk");
+    assert_string_equal(ks_tier_name(KS_TIER_NONE), "none");
+    assert_int_equal(ks_tier_parse("shm"), KS_TIER_SHM);
+    assert_int_equal(ks_tier_parse("none"), KS_TIER_NONE);
+    assert_int_equal(ks_tier_parse("tape"), -2);
+    assert_int_equal(ks_tier_parse(NULL), -2);
+}
+
 static void test_tiers_by_reason(void **state) {
     fx *f = *state;
     ks_store_params p = params_for(f, 1, 1);
@@ -782,6 +802,7 @@ static void test_open_errors(void **state) {
 int main(void) {
     ks_log_set_level(getenv("KS_TEST_LOG") ? KS_LOG_DEBUG : KS_LOG_ERROR);
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_reason_and_tier_names),
         cmocka_unit_test_setup_teardown(test_tiers_by_reason, setup, teardown),
         cmocka_unit_test_setup_teardown(test_longest_prefix, setup, teardown),
         cmocka_unit_test_setup_teardown(test_save_filters, setup, teardown),

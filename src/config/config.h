@@ -3,6 +3,12 @@
  * (--config kvstash.yaml) and command-line flags, in that order of precedence
  * (flags win).
  *
+ * This layer owns the decisions about settings: their defaults (the store's
+ * numbers come from ks_store_cfg_defaults, cache/store_cfg.h), the YAML
+ * file, and which store `kvstash serve` opens. The cache layer below only
+ * receives a filled ks_store_cfg; the CLI above applies its flags over a
+ * ks_config.
+ *
  * YAML layout (every key optional):
  *
  *   model: /path/to/model.gguf
@@ -68,16 +74,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define KS_MAX_PATH 1024
-
-/* Save reasons (seed 003) and tiers; reason -> tier mapping lives in the store config. */
-typedef enum { KS_REASON_COLD = 0, KS_REASON_CONTINUED, KS_REASON_FINISH, KS_REASON_EVICT, KS_REASON_SHUTDOWN, KS_REASON__N } ks_reason;
-typedef enum { KS_TIER_RAM = 0, KS_TIER_SHM, KS_TIER_DISK, KS_TIER__N, KS_TIER_NONE = -1 } ks_tier_id;
-
-const char *ks_reason_name(ks_reason r);   /* "cold", ... */
-int ks_reason_parse(const char *s);        /* -1 when unknown */
-const char *ks_tier_name(ks_tier_id t);    /* "ram", "shm", "disk", "none" */
-int ks_tier_parse(const char *s);          /* KS_TIER_NONE for "none", -2 when unknown */
+#include "cache/store_cfg.h"
 
 typedef struct ks_model_cache_cfg {
     bool system_prompt_cache;   /* SPC (default false) */
@@ -86,18 +83,6 @@ typedef struct ks_model_cache_cfg {
     int slots;                  /* 0: use the top-level value */
     int64_t spc_max_bytes;      /* default 256 MiB */
 } ks_model_cache_cfg;
-
-typedef struct ks_store_cfg {
-    bool enabled;                         /* the full store; default false unless a store key/flag is given */
-    char cache_dir[KS_MAX_PATH];          /* disk tier; default $XDG_CACHE_HOME/kvstash or ~/.cache/kvstash */
-    char shm_dir[KS_MAX_PATH];            /* default /dev/shm/kvstash-<uid> */
-    int stride;                           /* default 256 */
-    int continued_interval;               /* default 512 */
-    int min_tokens;                       /* default 256 */
-    int shutdown_timeout_ms;              /* default 5000 */
-    int64_t tier_max_bytes[KS_TIER__N];   /* ram 2 GiB, shm 1 GiB, disk 10 GiB; 0 disables the tier */
-    int reason_tier[KS_REASON__N];        /* ks_tier_id; default cold=disk continued=shm finish=shm evict=disk shutdown=disk */
-} ks_store_cfg;
 
 typedef struct ks_config {
     char model[KS_MAX_PATH];

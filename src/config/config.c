@@ -24,7 +24,7 @@
  *    node: "unknown key 'store.tiers.ram.maxbytes' at line 7",
  *    "'port' at line 3: expected an integer 0..65535, got 'abc'".
  */
-#include "cache/config.h"
+#include "config/config.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -42,34 +42,6 @@
 #define MAX_FILE_BYTES (1 << 20)
 #define N_MODELS_MAX ((int)(sizeof(((ks_config *)0)->models) / sizeof(((ks_config *)0)->models[0])))
 #define MODEL_KEY_MAX ((int)sizeof(((ks_config *)0)->model_keys[0]))
-
-/* ------------------------------------------------------------ names */
-static const char *const k_reason_names[KS_REASON__N] = {"cold", "continued", "finish", "evict",
-                                                         "shutdown"};
-static const char *const k_tier_names[KS_TIER__N] = {"ram", "shm", "disk"};
-
-const char *ks_reason_name(ks_reason r) {
-    return (r >= 0 && r < KS_REASON__N) ? k_reason_names[r] : "?";
-}
-
-int ks_reason_parse(const char *s) {
-    for (int i = 0; s && i < KS_REASON__N; i++)
-        if (strcmp(s, k_reason_names[i]) == 0) return i;
-    return -1;
-}
-
-const char *ks_tier_name(ks_tier_id t) {
-    if (t == KS_TIER_NONE) return "none";
-    return (t >= 0 && t < KS_TIER__N) ? k_tier_names[t] : "?";
-}
-
-int ks_tier_parse(const char *s) {
-    if (!s) return -2;
-    if (strcmp(s, "none") == 0) return KS_TIER_NONE;
-    for (int i = 0; i < KS_TIER__N; i++)
-        if (strcmp(s, k_tier_names[i]) == 0) return i;
-    return -2;
-}
 
 /* ------------------------------------------------------------ environment */
 /* The home directory: $HOME, else the password database, else "/". */
@@ -185,7 +157,7 @@ void ks_config_defaults(ks_config *c) {
     model_defaults(&c->cache);
 
     ks_store_cfg *s = &c->store;
-    s->enabled = false;
+    ks_store_cfg_defaults(s);
     const char *xdg = getenv("XDG_CACHE_HOME");
     /* The XDG spec: a relative or empty value is invalid and is ignored. */
     if (xdg && xdg[0] == '/')
@@ -193,18 +165,6 @@ void ks_config_defaults(ks_config *c) {
     else
         snprintf(s->cache_dir, sizeof s->cache_dir, "%s/.cache/kvstash", home_dir());
     snprintf(s->shm_dir, sizeof s->shm_dir, "/dev/shm/kvstash-%u", (unsigned)getuid());
-    s->stride = 256;
-    s->continued_interval = 512;
-    s->min_tokens = 256;
-    s->shutdown_timeout_ms = 5000;
-    s->tier_max_bytes[KS_TIER_RAM] = 2048LL << 20; /* --cache-ram's default */
-    s->tier_max_bytes[KS_TIER_SHM] = 1LL << 30;
-    s->tier_max_bytes[KS_TIER_DISK] = 10LL << 30;
-    s->reason_tier[KS_REASON_COLD] = KS_TIER_DISK;
-    s->reason_tier[KS_REASON_CONTINUED] = KS_TIER_SHM;
-    s->reason_tier[KS_REASON_FINISH] = KS_TIER_SHM;
-    s->reason_tier[KS_REASON_EVICT] = KS_TIER_DISK;
-    s->reason_tier[KS_REASON_SHUTDOWN] = KS_TIER_DISK;
     c->n_models = 0;
 }
 

@@ -1,0 +1,51 @@
+/*
+ * store_cfg.h — the settings of the KV store: the save reasons, the tiers,
+ * which tier each reason saves into, the tiers' budgets and directories.
+ *
+ * These are the cache layer's own settings. Where they come from (defaults,
+ * a YAML file, command-line flags) is decided above it, in src/config/; the
+ * cache layer only receives a filled ks_store_cfg (store.h, tier.h).
+ *
+ * Thread model: plain data and pure functions; every function is thread-safe.
+ */
+#ifndef KS_STORE_CFG_H
+#define KS_STORE_CFG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* The size of every path buffer of the store and its configuration, NUL included. */
+#define KS_MAX_PATH 1024
+
+/* Why a state is saved; each reason maps to a tier (ks_store_cfg.reason_tier). */
+typedef enum { KS_REASON_COLD = 0, KS_REASON_CONTINUED, KS_REASON_FINISH, KS_REASON_EVICT, KS_REASON_SHUTDOWN, KS_REASON__N } ks_reason;
+/* The tiers, fastest first; KS_TIER_NONE: "do not save". */
+typedef enum { KS_TIER_RAM = 0, KS_TIER_SHM, KS_TIER_DISK, KS_TIER__N, KS_TIER_NONE = -1 } ks_tier_id;
+
+/* "cold", "continued", "finish", "evict", "shutdown"; "?" for any other value. */
+const char *ks_reason_name(ks_reason r);
+/* The reason named s, or -1 when s is NULL or unknown. */
+int ks_reason_parse(const char *s);
+/* "ram", "shm", "disk", "none" (KS_TIER_NONE); "?" for any other value. */
+const char *ks_tier_name(ks_tier_id t);
+/* The tier named s, KS_TIER_NONE for "none", or -2 when s is NULL or unknown. */
+int ks_tier_parse(const char *s);
+
+typedef struct ks_store_cfg {
+    bool enabled;                         /* the full store; default false unless a store key/flag is given */
+    char cache_dir[KS_MAX_PATH];          /* disk tier; default $XDG_CACHE_HOME/kvstash or ~/.cache/kvstash */
+    char shm_dir[KS_MAX_PATH];            /* default /dev/shm/kvstash-<uid> */
+    int stride;                           /* default 256 */
+    int continued_interval;               /* default 512 */
+    int min_tokens;                       /* default 256 */
+    int shutdown_timeout_ms;              /* default 5000 */
+    int64_t tier_max_bytes[KS_TIER__N];   /* ram 2 GiB, shm 1 GiB, disk 10 GiB; 0 disables the tier */
+    int reason_tier[KS_REASON__N];        /* ks_tier_id; default cold=disk continued=shm finish=shm evict=disk shutdown=disk */
+} ks_store_cfg;
+
+/* Zeroes *c and fills the documented defaults above, except enabled (false)
+ * and the two directories (""): who fills them decides their defaults
+ * (ks_config_defaults, ks_store_params_default). c may not be NULL. */
+void ks_store_cfg_defaults(ks_store_cfg *c);
+
+#endif
