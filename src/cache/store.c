@@ -590,7 +590,7 @@ static int pending_get(ks_store *s, const ks_key *key, const int32_t *tokens, in
         } else {
             memcpy(copy, j->payload, j->len);
             hit->blob_.owner_ = copy;
-            hit->blob_.ram_ = false;
+            hit->blob_.release_ = NULL; /* a plain copy: released by free() */
             hit->blob_.payload = copy;
             hit->blob_.len = j->len;
             hit->n_tokens = n;

@@ -6,6 +6,10 @@
  *   shm   tier_file.c  a directory of kvfiles under /dev/shm/kvstash-<uid>/
  *   disk  tier_file.c  a directory of kvfiles under the cache dir
  *
+ * The entry table and the generic operations below (has, list, evict,
+ * remove...) are tier.c's, shared by both implementations, which depend
+ * only on tier.c and never on each other.
+ *
  * Each tier owns its entry table: key -> metadata (tokens, bytes, reason,
  * times, hits, and whether the entry belongs to this model). The store's
  * index is the union of the tiers' tables; each tier has its own byte budget
@@ -80,15 +84,17 @@ typedef struct ks_tier_blob {
     const uint8_t *payload;
     size_t len;
     void *owner_;          /* internal: the malloc'd buffer or the ram blob reference */
-    bool ram_;
+    /* internal: gives owner_ back to the tier that handed it out; NULL: the
+     * blob owns a plain malloc'd buffer, freed */
+    void (*release_)(struct ks_tier_blob *b);
     struct ks_tier *pool_; /* internal: a file tier that takes the buffer back (its spare) */
     size_t cap_;
 } ks_tier_blob;
 
-/* A blob from a file tier must be released before that tier is closed. */
+/* Releases b's payload (by the tier that handed it out) and zeroes b. NULL
+ * and a zeroed blob are no-ops. A blob from a file tier must be released
+ * before that tier is closed. */
 void ks_tier_blob_release(ks_tier_blob *b);
-/* Internal: a file tier keeps one released read buffer for the next get. */
-void ks__tier_spare_put(struct ks_tier *t, void *buf, size_t cap);
 
 typedef struct ks_tier ks_tier;
 typedef struct ks__tentry ks__tentry;

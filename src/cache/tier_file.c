@@ -59,7 +59,9 @@ typedef struct file_tier {
 
 #define SPARE_MAX ((size_t)256 << 20) /* larger buffers are not kept */
 
-void ks__tier_spare_put(ks_tier *t, void *buf, size_t cap) {
+/* Keeps buf as the spare read buffer when it is the larger one (and not too
+ * large to keep), else frees it. NULL is a no-op. */
+static void spare_put(ks_tier *t, void *buf, size_t cap) {
     file_tier *ft = (file_tier *)t;
     if (!buf) return;
     pthread_mutex_lock(&ft->spare_mu);
@@ -72,6 +74,10 @@ void ks__tier_spare_put(ks_tier *t, void *buf, size_t cap) {
     pthread_mutex_unlock(&ft->spare_mu);
     free(buf);
 }
+
+/* ks_tier_blob.release_ of the blobs file_get hands out: the read buffer
+ * goes back to its tier (which is still open: tier.h). */
+static void blob_release(ks_tier_blob *b) { spare_put(b->pool_, b->owner_, b->cap_); }
 
 static int64_t wall_us(void) {
     struct timespec ts;
@@ -391,7 +397,7 @@ static int file_get(ks_tier *t, const ks_key *key, const ks_kvfile_expect *exp, 
     ft->spare_cap = 0;
     pthread_mutex_unlock(&ft->spare_mu);
     int rc = ks_kvfile_read_buf(path, exp, &m, &payload, &cap);
-    if (rc != 0) ks__tier_spare_put(t, payload, cap);
+    if (rc != 0) spare_put(t, payload, cap);
     if (rc == KS_ENOENT) {
         /* Removed by another process: forget it (no file to touch). */
         pthread_rwlock_wrlock(&t->lock);
@@ -403,7 +409,7 @@ static int file_get(ks_tier *t, const ks_key *key, const ks_kvfile_expect *exp, 
     out->payload = payload;
     out->len = (size_t)m.payload_len;
     out->owner_ = payload;
-    out->ram_ = false;
+    out->release_ = blob_release;
     out->pool_ = t;
     out->cap_ = cap;
     ks__tier_touch(t, key);

@@ -1,5 +1,5 @@
 /*
- * tier_ram.c — the ram tier, and the entry table every tier shares.
+ * tier_ram.c — the ram tier. Its entry table is tier.c's, like every tier's.
  *
  * The ram tier keeps each entry as a reference-counted blob (tokens +
  * payload). The table holds one reference; every get() takes another, handed
@@ -15,223 +15,9 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "base/base.h"
 #include "cache/tier.h"
-
-static int64_t wall_us(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
-/* ============================================================ the table */
-int ks__tier_init(ks_tier *t, const ks_tier_vt *vt, ks_tier_id id, const ks_tier_ident *ident) {
-    t->vt = vt;
-    t->id = id;
-    if (ident && ident->model_fp) {
-        memcpy(t->ident_fp, ident->model_fp, 32);
-        if (ident->params_hash) memcpy(t->ident_params, ident->params_hash, 32);
-        t->ident.model_fp = t->ident_fp;
-        t->ident.params_hash = ident->params_hash ? t->ident_params : NULL;
-        t->ident.state_version = ident->state_version;
-        t->has_ident = true;
-    }
-    return pthread_rwlock_init(&t->lock, NULL) == 0 ? 0 : KS_ENOMEM;
-}
-
-void ks__tier_fini(ks_tier *t) {
-    for (size_t i = 0; i < t->map.cap; i++)
-        if (ks_keymap_live(&t->map, i)) free(t->map.vals[i]);
-    ks_keymap_free(&t->map);
-    pthread_rwlock_destroy(&t->lock);
-}
-
-void ks_tier_close(ks_tier *t) {
-    if (t) t->vt->close(t);
-}
-
-ks_entry_class ks__tier_classify(const ks_tier *t, const ks_kvfile_meta *m) {
-    if (!t->has_ident) return KS_ENTRY_OWN;
-    if (memcmp(m->model_fp, t->ident_fp, 32) != 0) return KS_ENTRY_FOREIGN;
-    if (t->ident.params_hash && memcmp(m->params_hash, t->ident_params, 32) != 0)
-        return KS_ENTRY_FOREIGN;
-    if (m->state_version != t->ident.state_version) return KS_ENTRY_STALE;
-    return KS_ENTRY_OWN;
-}
-
-int ks__tier_insert_locked(ks_tier *t, const ks_tier_entry *info, void *blob, ks__tentry **out) {
-    ks__tentry *e = calloc(1, sizeof *e);
-    if (!e) return KS_ENOMEM;
-    e->info = *info;
-    e->blob = blob;
-    e->lru = e->ins = ++t->seq;
-    if (ks_keymap_put(&t->map, &info->key, e) != 0) {
-        free(e);
-        return KS_ENOMEM;
-    }
-    t->bytes += info->bytes;
-    if (out) *out = e;
-    return 0;
-}
-
-ks__tentry *ks__tier_unlink_locked(ks_tier *t, const ks_key *key) {
-    ks__tentry *e = ks_keymap_del(&t->map, key);
-    if (e) t->bytes -= e->info.bytes;
-    return e;
-}
-
-void ks__tier_touch(ks_tier *t, const ks_key *key) {
-    pthread_rwlock_wrlock(&t->lock);
-    ks__tentry *e = ks_keymap_get(&t->map, key);
-    if (e) {
-        e->info.last_hit_us = wall_us();
-        e->info.hits++;
-        e->lru = ++t->seq;
-        e->dirty = true;
-    }
-    pthread_rwlock_unlock(&t->lock);
-}
-
-bool ks_tier_has(ks_tier *t, const ks_key *key, ks_tier_entry *out) {
-    pthread_rwlock_rdlock(&t->lock);
-    ks__tentry *e = ks_keymap_get(&t->map, key);
-    bool ok = e && !e->bad;
-    if (ok && out) *out = e->info;
-    pthread_rwlock_unlock(&t->lock);
-    return ok;
-}
-
-bool ks_tier_mark_bad(ks_tier *t, const ks_key *key) {
-    pthread_rwlock_wrlock(&t->lock);
-    ks__tentry *e = ks_keymap_get(&t->map, key);
-    bool marked = e && !e->bad;
-    if (marked) e->bad = true;
-    pthread_rwlock_unlock(&t->lock);
-    return marked;
-}
-
-void ks_tier_lengths(ks_tier *t, int max_len, int *out, int *n, int cap) {
-    pthread_rwlock_rdlock(&t->lock);
-    for (size_t i = 0; i < t->map.cap && *n < cap; i++) {
-        if (!ks_keymap_live(&t->map, i)) continue;
-        const ks__tentry *e = t->map.vals[i];
-        if (e->bad || e->info.cls != KS_ENTRY_OWN) continue;
-        if (e->info.n_tokens >= 1 && e->info.n_tokens <= max_len) out[(*n)++] = e->info.n_tokens;
-    }
-    pthread_rwlock_unlock(&t->lock);
-}
-
-int ks_tier_list(ks_tier *t, ks_tier_list_cb cb, void *ud) {
-    int rc = 0;
-    size_t n = 0;
-    ks_tier_entry *snap = NULL;
-    pthread_rwlock_rdlock(&t->lock);
-    if (t->map.n) snap = malloc(t->map.n * sizeof *snap);
-    if (snap)
-        for (size_t i = 0; i < t->map.cap; i++)
-            if (ks_keymap_live(&t->map, i)) snap[n++] = ((ks__tentry *)t->map.vals[i])->info;
-    bool oom = t->map.n && !snap;
-    pthread_rwlock_unlock(&t->lock);
-    if (oom) {
-        rc = KS_ENOMEM;
-        goto done;
-    }
-    for (size_t i = 0; i < n && rc == 0; i++) rc = cb(ud, &snap[i]);
-done:
-    free(snap);
-    return rc;
-}
-
-void ks_tier_usage(ks_tier *t, uint64_t *bytes, uint64_t *entries) {
-    pthread_rwlock_rdlock(&t->lock);
-    if (bytes) *bytes = t->bytes;
-    if (entries) *entries = t->map.n;
-    pthread_rwlock_unlock(&t->lock);
-}
-
-static int lru_cmp(const void *a, const void *b) {
-    const ks__tentry *x = *(ks__tentry *const *)a, *y = *(ks__tentry *const *)b;
-    if (x->info.last_hit_us != y->info.last_hit_us) return x->info.last_hit_us < y->info.last_hit_us ? -1 : 1;
-    return x->lru < y->lru ? -1 : x->lru > y->lru;
-}
-
-void ks__tier_forget_bad(ks_tier *t, const ks_key *keys, int n) {
-    pthread_rwlock_wrlock(&t->lock);
-    for (int i = 0; i < n; i++) {
-        ks__tentry *e = ks_keymap_get(&t->map, &keys[i]);
-        if (e && e->bad) free(ks__tier_unlink_locked(t, &keys[i]));
-    }
-    pthread_rwlock_unlock(&t->lock);
-}
-
-typedef struct victim {
-    ks_tier_entry info;
-    void *blob;
-} victim;
-
-int ks_tier_evict(ks_tier *t, uint64_t max_bytes, void (*cb)(void *ud, const ks_tier_entry *e),
-                  void *ud) {
-    ks__tentry **all = NULL;
-    victim *v = NULL;
-    ks_key *keys = NULL;
-    int n = 0;
-    pthread_rwlock_wrlock(&t->lock);
-    if (t->bytes <= max_bytes || t->map.n == 0) goto unlock;
-    all = malloc(t->map.n * sizeof *all);
-    v = malloc(t->map.n * sizeof *v);
-    keys = malloc(t->map.n * sizeof *keys);
-    if (!all || !v || !keys) goto unlock;
-    /* Entries already marked bad are on their way out: not counted. */
-    uint64_t live = t->bytes;
-    size_t k = 0;
-    for (size_t i = 0; i < t->map.cap; i++) {
-        if (!ks_keymap_live(&t->map, i)) continue;
-        ks__tentry *e = t->map.vals[i];
-        if (e->bad)
-            live -= e->info.bytes;
-        else
-            all[k++] = e;
-    }
-    if (k) qsort(all, k, sizeof *all, lru_cmp);
-    for (size_t i = 0; i < k && live > max_bytes; i++) {
-        all[i]->bad = true;
-        v[n].info = all[i]->info;
-        v[n].blob = all[i]->blob;
-        all[i]->blob = NULL;
-        keys[n] = all[i]->info.key;
-        live -= all[i]->info.bytes;
-        n++;
-    }
-unlock:
-    pthread_rwlock_unlock(&t->lock);
-    for (int i = 0; i < n; i++) {
-        t->vt->drop(t, &v[i].info.key, v[i].blob);
-        if (cb) cb(ud, &v[i].info);
-    }
-    if (n) ks__tier_forget_bad(t, keys, n);
-    free(all);
-    free(v);
-    free(keys);
-    return n;
-}
-
-int ks_tier_remove(ks_tier *t, const ks_key *key) {
-    pthread_rwlock_wrlock(&t->lock);
-    ks__tentry *e = ks_keymap_get(&t->map, key);
-    void *blob = NULL;
-    if (e) {
-        e->bad = true;
-        blob = e->blob;
-        e->blob = NULL;
-    }
-    pthread_rwlock_unlock(&t->lock);
-    if (!e) return KS_ENOENT;
-    int rc = t->vt->drop(t, key, blob);
-    ks__tier_forget_bad(t, key, 1);
-    return rc;
-}
 
 /* ============================================================ ram blobs */
 typedef struct ram_blob {
@@ -250,16 +36,8 @@ static void blob_unref(ram_blob *b) {
     }
 }
 
-void ks_tier_blob_release(ks_tier_blob *b) {
-    if (!b) return;
-    if (b->ram_)
-        blob_unref(b->owner_);
-    else if (b->pool_)
-        ks__tier_spare_put(b->pool_, b->owner_, b->cap_);
-    else
-        free(b->owner_);
-    memset(b, 0, sizeof *b);
-}
+/* ks_tier_blob.release_ of the blobs ram_get hands out: drops their reference. */
+static void blob_release(ks_tier_blob *out) { blob_unref(out->owner_); }
 
 /* ============================================================= ram tier */
 static int ram_put(ks_tier *t, const ks_kvfile_meta *m, const int32_t *tokens, int n,
@@ -341,7 +119,7 @@ static int ram_get(ks_tier *t, const ks_key *key, const ks_kvfile_expect *exp, k
     out->payload = b->payload;
     out->len = b->len;
     out->owner_ = b;
-    out->ram_ = true;
+    out->release_ = blob_release;
     ks__tier_touch(t, key);
     return 0;
 }
