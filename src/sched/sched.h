@@ -32,14 +32,18 @@
 #include <stdint.h>
 
 #include "base/base.h"
+#include "cache/store.h"
 #include "engine/engine.h"
 
 typedef struct ks_sched ks_sched;
 
+/* Slots a scheduler can drive (the router's table is on the stack). */
+#define KS_MAX_SLOTS 256
+
 typedef struct ks_sched_params {
     ks_engine *engine;     /* borrowed; must outlive the scheduler */
-    int n_slots;           /* <= engine's n_seq (default: all of them) */
-    int max_queue;         /* requests waiting for a slot; beyond: KS_EFULL (default 64) */
+    int n_slots;           /* <= engine's n_seq and KS_MAX_SLOTS (default: all of them) */
+    int max_queue;         /* requests waiting for a slot, >= 1; beyond: KS_EFULL (default 64) */
     bool cache_prompt;     /* server-wide switch; a request can only turn it off (default true) */
     float affinity_min;    /* prefer the slot with the longest common prefix only when it
                               covers at least this fraction of the prompt (default 0.05);
@@ -97,6 +101,8 @@ typedef struct ks_req_result {
     double ttft_ms;        /* submit -> first token sampled */
     double gen_ms;         /* first token -> done */
     ks_finish finish;
+    bool eog;              /* finish == KS_FINISH_STOP by an end-of-generation token (not
+                              by the caller's on_token) */
     int error;             /* KS_E* when finish == KS_FINISH_ERROR */
     char cache_mode[24];   /* "prefix", "miss", ... */
     char cache_reason[48]; /* why not more was cached, "" when fully cached */
@@ -130,7 +136,9 @@ typedef struct ks_req_params {
     void *ud;
 } ks_req_params;
 
-/* Starts the inference thread. Errors: KS_EINVAL, KS_ENOMEM. */
+/* Starts the inference thread. Errors: KS_EINVAL (no engine, more slots than
+ * the engine's sequences or KS_MAX_SLOTS, max_queue < 1, cache_min_tokens <
+ * 0), KS_ENOMEM. */
 int ks_sched_create(const ks_sched_params *p, ks_sched **out);
 /* Stops accepting, cancels queued requests, lets running ones finish their
  * current step and cancels them, joins the thread, frees. NULL is a no-op. */
@@ -161,19 +169,9 @@ typedef struct ks_slot_info {
 /* Fills up to n slot descriptions; returns the number of slots. */
 int ks_sched_slots(ks_sched *s, ks_slot_info *out, int n);
 
-typedef struct ks_sched_stats {
-    uint64_t requests_total;
-    uint64_t requests_rejected;   /* queue full */
-    uint64_t requests_canceled;
-    uint64_t prompt_tokens_total;
-    uint64_t prompt_tokens_cached_total;
-    uint64_t tokens_predicted_total;
-    double prompt_seconds_total;
-    double predicted_seconds_total;
-    int slots_busy;
-    int queue_depth;
-    int n_slots;
-    /* cache decisions, one count per request by its final mode */
+/* The cache decisions, one count per request by its final mode, and the
+ * store and SPC traffic. Written by the inference thread only. */
+typedef struct ks_sched_cache_stats {
     uint64_t mode_prefix;          /* same-slot / affinity prefix reuse */
     uint64_t mode_miss;
     uint64_t imc_hash_hits;
@@ -190,8 +188,23 @@ typedef struct ks_sched_stats {
     uint64_t store_hits;            /* prompts restored from the persistent store */
     uint64_t store_restored_tokens;
     double store_restore_ms_total;  /* lookup + read + verify + state set */
-    uint64_t store_save_requests[5]; /* by ks_reason: states handed to the store */
+    uint64_t store_save_requests[KS_REASON__N]; /* by ks_reason: states handed to the store */
     double snapshot_ms_total;       /* time the inference thread spent copying states */
+} ks_sched_cache_stats;
+
+typedef struct ks_sched_stats {
+    uint64_t requests_total;
+    uint64_t requests_rejected;   /* queue full */
+    uint64_t requests_canceled;
+    uint64_t prompt_tokens_total;
+    uint64_t prompt_tokens_cached_total;
+    uint64_t tokens_predicted_total;
+    double prompt_seconds_total;
+    double predicted_seconds_total;
+    int slots_busy;
+    int queue_depth;
+    int n_slots;
+    ks_sched_cache_stats cache;   /* as of the last step */
 } ks_sched_stats;
 
 void ks_sched_stats_get(ks_sched *s, ks_sched_stats *out);

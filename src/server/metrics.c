@@ -126,44 +126,45 @@ void ks_metrics_sched(ks_prom *p, const ks_sched_stats *st) {
     ks_prom_gauge(p, "kvstash_slots_total", "Slots (parallel sequences).", st->n_slots);
     ks_prom_gauge(p, "kvstash_queue_depth", "Requests waiting for a slot.", st->queue_depth);
 
+    const ks_sched_cache_stats *c = &st->cache;
     /* How prompts were served. The scheduler counts the route decision once per
      * request; an SPC or store restore is counted besides, so the decisions do
      * not partition the requests. */
     ks_prom_family(p, "kvstash_cache_decisions_total", "counter",
                    "Cache decisions by kind (route modes once per request; spc and store restores besides).");
-    ks_prom_sample(p, "kvstash_cache_decisions_total", "decision", "prefix", (double)st->mode_prefix);
-    ks_prom_sample(p, "kvstash_cache_decisions_total", "decision", "imc-hash", (double)st->imc_hash_hits);
+    ks_prom_sample(p, "kvstash_cache_decisions_total", "decision", "prefix", (double)c->mode_prefix);
+    ks_prom_sample(p, "kvstash_cache_decisions_total", "decision", "imc-hash", (double)c->imc_hash_hits);
     ks_prom_sample(p, "kvstash_cache_decisions_total", "decision", "imc-token-prefix",
-                   (double)st->imc_token_prefix_hits);
-    ks_prom_sample(p, "kvstash_cache_decisions_total", "decision", "spc", (double)st->spc_hits);
-    ks_prom_sample(p, "kvstash_cache_decisions_total", "decision", "store", (double)st->store_hits);
-    ks_prom_sample(p, "kvstash_cache_decisions_total", "decision", "miss", (double)st->mode_miss);
+                   (double)c->imc_token_prefix_hits);
+    ks_prom_sample(p, "kvstash_cache_decisions_total", "decision", "spc", (double)c->spc_hits);
+    ks_prom_sample(p, "kvstash_cache_decisions_total", "decision", "store", (double)c->store_hits);
+    ks_prom_sample(p, "kvstash_cache_decisions_total", "decision", "miss", (double)c->mode_miss);
     ks_prom_counter(p, "kvstash_imc_salvaged_tokens_total", "Tokens kept by IMC token-prefix salvage.",
-                    (double)st->imc_salvaged_tokens);
+                    (double)c->imc_salvaged_tokens);
     ks_prom_counter(p, "kvstash_slot_evictions_total", "Non-empty slots taken over for another branch.",
-                    (double)st->evictions);
-    ks_prom_counter(p, "kvstash_imc_rebuilds_total", "IMC branches built from scratch.", (double)st->rebuilds);
+                    (double)c->evictions);
+    ks_prom_counter(p, "kvstash_imc_rebuilds_total", "IMC branches built from scratch.", (double)c->rebuilds);
     ks_prom_counter(p, "kvstash_spc_misses_total", "System prompts the SPC had no state for.",
-                    (double)st->spc_misses);
+                    (double)c->spc_misses);
     ks_prom_counter(p, "kvstash_spc_builds_total", "System-prompt states captured into the SPC.",
-                    (double)st->spc_builds);
+                    (double)c->spc_builds);
     ks_prom_counter(p, "kvstash_spc_restored_tokens_total", "Tokens restored from the SPC.",
-                    (double)st->spc_restored_tokens);
+                    (double)c->spc_restored_tokens);
     ks_prom_counter(p, "kvstash_sys_prompt_prefills_total", "Requests whose system prompt was prefilled.",
-                    (double)st->sys_prompt_prefills);
+                    (double)c->sys_prompt_prefills);
     ks_prom_counter(p, "kvstash_partial_rm_rebuilds_total",
-                    "Sequences rebuilt because the memory could not drop a suffix.", (double)st->partial_rm_rebuilds);
+                    "Sequences rebuilt because the memory could not drop a suffix.", (double)c->partial_rm_rebuilds);
     ks_prom_counter(p, "kvstash_store_restored_tokens_total", "Tokens restored from the persistent store.",
-                    (double)st->store_restored_tokens);
+                    (double)c->store_restored_tokens);
     ks_prom_counter(p, "kvstash_store_restore_seconds_total", "Store lookup + read + verify + state set.",
-                    st->store_restore_ms_total / 1e3);
+                    c->store_restore_ms_total / 1e3);
     ks_prom_family(p, "kvstash_store_save_requests_total", "counter", "States handed to the store, by save reason.");
-    int n_reasons = (int)(sizeof st->store_save_requests / sizeof st->store_save_requests[0]);
+    int n_reasons = (int)(sizeof c->store_save_requests / sizeof c->store_save_requests[0]);
     for (int r = 0; r < KS_REASON__N && r < n_reasons; r++)
         ks_prom_sample(p, "kvstash_store_save_requests_total", "reason", ks_reason_name((ks_reason)r),
-                       (double)st->store_save_requests[r]);
+                       (double)c->store_save_requests[r]);
     ks_prom_counter(p, "kvstash_snapshot_seconds_total", "Inference-thread time spent copying states.",
-                    st->snapshot_ms_total / 1e3);
+                    c->snapshot_ms_total / 1e3);
 }
 
 void ks_metrics_spc(void *ud, ks_prom *p) {

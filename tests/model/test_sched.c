@@ -224,7 +224,7 @@ static void test_no_partial_rm_rebuilds(void **st) {
     assert_string_equal(rc2.res.cache_mode, "prefix");
     ks_sched_stats stt;
     ks_sched_stats_get(s, &stt);
-    assert_int_equal((int)stt.partial_rm_rebuilds, 1);
+    assert_int_equal((int)stt.cache.partial_rm_rebuilds, 1);
     run_free(&ra);
     run_free(&rb);
     run_free(&rc2);

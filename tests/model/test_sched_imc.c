@@ -117,11 +117,11 @@ static void test_spc_six_users(void **st) {
     }
     ks_sched_stats stt;
     ks_sched_stats_get(s, &stt);
-    assert_int_equal((int)stt.spc_builds, 1);
-    assert_true(stt.spc_hits >= 2);
+    assert_int_equal((int)stt.cache.spc_builds, 1);
+    assert_true(stt.cache.spc_hits >= 2);
     /* Hot requests only: one prefill of the system prompt (the first user);
      * the cold references (no sys_key) are not counted. */
-    assert_int_equal((int)stt.sys_prompt_prefills, 1);
+    assert_int_equal((int)stt.cache.sys_prompt_prefills, 1);
     ks_spc_stats sps;
     ks_spc_get_stats(spc, &sps);
     assert_int_equal((int)sps.entries, 1);
@@ -180,7 +180,7 @@ static void test_imc_three_agents(void **st) {
     }
     ks_sched_stats stt;
     ks_sched_stats_get(s, &stt);
-    assert_true(stt.imc_hash_hits >= 9);
+    assert_true(stt.cache.imc_hash_hits >= 9);
     ks_sched_free(s);
 }
 
@@ -207,8 +207,8 @@ static void test_imc_five_agents_lru(void **st) {
     ks_sched_stats stt;
     ks_sched_stats_get(s, &stt);
     assert_true(evicted >= 2);
-    assert_true(stt.evictions >= 2);
-    assert_true(stt.rebuilds >= 5);
+    assert_true(stt.cache.evictions >= 2);
+    assert_true(stt.cache.rebuilds >= 5);
     ks_sched_free(s);
 }
 
@@ -248,8 +248,8 @@ static void test_imc_template_drift(void **st) {
     assert_same_output(&y, &cold);
     ks_sched_stats stt;
     ks_sched_stats_get(s, &stt);
-    assert_int_equal((int)stt.imc_token_prefix_hits, 1);
-    assert_int_equal((int)stt.imc_salvaged_tokens, lcp);
+    assert_int_equal((int)stt.cache.imc_token_prefix_hits, 1);
+    assert_int_equal((int)stt.cache.imc_salvaged_tokens, lcp);
     run_free(&y);
     run_free(&cold);
     ks_tokens_free(&pd);

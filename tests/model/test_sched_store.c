@@ -105,7 +105,7 @@ static void fresh(ks_tokens *t, int n, uint32_t seed) {
 static uint64_t cold_requests(void) {
     ks_sched_stats st;
     ks_sched_stats_get(g_s, &st);
-    return st.store_save_requests[KS_REASON_COLD];
+    return st.cache.store_save_requests[KS_REASON_COLD];
 }
 
 static uint64_t cold_written(void) {

@@ -1,0 +1,357 @@
+/*
+ * policy.c — the scheduler's cache policy: what a request reuses, and what
+ * is kept for later requests.
+ *
+ * NOTES ON THE CACHE POLICY
+ *
+ * Routing (ks__policy_route, under mu): the slot table goes to route.c as it
+ * is; a slot assigned earlier in the same pass and not yet planned is
+ * "pending", so two requests never get one slot. A pinned request
+ * (preferred_slot) waits for its slot and reuses its common prefix.
+ *
+ * Planning (ks__policy_plan, inference thread, once per request):
+ *  1. KV the slot is about to drop is saved first (`evict`, sync) unless the
+ *     store holds it already.
+ *  2. The slot keeps the route's common prefix (llama_memory_seq_rm; a full
+ *     rebuild where the memory cannot drop a suffix).
+ *  3. Restores, each only when it gives more than the slot holds, cheapest
+ *     sufficient first: the store for a prefix longer than the system prompt
+ *     (a conversation's earlier turn makes an SPC restore wasted work), then
+ *     SPC for the system prompt, then the store for any shorter prefix. A
+ *     restored state is checked against the exact tokens it stands for.
+ *  4. The sampler for the request; failure fails the request, never the
+ *     slot's bookkeeping.
+ *
+ * Saves (seed 003's reasons): `cold` at a chunk end chosen by savepoint.c,
+ * `continued` every continued_interval generated tokens, `finish` at the end
+ * (sched.c), `evict` before KV is dropped, `shutdown` when the scheduler
+ * stops. A save copies the sequence state here and hands the bytes to the
+ * store's writer thread (sync only for evict and shutdown).
+ *
+ * Invariants
+ *  P1. The slot's token list is exactly its sequence after every function
+ *      here returns (S1 in sched.c): a token list that cannot be updated
+ *      (ENOMEM) is reported to the caller, which fails the slot.
+ *  P2. The counters (s->cst) are the inference thread's own; sched.c
+ *      publishes them under mu. No restore or copy runs under mu.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache/prefix.h"
+#include "cache/savepoint.h"
+#include "cache/spc.h"
+#include "sched/sched_int.h"
+
+#define MOD "sched"
+
+/* ------------------------------------------------------------- routing */
+int ks__policy_route(ks_sched *s, sreq *r, ks_route *out) {
+    bool cache = r->p.cache_prompt && s->p.cache_prompt;
+    if (r->p.preferred_slot >= 0) {
+        slot *sl = &s->slots[r->p.preferred_slot];
+        if (sl->state != ST_IDLE) return KS_EBUSY;
+        memset(out, 0, sizeof *out);
+        out->slot = sl->id;
+        out->n_common = cache ? ks_prefix_common(sl->tokens.v, sl->tokens.n, r->prompt.v, r->prompt.n) : 0;
+        out->n_reuse = ks_prefix_reuse(out->n_common, r->prompt.n);
+        out->mode = out->n_reuse > 0 ? KS_ROUTE_PREFIX : KS_ROUTE_MISS;
+        if (!cache) snprintf(out->reason, sizeof out->reason, "cache-disabled");
+        else if (out->n_reuse == 0 && sl->tokens.n > 0) snprintf(out->reason, sizeof out->reason, "diverged-at-token-0");
+        else if (out->n_reuse == 0) snprintf(out->reason, sizeof out->reason, "no-slot");
+        else if (out->n_reuse < r->prompt.n - 1) snprintf(out->reason, sizeof out->reason, "diverged-at-token-%d", out->n_reuse);
+        return 0;
+    }
+    ks_route_slot rs[KS_MAX_SLOTS];
+    for (int i = 0; i < s->n_slots; i++) {
+        slot *sl = &s->slots[i];
+        bool assigned = sl->state != ST_IDLE;
+        rs[i] = (ks_route_slot){.id = i, .busy = assigned && sl->planned, .pending = assigned && !sl->planned,
+                                .tokens = sl->tokens.v, .n_tokens = sl->tokens.n,
+                                .last_used_us = sl->last_used_us, .msg_hash = sl->msg_hash,
+                                .n_msgs_cached = sl->n_msgs_cached};
+    }
+    ks_route_req rq = {.tokens = r->prompt.v, .n_tokens = r->prompt.n, .msg_prefix_hash = r->hashes,
+                       .n_msgs = r->hashes ? r->p.n_msgs : 0, .cache_prompt = cache};
+    if (s->p.spc && r->p.sys_key && r->p.n_sys_tokens >= s->p.cache_min_tokens &&
+        ks_spc_contains(s->p.spc, r->p.sys_key))
+        rq.spc_tokens = r->p.n_sys_tokens;
+    ks_route_cfg cfg = {.imc = s->p.imc, .cache_min_tokens = s->p.cache_min_tokens,
+                        .affinity_min = s->p.affinity_min};
+    return ks_route_select(rs, s->n_slots, &rq, &cfg, out);
+}
+
+/* ---------------------------------------------------------------- saves */
+/* Copies the slot's sequence state into a new buffer (owned: free()). */
+static uint8_t *snapshot(ks_sched *s, slot *sl, size_t *len) {
+    double t0 = ks_now_ms();
+    size_t n = ks_engine_state_size(s->e, sl->id);
+    uint8_t *buf = n ? malloc(n) : NULL;
+    if (!buf) return NULL;
+    *len = ks_engine_state_get(s->e, sl->id, buf, n);
+    if (*len == 0) {
+        free(buf);
+        return NULL;
+    }
+    s->cst.snapshot_ms_total += ks_now_ms() - t0;
+    return buf;
+}
+
+void ks__policy_save(ks_sched *s, slot *sl, ks_reason why, bool sync) {
+    if (!s->p.store || sl->no_store || sl->tokens.n < s->p.store_min_tokens) return;
+    /* Ask the store first: nothing is copied for a reason that maps to no
+     * tier, or for a state it already holds (e.g. the finish save of the
+     * request that left this KV, when the slot is evicted later). Such a "no"
+     * is still a save request, counted by the store as not written. */
+    bool want = ks_store_wants(s->p.store, why, sl->tokens.v, sl->tokens.n);
+    size_t len = 0;
+    uint8_t *buf = want ? snapshot(s, sl, &len) : NULL;
+    if (want && !buf) return; /* out of memory: nothing was asked of the store */
+    s->cst.store_save_requests[why]++;
+    if (!want) return;
+    int rc = ks_store_save(s->p.store, why, sl->tokens.v, sl->tokens.n, buf, len, sync); /* takes buf */
+    KS_DEBUG(MOD, "slot[%d] save %s: %d tokens, %zu bytes%s (%s)", sl->id, ks_reason_name(why), sl->tokens.n,
+             len, sync ? ", sync" : "", rc ? ks_strerror(rc) : "ok");
+}
+
+/* SPC: the slot's sequence holds exactly the system prompt now: keep a copy. */
+static void spc_capture(ks_sched *s, slot *sl) {
+    size_t got = 0;
+    uint8_t *buf = snapshot(s, sl, &got);
+    if (!buf) return;
+    int rc = ks_spc_insert(s->p.spc, sl->r->p.sys_key, sl->r->prompt.v, sl->snap_sys, buf, got); /* takes buf */
+    if (rc == 0) {
+        s->cst.spc_builds++;
+        KS_DEBUG(MOD, "slot[%d] spc-capture %d tokens, %zu bytes", sl->id, sl->snap_sys, got);
+    } else {
+        KS_DEBUG(MOD, "slot[%d] spc-capture refused: %s", sl->id, ks_strerror(rc));
+    }
+}
+
+/* ------------------------------------------------------------- restores */
+/* Replaces the slot's sequence with a state standing for tokens[0, n).
+ * Returns 0; KS_EMISMATCH when llama rejects the state (the slot is then
+ * empty and consistent); KS_ENOMEM when the token list cannot hold the
+ * tokens (the sequence is cleared too, P1). */
+static int restore_state(ks_sched *s, slot *sl, const uint8_t *state, size_t len, const int32_t *tokens, int n) {
+    ks_engine_seq_clear(s->e, sl->id);
+    ks_tokens_truncate(&sl->tokens, 0);
+    int rc = ks_engine_state_set(s->e, sl->id, state, len);
+    if (rc == 0 && (rc = ks_tokens_assign(&sl->tokens, tokens, n)) != 0) ks_engine_seq_clear(s->e, sl->id);
+    return rc;
+}
+
+/* Store: restores the longest stored prefix of the prompt longer than `beat`
+ * tokens (beat >= *n_reuse: what the slot or SPC gives without the store)
+ * and at most `max` tokens (capped at all but the last token of the prompt).
+ * Returns 1 when the slot now holds it, 0 when not (the slot is unchanged,
+ * or emptied with *n_reuse = 0 after a rejected state), or KS_ENOMEM. */
+static int store_restore(ks_sched *s, slot *sl, sreq *r, int *n_reuse, int beat, int max) {
+    double t0 = ks_now_ms();
+    ks_store_hit hit;
+    if (beat < *n_reuse) beat = *n_reuse;
+    if (max > r->prompt.n - 1) max = r->prompt.n - 1;
+    if (beat + 1 > max) return 0;
+    if (ks_store_lookup_range(s->p.store, r->prompt.v, r->prompt.n, beat + 1, max, &hit) != 0) return 0;
+    int ret = 0;
+    if (hit.n_tokens <= *n_reuse) goto done;
+    if (sl->tokens.n > *n_reuse) ks__policy_save(s, sl, KS_REASON_EVICT, true); /* about to drop unsaved KV */
+    int rc = restore_state(s, sl, hit.payload, hit.payload_len, r->prompt.v, hit.n_tokens);
+    if (rc) {
+        if (rc == KS_EMISMATCH)
+            KS_WARN(MOD, "slot[%d] stored state of %d tokens rejected by llama; prefilling", sl->id, hit.n_tokens);
+        *n_reuse = 0;
+        ret = rc == KS_ENOMEM ? rc : 0;
+        goto done;
+    }
+    *n_reuse = hit.n_tokens;
+    double ms = ks_now_ms() - t0;
+    ks_store_note_restore(s->p.store, ms);
+    snprintf(r->res.cache_tier, sizeof r->res.cache_tier, "%s", ks_tier_name(hit.tier));
+    r->res.restore_ms = ms;
+    s->cst.store_hits++;
+    s->cst.store_restored_tokens += (uint64_t)hit.n_tokens;
+    s->cst.store_restore_ms_total += ms;
+    KS_DEBUG(MOD, "slot[%d] store-restore %d tokens from %s (%zu bytes, %.2f ms)", sl->id, hit.n_tokens,
+             ks_tier_name(hit.tier), hit.payload_len, ms);
+    ret = 1;
+done:
+    ks_store_hit_free(&hit);
+    return ret;
+}
+
+/* SPC: restore the system prompt's state into the slot. The key is a 64-bit
+ * hash, so the entry's tokens are compared with the prompt's before anything
+ * is restored (spc.h, invariant 5). Returns as store_restore. */
+static int spc_restore(ks_sched *s, slot *sl, sreq *r, int *n_reuse) {
+    int n_sys = r->p.n_sys_tokens;
+    const ks_spc_entry *e = ks_spc_acquire(s->p.spc, r->p.sys_key);
+    int ret = 0;
+    if (!e) {
+        s->cst.spc_misses++;
+        return 0;
+    }
+    if (e->tokens.n != n_sys || memcmp(e->tokens.v, r->prompt.v, sizeof(int32_t) * (size_t)n_sys) != 0) {
+        KS_WARN(MOD, "slot[%d] SPC entry does not match the prompt's system tokens; prefilling", sl->id);
+        s->cst.spc_misses++;
+        goto done;
+    }
+    double t0 = ks_now_ms();
+    int rc = restore_state(s, sl, e->blob, e->len, e->tokens.v, n_sys);
+    if (rc) {
+        if (rc == KS_EMISMATCH) KS_WARN(MOD, "slot[%d] SPC state rejected by llama; prefilling", sl->id);
+        s->cst.spc_misses++;
+        *n_reuse = 0;
+        ret = rc == KS_ENOMEM ? rc : 0;
+        goto done;
+    }
+    *n_reuse = n_sys;
+    s->cst.spc_hits++;
+    s->cst.spc_restored_tokens += (uint64_t)n_sys;
+    KS_DEBUG(MOD, "slot[%d] spc-restore %d tokens (%zu bytes) in %.2f ms", sl->id, n_sys, e->len, ks_now_ms() - t0);
+    ret = 1;
+done:
+    ks_spc_release(s->p.spc, e);
+    return ret;
+}
+
+/* --------------------------------------------------------------- plan */
+static void count_mode(ks_sched *s, slot *sl, sreq *r, bool restored, int n_reuse, bool took_over) {
+    ks_sched_cache_stats *c = &s->cst;
+    if (took_over) c->evictions++;
+    if (r->p.sys_key && r->p.n_sys_tokens > 0 && n_reuse < r->p.n_sys_tokens) c->sys_prompt_prefills++;
+    if (restored) return;
+    switch (sl->route.mode) {
+    case KS_ROUTE_IMC_HASH: c->imc_hash_hits++; break;
+    case KS_ROUTE_IMC_TOKEN_PREFIX:
+        c->imc_token_prefix_hits++;
+        c->imc_salvaged_tokens += (uint64_t)n_reuse;
+        KS_DEBUG("imc", "imc-partial-rebuilt slot[%d]: salvaged_prefix=%d of %d (%.0f%%)", sl->id, n_reuse,
+                 r->prompt.n, 100.0 * n_reuse / r->prompt.n);
+        break;
+    case KS_ROUTE_PREFIX: c->mode_prefix++; break;
+    default:
+        c->mode_miss++;
+        if (s->p.imc) c->rebuilds++;
+        break;
+    }
+}
+
+/* Keeps [0, n_reuse) of the slot's sequence; returns what it really kept
+ * (0 after a rebuild where the memory cannot drop a suffix). */
+static int trim(ks_sched *s, slot *sl, int n_reuse) {
+    ks_route *rt = &sl->route;
+    if (n_reuse == 0) {
+        if (sl->tokens.n > 0 || ks_engine_seq_pos_max(s->e, sl->id) >= 0) ks_engine_seq_clear(s->e, sl->id);
+        ks_tokens_truncate(&sl->tokens, 0);
+        return 0;
+    }
+    if (n_reuse == sl->tokens.n) return n_reuse;
+    if (rt->mode == KS_ROUTE_IMC_TOKEN_PREFIX)
+        KS_DEBUG("imc", "imc-trim-prefix slot[%d]: cached_tokens=%d trim_pos=%d", sl->id, sl->tokens.n, n_reuse);
+    if (s->p.simulate_no_partial_rm || !ks_engine_seq_rm(s->e, sl->id, n_reuse, -1)) {
+        /* Recurrent/hybrid memory cannot drop a suffix: rebuild. */
+        KS_DEBUG(MOD, "slot[%d] partial removal unsupported, rebuilding", sl->id);
+        ks_engine_seq_clear(s->e, sl->id);
+        n_reuse = 0;
+        rt->mode = KS_ROUTE_MISS;
+        snprintf(rt->reason, sizeof rt->reason, "partial-rm-unsupported");
+        s->cst.partial_rm_rebuilds++;
+    }
+    ks_tokens_truncate(&sl->tokens, n_reuse);
+    return n_reuse;
+}
+
+int ks__policy_plan(ks_sched *s, slot *sl) {
+    sreq *r = sl->r;
+    ks_route *rt = &sl->route;
+    bool cache = r->p.cache_prompt && s->p.cache_prompt;
+    r->res.id = r->id;
+    r->res.n_prompt = r->prompt.n;
+    r->res.n_vocab = ks_engine_n_vocab(s->e);
+    sl->n_generated = 0;
+    sl->i_logits = -1;
+    sl->snap_sys = -1;
+    sl->snap_store = -1;
+
+    int n_reuse = rt->n_reuse < sl->tokens.n ? rt->n_reuse : sl->tokens.n;
+    /* evict (sync): the KV about to be dropped goes to the store first,
+     * unless it is there already (ks__policy_save asks the store). */
+    if (s->p.store && cache && n_reuse < sl->tokens.n) ks__policy_save(s, sl, KS_REASON_EVICT, true);
+    /* The KV this request leaves is its own: a cache_prompt:false request's
+     * is never stored, not later as evict or shutdown either. */
+    sl->no_store = !cache;
+    /* A miss on a slot that held another branch: that branch is gone. */
+    bool took_over = rt->mode == KS_ROUTE_MISS && sl->tokens.n > 0 && cache;
+    n_reuse = trim(s, sl, n_reuse);
+
+    int n_sys = r->p.n_sys_tokens;
+    bool spc_ok = cache && s->p.spc && r->p.sys_key && n_sys >= s->p.cache_min_tokens && n_sys < r->prompt.n &&
+                  n_reuse < n_sys;
+    bool store_ok = cache && s->p.store;
+    /* The store first when SPC could act: a stored state longer than the
+     * system prompt makes SPC's restore wasted work; only then SPC, then a
+     * shorter stored prefix (lengths above n_sys were asked for already). */
+    int store_hit = store_ok && spc_ok ? store_restore(s, sl, r, &n_reuse, n_sys, r->prompt.n) : 0;
+    int spc_hit = 0;
+    if (store_hit == 0 && spc_ok) {
+        spc_hit = spc_restore(s, sl, r, &n_reuse);
+        if (spc_hit == 0) sl->snap_sys = n_sys;
+    }
+    if (store_hit == 0 && spc_hit == 0 && store_ok)
+        store_hit = store_restore(s, sl, r, &n_reuse, n_reuse, spc_ok ? n_sys : r->prompt.n);
+    if (store_hit < 0 || spc_hit < 0) return store_hit < 0 ? store_hit : spc_hit;
+    count_mode(s, sl, r, spc_hit || store_hit, n_reuse, took_over);
+
+    sl->n_past = n_reuse;
+    r->res.n_cached = n_reuse;
+    snprintf(r->res.cache_mode, sizeof r->res.cache_mode, "%s",
+             store_hit ? "store" : spc_hit ? "spc" : ks_route_mode_name(rt->mode));
+    snprintf(r->res.cache_reason, sizeof r->res.cache_reason, "%s", rt->reason);
+    /* IMC identity: the branch this slot will hold after the request. */
+    bool hashed = r->hashes && r->p.n_msgs > 0;
+    sl->msg_hash = hashed ? r->hashes[r->p.n_msgs] : 0;
+    sl->n_msgs_cached = hashed ? r->p.n_msgs : 0;
+    sl->smpl = ks_sampler_create(s->e, &r->p.sample);
+    if (!sl->smpl) return KS_ENOMEM;
+    sl->planned = true;
+    KS_DEBUG(MOD, "slot[%d] req %llu: prompt %d, reuse %d (mode %s%s%s)", sl->id, (unsigned long long)r->id,
+             r->prompt.n, n_reuse, r->res.cache_mode, rt->reason[0] ? ", " : "", rt->reason);
+    return 0;
+}
+
+/* ------------------------------------------------------ save points */
+/* Whether this slot's prefill takes cold saves at all: a store with a stride,
+ * and a request that caches (no_store mirrors cache_prompt, set in plan). */
+static bool cold_saves(const ks_sched *s, const slot *sl) {
+    return s->p.store && s->p.store_stride > 0 && !sl->no_store;
+}
+
+int ks__policy_chunk(ks_sched *s, slot *sl, int take, int budget) {
+    sreq *r = sl->r;
+    int remaining = r->prompt.n - sl->n_past;
+    sl->snap_store = -1;
+    if (sl->snap_sys > sl->n_past && take > sl->snap_sys - sl->n_past) take = sl->snap_sys - sl->n_past;
+    if (!cold_saves(s, sl)) return take;
+    ks_savepoint_cfg c = {.stride = s->p.store_stride, .min_tokens = s->p.store_min_tokens};
+    if (take < remaining)
+        return ks_savepoint_cut(&c, sl->n_past, take, r->prompt.n, sl->snap_sys, budget, r->res.n_cached,
+                                &sl->snap_store);
+    return ks_savepoint_cut_last(&c, sl->n_past, take, r->res.n_cached, r->prompt.n, &sl->snap_store);
+}
+
+void ks__policy_chunk_done(ks_sched *s, slot *sl) {
+    if (sl->n_past == sl->snap_sys) {
+        spc_capture(s, sl);
+        sl->snap_sys = -1;
+    }
+    if (sl->n_past == sl->snap_store) ks__policy_save(s, sl, KS_REASON_COLD, false);
+    sl->snap_store = -1;
+}
+
+void ks__policy_token_done(ks_sched *s, slot *sl) {
+    if (s->p.store && s->p.continued_interval > 0 && sl->n_generated % s->p.continued_interval == 0 &&
+        !sl->no_store)
+        ks__policy_save(s, sl, KS_REASON_CONTINUED, false);
+}

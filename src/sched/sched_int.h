@@ -1,0 +1,130 @@
+/*
+ * sched_int.h — the scheduler's internal state, shared by its three files:
+ *
+ *   sched.c   the queue, the inference thread's loop, the public calls and
+ *             finishing requests (who runs when);
+ *   policy.c  the cache policy: which slot a request goes to, how much of its
+ *             KV is kept, which restores run in which order (store, SPC),
+ *             when states are saved and captured (what is reused);
+ *   step.c    one decode step: batch assembly, the exactness rule (every
+ *             sequence at 0 or >= 2 rows), sampling (how it is computed).
+ * The save-point cut arithmetic is pure and lives in cache/savepoint.c.
+ *
+ * Thread model: everything in a slot and in the inference-thread part of
+ * ks_sched belongs to the inference thread; the fields marked "under mu" are
+ * shared with the threads that call the public API.
+ */
+#ifndef KS_SCHED_INT_H
+#define KS_SCHED_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "cache/route.h"
+#include "cache/store.h"
+#include "sched/sched.h"
+
+typedef struct sreq {
+    uint64_t id;
+    ks_req_params p;
+    ks_tokens prompt;
+    uint64_t *hashes;
+    atomic_int cancel;
+    double t_submit, t_assign, t_first;
+    ks_req_result res;
+    struct sreq *next;
+} sreq;
+
+typedef enum { ST_IDLE = 0, ST_PREFILL, ST_GEN } slot_state;
+
+typedef struct slot {
+    int id;
+    slot_state state;
+    bool planned;        /* assigned and trimmed; an assigned slot not yet planned is
+                            "pending" to the router */
+    bool no_store;       /* the KV was left by a cache_prompt:false request: never saved */
+    ks_tokens tokens;    /* exactly what the sequence holds (sched.c, S1) */
+    sreq *r;
+    int n_past;          /* next prompt index to prefill */
+    int chunk;           /* prompt tokens in the current batch */
+    int32_t next_tok;    /* sampled, to be decoded next */
+    int i_logits;        /* batch index with logits in the current batch, -1 */
+    int pad_pos;         /* position of the throwaway companion row, -1 */
+    bool in_batch;
+    ks_sampler *smpl;
+    int n_generated;
+    int64_t last_used_us;
+    /* IMC identity of the branch the slot holds */
+    uint64_t msg_hash;
+    int n_msgs_cached;
+    /* route decision for the assigned request */
+    ks_route route;
+    int snap_sys;        /* SPC: capture the state when n_past reaches this, -1: no */
+    int snap_store;      /* store: cold save when n_past reaches this at the end of the
+                            current chunk, -1: no (set per step by ks__policy_chunk) */
+    /* published (under mu) */
+    ks_slot_info info;
+} slot;
+
+struct ks_sched {
+    ks_sched_params p;
+    ks_engine *e;
+    int n_slots;
+    int n_ctx_seq;
+    int n_batch;
+    slot *slots;
+    pthread_t th;
+    bool th_started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;      /* work arrived / stop */
+    pthread_cond_t cv_done; /* a request finished */
+    /* under mu */
+    sreq *q_head, *q_tail;
+    int q_n;
+    int n_active;           /* assigned, not finished */
+    bool stop;
+    uint64_t next_id;
+    int *clear_pending;     /* per slot: a clear was asked */
+    ks_sched_stats st;      /* st.cache is a copy of cst, made by publish */
+    /* inference thread only */
+    ks_batch *batch;
+    float *logits_copy;
+    char *piece;            /* a sampled token's text, piece_cap bytes */
+    size_t piece_cap;
+    int prefill_rr;         /* round-robin start among prefilling slots */
+    bool pairs;             /* keep every sequence at >= 2 rows per decode (exactness) */
+    ks_sched_cache_stats cst; /* the cache decisions' counters, published under mu */
+};
+
+/* sched.c */
+/* Ends the slot's request with on_done; the slot becomes idle. A slot whose
+ * sequence or token list may be wrong must go through ks__sched_fail instead. */
+void ks__sched_finish(ks_sched *s, slot *sl, ks_finish f, int err, bool eog);
+/* Ends the slot's request with an error and drops the slot's KV and tokens. */
+void ks__sched_fail(ks_sched *s, slot *sl, int err);
+
+/* policy.c */
+/* Routes a queued request to an idle slot (*out) or returns KS_EBUSY. Under mu. */
+int ks__policy_route(ks_sched *s, sreq *r, ks_route *out);
+/* Plans an assigned slot: keeps the reused prefix, restores from the store or
+ * SPC, creates the sampler. Returns 0, or an error after which the caller
+ * fails the request (the slot is consistent either way). */
+int ks__policy_plan(ks_sched *s, slot *sl);
+/* Sizes the slot's next prefill chunk of at most take tokens at this budget,
+ * ending it at a pending SPC capture or a cold save point (sets snap_store). */
+int ks__policy_chunk(ks_sched *s, slot *sl, int take, int budget);
+/* After a prefill chunk was decoded and appended: SPC capture and cold save
+ * at their points. */
+void ks__policy_chunk_done(ks_sched *s, slot *sl);
+/* After a generated token was decoded and appended: the continued save. */
+void ks__policy_token_done(ks_sched *s, slot *sl);
+/* Hands the slot's KV (all of slot->tokens) to the store for `why`. */
+void ks__policy_save(ks_sched *s, slot *sl, ks_reason why, bool sync);
+
+/* step.c */
+/* One decode step over the busy slots (planned). */
+void ks__step(ks_sched *s);
+
+#endif

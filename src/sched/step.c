@@ -1,0 +1,198 @@
+/*
+ * step.c — one decode step of the inference thread: which rows go into the
+ * batch, the exactness rule, and sampling.
+ *
+ * NOTE ON EXACTNESS. ggml's CPU matrix multiply takes a different kernel for
+ * a single row (ggml's vec_dot) than for two or more (llamafile's tinyBLAS),
+ * and the two round differently. A token decoded alone — every generated
+ * token, and the last token of a nearly fully cached prompt — would get K/V
+ * and logits that differ in the last bits from the same token inside a
+ * prefill, so a cached conversation would drift from an uncached one. With
+ * tinyBLAS, each output element is summed in the same order whatever the
+ * number of rows, so kvstash keeps every sequence at two or more rows in
+ * every micro-batch: a lone token is decoded together with a throwaway copy
+ * at the next position (causal attention: the real token never sees it),
+ * whose KV cell is removed right after. Measured in docs/LLAMA_FACTS.md:
+ * generated-token KV is then byte-identical to prefilled KV, and results do
+ * not depend on what other slots are doing.
+ *
+ * llama.cpp splits a multi-sequence batch into micro-batches with an equal
+ * number of rows per sequence; so that no sequence is left with a single
+ * row in the last micro-batch, a decode call holds the generating slots
+ * (two rows each) and at most one prefill chunk, never of exactly 3 rows.
+ *
+ * Invariant (sched.h, 3): a step holds one token per generating slot and at
+ * most one prefill chunk, sized smaller while others generate, so a long
+ * prefill never stalls the other streams for more than one step.
+ */
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sched/sched_int.h"
+
+#define MOD "sched"
+
+/* The text of a token, in s->piece (grown to fit: a token's text may be
+ * longer than any fixed buffer); NULL when memory for it cannot be had. */
+static const char *token_text(ks_sched *s, int32_t tok, int *len) {
+    int n = ks_engine_piece(s->e, tok, s->piece, s->piece_cap);
+    if (n > 0 && (size_t)n > s->piece_cap) {
+        char *p = realloc(s->piece, (size_t)n);
+        if (!p) return NULL;
+        s->piece = p;
+        s->piece_cap = (size_t)n;
+        n = ks_engine_piece(s->e, tok, s->piece, s->piece_cap);
+    }
+    if (n < 0 || (size_t)n > s->piece_cap) return NULL;
+    *len = n;
+    return s->piece;
+}
+
+static void sample_slot(ks_sched *s, slot *sl) {
+    sreq *r = sl->r;
+    int32_t tok = ks_sampler_sample(sl->smpl, s->e, sl->i_logits);
+    if (sl->state == ST_PREFILL) {
+        r->t_first = ks_now_ms();
+        if (r->p.want_logits) {
+            const float *lg = ks_engine_logits(s->e, sl->i_logits);
+            if (lg && s->logits_copy) {
+                memcpy(s->logits_copy, lg, sizeof(float) * (size_t)ks_engine_n_vocab(s->e));
+                r->res.logits = s->logits_copy;
+            }
+        }
+        sl->state = ST_GEN;
+    }
+    if (ks_engine_is_eog(s->e, tok)) {
+        ks__sched_finish(s, sl, KS_FINISH_STOP, 0, true);
+        return;
+    }
+    sl->n_generated++;
+    int n = 0;
+    const char *piece = token_text(s, tok, &n);
+    if (!piece) {
+        /* The token is in no KV yet (it is decoded next step): the slot's
+         * bookkeeping stays exact, only this request fails. */
+        sl->n_generated--;
+        ks__sched_finish(s, sl, KS_FINISH_ERROR, KS_ENOMEM, false);
+        return;
+    }
+    int stop = r->p.on_token ? r->p.on_token(r->p.ud, tok, piece, n) : 0;
+    if (stop) {
+        ks__sched_finish(s, sl, KS_FINISH_STOP, 0, false);
+    } else if (atomic_load(&r->cancel)) {
+        ks__sched_finish(s, sl, KS_FINISH_CANCEL, 0, false);
+    } else if (sl->n_generated >= r->p.max_tokens) {
+        ks__sched_finish(s, sl, KS_FINISH_LENGTH, 0, false);
+    } else {
+        sl->next_tok = tok;
+    }
+}
+
+/* Adds tokens [pos0, pos0 + n) of the slot (prompt tokens, or for a
+ * generating slot its sampled token) to the batch so that the sequence
+ * contributes at least two rows: a lone token gets a throwaway companion at
+ * the next position, removed right after the decode (NOTE ON EXACTNESS). */
+static void add_rows(ks_sched *s, ks_batch *b, slot *sl, const int32_t *toks, int pos0, int n, bool logits_last) {
+    for (int j = 0; j < n; j++) {
+        int idx = ks_batch_add(b, toks[j], pos0 + j, sl->id, logits_last && j == n - 1);
+        if (logits_last && j == n - 1) sl->i_logits = idx;
+    }
+    sl->pad_pos = -1;
+    if (n == 1 && s->pairs) {
+        ks_batch_add(b, toks[0], pos0 + 1, sl->id, false);
+        sl->pad_pos = pos0 + 1;
+    }
+}
+
+/* One token per generating slot; returns how many. Canceled requests end here. */
+static int add_generating(ks_sched *s, ks_batch *b) {
+    int n_gen = 0;
+    for (int i = 0; i < s->n_slots; i++) {
+        slot *sl = &s->slots[i];
+        sl->in_batch = false;
+        sl->i_logits = -1;
+        sl->chunk = 0;
+        sl->pad_pos = -1;
+        if (sl->state == ST_IDLE) continue;
+        if (atomic_load(&sl->r->cancel)) {
+            ks__sched_finish(s, sl, KS_FINISH_CANCEL, 0, false);
+            continue;
+        }
+        if (sl->state != ST_GEN) continue;
+        add_rows(s, b, sl, &sl->next_tok, sl->tokens.n, 1, true);
+        sl->in_batch = true;
+        n_gen++;
+    }
+    return n_gen;
+}
+
+/* One prefill chunk, round-robin among prefilling slots. While others
+ * generate, keep it small so their streams keep flowing. */
+static void add_prefill(ks_sched *s, ks_batch *b, int n_gen) {
+    int budget = s->n_batch - ks_batch_n(b);
+    if (n_gen > 0) {
+        int cap = s->n_batch / 4 > 64 ? s->n_batch / 4 : 64;
+        if (budget > cap) budget = cap;
+    }
+    for (int k = 0; k < s->n_slots && budget >= 2; k++) {
+        slot *sl = &s->slots[(s->prefill_rr + k) % s->n_slots];
+        if (sl->state != ST_PREFILL) continue;
+        sreq *r = sl->r;
+        int remaining = r->prompt.n - sl->n_past;
+        int take = ks__policy_chunk(s, sl, remaining < budget ? remaining : budget, budget);
+        if (n_gen > 0 && take == 3) take = 2; /* see the note: never 3 beside 2-row sequences */
+        if (sl->snap_store != sl->n_past + take) sl->snap_store = -1;
+        add_rows(s, b, sl, r->prompt.v + sl->n_past, sl->n_past, take, sl->n_past + take == r->prompt.n);
+        sl->chunk = take;
+        sl->in_batch = true;
+        s->prefill_rr = (sl->id + 1) % s->n_slots;
+        return;
+    }
+}
+
+/* After a successful decode: the slot's token list takes what was decoded
+ * (S1), then the save points and sampling. */
+static void after_decode(ks_sched *s, slot *sl) {
+    if (sl->state == ST_GEN) {
+        if (ks_tokens_push(&sl->tokens, sl->next_tok)) {
+            ks__sched_fail(s, sl, KS_ENOMEM);
+            return;
+        }
+        ks__policy_token_done(s, sl);
+    } else {
+        sreq *r = sl->r;
+        if (ks_tokens_append(&sl->tokens, r->prompt.v + sl->n_past, sl->chunk)) {
+            ks__sched_fail(s, sl, KS_ENOMEM);
+            return;
+        }
+        sl->n_past += sl->chunk;
+        ks__policy_chunk_done(s, sl);
+        if (r->p.on_progress) r->p.on_progress(r->p.ud, sl->n_past, r->prompt.n);
+    }
+    if (sl->i_logits >= 0) sample_slot(s, sl);
+}
+
+void ks__step(ks_sched *s) {
+    ks_batch *b = s->batch;
+    ks_batch_clear(b);
+    int n_gen = add_generating(s, b);
+    add_prefill(s, b, n_gen);
+    if (ks_batch_n(b) == 0) return;
+
+    int rc = ks_engine_decode(s->e, b);
+    for (int i = 0; i < s->n_slots; i++) {
+        slot *sl = &s->slots[i];
+        if (sl->in_batch && sl->pad_pos >= 0) ks_engine_seq_rm(s->e, sl->id, sl->pad_pos, -1);
+    }
+    if (rc != 0) {
+        KS_ERROR(MOD, "decode of %d tokens failed: %s", ks_batch_n(b), ks_strerror(rc));
+        for (int i = 0; i < s->n_slots; i++)
+            if (s->slots[i].in_batch && s->slots[i].state != ST_IDLE) ks__sched_fail(s, &s->slots[i], rc);
+        return;
+    }
+    for (int i = 0; i < s->n_slots; i++) {
+        slot *sl = &s->slots[i];
+        if (sl->in_batch && sl->state != ST_IDLE) after_decode(s, sl);
+    }
+}
