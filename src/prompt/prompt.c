@@ -1,0 +1,99 @@
+/*
+ * prompt.c — see prompt.h.
+ */
+#include "prompt/prompt.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache/msghash.h"
+
+/* Renders msgs and tokenizes the text, appending to toks. */
+static int render(const ks_engine *e, const ks_msg *msgs, int n, bool add_gen, ks_tokens *toks) {
+    char *text = NULL;
+    int rc = ks_engine_template(e, msgs, (size_t)n, add_gen, &text);
+    if (rc) return rc;
+    rc = ks_engine_tokenize(e, text, strlen(text), true, true, toks);
+    free(text);
+    return rc;
+}
+
+int ks_prompt_render(const ks_engine *e, const ks_msg *msgs, int n, ks_tokens *toks) {
+    ks_tokens_truncate(toks, 0);
+    return render(e, msgs, n, true, toks);
+}
+
+/* The message-prefix hashes (IMC); left NULL on ENOMEM (prompt.h: hints are
+ * optional). */
+static void msg_hashes(const ks_msg *msgs, int n, ks_prompt *p) {
+    const char **roles = malloc(sizeof(char *) * (size_t)n * 2);
+    p->msg_hashes = malloc(sizeof(uint64_t) * ((size_t)n + 1));
+    if (roles && p->msg_hashes) {
+        const char **contents = roles + n;
+        for (int i = 0; i < n; i++) {
+            roles[i] = msgs[i].role;
+            contents[i] = msgs[i].content;
+        }
+        ks_msghash_prefixes(roles, contents, n, p->msg_hashes);
+        p->n_msgs = n;
+    } else {
+        free(p->msg_hashes);
+        p->msg_hashes = NULL;
+    }
+    free(roles);
+}
+
+/* The SPC key of a leading system message whose lone rendering is a clean
+ * token prefix of the prompt. */
+static void sys_key(const ks_engine *e, const ks_msg *msgs, const char *model_id, ks_prompt *p) {
+    if (strcmp(msgs[0].role, "system") != 0) return;
+    ks_tokens sys = {0};
+    const ks_tokens *t = &p->tokens;
+    if (render(e, msgs, 1, false, &sys) == 0 && sys.n > 0 && sys.n < t->n &&
+        !memcmp(sys.v, t->v, sizeof(int32_t) * (size_t)sys.n)) {
+        p->sys_key = ks_msghash_system("system", msgs[0].content, model_id);
+        p->n_sys_tokens = sys.n;
+    }
+    ks_tokens_free(&sys);
+}
+
+int ks_prompt_chat(const ks_engine *e, const ks_msg *msgs, int n, const ks_prompt_opts *o, ks_prompt *out) {
+    memset(out, 0, sizeof *out);
+    if (!msgs || n < 1) return KS_EINVAL;
+    int rc = render(e, msgs, n, true, &out->tokens);
+    if (rc) {
+        ks_prompt_free(out);
+        return rc;
+    }
+    if (o && o->hints) {
+        msg_hashes(msgs, n, out);
+        sys_key(e, msgs, o->model_id, out);
+    }
+    return 0;
+}
+
+int ks_prompt_text(const ks_engine *e, const char *text, ks_prompt *out) {
+    memset(out, 0, sizeof *out);
+    int rc = ks_engine_tokenize(e, text, strlen(text), true, true, &out->tokens);
+    if (rc) ks_prompt_free(out);
+    return rc;
+}
+
+int ks_prompt_ids(const ks_engine *e, const int32_t *ids, int n, ks_prompt *out, int *bad) {
+    memset(out, 0, sizeof *out);
+    int n_vocab = ks_engine_n_vocab(e);
+    for (int i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= n_vocab) {
+            if (bad) *bad = i;
+            return KS_EINVAL;
+        }
+    }
+    return ks_tokens_assign(&out->tokens, ids, n);
+}
+
+void ks_prompt_free(ks_prompt *p) {
+    if (!p) return;
+    ks_tokens_free(&p->tokens);
+    free(p->msg_hashes);
+    memset(p, 0, sizeof *p);
+}
