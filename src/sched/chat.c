@@ -32,6 +32,7 @@
 #include "cache/overflow.h"
 #include "engine/engine.h"
 #include "kvstash.h"
+#include "prompt/prompt.h"
 #include "sched/sched.h"
 
 typedef struct msg {
@@ -102,9 +103,12 @@ int ks_chat_create(const ks_chat_params *p, ks_chat **out, char *err, size_t err
         goto fail;
     }
     c->logits = malloc(sizeof(float) * (size_t)ks_engine_n_vocab(c->e));
-    if (!c->logits) { rc = KS_ENOMEM; goto fail; }
-    if (p->system && p->system[0]) c->system = strdup(p->system);
     c->p.system = NULL; /* owned copy lives in c->system */
+    if (!c->logits || (p->system && p->system[0] && !(c->system = strdup(p->system)))) {
+        ks_set_err(err, errlen, "out of memory");
+        rc = KS_ENOMEM;
+        goto fail;
+    }
     *out = c;
     return 0;
 fail:
@@ -180,20 +184,15 @@ typedef struct view {
 } view;
 
 /* Renders system? + m[first_kept..n) and tokenizes it into out. */
-static int render(ks_chat *c, const view *v, int first_kept, ks_tokens *out) {
+static int render(const ks_chat *c, const view *v, int first_kept, ks_tokens *out) {
     ks_msg *tmp = malloc(sizeof(ks_msg) * (size_t)(v->n + 1));
     if (!tmp) return KS_ENOMEM;
     int k = 0;
     if (v->has_sys) tmp[k++] = v->m[0];
     int start = first_kept > (v->has_sys ? 1 : 0) ? first_kept : (v->has_sys ? 1 : 0);
     for (int i = start; i < v->n; i++) tmp[k++] = v->m[i];
-    char *text = NULL;
-    int rc = ks_engine_template(c->e, tmp, (size_t)k, true, &text);
+    int rc = ks_prompt_render(c->e, tmp, k, out);
     free(tmp);
-    if (rc) return rc;
-    out->n = 0;
-    rc = ks_engine_tokenize(c->e, text, strlen(text), true, true, out);
-    free(text);
     return rc;
 }
 
@@ -259,17 +258,15 @@ static bool blank(const char *s) {
     return true;
 }
 
-static int hist_push(ks_chat *c, const char *role, const char *content) {
-    if (c->n_hist == c->cap_hist) {
-        int ncap = c->cap_hist ? c->cap_hist * 2 : 16;
-        msg *nh = realloc(c->hist, sizeof(msg) * (size_t)ncap);
-        if (!nh) return KS_ENOMEM;
-        c->hist = nh;
-        c->cap_hist = ncap;
-    }
-    char *r = strdup(role), *t = strdup(content);
-    if (!r || !t) { free(r); free(t); return KS_ENOMEM; }
-    c->hist[c->n_hist++] = (msg){r, t};
+/* Room for n more messages in the history (C1: allocate before changing it). */
+static int hist_reserve(ks_chat *c, int n) {
+    if (c->n_hist + n <= c->cap_hist) return 0;
+    int ncap = c->cap_hist ? c->cap_hist : 16;
+    while (ncap < c->n_hist + n) ncap *= 2;
+    msg *nh = realloc(c->hist, sizeof(msg) * (size_t)ncap);
+    if (!nh) return KS_ENOMEM;
+    c->hist = nh;
+    c->cap_hist = ncap;
     return 0;
 }
 
@@ -368,7 +365,20 @@ int ks_chat_send(ks_chat *c, const char *user_msg, const ks_gen_params *gp, char
     size_t rlen = 0;
     const char *text = ks_textstream_text(w.ts, &rlen);
 
-    /* Commit the turn (C1): drop overflowed turns, append user + reply. */
+    /* Commit the turn (C1): everything that can fail comes first, then the
+     * history changes (drop overflowed turns, append user + reply). */
+    char *m_user = strdup("user"), *m_text = strdup(user_msg), *m_asst = strdup("assistant"),
+         *m_reply = strdup(text), *out_reply = reply ? strdup(text) : NULL;
+    if (!m_user || !m_text || !m_asst || !m_reply || (reply && !out_reply) || hist_reserve(c, 2)) {
+        free(m_user);
+        free(m_text);
+        free(m_asst);
+        free(m_reply);
+        free(out_reply);
+        ks_set_err(err, errlen, "out of memory");
+        rc = KS_ENOMEM;
+        goto out;
+    }
     if (n_drop > 0) {
         for (int i = 0; i < n_drop; i++) {
             free(c->hist[i].role);
@@ -377,8 +387,9 @@ int ks_chat_send(ks_chat *c, const char *user_msg, const ks_gen_params *gp, char
         memmove(c->hist, c->hist + n_drop, sizeof(msg) * (size_t)(c->n_hist - n_drop));
         c->n_hist -= n_drop;
     }
-    if ((rc = hist_push(c, "user", user_msg)) != 0 || (rc = hist_push(c, "assistant", text)) != 0) goto out;
-    if (reply) *reply = strdup(text);
+    c->hist[c->n_hist++] = (msg){m_user, m_text};
+    c->hist[c->n_hist++] = (msg){m_asst, m_reply};
+    if (reply) *reply = out_reply;
     if (stats) {
         stats->n_prompt = w.res.n_prompt;
         stats->n_cached = w.res.n_cached;
@@ -388,7 +399,7 @@ int ks_chat_send(ks_chat *c, const char *user_msg, const ks_gen_params *gp, char
         stats->prompt_ms = w.res.prompt_ms;
         stats->ttft_ms = w.res.ttft_ms > 0 ? w.res.ttft_ms : w.res.prompt_ms;
         stats->gen_ms = w.res.gen_ms;
-        stats->stopped_eog = w.res.finish == KS_FINISH_STOP;
+        stats->stopped_eog = w.res.finish == KS_FINISH_STOP && w.res.eog;
     }
 out:
     ks_textstream_free(w.ts);

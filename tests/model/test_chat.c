@@ -173,6 +173,32 @@ static void test_bad_messages(void **st) {
     ks_chat_free(c);
 }
 
+static int stop_at_first_text(void *ud, const char *text, size_t len) {
+    (void)text;
+    (void)len;
+    (*(int *)ud)++;
+    return 1;
+}
+
+/* Regression: stopped_eog was true when the caller stopped the generation
+ * (on_text returned non-zero), not only at an end-of-generation token. */
+static void test_caller_stop_is_not_eog(void **st) {
+    (void)st;
+    ks_chat *c = open_chat(true, 2048, NULL);
+    ks_gen_params g = ks_gen_params_default();
+    g.max_tokens = 32;
+    int calls = 0;
+    g.on_text = stop_at_first_text;
+    g.ud = &calls;
+    ks_turn_stats s;
+    char err[256] = "";
+    assert_int_equal(ks_chat_send(c, "hello there, how are you today", &g, NULL, &s, err, sizeof err), 0);
+    assert_true(calls >= 1);
+    assert_true(s.n_generated < g.max_tokens);
+    assert_false(s.stopped_eog);
+    ks_chat_free(c);
+}
+
 static void test_open_errors(void **st) {
     (void)st;
     ks_chat_params p = ks_chat_params_default();
@@ -201,6 +227,7 @@ int main(void) {
         cmocka_unit_test(test_clear_is_cold),
         cmocka_unit_test(test_overflow_keeps_system),
         cmocka_unit_test(test_bad_messages),
+        cmocka_unit_test(test_caller_stop_is_not_eog),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

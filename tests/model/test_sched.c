@@ -256,6 +256,16 @@ static void test_submit_errors(void **st) {
     ks_sched_stats_get(s, &stt);
     assert_int_equal(stt.queue_depth, 0);
     ks_sched_free(s);
+    /* Regression: max_queue 0 was silently 64; bad parameters are refused. */
+    ks_sched_params sp = ks_sched_params_default();
+    sp.engine = e;
+    ks_sched *bad = (ks_sched *)1;
+    sp.max_queue = 0;
+    assert_int_equal(ks_sched_create(&sp, &bad), KS_EINVAL);
+    assert_null(bad);
+    sp.max_queue = 1;
+    sp.n_slots = ks_engine_n_seq(e) + 1;
+    assert_int_equal(ks_sched_create(&sp, &bad), KS_EINVAL);
     ks_engine_free(e);
 }
 
