@@ -32,6 +32,20 @@ const char *ks_errname(int err) {
     }
 }
 
+int ks_errno_map(int e) {
+    switch (e) {
+    case ENOSPC:
+#ifdef EDQUOT
+    case EDQUOT:
+#endif
+        return KS_ENOSPC;
+    case ENOMEM: return KS_ENOMEM;
+    case ENOENT:
+    case ENOTDIR: return KS_ENOENT;
+    default: return KS_EIO;
+    }
+}
+
 /* ------------------------------------------------------------------ logging */
 static _Atomic int g_level = KS_LOG_INFO;
 static pthread_mutex_t g_log_mu = PTHREAD_MUTEX_INITIALIZER;

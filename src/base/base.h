@@ -19,6 +19,17 @@
 
 #include "kvstash.h" /* KS_E* codes and ks_strerror() are public */
 
+/* ------------------------------------------------------------------- errors */
+/* The one errno -> KS_E* mapping of the project:
+ *   ENOSPC, EDQUOT    -> KS_ENOSPC
+ *   ENOMEM            -> KS_ENOMEM
+ *   ENOENT, ENOTDIR   -> KS_ENOENT  (nothing at that path: a missing
+ *                                    component, or one that is a file)
+ *   anything else     -> KS_EIO     (EACCES, EPERM, EIO, ...; also 0)
+ * A caller for whom a code means something else adjusts the result (a
+ * writer whose directory vanished reports KS_EIO, not KS_ENOENT). Pure. */
+int ks_errno_map(int e);
+
 /* ------------------------------------------------------------------ logging */
 typedef enum { KS_LOG_DEBUG = 0, KS_LOG_INFO, KS_LOG_WARN, KS_LOG_ERROR, KS_LOG_OFF } ks_log_level;
 

@@ -69,19 +69,6 @@ static uint64_t nonzero(uint64_t h) { return h ? h : KS_KVFILE_CSUM_ZERO; }
 
 static uint64_t trailer_check(const uint8_t *t16) { return nonzero(XXH3_64bits(t16, 16)); }
 
-int ks_kvfile_errno(int e) {
-    switch (e) {
-    case ENOSPC:
-#ifdef EDQUOT
-    case EDQUOT:
-#endif
-        return KS_ENOSPC;
-    case ENOMEM: return KS_ENOMEM;
-    case ENOENT: return KS_ENOENT;
-    default: return KS_EIO;
-    }
-}
-
 /* ------------------------------------------------------------------ names */
 int ks_kvfile_path(const char *dir, const ks_key *key, char *out, size_t n) {
     char hex[KS_KEY_HEX_LEN + 1];
@@ -168,7 +155,7 @@ static int fsync_dir(const char *dir) {
 static _Atomic unsigned long g_tmp_counter;
 
 static int write_err(int e) {
-    int rc = ks_kvfile_errno(e);
+    int rc = ks_errno_map(e);
     return rc == KS_ENOENT ? KS_EIO : rc; /* the directory vanished: an I/O failure for a writer */
 }
 
@@ -278,7 +265,7 @@ done:
 static int open_existing(const char *path, int flags, int *fd) {
     *fd = ks_sysio_open(path, flags | O_CLOEXEC, 0);
     if (*fd >= 0) return 0;
-    int rc = ks_kvfile_errno(errno);
+    int rc = ks_errno_map(errno);
     return rc == KS_ENOSPC ? KS_EIO : rc;
 }
 

@@ -140,7 +140,4 @@ int ks_kvfile_read_buf(const char *path, const ks_kvfile_expect *exp, ks_kvfile_
  * KS_ECORRUPT (the file is not a kvfile of this version). */
 int ks_kvfile_touch(const char *path, int64_t last_hit_us, uint64_t hits);
 
-/* Maps an errno to KS_ENOSPC / KS_ENOMEM / KS_ENOENT / KS_EIO. */
-int ks_kvfile_errno(int e);
-
 #endif

@@ -521,7 +521,7 @@ int ks_tier_file_open(ks_tier_id id, const char *dir, unsigned flags, const ks_t
     if ((flags & KS_TIER_CREATE) && mkdirs(dir) != 0) {
         int e = errno;
         ks_set_err(err, errlen, "cannot create %s: %s", dir, strerror(e));
-        return ks_kvfile_errno(e) == KS_ENOSPC ? KS_ENOSPC : KS_EIO;
+        return ks_errno_map(e) == KS_ENOSPC ? KS_ENOSPC : KS_EIO;
     }
     if (stat(dir, &sb) != 0) {
         int e = errno;

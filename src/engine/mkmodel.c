@@ -501,20 +501,6 @@ static bool write_tensor(writer *w, const tspec *t, uint64_t seed, const vocab *
     return true;
 }
 
-static int errno_to_ks(int e) {
-    switch (e) {
-    case ENOSPC:
-#ifdef EDQUOT
-    case EDQUOT:
-#endif
-        return KS_ENOSPC;
-    case ENOMEM: return KS_ENOMEM;
-    case ENOENT:
-    case ENOTDIR: return KS_ENOENT;
-    default: return KS_EIO;
-    }
-}
-
 /* mkdir -p of the directory part of path. */
 static int make_parents(const char *path, char *err, size_t errlen) {
     char *dir = strdup(path);
@@ -530,7 +516,7 @@ static int make_parents(const char *path, char *err, size_t errlen) {
                 if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
                     int e = errno;
                     ks_set_err(err, errlen, "cannot create directory '%s': %s", dir, strerror(e));
-                    rc = errno_to_ks(e);
+                    rc = ks_errno_map(e);
                     break;
                 }
                 *p = c;
@@ -661,13 +647,13 @@ int ks_mkmodel(const char *preset_name, uint64_t seed, const char *out_path, cha
     if (fd < 0) {
         int e = errno;
         ks_set_err(err, errlen, "cannot write '%s' (temporary file '%s'): %s", out_path, tmp, strerror(e));
-        rc = errno_to_ks(e);
+        rc = ks_errno_map(e);
         tmp[0] = '\0'; /* nothing to remove */
         goto done;
     }
     (void)fchmod(fd, 0644); /* mkstemp makes 0600; a model is not a secret */
     w.f = fdopen(fd, "wb");
-    if (!w.f) { rc = errno_to_ks(errno); goto done; }
+    if (!w.f) { rc = ks_errno_map(errno); goto done; }
     fd = -1; /* owned by w.f now */
 
     const size_t align = gguf_get_alignment(g);
@@ -694,13 +680,13 @@ int ks_mkmodel(const char *preset_name, uint64_t seed, const char *out_path, cha
     w.f = NULL;
     if (w.err) {
         ks_set_err(err, errlen, "writing '%s': %s", tmp, strerror(w.err));
-        rc = errno_to_ks(w.err);
+        rc = ks_errno_map(w.err);
         goto done;
     }
     if (rename(tmp, out_path) != 0) {
         int e = errno;
         ks_set_err(err, errlen, "cannot rename '%s' to '%s': %s", tmp, out_path, strerror(e));
-        rc = errno_to_ks(e);
+        rc = ks_errno_map(e);
         goto done;
     }
     tmp[0] = '\0'; /* renamed: nothing to remove */

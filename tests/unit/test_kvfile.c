@@ -412,6 +412,12 @@ static void test_versions_and_limits(void **state) {
     snprintf(missing, sizeof missing, "%s/nope.kvs", f->dir);
     assert_int_equal(ks_kvfile_read(missing, NULL, NULL, NULL, NULL), KS_ENOENT);
     assert_int_equal(ks_kvfile_read_meta(missing, NULL), KS_ENOENT);
+    /* A path through a file (ENOTDIR) is missing too, as mkmodel always said:
+     * ks_kvfile_errno used to call it an I/O error (one errno mapping now). */
+    char through[PATH_MAX + 16];
+    snprintf(through, sizeof through, "%s/nope.kvs", f->path);
+    assert_int_equal(ks_kvfile_read(through, NULL, NULL, NULL, NULL), KS_ENOENT);
+    assert_int_equal(ks_kvfile_read_meta(through, NULL), KS_ENOENT);
     free(b);
     free(orig);
 }

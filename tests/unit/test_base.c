@@ -1,0 +1,46 @@
+/* test_base.c — the errno mapping shared by every layer (src/base/base.c). */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "base/base.h"
+
+/* Regression: ks_kvfile_errno (kvfile.c) mapped ENOTDIR to KS_EIO while
+ * errno_to_ks (mkmodel.c) mapped it to KS_ENOENT. Both use ks_errno_map now,
+ * and a path through a file is "not found" everywhere. */
+static void test_errno_map(void **state) {
+    (void)state;
+    static const struct {
+        int e, want;
+    } cases[] = {
+        {ENOSPC, KS_ENOSPC},
+#ifdef EDQUOT
+        {EDQUOT, KS_ENOSPC},
+#endif
+        {ENOMEM, KS_ENOMEM},
+        {ENOENT, KS_ENOENT},
+        {ENOTDIR, KS_ENOENT},
+        {EACCES, KS_EIO},
+        {EPERM, KS_EIO},
+        {EIO, KS_EIO},
+        {EISDIR, KS_EIO},
+        {0, KS_EIO},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int got = ks_errno_map(cases[i].e);
+        if (got != cases[i].want)
+            fail_msg("errno %d: got %s, wanted %s", cases[i].e, ks_errname(got),
+                     ks_errname(cases[i].want));
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_errno_map),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
