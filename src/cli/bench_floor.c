@@ -9,8 +9,11 @@
 #include <string.h>
 
 #include "base/base.h"
+#include "cli/cli.h"
 #include "engine/engine.h"
 #include "kvstash.h"
+
+#define CMD "kvstash bench floor"
 
 struct ks_floor {
     ks_engine *e;
@@ -206,22 +209,20 @@ int ks_bench_floor_main(int argc, char **argv) {
     int depth = -1, n_new = -1, repeat = 1, c;
     bool restore = false, from_stdin = false;
     optind = 1;
+    /* Every number of this command is a count in [0, NUM_MAX]. */
+    enum { NUM_MAX = 1 << 24 };
     while ((c = getopt_long(argc, argv, "m:h", opts, NULL)) != -1) {
-        char *end = NULL;
-        long v = optarg ? strtol(optarg, &end, 10) : 0;
-        bool bad = optarg && c != 'm' && (*end || end == optarg || v < 0 || v > (1 << 24));
-        if (bad) {
-            fprintf(stderr, "kvstash bench floor: bad number '%s'\n", optarg);
-            return 2;
-        }
         switch (c) {
         case 'm': p.model_path = optarg; break;
-        case O_CTX: p.n_ctx = (int)v; break;
-        case O_BATCH: p.n_batch = (int)v; break;
-        case O_THREADS: p.n_threads = (int)v; break;
-        case O_DEPTH: depth = (int)v; break;
-        case O_NEW: n_new = (int)v; break;
-        case O_REPEAT: repeat = v > 0 ? (int)v : 1; break;
+        case O_CTX: if (ks_cli_parse_int(CMD, "--ctx", optarg, 0, NUM_MAX, &p.n_ctx)) return 2; break;
+        case O_BATCH: if (ks_cli_parse_int(CMD, "--batch", optarg, 0, NUM_MAX, &p.n_batch)) return 2; break;
+        case O_THREADS: if (ks_cli_parse_int(CMD, "--threads", optarg, 0, NUM_MAX, &p.n_threads)) return 2; break;
+        case O_DEPTH: if (ks_cli_parse_int(CMD, "--depth", optarg, 0, NUM_MAX, &depth)) return 2; break;
+        case O_NEW: if (ks_cli_parse_int(CMD, "--new", optarg, 0, NUM_MAX, &n_new)) return 2; break;
+        case O_REPEAT:
+            if (ks_cli_parse_int(CMD, "--repeat", optarg, 0, NUM_MAX, &repeat)) return 2;
+            if (repeat == 0) repeat = 1; /* as before: 0 measures once */
+            break;
         case O_RESTORE: restore = true; break;
         case O_STDIN: from_stdin = true; break;
         case 'h': usage(stdout); return 0;

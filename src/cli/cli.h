@@ -1,15 +1,44 @@
 /*
- * cli.h — the kvstash command line: one function per subcommand.
- * Each returns the process exit code (0 ok, 1 runtime error, 2 usage error)
- * and prints its errors to stderr as "kvstash <cmd>: message".
+ * cli.h — the kvstash command line: one function per subcommand, and the
+ * parsers every subcommand uses for its numeric flags.
+ *
+ * Each subcommand returns the process exit code (0 ok, 1 runtime error,
+ * 2 usage error) and prints its errors to stderr as "kvstash <cmd>: message".
+ *
+ * Thread model: the command line runs on the main thread; the parsers are
+ * reentrant (they only read their arguments and write *out and stderr).
  */
 #ifndef KS_CLI_H
 #define KS_CLI_H
+
+#include <stdint.h>
 
 int ks_cmd_chat(int argc, char **argv);
 int ks_cmd_serve(int argc, char **argv);
 int ks_cmd_mkmodel(int argc, char **argv);
 int ks_cmd_cache(int argc, char **argv);
 int ks_cmd_bench(int argc, char **argv);
+
+/* The numeric flag parsers. Each parses the whole of s (a flag's value) and
+ * refuses NULL or empty input, trailing characters, a value that overflows
+ * its type (ERANGE), a non-finite number and anything outside [lo, hi]. On
+ * success it writes *out and returns 0; else *out is unchanged, one line
+ *   "CMD: FLAG must be <what> in [LO, HI], got 'S'"
+ * goes to stderr and it returns KS_EINVAL (the caller exits 2). cmd is the
+ * message prefix ("kvstash serve"), flag the flag's name ("--port"). */
+
+/* A decimal integer (leading blanks and a sign allowed, as strtoll). */
+int ks_cli_parse_ll(const char *cmd, const char *flag, const char *s, long long lo, long long hi,
+                    long long *out);
+/* The same for an int. */
+int ks_cli_parse_int(const char *cmd, const char *flag, const char *s, int lo, int hi, int *out);
+/* A decimal number (strtod's syntax, e.g. "0.7", "1e-3"). */
+int ks_cli_parse_double(const char *cmd, const char *flag, const char *s, double lo, double hi,
+                        double *out);
+/* A byte count: a number >= 0, fraction allowed, with an optional suffix
+ * K, M, G or T (powers of 1024, case-insensitive; "Mi", "MB", "MiB" are the
+ * same); "500M", "1.5G", "4096". The result is rounded down and at most
+ * 2^63 - 1 bytes (the message says "a size like 500M or 2G"). */
+int ks_cli_parse_size(const char *cmd, const char *flag, const char *s, int64_t *out);
 
 #endif

@@ -144,29 +144,20 @@ static int parse(const char *sub, int argc, char **argv, bench_opts *o) {
         {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
     optind = 1;
     int c;
-    char *end;
-#define NUM(dst, lo, hi, name)                                                                   \
-    do {                                                                                         \
-        long v_ = strtol(optarg, &end, 10);                                                      \
-        if (*end || end == optarg || v_ < (lo) || v_ > (hi)) {                                   \
-            fprintf(stderr, "kvstash bench %s: %s must be a number in [%d, %d], got '%s'\n", sub, \
-                    name, (int)(lo), (int)(hi), optarg);                                         \
-            return 2;                                                                            \
-        }                                                                                        \
-        dst = (int)v_;                                                                           \
-    } while (0)
+    char cmd[64];
+    snprintf(cmd, sizeof cmd, "kvstash bench %s", sub);
     while ((c = getopt_long(argc, argv, "m:h", opts, NULL)) != -1) {
         switch (c) {
         case 'm': o->model = optarg; break;
-        case O_TURNS: NUM(o->turns, 1, 10000, "--turns"); break;
-        case O_WORDS: NUM(o->msg_words, 1, 100000, "--msg-words"); break;
-        case O_REPLY: NUM(o->reply_tokens, 1, 1 << 20, "--reply-tokens"); break;
-        case O_CTX: NUM(o->n_ctx, 64, 1 << 20, "--ctx"); break;
-        case O_THREADS: NUM(o->n_threads, 0, 1024, "--threads"); break;
+        case O_TURNS: if (ks_cli_parse_int(cmd, "--turns", optarg, 1, 10000, &o->turns)) return 2; break;
+        case O_WORDS: if (ks_cli_parse_int(cmd, "--msg-words", optarg, 1, 100000, &o->msg_words)) return 2; break;
+        case O_REPLY: if (ks_cli_parse_int(cmd, "--reply-tokens", optarg, 1, 1 << 20, &o->reply_tokens)) return 2; break;
+        case O_CTX: if (ks_cli_parse_int(cmd, "--ctx", optarg, 64, 1 << 20, &o->n_ctx)) return 2; break;
+        case O_THREADS: if (ks_cli_parse_int(cmd, "--threads", optarg, 0, 1024, &o->n_threads)) return 2; break;
         case O_CSV: o->csv = optarg; break;
-        case O_TOKENS: NUM(o->tokens, 2, 1 << 20, "--tokens"); break;
-        case O_ROUNDS: NUM(o->rounds, 1, 1000, "--rounds"); break;
-        case O_REPEAT: NUM(o->repeat, 1, 1000, "--repeat"); break;
+        case O_TOKENS: if (ks_cli_parse_int(cmd, "--tokens", optarg, 2, 1 << 20, &o->tokens)) return 2; break;
+        case O_ROUNDS: if (ks_cli_parse_int(cmd, "--rounds", optarg, 1, 1000, &o->rounds)) return 2; break;
+        case O_REPEAT: if (ks_cli_parse_int(cmd, "--repeat", optarg, 1, 1000, &o->repeat)) return 2; break;
         case O_LOG: {
             int lv = ks_log_parse_level(optarg);
             if (lv < 0) {
@@ -180,7 +171,6 @@ static int parse(const char *sub, int argc, char **argv, bench_opts *o) {
         default: usage(stderr); return 2;
         }
     }
-#undef NUM
     if (optind < argc) {
         fprintf(stderr, "kvstash bench %s: unexpected argument '%s'\n", sub, argv[optind]);
         return 2;

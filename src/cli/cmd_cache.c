@@ -12,7 +12,6 @@
  * Exit codes: 0 ok, 1 runtime error (verify: a bad file), 2 usage error.
  */
 #include <dirent.h>
-#include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -95,31 +94,6 @@ static int64_t now_us(void) {
     return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
-static int parse_bytes(const char *s, int64_t *out) {
-    char *end = NULL;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || v < 0) return -1;
-    double mul = 1;
-    if (*end) {
-        switch (*end) {
-        case 'k': case 'K': mul = 1024.0; break;
-        case 'm': case 'M': mul = 1048576.0; break;
-        case 'g': case 'G': mul = 1073741824.0; break;
-        case 't': case 'T': mul = 1099511627776.0; break;
-        default: return -1;
-        }
-        end++;
-        if (*end == 'i' || *end == 'I') end++;
-        if (*end == 'b' || *end == 'B') end++;
-        if (*end) return -1;
-    }
-    v *= mul;
-    if (v > 9.2e18) return -1;
-    *out = (int64_t)v;
-    return 0;
-}
-
 static bool is_hex(const char *s) {
     if (!*s || strlen(s) > KS_KEY_HEX_LEN) return false;
     for (; *s; s++)
@@ -173,10 +147,7 @@ static int parse(int argc, char **argv, opts *o) {
             }
             snprintf(o->dirs[which == 0 ? KS_TIER_DISK : KS_TIER_SHM], KS_MAX_PATH, "%s", val);
         } else if (which == 2) {
-            if (parse_bytes(val, &o->max_bytes) != 0) {
-                fprintf(stderr, CMD ": --max-bytes: expected a size like 500M or 2G, got '%s'\n", val);
-                return 2;
-            }
+            if (ks_cli_parse_size(CMD, "--max-bytes", val, &o->max_bytes)) return 2;
         } else if (strcmp(a, "--all") == 0) {
             o->all = true;
         } else if (a[0] == '-') {

@@ -19,6 +19,8 @@
 #include "cli/cli.h"
 #include "kvstash.h"
 
+#define CMD "kvstash chat"
+
 static void usage(FILE *f) {
     fprintf(f,
             "usage: kvstash chat -m MODEL [options]\n"
@@ -86,22 +88,17 @@ int ks_cmd_chat(int argc, char **argv) {
     optind = 1;
     int c;
     char *end;
-#define NUM(dst, conv, lo, hi, name)                                                             \
-    do {                                                                                         \
-        dst = conv;                                                                              \
-        if (*end || end == optarg || dst < (lo) || dst > (hi)) {                                 \
-            fprintf(stderr, "kvstash chat: %s must be a number in [%g, %g], got '%s'\n", name,   \
-                    (double)(lo), (double)(hi), optarg);                                         \
-            return 2;                                                                            \
-        }                                                                                        \
-    } while (0)
+    double d;
     while ((c = getopt_long(argc, argv, "m:h", opts, NULL)) != -1) {
         switch (c) {
         case 'm': cp.model_path = optarg; break;
         case O_SYSTEM: cp.system = optarg; break;
         case O_NOCACHE: cp.cache = false; break;
-        case O_MAXTOK: NUM(gp.max_tokens, (int)strtol(optarg, &end, 10), 1, 1 << 20, "--max-tokens"); break;
-        case O_TEMP: NUM(gp.sample.temperature, strtof(optarg, &end), 0, 100, "--temp"); break;
+        case O_MAXTOK: if (ks_cli_parse_int(CMD, "--max-tokens", optarg, 1, 1 << 20, &gp.max_tokens)) return 2; break;
+        case O_TEMP:
+            if (ks_cli_parse_double(CMD, "--temp", optarg, 0, 100, &d)) return 2;
+            gp.sample.temperature = (float)d;
+            break;
         case O_SEED:
             gp.sample.seed = strtoull(optarg, &end, 10);
             if (*end || end == optarg) {
@@ -109,12 +106,18 @@ int ks_cmd_chat(int argc, char **argv) {
                 return 2;
             }
             break;
-        case O_CTX: NUM(cp.n_ctx, (int)strtol(optarg, &end, 10), 64, 1 << 20, "--ctx"); break;
-        case O_THREADS: NUM(cp.n_threads, (int)strtol(optarg, &end, 10), 0, 1024, "--threads"); break;
-        case O_BATCH: NUM(cp.n_batch, (int)strtol(optarg, &end, 10), 1, 65536, "--batch"); break;
-        case O_TOPK: NUM(gp.sample.top_k, (int)strtol(optarg, &end, 10), 0, 1 << 20, "--top-k"); break;
-        case O_TOPP: NUM(gp.sample.top_p, strtof(optarg, &end), 0, 1, "--top-p"); break;
-        case O_MINP: NUM(gp.sample.min_p, strtof(optarg, &end), 0, 1, "--min-p"); break;
+        case O_CTX: if (ks_cli_parse_int(CMD, "--ctx", optarg, 64, 1 << 20, &cp.n_ctx)) return 2; break;
+        case O_THREADS: if (ks_cli_parse_int(CMD, "--threads", optarg, 0, 1024, &cp.n_threads)) return 2; break;
+        case O_BATCH: if (ks_cli_parse_int(CMD, "--batch", optarg, 1, 65536, &cp.n_batch)) return 2; break;
+        case O_TOPK: if (ks_cli_parse_int(CMD, "--top-k", optarg, 0, 1 << 20, &gp.sample.top_k)) return 2; break;
+        case O_TOPP:
+            if (ks_cli_parse_double(CMD, "--top-p", optarg, 0, 1, &d)) return 2;
+            gp.sample.top_p = (float)d;
+            break;
+        case O_MINP:
+            if (ks_cli_parse_double(CMD, "--min-p", optarg, 0, 1, &d)) return 2;
+            gp.sample.min_p = (float)d;
+            break;
         case O_FA: cp.flash_attn = true; break;
         case O_LOG: {
             int lv = ks_log_parse_level(optarg);
@@ -129,7 +132,6 @@ int ks_cmd_chat(int argc, char **argv) {
         default: usage(stderr); return 2;
         }
     }
-#undef NUM
     if (optind < argc) {
         fprintf(stderr, "kvstash chat: unexpected argument '%s'\n", argv[optind]);
         return 2;

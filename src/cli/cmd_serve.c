@@ -81,23 +81,12 @@ static void usage(FILE *f) {
 /* The flags as given, applied over the file's values. */
 typedef struct flags {
     const char *model, *host, *api_key, *config, *log, *alias;
-    long port, slots, ctx, batch, threads, max_queue, max_tokens, timeout, shutdown_ms;
+    int port, slots, ctx, batch, threads, max_queue, max_tokens, timeout, shutdown_ms; /* -1: not given */
     long long max_body;
-    long cache_ram; /* MiB, -1: not given */
+    int cache_ram; /* MiB, -1: not given */
     bool no_cache, no_exact, flash_attn, imc, spc;
     const char *cache_dir;
 } flags;
-
-static int parse_long(const char *name, const char *s, long lo, long hi, long *out) {
-    char *end;
-    long long v = strtoll(s, &end, 10);
-    if (end == s || *end || v < lo || v > hi) {
-        fprintf(stderr, CMD ": %s must be an integer in [%ld, %ld], got '%s'\n", name, lo, hi, s);
-        return -1;
-    }
-    *out = (long)v;
-    return 0;
-}
 
 static int parse_flags(int argc, char **argv, flags *f) {
     enum { O_HOST = 256, O_PORT, O_SLOTS, O_CTX, O_BATCH, O_THREADS, O_NOCACHE, O_NOEXACT, O_KEY, O_QUEUE, O_BODY,
@@ -124,33 +113,29 @@ static int parse_flags(int argc, char **argv, flags *f) {
     optind = 1;
     opterr = 0;
     int c;
-    long v;
     while ((c = getopt_long(argc, argv, ":m:h", opts, NULL)) != -1) {
         switch (c) {
         case 'm': f->model = optarg; break;
         case O_HOST: f->host = optarg; break;
-        case O_PORT: if (parse_long("--port", optarg, 0, 65535, &f->port)) return 2; break;
-        case O_SLOTS: if (parse_long("--slots", optarg, 1, 256, &f->slots)) return 2; break;
-        case O_CTX: if (parse_long("--ctx", optarg, 64, 1 << 24, &f->ctx)) return 2; break;
-        case O_BATCH: if (parse_long("--batch", optarg, 1, 1 << 20, &f->batch)) return 2; break;
-        case O_THREADS: if (parse_long("--threads", optarg, 0, 4096, &f->threads)) return 2; break;
+        case O_PORT: if (ks_cli_parse_int(CMD, "--port", optarg, 0, 65535, &f->port)) return 2; break;
+        case O_SLOTS: if (ks_cli_parse_int(CMD, "--slots", optarg, 1, 256, &f->slots)) return 2; break;
+        case O_CTX: if (ks_cli_parse_int(CMD, "--ctx", optarg, 64, 1 << 24, &f->ctx)) return 2; break;
+        case O_BATCH: if (ks_cli_parse_int(CMD, "--batch", optarg, 1, 1 << 20, &f->batch)) return 2; break;
+        case O_THREADS: if (ks_cli_parse_int(CMD, "--threads", optarg, 0, 4096, &f->threads)) return 2; break;
         case O_NOCACHE: f->no_cache = true; break;
         case O_NOEXACT: f->no_exact = true; break;
         case O_KEY: f->api_key = optarg; break;
-        case O_QUEUE: if (parse_long("--max-queue", optarg, 0, 1 << 20, &f->max_queue)) return 2; break;
-        case O_BODY:
-            if (parse_long("--max-body-bytes", optarg, 1024, 1L << 40, &v)) return 2;
-            f->max_body = v;
-            break;
-        case O_MAXTOK: if (parse_long("--max-tokens", optarg, 1, 1 << 24, &f->max_tokens)) return 2; break;
+        case O_QUEUE: if (ks_cli_parse_int(CMD, "--max-queue", optarg, 0, 1 << 20, &f->max_queue)) return 2; break;
+        case O_BODY: if (ks_cli_parse_ll(CMD, "--max-body-bytes", optarg, 1024, 1LL << 40, &f->max_body)) return 2; break;
+        case O_MAXTOK: if (ks_cli_parse_int(CMD, "--max-tokens", optarg, 1, 1 << 24, &f->max_tokens)) return 2; break;
         case O_ALIAS: f->alias = optarg; break;
-        case O_TIMEOUT: if (parse_long("--timeout", optarg, 0, 86400, &f->timeout)) return 2; break;
-        case O_SHUTDOWN: if (parse_long("--shutdown-timeout", optarg, 0, 3600000, &f->shutdown_ms)) return 2; break;
+        case O_TIMEOUT: if (ks_cli_parse_int(CMD, "--timeout", optarg, 0, 86400, &f->timeout)) return 2; break;
+        case O_SHUTDOWN: if (ks_cli_parse_int(CMD, "--shutdown-timeout", optarg, 0, 3600000, &f->shutdown_ms)) return 2; break;
         case O_FA: f->flash_attn = true; break;
         case O_IMC: f->imc = true; break;
         case O_SPC: f->spc = true; break;
         case O_CACHEDIR: f->cache_dir = optarg; break;
-        case O_CACHERAM: if (parse_long("--cache-ram", optarg, 0, 1L << 24, &f->cache_ram)) return 2; break;
+        case O_CACHERAM: if (ks_cli_parse_int(CMD, "--cache-ram", optarg, 0, 1 << 24, &f->cache_ram)) return 2; break;
         case O_CONFIG: f->config = optarg; break;
         case O_LOG:
             if (ks_log_parse_level(optarg) < 0) {
@@ -191,12 +176,12 @@ static int apply_flags(const flags *f, ks_config *c) {
     if (f->api_key) COPY(c->api_key, f->api_key);
     else if (!c->api_key[0] && getenv("KVSTASH_API_KEY")) COPY(c->api_key, getenv("KVSTASH_API_KEY"));
     if (f->log) COPY(c->log, f->log);
-    if (f->port >= 0) c->port = (int)f->port;
-    if (f->slots >= 0) c->slots = (int)f->slots;
-    if (f->ctx >= 0) c->ctx = (int)f->ctx;
-    if (f->batch >= 0) c->batch = (int)f->batch;
-    if (f->threads >= 0) c->threads = (int)f->threads;
-    if (f->max_queue >= 0) c->max_queue = (int)f->max_queue;
+    if (f->port >= 0) c->port = f->port;
+    if (f->slots >= 0) c->slots = f->slots;
+    if (f->ctx >= 0) c->ctx = f->ctx;
+    if (f->batch >= 0) c->batch = f->batch;
+    if (f->threads >= 0) c->threads = f->threads;
+    if (f->max_queue >= 0) c->max_queue = f->max_queue;
     if (f->max_body >= 0) c->max_body_bytes = f->max_body;
     if (f->no_cache) c->cache_prompt = false;
     if (f->no_exact) c->exact = false;
@@ -278,7 +263,7 @@ int ks_cmd_serve(int argc, char **argv) {
      * general.name, is sized by the slot count), then again below. */
     int top_slots = cfg.slots; /* before any models entry touches it */
     ks_config_resolve_model(&cfg, NULL, cfg.model);
-    if (f.slots >= 0) cfg.slots = (int)f.slots;
+    if (f.slots >= 0) cfg.slots = f.slots;
 
     /* Block the shutdown signals before any thread exists, so every thread
      * inherits the mask and only sigwait below sees them. */
@@ -366,8 +351,8 @@ int ks_cmd_serve(int argc, char **argv) {
     hp.api_key = cfg.api_key;
     hp.model_name = f.alias;
     hp.max_body_bytes = cfg.max_body_bytes;
-    if (f.max_tokens > 0) hp.default_max_tokens = (int)f.max_tokens;
-    if (f.timeout >= 0) hp.timeout_s = (int)f.timeout;
+    if (f.max_tokens > 0) hp.default_max_tokens = f.max_tokens;
+    if (f.timeout >= 0) hp.timeout_s = f.timeout;
     hp.cache_prompt = cfg.cache_prompt;
     hp.metrics = metrics;
     /* The SPC key must change with whatever changes a system prompt's KV. */
@@ -401,7 +386,7 @@ int ks_cmd_serve(int argc, char **argv) {
     int sig = 0;
     while (sigwait(&sigs, &sig) != 0) {
     }
-    KS_INFO("serve", "%s: stopping; waiting up to %ld ms for %d running request(s)", signame(sig), f.shutdown_ms,
+    KS_INFO("serve", "%s: stopping; waiting up to %d ms for %d running request(s)", signame(sig), f.shutdown_ms,
             ks_server_n_active(srv));
     ks_server_quiesce(srv);
     double deadline = ks_now_ms() + (double)f.shutdown_ms;

@@ -54,6 +54,15 @@ check "message longer than the context: session went on" test "$(grep -c '^promp
 "$BIN" chat --threads 1 --max-tokens abc -m "$MODEL" </dev/null >/dev/null 2>"$tmp/e5"; rc=$?
 check "bad flag value: exit 2 ($rc)" test $rc -eq 2
 check "bad flag value: names the flag" grep -q -- "--max-tokens" "$tmp/e5"
+# Regression: the flags went through (int)strtol / strtof, so 2^32 + 1 was
+# taken as 1 and NaN passed every range check. One parser now (src/cli/cli.c).
+bad=(--max-tokens 4294967297 --ctx 99999999999999999999 --temp nan --top-p 0.5x --batch "")
+for ((i = 0; i < ${#bad[@]}; i += 2)); do
+    flag=${bad[i]} val=${bad[i + 1]}
+    "$BIN" chat --threads 1 -m "$MODEL" "$flag" "$val" </dev/null >/dev/null 2>"$tmp/e5"; rc=$?
+    check "bad flag value $flag '$val': exit 2 ($rc)" test $rc -eq 2
+    check "bad flag value $flag '$val': names the flag and its range" grep -q -- "$flag must be .* in \[" "$tmp/e5"
+done
 
 # 5. Overflow: a small context keeps going and reports dropped turns.
 printf 'first message here\nsecond message here\nthird message here\nfourth message here\nfifth message here\nsixth one\n' |

@@ -1,0 +1,89 @@
+/*
+ * cli.c — see cli.h: the one way the command line reads a number, so that
+ * every flag refuses the same inputs ("", "12abc", "1e999", "nan", a value
+ * out of range) with the same message naming the flag and its range.
+ */
+#include "cli/cli.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "base/base.h"
+
+/* strtod over the start of s: 0 and *end after the number, or -1 when s has
+ * no number, it overflows or underflows (ERANGE), or it is not finite. */
+static int scan_double(const char *s, double *v, char **end) {
+    if (!s || !*s) return -1;
+    errno = 0;
+    *v = strtod(s, end);
+    if (*end == s || errno == ERANGE || !isfinite(*v)) return -1;
+    return 0;
+}
+
+int ks_cli_parse_ll(const char *cmd, const char *flag, const char *s, long long lo, long long hi,
+                    long long *out) {
+    char *end = NULL;
+    long long v = 0;
+    if (s && *s) {
+        errno = 0;
+        v = strtoll(s, &end, 10);
+    }
+    /* The tests short-circuit: errno is read only after strtoll ran. */
+    if (!s || !*s || end == s || *end || errno == ERANGE || v < lo || v > hi) {
+        fprintf(stderr, "%s: %s must be an integer in [%lld, %lld], got '%s'\n", cmd, flag, lo, hi,
+                s ? s : "");
+        return KS_EINVAL;
+    }
+    *out = v;
+    return 0;
+}
+
+int ks_cli_parse_int(const char *cmd, const char *flag, const char *s, int lo, int hi, int *out) {
+    long long v;
+    int rc = ks_cli_parse_ll(cmd, flag, s, lo, hi, &v);
+    if (rc == 0) *out = (int)v; /* in [lo, hi]: fits */
+    return rc;
+}
+
+int ks_cli_parse_double(const char *cmd, const char *flag, const char *s, double lo, double hi,
+                        double *out) {
+    char *end = NULL;
+    double v = 0;
+    if (scan_double(s, &v, &end) != 0 || *end || v < lo || v > hi) {
+        fprintf(stderr, "%s: %s must be a number in [%g, %g], got '%s'\n", cmd, flag, lo, hi,
+                s ? s : "");
+        return KS_EINVAL;
+    }
+    *out = v;
+    return 0;
+}
+
+int ks_cli_parse_size(const char *cmd, const char *flag, const char *s, int64_t *out) {
+    char *end = NULL;
+    double v = 0, mul = 1;
+    if (scan_double(s, &v, &end) != 0 || v < 0) goto bad;
+    if (*end) {
+        switch (*end) {
+        case 'k': case 'K': mul = 1024.0; break;
+        case 'm': case 'M': mul = 1048576.0; break;
+        case 'g': case 'G': mul = 1073741824.0; break;
+        case 't': case 'T': mul = 1099511627776.0; break;
+        default: goto bad;
+        }
+        end++;
+        if (*end == 'i' || *end == 'I') end++;
+        if (*end == 'b' || *end == 'B') end++;
+        if (*end) goto bad;
+    }
+    v *= mul;
+    /* 9.2e18 < 2^63 - 1: whatever is larger might not fit an int64_t. */
+    if (v > 9.2e18) goto bad;
+    *out = (int64_t)v;
+    return 0;
+bad:
+    fprintf(stderr, "%s: %s must be a size in [0, 8 EiB) like 500M or 2G, got '%s'\n", cmd, flag,
+            s ? s : "");
+    return KS_EINVAL;
+}
