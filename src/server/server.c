@@ -1,5 +1,7 @@
 /*
- * server.c — see server.h.
+ * server.c — see server.h. The libmicrohttpd layer: lifecycle, routing,
+ * authentication, body limits, early errors, replies and the small
+ * endpoints; generations are gen.c's (server_int.h).
  *
  * NOTES ON THE DESIGN OF THE HTTP LAYER
  *
@@ -10,25 +12,6 @@
  * every response is queued. Early errors are answered only at the end, after
  * the body was read, so that a client still sending its body never meets a
  * reset connection; only a body beyond hard_cap() is refused at once.
- *
- * A generation (struct gen) is shared by three parties (server.h note 2):
- *   - the connection thread: creates it, submits it, then either waits for
- *     it (non-stream) or hands it to the content reader (stream);
- *   - the inference thread: on_token feeds the textstream and appends the safe
- *     text to g->pending; on_done flushes, stores the result, sets g->done;
- *   - MHD's request-completed callback: cancels it if the request ended
- *     abnormally, and drops the HTTP reference.
- * Fields are grouped below by who may touch them.
- *
- * Invariants
- *  H1. The scheduler is called only under sched_lock (read) and while
- *      !detached; ks_server_detach_sched takes the write lock, so after it
- *      returns no server thread is inside or will enter a ks_sched_* call.
- *  H2. Every submitted gen gets exactly one on_done (sched.h invariant 2),
- *      which is what the waiting connection thread needs to wake for good;
- *      besides, waits poll the socket every 200 ms to notice a client that left.
- *  H3. The inference thread never waits on a connection: it takes g->mu for
- *      an append and a signal only.
  */
 #include "server/server.h"
 
@@ -36,60 +19,29 @@
 #include <errno.h>
 #include <microhttpd.h>
 #include <netdb.h>
-#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/random.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
-#include "base/textstream.h"
-#include "cache/msghash.h"
-#include "server/api.h"
+#include "server/server_int.h"
 
 #define MOD "http"
-#define WAIT_POLL_MS 200
 #define FREE_WAIT_MS 3000
-
-struct ks_server {
-    ks_engine *engine;
-    ks_sched *sched;
-    pthread_rwlock_t sched_lock;
-    bool detached;              /* H1: under sched_lock */
-    _Atomic bool draining;
-    _Atomic int n_active;       /* live gens */
-    struct MHD_Daemon *d;
-    MHD_socket quiesced_fd;
-    bool starting;              /* MHD log lines go to start_err while starting */
-    char start_err[256];
-    int port;
-    char host[256];
-    char api_key[256];
-    char model[256];
-    char model_id[512];
-    int64_t max_body;
-    int default_max_tokens;
-    unsigned timeout_s;
-    bool cache_prompt;
-    int64_t created;
-    ks_metrics *metrics;
-    bool own_metrics;
-    ks_http_counters http;
-};
 
 /* ------------------------------------------------------------------ routes */
 enum { R_HEALTH = 1, R_MODELS, R_METRICS, R_SLOTS, R_CHAT, R_COMPLETIONS };
 
-typedef struct route {
+struct route {
     const char *path;
     int id;
     bool post; /* POST only; otherwise GET and HEAD */
-} route;
+};
 
 static const route ROUTES[] = {
     {"/health", R_HEALTH, false},          {"/v1/health", R_HEALTH, false},
@@ -105,236 +57,11 @@ static const route *find_route(const char *url) {
     return NULL;
 }
 
-/* ------------------------------------------------------------- generation */
-enum { PH_START = 0, PH_BODY, PH_END };
-
-typedef struct gen {
-    /* set before submit, read-only afterwards */
-    ks_server *srv;
-    ks_api_kind kind;
-    bool stream;
-    bool include_usage;
-    char id[64];
-    int64_t created;
-    int fd;                        /* the client's socket, polled for hang-up */
-    struct MHD_Connection *conn;
-    uint64_t sched_id;
-    _Atomic bool gone;             /* client went away: canceled */
-
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    /* under mu */
-    int refs;
-    ks_buf pending;                /* safe text not yet taken by the connection thread */
-    bool done;
-    bool stopped;                  /* a stop string ended it */
-    bool failed;                   /* the text could not be kept (ENOMEM) */
-    ks_req_result res;             /* valid once done */
-
-    /* inference thread only (handed over by submit) */
-    ks_textstream *ts;
-    ks_buf scratch;
-
-    /* connection thread only (stream) */
-    int phase;
-    ks_buf out;
-    size_t out_off;
-    ks_buf take;
-} gen;
-
-static gen *gen_create(ks_server *s, ks_api_kind kind, const ks_api_request *rq) {
-    gen *g = calloc(1, sizeof *g);
-    if (!g) return NULL;
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    int rc = pthread_cond_init(&g->cv, &ca);
-    pthread_condattr_destroy(&ca);
-    if (rc) {
-        free(g);
-        return NULL;
-    }
-    pthread_mutex_init(&g->mu, NULL);
-    g->ts = ks_textstream_create(rq->stops, rq->n_stops);
-    if (!g->ts) {
-        pthread_cond_destroy(&g->cv);
-        pthread_mutex_destroy(&g->mu);
-        free(g);
-        return NULL;
-    }
-    g->srv = s;
-    g->kind = kind;
-    g->stream = rq->stream;
-    g->include_usage = rq->include_usage;
-    g->created = ks_wall_s();
-    g->fd = -1;
-    g->refs = 1;
-    ks_api_make_id(g->id, sizeof g->id, kind == KS_API_CHAT ? "chatcmpl-" : "cmpl-");
-    atomic_fetch_add(&s->n_active, 1);
-    return g;
-}
-
-static void gen_ref(gen *g) {
-    pthread_mutex_lock(&g->mu);
-    g->refs++;
-    pthread_mutex_unlock(&g->mu);
-}
-
-static void gen_release(gen *g) {
-    if (!g) return;
-    pthread_mutex_lock(&g->mu);
-    int left = --g->refs;
-    pthread_mutex_unlock(&g->mu);
-    if (left > 0) return;
-    ks_server *s = g->srv;
-    ks_textstream_free(g->ts);
-    ks_buf_free(&g->scratch);
-    ks_buf_free(&g->pending);
-    ks_buf_free(&g->out);
-    ks_buf_free(&g->take);
-    pthread_cond_destroy(&g->cv);
-    pthread_mutex_destroy(&g->mu);
-    free(g);
-    atomic_fetch_sub(&s->n_active, 1);
-}
-
-/* Inference thread. */
-static int on_token(void *ud, int32_t tok, const char *piece, int len) {
-    gen *g = ud;
-    (void)tok;
-    if (atomic_load(&g->gone)) return 1;
-    ks_buf_reset(&g->scratch);
-    int rc = ks_textstream_feed(g->ts, piece, len > 0 ? (size_t)len : 0, &g->scratch);
-    bool fail = rc < 0;
-    if (g->scratch.len || fail) {
-        pthread_mutex_lock(&g->mu);
-        if (!fail && ks_buf_append(&g->pending, g->scratch.s, g->scratch.len)) fail = true;
-        if (fail) g->failed = true;
-        pthread_cond_broadcast(&g->cv);
-        pthread_mutex_unlock(&g->mu);
-    }
-    return fail || rc == 1;
-}
-
-/* Inference thread: the one INFO line per request, then wake the waiter. */
-static void on_done(void *ud, const ks_req_result *r) {
-    gen *g = ud;
-    bool stopped = ks_textstream_stopped(g->ts);
-    ks_buf_reset(&g->scratch);
-    int frc = stopped ? 0 : ks_textstream_flush(g->ts, &g->scratch);
-
-    const char *finish = r->finish == KS_FINISH_STOP || r->finish == KS_FINISH_LENGTH
-                             ? ks_api_finish_reason(r, stopped)
-                             : ks_finish_name(r->finish);
-    double tps = r->gen_ms > 0 ? 1e3 * r->n_generated / r->gen_ms : 0.0;
-    KS_INFO(MOD, "%s slot %d: prompt %d tok, cached %d (%.0f%%), ttft %.1f ms, %d tok at %.1f tok/s, "
-                 "finish %s, cache %.*s%s%.*s",
-            g->id, r->slot, r->n_prompt, r->n_cached,
-            r->n_prompt ? 100.0 * r->n_cached / r->n_prompt : 0.0, r->ttft_ms, r->n_generated, tps,
-            finish, (int)sizeof r->cache_mode, r->cache_mode, r->cache_reason[0] ? " / " : "",
-            (int)sizeof r->cache_reason, r->cache_reason);
-    if (r->finish == KS_FINISH_ERROR)
-        KS_WARN(MOD, "%s failed: %s", g->id, ks_strerror(r->error));
-
-    pthread_mutex_lock(&g->mu);
-    if (frc < 0 || ks_buf_append(&g->pending, g->scratch.s ? g->scratch.s : "", g->scratch.len))
-        g->failed = true;
-    g->res = *r;
-    g->res.logits = NULL; /* borrowed for this call only */
-    g->stopped = stopped;
-    g->done = true;
-    pthread_cond_broadcast(&g->cv);
-    pthread_mutex_unlock(&g->mu);
-    gen_release(g); /* the scheduler's reference */
-}
-
-/* ----------------------------------------------------------- scheduler calls (H1) */
-static int sched_submit(ks_server *s, const ks_req_params *rp, uint64_t *id) {
-    int rc;
-    pthread_rwlock_rdlock(&s->sched_lock);
-    if (s->detached || atomic_load(&s->draining)) rc = KS_ESHUTDOWN;
-    else rc = ks_sched_submit(s->sched, rp, id);
-    pthread_rwlock_unlock(&s->sched_lock);
-    return rc;
-}
-
-static void sched_cancel(ks_server *s, uint64_t id) {
-    pthread_rwlock_rdlock(&s->sched_lock);
-    if (!s->detached) ks_sched_cancel(s->sched, id);
-    pthread_rwlock_unlock(&s->sched_lock);
-}
-
-/* The client left: cancel once, so the slot frees within a step. */
-static void gen_abandon(gen *g) {
-    if (atomic_exchange(&g->gone, true)) return;
-    pthread_mutex_lock(&g->mu);
-    bool done = g->done;
-    pthread_mutex_unlock(&g->mu);
-    if (done) return;
-    atomic_fetch_add(&g->srv->http.client_disconnects, 1);
-    KS_INFO(MOD, "%s: client disconnected, canceling", g->id);
-    sched_cancel(g->srv, g->sched_id);
-}
-
-/* true when the peer closed its side (or the socket broke). A client that
- * pipelined its next request has data waiting, which is not a hang-up. */
-static bool peer_closed(int fd) {
-    if (fd < 0) return false;
-    struct pollfd p = {.fd = fd, .events = POLLIN | POLLRDHUP};
-    if (poll(&p, 1, 0) <= 0) return false;
-    if (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) return true;
-    if (p.revents & POLLIN) {
-        char c;
-        ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-        return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
-    }
-    return false;
-}
-
-static void deadline_in(struct timespec *ts, int ms) {
-    clock_gettime(CLOCK_MONOTONIC, ts);
-    ts->tv_sec += ms / 1000;
-    ts->tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (ts->tv_nsec >= 1000000000L) {
-        ts->tv_sec++;
-        ts->tv_nsec -= 1000000000L;
-    }
-}
-
-/* Waits (g->mu held) until pred says stop or the client left; returns false
- * when the client left. */
-static bool wait_locked(gen *g, bool want_text) {
-    while (!g->done && !(want_text && g->pending.len)) {
-        struct timespec ts;
-        deadline_in(&ts, WAIT_POLL_MS);
-        if (pthread_cond_timedwait(&g->cv, &g->mu, &ts) != ETIMEDOUT) continue;
-        if (atomic_load(&g->gone)) continue; /* canceled: on_done is on its way (H2) */
-        pthread_mutex_unlock(&g->mu);
-        bool closed = peer_closed(g->fd);
-        if (closed) gen_abandon(g);
-        pthread_mutex_lock(&g->mu);
-        if (closed && want_text) return false;
-    }
-    return true;
-}
-
 /* ----------------------------------------------------------------- replies */
-typedef struct conn {
-    const route *rt;
-    int early;            /* status decided when the headers came in, 0: none */
-    bool key_given;       /* for the 401 message */
-    ks_buf body;
-    uint64_t discarded;
-    int status;
-    double t0;
-    gen *g;
-} conn;
-
 static uint64_t hard_cap(const ks_server *s) { return (uint64_t)s->max_body * 2 + (1u << 20); }
 
-/* Queues body (owned, freed here) with status; hdrs: name, value, ..., NULL. */
-static enum MHD_Result reply(ks_server *s, struct MHD_Connection *c, conn *cn, int status,
-                             const char *ctype, char *body, size_t len, const char *const *hdrs) {
+enum MHD_Result ks__reply(ks_server *s, struct MHD_Connection *c, conn *cn, int status, const char *ctype,
+                          char *body, size_t len, const char *const *hdrs) {
     struct MHD_Response *r = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
     if (!r) {
         free(body);
@@ -349,9 +76,8 @@ static enum MHD_Result reply(ks_server *s, struct MHD_Connection *c, conn *cn, i
     return rc;
 }
 
-/* obj is stolen. */
-static enum MHD_Result reply_json(ks_server *s, struct MHD_Connection *c, conn *cn, int status,
-                                  json_t *obj, const char *const *hdrs) {
+enum MHD_Result ks__reply_json(ks_server *s, struct MHD_Connection *c, conn *cn, int status, json_t *obj,
+                               const char *const *hdrs) {
     char *body = obj ? ks_api_dump(obj) : NULL;
     json_decref(obj);
     if (!body) {
@@ -361,25 +87,25 @@ static enum MHD_Result reply_json(ks_server *s, struct MHD_Connection *c, conn *
         status = 500;
         if (!body) return MHD_NO;
     }
-    return reply(s, c, cn, status, "application/json; charset=utf-8", body, strlen(body), hdrs);
+    return ks__reply(s, c, cn, status, "application/json; charset=utf-8", body, strlen(body), hdrs);
 }
 
-static enum MHD_Result reply_error(ks_server *s, struct MHD_Connection *c, conn *cn,
-                                   const ks_api_error *e, const char *const *hdrs) {
-    return reply_json(s, c, cn, e->status, ks_api_error_json(e), hdrs);
+enum MHD_Result ks__reply_error(ks_server *s, struct MHD_Connection *c, conn *cn, const ks_api_error *e,
+                                const char *const *hdrs) {
+    return ks__reply_json(s, c, cn, e->status, ks_api_error_json(e), hdrs);
 }
 
 #define ERR(status, type, code, param, ...)                                              \
     do {                                                                                 \
         ks_api_error e_;                                                                 \
         ks_api_error_set(&e_, status, type, code, param, __VA_ARGS__);                   \
-        return reply_error(s, c, cn, &e_, NULL);                                         \
+        return ks__reply_error(s, c, cn, &e_, NULL);                                         \
     } while (0)
 
 /* ------------------------------------------------------------- endpoints */
 static enum MHD_Result do_health(ks_server *s, struct MHD_Connection *c, conn *cn) {
     bool d = atomic_load(&s->draining);
-    return reply_json(s, c, cn, d ? 503 : 200, json_pack("{s:s}", "status", d ? "shutting_down" : "ok"), NULL);
+    return ks__reply_json(s, c, cn, d ? 503 : 200, json_pack("{s:s}", "status", d ? "shutting_down" : "ok"), NULL);
 }
 
 static enum MHD_Result do_models(ks_server *s, struct MHD_Connection *c, conn *cn) {
@@ -388,7 +114,7 @@ static enum MHD_Result do_models(ks_server *s, struct MHD_Connection *c, conn *c
                           "owned_by", "kvstash", "meta", "n_ctx_seq", ks_engine_n_ctx_seq(s->engine),
                           "n_vocab", ks_engine_n_vocab(s->engine), "n_slots", ks_engine_n_seq(s->engine),
                           "desc", ks_engine_model_desc(s->engine), "cache_prompt", s->cache_prompt);
-    return reply_json(s, c, cn, 200, o, NULL);
+    return ks__reply_json(s, c, cn, 200, o, NULL);
 }
 
 static enum MHD_Result do_metrics(ks_server *s, struct MHD_Connection *c, conn *cn) {
@@ -397,16 +123,16 @@ static enum MHD_Result do_metrics(ks_server *s, struct MHD_Connection *c, conn *
         ks_buf_free(&b);
         ERR(500, "server_error", "out_of_memory", NULL, "out of memory");
     }
-    return reply(s, c, cn, 200, "text/plain; version=0.0.4; charset=utf-8", b.s, b.len, NULL);
+    return ks__reply(s, c, cn, 200, "text/plain; version=0.0.4; charset=utf-8", b.s, b.len, NULL);
 }
 
 static enum MHD_Result do_slots(ks_server *s, struct MHD_Connection *c, conn *cn) {
-    ks_slot_info info[256];
+    ks_slot_info info[KS_MAX_SLOTS];
     int n = 0;
     pthread_rwlock_rdlock(&s->sched_lock);
-    if (!s->detached) n = ks_sched_slots(s->sched, info, 256);
+    if (!s->detached) n = ks_sched_slots(s->sched, info, KS_MAX_SLOTS);
     pthread_rwlock_unlock(&s->sched_lock);
-    if (n > 256) n = 256;
+    if (n > KS_MAX_SLOTS) n = KS_MAX_SLOTS;
     json_t *a = json_array();
     int64_t now = ks_now_us();
     for (int i = 0; a && i < n; i++) {
@@ -422,341 +148,7 @@ static enum MHD_Result do_slots(ks_server *s, struct MHD_Connection *c, conn *cn
             a = NULL;
         }
     }
-    return reply_json(s, c, cn, 200, a, NULL);
-}
-
-/* The scheduler's cache hints for a chat request (sched.h: optional, so a
- * failure here only costs cache hits, never correctness: the scheduler
- * compares tokens before it reuses anything). */
-typedef struct hints {
-    uint64_t *hashes;  /* n_msgs + 1 message-prefix hashes (IMC), owned */
-    uint64_t sys_key;  /* SPC key of the leading system message, 0: none */
-    int n_sys_tokens;  /* its rendered tokens when they are a prefix of the prompt */
-} hints;
-
-static void chat_hints(ks_server *s, const ks_api_request *rq, const ks_tokens *toks, hints *h) {
-    const char **roles = malloc(sizeof(char *) * (size_t)rq->n_msgs * 2);
-    h->hashes = malloc(sizeof(uint64_t) * ((size_t)rq->n_msgs + 1));
-    if (roles && h->hashes) {
-        const char **contents = roles + rq->n_msgs;
-        for (int i = 0; i < rq->n_msgs; i++) {
-            roles[i] = rq->msgs[i].role;
-            contents[i] = rq->msgs[i].content;
-        }
-        ks_msghash_prefixes(roles, contents, rq->n_msgs, h->hashes);
-    } else {
-        free(h->hashes);
-        h->hashes = NULL;
-    }
-    free(roles);
-    if (strcmp(rq->msgs[0].role, "system") != 0) return;
-    /* The system prompt alone, rendered as the template renders it at the head
-     * of a conversation; usable only when its tokens are exactly the prompt's
-     * first tokens (some templates render a lone system message differently). */
-    char *text = NULL;
-    ks_tokens sys = {0};
-    if (ks_engine_template(s->engine, rq->msgs, 1, false, &text) == 0 &&
-        ks_engine_tokenize(s->engine, text, strlen(text), true, true, &sys) == 0 && sys.n > 0 &&
-        sys.n < toks->n && !memcmp(sys.v, toks->v, sizeof(int32_t) * (size_t)sys.n)) {
-        h->sys_key = ks_msghash_system("system", rq->msgs[0].content, s->model_id);
-        h->n_sys_tokens = sys.n;
-    }
-    free(text);
-    ks_tokens_free(&sys);
-}
-
-/* The prompt tokens of a request, and for chat requests the cache hints. */
-static int build_prompt(ks_server *s, const ks_api_request *rq, ks_tokens *toks, hints *h,
-                        ks_api_error *e) {
-    memset(h, 0, sizeof *h);
-    if (rq->kind == KS_API_CHAT) {
-        char *text = NULL;
-        int rc = ks_engine_template(s->engine, rq->msgs, (size_t)rq->n_msgs, true, &text);
-        if (rc) {
-            ks_api_error_set(e, 500, "server_error", "template_error", NULL,
-                             "The model's chat template could not be applied: %s.", ks_strerror(rc));
-            return rc;
-        }
-        rc = ks_engine_tokenize(s->engine, text, strlen(text), true, true, toks);
-        free(text);
-        if (rc) goto tok_fail;
-        chat_hints(s, rq, toks, h);
-        return 0;
-    }
-    if (rq->prompt) {
-        int rc = ks_engine_tokenize(s->engine, rq->prompt, strlen(rq->prompt), true, true, toks);
-        if (rc) goto tok_fail;
-        return 0;
-    }
-    int n_vocab = ks_engine_n_vocab(s->engine);
-    for (int i = 0; i < rq->n_prompt_tokens; i++) {
-        if (rq->prompt_tokens[i] >= n_vocab) {
-            char param[32];
-            snprintf(param, sizeof param, "prompt[%d]", i);
-            ks_api_error_set(e, 400, "invalid_request_error", "invalid_value", param,
-                             "Invalid '%s': token id %d is outside the vocabulary (%d tokens).", param,
-                             (int)rq->prompt_tokens[i], n_vocab);
-            return KS_EINVAL;
-        }
-    }
-    if (ks_tokens_assign(toks, rq->prompt_tokens, rq->n_prompt_tokens)) goto tok_fail;
-    return 0;
-tok_fail:
-    ks_api_error_set(e, 500, "server_error", "tokenize_failed", NULL, "The prompt could not be tokenized.");
-    return KS_EINVAL;
-}
-
-static uint64_t random_seed(void) {
-    uint64_t x = 0;
-    if (getrandom(&x, sizeof x, GRND_NONBLOCK) != (ssize_t)sizeof x) x = (uint64_t)ks_now_us() * 2654435761u;
-    return x;
-}
-
-/* The final SSE events of a stream into g->out. */
-static int stream_finish(gen *g) {
-    ks_server *s = g->srv;
-    const ks_req_result *r = &g->res;
-    const char *finish = ks_api_finish_reason(r, g->stopped);
-    if (g->failed || !finish) {
-        ks_api_error e;
-        if (r->finish == KS_FINISH_CANCEL)
-            ks_api_error_set(&e, 503, "server_error", "shutting_down", NULL,
-                             "The generation was canceled: the server is shutting down.");
-        else
-            ks_api_error_set(&e, 500, "server_error", "generation_failed", NULL, "Generation failed: %s.",
-                             g->failed ? ks_strerror(KS_ENOMEM) : ks_strerror(r->error));
-        json_t *o = ks_api_error_json(&e);
-        int rc = ks_api_sse(&g->out, o);
-        json_decref(o);
-        return rc;
-    }
-    ks_api_gen ag = {g->kind, g->id, g->created, s->model, NULL, finish, r};
-    json_t *o = ks_api_chunk_json(&ag, KS_API_CHUNK_FINISH, NULL, 0);
-    int rc = ks_api_sse(&g->out, o);
-    json_decref(o);
-    if (!rc && g->include_usage) {
-        o = ks_api_chunk_json(&ag, KS_API_CHUNK_USAGE, NULL, 0);
-        rc = ks_api_sse(&g->out, o);
-        json_decref(o);
-    }
-    return rc ? rc : ks_api_sse_done(&g->out);
-}
-
-/* MHD content reader of a streamed response (connection thread). Blocks
- * until there is something to send: thread-per-connection mode forbids
- * returning 0, which would spin. */
-static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
-    gen *g = cls;
-    ks_server *s = g->srv;
-    (void)pos;
-    for (;;) {
-        if (g->out_off < g->out.len) {
-            size_t n = g->out.len - g->out_off;
-            if (n > max) n = max;
-            memcpy(buf, g->out.s + g->out_off, n);
-            g->out_off += n;
-            if (g->out_off == g->out.len) {
-                ks_buf_reset(&g->out);
-                g->out_off = 0;
-            }
-            return (ssize_t)n;
-        }
-        if (g->phase == PH_END) {
-            /* Back to the idle timeout for the keep-alive connection. */
-            MHD_set_connection_option(g->conn, MHD_CONNECTION_OPTION_TIMEOUT, s->timeout_s);
-            return MHD_CONTENT_READER_END_OF_STREAM;
-        }
-        int rc = 0;
-        ks_api_gen ag = {g->kind, g->id, g->created, s->model, NULL, NULL, NULL};
-        if (g->phase == PH_START) {
-            g->phase = PH_BODY;
-            if (g->kind == KS_API_CHAT) {
-                json_t *o = ks_api_chunk_json(&ag, KS_API_CHUNK_ROLE, NULL, 0);
-                rc = ks_api_sse(&g->out, o);
-                json_decref(o);
-            }
-        } else {
-            pthread_mutex_lock(&g->mu);
-            bool alive = wait_locked(g, true);
-            bool done = g->done;
-            ks_buf_reset(&g->take);
-            if (alive && g->pending.len) {
-                rc = ks_buf_append(&g->take, g->pending.s, g->pending.len);
-                ks_buf_reset(&g->pending);
-            }
-            pthread_mutex_unlock(&g->mu);
-            if (!alive) return MHD_CONTENT_READER_END_WITH_ERROR;
-            if (!rc && g->take.len) {
-                json_t *o = ks_api_chunk_json(&ag, KS_API_CHUNK_DELTA, g->take.s, g->take.len);
-                rc = ks_api_sse(&g->out, o);
-                json_decref(o);
-            }
-            if (!rc && done) {
-                rc = stream_finish(g);
-                g->phase = PH_END;
-            }
-        }
-        if (rc) {
-            KS_ERROR(MOD, "%s: stream formatting failed: %s", g->id, ks_strerror(rc));
-            gen_abandon(g);
-            return MHD_CONTENT_READER_END_WITH_ERROR;
-        }
-    }
-}
-
-static void stream_free(void *cls) { gen_release(cls); }
-
-static enum MHD_Result do_generate(ks_server *s, struct MHD_Connection *c, conn *cn, ks_api_kind kind) {
-    ks_api_request rq;
-    ks_api_error e;
-    ks_tokens toks = {0};
-    hints h = {0};
-    gen *g = NULL;
-    enum MHD_Result ret;
-
-    if (ks_api_parse(kind, cn->body.s, cn->body.len, &rq, &e)) return reply_error(s, c, cn, &e, NULL);
-    if (atomic_load(&s->draining)) {
-        ks_api_error_set(&e, 503, "server_error", "shutting_down", NULL, "The server is shutting down.");
-        goto fail;
-    }
-    if (build_prompt(s, &rq, &toks, &h, &e)) goto fail;
-
-    int n_ctx = ks_engine_n_ctx_seq(s->engine);
-    const char *what = kind == KS_API_CHAT ? "messages" : "prompt";
-    if (toks.n == 0) {
-        ks_api_error_set(&e, 400, "invalid_request_error", "invalid_value", what,
-                         "Invalid '%s': the prompt is empty after tokenization.", what);
-        goto fail;
-    }
-    if ((rq.max_tokens > 0 && (int64_t)toks.n + rq.max_tokens > n_ctx) || toks.n >= n_ctx) {
-        if (rq.max_tokens > 0)
-            ks_api_error_set(&e, 400, "invalid_request_error", "context_length_exceeded", what,
-                             "This model's maximum context length is %d tokens. However, you requested "
-                             "%lld tokens (%d in the %s, %d in the completion). Please reduce the length "
-                             "of the %s or completion.", n_ctx, (long long)toks.n + rq.max_tokens, toks.n,
-                             what, rq.max_tokens, what);
-        else
-            ks_api_error_set(&e, 400, "invalid_request_error", "context_length_exceeded", what,
-                             "This model's maximum context length is %d tokens. However, your %s "
-                             "resulted in %d tokens, which leaves no room for a completion. Please "
-                             "reduce the length of the %s.", n_ctx, what, toks.n, what);
-        goto fail;
-    }
-    int max_tokens = rq.max_tokens > 0 ? rq.max_tokens : s->default_max_tokens;
-    if (max_tokens > n_ctx - toks.n) max_tokens = n_ctx - toks.n;
-
-    g = gen_create(s, kind, &rq);
-    if (!g) {
-        ks_api_error_set(&e, 500, "server_error", "out_of_memory", NULL, "out of memory");
-        goto fail;
-    }
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-    g->fd = ci ? ci->connect_fd : -1;
-    g->conn = c;
-    cn->g = g; /* the HTTP reference, dropped in on_completed */
-
-    ks_req_params rp = {0};
-    rp.tokens = toks.v;
-    rp.n_tokens = toks.n;
-    rp.max_tokens = max_tokens;
-    rp.sample = rq.sample;
-    if (!rq.seed_set) rp.sample.seed = random_seed();
-    rp.cache_prompt = rq.cache_prompt;
-    rp.preferred_slot = -1;
-    if (h.hashes) {
-        rp.msg_prefix_hash = h.hashes;
-        rp.n_msgs = rq.n_msgs;
-        rp.n_msgs_cacheable = rq.n_msgs - 1; /* all but the last (sched.h) */
-    }
-    rp.sys_key = h.sys_key;
-    rp.n_sys_tokens = h.n_sys_tokens;
-    rp.on_token = on_token;
-    rp.on_done = on_done;
-    rp.ud = g;
-    gen_ref(g); /* the scheduler's reference, dropped in on_done */
-    /* Generation time must not count as idleness (the connection thread
-     * blocks below); the idle timeout comes back when the reply is out. */
-    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
-    int rc = sched_submit(s, &rp, &g->sched_id);
-    if (rc) {
-        gen_release(g); /* on_done will not come */
-        MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, s->timeout_s);
-        const char *const retry[] = {"Retry-After", "1", NULL};
-        switch (rc) {
-        case KS_EFULL:
-            ks_api_error_set(&e, 503, "server_error", "queue_full", NULL,
-                             "The server is busy: the request queue is full. Retry later.");
-            ret = reply_error(s, c, cn, &e, retry);
-            goto out;
-        case KS_ESHUTDOWN:
-            ks_api_error_set(&e, 503, "server_error", "shutting_down", NULL, "The server is shutting down.");
-            break;
-        case KS_ECTX:
-            ks_api_error_set(&e, 400, "invalid_request_error", "context_length_exceeded", what,
-                             "The %s and max_tokens do not fit in the context (%d tokens).", what, n_ctx);
-            break;
-        default:
-            ks_api_error_set(&e, 500, "server_error", "submit_failed", NULL, "The request could not be queued: %s.",
-                             ks_strerror(rc));
-        }
-        goto fail;
-    }
-    KS_DEBUG(MOD, "%s: queued as %llu, %d prompt tokens, max_tokens %d%s", g->id,
-             (unsigned long long)g->sched_id, toks.n, max_tokens, rq.stream ? ", stream" : "");
-
-    if (rq.stream) {
-        gen_ref(g); /* the content reader's reference, dropped in stream_free */
-        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_read, g,
-                                                                   stream_free);
-        if (!r) {
-            gen_release(g);
-            gen_abandon(g);
-            ret = MHD_NO;
-            goto out;
-        }
-        MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream; charset=utf-8");
-        MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
-        MHD_add_response_header(r, "X-Accel-Buffering", "no");
-        ret = MHD_queue_response(c, 200, r);
-        MHD_destroy_response(r);
-        ks_http_count(&s->http, 200);
-        cn->status = 200;
-        goto out;
-    }
-
-    pthread_mutex_lock(&g->mu);
-    wait_locked(g, false);
-    pthread_mutex_unlock(&g->mu);
-    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, s->timeout_s);
-    if (atomic_load(&g->gone)) { /* nobody to answer */
-        ret = MHD_NO;
-        goto out;
-    }
-    const char *finish = ks_api_finish_reason(&g->res, g->stopped);
-    if (g->failed || !finish) {
-        if (g->res.finish == KS_FINISH_CANCEL)
-            ks_api_error_set(&e, 503, "server_error", "shutting_down", NULL,
-                             "The generation was canceled: the server is shutting down.");
-        else
-            ks_api_error_set(&e, 500, "server_error", "generation_failed", NULL, "Generation failed: %s.",
-                             g->failed ? ks_strerror(KS_ENOMEM) : ks_strerror(g->res.error));
-        goto fail;
-    }
-    ks_api_gen ag = {kind, g->id, g->created, s->model, g->pending.s ? g->pending.s : "", finish, &g->res};
-    json_t *o = ks_api_response_json(&ag);
-    if (!o) {
-        ks_api_error_set(&e, 500, "server_error", "out_of_memory", NULL, "The response could not be encoded.");
-        goto fail;
-    }
-    ret = reply_json(s, c, cn, 200, o, NULL);
-    goto out;
-fail:
-    ret = reply_error(s, c, cn, &e, NULL);
-out:
-    ks_api_request_free(&rq);
-    ks_tokens_free(&toks);
-    free(h.hashes);
-    return ret;
+    return ks__reply_json(s, c, cn, 200, a, NULL);
 }
 
 /* --------------------------------------------------------------- MHD glue */
@@ -789,28 +181,28 @@ static enum MHD_Result reply_early(ks_server *s, struct MHD_Connection *c, conn 
     case 404:
         ks_api_error_set(&e, 404, "invalid_request_error", "unknown_url", NULL, "Unknown request URL: %.16s %.200s.",
                          method, url);
-        return reply_error(s, c, cn, &e, NULL);
+        return ks__reply_error(s, c, cn, &e, NULL);
     case 405: {
         const char *allow = cn->rt->post ? "POST" : "GET, HEAD";
         ks_api_error_set(&e, 405, "invalid_request_error", "method_not_allowed", NULL,
                          "Method %.16s is not allowed on %s; use %s.", method, cn->rt->path, allow);
         const char *const h[] = {MHD_HTTP_HEADER_ALLOW, allow, NULL};
-        return reply_error(s, c, cn, &e, h);
+        return ks__reply_error(s, c, cn, &e, h);
     }
     case 401: {
         ks_api_error_set(&e, 401, "invalid_request_error", "invalid_api_key", NULL,
                          cn->key_given ? "Incorrect API key provided."
                                        : "You didn't provide an API key. Send it as 'Authorization: Bearer KEY'.");
         const char *const h[] = {MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer", NULL};
-        return reply_error(s, c, cn, &e, h);
+        return ks__reply_error(s, c, cn, &e, h);
     }
     case 413:
         ks_api_error_set(&e, 413, "invalid_request_error", "request_too_large", NULL,
                          "The request body is larger than the limit of %lld bytes.", (long long)s->max_body);
-        return reply_error(s, c, cn, &e, NULL);
+        return ks__reply_error(s, c, cn, &e, NULL);
     default:
         ks_api_error_set(&e, 500, "server_error", "out_of_memory", NULL, "The request body could not be stored.");
-        return reply_error(s, c, cn, &e, NULL);
+        return ks__reply_error(s, c, cn, &e, NULL);
     }
 }
 
@@ -874,8 +266,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     case R_MODELS: return do_models(s, c, cn);
     case R_METRICS: return do_metrics(s, c, cn);
     case R_SLOTS: return do_slots(s, c, cn);
-    case R_CHAT: return do_generate(s, c, cn, KS_API_CHAT);
-    case R_COMPLETIONS: return do_generate(s, c, cn, KS_API_COMPLETION);
+    case R_CHAT: return ks__gen_handle(s, c, cn, KS_API_CHAT);
+    case R_COMPLETIONS: return ks__gen_handle(s, c, cn, KS_API_COMPLETION);
     }
     return MHD_NO;
 }
@@ -887,10 +279,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     (void)c;
     (void)s;
     if (!cn) return;
-    if (cn->g) {
-        if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) gen_abandon(cn->g);
-        gen_release(cn->g);
-    }
+    if (cn->g) ks__gen_request_done(cn->g, toe == MHD_REQUEST_TERMINATED_COMPLETED_OK);
     KS_DEBUG(MOD, "%s -> %d in %.1f ms%s", cn->rt ? cn->rt->path : "?", cn->status, ks_now_ms() - cn->t0,
              toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (terminated early)");
     ks_buf_free(&cn->body);
@@ -904,7 +293,7 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
     vsnprintf(line, sizeof line, fmt, ap);
     size_t n = strlen(line);
     while (n && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = '\0';
-    if (s->starting) snprintf(s->start_err, sizeof s->start_err, "%.255s", line);
+    if (atomic_load(&s->starting)) snprintf(s->start_err, sizeof s->start_err, "%.255s", line);
     /* MHD reports every client that hangs up mid-response: not our error. */
     KS_DEBUG("mhd", "%s", line);
 }
@@ -990,7 +379,7 @@ int ks_server_start(const ks_server_params *p, ks_server **out, char *err, size_
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ITC |
                      MHD_USE_ERROR_LOG;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
-    s->starting = true;
+    atomic_store(&s->starting, true);
     s->d = MHD_start_daemon(flags, (uint16_t)p->port, NULL, NULL, on_request, s,
                             MHD_OPTION_SOCK_ADDR, ai->ai_addr,
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
@@ -999,7 +388,7 @@ int ks_server_start(const ks_server_params *p, ks_server **out, char *err, size_
                             MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
                             MHD_OPTION_END);
     int saved = errno;
-    s->starting = false;
+    atomic_store(&s->starting, false);
     freeaddrinfo(ai);
     if (!s->d) {
         ks_set_err(err, errlen, "cannot listen on %s:%d: %s", host, p->port,

@@ -1,0 +1,84 @@
+/*
+ * server_int.h — the HTTP server's internal state, shared by its two files:
+ *
+ *   server.c  the libmicrohttpd layer: lifecycle, routing, authentication,
+ *             body limits, early errors, replies, and the small endpoints
+ *             (health, models, metrics, slots);
+ *   gen.c     generations: a request turned into a prompt (prompt module)
+ *             and a scheduler submission, the generation object shared with
+ *             the inference thread, waiting, and the streamed or whole reply.
+ * api.c stays JSON in and out.
+ *
+ * Thread model: see server.h. The fields of ks_server are set by
+ * ks_server_start and read-only afterwards, except those marked otherwise.
+ */
+#ifndef KS_SERVER_INT_H
+#define KS_SERVER_INT_H
+
+#include <microhttpd.h>
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "server/api.h"
+#include "server/server.h"
+
+struct ks_server {
+    ks_engine *engine;
+    ks_sched *sched;
+    pthread_rwlock_t sched_lock;
+    bool detached;              /* H1 (gen.c): under sched_lock */
+    _Atomic bool draining;
+    _Atomic int n_active;       /* live generations */
+    struct MHD_Daemon *d;
+    MHD_socket quiesced_fd;
+    _Atomic bool starting;      /* MHD log lines go to start_err while starting */
+    char start_err[256];
+    int port;
+    char host[256];
+    char api_key[256];
+    char model[256];
+    char model_id[512];
+    int64_t max_body;
+    int default_max_tokens;
+    unsigned timeout_s;
+    bool cache_prompt;
+    int64_t created;
+    ks_metrics *metrics;
+    bool own_metrics;
+    ks_http_counters http;
+};
+
+typedef struct ks_gen ks_gen;
+typedef struct route route;
+
+/* One HTTP request on its connection thread. */
+typedef struct conn {
+    const route *rt;
+    int early;            /* status decided when the headers came in, 0: none */
+    bool key_given;       /* for the 401 message */
+    ks_buf body;
+    uint64_t discarded;
+    int status;
+    double t0;
+    ks_gen *g;            /* the HTTP reference of a generation, dropped when the request ends */
+} conn;
+
+/* Replies (server.c). Each queues the response, counts its status and sets
+ * cn->status (cn may be NULL). */
+/* body is owned and freed here; hdrs: name, value, ..., NULL (may be NULL). */
+enum MHD_Result ks__reply(ks_server *s, struct MHD_Connection *c, conn *cn, int status, const char *ctype,
+                          char *body, size_t len, const char *const *hdrs);
+/* obj is stolen. */
+enum MHD_Result ks__reply_json(ks_server *s, struct MHD_Connection *c, conn *cn, int status, json_t *obj,
+                               const char *const *hdrs);
+enum MHD_Result ks__reply_error(ks_server *s, struct MHD_Connection *c, conn *cn, const ks_api_error *e,
+                                const char *const *hdrs);
+
+/* Generations (gen.c). */
+/* POST /v1/chat/completions and /v1/completions: the whole request. */
+enum MHD_Result ks__gen_handle(ks_server *s, struct MHD_Connection *c, conn *cn, ks_api_kind kind);
+/* The request ended (toe: how): cancels an abandoned generation and drops
+ * the HTTP reference. */
+void ks__gen_request_done(ks_gen *g, bool completed_ok);
+
+#endif
