@@ -65,7 +65,7 @@ static void usage(FILE *f) {
             "  --cache-dir DIR           enable the full persistent KV store (ram, shm and disk tiers)\n"
             "                            with its disk tier in DIR (store.enabled, store.cache_dir)\n"
             "  --api-key KEY             require 'Authorization: Bearer KEY' (also $KVSTASH_API_KEY)\n"
-            "  --max-queue N             requests waiting for a slot; beyond: 503 (default 64)\n"
+            "  --max-queue N             requests waiting for a slot, 1..1000000; beyond: 503 (default 64)\n"
             "  --max-body-bytes N        largest request body; beyond: 413 (default 16777216)\n"
             "  --max-tokens N            max_tokens of requests that give none (default 2048;\n"
             "                            always capped by the context left after the prompt)\n"
@@ -125,7 +125,11 @@ static int parse_flags(int argc, char **argv, flags *f) {
         case O_NOCACHE: f->no_cache = true; break;
         case O_NOEXACT: f->no_exact = true; break;
         case O_KEY: f->api_key = optarg; break;
-        case O_QUEUE: if (ks_cli_parse_int(CMD, "--max-queue", optarg, 0, 1 << 20, &f->max_queue)) return 2; break;
+        case O_QUEUE:
+            if (ks_cli_parse_int(CMD, "--max-queue", optarg, KS_CONFIG_MAX_QUEUE_MIN, KS_CONFIG_MAX_QUEUE_MAX,
+                                 &f->max_queue))
+                return 2;
+            break;
         case O_BODY: if (ks_cli_parse_ll(CMD, "--max-body-bytes", optarg, 1024, 1LL << 40, &f->max_body)) return 2; break;
         case O_MAXTOK: if (ks_cli_parse_int(CMD, "--max-tokens", optarg, 1, 1 << 24, &f->max_tokens)) return 2; break;
         case O_ALIAS: f->alias = optarg; break;

@@ -347,7 +347,7 @@ static const field k_top_fields[] = {
     FB(ks_config, exact),
     FF(ks_config, affinity_min, 0, 1),
     FS(ks_config, api_key, F_STR),
-    FI(ks_config, max_queue, 1, 1000000),
+    FI(ks_config, max_queue, KS_CONFIG_MAX_QUEUE_MIN, KS_CONFIG_MAX_QUEUE_MAX),
     FY(ks_config, max_body_bytes, 1),
     FS(ks_config, log, F_LOG),
 };

@@ -22,7 +22,7 @@
  *   exact: true              # decode lone tokens in pairs: cached == uncached, bit for bit
  *   affinity_min: 0.05       # min shared fraction to prefer a slot by prefix
  *   api_key: secret
- *   max_queue: 64
+ *   max_queue: 64            # requests waiting for a slot, 1..1000000
  *   max_body_bytes: 16777216
  *   log: info                # debug|info|warn|error|off
  *   models:                  # per-model cache settings; the entry whose key equals the
@@ -75,6 +75,10 @@
 #include <stdint.h>
 
 #include "cache/store_cfg.h"
+
+/* max_queue's range, the same for the YAML key and --max-queue. There is no
+ * "no queue" value: 0 is refused rather than replaced by a default. */
+enum { KS_CONFIG_MAX_QUEUE_MIN = 1, KS_CONFIG_MAX_QUEUE_MAX = 1000000 };
 
 typedef struct ks_model_cache_cfg {
     bool system_prompt_cache;   /* SPC (default false) */

@@ -27,6 +27,9 @@ test('usage errors exit 2 with a message', () => {
     [['-m', MODEL, '--bogus'], /unknown option '--bogus'/],
     [['-m', MODEL, '--port', '70000'], /--port must be an integer/],
     [['-m', MODEL, '--slots', '0'], /--slots must be an integer/],
+    // --max-queue 0 used to start a server with a queue of 64 (sched.c's default)
+    [['-m', MODEL, '--max-queue', '0'], /--max-queue must be an integer in \[1, 1000000\], got '0'/],
+    [['-m', MODEL, '--max-queue', '1000001'], /--max-queue must be an integer in \[1, 1000000\]/],
     [['-m', MODEL, '--log', 'loud'], /--log must be/],
     [['-m', MODEL, '--port'], /needs a value/],
     [['-m', MODEL, '--config', '/nonexistent/kvstash.yaml'], /nonexistent/],

@@ -280,6 +280,11 @@ static void test_out_of_range(void **state) {
     expect_error("ctx: 99999999999999999999\n", "'ctx' at line 1: expected an integer 64..1048576");
     expect_error("batch: 65537\n", "'batch' at line 1: expected an integer 1..65536");
     expect_error("threads: -1\n", "'threads' at line 1: expected an integer 0..1024");
+    /* The scheduler used to turn max_queue <= 0 into 64 silently: refused here
+     * as by --max-queue (one range, KS_CONFIG_MAX_QUEUE_MIN..MAX). */
+    expect_error("max_queue: 0\n", "'max_queue' at line 1: expected an integer 1..1000000, got '0'");
+    expect_error("max_queue: -5\n", "'max_queue' at line 1: expected an integer 1..1000000");
+    expect_error("max_queue: 1000001\n", "'max_queue' at line 1: expected an integer 1..1000000");
     expect_error("affinity_min: 1.5\n", "'affinity_min' at line 1: expected a number 0..1, got '1.5'");
     expect_error("models:\n  x:\n    cache_min_tokens: 10000001\n",
                  "'models.x.cache_min_tokens' at line 3: expected an integer 0..10000000");
