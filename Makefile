@@ -1,6 +1,6 @@
 # kvstash — thin wrapper over CMake. The two commands a newcomer needs:
 #   make run    set up what is missing, build, and run the demo (MODEL=path.gguf to use yours)
-#   make test   set up, build, and run every test (also under ASan+UBSan with SANITIZE=1)
+#   make test   set up, build, and run every test (make test-asan: the same under ASan+UBSan)
 .PHONY: all setup build run test test-asan bench clean demo-model
 
 BUILD      ?= build
