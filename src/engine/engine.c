@@ -29,7 +29,6 @@ struct ks_engine {
     int n_vocab;
     bool flash_attn;
     int type_k, type_v;
-    volatile int *abort_flag;
 };
 
 struct ks_batch {
@@ -426,12 +425,3 @@ int ks_engine_state_set(ks_engine *e, int seq, const uint8_t *buf, size_t n) {
     return 0;
 }
 
-static bool abort_cb(void *data) {
-    volatile int *flag = data;
-    return flag && *flag;
-}
-
-void ks_engine_set_abort(ks_engine *e, volatile int *flag) {
-    e->abort_flag = flag;
-    llama_set_abort_callback(e->ctx, flag ? abort_cb : NULL, (void *)flag);
-}

@@ -2,7 +2,8 @@
  * engine.h — the llama.cpp engine: the only module that includes llama.h.
  *
  * Owns one llama_model and one llama_context with n_seq sequences (one per
- * slot, plus spare ones for building system-prompt states). Everything
+ * scheduler slot; system-prompt states are captured from a slot's own
+ * sequence, so there are no spare ones). Everything
  * llama-specific — backend loading, tokenizer, chat template, batches,
  * logits, samplers, sequence memory and sequence state — goes through here, so
  * that a rename in llama.cpp's API touches one file.
@@ -70,7 +71,8 @@ void ks_engine_kv_params(const ks_engine *e, char *buf, size_t n);
 uint32_t ks_engine_state_version(void);
 /* Every GGUF metadata pair "key=value\n" (for the model fingerprint). Owned: free(). */
 char *ks_engine_meta_dump(const ks_engine *e);
-/* true when the memory cannot remove a partial range (recurrent/hybrid). */
+/* true when the memory can remove a partial range of a sequence; false for
+ * recurrent and hybrid models, whose state cannot be trimmed. */
 bool ks_engine_partial_rm_ok(const ks_engine *e);
 
 /* -------------------------------------------------------------- tokenizer */
@@ -130,8 +132,5 @@ int ks_engine_seq_pos_max(ks_engine *e, int seq);
 size_t ks_engine_state_size(ks_engine *e, int seq);
 size_t ks_engine_state_get(ks_engine *e, int seq, uint8_t *buf, size_t n);
 int ks_engine_state_set(ks_engine *e, int seq, const uint8_t *buf, size_t n);
-
-/* Abort flag polled by llama during a decode (set from any thread). */
-void ks_engine_set_abort(ks_engine *e, volatile int *flag);
 
 #endif
