@@ -41,12 +41,12 @@ json_t *ks_api_error_json(const ks_api_error *e) {
 }
 
 /* ---------------------------------------------------------------- parsing */
+/* The library's defaults (top_k, top_p and min_p are llama-server's too),
+ * sampling at llama-server's temperature instead of greedily; the seed is
+ * drawn per request unless given. */
 ks_sample_params ks_api_sample_defaults(void) {
     ks_sample_params sp = ks_sample_params_default();
     sp.temperature = 0.8f;
-    sp.top_k = 40;
-    sp.top_p = 0.95f;
-    sp.min_p = 0.05f;
     sp.seed = 0;
     return sp;
 }
