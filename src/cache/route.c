@@ -52,7 +52,7 @@ static int common_with(const ks_route_slot *s, const ks_route_req *req) {
 
 /* Index of the idle non-empty slot with the longest common prefix (> 0, lowest
  * id on ties), or -1; *n_best receives its length (0 when -1). With log_imc,
- * logs each comparison the way seed 000 documents it. */
+ * logs each comparison at debug level ("imc": slot, common prefix, threshold). */
 static int pick_longest(const ks_route_slot *slots, int n, const ks_route_req *req, bool log_imc,
                         int *n_best) {
     int best = -1;
@@ -73,7 +73,7 @@ static int pick_longest(const ks_route_slot *slots, int n, const ks_route_req *r
     return best;
 }
 
-/* IMC hash phase (seed 000, 5.3 step 1-2): the idle non-empty slot whose
+/* IMC hash phase: the idle non-empty slot whose
  * message hash equals the request's hash over the same number of messages,
  * most cached messages first, lowest id on ties; -1 when none. */
 static int pick_hash(const ks_route_slot *slots, int n, const ks_route_req *req) {

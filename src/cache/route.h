@@ -85,7 +85,7 @@ typedef struct ks_route_req {
 } ks_route_req;
 
 typedef struct ks_route_cfg {
-    bool imc;             /* incremental message cache (seed 000) instead of affinity */
+    bool imc;             /* incremental message cache instead of affinity */
     int cache_min_tokens; /* IMC token-prefix fallback threshold */
     float affinity_min;   /* IMC off: fraction of the prompt a prefix must cover */
 } ks_route_cfg;

@@ -1,5 +1,5 @@
 /*
- * spc.h — the System Prompt Cache store (seed 000, 5.2): KV state blobs of
+ * spc.h — the System Prompt Cache store: KV state blobs of
  * system prompts in RAM, keyed by a 64-bit hash (ks_msghash_system), least
  * recently used first out under a byte budget.
  *

@@ -1,8 +1,8 @@
 /*
  * bench_floor.h — the floor of a cached request, measured on llama.cpp alone.
  *
- * shared/DESIGN.md ("Measuring"): the floor of a cached request is the
- * prefill of its new tokens plus the state restore. The new tokens of a turn
+ * The floor of a cached request (docs/BENCHMARKS.md) is the prefill of its
+ * new tokens plus the state restore. The new tokens of a turn
  * sit after the cached history and attend to all of it, so their prefill is
  * measured at that depth: the history's KV is put in place untimed, then only
  * the new tokens are decoded (timed, up to the first token's logits and an

@@ -22,7 +22,7 @@
  *  4. The sampler for the request; failure fails the request, never the
  *     slot's bookkeeping.
  *
- * Saves (seed 003's reasons): `cold` at a chunk end chosen by savepoint.c,
+ * Saves, by reason: `cold` at a chunk end chosen by savepoint.c,
  * `continued` every continued_interval generated tokens, `finish` at the end
  * (sched.c), `evict` before KV is dropped, `shutdown` when the scheduler
  * stops. A save copies the sequence state here and hands the bytes to the

@@ -52,13 +52,13 @@ typedef struct ks_sched_params {
                               that cached, uncached and concurrent runs are bit-identical
                               (see the note on exactness in sched.c); false saves the extra
                               row per generated token */
-    /* Incremental Message Cache routing (seed 000): slots follow conversation
+    /* Incremental Message Cache routing: slots follow conversation
      * branches, routed by message-prefix hash, token-prefix fallback. */
     bool imc;
     int cache_min_tokens;  /* IMC fallback threshold and SPC minimum (default 100) */
     /* System Prompt Cache: borrowed store of system-prompt states (NULL: off). */
     struct ks_spc *spc;
-    /* Persistent tiered store (NULL: off), borrowed. Save points (seed 003):
+    /* Persistent tiered store (NULL: off), borrowed. Save points (savepoint.h):
      * cold (async) once per prefill: at the last stride boundary of the
      * prompt in a cold prefill (< one stride reused), else at the last
      * stride-aligned end of a chunk that is not the request's last (a warm
