@@ -1,5 +1,6 @@
 /*
- * store.c — see store.h.
+ * store.c — see store.h. The writer thread is in store_writer.c, lookups in
+ * store_lookup.c (store_int.h).
  *
  * The writer thread
  *   Jobs go through one FIFO guarded by s->mu: SAVE (from ks_store_save),
@@ -45,71 +46,15 @@
 
 #include "base/base.h"
 #include "cache/key.h"
+#include "cache/store_int.h"
 
-#define PERSIST_EVERY_MS 1000.0
-
-typedef enum { JOB_SAVE, JOB_QUARANTINE, JOB_GC, JOB_FLUSH } job_kind;
-
-typedef struct job {
-    struct job *next;
-    job_kind kind;
-    ks_tier_id tier;
-    ks_key key;
-    /* save */
-    ks_reason reason;
-    int32_t *tokens;
-    int n;
-    uint8_t *payload;
-    size_t len;
-    int64_t created_us;
-    bool async;
-    /* completion (under s->mu) */
-    int refs;          /* 1, or 2 while a caller waits */
-    bool done;
-    int result;
-} job;
-
-struct ks_store {
-    ks_store_cfg cfg;
-    uint8_t fp[32];
-    uint8_t params_hash[32];
-    void *kv_params;
-    size_t kv_len;
-    uint32_t state_version;
-    int queue_max;
-    uint64_t queue_max_bytes;
-    ks_tier *tiers[KS_TIER__N];
-
-    pthread_t writer;
-    bool writer_started;
-    pthread_mutex_t mu;
-    pthread_cond_t work_cv;   /* a job was queued or stop was asked */
-    pthread_cond_t done_cv;   /* a waited-for job completed */
-    job *head, *tail;
-    ks_keymap pending;        /* keys of queued saves (values: the job) */
-    int n_async;
-    uint64_t async_bytes;
-    int n_queued;
-    bool stopping;
-    double stop_deadline_ms;
-
-    /* counters */
-    _Atomic uint64_t lookups, hits, misses;
-    _Atomic uint64_t tier_hits[KS_TIER__N], tier_misses[KS_TIER__N], tier_evictions[KS_TIER__N];
-    _Atomic uint64_t saves[KS_REASON__N], saved_bytes;
-    _Atomic uint64_t dedup_saves, small_saves, dropped_saves, skipped_saves, failed_saves;
-    _Atomic uint64_t corrupt_files;
-    _Atomic uint64_t pending_hits;
-    _Atomic uint64_t load_us, save_us, restore_us;
-};
-
-static int64_t wall_us(void) {
+int64_t ks__store_wall_us(void) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
-static void add_ms(_Atomic uint64_t *acc, double ms) {
+void ks__store_add_ms(_Atomic uint64_t *acc, double ms) {
     if (ms > 0) atomic_fetch_add(acc, (uint64_t)(ms * 1000.0 + 0.5));
 }
 
@@ -136,246 +81,6 @@ ks_store_params ks_store_params_default(void) {
     p.queue_max = 16;
     p.queue_max_bytes = 1ull << 30;
     return p;
-}
-
-/* ------------------------------------------------------------------ jobs */
-static void job_free(job *j) {
-    if (!j) return;
-    free(j->tokens);
-    free(j->payload);
-    free(j);
-}
-
-/* Drops one reference (caller holds s->mu); frees at zero. */
-static void job_unref_locked(job *j) {
-    if (--j->refs == 0) job_free(j);
-}
-
-static void enqueue_locked(ks_store *s, job *j) {
-    j->next = NULL;
-    if (s->tail)
-        s->tail->next = j;
-    else
-        s->head = j;
-    s->tail = j;
-    s->n_queued++;
-    pthread_cond_signal(&s->work_cv);
-}
-
-/* Waits for j (refs 2) to complete; returns its result or KS_EBUSY on
- * timeout. Drops the waiter's reference either way. Caller holds s->mu. */
-static int wait_job_locked(ks_store *s, job *j, int timeout_ms) {
-    struct timespec dl;
-    clock_gettime(CLOCK_REALTIME, &dl);
-    if (timeout_ms > 0) {
-        dl.tv_sec += timeout_ms / 1000;
-        dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-        if (dl.tv_nsec >= 1000000000L) {
-            dl.tv_sec++;
-            dl.tv_nsec -= 1000000000L;
-        }
-    }
-    while (!j->done) {
-        int r = timeout_ms > 0 ? pthread_cond_timedwait(&s->done_cv, &s->mu, &dl)
-                               : pthread_cond_wait(&s->done_cv, &s->mu);
-        if (r == ETIMEDOUT && !j->done) break;
-    }
-    int rc = j->done ? j->result : KS_EBUSY;
-    job_unref_locked(j);
-    return rc;
-}
-
-/* Queues a barrier-like job (GC/FLUSH) and waits for it. */
-static int run_waited(ks_store *s, job_kind kind, int timeout_ms) {
-    job *j = calloc(1, sizeof *j);
-    if (!j) return KS_ENOMEM;
-    j->kind = kind;
-    j->refs = 2;
-    pthread_mutex_lock(&s->mu);
-    if (s->stopping) {
-        pthread_mutex_unlock(&s->mu);
-        free(j);
-        return KS_ESHUTDOWN;
-    }
-    enqueue_locked(s, j);
-    int rc = wait_job_locked(s, j, timeout_ms);
-    pthread_mutex_unlock(&s->mu);
-    return rc;
-}
-
-static bool stored_anywhere(ks_store *s, const ks_key *key);
-
-/* ---------------------------------------------------------- writer side */
-static int evict_tier(ks_store *s, int t, uint64_t max_bytes) {
-    int n = ks_tier_evict(s->tiers[t], max_bytes, NULL, NULL);
-    if (n > 0) {
-        atomic_fetch_add(&s->tier_evictions[t], (uint64_t)n);
-        KS_DEBUG("store", "evicted %d %s entries to stay under %llu bytes", n, ks_tier_name(t),
-                 (unsigned long long)max_bytes);
-    }
-    return n;
-}
-
-static int do_save(ks_store *s, job *j) {
-    int t = j->tier;
-    ks_tier *tier = s->tiers[t];
-    uint64_t budget = (uint64_t)s->cfg.tier_max_bytes[t];
-    uint64_t need = (uint64_t)KS_KVFILE_HEADER_LEN + 4ull * (uint64_t)j->n + j->len + KS_KVFILE_TAIL_LEN;
-    bool existed = false;
-    if (!tier) {
-        atomic_fetch_add(&s->dropped_saves, 1);
-        return 0;
-    }
-    if (need > budget) {
-        KS_INFO("store", "not saving %d tokens (%s): %llu bytes exceed the %s budget of %llu",
-                j->n, ks_reason_name(j->reason), (unsigned long long)need, ks_tier_name(t),
-                (unsigned long long)budget);
-        atomic_fetch_add(&s->dropped_saves, 1);
-        return KS_ENOSPC;
-    }
-    /* Saved meanwhile (e.g. by another process, seen by a rescan): no need to
-     * make room for it. */
-    if (stored_anywhere(s, &j->key)) {
-        atomic_fetch_add(&s->dedup_saves, 1);
-        return 0;
-    }
-    /* Make room first, so that the tier never holds more than its budget.
-     * Another process may have saved into the same directory since we last
-     * looked (one stat tells): count its files too, or two writers would
-     * each fill the budget. */
-    ks_tier_rescan(tier, 0);
-    evict_tier(s, t, budget - need);
-    ks_kvfile_meta m;
-    memset(&m, 0, sizeof m);
-    m.state_version = s->state_version;
-    m.reason = (uint32_t)j->reason;
-    m.created_us = j->created_us;
-    memcpy(m.model_fp, s->fp, 32);
-    memcpy(m.params_hash, s->params_hash, 32);
-    m.key = j->key;
-    double t0 = ks_now_ms();
-    /* Lookups may copy j->payload under s->mu until the job completes (read
-     * your own writes). A tier that keeps the buffer (ram) takes it from a
-     * local pointer; j->payload is cleared under s->mu right after, before
-     * anything could drop the tier's reference to it (only this thread
-     * evicts), so a lookup either copies a live buffer or finds the entry
-     * in the tier. */
-    uint8_t *pl = j->payload;
-    int rc = ks_tier_put(tier, &m, j->tokens, j->n, &pl, j->len, &existed);
-    if (!pl) {
-        pthread_mutex_lock(&s->mu);
-        j->payload = NULL; /* the tier keeps it */
-        pthread_mutex_unlock(&s->mu);
-    }
-    add_ms(&s->save_us, ks_now_ms() - t0);
-    if (rc != 0) {
-        KS_WARN("store", "save of %d tokens (%s) to %s failed: %s; skipped", j->n,
-                ks_reason_name(j->reason), ks_tier_name(t), ks_strerror(rc));
-        atomic_fetch_add(&s->failed_saves, 1);
-        return rc;
-    }
-    if (existed) {
-        atomic_fetch_add(&s->dedup_saves, 1);
-        return 0;
-    }
-    atomic_fetch_add(&s->saves[j->reason], 1);
-    atomic_fetch_add(&s->saved_bytes, j->len);
-    KS_DEBUG("store", "saved %d tokens (%s, %zu bytes) to %s in %.1f ms", j->n,
-             ks_reason_name(j->reason), j->len, ks_tier_name(t), ks_now_ms() - t0);
-    evict_tier(s, t, budget);
-    return 0;
-}
-
-static int do_gc(ks_store *s) {
-    int n = 0;
-    for (int t = 0; t < KS_TIER__N; t++) {
-        if (!s->tiers[t]) continue;
-        ks_tier_rescan(s->tiers[t], KS_RESCAN_FORCE | KS_RESCAN_CLEANUP);
-        n += evict_tier(s, t, (uint64_t)s->cfg.tier_max_bytes[t]);
-    }
-    return n;
-}
-
-static void persist_all(ks_store *s) {
-    for (int t = 0; t < KS_TIER__N; t++)
-        if (s->tiers[t]) ks_tier_persist(s->tiers[t]);
-}
-
-static void *writer_main(void *arg) {
-    /* The writer runs at SCHED_IDLE: on a machine whose cores all run
-     * llama.cpp's worker threads, any other runnable thread makes those
-     * threads wait at their barriers, and a save would then slow every
-     * request down far more than its own CPU time. Idle priority lets saves
-     * use the gaps between decode steps. Lowering one's own priority needs
-     * no privilege; if it fails the writer simply runs at normal priority. */
-    struct sched_param sp = {0};
-    if (pthread_setschedparam(pthread_self(), SCHED_IDLE, &sp) != 0)
-        KS_DEBUG("store", "writer thread stays at normal priority");
-    ks_store *s = arg;
-    double last_persist = ks_now_ms();
-    pthread_mutex_lock(&s->mu);
-    for (;;) {
-        if (!s->head) {
-            if (s->stopping) break;
-            struct timespec dl;
-            clock_gettime(CLOCK_REALTIME, &dl);
-            dl.tv_sec += 1;
-            pthread_cond_timedwait(&s->work_cv, &s->mu, &dl);
-        }
-        job *j = s->head;
-        if (j) {
-            s->head = j->next;
-            if (!s->head) s->tail = NULL;
-            s->n_queued--;
-            if (j->kind == JOB_SAVE && j->async) {
-                s->n_async--;
-                s->async_bytes -= j->len;
-            }
-        }
-        bool late = s->stopping && ks_now_ms() > s->stop_deadline_ms;
-        pthread_mutex_unlock(&s->mu);
-
-        int rc = 0;
-        if (j) {
-            switch (j->kind) {
-            case JOB_SAVE:
-                if (late) {
-                    KS_WARN("store", "shutdown timeout: dropping the save of %d tokens (%s)", j->n,
-                            ks_reason_name(j->reason));
-                    atomic_fetch_add(&s->skipped_saves, 1);
-                    rc = KS_ESHUTDOWN;
-                } else {
-                    rc = do_save(s, j);
-                }
-                break;
-            case JOB_QUARANTINE:
-                if (s->tiers[j->tier]) ks_tier_quarantine(s->tiers[j->tier], &j->key);
-                break;
-            case JOB_GC: rc = do_gc(s); break;
-            case JOB_FLUSH: break;
-            }
-        }
-        if (ks_now_ms() - last_persist >= PERSIST_EVERY_MS) {
-            persist_all(s);
-            last_persist = ks_now_ms();
-        }
-
-        pthread_mutex_lock(&s->mu);
-        if (j) {
-            if (j->kind == JOB_SAVE) {
-                if (ks_keymap_get(&s->pending, &j->key) == j) ks_keymap_del(&s->pending, &j->key);
-                free(j->payload); /* still ours unless a tier kept it */
-                j->payload = NULL;
-            }
-            j->done = true;
-            j->result = rc;
-            if (j->refs > 1) pthread_cond_broadcast(&s->done_cv);
-            job_unref_locked(j);
-        }
-    }
-    pthread_mutex_unlock(&s->mu);
-    persist_all(s);
-    return NULL;
 }
 
 /* --------------------------------------------------------------- open/close */
@@ -446,7 +151,7 @@ int ks_store_open(const ks_store_params *p, ks_store **out, char *err, size_t er
             goto done;
         }
     }
-    if (pthread_create(&s->writer, NULL, writer_main, s) != 0) {
+    if (pthread_create(&s->writer, NULL, ks__store_writer_main, s) != 0) {
         ks_set_err(err, errlen, "store: cannot start the writer thread");
         rc = KS_ENOMEM;
         goto done;
@@ -458,7 +163,7 @@ int ks_store_open(const ks_store_params *p, ks_store **out, char *err, size_t er
         g->kind = JOB_GC;
         g->refs = 1;
         pthread_mutex_lock(&s->mu);
-        enqueue_locked(s, g);
+        ks__store_enqueue_locked(s, g);
         pthread_mutex_unlock(&s->mu);
     }
     for (int t = 0; t < KS_TIER__N; t++) {
@@ -502,215 +207,8 @@ void ks_store_close(ks_store *s) {
     free(s);
 }
 
-/* ----------------------------------------------------------------- lookup */
-void ks_store_hit_free(ks_store_hit *hit) {
-    if (!hit) return;
-    ks_tier_blob_release(&hit->blob_);
-    memset(hit, 0, sizeof *hit);
-    hit->tier = KS_TIER_NONE;
-}
-
-static int int_cmp(const void *a, const void *b) {
-    int x = *(const int *)a, y = *(const int *)b;
-    return (x > y) - (x < y);
-}
-
-/* Hides a bad entry and asks the writer to move its file aside. */
-static void report_bad(ks_store *s, int t, const ks_key *key, int L, int rc) {
-    if (!ks_tier_mark_bad(s->tiers[t], key)) return; /* someone else reported it */
-    atomic_fetch_add(&s->corrupt_files, 1);
-    char hex[KS_KEY_HEX_LEN + 1];
-    ks_key_to_hex(key, hex);
-    KS_WARN("store", "%s entry %.12s (%d tokens) failed to load: %s; treated as a miss", ks_tier_name(t),
-            hex, L, ks_strerror(rc));
-    job *j = calloc(1, sizeof *j);
-    if (!j) return;
-    j->kind = JOB_QUARANTINE;
-    j->tier = (ks_tier_id)t;
-    j->key = *key;
-    j->refs = 1;
-    pthread_mutex_lock(&s->mu);
-    if (s->stopping)
-        free(j);
-    else
-        enqueue_locked(s, j);
-    pthread_mutex_unlock(&s->mu);
-}
-
-/* The entry of key (tokens[0, n)) from the first tier that holds it and
- * verifies: 0 and hit filled, else KS_ENOENT (a bad entry is reported). */
-static int tiers_get(ks_store *s, const ks_key *key, const int32_t *tokens, int n, ks_store_hit *hit) {
-    for (int t = 0; t < KS_TIER__N; t++) {
-        ks_tier_entry e;
-        if (!s->tiers[t] || !ks_tier_has(s->tiers[t], key, &e)) continue;
-        if (e.cls == KS_ENTRY_FOREIGN) continue;
-        ks_kvfile_expect exp = {
-            .model_fp = s->fp,
-            .params_hash = s->params_hash,
-            .check_state_version = true,
-            .state_version = s->state_version,
-            .key = key,
-            .tokens = tokens,
-            .n_tokens = n,
-        };
-        double t0 = ks_now_ms();
-        int r = ks_tier_get(s->tiers[t], key, &exp, &hit->blob_);
-        if (r == 0) {
-            hit->n_tokens = n;
-            hit->tier = (ks_tier_id)t;
-            hit->reason = (ks_reason)e.reason;
-            hit->payload = hit->blob_.payload;
-            hit->payload_len = hit->blob_.len;
-            hit->load_ms = ks_now_ms() - t0;
-            add_ms(&s->load_us, hit->load_ms);
-            return 0;
-        }
-        if (r == KS_ECORRUPT || r == KS_EVERSION || r == KS_EMISMATCH)
-            report_bad(s, t, key, n, r);
-        else if (r != KS_ENOENT)
-            KS_WARN("store", "%s entry of %d tokens could not be read: %s", ks_tier_name(t), n, ks_strerror(r));
-    }
-    return KS_ENOENT;
-}
-
-/* A queued save of key (tokens[0, n)), also one the writer is writing right
- * now: copies its payload into hit (0), else KS_ENOENT. */
-static int pending_get(ks_store *s, const ks_key *key, const int32_t *tokens, int n, ks_store_hit *hit) {
-    int rc = KS_ENOENT;
-    double t0 = ks_now_ms();
-    pthread_mutex_lock(&s->mu);
-    job *j = ks_keymap_get(&s->pending, key);
-    if (!j || j->kind != JOB_SAVE || j->done || j->n != n ||
-        memcmp(j->tokens, tokens, (size_t)n * sizeof *tokens) != 0) {
-        /* nothing queued (or a 256-bit key collision: never restore it) */
-    } else if (j->payload) {
-        uint8_t *copy = malloc(j->len ? j->len : 1);
-        if (!copy) {
-            rc = KS_ENOMEM;
-        } else {
-            memcpy(copy, j->payload, j->len);
-            hit->blob_.owner_ = copy;
-            hit->blob_.release_ = NULL; /* a plain copy: released by free() */
-            hit->blob_.payload = copy;
-            hit->blob_.len = j->len;
-            hit->n_tokens = n;
-            hit->tier = j->tier;
-            hit->reason = j->reason;
-            hit->payload = copy;
-            hit->payload_len = j->len;
-            rc = 0;
-        }
-    }
-    pthread_mutex_unlock(&s->mu);
-    if (rc == 0) {
-        hit->load_ms = ks_now_ms() - t0;
-        add_ms(&s->load_us, hit->load_ms);
-        atomic_fetch_add(&s->pending_hits, 1);
-        KS_DEBUG("store", "lookup: %d tokens from the save queue (%s, not written yet)", n, ks_tier_name(hit->tier));
-    }
-    return rc;
-}
-
-/* One walk over the candidate lengths, longest first. 0 with *hit filled, or
- * KS_ENOENT / KS_ENOMEM. */
-static int probe(ks_store *s, const int32_t *tokens, int min_len, int lim, ks_store_hit *hit) {
-    int rc = KS_ENOENT, k = 0;
-    int *lens = NULL;
-    ks_key *keys = NULL;
-    uint64_t n_entries = 0;
-    for (int t = 0; t < KS_TIER__N; t++) {
-        uint64_t e = 0;
-        if (s->tiers[t]) ks_tier_usage(s->tiers[t], NULL, &e);
-        n_entries += e;
-    }
-    int n_stride = s->cfg.stride > 0 ? lim / s->cfg.stride : 0;
-    pthread_mutex_lock(&s->mu);
-    int n_queued = (int)s->pending.n;
-    pthread_mutex_unlock(&s->mu);
-    /* Entries may be added while we collect: the cap just truncates. */
-    int cap = n_stride + (int)(n_entries < (uint64_t)INT_MAX / 2 ? n_entries : (uint64_t)INT_MAX / 2) + n_queued + 16;
-    if (!(lens = malloc((size_t)cap * sizeof *lens))) {
-        rc = KS_ENOMEM;
-        goto done;
-    }
-    for (int i = 1; i <= n_stride; i++) lens[k++] = i * s->cfg.stride;
-    for (int t = 0; t < KS_TIER__N; t++)
-        if (s->tiers[t]) ks_tier_lengths(s->tiers[t], lim, lens, &k, cap);
-    /* The lengths of saves not written yet too: queued, or being written
-     * (out of the queue already, still in `pending` until they complete). */
-    pthread_mutex_lock(&s->mu);
-    for (size_t i = 0; i < s->pending.cap && k < cap; i++) {
-        if (!ks_keymap_live(&s->pending, i)) continue;
-        const job *q = s->pending.vals[i];
-        if (q->kind == JOB_SAVE && q->n <= lim) lens[k++] = q->n;
-    }
-    pthread_mutex_unlock(&s->mu);
-    if (k == 0) goto done;
-    qsort(lens, (size_t)k, sizeof *lens, int_cmp);
-    int u = 0;
-    for (int i = 0; i < k; i++)
-        if (u == 0 || lens[i] != lens[u - 1]) lens[u++] = lens[i];
-    k = u;
-    if (!(keys = malloc((size_t)k * sizeof *keys))) {
-        rc = KS_ENOMEM;
-        goto done;
-    }
-    int kr = ks_key_prefixes(s->fp, s->kv_params, s->kv_len, tokens, lim, lens, k, keys);
-    if (kr != 0) {
-        rc = kr;
-        goto done;
-    }
-    for (int i = k - 1; i >= 0 && lens[i] >= min_len; i--) {
-        /* A save not written yet first (read your own writes), then the
-         * tiers: the writer puts an entry into its tier before the job
-         * leaves `pending`, so a save completing between the two checks is
-         * found by one of them (the other order could miss it in both). */
-        if (pending_get(s, &keys[i], tokens, lens[i], hit) == 0 ||
-            tiers_get(s, &keys[i], tokens, lens[i], hit) == 0) {
-            rc = 0;
-            goto done;
-        }
-    }
-done:
-    free(keys);
-    free(lens);
-    return rc;
-}
-
-int ks_store_lookup(ks_store *s, const int32_t *tokens, int n, int max_len, ks_store_hit *hit) {
-    return ks_store_lookup_range(s, tokens, n, 1, max_len, hit);
-}
-
-int ks_store_lookup_range(ks_store *s, const int32_t *tokens, int n, int min_len, int max_len,
-                          ks_store_hit *hit) {
-    int rc = KS_ENOENT;
-    if (!hit) return KS_EINVAL;
-    memset(hit, 0, sizeof *hit);
-    hit->tier = KS_TIER_NONE;
-    if (!s || n < 0 || (n > 0 && !tokens)) return KS_EINVAL;
-    int lim = (max_len < 0 || max_len > n) ? n : max_len;
-    atomic_fetch_add(&s->lookups, 1);
-    if (lim >= 1) {
-        /* Another process may have saved (or evicted) since we last looked:
-         * one stat per directory tells, and only then is it read again. */
-        for (int t = 0; t < KS_TIER__N; t++)
-            if (s->tiers[t]) ks_tier_rescan(s->tiers[t], 0);
-        rc = probe(s, tokens, min_len < 1 ? 1 : min_len, lim, hit);
-    }
-    if (rc == 0) {
-        atomic_fetch_add(&s->hits, 1);
-        for (int t = 0; t < KS_TIER__N; t++)
-            if (s->tiers[t]) atomic_fetch_add(t == hit->tier ? &s->tier_hits[t] : &s->tier_misses[t], 1);
-        return 0;
-    }
-    atomic_fetch_add(&s->misses, 1);
-    for (int t = 0; t < KS_TIER__N; t++)
-        if (s->tiers[t]) atomic_fetch_add(&s->tier_misses[t], 1);
-    return rc;
-}
-
 /* ------------------------------------------------------------------- save */
-static bool stored_anywhere(ks_store *s, const ks_key *key) {
+bool ks__store_stored_anywhere(ks_store *s, const ks_key *key) {
     for (int t = 0; t < KS_TIER__N; t++) {
         ks_tier_entry e;
         if (s->tiers[t] && ks_tier_has(s->tiers[t], key, &e) && e.cls == KS_ENTRY_OWN) return true;
@@ -737,7 +235,7 @@ static int save_check(ks_store *s, ks_reason reason, const int32_t *tokens, int 
     }
     int rc = ks_key_compute(s->fp, s->kv_params, s->kv_len, tokens, n, key);
     if (rc != 0) return rc;
-    if (stored_anywhere(s, key)) {
+    if (ks__store_stored_anywhere(s, key)) {
         atomic_fetch_add(&s->dedup_saves, 1);
         return 0;
     }
@@ -782,7 +280,7 @@ int ks_store_save(ks_store *s, ks_reason reason, const int32_t *tokens, int n, u
     j->reason = reason;
     j->n = n;
     j->len = len;
-    j->created_us = wall_us();
+    j->created_us = ks__store_wall_us();
     j->async = !sync;
     j->refs = sync ? 2 : 1;
 
@@ -805,29 +303,29 @@ int ks_store_save(ks_store *s, ks_reason reason, const int32_t *tokens, int n, u
             s->n_async++;
             s->async_bytes += len;
         }
-        enqueue_locked(s, j);
-        if (sync) rc = wait_job_locked(s, j, s->cfg.shutdown_timeout_ms);
+        ks__store_enqueue_locked(s, j);
+        if (sync) rc = ks__store_wait_job_locked(s, j, s->cfg.shutdown_timeout_ms);
         j = NULL;
     }
     pthread_mutex_unlock(&s->mu);
 done:
-    job_free(j);
+    ks__store_job_free(j);
     free(payload);
     return rc;
 }
 
 int ks_store_flush(ks_store *s, int timeout_ms) {
     if (!s) return KS_EINVAL;
-    return run_waited(s, JOB_FLUSH, timeout_ms);
+    return ks__store_run_waited(s, JOB_FLUSH, timeout_ms);
 }
 
 int ks_store_gc(ks_store *s) {
     if (!s) return KS_EINVAL;
-    return run_waited(s, JOB_GC, s->cfg.shutdown_timeout_ms);
+    return ks__store_run_waited(s, JOB_GC, s->cfg.shutdown_timeout_ms);
 }
 
 void ks_store_note_restore(ks_store *s, double ms) {
-    if (s) add_ms(&s->restore_us, ms);
+    if (s) ks__store_add_ms(&s->restore_us, ms);
 }
 
 void ks_store_stats(ks_store *s, struct ks_store_stats *o) {

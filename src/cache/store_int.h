@@ -1,0 +1,99 @@
+/*
+ * store_int.h — the store's internal state, shared by its three files:
+ *
+ *   store.c         open/close, the save API (what is wanted, what is
+ *                   queued), statistics, verification;
+ *   store_writer.c  the job queue and the writer thread (the only mutator
+ *                   of the tiers' files and budgets);
+ *   store_lookup.c  longest-prefix lookups over the tiers and the saves not
+ *                   written yet.
+ * The design notes (writer thread, read your own writes, where state
+ * changes) are at the top of store.c.
+ */
+#ifndef KS_CACHE_STORE_INT_H
+#define KS_CACHE_STORE_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "cache/key.h"
+#include "cache/store.h"
+
+typedef enum { JOB_SAVE, JOB_QUARANTINE, JOB_GC, JOB_FLUSH } job_kind;
+
+typedef struct job {
+    struct job *next;
+    job_kind kind;
+    ks_tier_id tier;
+    ks_key key;
+    /* save */
+    ks_reason reason;
+    int32_t *tokens;
+    int n;
+    uint8_t *payload;
+    size_t len;
+    int64_t created_us;
+    bool async;
+    /* completion (under s->mu) */
+    int refs;          /* 1, or 2 while a caller waits */
+    bool done;
+    int result;
+} job;
+
+struct ks_store {
+    ks_store_cfg cfg;
+    uint8_t fp[32];
+    uint8_t params_hash[32];
+    void *kv_params;
+    size_t kv_len;
+    uint32_t state_version;
+    int queue_max;
+    uint64_t queue_max_bytes;
+    ks_tier *tiers[KS_TIER__N];
+
+    pthread_t writer;
+    bool writer_started;
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv;   /* a job was queued or stop was asked */
+    pthread_cond_t done_cv;   /* a waited-for job completed */
+    job *head, *tail;
+    ks_keymap pending;        /* keys of queued saves (values: the job) */
+    int n_async;
+    uint64_t async_bytes;
+    int n_queued;
+    bool stopping;
+    double stop_deadline_ms;
+
+    /* counters */
+    _Atomic uint64_t lookups, hits, misses;
+    _Atomic uint64_t tier_hits[KS_TIER__N], tier_misses[KS_TIER__N], tier_evictions[KS_TIER__N];
+    _Atomic uint64_t saves[KS_REASON__N], saved_bytes;
+    _Atomic uint64_t dedup_saves, small_saves, dropped_saves, skipped_saves, failed_saves;
+    _Atomic uint64_t corrupt_files;
+    _Atomic uint64_t pending_hits;
+    _Atomic uint64_t load_us, save_us, restore_us;
+};
+
+/* Shared helpers (store.c, store_writer.c). */
+int64_t ks__store_wall_us(void);
+/* Adds ms to a microsecond counter. */
+void ks__store_add_ms(_Atomic uint64_t *acc, double ms);
+/* Whether one of our tiers holds key as an entry of this model. */
+bool ks__store_stored_anywhere(ks_store *s, const ks_key *key);
+/* Frees a job that nobody else references; NULL is a no-op. */
+void ks__store_job_free(job *j);
+/* Drops one reference of j (caller holds s->mu); frees it at zero. */
+void ks__store_job_unref_locked(job *j);
+/* Queues j for the writer (caller holds s->mu). */
+void ks__store_enqueue_locked(ks_store *s, job *j);
+/* Waits for j (refs 2) to complete; its result or KS_EBUSY on timeout. Drops
+ * the waiter's reference either way. Caller holds s->mu. */
+int ks__store_wait_job_locked(ks_store *s, job *j, int timeout_ms);
+/* Queues a barrier-like job (GC/FLUSH) and waits for it. */
+int ks__store_run_waited(ks_store *s, job_kind kind, int timeout_ms);
+/* The writer thread (store_writer.c). */
+void *ks__store_writer_main(void *arg);
+
+#endif

@@ -1,0 +1,222 @@
+/*
+ * store_lookup.c — longest-prefix lookups (see store.h): the candidate
+ * lengths are every stride multiple and every stored length, longest
+ * first; saves not written yet are probed before the tiers (read your own
+ * writes, store.c).
+ */
+#include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/base.h"
+#include "cache/store_int.h"
+
+/* ----------------------------------------------------------------- lookup */
+void ks_store_hit_free(ks_store_hit *hit) {
+    if (!hit) return;
+    ks_tier_blob_release(&hit->blob_);
+    memset(hit, 0, sizeof *hit);
+    hit->tier = KS_TIER_NONE;
+}
+
+static int int_cmp(const void *a, const void *b) {
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+/* Hides a bad entry and asks the writer to move its file aside. */
+static void report_bad(ks_store *s, int t, const ks_key *key, int L, int rc) {
+    if (!ks_tier_mark_bad(s->tiers[t], key)) return; /* someone else reported it */
+    atomic_fetch_add(&s->corrupt_files, 1);
+    char hex[KS_KEY_HEX_LEN + 1];
+    ks_key_to_hex(key, hex);
+    KS_WARN("store", "%s entry %.12s (%d tokens) failed to load: %s; treated as a miss", ks_tier_name(t),
+            hex, L, ks_strerror(rc));
+    job *j = calloc(1, sizeof *j);
+    if (!j) return;
+    j->kind = JOB_QUARANTINE;
+    j->tier = (ks_tier_id)t;
+    j->key = *key;
+    j->refs = 1;
+    pthread_mutex_lock(&s->mu);
+    if (s->stopping)
+        free(j);
+    else
+        ks__store_enqueue_locked(s, j);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* The entry of key (tokens[0, n)) from the first tier that holds it and
+ * verifies: 0 and hit filled, else KS_ENOENT (a bad entry is reported). */
+static int tiers_get(ks_store *s, const ks_key *key, const int32_t *tokens, int n, ks_store_hit *hit) {
+    for (int t = 0; t < KS_TIER__N; t++) {
+        ks_tier_entry e;
+        if (!s->tiers[t] || !ks_tier_has(s->tiers[t], key, &e)) continue;
+        if (e.cls == KS_ENTRY_FOREIGN) continue;
+        ks_kvfile_expect exp = {
+            .model_fp = s->fp,
+            .params_hash = s->params_hash,
+            .check_state_version = true,
+            .state_version = s->state_version,
+            .key = key,
+            .tokens = tokens,
+            .n_tokens = n,
+        };
+        double t0 = ks_now_ms();
+        int r = ks_tier_get(s->tiers[t], key, &exp, &hit->blob_);
+        if (r == 0) {
+            hit->n_tokens = n;
+            hit->tier = (ks_tier_id)t;
+            hit->reason = (ks_reason)e.reason;
+            hit->payload = hit->blob_.payload;
+            hit->payload_len = hit->blob_.len;
+            hit->load_ms = ks_now_ms() - t0;
+            ks__store_add_ms(&s->load_us, hit->load_ms);
+            return 0;
+        }
+        if (r == KS_ECORRUPT || r == KS_EVERSION || r == KS_EMISMATCH)
+            report_bad(s, t, key, n, r);
+        else if (r != KS_ENOENT)
+            KS_WARN("store", "%s entry of %d tokens could not be read: %s", ks_tier_name(t), n, ks_strerror(r));
+    }
+    return KS_ENOENT;
+}
+
+/* A queued save of key (tokens[0, n)), also one the writer is writing right
+ * now: copies its payload into hit (0), else KS_ENOENT. */
+static int pending_get(ks_store *s, const ks_key *key, const int32_t *tokens, int n, ks_store_hit *hit) {
+    int rc = KS_ENOENT;
+    double t0 = ks_now_ms();
+    pthread_mutex_lock(&s->mu);
+    job *j = ks_keymap_get(&s->pending, key);
+    if (!j || j->kind != JOB_SAVE || j->done || j->n != n ||
+        memcmp(j->tokens, tokens, (size_t)n * sizeof *tokens) != 0) {
+        /* nothing queued (or a 256-bit key collision: never restore it) */
+    } else if (j->payload) {
+        uint8_t *copy = malloc(j->len ? j->len : 1);
+        if (!copy) {
+            rc = KS_ENOMEM;
+        } else {
+            memcpy(copy, j->payload, j->len);
+            hit->blob_.owner_ = copy;
+            hit->blob_.release_ = NULL; /* a plain copy: released by free() */
+            hit->blob_.payload = copy;
+            hit->blob_.len = j->len;
+            hit->n_tokens = n;
+            hit->tier = j->tier;
+            hit->reason = j->reason;
+            hit->payload = copy;
+            hit->payload_len = j->len;
+            rc = 0;
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (rc == 0) {
+        hit->load_ms = ks_now_ms() - t0;
+        ks__store_add_ms(&s->load_us, hit->load_ms);
+        atomic_fetch_add(&s->pending_hits, 1);
+        KS_DEBUG("store", "lookup: %d tokens from the save queue (%s, not written yet)", n, ks_tier_name(hit->tier));
+    }
+    return rc;
+}
+
+/* One walk over the candidate lengths, longest first. 0 with *hit filled, or
+ * KS_ENOENT / KS_ENOMEM. */
+static int probe(ks_store *s, const int32_t *tokens, int min_len, int lim, ks_store_hit *hit) {
+    int rc = KS_ENOENT, k = 0;
+    int *lens = NULL;
+    ks_key *keys = NULL;
+    uint64_t n_entries = 0;
+    for (int t = 0; t < KS_TIER__N; t++) {
+        uint64_t e = 0;
+        if (s->tiers[t]) ks_tier_usage(s->tiers[t], NULL, &e);
+        n_entries += e;
+    }
+    int n_stride = s->cfg.stride > 0 ? lim / s->cfg.stride : 0;
+    pthread_mutex_lock(&s->mu);
+    int n_queued = (int)s->pending.n;
+    pthread_mutex_unlock(&s->mu);
+    /* Entries may be added while we collect: the cap just truncates. */
+    int cap = n_stride + (int)(n_entries < (uint64_t)INT_MAX / 2 ? n_entries : (uint64_t)INT_MAX / 2) + n_queued + 16;
+    if (!(lens = malloc((size_t)cap * sizeof *lens))) {
+        rc = KS_ENOMEM;
+        goto done;
+    }
+    for (int i = 1; i <= n_stride; i++) lens[k++] = i * s->cfg.stride;
+    for (int t = 0; t < KS_TIER__N; t++)
+        if (s->tiers[t]) ks_tier_lengths(s->tiers[t], lim, lens, &k, cap);
+    /* The lengths of saves not written yet too: queued, or being written
+     * (out of the queue already, still in `pending` until they complete). */
+    pthread_mutex_lock(&s->mu);
+    for (size_t i = 0; i < s->pending.cap && k < cap; i++) {
+        if (!ks_keymap_live(&s->pending, i)) continue;
+        const job *q = s->pending.vals[i];
+        if (q->kind == JOB_SAVE && q->n <= lim) lens[k++] = q->n;
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (k == 0) goto done;
+    qsort(lens, (size_t)k, sizeof *lens, int_cmp);
+    int u = 0;
+    for (int i = 0; i < k; i++)
+        if (u == 0 || lens[i] != lens[u - 1]) lens[u++] = lens[i];
+    k = u;
+    if (!(keys = malloc((size_t)k * sizeof *keys))) {
+        rc = KS_ENOMEM;
+        goto done;
+    }
+    int kr = ks_key_prefixes(s->fp, s->kv_params, s->kv_len, tokens, lim, lens, k, keys);
+    if (kr != 0) {
+        rc = kr;
+        goto done;
+    }
+    for (int i = k - 1; i >= 0 && lens[i] >= min_len; i--) {
+        /* A save not written yet first (read your own writes), then the
+         * tiers: the writer puts an entry into its tier before the job
+         * leaves `pending`, so a save completing between the two checks is
+         * found by one of them (the other order could miss it in both). */
+        if (pending_get(s, &keys[i], tokens, lens[i], hit) == 0 ||
+            tiers_get(s, &keys[i], tokens, lens[i], hit) == 0) {
+            rc = 0;
+            goto done;
+        }
+    }
+done:
+    free(keys);
+    free(lens);
+    return rc;
+}
+
+int ks_store_lookup(ks_store *s, const int32_t *tokens, int n, int max_len, ks_store_hit *hit) {
+    return ks_store_lookup_range(s, tokens, n, 1, max_len, hit);
+}
+
+int ks_store_lookup_range(ks_store *s, const int32_t *tokens, int n, int min_len, int max_len,
+                          ks_store_hit *hit) {
+    int rc = KS_ENOENT;
+    if (!hit) return KS_EINVAL;
+    memset(hit, 0, sizeof *hit);
+    hit->tier = KS_TIER_NONE;
+    if (!s || n < 0 || (n > 0 && !tokens)) return KS_EINVAL;
+    int lim = (max_len < 0 || max_len > n) ? n : max_len;
+    atomic_fetch_add(&s->lookups, 1);
+    if (lim >= 1) {
+        /* Another process may have saved (or evicted) since we last looked:
+         * one stat per directory tells, and only then is it read again. */
+        for (int t = 0; t < KS_TIER__N; t++)
+            if (s->tiers[t]) ks_tier_rescan(s->tiers[t], 0);
+        rc = probe(s, tokens, min_len < 1 ? 1 : min_len, lim, hit);
+    }
+    if (rc == 0) {
+        atomic_fetch_add(&s->hits, 1);
+        for (int t = 0; t < KS_TIER__N; t++)
+            if (s->tiers[t]) atomic_fetch_add(t == hit->tier ? &s->tier_hits[t] : &s->tier_misses[t], 1);
+        return 0;
+    }
+    atomic_fetch_add(&s->misses, 1);
+    for (int t = 0; t < KS_TIER__N; t++)
+        if (s->tiers[t]) atomic_fetch_add(&s->tier_misses[t], 1);
+    return rc;
+}
+

@@ -1,0 +1,255 @@
+/*
+ * store_writer.c — the store's job queue and writer thread (see the notes
+ * at the top of store.c and store_int.h).
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/base.h"
+#include "cache/store_int.h"
+
+#define PERSIST_EVERY_MS 1000.0
+
+/* ------------------------------------------------------------------ jobs */
+void ks__store_job_free(job *j) {
+    if (!j) return;
+    free(j->tokens);
+    free(j->payload);
+    free(j);
+}
+
+/* Drops one reference (caller holds s->mu); frees at zero. */
+void ks__store_job_unref_locked(job *j) {
+    if (--j->refs == 0) ks__store_job_free(j);
+}
+
+void ks__store_enqueue_locked(ks_store *s, job *j) {
+    j->next = NULL;
+    if (s->tail)
+        s->tail->next = j;
+    else
+        s->head = j;
+    s->tail = j;
+    s->n_queued++;
+    pthread_cond_signal(&s->work_cv);
+}
+
+/* Waits for j (refs 2) to complete; returns its result or KS_EBUSY on
+ * timeout. Drops the waiter's reference either way. Caller holds s->mu. */
+int ks__store_wait_job_locked(ks_store *s, job *j, int timeout_ms) {
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    if (timeout_ms > 0) {
+        dl.tv_sec += timeout_ms / 1000;
+        dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (dl.tv_nsec >= 1000000000L) {
+            dl.tv_sec++;
+            dl.tv_nsec -= 1000000000L;
+        }
+    }
+    while (!j->done) {
+        int r = timeout_ms > 0 ? pthread_cond_timedwait(&s->done_cv, &s->mu, &dl)
+                               : pthread_cond_wait(&s->done_cv, &s->mu);
+        if (r == ETIMEDOUT && !j->done) break;
+    }
+    int rc = j->done ? j->result : KS_EBUSY;
+    ks__store_job_unref_locked(j);
+    return rc;
+}
+
+/* Queues a barrier-like job (GC/FLUSH) and waits for it. */
+int ks__store_run_waited(ks_store *s, job_kind kind, int timeout_ms) {
+    job *j = calloc(1, sizeof *j);
+    if (!j) return KS_ENOMEM;
+    j->kind = kind;
+    j->refs = 2;
+    pthread_mutex_lock(&s->mu);
+    if (s->stopping) {
+        pthread_mutex_unlock(&s->mu);
+        free(j);
+        return KS_ESHUTDOWN;
+    }
+    ks__store_enqueue_locked(s, j);
+    int rc = ks__store_wait_job_locked(s, j, timeout_ms);
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+/* ---------------------------------------------------------- writer side */
+static int evict_tier(ks_store *s, int t, uint64_t max_bytes) {
+    int n = ks_tier_evict(s->tiers[t], max_bytes, NULL, NULL);
+    if (n > 0) {
+        atomic_fetch_add(&s->tier_evictions[t], (uint64_t)n);
+        KS_DEBUG("store", "evicted %d %s entries to stay under %llu bytes", n, ks_tier_name(t),
+                 (unsigned long long)max_bytes);
+    }
+    return n;
+}
+
+static int do_save(ks_store *s, job *j) {
+    int t = j->tier;
+    ks_tier *tier = s->tiers[t];
+    uint64_t budget = (uint64_t)s->cfg.tier_max_bytes[t];
+    uint64_t need = (uint64_t)KS_KVFILE_HEADER_LEN + 4ull * (uint64_t)j->n + j->len + KS_KVFILE_TAIL_LEN;
+    bool existed = false;
+    if (!tier) {
+        atomic_fetch_add(&s->dropped_saves, 1);
+        return 0;
+    }
+    if (need > budget) {
+        KS_INFO("store", "not saving %d tokens (%s): %llu bytes exceed the %s budget of %llu",
+                j->n, ks_reason_name(j->reason), (unsigned long long)need, ks_tier_name(t),
+                (unsigned long long)budget);
+        atomic_fetch_add(&s->dropped_saves, 1);
+        return KS_ENOSPC;
+    }
+    /* Saved meanwhile (e.g. by another process, seen by a rescan): no need to
+     * make room for it. */
+    if (ks__store_stored_anywhere(s, &j->key)) {
+        atomic_fetch_add(&s->dedup_saves, 1);
+        return 0;
+    }
+    /* Make room first, so that the tier never holds more than its budget.
+     * Another process may have saved into the same directory since we last
+     * looked (one stat tells): count its files too, or two writers would
+     * each fill the budget. */
+    ks_tier_rescan(tier, 0);
+    evict_tier(s, t, budget - need);
+    ks_kvfile_meta m;
+    memset(&m, 0, sizeof m);
+    m.state_version = s->state_version;
+    m.reason = (uint32_t)j->reason;
+    m.created_us = j->created_us;
+    memcpy(m.model_fp, s->fp, 32);
+    memcpy(m.params_hash, s->params_hash, 32);
+    m.key = j->key;
+    double t0 = ks_now_ms();
+    /* Lookups may copy j->payload under s->mu until the job completes (read
+     * your own writes). A tier that keeps the buffer (ram) takes it from a
+     * local pointer; j->payload is cleared under s->mu right after, before
+     * anything could drop the tier's reference to it (only this thread
+     * evicts), so a lookup either copies a live buffer or finds the entry
+     * in the tier. */
+    uint8_t *pl = j->payload;
+    int rc = ks_tier_put(tier, &m, j->tokens, j->n, &pl, j->len, &existed);
+    if (!pl) {
+        pthread_mutex_lock(&s->mu);
+        j->payload = NULL; /* the tier keeps it */
+        pthread_mutex_unlock(&s->mu);
+    }
+    ks__store_add_ms(&s->save_us, ks_now_ms() - t0);
+    if (rc != 0) {
+        KS_WARN("store", "save of %d tokens (%s) to %s failed: %s; skipped", j->n,
+                ks_reason_name(j->reason), ks_tier_name(t), ks_strerror(rc));
+        atomic_fetch_add(&s->failed_saves, 1);
+        return rc;
+    }
+    if (existed) {
+        atomic_fetch_add(&s->dedup_saves, 1);
+        return 0;
+    }
+    atomic_fetch_add(&s->saves[j->reason], 1);
+    atomic_fetch_add(&s->saved_bytes, j->len);
+    KS_DEBUG("store", "saved %d tokens (%s, %zu bytes) to %s in %.1f ms", j->n,
+             ks_reason_name(j->reason), j->len, ks_tier_name(t), ks_now_ms() - t0);
+    evict_tier(s, t, budget);
+    return 0;
+}
+
+static int do_gc(ks_store *s) {
+    int n = 0;
+    for (int t = 0; t < KS_TIER__N; t++) {
+        if (!s->tiers[t]) continue;
+        ks_tier_rescan(s->tiers[t], KS_RESCAN_FORCE | KS_RESCAN_CLEANUP);
+        n += evict_tier(s, t, (uint64_t)s->cfg.tier_max_bytes[t]);
+    }
+    return n;
+}
+
+static void persist_all(ks_store *s) {
+    for (int t = 0; t < KS_TIER__N; t++)
+        if (s->tiers[t]) ks_tier_persist(s->tiers[t]);
+}
+
+void *ks__store_writer_main(void *arg) {
+    /* The writer runs at SCHED_IDLE: on a machine whose cores all run
+     * llama.cpp's worker threads, any other runnable thread makes those
+     * threads wait at their barriers, and a save would then slow every
+     * request down far more than its own CPU time. Idle priority lets saves
+     * use the gaps between decode steps. Lowering one's own priority needs
+     * no privilege; if it fails the writer simply runs at normal priority. */
+    struct sched_param sp = {0};
+    if (pthread_setschedparam(pthread_self(), SCHED_IDLE, &sp) != 0)
+        KS_DEBUG("store", "writer thread stays at normal priority");
+    ks_store *s = arg;
+    double last_persist = ks_now_ms();
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        if (!s->head) {
+            if (s->stopping) break;
+            struct timespec dl;
+            clock_gettime(CLOCK_REALTIME, &dl);
+            dl.tv_sec += 1;
+            pthread_cond_timedwait(&s->work_cv, &s->mu, &dl);
+        }
+        job *j = s->head;
+        if (j) {
+            s->head = j->next;
+            if (!s->head) s->tail = NULL;
+            s->n_queued--;
+            if (j->kind == JOB_SAVE && j->async) {
+                s->n_async--;
+                s->async_bytes -= j->len;
+            }
+        }
+        bool late = s->stopping && ks_now_ms() > s->stop_deadline_ms;
+        pthread_mutex_unlock(&s->mu);
+
+        int rc = 0;
+        if (j) {
+            switch (j->kind) {
+            case JOB_SAVE:
+                if (late) {
+                    KS_WARN("store", "shutdown timeout: dropping the save of %d tokens (%s)", j->n,
+                            ks_reason_name(j->reason));
+                    atomic_fetch_add(&s->skipped_saves, 1);
+                    rc = KS_ESHUTDOWN;
+                } else {
+                    rc = do_save(s, j);
+                }
+                break;
+            case JOB_QUARANTINE:
+                if (s->tiers[j->tier]) ks_tier_quarantine(s->tiers[j->tier], &j->key);
+                break;
+            case JOB_GC: rc = do_gc(s); break;
+            case JOB_FLUSH: break;
+            }
+        }
+        if (ks_now_ms() - last_persist >= PERSIST_EVERY_MS) {
+            persist_all(s);
+            last_persist = ks_now_ms();
+        }
+
+        pthread_mutex_lock(&s->mu);
+        if (j) {
+            if (j->kind == JOB_SAVE) {
+                if (ks_keymap_get(&s->pending, &j->key) == j) ks_keymap_del(&s->pending, &j->key);
+                free(j->payload); /* still ours unless a tier kept it */
+                j->payload = NULL;
+            }
+            j->done = true;
+            j->result = rc;
+            if (j->refs > 1) pthread_cond_broadcast(&s->done_cv);
+            ks__store_job_unref_locked(j);
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    persist_all(s);
+    return NULL;
+}
+
