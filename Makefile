@@ -1,7 +1,7 @@
 # kvstash — thin wrapper over CMake. The two commands a newcomer needs:
 #   make run    set up what is missing, build, and run the demo (MODEL=path.gguf to use yours)
 #   make test   set up, build, and run every test (make test-asan: the same under ASan+UBSan)
-.PHONY: all setup build run test test-asan bench clean demo-model
+.PHONY: all setup build run test test-asan bench clean demo-model install
 
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
@@ -10,6 +10,8 @@ DEPS       := $(CURDIR)/build/deps
 DEMO_MODEL := $(BUILD)/models/demo.gguf
 MODEL      ?=
 CTEST_ARGS ?=
+PREFIX     ?= /usr/local
+DESTDIR    ?=
 
 all: build
 
@@ -43,6 +45,12 @@ test-asan: setup $(ASAN_BUILD)/CMakeCache.txt
 	  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp:print_suppressions=0 \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  ctest --output-on-failure --no-tests=error -j 2 $(CTEST_ARGS)
+
+# make install [PREFIX=/usr/local] [DESTDIR=/staging/root]: bin/kvstash, the header,
+# libkvstash.{a,so}, kvstash.pc and kvstash's private llama.cpp libraries (the layout
+# is described in CMakeLists.txt). The installed tree needs no LD_LIBRARY_PATH.
+install: build
+	DESTDIR="$(DESTDIR)" cmake --install $(BUILD) --prefix "$(PREFIX)"
 
 bench: build
 	@bash bench/run_all.sh

@@ -15,6 +15,8 @@
  * one ks_chat must not run concurrently with each other (serialise them);
  * different ks_chat objects are independent. Callbacks run on the inference
  * thread and must not call back into the same ks_chat.
+ *
+ * Linking: pkg-config --cflags --libs kvstash (see examples/README.md).
  */
 #ifndef KVSTASH_H
 #define KVSTASH_H
@@ -22,6 +24,17 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "kvstash_version.h" /* KS_VERSION_MAJOR/MINOR/PATCH, KS_VERSION_STRING */
+
+/* KS_API marks the functions libkvstash exports. The library is compiled with
+ * -fvisibility=hidden and KS_BUILD defined, so these and nothing else leave
+ * libkvstash.so; for users the macro is empty. */
+#if defined(KS_BUILD) && defined(__GNUC__)
+#define KS_API __attribute__((visibility("default")))
+#else
+#define KS_API
+#endif
 
 #ifdef __cplusplus
 extern "C" {
@@ -55,9 +68,9 @@ enum {
 };
 
 /* A static string describing err (never NULL). */
-const char *ks_strerror(int err);
+KS_API const char *ks_strerror(int err);
 /* The code's symbolic name without the KS_ prefix, e.g. "ECORRUPT". */
-const char *ks_errname(int err);
+KS_API const char *ks_errname(int err);
 
 /* --------------------------------------------------------------- sampling */
 typedef struct ks_sample_params {
@@ -68,7 +81,7 @@ typedef struct ks_sample_params {
     uint64_t seed;     /* for temperature > 0 */
 } ks_sample_params;
 
-ks_sample_params ks_sample_params_default(void); /* greedy */
+KS_API ks_sample_params ks_sample_params_default(void); /* greedy */
 
 /* ----------------------------------------------------------- turn stats */
 typedef struct ks_turn_stats {
@@ -101,12 +114,12 @@ typedef struct ks_chat_params {
     const char *system;     /* system prompt, may be NULL */
 } ks_chat_params;
 
-ks_chat_params ks_chat_params_default(void);
+KS_API ks_chat_params ks_chat_params_default(void);
 
 /* Loads the model and creates the conversation. On failure returns a KS_E*
  * code, sets *out to NULL and writes a message to err. */
-int ks_chat_create(const ks_chat_params *p, ks_chat **out, char *err, size_t errlen);
-void ks_chat_free(ks_chat *c);
+KS_API int ks_chat_create(const ks_chat_params *p, ks_chat **out, char *err, size_t errlen);
+KS_API void ks_chat_free(ks_chat *c);
 
 /* Called for each piece of generated text (UTF-8, never split inside a
  * character). Return non-zero to stop the generation. */
@@ -122,33 +135,36 @@ typedef struct ks_gen_params {
     void *ud;
 } ks_gen_params;
 
-ks_gen_params ks_gen_params_default(void);
+KS_API ks_gen_params ks_gen_params_default(void);
 
 /* Appends a user message, generates the assistant reply and appends it too.
  * *reply (may be NULL) receives the reply text: owned, free() it.
  * stats (may be NULL) receives the turn's figures.
  * Errors: KS_EEMPTY (empty message), KS_ECTX (the message alone does not fit),
  * KS_EDECODE; on error the conversation is as before the call. */
-int ks_chat_send(ks_chat *c, const char *user_msg, const ks_gen_params *g, char **reply,
-                 ks_turn_stats *stats, char *err, size_t errlen);
+KS_API int ks_chat_send(ks_chat *c, const char *user_msg, const ks_gen_params *g,
+                        char **reply, ks_turn_stats *stats, char *err, size_t errlen);
 
 /* Forgets the history (keeps the system prompt) and drops the KV. */
-void ks_chat_clear(ks_chat *c);
+KS_API void ks_chat_clear(ks_chat *c);
 /* Replaces the system prompt (NULL: none) and forgets the history. */
-int ks_chat_set_system(ks_chat *c, const char *system);
+KS_API int ks_chat_set_system(ks_chat *c, const char *system);
 /* Number of messages in the history, the system prompt included. */
-int ks_chat_n_messages(const ks_chat *c);
+KS_API int ks_chat_n_messages(const ks_chat *c);
 /* Message i of the history (0 = the system prompt when there is one):
  * content borrowed until the next call that changes the history; role in
  * *role when role is not NULL. NULL when i is out of range. */
-const char *ks_chat_message(const ks_chat *c, int i, const char **role);
+KS_API const char *ks_chat_message(const ks_chat *c, int i, const char **role);
 /* Tokens currently held in the KV cache for this conversation. */
-int ks_chat_n_cached(const ks_chat *c);
+KS_API int ks_chat_n_cached(const ks_chat *c);
 /* Next-token logits after the last turn's prompt (valid until the next call),
  * n_vocab in *n. For the exactness tests. NULL before the first turn. */
-const float *ks_chat_last_prompt_logits(const ks_chat *c, int *n);
+KS_API const float *ks_chat_last_prompt_logits(const ks_chat *c, int *n);
 
-const char *ks_version(void);
+/* The library's version, "MAJOR.MINOR.PATCH": KS_VERSION_STRING of the headers
+ * it was built from (a static string; compare it with the KS_VERSION_STRING
+ * a program was compiled with to detect a mismatch). */
+KS_API const char *ks_version(void);
 
 #ifdef __cplusplus
 }

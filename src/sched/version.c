@@ -1,2 +1,5 @@
 #include "kvstash.h"
-const char *ks_version(void) { return "0.1.0"; }
+
+/* The one version literal is project(VERSION) in CMakeLists.txt; it reaches
+ * here through the generated kvstash_version.h. */
+const char *ks_version(void) { return KS_VERSION_STRING; }
