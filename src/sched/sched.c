@@ -267,6 +267,20 @@ static void *run(void *arg) {
 }
 
 /* ------------------------------------------------------------ public API */
+/* Frees everything but the thread and the locks (NULL members are fine). */
+static void free_all(ks_sched *s) {
+    for (int i = 0; s->slots && i < s->n_slots; i++) {
+        ks_tokens_free(&s->slots[i].tokens);
+        ks_sampler_free(s->slots[i].smpl);
+    }
+    ks_batch_free(s->batch);
+    free(s->logits_copy);
+    free(s->piece);
+    free(s->slots);
+    free(s->clear_pending);
+    free(s);
+}
+
 int ks_sched_create(const ks_sched_params *p, ks_sched **out) {
     *out = NULL;
     if (!p || !p->engine || p->cache_min_tokens < 0 || p->max_queue < 1) return KS_EINVAL;
@@ -306,12 +320,7 @@ int ks_sched_create(const ks_sched_params *p, ks_sched **out) {
     *out = s;
     return 0;
 nomem:
-    ks_batch_free(s->batch);
-    free(s->logits_copy);
-    free(s->piece);
-    free(s->slots);
-    free(s->clear_pending);
-    free(s);
+    free_all(s);
     return KS_ENOMEM;
 }
 
@@ -322,19 +331,10 @@ void ks_sched_free(ks_sched *s) {
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
     if (s->th_started) pthread_join(s->th, NULL);
-    for (int i = 0; i < s->n_slots; i++) {
-        ks_tokens_free(&s->slots[i].tokens);
-        ks_sampler_free(s->slots[i].smpl);
-    }
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     pthread_cond_destroy(&s->cv_done);
-    ks_batch_free(s->batch);
-    free(s->logits_copy);
-    free(s->piece);
-    free(s->slots);
-    free(s->clear_pending);
-    free(s);
+    free_all(s);
 }
 
 int ks_sched_submit(ks_sched *s, const ks_req_params *p, uint64_t *id) {
