@@ -1,51 +1,26 @@
 /*
- * config.c — see config.h.
+ * config.c — see config.h: defaults, paths, the store mode and the per-model
+ * entries; the YAML file is read by config_yaml.c.
  *
- * NOTES ON THE DESIGN
- *  - The YAML text is composed into a libyaml document (yaml_parser_load) and
- *    walked mapping by mapping against tables of known keys. Only the known
- *    depth is walked, so anchors and aliases (even cyclic ones) cannot make
- *    the walk recurse without bound.
- *  - Loading is all or nothing: the file is applied to a copy of the
- *    configuration, which replaces the caller's only when every key was valid.
- *  - Scalars are read by their text whatever their YAML style: `port: "8080"`
- *    is the integer 8080, and `cache_dir: ~` is the home directory rather than
- *    YAML's null (an empty value is a type error where a path is required).
- *  - Byte sizes take an optional suffix, case-insensitive: K/M/G/T, Ki/Mi/Gi/Ti
- *    and KiB/MiB/GiB/TiB are powers of 1024; KB/MB/GB/TB are powers of 1000
- *    (SI); B is bytes. A fraction is allowed with a suffix ("1.5GiB") and the
- *    result is rounded down to a whole byte.
- *  - Paths expand a leading `~` (or `~/`) to the home directory and $NAME or
- *    ${NAME} to the environment variable; $USER, $HOME and $UID fall back to
- *    the password database / getuid() when unset. Any other undefined variable
- *    is an error: a path that silently lost a component would write the cache
- *    somewhere unexpected.
- *  - Error messages name the key path and the line (1-based) of the offending
- *    node: "unknown key 'store.tiers.ram.maxbytes' at line 7",
- *    "'port' at line 3: expected an integer 0..65535, got 'abc'".
+ * Paths expand a leading `~` (or `~/`) to the home directory and $NAME or
+ * ${NAME} to the environment variable; $USER, $HOME and $UID fall back to the
+ * password database / getuid() when unset. Any other undefined variable is an
+ * error: a path that silently lost a component would write the cache
+ * somewhere unexpected.
  */
-#include "config/config.h"
-
 #include <ctype.h>
-#include <errno.h>
-#include <math.h>
 #include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include <yaml.h>
-
 #include "base/base.h"
-
-#define MAX_FILE_BYTES (1 << 20)
-#define N_MODELS_MAX ((int)(sizeof(((ks_config *)0)->models) / sizeof(((ks_config *)0)->models[0])))
-#define MODEL_KEY_MAX ((int)sizeof(((ks_config *)0)->model_keys[0]))
+#include "config/config_int.h"
 
 /* ------------------------------------------------------------ environment */
 /* The home directory: $HOME, else the password database, else "/". */
-static const char *home_dir(void) {
+const char *ks__config_home_dir(void) {
     const char *h = getenv("HOME");
     if (h && *h) return h;
     struct passwd *pw = getpwuid(getuid());
@@ -61,7 +36,7 @@ static const char *env_value(const char *name, size_t n, char *num, size_t numle
     key[n] = '\0';
     const char *v = getenv(key);
     if (v) return v;
-    if (strcmp(key, "HOME") == 0) return home_dir();
+    if (strcmp(key, "HOME") == 0) return ks__config_home_dir();
     if (strcmp(key, "USER") == 0) {
         struct passwd *pw = getpwuid(getuid());
         return pw ? pw->pw_name : NULL;
@@ -74,7 +49,7 @@ static const char *env_value(const char *name, size_t n, char *num, size_t numle
 }
 
 /* Expands ~ and $VARS of in into out[outlen]. Returns 0, or -1 with why set. */
-static int expand_path(const char *in, char *out, size_t outlen, char *why, size_t whylen) {
+int ks__config_expand_path(const char *in, char *out, size_t outlen, char *why, size_t whylen) {
     ks_buf b = {0};
     int rc = 0;
     const char *p = in;
@@ -84,7 +59,7 @@ static int expand_path(const char *in, char *out, size_t outlen, char *why, size
             rc = -1;
             goto done;
         }
-        const char *h = home_dir();
+        const char *h = ks__config_home_dir();
         if (ks_buf_append(&b, h, strlen(h))) goto nomem;
         p++;
     }
@@ -131,7 +106,7 @@ done:
 /* ------------------------------------------------------------ defaults */
 /* Fills m in place (memset first): returning the struct by value would leave
  * its padding bytes unspecified, and configs are compared with memcmp. */
-static void model_defaults(ks_model_cache_cfg *m) {
+void ks__config_model_defaults(ks_model_cache_cfg *m) {
     memset(m, 0, sizeof *m);
     m->system_prompt_cache = false;
     m->incremental_cache = false;
@@ -154,7 +129,7 @@ void ks_config_defaults(ks_config *c) {
     c->max_queue = 64;
     c->max_body_bytes = 16777216;
     snprintf(c->log, sizeof c->log, "info");
-    model_defaults(&c->cache);
+    ks__config_model_defaults(&c->cache);
 
     ks_store_cfg *s = &c->store;
     ks_store_cfg_defaults(s);
@@ -163,522 +138,9 @@ void ks_config_defaults(ks_config *c) {
     if (xdg && xdg[0] == '/')
         snprintf(s->cache_dir, sizeof s->cache_dir, "%s/kvstash", xdg);
     else
-        snprintf(s->cache_dir, sizeof s->cache_dir, "%s/.cache/kvstash", home_dir());
+        snprintf(s->cache_dir, sizeof s->cache_dir, "%s/.cache/kvstash", ks__config_home_dir());
     snprintf(s->shm_dir, sizeof s->shm_dir, "/dev/shm/kvstash-%u", (unsigned)getuid());
     c->n_models = 0;
-}
-
-/* ------------------------------------------------------------ walking */
-typedef struct walk {
-    yaml_document_t *doc;
-    char *err;
-    size_t errlen;
-} walk;
-
-static int line_of(const yaml_node_t *n) { return (int)n->start_mark.line + 1; }
-
-static const char *scalar_of(const yaml_node_t *n) {
-    return n->type == YAML_SCALAR_NODE ? (const char *)n->data.scalar.value : NULL;
-}
-
-static const char *node_desc(const yaml_node_t *n) {
-    switch (n->type) {
-    case YAML_MAPPING_NODE: return "a mapping";
-    case YAML_SEQUENCE_NODE: return "a sequence";
-    default: return "nothing";
-    }
-}
-
-/* "'path' at line N: expected X, got 'v'" — always returns KS_EINVAL. */
-static int type_error(walk *w, const char *path, const yaml_node_t *v, const char *expected) {
-    const char *s = scalar_of(v);
-    if (s)
-        ks_set_err(w->err, w->errlen, "'%s' at line %d: expected %s, got '%.80s'", path, line_of(v),
-                   expected, s);
-    else
-        ks_set_err(w->err, w->errlen, "'%s' at line %d: expected %s, got %s", path, line_of(v),
-                   expected, node_desc(v));
-    return KS_EINVAL;
-}
-
-/* Key paths longer than out are cut (they only appear in messages). */
-static void join(char *out, size_t outlen, const char *prefix, const char *key) {
-    int n = (prefix && *prefix) ? snprintf(out, outlen, "%s.%s", prefix, key) : snprintf(out, outlen, "%s", key);
-    (void)n; /* checked use of the result keeps -Wformat-truncation quiet at -O3 */
-    if (n < 0 && outlen) out[0] = '\0';
-}
-
-/* Iterates a mapping, checking that keys are scalars and unique. */
-typedef int (*pair_fn)(walk *w, const char *path, const char *key, yaml_node_t *kn,
-                       yaml_node_t *vn, void *ud);
-
-static int each_pair(walk *w, const char *path, yaml_node_t *map, pair_fn fn, void *ud) {
-    if (map->type != YAML_MAPPING_NODE) return type_error(w, path, map, "a mapping");
-    yaml_node_pair_t *begin = map->data.mapping.pairs.start;
-    yaml_node_pair_t *end = map->data.mapping.pairs.top;
-    for (yaml_node_pair_t *p = begin; p < end; p++) {
-        yaml_node_t *kn = yaml_document_get_node(w->doc, p->key);
-        yaml_node_t *vn = yaml_document_get_node(w->doc, p->value);
-        if (!kn || !vn) {
-            ks_set_err(w->err, w->errlen, "'%s': malformed mapping", path);
-            return KS_EINVAL;
-        }
-        const char *key = scalar_of(kn);
-        if (!key) {
-            ks_set_err(w->err, w->errlen, "'%s' at line %d: keys must be plain strings, got %s",
-                       *path ? path : "top level", line_of(kn), node_desc(kn));
-            return KS_EINVAL;
-        }
-        for (yaml_node_pair_t *q = begin; q < p; q++) {
-            const char *prev = scalar_of(yaml_document_get_node(w->doc, q->key));
-            if (prev && strcmp(prev, key) == 0) {
-                char full[512];
-                join(full, sizeof full, path, key);
-                ks_set_err(w->err, w->errlen, "duplicate key '%s' at line %d", full, line_of(kn));
-                return KS_EINVAL;
-            }
-        }
-        int rc = fn(w, path, key, kn, vn, ud);
-        if (rc) return rc;
-    }
-    return 0;
-}
-
-static int fail_unknown(walk *w, const char *path, const char *key, const yaml_node_t *kn) {
-    char full[512];
-    join(full, sizeof full, path, key);
-    ks_set_err(w->err, w->errlen, "unknown key '%s' at line %d", full, line_of(kn));
-    return KS_EINVAL;
-}
-
-/* ------------------------------------------------------------ scalar parsers */
-static bool parse_i64(const char *s, long long *out) {
-    if (!s || !*s || isspace((unsigned char)*s)) return false;
-    errno = 0;
-    char *end;
-    long long v = strtoll(s, &end, 10);
-    if (errno || *end) return false;
-    *out = v;
-    return true;
-}
-
-static bool parse_bool(const char *s, bool *out) {
-    static const char *const yes[] = {"true", "yes", "on"};
-    static const char *const no[] = {"false", "no", "off"};
-    for (int i = 0; s && i < 3; i++) {
-        if (strcasecmp(s, yes[i]) == 0) return *out = true, true;
-        if (strcasecmp(s, no[i]) == 0) return *out = false, true;
-    }
-    return false;
-}
-
-static bool parse_f64(const char *s, double *out) {
-    if (!s || !*s || isspace((unsigned char)*s)) return false;
-    errno = 0;
-    char *end;
-    double v = strtod(s, &end);
-    if (errno || *end || !isfinite(v)) return false;
-    *out = v;
-    return true;
-}
-
-/* "268435456", "256MiB", "512M", "1.5 GiB", "10GB". */
-static bool parse_bytes(const char *s, int64_t *out) {
-    if (!s || !isdigit((unsigned char)*s)) return false;
-    const char *p = s;
-    while (isdigit((unsigned char)*p)) p++;
-    bool frac = *p == '.';
-    if (frac) {
-        p++;
-        if (!isdigit((unsigned char)*p)) return false;
-        while (isdigit((unsigned char)*p)) p++;
-    }
-    size_t nlen = (size_t)(p - s);
-    char num[64];
-    if (nlen >= sizeof num) return false;
-    memcpy(num, s, nlen);
-    num[nlen] = '\0';
-    while (*p == ' ') p++;
-
-    static const struct { const char *sfx; long double mul; } units[] = {
-        {"", 1}, {"b", 1},
-        {"k", 1024.0L}, {"ki", 1024.0L}, {"kib", 1024.0L}, {"kb", 1e3L},
-        {"m", 1048576.0L}, {"mi", 1048576.0L}, {"mib", 1048576.0L}, {"mb", 1e6L},
-        {"g", 1073741824.0L}, {"gi", 1073741824.0L}, {"gib", 1073741824.0L}, {"gb", 1e9L},
-        {"t", 1099511627776.0L}, {"ti", 1099511627776.0L}, {"tib", 1099511627776.0L}, {"tb", 1e12L},
-    };
-    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
-        if (strcasecmp(p, units[i].sfx) != 0) continue;
-        if (units[i].mul == 1 && frac) return false; /* "1.5" bytes */
-        long double v = strtold(num, NULL) * units[i].mul;
-        if (!(v >= 0) || v > (long double)INT64_MAX) return false;
-        *out = (int64_t)v;
-        return true;
-    }
-    return false;
-}
-
-/* ------------------------------------------------------------ field tables */
-typedef enum { F_INT, F_BOOL, F_FLOAT, F_STR, F_PATH, F_BYTES, F_LOG } field_kind;
-
-typedef struct field {
-    const char *name;
-    field_kind kind;
-    size_t off;  /* offset in the target struct */
-    size_t size; /* for strings: buffer size */
-    long long lo, hi;
-} field;
-
-#define FI(st, name, lo, hi) {#name, F_INT, offsetof(st, name), 0, lo, hi}
-#define FB(st, name) {#name, F_BOOL, offsetof(st, name), 0, 0, 0}
-#define FF(st, name, lo, hi) {#name, F_FLOAT, offsetof(st, name), 0, lo, hi}
-#define FS(st, name, kind) {#name, kind, offsetof(st, name), sizeof(((st *)0)->name), 0, 0}
-#define FY(st, name, lo) {#name, F_BYTES, offsetof(st, name), 0, lo, 0}
-
-static const field k_top_fields[] = {
-    FS(ks_config, model, F_PATH),
-    FS(ks_config, host, F_STR),
-    FI(ks_config, port, 0, 65535), /* 0: any free port */
-    FI(ks_config, slots, 1, 64),
-    FI(ks_config, ctx, 64, 1048576),
-    FI(ks_config, batch, 1, 65536),
-    FI(ks_config, threads, 0, 1024),
-    FB(ks_config, cache_prompt),
-    FB(ks_config, exact),
-    FF(ks_config, affinity_min, 0, 1),
-    FS(ks_config, api_key, F_STR),
-    FI(ks_config, max_queue, KS_CONFIG_MAX_QUEUE_MIN, KS_CONFIG_MAX_QUEUE_MAX),
-    FY(ks_config, max_body_bytes, 1),
-    FS(ks_config, log, F_LOG),
-};
-
-static const field k_model_fields[] = {
-    FB(ks_model_cache_cfg, system_prompt_cache),
-    FB(ks_model_cache_cfg, incremental_cache),
-    FI(ks_model_cache_cfg, cache_min_tokens, 0, 10000000),
-    FI(ks_model_cache_cfg, slots, 1, 64),
-    FY(ks_model_cache_cfg, spc_max_bytes, 0),
-};
-
-static const field k_store_fields[] = {
-    FB(ks_store_cfg, enabled),
-    FS(ks_store_cfg, cache_dir, F_PATH),
-    FS(ks_store_cfg, shm_dir, F_PATH),
-    FI(ks_store_cfg, stride, 1, 1048576),
-    FI(ks_store_cfg, continued_interval, 0, 1048576),
-    FI(ks_store_cfg, min_tokens, 0, 1048576),
-    FI(ks_store_cfg, shutdown_timeout_ms, 0, 3600000),
-};
-
-#define N_FIELDS(t) (sizeof(t) / sizeof((t)[0]))
-
-static const field *find_field(const field *t, size_t n, const char *key) {
-    for (size_t i = 0; i < n; i++)
-        if (strcmp(t[i].name, key) == 0) return &t[i];
-    return NULL;
-}
-
-/* Parses vn as f into base + f->off. */
-static int set_field(walk *w, const char *path, const field *f, const yaml_node_t *vn, void *base) {
-    char *dst = (char *)base + f->off;
-    const char *s = scalar_of(vn);
-    char expected[96];
-    switch (f->kind) {
-    case F_INT: {
-        long long v;
-        snprintf(expected, sizeof expected, "an integer %lld..%lld", f->lo, f->hi);
-        if (!s || !parse_i64(s, &v) || v < f->lo || v > f->hi)
-            return type_error(w, path, vn, expected);
-        *(int *)dst = (int)v;
-        return 0;
-    }
-    case F_BOOL:
-        if (!s || !parse_bool(s, (bool *)dst)) return type_error(w, path, vn, "true or false");
-        return 0;
-    case F_FLOAT: {
-        double v;
-        snprintf(expected, sizeof expected, "a number %lld..%lld", f->lo, f->hi);
-        if (!s || !parse_f64(s, &v) || v < (double)f->lo || v > (double)f->hi)
-            return type_error(w, path, vn, expected);
-        *(float *)dst = (float)v;
-        return 0;
-    }
-    case F_BYTES: {
-        int64_t v;
-        snprintf(expected, sizeof expected, "a byte size >= %lld (e.g. 268435456, 256MiB, 1GiB)",
-                 f->lo);
-        if (!s || !parse_bytes(s, &v) || v < f->lo) return type_error(w, path, vn, expected);
-        *(int64_t *)dst = v;
-        return 0;
-    }
-    case F_STR:
-        /* An empty api_key means "no key"; an empty host cannot be bound. */
-        if (!s || (!*s && strcmp(f->name, "host") == 0))
-            return type_error(w, path, vn, "a non-empty string");
-        if (strlen(s) != vn->data.scalar.length || strlen(s) >= f->size) {
-            snprintf(expected, sizeof expected, "a string of at most %zu bytes", f->size - 1);
-            return type_error(w, path, vn, expected);
-        }
-        memcpy(dst, s, strlen(s) + 1);
-        return 0;
-    case F_LOG:
-        if (!s || ks_log_parse_level(s) < 0 || strlen(s) >= f->size)
-            return type_error(w, path, vn, "one of debug|info|warn|error|off");
-        memcpy(dst, s, strlen(s) + 1);
-        return 0;
-    case F_PATH: {
-        /* The top-level model may be left empty (no model); directories may not. */
-        bool may_be_empty = strcmp(f->name, "model") == 0;
-        if (!s || strlen(s) != vn->data.scalar.length || (!*s && !may_be_empty))
-            return type_error(w, path, vn, "a path");
-        char why[160];
-        if (expand_path(s, dst, f->size, why, sizeof why) != 0) {
-            ks_set_err(w->err, w->errlen, "'%s' at line %d: %s", path, line_of(vn), why);
-            return KS_EINVAL;
-        }
-        return 0;
-    }
-    }
-    return KS_EINVAL;
-}
-
-/* ------------------------------------------------------------ sections */
-typedef struct model_ud {
-    ks_model_cache_cfg *m;
-    bool has_slots;
-} model_ud;
-
-static int model_pair(walk *w, const char *path, const char *key, yaml_node_t *kn, yaml_node_t *vn,
-                      void *ud) {
-    model_ud *mu = ud;
-    const field *f = find_field(k_model_fields, N_FIELDS(k_model_fields), key);
-    if (!f) return fail_unknown(w, path, key, kn);
-    char full[512];
-    join(full, sizeof full, path, key);
-    int rc = set_field(w, full, f, vn, mu->m);
-    if (rc == 0 && strcmp(key, "slots") == 0) mu->has_slots = true;
-    return rc;
-}
-
-static int models_pair(walk *w, const char *path, const char *key, yaml_node_t *kn, yaml_node_t *vn,
-                       void *ud) {
-    ks_config *c = ud;
-    char full[512];
-    join(full, sizeof full, path, key);
-    if (!*key || (int)strlen(key) >= MODEL_KEY_MAX) {
-        ks_set_err(w->err, w->errlen, "'%s' at line %d: a model name must be 1..%d bytes",
-                   full, line_of(kn), MODEL_KEY_MAX - 1);
-        return KS_EINVAL;
-    }
-    /* An entry from an earlier file is updated in place, key by key. */
-    int i = 0;
-    while (i < c->n_models && strcmp(c->model_keys[i], key) != 0) i++;
-    bool fresh = i == c->n_models;
-    if (fresh && c->n_models >= N_MODELS_MAX) {
-        ks_set_err(w->err, w->errlen, "'%s' at line %d: at most %d model entries", full,
-                   line_of(kn), N_MODELS_MAX);
-        return KS_EINVAL;
-    }
-    model_ud mu = {.m = &c->models[i], .has_slots = fresh ? false : c->model_has_slots[i]};
-    if (fresh) model_defaults(&c->models[i]);
-    int rc = each_pair(w, full, vn, model_pair, &mu);
-    if (rc) return rc;
-    if (fresh) {
-        snprintf(c->model_keys[i], sizeof c->model_keys[i], "%s", key);
-        c->n_models++;
-    }
-    c->model_has_slots[i] = mu.has_slots;
-    return 0;
-}
-
-static int tier_pair(walk *w, const char *path, const char *key, yaml_node_t *kn, yaml_node_t *vn,
-                     void *ud) {
-    int64_t *max_bytes = ud;
-    if (strcmp(key, "max_bytes") != 0) return fail_unknown(w, path, key, kn);
-    char full[512];
-    join(full, sizeof full, path, key);
-    static const field f = {"max_bytes", F_BYTES, 0, 0, 0, 0};
-    return set_field(w, full, &f, vn, max_bytes);
-}
-
-static int tiers_pair(walk *w, const char *path, const char *key, yaml_node_t *kn, yaml_node_t *vn,
-                      void *ud) {
-    ks_store_cfg *s = ud;
-    int t = ks_tier_parse(key);
-    if (t < 0) return fail_unknown(w, path, key, kn);
-    char full[512];
-    join(full, sizeof full, path, key);
-    return each_pair(w, full, vn, tier_pair, &s->tier_max_bytes[t]);
-}
-
-static int reasons_pair(walk *w, const char *path, const char *key, yaml_node_t *kn,
-                        yaml_node_t *vn, void *ud) {
-    ks_store_cfg *s = ud;
-    int r = ks_reason_parse(key);
-    if (r < 0) return fail_unknown(w, path, key, kn);
-    char full[512];
-    join(full, sizeof full, path, key);
-    const char *v = scalar_of(vn);
-    int t = ks_tier_parse(v);
-    if (t == -2) return type_error(w, full, vn, "one of ram|shm|disk|none");
-    s->reason_tier[r] = t;
-    return 0;
-}
-
-typedef struct store_ud {
-    ks_store_cfg *s;
-    bool enabled_given;
-    bool other_given;
-} store_ud;
-
-static int store_pair(walk *w, const char *path, const char *key, yaml_node_t *kn, yaml_node_t *vn,
-                      void *ud) {
-    store_ud *su = ud;
-    char full[512];
-    join(full, sizeof full, path, key);
-    int rc;
-    if (strcmp(key, "tiers") == 0) {
-        rc = each_pair(w, full, vn, tiers_pair, su->s);
-    } else if (strcmp(key, "reasons") == 0) {
-        rc = each_pair(w, full, vn, reasons_pair, su->s);
-    } else {
-        const field *f = find_field(k_store_fields, N_FIELDS(k_store_fields), key);
-        if (!f) return fail_unknown(w, path, key, kn);
-        rc = set_field(w, full, f, vn, su->s);
-    }
-    if (strcmp(key, "enabled") == 0) su->enabled_given = true;
-    else su->other_given = true;
-    return rc;
-}
-
-static int top_pair(walk *w, const char *path, const char *key, yaml_node_t *kn, yaml_node_t *vn,
-                    void *ud) {
-    ks_config *c = ud;
-    if (strcmp(key, "models") == 0) return each_pair(w, key, vn, models_pair, c);
-    if (strcmp(key, "store") == 0) {
-        store_ud su = {.s = &c->store};
-        int rc = each_pair(w, key, vn, store_pair, &su);
-        /* Configuring any part of the store turns it on, unless the same
-         * section says enabled: false. */
-        if (rc == 0 && su.other_given && !su.enabled_given) c->store.enabled = true;
-        return rc;
-    }
-    const field *f = find_field(k_top_fields, N_FIELDS(k_top_fields), key);
-    if (!f) return fail_unknown(w, path, key, kn);
-    return set_field(w, key, f, vn, c);
-}
-
-/* ------------------------------------------------------------ loading */
-static int load_text(ks_config *c, const char *text, size_t len, char *err, size_t errlen) {
-    yaml_parser_t parser;
-    yaml_document_t doc, extra;
-    bool have_doc = false;
-    int rc = 0;
-    ks_config *tmp = NULL;
-
-    if (!yaml_parser_initialize(&parser)) {
-        ks_set_err(err, errlen, "out of memory");
-        return KS_ENOMEM;
-    }
-    yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
-    if (!yaml_parser_load(&parser, &doc)) goto syntax;
-    have_doc = true;
-
-    yaml_node_t *root = yaml_document_get_root_node(&doc);
-    if (root) {
-        /* A second document would silently be ignored otherwise. */
-        if (!yaml_parser_load(&parser, &extra)) goto syntax;
-        bool more = yaml_document_get_root_node(&extra) != NULL;
-        int extra_line = more ? (int)extra.start_mark.line + 1 : 0;
-        yaml_document_delete(&extra);
-        if (more) {
-            ks_set_err(err, errlen, "a second YAML document at line %d (only one is read)",
-                       extra_line);
-            rc = KS_EINVAL;
-            goto done;
-        }
-        if (root->type != YAML_MAPPING_NODE) {
-            ks_set_err(err, errlen, "top level at line %d: expected a mapping of settings, got %s",
-                       line_of(root),
-                       root->type == YAML_SCALAR_NODE ? "a scalar" : node_desc(root));
-            rc = KS_EINVAL;
-            goto done;
-        }
-        tmp = malloc(sizeof *tmp);
-        if (!tmp) {
-            ks_set_err(err, errlen, "out of memory");
-            rc = KS_ENOMEM;
-            goto done;
-        }
-        /* memcpy, not assignment: padding bytes are copied too, so a config
-         * loaded from a file compares equal (memcmp) to the same text loaded
-         * from a string. */
-        memcpy(tmp, c, sizeof *tmp);
-        walk w = {.doc = &doc, .err = err, .errlen = errlen};
-        rc = each_pair(&w, "", root, top_pair, tmp);
-        if (rc == 0) memcpy(c, tmp, sizeof *c);
-    }
-    goto done;
-
-syntax:
-    ks_set_err(err, errlen, "YAML syntax error at line %d column %d: %s%s%s",
-               (int)parser.problem_mark.line + 1, (int)parser.problem_mark.column + 1,
-               parser.problem ? parser.problem : "unknown problem",
-               parser.context ? " " : "", parser.context ? parser.context : "");
-    rc = parser.error == YAML_MEMORY_ERROR ? KS_ENOMEM : KS_EINVAL;
-done:
-    free(tmp);
-    if (have_doc) yaml_document_delete(&doc);
-    yaml_parser_delete(&parser);
-    return rc;
-}
-
-int ks_config_load_string(ks_config *c, const char *yaml, char *err, size_t errlen) {
-    if (!c || !yaml) {
-        ks_set_err(err, errlen, "no configuration text");
-        return KS_EINVAL;
-    }
-    return load_text(c, yaml, strlen(yaml), err, errlen);
-}
-
-int ks_config_load_file(ks_config *c, const char *path, char *err, size_t errlen) {
-    if (!c || !path) {
-        ks_set_err(err, errlen, "no configuration file");
-        return KS_EINVAL;
-    }
-    int rc = 0;
-    char *text = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        int e = errno;
-        ks_set_err(err, errlen, "%s: %s", path, strerror(e));
-        return e == ENOENT ? KS_ENOENT : KS_EIO;
-    }
-    text = malloc(MAX_FILE_BYTES + 1);
-    if (!text) {
-        ks_set_err(err, errlen, "%s: out of memory", path);
-        rc = KS_ENOMEM;
-        goto done;
-    }
-    size_t n = fread(text, 1, MAX_FILE_BYTES + 1, f);
-    if (ferror(f)) {
-        int e = errno;
-        ks_set_err(err, errlen, "%s: %s", path, strerror(e));
-        rc = KS_EIO;
-        goto done;
-    }
-    if (n > MAX_FILE_BYTES) {
-        ks_set_err(err, errlen, "%s: larger than %d bytes", path, MAX_FILE_BYTES);
-        rc = KS_EINVAL;
-        goto done;
-    }
-    char msg[512] = "";
-    rc = load_text(c, text, n, msg, sizeof msg);
-    if (rc) ks_set_err(err, errlen, "%s: %s", path, msg);
-done:
-    free(text);
-    fclose(f);
-    return rc;
 }
 
 /* ------------------------------------------------------------ store mode */
@@ -728,7 +190,7 @@ void ks_config_resolve_model(ks_config *c, const char *model_name, const char *m
     }
     if (i < 0) i = find_model(c, "default", 7);
     if (i < 0) {
-        model_defaults(&c->cache);
+        ks__config_model_defaults(&c->cache);
         KS_DEBUG("config", "no models entry for '%s': built-in cache defaults",
                  model_name ? model_name : "");
         return;
