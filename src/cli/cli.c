@@ -87,3 +87,13 @@ bad:
             s ? s : "");
     return KS_EINVAL;
 }
+
+int ks_cli_parse_log(const char *cmd, const char *s, int *out) {
+    int lv = s ? ks_log_parse_level(s) : -1;
+    if (lv < 0) {
+        fprintf(stderr, "%s: --log must be debug, info, warn, error or off, got '%s'\n", cmd, s ? s : "");
+        return KS_EINVAL;
+    }
+    *out = lv;
+    return 0;
+}

@@ -40,5 +40,8 @@ int ks_cli_parse_double(const char *cmd, const char *flag, const char *s, double
  * same); "500M", "1.5G", "4096". The result is rounded down and at most
  * 2^63 - 1 bytes (the message says "a size like 500M or 2G"). */
 int ks_cli_parse_size(const char *cmd, const char *flag, const char *s, int64_t *out);
+/* A --log level (debug, info, warn, error, off) into *out (a ks_log_level);
+ * the same contract as the parsers above. */
+int ks_cli_parse_log(const char *cmd, const char *s, int *out);
 
 #endif

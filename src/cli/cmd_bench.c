@@ -159,11 +159,8 @@ static int parse(const char *sub, int argc, char **argv, bench_opts *o) {
         case O_ROUNDS: if (ks_cli_parse_int(cmd, "--rounds", optarg, 1, 1000, &o->rounds)) return 2; break;
         case O_REPEAT: if (ks_cli_parse_int(cmd, "--repeat", optarg, 1, 1000, &o->repeat)) return 2; break;
         case O_LOG: {
-            int lv = ks_log_parse_level(optarg);
-            if (lv < 0) {
-                fprintf(stderr, "kvstash bench %s: --log must be debug|info|warn|error|off\n", sub);
-                return 2;
-            }
+            int lv;
+            if (ks_cli_parse_log(cmd, optarg, &lv)) return 2;
             ks_log_set_level((ks_log_level)lv);
             break;
         }

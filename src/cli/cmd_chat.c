@@ -120,11 +120,8 @@ int ks_cmd_chat(int argc, char **argv) {
             break;
         case O_FA: cp.flash_attn = true; break;
         case O_LOG: {
-            int lv = ks_log_parse_level(optarg);
-            if (lv < 0) {
-                fprintf(stderr, "kvstash chat: --log must be debug|info|warn|error|off\n");
-                return 2;
-            }
+            int lv;
+            if (ks_cli_parse_log("kvstash chat", optarg, &lv)) return 2;
             ks_log_set_level((ks_log_level)lv);
             break;
         }

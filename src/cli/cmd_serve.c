@@ -141,13 +141,12 @@ static int parse_flags(int argc, char **argv, flags *f) {
         case O_CACHEDIR: f->cache_dir = optarg; break;
         case O_CACHERAM: if (ks_cli_parse_int(CMD, "--cache-ram", optarg, 0, 1 << 24, &f->cache_ram)) return 2; break;
         case O_CONFIG: f->config = optarg; break;
-        case O_LOG:
-            if (ks_log_parse_level(optarg) < 0) {
-                fprintf(stderr, CMD ": --log must be debug, info, warn, error or off, got '%s'\n", optarg);
-                return 2;
-            }
+        case O_LOG: {
+            int lv;
+            if (ks_cli_parse_log(CMD, optarg, &lv)) return 2;
             f->log = optarg;
             break;
+        }
         case 'h': usage(stdout); return -1; /* --help: the caller exits 0 */
         case ':':
             fprintf(stderr, CMD ": option '%s' needs a value\n", argv[optind - 1]);
