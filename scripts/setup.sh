@@ -7,6 +7,8 @@
 #        $DEPS/llama/lib      prebuilt shared libraries (+ link-time symlinks)
 #        $DEPS/llama/include  llama.h and ggml's public headers, taken from the
 #                             llama.cpp git bundle of the same release
+#   3. llama.cpp's common library (chat templates, tool calls, JSON schema →
+#      grammar), built from the same release's source: scripts/setup_common.sh.
 #   Nothing third-party is committed; $DEPS lives in the build tree (git-ignored).
 #
 # Usage: scripts/setup.sh [DEPS_DIR]   (default: build/deps)
@@ -18,7 +20,8 @@ DEPS=${1:-$top/build/deps}
 LLAMA=$DEPS/llama
 STAMP=$LLAMA/.ok-v0.5.0
 
-DEB_PKGS="libmicrohttpd-dev libjansson-dev libyaml-dev libssl-dev libxxhash-dev libcmocka-dev pkg-config"
+DEB_PKGS="libmicrohttpd-dev libjansson-dev libyaml-dev libssl-dev libxxhash-dev libcmocka-dev pkg-config
+    cmake make g++ git openssl"
 BIN_PKG=@node-llama-cpp/linux-x64@3.22.1
 BIN_SHA512=5uCCDNqWCNfaAm8aR/Uzxbo4HBpKgNF91kCHPepKhgMgV2OAmatoefbOlMihsqCiH2Od35E/eUHQCFbfRBJuOg==
 SRC_PKG=node-llama-cpp@3.22.1
@@ -39,13 +42,11 @@ if [ -n "$missing" ]; then
 fi
 
 # --- 2. llama.cpp from npm ------------------------------------------------
-[ -f "$STAMP" ] && exit 0
-command -v npm >/dev/null || { say "npm is required to fetch llama.cpp (apt-get install npm)"; exit 1; }
-say "fetching llama.cpp v0.5.0 ($BIN_PKG, $SRC_PKG)"
 dl=$DEPS/dl
-mkdir -p "$dl"
 fetch() { # $1 = name@version, $2 = expected sha512 (base64); prints the tarball path
     local spec=$1 want=$2 tgz
+    command -v npm >/dev/null || { say "npm is required to fetch llama.cpp (apt-get install npm)"; exit 1; }
+    mkdir -p "$dl"
     tgz=$(cd "$dl" && npm pack --silent "$spec" 2>/dev/null | tail -n 1)
     [ -n "$tgz" ] && [ -f "$dl/$tgz" ] || { say "npm pack $spec failed"; exit 1; }
     local got
@@ -55,24 +56,33 @@ fetch() { # $1 = name@version, $2 = expected sha512 (base64); prints the tarball
     fi
     echo "$dl/$tgz"
 }
-bin_tgz=$(fetch "$BIN_PKG" "$BIN_SHA512")
-src_tgz=$(fetch "$SRC_PKG" "$SRC_SHA512")
+fetch_llama() { # the prebuilt libraries and the public headers
+    say "fetching llama.cpp v0.5.0 ($BIN_PKG, $SRC_PKG)"
+    bin_tgz=$(fetch "$BIN_PKG" "$BIN_SHA512")
+    src_tgz=$(fetch "$SRC_PKG" "$SRC_SHA512")
 
-rm -rf "$LLAMA.tmp" && mkdir -p "$LLAMA.tmp/lib" "$LLAMA.tmp/include" "$LLAMA.tmp/x"
-tar xzf "$bin_tgz" -C "$LLAMA.tmp/x" package/bins/linux-x64
-for f in "$LLAMA.tmp"/x/package/bins/linux-x64/*.so; do
-    case $(basename "$f") in libllama-common.so) continue ;; esac
-    cp "$f" "$LLAMA.tmp/lib/"
-done
-ln -s libllama.v0.5.0.so "$LLAMA.tmp/lib/libllama.so"
-ln -s libggml.v0.5.0.so "$LLAMA.tmp/lib/libggml.so"
+    rm -rf "$LLAMA.tmp" && mkdir -p "$LLAMA.tmp/lib" "$LLAMA.tmp/include" "$LLAMA.tmp/x"
+    tar xzf "$bin_tgz" -C "$LLAMA.tmp/x" package/bins/linux-x64
+    for f in "$LLAMA.tmp"/x/package/bins/linux-x64/*.so; do
+        # libllama-common.so is C++ without an ABI promise: stage 3 builds it from source.
+        case $(basename "$f") in libllama-common.so) continue ;; esac
+        cp "$f" "$LLAMA.tmp/lib/"
+    done
+    ln -s libllama.v0.5.0.so "$LLAMA.tmp/lib/libllama.so"
+    ln -s libggml.v0.5.0.so "$LLAMA.tmp/lib/libggml.so"
 
-tar xzf "$src_tgz" -C "$LLAMA.tmp/x" package/llama/gitRelease.bundle
-git clone -q --no-checkout "$LLAMA.tmp/x/package/llama/gitRelease.bundle" "$LLAMA.tmp/x/src"
-git -C "$LLAMA.tmp/x/src" archive HEAD include/llama.h ggml/include | tar x -C "$LLAMA.tmp/x"
-cp "$LLAMA.tmp/x/include/llama.h" "$LLAMA.tmp/x"/ggml/include/*.h "$LLAMA.tmp/include/"
-rm -rf "$LLAMA.tmp/x"
+    tar xzf "$src_tgz" -C "$LLAMA.tmp/x" package/llama/gitRelease.bundle
+    git clone -q --no-checkout "$LLAMA.tmp/x/package/llama/gitRelease.bundle" "$LLAMA.tmp/x/src"
+    git -C "$LLAMA.tmp/x/src" archive HEAD include/llama.h ggml/include | tar x -C "$LLAMA.tmp/x"
+    cp "$LLAMA.tmp/x/include/llama.h" "$LLAMA.tmp/x"/ggml/include/*.h "$LLAMA.tmp/include/"
+    rm -rf "$LLAMA.tmp/x"
 
-rm -rf "$LLAMA" && mv "$LLAMA.tmp" "$LLAMA"
-touch "$STAMP"
-say "llama.cpp ready in $LLAMA"
+    rm -rf "$LLAMA" && mv "$LLAMA.tmp" "$LLAMA"
+    touch "$STAMP"
+    say "llama.cpp ready in $LLAMA"
+}
+[ -f "$STAMP" ] || fetch_llama
+
+# --- 3. llama.cpp's common library, from source ----------------------------
+# shellcheck source=scripts/setup_common.sh
+. "$top/scripts/setup_common.sh"
