@@ -81,7 +81,9 @@ typedef struct ks_sample_params {
     uint64_t seed;     /* for temperature > 0 */
 } ks_sample_params;
 
-KS_API ks_sample_params ks_sample_params_default(void); /* greedy */
+/* Greedy (temperature 0); top_k 40, top_p 0.95, min_p 0.05 (llama-server's)
+ * apply when temperature > 0; seed 42. */
+KS_API ks_sample_params ks_sample_params_default(void);
 
 /* ----------------------------------------------------------- turn stats */
 typedef struct ks_turn_stats {
@@ -140,8 +142,13 @@ KS_API ks_gen_params ks_gen_params_default(void);
 /* Appends a user message, generates the assistant reply and appends it too.
  * *reply (may be NULL) receives the reply text: owned, free() it.
  * stats (may be NULL) receives the turn's figures.
- * Errors: KS_EEMPTY (empty message), KS_ECTX (the message alone does not fit),
- * KS_EDECODE; on error the conversation is as before the call. */
+ * Errors: KS_EEMPTY (empty or blank message), KS_EINVAL (max_tokens outside
+ * [1, n_ctx - 1], or the prompt could not be tokenized), KS_ECTX (the message
+ * alone does not fit with max_tokens), KS_ETEMPLATE (the model's chat
+ * template cannot render the conversation), KS_ENOMEM, KS_EDECODE or another
+ * code from the decode (the generation failed). On every error a message is
+ * written to err and the history is as before the call; errors found before
+ * the generation starts leave the cached KV as it was too. */
 KS_API int ks_chat_send(ks_chat *c, const char *user_msg, const ks_gen_params *g,
                         char **reply, ks_turn_stats *stats, char *err, size_t errlen);
 
