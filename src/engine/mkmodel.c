@@ -11,6 +11,7 @@
 #include "engine/mkmodel.h"
 
 #include <assert.h>
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -172,7 +173,7 @@ static inline float rng_tri(rng *r) {
 }
 
 /* -------------------------------------------------------------- vocabulary */
-enum { TT_NORMAL = 1, TT_UNKNOWN = 2, TT_CONTROL = 3, TT_BYTE = 6 };
+enum { TT_NORMAL = 1, TT_UNKNOWN = 2, TT_CONTROL = 3, TT_USER_DEFINED = 4, TT_BYTE = 6 };
 
 typedef struct vocab {
     char **text;
@@ -319,8 +320,204 @@ static int add_word(vocab *v, const char *word, void *ud) {
     return chain_add(v, text, skip, scale);
 }
 
-static int build_vocab(const preset *p, vocab *v) {
-    int rc = vocab_init(v, p->n_vocab_max);
+/* ------------------------------------------------- chat template specials */
+/* Template families (design note 6 in mkmodel.h), tried in this order: the
+ * first whose marker the template contains. `extra`: specials the family's
+ * models have although the template text may not write them (a BOS that
+ * comes in through bos_token, an end-of-message token). */
+typedef struct family {
+    const char *name;
+    const char *marker;
+    const char *bos;
+    bool add_bos;
+    const char *eog;
+    const char *extra[8];
+} family;
+
+static const family k_families[] = {
+    {"llama3", "<|start_header_id|>", "<|begin_of_text|>", true, "<|eot_id|>",
+     {"<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>", "<|eom_id|>", "<|python_tag|>"}},
+    {"harmony", "<|channel|>", "<s>", false, "<|return|>",
+     {"<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>",
+      "<|endoftext|>"}},
+    {"mistral", "[INST]", "<s>", true, "</s>", {0}},
+    {"chatml", "<|im_start|>", "<s>", false, "<|im_end|>", {"<|endoftext|>"}},
+};
+static const family k_family_other = {"other", NULL, "<s>", false, NULL, {0}};
+
+/* End-of-turn tokens for a template of no known family, by preference: the
+ * first one the template contains ("</s>" when none). */
+static const char *const k_eog_by_presence[] = {"<|im_end|>", "<|eot_id|>", "<|return|>", "<|end|>",
+                                               "<end_of_turn>", "<|endoftext|>"};
+
+/* Tag-like specials added when the template contains them. */
+static const char *const k_tags[] = {"<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
+                                     "<think>", "</think>"};
+
+/* Specials that appear in the assistant's own output, where the output
+ * parser must see them: USER_DEFINED, which llama_token_to_piece renders
+ * even with special=false (CONTROL tokens render as ""). llama.cpp itself
+ * forces gpt-oss's <|start|>, <|message|>, <|channel|>, <|constrain|> to
+ * USER_DEFINED. */
+static const char *const k_user_defined[] = {"<tool_call>", "</tool_call>", "<tool_response>",
+                                             "</tool_response>", "<think>", "</think>", "[TOOL_CALLS]",
+                                             "<|python_tag|>", "<|start|>", "<|message|>", "<|channel|>",
+                                             "<|constrain|>"};
+
+#define TMPL_MAX_SPECIALS 1024
+#define TMPL_MAX_TOKEN 64
+
+/* What a chat template asks of the vocabulary. */
+typedef struct tmpl_info {
+    const family *fam;
+    const char *eog;  /* static */
+    bool add_bos;
+    char **tok;       /* owned */
+    int32_t *type;
+    int n, cap;
+    int bos_id, eog_id; /* set by build_vocab */
+} tmpl_info;
+
+static void tmpl_info_free(tmpl_info *ti) {
+    for (int i = 0; i < ti->n; i++) free(ti->tok[i]);
+    free(ti->tok);
+    free(ti->type);
+    memset(ti, 0, sizeof *ti);
+}
+
+static bool in_list(const char *s, size_t n, const char *const *list, size_t nlist) {
+    for (size_t i = 0; i < nlist; i++)
+        if (strlen(list[i]) == n && !memcmp(list[i], s, n)) return true;
+    return false;
+}
+
+/* Adds the special s[0..n) once. Returns 0, KS_ENOMEM or KS_EINVAL (too many). */
+static int tmpl_add(tmpl_info *ti, const char *s, size_t n) {
+    for (int i = 0; i < ti->n; i++)
+        if (strlen(ti->tok[i]) == n && !memcmp(ti->tok[i], s, n)) return 0;
+    if (ti->n == TMPL_MAX_SPECIALS) return KS_EINVAL;
+    if (ti->n == ti->cap) {
+        int cap = ti->cap ? ti->cap * 2 : 32;
+        char **tok = realloc(ti->tok, (size_t)cap * sizeof *tok);
+        if (!tok) return KS_ENOMEM;
+        ti->tok = tok;
+        int32_t *type = realloc(ti->type, (size_t)cap * sizeof *type);
+        if (!type) return KS_ENOMEM;
+        ti->type = type;
+        ti->cap = cap;
+    }
+    char *t = strndup(s, n);
+    if (!t) return KS_ENOMEM;
+    ti->tok[ti->n] = t;
+    ti->type[ti->n] = in_list(s, n, k_user_defined, sizeof k_user_defined / sizeof k_user_defined[0])
+                          ? TT_USER_DEFINED
+                          : TT_CONTROL;
+    ti->n++;
+    return 0;
+}
+
+/* Length of a special at s: "<|name|>" or "[NAME]"/"[/NAME]" (name of
+ * letters, digits and '_'; upper case and at least two characters in
+ * brackets); 0 when there is none. */
+static size_t special_at(const char *s) {
+    size_t i = 0;
+    if (s[0] == '<' && s[1] == '|') {
+        for (i = 2; i < TMPL_MAX_TOKEN && (isalnum((unsigned char)s[i]) || s[i] == '_'); i++) {}
+        return i > 2 && s[i] == '|' && s[i + 1] == '>' ? i + 2 : 0;
+    }
+    if (s[0] == '[') {
+        size_t b = s[1] == '/' ? 2 : 1;
+        for (i = b; i < TMPL_MAX_TOKEN && ((s[i] >= 'A' && s[i] <= 'Z') || s[i] == '_'); i++) {}
+        return i >= b + 2 && s[i] == ']' ? i + 1 : 0;
+    }
+    return 0;
+}
+
+/* Strict UTF-8 (RFC 3629: no overlong forms, no surrogates, at most
+ * U+10FFFF). Returns the offset of the first bad byte, or -1. */
+static long utf8_bad_at(const unsigned char *s, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        unsigned c = s[i];
+        size_t len = c < 0x80 ? 1 : c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3
+                   : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+        if (!len || i + len > n) return (long)i;
+        unsigned lo = 0x80, hi = 0xBF; /* the allowed range of the second byte */
+        if (c == 0xE0) lo = 0xA0;
+        else if (c == 0xED) hi = 0x9F;
+        else if (c == 0xF0) lo = 0x90;
+        else if (c == 0xF4) hi = 0x8F;
+        if (len > 1 && (s[i + 1] < lo || s[i + 1] > hi)) return (long)i;
+        for (size_t k = 2; k < len; k++)
+            if ((s[i + k] & 0xC0) != 0x80) return (long)i;
+        i += len;
+    }
+    return -1;
+}
+
+/* Checks the template text and collects its specials, family, BOS and EOG
+ * (design note 6). Errors: KS_EINVAL (empty, too long, not UTF-8, too many
+ * specials; message in err), KS_ENOMEM. */
+static int tmpl_analyse(const char *text, tmpl_info *ti, char *err, size_t errlen) {
+    memset(ti, 0, sizeof *ti);
+    size_t len = strlen(text);
+    if (len == 0) {
+        ks_set_err(err, errlen, "the chat template is empty");
+        return KS_EINVAL;
+    }
+    if (len > KS_MKMODEL_TMPL_MAX) {
+        ks_set_err(err, errlen, "the chat template is %zu bytes, more than the limit of %d", len,
+                   KS_MKMODEL_TMPL_MAX);
+        return KS_EINVAL;
+    }
+    long bad = utf8_bad_at((const unsigned char *)text, len);
+    if (bad >= 0) {
+        ks_set_err(err, errlen, "the chat template is not valid UTF-8 (byte %ld)", bad);
+        return KS_EINVAL;
+    }
+
+    ti->fam = &k_family_other;
+    for (size_t i = 0; i < sizeof k_families / sizeof k_families[0]; i++)
+        if (strstr(text, k_families[i].marker)) { ti->fam = &k_families[i]; break; }
+    ti->eog = ti->fam->eog;
+    for (size_t i = 0; !ti->eog && i < sizeof k_eog_by_presence / sizeof k_eog_by_presence[0]; i++)
+        if (strstr(text, k_eog_by_presence[i])) ti->eog = k_eog_by_presence[i];
+    if (!ti->eog) ti->eog = "</s>";
+    /* A template that writes bos_token itself is one of a model that starts
+     * with BOS; llama.cpp's common then strips the written one. */
+    ti->add_bos = ti->fam->add_bos || strstr(text, "bos_token") != NULL;
+
+    int rc = 0;
+    for (int i = 0; !rc && i < 8 && ti->fam->extra[i]; i++)
+        rc = tmpl_add(ti, ti->fam->extra[i], strlen(ti->fam->extra[i]));
+    if (!rc) rc = tmpl_add(ti, ti->eog, strlen(ti->eog));
+    for (size_t i = 0; !rc && i < sizeof k_tags / sizeof k_tags[0]; i++)
+        if (strstr(text, k_tags[i])) rc = tmpl_add(ti, k_tags[i], strlen(k_tags[i]));
+    /* Jinja comments ({# ... #}) are skipped: gpt-oss's mentions a "<|final|>"
+     * no model of it has. */
+    for (const char *s = text; !rc && *s; s++) {
+        if (s[0] == '{' && s[1] == '#') {
+            const char *end = strstr(s + 2, "#}");
+            if (!end) break;
+            s = end + 1;
+            continue;
+        }
+        size_t n = special_at(s);
+        if (n) {
+            rc = tmpl_add(ti, s, n);
+            s += n - 1;
+        }
+    }
+    if (rc == KS_EINVAL)
+        ks_set_err(err, errlen, "the chat template has more than %d special tokens", TMPL_MAX_SPECIALS);
+    if (rc) tmpl_info_free(ti);
+    return rc;
+}
+
+/* The vocabulary of preset p (design note 3); with a template (ti not NULL)
+ * its specials follow the preset's tokens and ti's bos_id/eog_id are set. */
+static int build_vocab(const preset *p, tmpl_info *ti, vocab *v) {
+    int rc = vocab_init(v, p->n_vocab_max + (ti ? ti->n : 0));
     if (rc) return rc;
     char buf[32];
     /* Fixed ids (mkmodel.h): checked by the asserts below. */
@@ -361,6 +558,23 @@ static int build_vocab(const preset *p, vocab *v) {
             snprintf(buf, sizeof buf, SPACE_UTF8 "w%d", v->n);
             if ((rc = vocab_add(v, buf, TT_NORMAL, SCALE_CONTROL)) < 0) goto fail;
         }
+    }
+
+    if (ti) {
+        /* After every preset token, so that the fixed ids of mkmodel.h hold
+         * for every template. A special that is already there (<s>, </s>,
+         * <|im_start|>, <|im_end|>) keeps its id and takes the type the
+         * template wants. */
+        for (int i = 0; i < ti->n; i++) {
+            if ((rc = vocab_add(v, ti->tok[i], ti->type[i], SCALE_CONTROL)) < 0) goto fail;
+            v->type[rc] = ti->type[i];
+        }
+        ti->bos_id = vocab_find(v, ti->fam->bos);
+        ti->eog_id = vocab_find(v, ti->eog);
+        assert(ti->bos_id >= 0 && ti->eog_id >= 0);
+        /* The template's end of turn, not ChatML's, is the one a reply ends with. */
+        v->out_scale[KS_MKMODEL_TOK_IM_END] = SCALE_CONTROL;
+        v->out_scale[ti->eog_id] = SCALE_IM_END;
     }
     return 0;
 fail:
@@ -416,19 +630,12 @@ static int make_specs(const preset *p, int n_vocab, tspec **out, int *n_out) {
     return 0;
 }
 
-int ks_mkmodel_shape_of(const char *preset_name, ks_mkmodel_shape *out) {
-    const preset *p = find_preset(preset_name);
-    if (!p || !out) return KS_EINVAL;
-    vocab v;
-    int rc = build_vocab(p, &v);
-    if (rc) return rc;
-    tspec *t = NULL;
-    int nt = 0;
-    rc = make_specs(p, v.n, &t, &nt);
-    if (rc) { vocab_free(&v); return rc; }
+/* The shape of what build_vocab and make_specs made. */
+static void fill_shape(const preset *p, const vocab *v, const tspec *t, int nt, const tmpl_info *ti,
+                       ks_mkmodel_shape *out) {
     memset(out, 0, sizeof *out);
     out->preset = p->name;
-    out->n_vocab = v.n;
+    out->n_vocab = v->n;
     out->n_embd = p->n_embd;
     out->n_layer = p->n_layer;
     out->n_head = p->n_head;
@@ -438,6 +645,24 @@ int ks_mkmodel_shape_of(const char *preset_name, ks_mkmodel_shape *out) {
     out->wtype = (int)p->wtype;
     out->wtype_name = ggml_type_name(p->wtype);
     for (int i = 0; i < nt; i++) out->n_params += (uint64_t)(t[i].ne0 * t[i].ne1);
+    out->tmpl_family = ti ? ti->fam->name : "chatml";
+    out->n_tmpl_specials = ti ? ti->n : 0;
+    out->bos = ti ? ti->fam->bos : "<s>";
+    out->eog = ti ? ti->eog : "<|im_end|>";
+    out->add_bos = ti ? ti->add_bos : true;
+}
+
+int ks_mkmodel_shape_of(const char *preset_name, ks_mkmodel_shape *out) {
+    const preset *p = find_preset(preset_name);
+    if (!p || !out) return KS_EINVAL;
+    vocab v;
+    int rc = build_vocab(p, NULL, &v);
+    if (rc) return rc;
+    tspec *t = NULL;
+    int nt = 0;
+    rc = make_specs(p, v.n, &t, &nt);
+    if (rc) { vocab_free(&v); return rc; }
+    fill_shape(p, &v, t, nt, NULL, out);
     free(t);
     vocab_free(&v);
     return 0;
@@ -544,7 +769,8 @@ static int fsync_parent(const char *path) {
     return e;
 }
 
-static struct gguf_context *build_gguf(const preset *p, const vocab *v, const tspec *t, int nt,
+static struct gguf_context *build_gguf(const preset *p, const vocab *v, const tmpl_info *ti,
+                                       const char *chat_template, const tspec *t, int nt,
                                        struct ggml_context **gctx_out) {
     struct gguf_context *g = gguf_init_empty();
     if (!g) return NULL;
@@ -569,14 +795,18 @@ static struct gguf_context *build_gguf(const preset *p, const vocab *v, const ts
     gguf_set_arr_str(g, "tokenizer.ggml.tokens", (const char **)v->text, (size_t)v->n);
     gguf_set_arr_data(g, "tokenizer.ggml.scores", GGUF_TYPE_FLOAT32, v->score, (size_t)v->n);
     gguf_set_arr_data(g, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, v->type, (size_t)v->n);
-    gguf_set_val_u32(g, "tokenizer.ggml.bos_token_id", KS_MKMODEL_TOK_BOS);
-    gguf_set_val_u32(g, "tokenizer.ggml.eos_token_id", KS_MKMODEL_TOK_IM_END);
+    /* Without a template the keys are exactly those of before templates
+     * existed: the presets' files must not change (design note 6). */
+    gguf_set_val_u32(g, "tokenizer.ggml.bos_token_id", ti ? (uint32_t)ti->bos_id : KS_MKMODEL_TOK_BOS);
+    gguf_set_val_u32(g, "tokenizer.ggml.eos_token_id", ti ? (uint32_t)ti->eog_id : KS_MKMODEL_TOK_IM_END);
+    /* llama.cpp guesses the end-of-turn token by its text; say it. */
+    if (ti) gguf_set_val_u32(g, "tokenizer.ggml.eot_token_id", (uint32_t)ti->eog_id);
     gguf_set_val_u32(g, "tokenizer.ggml.unknown_token_id", KS_MKMODEL_TOK_UNK);
-    gguf_set_val_bool(g, "tokenizer.ggml.add_bos_token", true);
+    gguf_set_val_bool(g, "tokenizer.ggml.add_bos_token", ti ? ti->add_bos : true);
     gguf_set_val_bool(g, "tokenizer.ggml.add_eos_token", false);
     /* Without this llama.cpp inserts "▁" after every special token of ChatML. */
     gguf_set_val_bool(g, "tokenizer.ggml.add_space_prefix", false);
-    gguf_set_val_str(g, "tokenizer.chat_template", k_chatml);
+    gguf_set_val_str(g, "tokenizer.chat_template", ti ? chat_template : k_chatml);
 
     /* Tensor infos only: a no_alloc ggml context holds the shapes; the data
      * is written separately (see the file comment). */
@@ -600,7 +830,24 @@ static struct gguf_context *build_gguf(const preset *p, const vocab *v, const ts
     return g;
 }
 
+ks_mkmodel_params ks_mkmodel_params_default(void) {
+    ks_mkmodel_params mp = {.preset = "tiny", .seed = 1, .chat_template = NULL};
+    return mp;
+}
+
 int ks_mkmodel(const char *preset_name, uint64_t seed, const char *out_path, char *err, size_t errlen) {
+    ks_mkmodel_params mp = {.preset = preset_name, .seed = seed, .chat_template = NULL};
+    return ks_mkmodel_write(&mp, out_path, NULL, err, errlen);
+}
+
+int ks_mkmodel_write(const ks_mkmodel_params *mp, const char *out_path, ks_mkmodel_shape *shape,
+                     char *err, size_t errlen) {
+    if (!mp) {
+        ks_set_err(err, errlen, "no parameters");
+        return KS_EINVAL;
+    }
+    const char *preset_name = mp->preset;
+    const uint64_t seed = mp->seed;
     const preset *p = find_preset(preset_name);
     if (!p) {
         ks_set_err(err, errlen, "unknown preset '%s' (known: %s)", preset_name ? preset_name : "(null)",
@@ -613,6 +860,8 @@ int ks_mkmodel(const char *preset_name, uint64_t seed, const char *out_path, cha
     }
 
     int rc = 0;
+    tmpl_info tinfo = {0};
+    tmpl_info *ti = NULL;
     vocab v = {0};
     tspec *t = NULL;
     int nt = 0;
@@ -625,9 +874,14 @@ int ks_mkmodel(const char *preset_name, uint64_t seed, const char *out_path, cha
     int fd = -1;
     writer w = {0};
 
-    if ((rc = build_vocab(p, &v)) != 0) goto done;
+    if (mp->chat_template) {
+        if ((rc = tmpl_analyse(mp->chat_template, &tinfo, err, errlen)) != 0) goto done;
+        ti = &tinfo;
+    }
+    if ((rc = build_vocab(p, ti, &v)) != 0) goto done;
     if ((rc = make_specs(p, v.n, &t, &nt)) != 0) goto done;
-    g = build_gguf(p, &v, t, nt, &gctx);
+    if (shape) fill_shape(p, &v, t, nt, ti, shape);
+    g = build_gguf(p, &v, ti, mp->chat_template, t, nt, &gctx);
     if (!g) { rc = KS_ENOMEM; goto done; }
 
     size_t meta_size = gguf_get_meta_size(g);
@@ -705,5 +959,6 @@ done:
     if (g) gguf_free(g);
     free(t);
     vocab_free(&v);
+    tmpl_info_free(&tinfo);
     return rc;
 }

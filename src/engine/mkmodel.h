@@ -24,7 +24,7 @@
  *     variants and pads with synthetic pieces "▁w<id>" to 32000.
  *     BOS = <s>, EOS = <|im_end|> (a reply ends at the end of its turn),
  *     add_bos_token = true, add_space_prefix = false (ChatML), the Qwen2
- *     ChatML Jinja template.
+ *     ChatML Jinja template (note 6: or a real template).
  *  4. Readable greedy output: the rows of output.weight are scaled per token —
  *     whole words 1.0, capitalised words 0.5, unprefixed words 0.3, ".,!?:;"
  *     0.8, partial pieces and single characters 0.15, control, byte and
@@ -39,12 +39,51 @@
  *     collapse onto one repeated word. 2-D weights are F16 (tiny) or Q8_0
  *     (bench, via ggml_quantize_chunk); output.weight is untied.
  *
+ *  6. A real chat template (ks_mkmodel_params.chat_template): its text is
+ *     written as tokenizer.chat_template and the vocabulary gets the special
+ *     tokens it needs, appended after the preset's tokens so that the fixed
+ *     ids below hold for every template (<|im_start|> and <|im_end|> stay,
+ *     as plain control tokens). Without a template nothing changes: the
+ *     presets' files are byte-identical to those of before templates.
+ *     - Specials: every "<|name|>" and "[UPPER_NAME]"/"[/UPPER_NAME]" in the
+ *       template outside Jinja comments, the tags <tool_call>, </tool_call>,
+ *       <tool_response>, </tool_response>, <think>, </think> when present,
+ *       and the family's fixed list (below). Markers that appear in the
+ *       assistant's own output, where the output parser must read them, are
+ *       USER_DEFINED (token type 4: llama_token_to_piece renders them with
+ *       special=false, and they tokenize as one token even without
+ *       parse_special): the six tags, [TOOL_CALLS], <|python_tag|>, and
+ *       gpt-oss's <|start|>, <|message|>, <|channel|>, <|constrain|> (which
+ *       llama.cpp forces to USER_DEFINED anyway). All others, the turn
+ *       delimiters, are CONTROL (type 3: parse_special only, rendered as "").
+ *     - Family, by the first marker found; BOS, add_bos, end of turn (EOS =
+ *       EOT = the turn's end, written as tokenizer.ggml.eos_token_id and
+ *       tokenizer.ggml.eot_token_id) and fixed specials:
+ *         llama3  "<|start_header_id|>"  <|begin_of_text|>, add  <|eot_id|>
+ *                 + <|begin_of_text|> <|end_of_text|> <|eom_id|> <|python_tag|>
+ *         harmony "<|channel|>" (gpt-oss)  <s>, no add   <|return|>
+ *                 + <|start|> <|end|> <|message|> <|channel|> <|constrain|>
+ *                   <|call|> <|endoftext|>
+ *         mistral "[INST]"               <s>, add      </s>
+ *         chatml  "<|im_start|>"         <s>, no add   <|im_end|>
+ *                 + <|endoftext|>
+ *         other                          <s>, no add   the first of <|im_end|>
+ *                 <|eot_id|> <|return|> <|end|> <end_of_turn> <|endoftext|>
+ *                 the template contains, else </s>
+ *       A template that writes bos_token itself (Hermes 3) gets add_bos too.
+ *       llama.cpp also marks tokens end-of-generation by their text
+ *       (<|eom_id|>, <|call|>, </s>, <|endoftext|>, ...), and for gpt-oss
+ *       takes <|end|> out of that set again.
+ *     - The end-of-turn token gets the output scale of note 4 (1.6);
+ *       <|im_end|> then gets 0.05 unless it is the end of turn.
+ *
  * Thread model: ks_mkmodel and ks_mkmodel_shape_of are reentrant (no global
  * state of their own); ggml's quantizer is thread-safe.
  */
 #ifndef KS_MKMODEL_H
 #define KS_MKMODEL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -70,7 +109,25 @@ typedef struct ks_mkmodel_shape {
     int wtype;              /* ggml_type of the 2-D weights (norms are F32) */
     const char *wtype_name; /* "f16", "q8_0" — borrowed, static */
     uint64_t n_params;      /* all tensor elements */
+    /* The chat template's needs (note 6); all strings borrowed, static. */
+    const char *tmpl_family; /* "chatml" (the preset's own), "llama3", "harmony", ... */
+    int n_tmpl_specials;     /* specials the template asked for (0: the preset's own) */
+    const char *bos;         /* text of the BOS token, "<s>" ... */
+    const char *eog;         /* text of the end-of-turn token (EOS and EOT) */
+    bool add_bos;
 } ks_mkmodel_shape;
+
+/* Longest chat template accepted, in bytes. */
+#define KS_MKMODEL_TMPL_MAX (1024 * 1024)
+
+/* What to make. Filled by ks_mkmodel_params_default(): tiny, seed 1, no template. */
+typedef struct ks_mkmodel_params {
+    const char *preset;        /* "tiny" or "bench" */
+    uint64_t seed;
+    const char *chat_template; /* Jinja text (borrowed for the call); NULL: the preset's ChatML */
+} ks_mkmodel_params;
+
+ks_mkmodel_params ks_mkmodel_params_default(void);
 
 /* Names of the presets, "tiny|bench" — static. */
 const char *ks_mkmodel_presets(void);
@@ -87,5 +144,14 @@ int ks_mkmodel_shape_of(const char *preset, ks_mkmodel_shape *out);
  * KS_EIO (any other I/O error). On failure a message is written to err
  * (may be NULL) and nothing is left under out_path. */
 int ks_mkmodel(const char *preset, uint64_t seed, const char *out_path, char *err, size_t errlen);
+
+/* The same with a chat template (note 6): ks_mkmodel is ks_mkmodel_write of
+ * {preset, seed, NULL}. shape (may be NULL) receives the shape of the model
+ * written, its vocabulary size and template fields included.
+ * Errors as ks_mkmodel, and KS_EINVAL for a template that is empty, longer
+ * than KS_MKMODEL_TMPL_MAX, not valid UTF-8 or with more than 1024 special
+ * tokens (the message in err says which); then nothing is written. */
+int ks_mkmodel_write(const ks_mkmodel_params *p, const char *out_path, ks_mkmodel_shape *shape,
+                     char *err, size_t errlen);
 
 #endif
