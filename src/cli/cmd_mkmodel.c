@@ -1,9 +1,13 @@
 /*
- * cmd_mkmodel.c — `kvstash mkmodel --preset tiny|bench [--seed N] OUT.gguf`.
+ * cmd_mkmodel.c — `kvstash mkmodel --preset tiny|bench [--seed N]
+ * [--chat-template FILE] OUT.gguf`.
  *
  * Writes a random-weight `llama` GGUF model (engine/mkmodel.h). Exit codes:
- * 0 written, 1 I/O or memory error, 2 usage error (unknown option or preset,
- * missing or extra OUT, bad seed).
+ * 0 written, 1 I/O or memory error (also: the template file cannot be
+ * opened or read), 2 usage error (unknown option or preset, missing or extra
+ * OUT, bad seed, a template file that is empty, larger than 1 MiB, not UTF-8
+ * text or holds a NUL byte). The template is read and checked before
+ * anything is written: a bad one leaves no file behind.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -18,17 +22,23 @@
 
 static void mkmodel_usage(FILE *f) {
     fprintf(f,
-            "usage: kvstash mkmodel --preset tiny|bench [--seed N] OUT.gguf\n"
+            "usage: kvstash mkmodel --preset tiny|bench [--seed N] [--chat-template FILE] OUT.gguf\n"
             "\n"
             "Writes a random-weight GGUF model of architecture `llama` with a ChatML\n"
             "template, for tests, demos and benchmarks. The file is a pure function of\n"
-            "the preset and the seed, and is written atomically (temp file + rename).\n"
+            "the preset, the seed and the template, and is written atomically (temp\n"
+            "file + rename).\n"
             "\n"
             "  --preset NAME   tiny:  2 layers, n_embd 64, 4 heads (2 KV), ffn 128,\n"
             "                         ~1000 tokens, F16, context 8192 (< 1 MiB)\n"
             "                  bench: 24 layers, n_embd 896, 14 heads (2 KV), ffn 4864,\n"
             "                         32000 tokens, Q8_0, context 32768 (~421 MiB)\n"
             "  --seed N        weights seed, an unsigned 64-bit integer (default 1)\n"
+            "  --chat-template FILE\n"
+            "                  a Jinja chat template (UTF-8, at most 1 MiB) to write\n"
+            "                  instead of ChatML; the vocabulary gets its special\n"
+            "                  tokens, BOS and end-of-turn token (Llama 3, Mistral,\n"
+            "                  gpt-oss, ChatML families)\n"
             "  -h, --help      this help\n");
 }
 
@@ -42,9 +52,57 @@ static int parse_seed(const char *s, uint64_t *out) {
     return 0;
 }
 
+/* Reads the template file into *out (owned: free()). Returns 0, 1 (cannot
+ * open or read it) or 2 (not acceptable text); the message is printed. */
+static int read_template(const char *path, char **out) {
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        int e = errno;
+        fprintf(stderr, "kvstash mkmodel: --chat-template '%s': %s\n", path, strerror(e));
+        return 1;
+    }
+    /* One byte more than the limit tells "too large" without trusting
+     * st_size (a pipe has none). */
+    size_t cap = KS_MKMODEL_TMPL_MAX + 1;
+    char *buf = malloc(cap + 1);
+    if (!buf) {
+        fclose(f);
+        fprintf(stderr, "kvstash mkmodel: %s\n", ks_strerror(KS_ENOMEM));
+        return 1;
+    }
+    size_t n = fread(buf, 1, cap, f);
+    int e = ferror(f) ? errno : 0;
+    fclose(f);
+    int rc = 0;
+    if (e) {
+        fprintf(stderr, "kvstash mkmodel: --chat-template '%s': cannot read: %s\n", path,
+                strerror(e ? e : EIO));
+        rc = 1;
+    } else if (n == 0) {
+        fprintf(stderr, "kvstash mkmodel: --chat-template '%s': the file is empty\n", path);
+        rc = 2;
+    } else if (n > KS_MKMODEL_TMPL_MAX) {
+        fprintf(stderr, "kvstash mkmodel: --chat-template '%s': larger than %d bytes (1 MiB)\n", path,
+                KS_MKMODEL_TMPL_MAX);
+        rc = 2;
+    } else if (memchr(buf, '\0', n)) {
+        fprintf(stderr, "kvstash mkmodel: --chat-template '%s': holds a NUL byte, not text\n", path);
+        rc = 2;
+    }
+    if (rc) {
+        free(buf);
+        return rc;
+    }
+    buf[n] = '\0';
+    *out = buf;
+    return 0;
+}
+
 int ks_cmd_mkmodel(int argc, char **argv) {
     const char *preset = NULL;
     const char *out = NULL;
+    const char *tmpl_path = NULL;
     uint64_t seed = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -65,6 +123,13 @@ int ks_cmd_mkmodel(int argc, char **argv) {
                         v ? v : "");
                 return 2;
             }
+        } else if (!strcmp(a, "--chat-template") || !strncmp(a, "--chat-template=", 16)) {
+            const char *v = a[15] == '=' ? a + 16 : (i + 1 < argc ? argv[++i] : NULL);
+            if (!v || !*v) {
+                fprintf(stderr, "kvstash mkmodel: --chat-template needs a file\n");
+                return 2;
+            }
+            tmpl_path = v;
         } else if (a[0] == '-' && a[1] != '\0') {
             fprintf(stderr, "kvstash mkmodel: unknown option '%s'\n", a);
             mkmodel_usage(stderr);
@@ -97,12 +162,23 @@ int ks_cmd_mkmodel(int argc, char **argv) {
         return 2;
     }
 
+    char *tmpl = NULL;
+    if (tmpl_path && (rc = read_template(tmpl_path, &tmpl)) != 0) return rc;
+
+    ks_mkmodel_params mp = ks_mkmodel_params_default();
+    mp.preset = preset;
+    mp.seed = seed;
+    mp.chat_template = tmpl;
     char err[512] = "";
     double t0 = ks_now_ms();
-    rc = ks_mkmodel(preset, seed, out, err, sizeof err);
+    rc = ks_mkmodel_write(&mp, out, &shape, err, sizeof err);
     double secs = (ks_now_ms() - t0) / 1e3;
+    free(tmpl);
     if (rc) {
-        fprintf(stderr, "kvstash mkmodel: %s\n", err[0] ? err : ks_strerror(rc));
+        if (tmpl_path && rc == KS_EINVAL)
+            fprintf(stderr, "kvstash mkmodel: --chat-template '%s': %s\n", tmpl_path, err);
+        else
+            fprintf(stderr, "kvstash mkmodel: %s\n", err[0] ? err : ks_strerror(rc));
         return rc == KS_EINVAL ? 2 : 1;
     }
     struct stat st;
@@ -112,5 +188,10 @@ int ks_cmd_mkmodel(int argc, char **argv) {
             "%lld bytes, %.3f s -> %s\n",
             shape.preset, seed, shape.n_params, shape.n_layer, shape.n_embd, shape.n_vocab, shape.wtype_name,
             bytes, secs, out);
+    if (tmpl_path)
+        fprintf(stderr,
+                "kvstash mkmodel: chat template %s (%s family): %d special tokens, BOS %s%s, end of turn %s\n",
+                tmpl_path, shape.tmpl_family, shape.n_tmpl_specials, shape.bos,
+                shape.add_bos ? " (added)" : " (not added)", shape.eog);
     return 0;
 }
