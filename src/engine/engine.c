@@ -289,6 +289,49 @@ int ks_engine_piece(const ks_engine *e, int32_t tok, char *buf, size_t n) {
 
 bool ks_engine_is_eog(const ks_engine *e, int32_t tok) { return llama_vocab_is_eog(e->vocab, tok); }
 
+int ks_engine_token_text(const ks_engine *e, int32_t tok, char *buf, size_t n) {
+    int r = llama_token_to_piece(e->vocab, tok, buf, (int32_t)n, 0, true);
+    return r < 0 ? -r : r;
+}
+
+int32_t ks_engine_token_bos(const ks_engine *e) {
+    llama_token t = llama_vocab_bos(e->vocab);
+    return t == LLAMA_TOKEN_NULL ? -1 : t;
+}
+
+int32_t ks_engine_token_eos(const ks_engine *e) {
+    llama_token t = llama_vocab_eos(e->vocab);
+    return t == LLAMA_TOKEN_NULL ? -1 : t;
+}
+
+const char *ks_engine_chat_template(const ks_engine *e) { return llama_model_chat_template(e->model, NULL); }
+
+static pthread_once_t g_version_once = PTHREAD_ONCE_INIT;
+static char g_llama_version[64] = "unknown";
+
+/* llama.h has no version call (the build number lives in the common
+ * library), but the pinned release names its library file after itself. */
+static void llama_version_init(void) {
+    Dl_info info;
+    char real[4096];
+    if (!dladdr((void *)&llama_backend_init, &info) || !info.dli_fname || !realpath(info.dli_fname, real)) return;
+    const char *base = strrchr(real, '/');
+    base = base ? base + 1 : real;
+    const char *v = NULL;
+    size_t n = 0;
+    if (!strncmp(base, "libllama.", 9) && strstr(base, ".so")) {
+        const char *so = strstr(base, ".so");
+        if (so[3] == '.' && so[4]) v = so + 4, n = strlen(v);          /* libllama.so.X.Y.Z */
+        else if (so > base + 9) v = base + 9, n = (size_t)(so - v);    /* libllama.vX.Y.Z.so */
+    }
+    if (v && n > 0 && n < sizeof g_llama_version) snprintf(g_llama_version, sizeof g_llama_version, "%.*s", (int)n, v);
+}
+
+const char *ks_engine_llama_version(void) {
+    pthread_once(&g_version_once, llama_version_init);
+    return g_llama_version;
+}
+
 int ks_engine_template(const ks_engine *e, const ks_msg *msgs, size_t n, bool add_gen, char **out) {
     *out = NULL;
     llama_chat_message *cm = calloc(n ? n : 1, sizeof *cm);

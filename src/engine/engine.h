@@ -84,6 +84,20 @@ int ks_engine_tokenize(const ks_engine *e, const char *text, size_t len, bool ad
  * (may exceed n: then call again with a bigger buffer), < 0 on error. */
 int ks_engine_piece(const ks_engine *e, int32_t tok, char *buf, size_t n);
 bool ks_engine_is_eog(const ks_engine *e, int32_t tok);
+/* Text of one token with control tokens rendered as their text ("<|im_end|>"),
+ * as llama-server's /detokenize and /tokenize pieces show them. Same return
+ * convention as ks_engine_piece. */
+int ks_engine_token_text(const ks_engine *e, int32_t tok, char *buf, size_t n);
+/* The model's BOS / EOS token id, -1 when it has none. */
+int32_t ks_engine_token_bos(const ks_engine *e);
+int32_t ks_engine_token_eos(const ks_engine *e);
+/* The GGUF's chat template text (tokenizer.chat_template), NULL when the model
+ * has none (ks_engine_template then uses ChatML). Borrowed, valid until free. */
+const char *ks_engine_chat_template(const ks_engine *e);
+/* The llama.cpp release kvstash runs on, read from the loaded library's file
+ * name ("v0.5.0" from libllama.v0.5.0.so, "0.0.6000" from libllama.so.0.0.6000),
+ * "unknown" when it carries none. Static string; any thread. */
+const char *ks_engine_llama_version(void);
 
 /* A chat message for the template. */
 typedef struct ks_msg {
