@@ -98,6 +98,61 @@ int ks_api_parse(ks_api_kind kind, const char *body, size_t len, ks_api_request 
 /* Frees what ks_api_parse allocated; zeroes *r. NULL-safe, idempotent. */
 void ks_api_request_free(ks_api_request *r);
 
+/* -------------------------------------------------------- utility endpoints */
+/* POST /tokenize, as llama-server's: content is a string, or an array mixing
+ * strings (tokenized; add_special applies to the first element only, and only
+ * when it is a string) and token ids (passed through). */
+typedef struct ks_api_tok_part {
+    const char *text;     /* borrowed from the request; NULL: a token id */
+    size_t len;
+    int32_t tok;
+} ks_api_tok_part;
+
+typedef struct ks_api_tokenize {
+    ks_api_tok_part *parts; /* owned */
+    int n_parts;
+    bool add_special;       /* default false */
+    bool parse_special;     /* default true */
+    bool with_pieces;       /* default false */
+    json_t *root;           /* owns the strings */
+} ks_api_tokenize;
+
+/* Parses a /tokenize body. Token ids in content must be in [0, n_vocab).
+ * 0, or KS_EINVAL / KS_ENOMEM with *err filled (400 / 500). Free *out with
+ * ks_api_tokenize_free whatever the result. */
+int ks_api_parse_tokenize(const char *body, size_t len, int n_vocab, ks_api_tokenize *out, ks_api_error *err);
+void ks_api_tokenize_free(ks_api_tokenize *t);
+
+/* Parses a /detokenize body: {"tokens": [ids in [0, n_vocab)]}. *tokens is
+ * owned (free()), NULL for an empty array. 0, or KS_EINVAL / KS_ENOMEM with
+ * *err filled; the param of a bad id is "tokens[i]". */
+int ks_api_parse_detokenize(const char *body, size_t len, int n_vocab, int32_t **tokens, int *n,
+                            ks_api_error *err);
+
+/* {"id": id, "piece": ...} of /tokenize with_pieces: the piece as a string
+ * when it is valid UTF-8, else as an array of its byte values (llama-server's
+ * rule, for tokens that hold part of a character). NULL on ENOMEM. */
+json_t *ks_api_token_piece_json(int32_t id, const char *piece, size_t len);
+
+/* What GET /props shows (strings borrowed; NULL renders as ""). */
+typedef struct ks_api_props {
+    int n_ctx;                 /* per slot */
+    int total_slots;
+    int default_max_tokens;
+    const char *model_alias;
+    const char *model_path;
+    const char *chat_template; /* the GGUF's, NULL: none */
+    const char *bos_token, *eos_token;
+    const char *llama_version;
+    bool cache_prompt;
+    bool exact;
+    const char *store;         /* "off", "ram-only", "full"; NULL: not shown */
+} ks_api_props;
+
+/* llama-server's /props object with the fields that apply to kvstash
+ * (docs/SERVER.md), plus a "kvstash" object. NULL on ENOMEM. */
+json_t *ks_api_props_json(const ks_api_props *p);
+
 /* ---------------------------------------------------------------- responses */
 /* Everything a response shows about one generation. */
 typedef struct ks_api_gen {
