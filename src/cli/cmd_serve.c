@@ -357,6 +357,8 @@ int ks_cmd_serve(int argc, char **argv) {
     if (f.max_tokens > 0) hp.default_max_tokens = f.max_tokens;
     if (f.timeout >= 0) hp.timeout_s = f.timeout;
     hp.cache_prompt = cfg.cache_prompt;
+    hp.exact = cfg.exact;
+    hp.store_mode = !store ? "off" : store_mode == KS_STORE_RAM_ONLY ? "ram-only" : "full";
     hp.metrics = metrics;
     /* The SPC key must change with whatever changes a system prompt's KV. */
     char model_id[512], kv[256];

@@ -35,21 +35,29 @@
 #define FREE_WAIT_MS 3000
 
 /* ------------------------------------------------------------------ routes */
-enum { R_HEALTH = 1, R_MODELS, R_METRICS, R_SLOTS, R_CHAT, R_COMPLETIONS };
+enum { R_HEALTH = 1, R_MODELS, R_METRICS, R_SLOTS, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE, R_PROPS };
+enum { M_GET = 1, M_POST = 2 }; /* M_GET: GET and HEAD */
 
 struct route {
     const char *path;
     int id;
-    bool post; /* POST only; otherwise GET and HEAD */
+    unsigned methods;
 };
 
 static const route ROUTES[] = {
-    {"/health", R_HEALTH, false},          {"/v1/health", R_HEALTH, false},
-    {"/v1/models", R_MODELS, false},       {"/models", R_MODELS, false},
-    {"/metrics", R_METRICS, false},        {"/slots", R_SLOTS, false},
-    {"/v1/chat/completions", R_CHAT, true}, {"/chat/completions", R_CHAT, true},
-    {"/v1/completions", R_COMPLETIONS, true}, {"/completions", R_COMPLETIONS, true},
+    {"/health", R_HEALTH, M_GET},           {"/v1/health", R_HEALTH, M_GET},
+    {"/v1/models", R_MODELS, M_GET},        {"/models", R_MODELS, M_GET},
+    {"/metrics", R_METRICS, M_GET},         {"/slots", R_SLOTS, M_GET},
+    {"/v1/chat/completions", R_CHAT, M_POST}, {"/chat/completions", R_CHAT, M_POST},
+    {"/v1/completions", R_COMPLETIONS, M_POST}, {"/completions", R_COMPLETIONS, M_POST},
+    /* llama-server has these without a /v1 alias. */
+    {"/tokenize", R_TOKENIZE, M_POST},      {"/detokenize", R_DETOKENIZE, M_POST},
+    {"/props", R_PROPS, M_GET | M_POST},
 };
+
+static const char *allowed(const route *rt) {
+    return rt->methods == M_POST ? "POST" : rt->methods == M_GET ? "GET, HEAD" : "GET, HEAD, POST";
+}
 
 static const route *find_route(const char *url) {
     for (size_t i = 0; i < sizeof ROUTES / sizeof ROUTES[0]; i++)
@@ -183,7 +191,7 @@ static enum MHD_Result reply_early(ks_server *s, struct MHD_Connection *c, conn 
                          method, url);
         return ks__reply_error(s, c, cn, &e, NULL);
     case 405: {
-        const char *allow = cn->rt->post ? "POST" : "GET, HEAD";
+        const char *allow = allowed(cn->rt);
         ks_api_error_set(&e, 405, "invalid_request_error", "method_not_allowed", NULL,
                          "Method %.16s is not allowed on %s; use %s.", method, cn->rt->path, allow);
         const char *const h[] = {MHD_HTTP_HEADER_ALLOW, allow, NULL};
@@ -222,8 +230,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
         bool post = !strcmp(method, "POST");
         bool given;
+        cn->post = post;
         if (!cn->rt) cn->early = 404;
-        else if (cn->rt->post ? !post : !get) cn->early = 405;
+        else if (!((get && (cn->rt->methods & M_GET)) || (post && (cn->rt->methods & M_POST)))) cn->early = 405;
         else if (cn->rt->id != R_HEALTH && !authorized(s, c, &given)) cn->early = 401, cn->key_given = given;
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl) {
@@ -243,7 +252,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (*upload_data_size) {
         size_t n = *upload_data_size;
         *upload_data_size = 0;
-        if (!cn->early && cn->rt->post) {
+        if (!cn->early && cn->post) {
             if ((uint64_t)cn->body.len + n > (uint64_t)s->max_body) {
                 cn->early = 413;
                 cn->discarded = cn->body.len;
@@ -268,6 +277,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     case R_SLOTS: return do_slots(s, c, cn);
     case R_CHAT: return ks__gen_handle(s, c, cn, KS_API_CHAT);
     case R_COMPLETIONS: return ks__gen_handle(s, c, cn, KS_API_COMPLETION);
+    case R_TOKENIZE: return ks__util_tokenize(s, c, cn);
+    case R_DETOKENIZE: return ks__util_detokenize(s, c, cn);
+    case R_PROPS: return ks__util_props(s, c, cn);
     }
     return MHD_NO;
 }
@@ -317,6 +329,7 @@ ks_server_params ks_server_params_default(void) {
     p.max_connections = 256;
     p.timeout_s = 600;
     p.cache_prompt = true;
+    p.exact = true;
     return p;
 }
 
@@ -366,6 +379,8 @@ int ks_server_start(const ks_server_params *p, ks_server **out, char *err, size_
     s->default_max_tokens = p->default_max_tokens;
     s->timeout_s = (unsigned)p->timeout_s;
     s->cache_prompt = p->cache_prompt;
+    s->exact = p->exact;
+    snprintf(s->store_mode, sizeof s->store_mode, "%s", p->store_mode ? p->store_mode : "");
     s->created = ks_wall_s();
     s->http.started_us = ks_now_us();
     /* The server's own sources; the caller's (SPC, store) are already in the

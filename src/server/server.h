@@ -12,6 +12,7 @@
  *   GET  /health               {"status":"ok"}; never needs the API key
  *   GET  /metrics              Prometheus text
  *   GET  /slots                slot table as JSON
+ *   POST /tokenize, /detokenize, GET /props   llama-server's utility endpoints
  *
  * Design notes
  *  1. Thread per connection (MHD_USE_THREAD_PER_CONNECTION): a handler may
@@ -71,6 +72,8 @@ typedef struct ks_server_params {
                                  does not count) */
     bool cache_prompt;        /* shown in /v1/models meta; the switch itself is the
                                  scheduler's (default true) */
+    bool exact;               /* shown in /props; the scheduler's setting (default true) */
+    const char *store_mode;   /* shown in /props: "off", "ram-only", "full"; NULL: not shown */
     const char *model_id;     /* what besides the text makes a system prompt's KV differ
                                  (model, context parameters): part of the SPC key; copied.
                                  NULL: the model name */

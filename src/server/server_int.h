@@ -7,6 +7,8 @@
  *   gen.c     generations: a request turned into a prompt (prompt module)
  *             and a scheduler submission, the generation object shared with
  *             the inference thread, waiting, and the streamed or whole reply.
+ *   utility.c llama-server's utility endpoints: /tokenize, /detokenize,
+ *             /props (engine calls only, no scheduler).
  * api.c stays JSON in and out.
  *
  * Thread model: see server.h. The fields of ks_server are set by
@@ -42,6 +44,8 @@ struct ks_server {
     int default_max_tokens;
     unsigned timeout_s;
     bool cache_prompt;
+    bool exact;
+    char store_mode[16];        /* "" : not shown */
     int64_t created;
     ks_metrics *metrics;
     bool own_metrics;
@@ -54,6 +58,7 @@ typedef struct route route;
 /* One HTTP request on its connection thread. */
 typedef struct conn {
     const route *rt;
+    bool post;            /* the method is POST (routes may take GET and POST) */
     int early;            /* status decided when the headers came in, 0: none */
     bool key_given;       /* for the 401 message */
     ks_buf body;
@@ -73,6 +78,13 @@ enum MHD_Result ks__reply_json(ks_server *s, struct MHD_Connection *c, conn *cn,
                                const char *const *hdrs);
 enum MHD_Result ks__reply_error(ks_server *s, struct MHD_Connection *c, conn *cn, const ks_api_error *e,
                                 const char *const *hdrs);
+
+/* Utility endpoints (utility.c), each the whole request: POST /tokenize,
+ * POST /detokenize, GET /props and POST /props (501, as llama-server
+ * without --props). */
+enum MHD_Result ks__util_tokenize(ks_server *s, struct MHD_Connection *c, conn *cn);
+enum MHD_Result ks__util_detokenize(ks_server *s, struct MHD_Connection *c, conn *cn);
+enum MHD_Result ks__util_props(ks_server *s, struct MHD_Connection *c, conn *cn);
 
 /* Generations (gen.c). */
 /* POST /v1/chat/completions and /v1/completions: the whole request. */

@@ -1,0 +1,165 @@
+/*
+ * utility.c — llama-server's utility endpoints (server_int.h): POST
+ * /tokenize, POST /detokenize, GET /props. Same request and response field
+ * names as llama-server's handlers (tools/server/server-context.cpp of the
+ * pinned release); the differences are in docs/SERVER.md.
+ *
+ * None of them touches the scheduler: tokenizing and reading the model are
+ * safe from any thread (engine.h), so they answer while every slot is busy
+ * and while the server drains.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/textstream.h"
+#include "server/server_int.h"
+
+/* The text of a token, control tokens as their text ("<|im_end|>"), into
+ * *buf (grown as needed; *cap its size). Bytes written, < 0 on error. */
+static int token_text(const ks_engine *e, int32_t tok, char **buf, size_t *cap) {
+    int n = ks_engine_token_text(e, tok, *buf, *cap);
+    if (n >= 0 && (size_t)n > *cap) {
+        char *b = realloc(*buf, (size_t)n);
+        if (!b) return KS_ENOMEM;
+        *buf = b;
+        *cap = (size_t)n;
+        n = ks_engine_token_text(e, tok, *buf, *cap);
+    }
+    return n < 0 || (size_t)n > *cap ? KS_EINVAL : n;
+}
+
+static enum MHD_Result reply_oom(ks_server *s, struct MHD_Connection *c, conn *cn) {
+    ks_api_error e;
+    ks_api_error_set(&e, 500, "server_error", "out_of_memory", NULL, "out of memory");
+    return ks__reply_error(s, c, cn, &e, NULL);
+}
+
+enum MHD_Result ks__util_tokenize(ks_server *s, struct MHD_Connection *c, conn *cn) {
+    ks_api_tokenize rq;
+    ks_api_error e;
+    if (ks_api_parse_tokenize(cn->body.s, cn->body.len, ks_engine_n_vocab(s->engine), &rq, &e)) {
+        ks_api_tokenize_free(&rq);
+        return ks__reply_error(s, c, cn, &e, NULL);
+    }
+    ks_tokens t = {0};
+    int rc = 0;
+    /* llama-server's tokenize_mixed: BOS (add_special) only before a first
+     * element that is a string. */
+    for (int i = 0; !rc && i < rq.n_parts; i++) {
+        const ks_api_tok_part *p = &rq.parts[i];
+        if (p->text)
+            rc = ks_engine_tokenize(s->engine, p->text, p->len, i == 0 && rq.add_special, rq.parse_special, &t);
+        else
+            rc = ks_tokens_push(&t, p->tok);
+    }
+    json_t *a = rc ? NULL : json_array();
+    char *piece = NULL;
+    size_t cap = 0;
+    if (rq.with_pieces && a && !(piece = malloc(cap = 256))) rc = KS_ENOMEM;
+    for (int i = 0; !rc && a && i < t.n; i++) {
+        json_t *v;
+        if (rq.with_pieces) {
+            int n = token_text(s->engine, t.v[i], &piece, &cap);
+            if (n < 0) {
+                rc = n;
+                break;
+            }
+            v = ks_api_token_piece_json(t.v[i], piece, (size_t)n);
+        } else {
+            v = json_integer(t.v[i]);
+        }
+        if (!v || json_array_append_new(a, v)) rc = KS_ENOMEM;
+    }
+    free(piece);
+    ks_tokens_free(&t);
+    ks_api_tokenize_free(&rq);
+    if (rc || !a) {
+        json_decref(a);
+        return reply_oom(s, c, cn);
+    }
+    return ks__reply_json(s, c, cn, 200, json_pack("{s:o}", "tokens", a), NULL);
+}
+
+enum MHD_Result ks__util_detokenize(ks_server *s, struct MHD_Connection *c, conn *cn) {
+    int32_t *ids;
+    int n;
+    ks_api_error e;
+    if (ks_api_parse_detokenize(cn->body.s, cn->body.len, ks_engine_n_vocab(s->engine), &ids, &n, &e))
+        return ks__reply_error(s, c, cn, &e, NULL);
+    /* The pieces concatenated (llama-server's tokens_to_str); a piece may end
+     * inside a character, so the whole goes through a textstream, which turns
+     * what is still invalid at the end into U+FFFD as llama-server's JSON
+     * output does. */
+    ks_textstream *ts = ks_textstream_create(NULL, 0);
+    ks_buf raw = {0}, out = {0};
+    char *piece = malloc(256);
+    size_t cap = 256;
+    int rc = ts && piece ? 0 : KS_ENOMEM;
+    for (int i = 0; !rc && i < n; i++) {
+        int k = token_text(s->engine, ids[i], &piece, &cap);
+        rc = k < 0 ? k : ks_buf_append(&raw, piece, (size_t)k);
+    }
+    if (!rc && ks_textstream_feed(ts, raw.s ? raw.s : "", raw.len, &out) < 0) rc = KS_ENOMEM;
+    if (!rc && ks_textstream_flush(ts, &out) < 0) rc = KS_ENOMEM;
+    json_t *o = rc ? NULL : json_pack("{s:s%}", "content", out.s ? out.s : "", out.len);
+    free(piece);
+    free(ids);
+    ks_buf_free(&raw);
+    ks_buf_free(&out);
+    ks_textstream_free(ts);
+    if (!o) return reply_oom(s, c, cn);
+    return ks__reply_json(s, c, cn, 200, o, NULL);
+}
+
+/* A token's text as a NUL-terminated owned string, "" when tok < 0. */
+static char *special_text(const ks_engine *e, int32_t tok) {
+    size_t cap = 64;
+    char *b = malloc(cap);
+    int n = b && tok >= 0 ? token_text(e, tok, &b, &cap) : 0;
+    if (!b || n < 0) {
+        free(b);
+        return NULL;
+    }
+    char *z = realloc(b, (size_t)n + 1);
+    if (!z) {
+        free(b);
+        return NULL;
+    }
+    z[n] = '\0';
+    return z;
+}
+
+enum MHD_Result ks__util_props(ks_server *s, struct MHD_Connection *c, conn *cn) {
+    if (cn->post) {
+        /* What llama-server answers when started without --props. */
+        ks_api_error e;
+        ks_api_error_set(&e, 501, "not_supported_error", "not_supported", NULL,
+                         "This server does not support changing global properties.");
+        return ks__reply_error(s, c, cn, &e, NULL);
+    }
+    char *bos = special_text(s->engine, ks_engine_token_bos(s->engine));
+    char *eos = special_text(s->engine, ks_engine_token_eos(s->engine));
+    json_t *o = NULL;
+    if (bos && eos) {
+        ks_api_props p = {
+            .n_ctx = ks_engine_n_ctx_seq(s->engine),
+            .total_slots = ks_engine_n_seq(s->engine),
+            .default_max_tokens = s->default_max_tokens,
+            .model_alias = s->model,
+            .model_path = ks_engine_model_path(s->engine),
+            .chat_template = ks_engine_chat_template(s->engine),
+            .bos_token = bos,
+            .eos_token = eos,
+            .llama_version = ks_engine_llama_version(),
+            .cache_prompt = s->cache_prompt,
+            .exact = s->exact,
+            .store = s->store_mode[0] ? s->store_mode : NULL,
+        };
+        o = ks_api_props_json(&p);
+    }
+    free(bos);
+    free(eos);
+    if (!o) return reply_oom(s, c, cn);
+    return ks__reply_json(s, c, cn, 200, o, NULL);
+}
