@@ -22,6 +22,7 @@
 #include "base/base.h"
 #include "engine/engine.h"
 #include "engine/mkmodel.h"
+#include "model/mkmodel_util.h"
 
 static char g_dir[256]; /* per-run scratch directory */
 
@@ -32,30 +33,6 @@ static const char *tiny_model(void) {
 }
 
 static void path_in(char *buf, size_t n, const char *name) { snprintf(buf, n, "%s/%s", g_dir, name); }
-
-/* Whole file into memory. Owned: free(). */
-static uint8_t *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) fail_msg("cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *b = malloc((size_t)n + 1);
-    assert_non_null(b);
-    assert_int_equal(fread(b, 1, (size_t)n, f), (size_t)n);
-    fclose(f);
-    *len = (size_t)n;
-    return b;
-}
-
-static bool same_file(const char *a, const char *b) {
-    size_t na, nb;
-    uint8_t *x = slurp(a, &na), *y = slurp(b, &nb);
-    bool same = na == nb && memcmp(x, y, na) == 0;
-    free(x);
-    free(y);
-    return same;
-}
 
 static int setup(void **st) {
     (void)st;
@@ -93,14 +70,14 @@ static void test_deterministic(void **st) {
     assert_int_equal(ks_mkmodel("tiny", 7, a, err, sizeof err), 0);
     assert_int_equal(ks_mkmodel("tiny", 7, b, err, sizeof err), 0);
     assert_int_equal(ks_mkmodel("tiny", 8, c, err, sizeof err), 0);
-    assert_true(same_file(a, b));
-    assert_false(same_file(a, c));
+    assert_true(mk_same_file(a, b));
+    assert_false(mk_same_file(a, c));
     /* The library with seed 1 makes exactly the fixture's file (written by the CLI). */
     assert_int_equal(ks_mkmodel("tiny", 1, one, err, sizeof err), 0);
-    assert_true(same_file(one, tiny_model()));
+    assert_true(mk_same_file(one, tiny_model()));
     /* Rewriting over an existing file replaces it. */
     assert_int_equal(ks_mkmodel("tiny", 8, a, err, sizeof err), 0);
-    assert_true(same_file(a, c));
+    assert_true(mk_same_file(a, c));
 }
 
 static void test_tiny_size_and_shape(void **st) {
@@ -152,11 +129,7 @@ static void test_unwritable_path(void **st) {
     assert_true(err[0] != '\0');
 
     /* Nothing but the plain file is left in the scratch directory: no temp file. */
-    DIR *d = opendir(g_dir);
-    struct dirent *de;
-    while ((de = readdir(d)))
-        if (strstr(de->d_name, ".tmp.")) fail_msg("temporary file left behind: %s", de->d_name);
-    closedir(d);
+    mk_assert_no_tmp(g_dir);
 }
 
 static void test_creates_parent_dirs(void **st) {
@@ -199,21 +172,11 @@ static void test_cli_exit_codes(void **st) {
     assert_int_equal(run_cli("--preset tiny /proc/kvstash-no-such-dir/m.gguf"), 1);
     snprintf(args, sizeof args, "--preset tiny --seed 1 '%s'", p);
     assert_int_equal(run_cli(args), 0);
-    assert_true(same_file(p, tiny_model()));
+    assert_true(mk_same_file(p, tiny_model()));
 }
 
 /* ----------------------------------------------------------------- engine */
-static ks_engine *open_tiny(void) {
-    ks_engine_params ep = ks_engine_params_default();
-    ep.model_path = tiny_model();
-    ep.n_ctx_seq = 512;
-    ep.n_threads = 1;
-    ks_engine *e = NULL;
-    char err[512] = "";
-    int rc = ks_engine_open(&ep, &e, err, sizeof err);
-    if (rc) fail_msg("ks_engine_open: %s (%s)", ks_strerror(rc), err);
-    return e;
-}
+static ks_engine *open_tiny(void) { return mk_open_engine(tiny_model(), 512); }
 
 static int count_tok(const ks_tokens *t, int32_t id) {
     int n = 0;
@@ -266,32 +229,6 @@ static void test_load_template_tokenize(void **st) {
     ks_engine_free(e);
 }
 
-/* Prefill the prompt, then greedily sample up to n tokens. Returns the count. */
-static int generate(ks_engine *e, const ks_tokens *prompt, int n, int32_t *out) {
-    ks_batch *b = ks_batch_create(prompt->n > n ? prompt->n : n);
-    assert_non_null(b);
-    for (int i = 0; i < prompt->n; i++) ks_batch_add(b, prompt->v[i], i, 0, i == prompt->n - 1);
-    assert_int_equal(ks_engine_decode(e, b), 0);
-    ks_sample_params sp = {0}; /* temperature 0: greedy */
-    ks_sampler *s = ks_sampler_create(e, &sp);
-    assert_non_null(s);
-    int idx = prompt->n - 1, got = 0;
-    for (int k = 0; k < n; k++) {
-        const float *logits = ks_engine_logits(e, idx);
-        assert_non_null(logits);
-        int32_t tok = ks_sampler_sample(s, e, idx);
-        assert_true(tok >= 0 && tok < ks_engine_n_vocab(e));
-        out[got++] = tok;
-        if (ks_engine_is_eog(e, tok)) break;
-        ks_batch_clear(b);
-        idx = ks_batch_add(b, tok, prompt->n + k, 0, true);
-        assert_int_equal(ks_engine_decode(e, b), 0);
-    }
-    ks_sampler_free(s);
-    ks_batch_free(b);
-    return got;
-}
-
 static void test_decode_greedy(void **st) {
     (void)st;
     ks_engine *e = open_tiny();
@@ -302,7 +239,7 @@ static void test_decode_greedy(void **st) {
     assert_int_equal(ks_engine_tokenize(e, prompt, strlen(prompt), true, true, &t), 0);
 
     int32_t a[20], b[20];
-    int na = generate(e, &t, 20, a);
+    int na = mk_generate(e, &t, 20, a);
     assert_true(na >= 1);
     ks_buf text = {0};
     for (int i = 0; i < na; i++) {
@@ -314,7 +251,7 @@ static void test_decode_greedy(void **st) {
 
     /* Same prompt again from an empty sequence: the same tokens. */
     ks_engine_seq_clear(e, 0);
-    int nb = generate(e, &t, 20, b);
+    int nb = mk_generate(e, &t, 20, b);
     assert_int_equal(na, nb);
     assert_memory_equal(a, b, (size_t)na * sizeof a[0]);
 
