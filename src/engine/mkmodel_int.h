@@ -1,0 +1,85 @@
+/*
+ * mkmodel_int.h — shared by mkmodel.c (the GGUF writer) and mkmodel_tmpl.c
+ * (what a chat template asks of the vocabulary; design note 6 in mkmodel.h).
+ */
+#ifndef KS_MKMODEL_INT_H
+#define KS_MKMODEL_INT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ggml.h"
+
+typedef struct preset {
+    const char *name;
+    int n_embd, n_layer, n_head, n_head_kv, n_ff, n_ctx_train;
+    int n_vocab_max;   /* tiny: stop adding words before this; bench: pad to it */
+    bool rich_vocab;   /* capitalised and unprefixed word variants */
+    bool pad_vocab;    /* fill up to n_vocab_max with synthetic "▁w<id>" pieces */
+    enum ggml_type wtype;
+    uint32_t ftype;    /* general.file_type (llama_ftype: 1 mostly F16, 7 mostly Q8_0) */
+} preset;
+
+/* Output-row scales (design note 4 in mkmodel.h). */
+#define SCALE_WORD 1.0f
+#define SCALE_PUNCT 0.8f
+#define SCALE_PIECE 0.15f
+#define SCALE_GLUED_WORD 0.3f  /* unprefixed "word": glues onto the previous word */
+#define SCALE_CAP_WORD 0.5f    /* "▁Word": otherwise capitals crowd out lowercase */
+#define SCALE_CONTROL 0.05f
+#define SCALE_IM_END 1.6f
+
+#define SPACE_UTF8 "\xe2\x96\x81" /* U+2581 "▁", SentencePiece's space */
+
+/* -------------------------------------------------------------- vocabulary */
+
+typedef struct vocab {
+    char **text;
+    float *score;
+    int32_t *type;
+    float *out_scale;
+    int n, cap;
+    int *slots; /* open-addressing hash of ids (-1: empty), for dedup */
+    int n_slots;
+} vocab;
+
+/* GGUF token types (tokenizer.ggml.token_type). */
+enum { TT_NORMAL = 1, TT_UNKNOWN = 2, TT_CONTROL = 3, TT_USER_DEFINED = 4, TT_BYTE = 6 };
+
+typedef struct family {
+    const char *name;
+    const char *marker;
+    const char *bos;
+    bool add_bos;
+    const char *eog;
+    const char *extra[8];
+} family;
+
+/* What a chat template asks of the vocabulary. */
+typedef struct tmpl_info {
+    const family *fam;
+    const char *eog;  /* static */
+    bool add_bos;
+    char **tok;       /* owned */
+    int32_t *type;
+    int n, cap;
+    int bos_id, eog_id; /* set by build_vocab */
+} tmpl_info;
+
+/* Reads a template's text into *ti: its family, BOS, end-of-turn token and
+ * specials. 0, or KS_EINVAL / KS_ENOMEM with a message in err. */
+int ks__mkmodel_tmpl_analyse(const char *text, tmpl_info *ti, char *err, size_t errlen);
+/* Frees what ks__mkmodel_tmpl_analyse allocated; zeroes *ti. */
+void ks__mkmodel_tmpl_free(tmpl_info *ti);
+
+/* The vocabulary of a preset (mkmodel_vocab.c), with the template's specials
+ * when ti is not NULL (their ids go into ti). 0 or KS_ENOMEM. */
+int ks__mkmodel_build_vocab(const preset *p, tmpl_info *ti, vocab *v);
+/* The id of a token's text, -1 when absent. */
+int ks__mkmodel_vocab_find(const vocab *v, const char *text);
+void ks__mkmodel_vocab_free(vocab *v);
+/* FNV-1a of a string (the vocabulary's hash and the tensors' seeds). */
+uint64_t ks__mkmodel_fnv1a64(const char *s);
+
+#endif
