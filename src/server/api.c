@@ -2,6 +2,7 @@
  * api.c — see api.h. Request validation, response and chunk JSON.
  */
 #include "server/api.h"
+#include "server/api_int.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -13,7 +14,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#define T_INVALID "invalid_request_error"
 
 /* ------------------------------------------------------------------ errors */
 void ks_api_error_set(ks_api_error *e, int status, const char *type, const char *code,
@@ -51,20 +51,14 @@ ks_sample_params ks_api_sample_defaults(void) {
     return sp;
 }
 
-/* Shorthand: fail with 400 invalid_request_error. */
-#define BAD(code, param, ...)                                                           \
-    do {                                                                                \
-        ks_api_error_set(err, 400, T_INVALID, code, param, __VA_ARGS__);                \
-        return KS_EINVAL;                                                               \
-    } while (0)
 
 /* A field counts as absent when missing or null (OpenAI accepts explicit nulls). */
-static json_t *field(json_t *obj, const char *key) {
+json_t *ks__api_field(json_t *obj, const char *key) {
     json_t *v = json_object_get(obj, key);
     return (v && !json_is_null(v)) ? v : NULL;
 }
 
-static const char *json_type_name(const json_t *v) {
+const char *ks__api_json_type_name(const json_t *v) {
     switch (json_typeof(v)) {
     case JSON_OBJECT: return "an object";
     case JSON_ARRAY: return "an array";
@@ -80,11 +74,11 @@ static const char *json_type_name(const json_t *v) {
 /* Optional number in [lo, hi] into *out. */
 static int get_number(json_t *root, const char *key, double lo, double hi, float *out,
                       ks_api_error *err) {
-    json_t *v = field(root, key);
+    json_t *v = ks__api_field(root, key);
     if (!v) return 0;
     if (!json_is_number(v))
         BAD("invalid_type", key, "Invalid type for '%s': expected a number, but got %s instead.",
-            key, json_type_name(v));
+            key, ks__api_json_type_name(v));
     double d = json_number_value(v);
     if (!isfinite(d) || d < lo)
         BAD("decimal_below_min_value", key,
@@ -101,12 +95,12 @@ static int get_number(json_t *root, const char *key, double lo, double hi, float
 /* Optional integer >= lo into *out; *set (may be NULL) tells whether it was given. */
 static int get_int(json_t *root, const char *key, long long lo, long long hi, long long *out,
                    bool *set, ks_api_error *err) {
-    json_t *v = field(root, key);
+    json_t *v = ks__api_field(root, key);
     if (set) *set = v != NULL;
     if (!v) return 0;
     if (!json_is_integer(v))
         BAD("invalid_type", key, "Invalid type for '%s': expected an integer, but got %s instead.",
-            key, json_type_name(v));
+            key, ks__api_json_type_name(v));
     long long x = json_integer_value(v);
     if (x < lo)
         BAD("integer_below_min_value", key,
@@ -120,12 +114,12 @@ static int get_int(json_t *root, const char *key, long long lo, long long hi, lo
     return 0;
 }
 
-static int get_bool(json_t *root, const char *key, bool *out, ks_api_error *err) {
-    json_t *v = field(root, key);
+int ks__api_get_bool(json_t *root, const char *key, bool *out, ks_api_error *err) {
+    json_t *v = ks__api_field(root, key);
     if (!v) return 0;
     if (!json_is_boolean(v))
         BAD("invalid_type", key, "Invalid type for '%s': expected a boolean, but got %s instead.",
-            key, json_type_name(v));
+            key, ks__api_json_type_name(v));
     *out = json_is_true(v);
     return 0;
 }
@@ -141,7 +135,7 @@ static int keep(ks_api_request *r, char *s) {
     return 0;
 }
 
-static int oom(ks_api_error *err) {
+int ks__api_oom(ks_api_error *err) {
     ks_api_error_set(err, 500, "server_error", "out_of_memory", NULL, "out of memory");
     return KS_ENOMEM;
 }
@@ -149,7 +143,7 @@ static int oom(ks_api_error *err) {
 /* stop: a string, or an array of up to KS_API_MAX_STOPS strings. Empty
  * strings are ignored (they could never match anything useful). */
 static int parse_stop(json_t *root, ks_api_request *r, ks_api_error *err) {
-    json_t *v = field(root, "stop");
+    json_t *v = ks__api_field(root, "stop");
     if (!v) return 0;
     if (json_is_string(v)) {
         if (json_string_length(v) > KS_API_MAX_STOP_LEN)
@@ -161,7 +155,7 @@ static int parse_stop(json_t *root, ks_api_request *r, ks_api_error *err) {
     if (!json_is_array(v))
         BAD("invalid_type", "stop",
             "Invalid type for 'stop': expected a string or an array of strings, but got %s instead.",
-            json_type_name(v));
+            ks__api_json_type_name(v));
     if (json_array_size(v) > KS_API_MAX_STOPS)
         BAD("array_above_max_length", "stop",
             "Invalid 'stop': array too long. Expected an array with maximum length %d, but got an "
@@ -173,7 +167,7 @@ static int parse_stop(json_t *root, ks_api_request *r, ks_api_error *err) {
         snprintf(param, sizeof param, "stop[%zu]", i);
         if (!json_is_string(s))
             BAD("invalid_type", param, "Invalid type for '%s': expected a string, but got %s instead.",
-                param, json_type_name(s));
+                param, ks__api_json_type_name(s));
         if (json_string_length(s) > KS_API_MAX_STOP_LEN)
             BAD("string_above_max_length", param, "Invalid '%s': longer than %d bytes.", param,
                 KS_API_MAX_STOP_LEN);
@@ -206,21 +200,21 @@ static int parse_common(json_t *root, ks_api_request *r, ks_api_error *err) {
     if (set && x != 1)
         BAD("invalid_value", "n", "Invalid 'n': only n = 1 is supported, got %lld.", x);
     if ((rc = parse_stop(root, r, err))) return rc;
-    if ((rc = get_bool(root, "stream", &r->stream, err))) return rc;
-    json_t *so = field(root, "stream_options");
+    if ((rc = ks__api_get_bool(root, "stream", &r->stream, err))) return rc;
+    json_t *so = ks__api_field(root, "stream_options");
     if (so) {
         if (!json_is_object(so))
             BAD("invalid_type", "stream_options",
                 "Invalid type for 'stream_options': expected an object, but got %s instead.",
-                json_type_name(so));
-        json_t *iu = field(so, "include_usage");
+                ks__api_json_type_name(so));
+        json_t *iu = ks__api_field(so, "include_usage");
         if (iu && !json_is_boolean(iu))
             BAD("invalid_type", "stream_options.include_usage",
                 "Invalid type for 'stream_options.include_usage': expected a boolean, but got %s instead.",
-                json_type_name(iu));
+                ks__api_json_type_name(iu));
         r->include_usage = iu && json_is_true(iu);
     }
-    if ((rc = get_bool(root, "cache_prompt", &r->cache_prompt, err))) return rc;
+    if ((rc = ks__api_get_bool(root, "cache_prompt", &r->cache_prompt, err))) return rc;
     return 0;
 }
 
@@ -231,7 +225,7 @@ static int parse_content(json_t *m, size_t i, bool assistant, ks_api_request *r,
                          const char **out, ks_api_error *err) {
     char param[64];
     snprintf(param, sizeof param, "messages[%zu].content", i);
-    json_t *c = field(m, "content");
+    json_t *c = ks__api_field(m, "content");
     if (!c) {
         if (assistant) {
             *out = "";
@@ -246,7 +240,7 @@ static int parse_content(json_t *m, size_t i, bool assistant, ks_api_request *r,
     if (!json_is_array(c))
         BAD("invalid_type", param,
             "Invalid type for '%s': expected a string or an array of content parts, but got %s instead.",
-            param, json_type_name(c));
+            param, ks__api_json_type_name(c));
     ks_buf b = {0};
     size_t j;
     json_t *part;
@@ -260,8 +254,8 @@ static int parse_content(json_t *m, size_t i, bool assistant, ks_api_request *r,
             code = "invalid_type";
             msg = "expected a content part object";
         } else {
-            json_t *type = field(part, "type");
-            json_t *text = field(part, "text");
+            json_t *type = ks__api_field(part, "type");
+            json_t *text = ks__api_field(part, "text");
             if (!type || !json_is_string(type)) {
                 code = type ? "invalid_type" : "missing_required_parameter";
                 msg = "a content part needs a string 'type'";
@@ -285,20 +279,20 @@ static int parse_content(json_t *m, size_t i, bool assistant, ks_api_request *r,
         }
     }
     if (!b.s && ks_buf_append(&b, "", 0)) goto nomem;
-    if (keep(r, b.s)) return oom(err);
+    if (keep(r, b.s)) return ks__api_oom(err);
     *out = b.s;
     return 0;
 nomem:
     ks_buf_free(&b);
-    return oom(err);
+    return ks__api_oom(err);
 }
 
 static int parse_messages(json_t *root, ks_api_request *r, ks_api_error *err) {
-    json_t *ms = field(root, "messages");
+    json_t *ms = ks__api_field(root, "messages");
     if (!ms) BAD("missing_required_parameter", "messages", "Missing required parameter: 'messages'.");
     if (!json_is_array(ms))
         BAD("invalid_type", "messages", "Invalid type for 'messages': expected an array, but got %s instead.",
-            json_type_name(ms));
+            ks__api_json_type_name(ms));
     size_t n = json_array_size(ms);
     if (n == 0)
         BAD("empty_array", "messages",
@@ -306,7 +300,7 @@ static int parse_messages(json_t *root, ks_api_request *r, ks_api_error *err) {
             "array instead.");
     if (n > INT32_MAX / 2) BAD("invalid_value", "messages", "Too many messages.");
     r->msgs = calloc(n, sizeof *r->msgs);
-    if (!r->msgs) return oom(err);
+    if (!r->msgs) return ks__api_oom(err);
     size_t i;
     json_t *m;
     json_array_foreach(ms, i, m) {
@@ -314,13 +308,13 @@ static int parse_messages(json_t *root, ks_api_request *r, ks_api_error *err) {
         snprintf(param, sizeof param, "messages[%zu]", i);
         if (!json_is_object(m))
             BAD("invalid_type", param, "Invalid type for '%s': expected an object, but got %s instead.",
-                param, json_type_name(m));
+                param, ks__api_json_type_name(m));
         snprintf(param, sizeof param, "messages[%zu].role", i);
-        json_t *role = field(m, "role");
+        json_t *role = ks__api_field(m, "role");
         if (!role) BAD("missing_required_parameter", param, "Missing required parameter: '%s'.", param);
         if (!json_is_string(role))
             BAD("invalid_type", param, "Invalid type for '%s': expected a string, but got %s instead.",
-                param, json_type_name(role));
+                param, ks__api_json_type_name(role));
         const char *rs = json_string_value(role);
         const char *canon;
         if (!strcmp(rs, "system") || !strcmp(rs, "developer")) canon = "system";
@@ -343,7 +337,7 @@ static int parse_messages(json_t *root, ks_api_request *r, ks_api_error *err) {
 /* prompt: a non-empty string, an array holding one string, or an array of
  * token ids (checked against the vocabulary by the server). */
 static int parse_prompt(json_t *root, ks_api_request *r, ks_api_error *err) {
-    json_t *p = field(root, "prompt");
+    json_t *p = ks__api_field(root, "prompt");
     if (!p) BAD("missing_required_parameter", "prompt", "Missing required parameter: 'prompt'.");
     if (json_is_string(p)) {
         if (json_string_length(p) == 0) BAD("invalid_value", "prompt", "Invalid 'prompt': empty string.");
@@ -353,7 +347,7 @@ static int parse_prompt(json_t *root, ks_api_request *r, ks_api_error *err) {
     if (!json_is_array(p))
         BAD("invalid_type", "prompt",
             "Invalid type for 'prompt': expected a string, an array of strings or an array of "
-            "token ids, but got %s instead.", json_type_name(p));
+            "token ids, but got %s instead.", ks__api_json_type_name(p));
     size_t n = json_array_size(p);
     if (n == 0) BAD("empty_array", "prompt", "Invalid 'prompt': empty array.");
     json_t *first = json_array_get(p, 0);
@@ -366,7 +360,7 @@ static int parse_prompt(json_t *root, ks_api_request *r, ks_api_error *err) {
     }
     if (n > INT32_MAX / 2) BAD("invalid_value", "prompt", "Invalid 'prompt': too many tokens.");
     r->prompt_tokens = malloc(n * sizeof *r->prompt_tokens);
-    if (!r->prompt_tokens) return oom(err);
+    if (!r->prompt_tokens) return ks__api_oom(err);
     size_t i;
     json_t *t;
     json_array_foreach(p, i, t) {
@@ -375,7 +369,7 @@ static int parse_prompt(json_t *root, ks_api_request *r, ks_api_error *err) {
         if (!json_is_integer(t))
             BAD("invalid_type", param,
                 "Invalid type for '%s': expected a token id (integer), but got %s instead.", param,
-                json_type_name(t));
+                ks__api_json_type_name(t));
         long long x = json_integer_value(t);
         if (x < 0 || x > INT32_MAX) BAD("invalid_value", param, "Invalid '%s': %lld is not a token id.", param, x);
         r->prompt_tokens[r->n_prompt_tokens++] = (int32_t)x;
@@ -384,14 +378,14 @@ static int parse_prompt(json_t *root, ks_api_request *r, ks_api_error *err) {
 }
 
 /* The body as a JSON object into *root (new reference), or 400. */
-static int load_object(const char *body, size_t len, json_t **root, ks_api_error *err) {
+int ks__api_load_object(const char *body, size_t len, json_t **root, ks_api_error *err) {
     json_error_t je;
     *root = json_loadb(body ? body : "", len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &je);
     if (!*root)
         BAD("invalid_json", NULL, "We could not parse the JSON body of your request: %s (line %d, column %d).",
             je.text, je.line, je.column);
     if (!json_is_object(*root))
-        BAD("invalid_type", NULL, "The request body must be a JSON object, not %s.", json_type_name(*root));
+        BAD("invalid_type", NULL, "The request body must be a JSON object, not %s.", ks__api_json_type_name(*root));
     return 0;
 }
 
@@ -402,7 +396,7 @@ int ks_api_parse(ks_api_kind kind, const char *body, size_t len, ks_api_request 
     out->max_tokens = -1;
     out->sample = ks_api_sample_defaults();
     out->cache_prompt = true;
-    int rc = load_object(body, len, &out->root, err);
+    int rc = ks__api_load_object(body, len, &out->root, err);
     if (rc) goto fail;
     rc = kind == KS_API_CHAT ? parse_messages(out->root, out, err) : parse_prompt(out->root, out, err);
     if (rc) goto fail;
@@ -422,177 +416,6 @@ void ks_api_request_free(ks_api_request *r) {
     free(r->prompt_tokens);
     if (r->root) json_decref(r->root);
     memset(r, 0, sizeof *r);
-}
-
-/* -------------------------------------------------------- utility endpoints */
-/* A token id at `param` into *out: an integer in [0, n_vocab). */
-static int get_token(json_t *v, const char *param, int n_vocab, int32_t *out, ks_api_error *err) {
-    if (!json_is_integer(v))
-        BAD("invalid_type", param, "Invalid type for '%s': expected a token id (integer), but got %s instead.",
-            param, json_type_name(v));
-    long long x = json_integer_value(v);
-    if (x < 0 || x >= n_vocab)
-        BAD("invalid_value", param, "Invalid '%s': %lld is not a token id of this model (vocabulary of %d).",
-            param, x, n_vocab);
-    *out = (int32_t)x;
-    return 0;
-}
-
-int ks_api_parse_tokenize(const char *body, size_t len, int n_vocab, ks_api_tokenize *out, ks_api_error *err) {
-    memset(out, 0, sizeof *out);
-    out->parse_special = true;
-    int rc = load_object(body, len, &out->root, err);
-    if (rc) return rc;
-    if ((rc = get_bool(out->root, "add_special", &out->add_special, err))) return rc;
-    if ((rc = get_bool(out->root, "parse_special", &out->parse_special, err))) return rc;
-    if ((rc = get_bool(out->root, "with_pieces", &out->with_pieces, err))) return rc;
-    json_t *c = field(out->root, "content");
-    if (!c) BAD("missing_required_parameter", "content", "Missing required parameter: 'content'.");
-    if (json_is_string(c)) {
-        out->parts = malloc(sizeof *out->parts);
-        if (!out->parts) return oom(err);
-        out->parts[0] = (ks_api_tok_part){json_string_value(c), json_string_length(c), -1};
-        out->n_parts = 1;
-        return 0;
-    }
-    if (!json_is_array(c))
-        BAD("invalid_type", "content",
-            "Invalid type for 'content': expected a string or an array of strings and token ids, but got %s "
-            "instead.", json_type_name(c));
-    size_t n = json_array_size(c);
-    if (n > INT32_MAX / 2) BAD("invalid_value", "content", "Invalid 'content': too many elements.");
-    out->parts = malloc((n ? n : 1) * sizeof *out->parts);
-    if (!out->parts) return oom(err);
-    size_t i;
-    json_t *v;
-    json_array_foreach(c, i, v) {
-        char param[32];
-        snprintf(param, sizeof param, "content[%zu]", i);
-        ks_api_tok_part *p = &out->parts[i];
-        if (json_is_string(v)) {
-            *p = (ks_api_tok_part){json_string_value(v), json_string_length(v), -1};
-        } else {
-            *p = (ks_api_tok_part){NULL, 0, -1};
-            if (!json_is_integer(v))
-                BAD("invalid_type", param, "Invalid type for '%s': expected a string or a token id, but got %s "
-                    "instead.", param, json_type_name(v));
-            if ((rc = get_token(v, param, n_vocab, &p->tok, err))) return rc;
-        }
-        out->n_parts = (int)i + 1;
-    }
-    return 0;
-}
-
-void ks_api_tokenize_free(ks_api_tokenize *t) {
-    if (!t) return;
-    free(t->parts);
-    if (t->root) json_decref(t->root);
-    memset(t, 0, sizeof *t);
-}
-
-/* tokens of a /detokenize body into *tokens (owned) and *n. */
-static int detok_ids(json_t *root, int n_vocab, int32_t **tokens, int *n, ks_api_error *err) {
-    json_t *a = field(root, "tokens");
-    if (!a) BAD("missing_required_parameter", "tokens", "Missing required parameter: 'tokens'.");
-    if (!json_is_array(a))
-        BAD("invalid_type", "tokens", "Invalid type for 'tokens': expected an array of token ids, but got %s instead.",
-            json_type_name(a));
-    size_t m = json_array_size(a);
-    if (m > INT32_MAX / 2) BAD("invalid_value", "tokens", "Invalid 'tokens': too many tokens.");
-    if (m && !(*tokens = malloc(m * sizeof **tokens))) return oom(err);
-    size_t i;
-    json_t *v;
-    json_array_foreach(a, i, v) {
-        char param[32];
-        snprintf(param, sizeof param, "tokens[%zu]", i);
-        int rc = get_token(v, param, n_vocab, &(*tokens)[i], err);
-        if (rc) return rc;
-    }
-    *n = (int)m;
-    return 0;
-}
-
-int ks_api_parse_detokenize(const char *body, size_t len, int n_vocab, int32_t **tokens, int *n,
-                            ks_api_error *err) {
-    *tokens = NULL;
-    *n = 0;
-    json_t *root = NULL;
-    int rc = load_object(body, len, &root, err);
-    if (!rc) rc = detok_ids(root, n_vocab, tokens, n, err);
-    if (rc) {
-        free(*tokens);
-        *tokens = NULL;
-        *n = 0;
-    }
-    json_decref(root);
-    return rc;
-}
-
-json_t *ks_api_token_piece_json(int32_t id, const char *piece, size_t len) {
-    /* jansson refuses invalid UTF-8, which is exactly the test wanted. */
-    json_t *p = json_stringn(piece ? piece : "", piece ? len : 0);
-    if (!p) {
-        p = json_array();
-        for (size_t i = 0; p && i < len; i++)
-            if (json_array_append_new(p, json_integer((unsigned char)piece[i]))) {
-                json_decref(p);
-                p = NULL;
-            }
-        if (!p) return NULL;
-    }
-    return json_pack("{s:i, s:o}", "id", (int)id, "piece", p);
-}
-
-/* A string that may not be valid UTF-8 (token texts): "" then. */
-static json_t *str_or_empty(const char *s) {
-    json_t *j = json_string(s ? s : "");
-    return j ? j : json_string("");
-}
-
-/* A float setting as the decimal it was written as (0.8, not 0.800000012). */
-static double setting(float x) {
-    char b[32];
-    snprintf(b, sizeof b, "%.7g", (double)x);
-    return strtod(b, NULL);
-}
-
-json_t *ks_api_props_json(const ks_api_props *p) {
-    ks_sample_params sp = ks_api_sample_defaults();
-    char build[96];
-    snprintf(build, sizeof build, "kvstash-%s llama.cpp-%s", ks_version(),
-             p->llama_version ? p->llama_version : "unknown");
-    /* llama-server's names; seed 4294967295 (LLAMA_DEFAULT_SEED) means "drawn
-     * per request", which is what kvstash does for a request without one. */
-    json_t *params = json_pack("{s:I, s:f, s:i, s:f, s:f, s:i, s:i, s:b, s:[s,s,s,s]}",
-                               "seed", (json_int_t)4294967295LL, "temperature", setting(sp.temperature),
-                               "top_k", sp.top_k, "top_p", setting(sp.top_p), "min_p", setting(sp.min_p),
-                               "max_tokens", p->default_max_tokens, "n_predict", p->default_max_tokens,
-                               "stream", false, "samplers", "top_k", "top_p", "min_p", "temperature");
-    json_t *ks = json_pack("{s:s, s:b, s:b}", "version", ks_version(), "cache_prompt", p->cache_prompt,
-                           "exact", p->exact);
-    if (ks && p->store && json_object_set_new(ks, "store", json_string(p->store))) {
-        json_decref(ks);
-        ks = NULL;
-    }
-    if (!params || !ks) {
-        json_decref(params);
-        json_decref(ks);
-        return NULL;
-    }
-    return json_pack("{s:{s:o, s:i}, s:i, s:o, s:o, s:{s:b, s:b, s:b}, s:b, s:b, s:b, s:o, s:o, s:o, s:s, "
-                     "s:b, s:o}",
-                     "default_generation_settings", "params", params, "n_ctx", p->n_ctx,
-                     "total_slots", p->total_slots,
-                     "model_alias", str_or_empty(p->model_alias),
-                     "model_path", str_or_empty(p->model_path),
-                     "modalities", "vision", false, "video", false, "audio", false,
-                     "endpoint_slots", true, "endpoint_props", false, "endpoint_metrics", true,
-                     "chat_template", str_or_empty(p->chat_template),
-                     "bos_token", str_or_empty(p->bos_token),
-                     "eos_token", str_or_empty(p->eos_token),
-                     "build_info", build,
-                     "is_sleeping", false,
-                     "kvstash", ks);
 }
 
 /* --------------------------------------------------------------- responses */

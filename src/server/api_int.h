@@ -1,0 +1,30 @@
+/*
+ * api_int.h — shared by api.c (chat and completion requests, responses) and
+ * api_utility.c (/tokenize, /detokenize, /props).
+ */
+#ifndef KS_API_INT_H
+#define KS_API_INT_H
+
+#include "server/api.h"
+
+#define T_INVALID "invalid_request_error"
+
+/* Shorthand: fail with 400 invalid_request_error. */
+#define BAD(code, param, ...)                                                           \
+    do {                                                                                \
+        ks_api_error_set(err, 400, T_INVALID, code, param, __VA_ARGS__);                \
+        return KS_EINVAL;                                                               \
+    } while (0)
+
+/* A field counts as absent when missing or null (OpenAI accepts explicit nulls). */
+json_t *ks__api_field(json_t *obj, const char *key);
+/* "a string", "an integer", ... for error messages. */
+const char *ks__api_json_type_name(const json_t *v);
+/* An optional boolean field into *out; 400 on a wrong type. */
+int ks__api_get_bool(json_t *root, const char *key, bool *out, ks_api_error *err);
+/* 500 out_of_memory into err; returns KS_ENOMEM. */
+int ks__api_oom(ks_api_error *err);
+/* Parses body as one JSON object into *root (owned); 400 otherwise. */
+int ks__api_load_object(const char *body, size_t len, json_t **root, ks_api_error *err);
+
+#endif

@@ -1,0 +1,184 @@
+/*
+ * api_utility.c — the JSON of llama-server's utility endpoints: /tokenize,
+ * /detokenize, /props (api.h).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "server/api.h"
+#include "server/api_int.h"
+
+/* -------------------------------------------------------- utility endpoints */
+/* A token id at `param` into *out: an integer in [0, n_vocab). */
+static int get_token(json_t *v, const char *param, int n_vocab, int32_t *out, ks_api_error *err) {
+    if (!json_is_integer(v))
+        BAD("invalid_type", param, "Invalid type for '%s': expected a token id (integer), but got %s instead.",
+            param, ks__api_json_type_name(v));
+    long long x = json_integer_value(v);
+    if (x < 0 || x >= n_vocab)
+        BAD("invalid_value", param, "Invalid '%s': %lld is not a token id of this model (vocabulary of %d).",
+            param, x, n_vocab);
+    *out = (int32_t)x;
+    return 0;
+}
+
+int ks_api_parse_tokenize(const char *body, size_t len, int n_vocab, ks_api_tokenize *out, ks_api_error *err) {
+    memset(out, 0, sizeof *out);
+    out->parse_special = true;
+    int rc = ks__api_load_object(body, len, &out->root, err);
+    if (rc) return rc;
+    if ((rc = ks__api_get_bool(out->root, "add_special", &out->add_special, err))) return rc;
+    if ((rc = ks__api_get_bool(out->root, "parse_special", &out->parse_special, err))) return rc;
+    if ((rc = ks__api_get_bool(out->root, "with_pieces", &out->with_pieces, err))) return rc;
+    json_t *c = ks__api_field(out->root, "content");
+    if (!c) BAD("missing_required_parameter", "content", "Missing required parameter: 'content'.");
+    if (json_is_string(c)) {
+        out->parts = malloc(sizeof *out->parts);
+        if (!out->parts) return ks__api_oom(err);
+        out->parts[0] = (ks_api_tok_part){json_string_value(c), json_string_length(c), -1};
+        out->n_parts = 1;
+        return 0;
+    }
+    if (!json_is_array(c))
+        BAD("invalid_type", "content",
+            "Invalid type for 'content': expected a string or an array of strings and token ids, but got %s "
+            "instead.", ks__api_json_type_name(c));
+    size_t n = json_array_size(c);
+    if (n > INT32_MAX / 2) BAD("invalid_value", "content", "Invalid 'content': too many elements.");
+    out->parts = malloc((n ? n : 1) * sizeof *out->parts);
+    if (!out->parts) return ks__api_oom(err);
+    size_t i;
+    json_t *v;
+    json_array_foreach(c, i, v) {
+        char param[32];
+        snprintf(param, sizeof param, "content[%zu]", i);
+        ks_api_tok_part *p = &out->parts[i];
+        if (json_is_string(v)) {
+            *p = (ks_api_tok_part){json_string_value(v), json_string_length(v), -1};
+        } else {
+            *p = (ks_api_tok_part){NULL, 0, -1};
+            if (!json_is_integer(v))
+                BAD("invalid_type", param, "Invalid type for '%s': expected a string or a token id, but got %s "
+                    "instead.", param, ks__api_json_type_name(v));
+            if ((rc = get_token(v, param, n_vocab, &p->tok, err))) return rc;
+        }
+        out->n_parts = (int)i + 1;
+    }
+    return 0;
+}
+
+void ks_api_tokenize_free(ks_api_tokenize *t) {
+    if (!t) return;
+    free(t->parts);
+    if (t->root) json_decref(t->root);
+    memset(t, 0, sizeof *t);
+}
+
+/* tokens of a /detokenize body into *tokens (owned) and *n. */
+static int detok_ids(json_t *root, int n_vocab, int32_t **tokens, int *n, ks_api_error *err) {
+    json_t *a = ks__api_field(root, "tokens");
+    if (!a) BAD("missing_required_parameter", "tokens", "Missing required parameter: 'tokens'.");
+    if (!json_is_array(a))
+        BAD("invalid_type", "tokens", "Invalid type for 'tokens': expected an array of token ids, but got %s instead.",
+            ks__api_json_type_name(a));
+    size_t m = json_array_size(a);
+    if (m > INT32_MAX / 2) BAD("invalid_value", "tokens", "Invalid 'tokens': too many tokens.");
+    if (m && !(*tokens = malloc(m * sizeof **tokens))) return ks__api_oom(err);
+    size_t i;
+    json_t *v;
+    json_array_foreach(a, i, v) {
+        char param[32];
+        snprintf(param, sizeof param, "tokens[%zu]", i);
+        int rc = get_token(v, param, n_vocab, &(*tokens)[i], err);
+        if (rc) return rc;
+    }
+    *n = (int)m;
+    return 0;
+}
+
+int ks_api_parse_detokenize(const char *body, size_t len, int n_vocab, int32_t **tokens, int *n,
+                            ks_api_error *err) {
+    *tokens = NULL;
+    *n = 0;
+    json_t *root = NULL;
+    int rc = ks__api_load_object(body, len, &root, err);
+    if (!rc) rc = detok_ids(root, n_vocab, tokens, n, err);
+    if (rc) {
+        free(*tokens);
+        *tokens = NULL;
+        *n = 0;
+    }
+    json_decref(root);
+    return rc;
+}
+
+json_t *ks_api_token_piece_json(int32_t id, const char *piece, size_t len) {
+    /* jansson refuses invalid UTF-8, which is exactly the test wanted. */
+    json_t *p = json_stringn(piece ? piece : "", piece ? len : 0);
+    if (!p) {
+        p = json_array();
+        for (size_t i = 0; p && i < len; i++)
+            if (json_array_append_new(p, json_integer((unsigned char)piece[i]))) {
+                json_decref(p);
+                p = NULL;
+            }
+        if (!p) return NULL;
+    }
+    return json_pack("{s:i, s:o}", "id", (int)id, "piece", p);
+}
+
+/* A string that may not be valid UTF-8 (token texts): "" then. */
+static json_t *str_or_empty(const char *s) {
+    json_t *j = json_string(s ? s : "");
+    return j ? j : json_string("");
+}
+
+/* A float setting as the decimal it was written as (0.8, not 0.800000012). */
+static double setting(float x) {
+    char b[32];
+    snprintf(b, sizeof b, "%.7g", (double)x);
+    return strtod(b, NULL);
+}
+
+json_t *ks_api_props_json(const ks_api_props *p) {
+    ks_sample_params sp = ks_api_sample_defaults();
+    char build[96];
+    snprintf(build, sizeof build, "kvstash-%s llama.cpp-%s", ks_version(),
+             p->llama_version ? p->llama_version : "unknown");
+    /* llama-server's names; seed 4294967295 (LLAMA_DEFAULT_SEED) means "drawn
+     * per request", which is what kvstash does for a request without one. */
+    json_t *params = json_pack("{s:I, s:f, s:i, s:f, s:f, s:i, s:i, s:b, s:[s,s,s,s]}",
+                               "seed", (json_int_t)4294967295LL, "temperature", setting(sp.temperature),
+                               "top_k", sp.top_k, "top_p", setting(sp.top_p), "min_p", setting(sp.min_p),
+                               "max_tokens", p->default_max_tokens, "n_predict", p->default_max_tokens,
+                               "stream", false, "samplers", "top_k", "top_p", "min_p", "temperature");
+    json_t *ks = json_pack("{s:s, s:b, s:b}", "version", ks_version(), "cache_prompt", p->cache_prompt,
+                           "exact", p->exact);
+    if (ks && p->store && json_object_set_new(ks, "store", json_string(p->store))) {
+        json_decref(ks);
+        ks = NULL;
+    }
+    if (!params || !ks) {
+        json_decref(params);
+        json_decref(ks);
+        return NULL;
+    }
+    return json_pack("{s:{s:o, s:i}, s:i, s:o, s:o, s:{s:b, s:b, s:b}, s:b, s:b, s:b, s:o, s:o, s:o, s:s, "
+                     "s:b, s:o}",
+                     "default_generation_settings", "params", params, "n_ctx", p->n_ctx,
+                     "total_slots", p->total_slots,
+                     "model_alias", str_or_empty(p->model_alias),
+                     "model_path", str_or_empty(p->model_path),
+                     "modalities", "vision", false, "video", false, "audio", false,
+                     "endpoint_slots", true, "endpoint_props", false, "endpoint_metrics", true,
+                     "chat_template", str_or_empty(p->chat_template),
+                     "bos_token", str_or_empty(p->bos_token),
+                     "eos_token", str_or_empty(p->eos_token),
+                     "build_info", build,
+                     "is_sleeping", false,
+                     "kvstash", ks);
+}
+
