@@ -29,13 +29,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "engine/chat_tmpl.h"
 #include "server/server_int.h"
 
 #define MOD "http"
 #define FREE_WAIT_MS 3000
 
 /* ------------------------------------------------------------------ routes */
-enum { R_HEALTH = 1, R_MODELS, R_METRICS, R_SLOTS, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE, R_PROPS };
+enum { R_HEALTH = 1, R_MODELS, R_METRICS, R_SLOTS, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE, R_PROPS, R_APPLY_TEMPLATE };
 enum { M_GET = 1, M_POST = 2 }; /* M_GET: GET and HEAD */
 
 struct route {
@@ -52,7 +53,7 @@ static const route ROUTES[] = {
     {"/v1/completions", R_COMPLETIONS, M_POST}, {"/completions", R_COMPLETIONS, M_POST},
     /* llama-server has these without a /v1 alias. */
     {"/tokenize", R_TOKENIZE, M_POST},      {"/detokenize", R_DETOKENIZE, M_POST},
-    {"/props", R_PROPS, M_GET | M_POST},
+    {"/props", R_PROPS, M_GET | M_POST},    {"/apply-template", R_APPLY_TEMPLATE, M_POST},
 };
 
 static const char *allowed(const route *rt) {
@@ -280,6 +281,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     case R_TOKENIZE: return ks__util_tokenize(s, c, cn);
     case R_DETOKENIZE: return ks__util_detokenize(s, c, cn);
     case R_PROPS: return ks__util_props(s, c, cn);
+    case R_APPLY_TEMPLATE: return ks__util_apply_template(s, c, cn);
     }
     return MHD_NO;
 }
@@ -368,6 +370,7 @@ int ks_server_start(const ks_server_params *p, ks_server **out, char *err, size_
         return KS_ENOMEM;
     }
     pthread_rwlock_init(&s->sched_lock, NULL);
+    pthread_mutex_init(&s->tmpl_mu, NULL);
     s->engine = p->engine;
     s->sched = p->sched;
     s->quiesced_fd = MHD_INVALID_SOCKET;
@@ -448,6 +451,8 @@ void ks_server_free(ks_server *s) {
      * and only after the daemon stopped (its threads may still use it). */
     if (s->quiesced_fd != MHD_INVALID_SOCKET) close(s->quiesced_fd);
     if (s->own_metrics) ks_metrics_free(s->metrics);
+    ks_chat_tmpl_free(s->tmpl);
+    pthread_mutex_destroy(&s->tmpl_mu);
     pthread_rwlock_destroy(&s->sched_lock);
     free(s);
 }

@@ -50,6 +50,10 @@ struct ks_server {
     ks_metrics *metrics;
     bool own_metrics;
     ks_http_counters http;
+    /* POST /apply-template: the model's chat template through llama.cpp's
+     * common library, created on first use (utility.c) */
+    pthread_mutex_t tmpl_mu;
+    struct ks_chat_tmpl *tmpl;  /* under tmpl_mu until set, then read-only */
 };
 
 typedef struct ks_gen ks_gen;
@@ -85,6 +89,7 @@ enum MHD_Result ks__reply_error(ks_server *s, struct MHD_Connection *c, conn *cn
 enum MHD_Result ks__util_tokenize(ks_server *s, struct MHD_Connection *c, conn *cn);
 enum MHD_Result ks__util_detokenize(ks_server *s, struct MHD_Connection *c, conn *cn);
 enum MHD_Result ks__util_props(ks_server *s, struct MHD_Connection *c, conn *cn);
+enum MHD_Result ks__util_apply_template(ks_server *s, struct MHD_Connection *c, conn *cn);
 
 /* Generations (gen.c). */
 /* POST /v1/chat/completions and /v1/completions: the whole request. */

@@ -13,6 +13,8 @@
 #include <string.h>
 
 #include "base/textstream.h"
+#include "engine/chat_tmpl.h"
+#include "server/api_int.h"
 #include "server/server_int.h"
 
 /* The text of a token, control tokens as their text ("<|im_end|>"), into
@@ -162,4 +164,53 @@ enum MHD_Result ks__util_props(ks_server *s, struct MHD_Connection *c, conn *cn)
     free(eos);
     if (!o) return reply_oom(s, c, cn);
     return ks__reply_json(s, c, cn, 200, o, NULL);
+}
+
+/* The chat template of the server's model, created on first use (a second,
+ * vocabulary-only read of the GGUF, which the other endpoints never pay). */
+static ks_chat_tmpl *server_tmpl(ks_server *s, char *err, size_t errlen, int *rc) {
+    pthread_mutex_lock(&s->tmpl_mu);
+    if (!s->tmpl) *rc = ks_chat_tmpl_create_from_file(ks_engine_model_path(s->engine), NULL, &s->tmpl, err, errlen);
+    ks_chat_tmpl *t = s->tmpl;
+    pthread_mutex_unlock(&s->tmpl_mu);
+    return t;
+}
+
+/* POST /apply-template {messages, tools?, tool_choice?, chat_template_kwargs?, ...}
+ * -> {prompt}: the prompt llama.cpp's common library renders for the request
+ * with the model's own Jinja template, as llama-server's /apply-template. */
+enum MHD_Result ks__util_apply_template(ks_server *s, struct MHD_Connection *c, conn *cn) {
+    ks_api_error e;
+    json_t *root = NULL;
+    if (ks__api_load_object(cn->body.s, cn->body.len, &root, &e)) return ks__reply_error(s, c, cn, &e, NULL);
+    json_t *msgs = ks__api_field(root, "messages");
+    json_decref(root);
+    if (!msgs) {
+        ks_api_error_set(&e, 400, T_INVALID, "missing_required_parameter", "messages",
+                         "Missing required parameter: 'messages'.");
+        return ks__reply_error(s, c, cn, &e, NULL);
+    }
+    char err[512] = "";
+    int rc = 0;
+    char *res = NULL;
+    ks_chat_tmpl *t = server_tmpl(s, err, sizeof err, &rc);
+    if (t) rc = ks_chat_tmpl_apply(t, cn->body.s, &res, err, sizeof err);
+    if (rc == KS_EINVAL || rc == KS_ETEMPLATE) {
+        ks_api_error_set(&e, 400, T_INVALID, rc == KS_EINVAL ? "invalid_value" : "template_error", NULL,
+                         "The chat template could not render the request: %.300s", err);
+        return ks__reply_error(s, c, cn, &e, NULL);
+    }
+    json_t *r = rc ? NULL : json_loads(res, 0, NULL);
+    free(res);
+    json_t *prompt = r ? json_object_get(r, "prompt") : NULL;
+    if (!json_is_string(prompt)) {
+        json_decref(r);
+        KS_WARN("http", "/apply-template failed: %s", rc ? (err[0] ? err : ks_strerror(rc)) : "no prompt");
+        ks_api_error_set(&e, 500, "server_error", "template_error", NULL, "The chat template is not available: %.300s",
+                         err[0] ? err : ks_strerror(rc ? rc : KS_ENOMEM));
+        return ks__reply_error(s, c, cn, &e, NULL);
+    }
+    json_t *o = json_pack("{s:O}", "prompt", prompt);
+    json_decref(r);
+    return o ? ks__reply_json(s, c, cn, 200, o, NULL) : reply_oom(s, c, cn);
 }
