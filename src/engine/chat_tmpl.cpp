@@ -1,6 +1,7 @@
 /*
  * chat_tmpl.cpp — the C interface of chat_tmpl.h over llama.cpp's common
- * library (common/chat.h, json-schema-to-grammar.h), the project's only C++.
+ * library (common/chat.h, json-schema-to-grammar.h), the project's only C++
+ * besides grammar.cpp's exception guard.
  *
  * Every entry point runs its body through guarded(): a C++ exception never
  * crosses the extern "C" boundary. Which code an exception becomes depends on

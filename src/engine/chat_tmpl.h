@@ -5,8 +5,9 @@
  * A C interface over common/chat.h: every structured value crosses it as a
  * JSON string, so the C side (jansson) never sees a C++ type, and no C++
  * exception crosses it (each one becomes a KS_E* code with its message in
- * err). chat_tmpl.cpp is the project's one C++ file; like engine.c it may
- * include llama.h, nothing outside src/engine/ does.
+ * err). chat_tmpl.cpp is the project's one C++ file over common (grammar.cpp
+ * only guards llama.cpp's grammar sampler); like engine.c it may include
+ * llama.h, nothing outside src/engine/ does.
  *
  * Design notes
  *  1. One request, two calls: ks_chat_tmpl_apply renders the prompt and says

@@ -127,10 +127,103 @@ int ks_engine_decode(ks_engine *e, ks_batch *b);
 const float *ks_engine_logits(ks_engine *e, int i);
 
 /* --------------------------------------------------------------- sampling */
+/*
+ * A sampler is llama.cpp's common_sampler rebuilt in C: the grammar is a
+ * sampler of its own, outside the chain (so that history accepts skip it); the
+ * chain is logit_bias (the request's biases, then -INFINITY on every
+ * end-of-generation token for ignore_eos) -> penalties -> greedy, or
+ * top_k -> top_p -> min_p -> temp -> dist. A stage that is off is not in the
+ * chain: without an ext the chain is what it always was, and greedy output is
+ * bit-for-bit the same. (llama-server also bans the model's suppress tokens,
+ * tokenizer.ggml.suppress_tokens, in its logit_bias stage; kvstash does not,
+ * which would change plain output on models that list any.)
+ *
+ * With a grammar, a token is sampled as llama-server does (rejection
+ * sampling): the chain picks from all candidates; if the grammar rejects that
+ * token, the grammar is applied to all candidates and the chain picks again.
+ * For greedy that is the token grammar-first sampling gives. The
+ * sampled token is then accepted by the grammar (end-of-generation tokens
+ * excepted: they end the request) and the chain. llama.cpp's grammar throws
+ * C++ exceptions and aborts on some inputs (docs/LLAMA_FACTS.md, "Grammar
+ * sampler"): grammar.cpp catches the former, the checks here keep every
+ * input away from the latter.
+ */
+typedef struct ks_logit_bias { int32_t tok; float bias; } ks_logit_bias;   /* bias -INFINITY bans the token */
+
+/* The most log-probabilities a request can ask for per token. */
+#define KS_N_PROBS_MAX 20
+
+/* What a request adds to sampling beyond ks_sample_params (zero-initialised = off). */
+typedef struct ks_sample_ext {
+    const char *grammar;            /* GBNF, root rule "root"; NULL or "": none */
+    bool grammar_lazy;              /* the grammar applies from the first trigger on */
+    /* regexes, as llama_sampler_init_grammar_lazy_patterns takes them */
+    const char *const *trigger_patterns; int n_trigger_patterns;
+    const int32_t *trigger_tokens; int n_trigger_tokens;
+    /* tokens the (non-lazy) grammar accepts before the first sample
+     * (llama-server: the template's generation prompt); ignored when lazy */
+    const int32_t *grammar_prefill; int n_grammar_prefill;
+    const ks_logit_bias *logit_bias; int n_logit_bias;
+    float repeat_penalty;           /* 1 or 0: off */
+    int repeat_last_n;              /* tokens looked back for penalties; -1: the whole context
+                                       (n_ctx_seq); 0: off. Default used by the server: 64 */
+    float frequency_penalty, presence_penalty; /* 0: off */
+    bool ignore_eos;                /* every end-of-generation token gets -INFINITY */
+    int n_probs;                    /* > 0: compute the top n_probs log-probabilities per
+                                       sampled token (max KS_N_PROBS_MAX) */
+} ks_sample_ext;
+
+/* Checks everything in x but the grammar itself: counts >= 0 with their
+ * arrays, n_probs 0..KS_N_PROBS_MAX, repeat_last_n >= -1, finite penalties
+ * (repeat_penalty 0, or > 0 with a finite inverse, as llama.cpp asks),
+ * token ids in the vocabulary, biases neither NaN nor +INFINITY, no NULL
+ * trigger pattern. 0 or KS_EINVAL; x NULL is valid. Any thread. */
+int ks_sampler_ext_check(const ks_engine *e, const ks_sample_ext *x);
+
+/* Checks that a GBNF grammar parses for this model's vocabulary (any thread:
+ * it only reads the vocab). 0, or KS_EINVAL with llama.cpp's reason in err:
+ * the lines it logs ("failed to parse grammar", "grammar does not contain a
+ * 'root' symbol", left recursion), captured on this thread and kept out of
+ * the log. The parser's detail ("expecting ')' at ...") llama.cpp prints to
+ * stderr itself, out of reach. NULL or "" is no grammar: 0. */
+int ks_engine_grammar_check(const ks_engine *e, const char *gbnf, char *err, size_t errlen);
+
+/* x may be NULL (= plain sampler). NULL on failure, with *rc (rc may be
+ * NULL): KS_EINVAL for what ks_sampler_ext_check refuses, a grammar
+ * llama.cpp refuses, a trigger pattern that is no regex, grammar prefill the
+ * grammar does not accept (or that ends generation); KS_ENOMEM otherwise.
+ * Reads only the vocabulary, never the context: any thread (samplers are
+ * used on the inference thread). */
+ks_sampler *ks_sampler_create_ext(const ks_engine *e, const ks_sample_params *sp, const ks_sample_ext *x, int *rc);
+/* = ks_sampler_create_ext(e, sp, NULL, NULL). */
 ks_sampler *ks_sampler_create(const ks_engine *e, const ks_sample_params *sp);
 void ks_sampler_free(ks_sampler *s);
-/* Samples from the logits of batch index i and accepts the token. */
+/* History for the penalties only (the grammar never sees it): llama-server
+ * accepts the prompt's tokens into its sampler chain before generating; this
+ * accepts the last repeat_last_n of toks[0, n). A no-op when the penalties
+ * are off. */
+void ks_sampler_accept_history(ks_sampler *s, const int32_t *toks, int n);
+/* Samples from the logits of batch index i and accepts the token. Returns -1
+ * when no token may follow: a grammar at a dead end (nothing it allows is
+ * possible, or all of it banned by logit_bias), or a grammar that threw while
+ * accepting (a trigger whose text the grammar does not start with). The
+ * request cannot go on; the sampler returns -1 from then on. A grammar that is
+ * complete and allows nothing but the end of generation gives an
+ * end-of-generation token even with ignore_eos. */
 int32_t ks_sampler_sample(ks_sampler *s, ks_engine *e, int i);
+
+typedef struct ks_token_prob { int32_t tok; float logprob; } ks_token_prob;
+/* After ks_sampler_sample on batch index i: the sampled token's
+ * log-probability and the top n (<= n_probs) candidates by log-probability,
+ * computed as llama-server does by default (log-softmax of the raw logits of
+ * that row over the whole vocabulary, before any sampler; post_sampling_probs
+ * off). Returns how many entries were written to top (n capped at the
+ * vocabulary; ties: lower id first; 0 when the row has no logits). Summed in
+ * double: within float rounding of llama-server's log(p) of a float softmax,
+ * except that a probability that underflows to 0 there (logprob -FLT_MAX)
+ * has its true log here. No allocation; s may be NULL. */
+int ks_sampler_probs(ks_sampler *s, ks_engine *e, int i, int32_t sampled, ks_token_prob *sampled_out,
+                     ks_token_prob *top, int n);
 
 /* ------------------------------------------------------- sequence memory */
 /* Removes positions [p0, p1) of seq (p1 < 0: to the end). false when the
