@@ -10,17 +10,20 @@
  * (preferred_slot) waits for its slot and reuses its common prefix.
  *
  * Planning (ks__policy_plan, inference thread, once per request):
- *  1. KV the slot is about to drop is saved first (`evict`, sync) unless the
+ *  1. The sampler for the request comes first: a grammar llama.cpp refuses
+ *     ends the request (KS_EINVAL) with the slot as it was. Its penalties
+ *     take the prompt as history (llama-server's init_sampler). Nothing of
+ *     the request's sampling (ks_sample_ext) reaches the steps below: it
+ *     never changes what is reused, restored or saved.
+ *  2. KV the slot is about to drop is saved first (`evict`, sync) unless the
  *     store holds it already.
- *  2. The slot keeps the route's common prefix (llama_memory_seq_rm; a full
+ *  3. The slot keeps the route's common prefix (llama_memory_seq_rm; a full
  *     rebuild where the memory cannot drop a suffix).
- *  3. Restores, each only when it gives more than the slot holds, cheapest
+ *  4. Restores, each only when it gives more than the slot holds, cheapest
  *     sufficient first: the store for a prefix longer than the system prompt
  *     (a conversation's earlier turn makes an SPC restore wasted work), then
  *     SPC for the system prompt, then the store for any shorter prefix. A
  *     restored state is checked against the exact tokens it stands for.
- *  4. The sampler for the request; failure fails the request, never the
- *     slot's bookkeeping.
  *
  * Saves, by reason: `cold` at a chunk end chosen by savepoint.c,
  * `continued` every continued_interval generated tokens, `finish` at the end
@@ -274,6 +277,13 @@ int ks__policy_plan(ks_sched *s, slot *sl) {
     sl->i_logits = -1;
     sl->snap_sys = -1;
     sl->snap_store = -1;
+    /* The sampler first: a grammar llama.cpp refuses fails the request
+     * before the slot's KV is touched (KS_EINVAL, sched_int.h). The
+     * penalties look back on the prompt as llama-server's do. */
+    int rc = 0;
+    sl->smpl = ks_sampler_create_ext(s->e, &r->p.sample, r->p.ext, &rc);
+    if (!sl->smpl) return rc ? rc : KS_ENOMEM;
+    ks_sampler_accept_history(sl->smpl, r->prompt.v, r->prompt.n);
 
     int n_reuse = rt->n_reuse < sl->tokens.n ? rt->n_reuse : sl->tokens.n;
     /* evict (sync): the KV about to be dropped goes to the store first,
@@ -313,8 +323,6 @@ int ks__policy_plan(ks_sched *s, slot *sl) {
     bool hashed = r->hashes && r->p.n_msgs > 0;
     sl->msg_hash = hashed ? r->hashes[r->p.n_msgs] : 0;
     sl->n_msgs_cached = hashed ? r->p.n_msgs : 0;
-    sl->smpl = ks_sampler_create(s->e, &r->p.sample);
-    if (!sl->smpl) return KS_ENOMEM;
     sl->planned = true;
     KS_DEBUG(MOD, "slot[%d] req %llu: prompt %d, reuse %d (mode %s%s%s)", sl->id, (unsigned long long)r->id,
              r->prompt.n, n_reuse, r->res.cache_mode, rt->reason[0] ? ", " : "", rt->reason);

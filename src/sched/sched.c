@@ -66,7 +66,53 @@ static void sreq_free(sreq *r) {
     if (!r) return;
     ks_tokens_free(&r->prompt);
     free(r->hashes);
+    free(r->ext);
     free(r);
+}
+
+/* A deep copy of x in one allocation (owned: free()): the struct, the
+ * pattern pointers, the bias and token arrays, then the strings. Counts and
+ * arrays were checked by ks_sampler_ext_check. */
+static ks_sample_ext *ext_dup(const ks_sample_ext *x) {
+    bool has_grammar = x->grammar && x->grammar[0];
+    size_t n_str = has_grammar ? strlen(x->grammar) + 1 : 0;
+    for (int k = 0; k < x->n_trigger_patterns; k++) n_str += strlen(x->trigger_patterns[k]) + 1;
+    size_t n_toks = (size_t)x->n_trigger_tokens + (size_t)x->n_grammar_prefill;
+    size_t size = sizeof *x + sizeof(char *) * (size_t)x->n_trigger_patterns +
+                  sizeof(ks_logit_bias) * (size_t)x->n_logit_bias + sizeof(int32_t) * n_toks + n_str;
+    ks_sample_ext *c = malloc(size);
+    if (!c) return NULL;
+    *c = *x;
+    char *p = (char *)(c + 1);
+    const char **pats = (const char **)p;
+    p += sizeof(char *) * (size_t)x->n_trigger_patterns;
+    ks_logit_bias *lb = (ks_logit_bias *)p;
+    p += sizeof(ks_logit_bias) * (size_t)x->n_logit_bias;
+    int32_t *tt = (int32_t *)p;
+    p += sizeof(int32_t) * (size_t)x->n_trigger_tokens;
+    int32_t *pre = (int32_t *)p;
+    p += sizeof(int32_t) * (size_t)x->n_grammar_prefill;
+    if (x->n_logit_bias) memcpy(lb, x->logit_bias, sizeof *lb * (size_t)x->n_logit_bias);
+    if (x->n_trigger_tokens) memcpy(tt, x->trigger_tokens, sizeof *tt * (size_t)x->n_trigger_tokens);
+    if (x->n_grammar_prefill) memcpy(pre, x->grammar_prefill, sizeof *pre * (size_t)x->n_grammar_prefill);
+    c->logit_bias = x->n_logit_bias ? lb : NULL;
+    c->trigger_tokens = x->n_trigger_tokens ? tt : NULL;
+    c->grammar_prefill = x->n_grammar_prefill ? pre : NULL;
+    c->grammar = NULL;
+    if (has_grammar) {
+        size_t n = strlen(x->grammar) + 1;
+        memcpy(p, x->grammar, n);
+        c->grammar = p;
+        p += n;
+    }
+    for (int k = 0; k < x->n_trigger_patterns; k++) {
+        size_t n = strlen(x->trigger_patterns[k]) + 1;
+        memcpy(p, x->trigger_patterns[k], n);
+        pats[k] = p;
+        p += n;
+    }
+    c->trigger_patterns = x->n_trigger_patterns ? pats : NULL;
+    return c;
 }
 
 /* ------------------------------------------------------------ finishing */
@@ -246,7 +292,11 @@ static void *run(void *arg) {
             if (stopping) atomic_store(&sl->r->cancel, 1);
             if (sl->planned) continue;
             int rc = ks__policy_plan(s, sl);
-            if (rc) {
+            if (rc == KS_EINVAL) {
+                /* The request's own sampling (its grammar): the slot is untouched. */
+                KS_DEBUG(MOD, "slot[%d] request %llu: sampler refused", sl->id, (unsigned long long)sl->r->id);
+                ks__sched_finish(s, sl, KS_FINISH_ERROR, rc, false);
+            } else if (rc) {
                 KS_ERROR(MOD, "slot[%d] request %llu could not be planned: %s", sl->id,
                          (unsigned long long)sl->r->id, ks_strerror(rc));
                 ks__sched_fail(s, sl, rc);
@@ -340,12 +390,15 @@ void ks_sched_free(ks_sched *s) {
 int ks_sched_submit(ks_sched *s, const ks_req_params *p, uint64_t *id) {
     if (!p || !p->tokens || p->n_tokens <= 0 || p->max_tokens < 1) return KS_EINVAL;
     if (p->preferred_slot >= s->n_slots) return KS_EINVAL;
+    if (ks_sampler_ext_check(s->e, p->ext) != 0) return KS_EINVAL;
     if ((int64_t)p->n_tokens + p->max_tokens > s->n_ctx_seq) return KS_ECTX;
     sreq *r = calloc(1, sizeof *r);
     if (!r) return KS_ENOMEM;
     r->p = *p;
     r->p.tokens = NULL;
     r->p.msg_prefix_hash = NULL;
+    r->p.ext = NULL;
+    if (p->ext && !(r->p.ext = r->ext = ext_dup(p->ext))) goto nomem;
     if (ks_tokens_assign(&r->prompt, p->tokens, p->n_tokens) != 0) goto nomem;
     if (p->msg_prefix_hash && p->n_msgs > 0) {
         r->hashes = malloc(sizeof(uint64_t) * (size_t)(p->n_msgs + 1));

@@ -21,9 +21,9 @@
  *     stalls the other streams for more than one step.
  *
  * Thread model: ks_sched_submit, ks_sched_cancel, ks_sched_slots and
- * ks_sched_stats are safe from any thread. Callbacks (on_token, on_progress,
- * on_done) run on the inference thread; they must be quick and must not call
- * ks_sched_free.
+ * ks_sched_stats are safe from any thread. Callbacks (on_token, on_probs,
+ * on_progress, on_done) run on the inference thread; they must be quick and
+ * must not call ks_sched_free.
  */
 #ifndef KS_SCHED_H
 #define KS_SCHED_H
@@ -118,6 +118,11 @@ typedef struct ks_req_params {
     int n_tokens;
     int max_tokens;         /* >= 1 */
     ks_sample_params sample;
+    /* Sampling beyond `sample`: grammar, logit bias, penalties, ignore_eos,
+     * log-probabilities (engine.h). Deep-copied by submit, so the caller's
+     * memory can go after it returns; NULL: none. It changes which token is
+     * sampled, never which KV is reused or how batches are built. */
+    const ks_sample_ext *ext;
     bool cache_prompt;      /* false: clear the slot and prefill everything */
     bool want_logits;       /* pass the first token's logits to on_done */
     int preferred_slot;     /* -1: choose; >= 0: wait for this slot (ks_chat uses 0) */
@@ -131,6 +136,11 @@ typedef struct ks_req_params {
     /* Called for each sampled token with its text piece (may be empty or an
      * incomplete UTF-8 sequence). Return non-zero to stop (finish = stop). */
     int (*on_token)(void *ud, int32_t tok, const char *piece, int len);
+    /* With ext->n_probs > 0: called right before on_token for each sampled
+     * token (not for the end-of-generation token, which ends the request)
+     * with its log-probability and the top n_top (<= n_probs) candidates
+     * (ks_sampler_probs). Both arrays are borrowed for the call. */
+    void (*on_probs)(void *ud, const ks_token_prob *sampled, const ks_token_prob *top, int n_top);
     void (*on_progress)(void *ud, int done, int total);
     void (*on_done)(void *ud, const ks_req_result *r);
     void *ud;
@@ -144,8 +154,15 @@ int ks_sched_create(const ks_sched_params *p, ks_sched **out);
  * current step and cancels them, joins the thread, frees. NULL is a no-op. */
 void ks_sched_free(ks_sched *s);
 /* Queues a request; *id (may be NULL) receives its id. Errors: KS_EINVAL (no
- * tokens, max_tokens < 1), KS_ECTX (prompt + max_tokens > context of a slot),
- * KS_EFULL (queue full), KS_ESHUTDOWN. On error on_done is not called. */
+ * tokens, max_tokens < 1, an ext that ks_sampler_ext_check refuses: n_probs
+ * outside 0..KS_N_PROBS_MAX, repeat_last_n < -1, negative counts, token ids
+ * outside the vocabulary...), KS_ECTX (prompt + max_tokens > context of a
+ * slot), KS_EFULL (queue full), KS_ESHUTDOWN, KS_ENOMEM. On error on_done is
+ * not called. The grammar is not parsed here (ks_engine_grammar_check does,
+ * with a message): one llama.cpp refuses ends the request when it gets a slot,
+ * with finish KS_FINISH_ERROR and error KS_EINVAL, before the slot's KV is
+ * touched. So does a grammar that allows no next token while generating
+ * (ks_sampler_sample returning -1), after the tokens generated so far. */
 int ks_sched_submit(ks_sched *s, const ks_req_params *r, uint64_t *id);
 /* Cancels a queued or running request; on_done follows with KS_FINISH_CANCEL
  * (unless it already finished). Unknown ids are ignored. */

@@ -28,9 +28,10 @@
 
 typedef struct sreq {
     uint64_t id;
-    ks_req_params p;
+    ks_req_params p;     /* p.ext points to ext */
     ks_tokens prompt;
     uint64_t *hashes;
+    ks_sample_ext *ext;  /* submit's deep copy, one allocation; NULL: none */
     atomic_int cancel;
     double t_submit, t_assign, t_first;
     ks_req_result res;
@@ -93,6 +94,7 @@ struct ks_sched {
     float *logits_copy;
     char *piece;            /* a sampled token's text, piece_cap bytes */
     size_t piece_cap;
+    ks_token_prob probs_top[KS_N_PROBS_MAX]; /* on_probs' top candidates */
     int prefill_rr;         /* round-robin start among prefilling slots */
     bool pairs;             /* keep every sequence at >= 2 rows per decode (exactness) */
     ks_sched_cache_stats cst; /* the cache decisions' counters, published under mu */
@@ -108,9 +110,12 @@ void ks__sched_fail(ks_sched *s, slot *sl, int err);
 /* policy.c */
 /* Routes a queued request to an idle slot (*out) or returns KS_EBUSY. Under mu. */
 int ks__policy_route(ks_sched *s, sreq *r, ks_route *out);
-/* Plans an assigned slot: keeps the reused prefix, restores from the store or
- * SPC, creates the sampler. Returns 0, or an error after which the caller
- * fails the request (the slot is consistent either way). */
+/* Plans an assigned slot: creates the sampler, keeps the reused prefix,
+ * restores from the store or SPC. Returns 0, or an error after which the
+ * caller fails the request (the slot is consistent either way). KS_EINVAL
+ * means the request's sampler could not be made (a grammar llama.cpp
+ * refuses) and comes before anything of the slot is touched: the caller only
+ * finishes the request, the slot keeps its KV. */
 int ks__policy_plan(ks_sched *s, slot *sl);
 /* Sizes the slot's next prefill chunk of at most take tokens at this budget,
  * ending it at a pending SPC capture or a cold save point (sets snap_store). */

@@ -63,6 +63,12 @@ static void sample_slot(ks_sched *s, slot *sl) {
         }
         sl->state = ST_GEN;
     }
+    if (tok < 0) {
+        /* The grammar allows no next token (engine.h): the request's error.
+         * Nothing was decoded for it, so the slot stays exact. */
+        ks__sched_finish(s, sl, KS_FINISH_ERROR, KS_EINVAL, false);
+        return;
+    }
     if (ks_engine_is_eog(s->e, tok)) {
         ks__sched_finish(s, sl, KS_FINISH_STOP, 0, true);
         return;
@@ -76,6 +82,12 @@ static void sample_slot(ks_sched *s, slot *sl) {
         sl->n_generated--;
         ks__sched_finish(s, sl, KS_FINISH_ERROR, KS_ENOMEM, false);
         return;
+    }
+    if (r->p.ext && r->p.ext->n_probs > 0 && r->p.on_probs) {
+        /* From the row's raw logits, still valid: nothing was decoded since. */
+        ks_token_prob sampled;
+        int n_top = ks_sampler_probs(sl->smpl, s->e, sl->i_logits, tok, &sampled, s->probs_top, r->p.ext->n_probs);
+        r->p.on_probs(r->p.ud, &sampled, s->probs_top, n_top);
     }
     int stop = r->p.on_token ? r->p.on_token(r->p.ud, tok, piece, n) : 0;
     if (stop) {
