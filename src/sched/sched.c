@@ -55,6 +55,7 @@ ks_sched_params ks_sched_params_default(void) {
     p.affinity_min = 0.05f;
     p.exact = true;
     p.cache_min_tokens = 100;
+    p.copy_min_tokens = 16;
     p.store_stride = 256;
     p.continued_interval = 512;
     p.store_min_tokens = 256;
@@ -234,6 +235,12 @@ static void *run(void *arg) {
         }
         if (s->n_active == 0) {
             if (s->stop) break;
+            if (s->copy_buf) { /* freed without mu; then look at the queue again */
+                pthread_mutex_unlock(&s->mu);
+                ks__policy_idle(s);
+                pthread_mutex_lock(&s->mu);
+                continue;
+            }
             pthread_cond_wait(&s->cv, &s->mu);
             continue;
         }
@@ -274,6 +281,7 @@ static void free_all(ks_sched *s) {
         ks_sampler_free(s->slots[i].smpl);
     }
     ks_batch_free(s->batch);
+    free(s->copy_buf);
     free(s->logits_copy);
     free(s->piece);
     free(s->slots);
@@ -283,7 +291,8 @@ static void free_all(ks_sched *s) {
 
 int ks_sched_create(const ks_sched_params *p, ks_sched **out) {
     *out = NULL;
-    if (!p || !p->engine || p->cache_min_tokens < 0 || p->max_queue < 1) return KS_EINVAL;
+    if (!p || !p->engine || p->cache_min_tokens < 0 || p->copy_min_tokens < 0 || p->max_queue < 1)
+        return KS_EINVAL;
     int n_slots = p->n_slots > 0 ? p->n_slots : ks_engine_n_seq(p->engine);
     if (n_slots > ks_engine_n_seq(p->engine) || n_slots > KS_MAX_SLOTS) return KS_EINVAL;
     ks_sched *s = calloc(1, sizeof *s);

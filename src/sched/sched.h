@@ -56,6 +56,11 @@ typedef struct ks_sched_params {
      * branches, routed by message-prefix hash, token-prefix fallback. */
     bool imc;
     int cache_min_tokens;  /* IMC fallback threshold and SPC minimum (default 100) */
+    /* Slot copies: a request whose prompt shares a longer prefix with another
+     * slot (busy or idle) than with its own copies that slot's sequence
+     * (state get + set: exact) when it gains at least this many tokens over
+     * what its own slot keeps (default 16; 0: never copy). */
+    int copy_min_tokens;
     /* System Prompt Cache: borrowed store of system-prompt states (NULL: off). */
     struct ks_spc *spc;
     /* Persistent tiered store (NULL: off), borrowed. Save points (savepoint.h):
@@ -104,10 +109,10 @@ typedef struct ks_req_result {
     bool eog;              /* finish == KS_FINISH_STOP by an end-of-generation token (not
                               by the caller's on_token) */
     int error;             /* KS_E* when finish == KS_FINISH_ERROR */
-    char cache_mode[24];   /* "prefix", "miss", ... */
+    char cache_mode[24];   /* "prefix", "miss", "copy" (from another slot), ... */
     char cache_reason[48]; /* why not more was cached, "" when fully cached */
     char cache_tier[8];    /* "store" mode: the tier it came from ("ram", "shm", "disk") */
-    double restore_ms;     /* state restore time (SPC or store), included in prompt_ms */
+    double restore_ms;     /* state restore time (store, slot copy; not SPC), included in prompt_ms */
     const float *logits;   /* want_logits: the first sampled token's logits (n_vocab), borrowed
                               for the duration of on_done; else NULL */
     int n_vocab;
@@ -138,7 +143,7 @@ typedef struct ks_req_params {
 
 /* Starts the inference thread. Errors: KS_EINVAL (no engine, more slots than
  * the engine's sequences or KS_MAX_SLOTS, max_queue < 1, cache_min_tokens <
- * 0), KS_ENOMEM. */
+ * 0, copy_min_tokens < 0), KS_ENOMEM. */
 int ks_sched_create(const ks_sched_params *p, ks_sched **out);
 /* Stops accepting, cancels queued requests, lets running ones finish their
  * current step and cancels them, joins the thread, frees. NULL is a no-op. */
@@ -185,6 +190,9 @@ typedef struct ks_sched_cache_stats {
     uint64_t spc_restored_tokens;
     uint64_t sys_prompt_prefills;   /* requests whose system prompt was prefilled */
     uint64_t partial_rm_rebuilds;   /* memory could not drop a suffix: rebuilt */
+    uint64_t slot_copies;           /* prompts whose prefix was copied from another slot */
+    uint64_t slot_copied_tokens;    /* tokens kept from those copies */
+    double slot_copy_ms_total;      /* state get + set + trim of the copies */
     uint64_t store_hits;            /* prompts restored from the persistent store */
     uint64_t store_restored_tokens;
     double store_restore_ms_total;  /* lookup + read + verify + state set */
