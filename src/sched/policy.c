@@ -19,10 +19,12 @@
  *     than what this slot keeps (and than the system prompt when SPC holds
  *     it: SPC's state is smaller), its sequence is copied here with its
  *     token list (state get into a scratch buffer, state set: the calls SPC
- *     and the store use, exact), and trimmed to the common prefix. Plans
- *     run between decode steps, so every other slot's sequence is exactly
- *     its token list then (S1; step.c leaves no throwaway row): a generating
- *     source's tokens beyond the common prefix are trimmed off.
+ *     and the store use, exact), and trimmed to the common prefix. This is
+ *     how the followers of a shared prefill (share_prefill_of, sched.c) get
+ *     their leader's prompt. Plans run between decode steps, so every other
+ *     slot's sequence is exactly its token list then (S1; step.c leaves no
+ *     throwaway row): a generating source's tokens beyond the common prefix
+ *     are trimmed off.
  *  4. Restores, each only when it gives more than the slot holds, cheapest
  *     sufficient first: the store for a prefix longer than the system prompt
  *     (a conversation's earlier turn makes an SPC restore wasted work), then

@@ -59,7 +59,8 @@ typedef struct ks_sched_params {
     /* Slot copies: a request whose prompt shares a longer prefix with another
      * slot (busy or idle) than with its own copies that slot's sequence
      * (state get + set: exact) when it gains at least this many tokens over
-     * what its own slot keeps (default 16; 0: never copy). */
+     * what its own slot keeps (default 16; 0: never copy, and followers
+     * (share_prefill_of) do not wait for their leader). */
     int copy_min_tokens;
     /* System Prompt Cache: borrowed store of system-prompt states (NULL: off). */
     struct ks_spc *spc;
@@ -133,6 +134,17 @@ typedef struct ks_req_params {
     uint64_t sys_key;       /* SPC: hash of the system message (0: none) */
     int n_sys_tokens;       /* SPC: tokens of the rendered system prefix, 0 when it is not a
                                clean token prefix of the prompt under this template */
+    /* Shared prefill (OpenAI `n` > 1: n requests with one prompt). The id
+     * (ks_sched_submit's *id) of a request submitted earlier whose prompt
+     * shares a prefix with this one, 0: none. While that "leader" is queued
+     * or still prefilling, this "follower" is not routed: it keeps its place
+     * in the queue and later requests may pass it. Once the leader has
+     * sampled its first token (or finished, failed, was canceled, or the id
+     * is unknown), the follower is routed as any request, and planning
+     * copies the leader's prefix from its slot (copy_min_tokens). Ignored
+     * for an id not below the request's own (no request ever waits for a
+     * later one), with cache_prompt false, or with copies off. */
+    uint64_t share_prefill_of;
     /* Called for each sampled token with its text piece (may be empty or an
      * incomplete UTF-8 sequence). Return non-zero to stop (finish = stop). */
     int (*on_token)(void *ud, int32_t tok, const char *piece, int len);

@@ -1,6 +1,8 @@
 /*
- * Model tests of slot copies on the generated tiny model: a request whose
- * prefix sits in another slot (busy or idle) copies it.
+ * Model tests of shared prefills and slot copies on the generated tiny model:
+ * the followers of a request (share_prefill_of, OpenAI `n` > 1) wait for its
+ * prefill and copy its prompt from its slot instead of prefilling it again,
+ * and any request whose prefix sits in another slot (busy or idle) copies it.
  * Every output is compared token for token with an uncached run of the same
  * prompt and seed.
  *
@@ -36,7 +38,7 @@ typedef struct gate {
     pthread_cond_t cv;
     int at;       /* trigger on this call (1: the first) */
     int calls;
-    int value;    /* what the callback passed when it arrived */
+    int value;    /* on_progress: tokens done when it arrived */
     bool armed, arrived, open;
 } gate;
 
@@ -77,6 +79,12 @@ static void gate_open(void) {
     g_gate.open = true;
     pthread_cond_broadcast(&g_gate.cv);
     pthread_mutex_unlock(&g_gate.mu);
+}
+
+static void gated_progress(void *ud, int done, int total) {
+    (void)ud;
+    (void)total;
+    gate_pass(done);
 }
 
 static int gated_token(void *ud, int32_t tok, const char *piece, int len) {
@@ -129,6 +137,8 @@ typedef struct req_opts {
     bool cache;
     float temperature;
     uint64_t seed;
+    uint64_t share_of;
+    bool gate_progress; /* on_progress goes through the gate */
     bool gate_token;    /* on_token goes through the gate */
 } req_opts;
 
@@ -143,7 +153,9 @@ static uint64_t submit(ks_sched *s, const ks_tokens *prompt, const req_opts *o, 
     p.sample.seed = o->seed;
     p.cache_prompt = o->cache;
     p.preferred_slot = -1;
+    p.share_prefill_of = o->share_of;
     p.on_token = o->gate_token ? gated_token : run_on_token;
+    p.on_progress = o->gate_progress ? gated_progress : NULL;
     p.on_done = run_on_done;
     p.ud = x;
     uint64_t id = 0;
@@ -172,6 +184,171 @@ static void assert_ok(const run *x) {
 }
 
 /* ------------------------------------------------------------------ tests */
+/* n = 3 with one prompt: the leader prefills, the two followers wait for it
+ * and copy its prompt (all but the last token, which they decode for their
+ * logits); outputs equal the uncached one, and about one prompt is prefilled
+ * in all. */
+static void test_followers_copy_the_leaders_prefill(void **st) {
+    (void)st;
+    ks_sched *s = open_sched(16);
+    ks_tokens prompt = {0};
+    long_prompt(300, "tell me about the sea", &prompt);
+    assert_true(prompt.n >= 300);
+    run ref;
+    uncached(s, &prompt, 0, 0, &ref);
+    assert_true(ref.out.n > 1); /* the leader is still generating when the followers go */
+    clear_all(s);
+
+    run lead, f[2];
+    gate_arm(1);
+    uint64_t id = submit(s, &prompt, &(req_opts){.cache = true, .gate_progress = true}, &lead);
+    assert_int_equal(gate_wait_arrived(), prompt.n); /* the leader's prefill is decoded, not sampled */
+    for (int i = 0; i < 2; i++) submit(s, &prompt, &(req_opts){.cache = true, .share_of = id}, &f[i]);
+    gate_open();
+    run_wait(&lead);
+    run_wait(&f[0]);
+    run_wait(&f[1]);
+
+    assert_ok(&lead);
+    assert_same_output(&lead, &ref);
+    assert_int_equal(lead.res.n_cached, 0);
+    int prefilled = lead.res.n_prompt - lead.res.n_cached;
+    for (int i = 0; i < 2; i++) {
+        assert_ok(&f[i]);
+        assert_same_output(&f[i], &ref);
+        assert_int_equal(f[i].res.n_cached, prompt.n - 1);
+        assert_string_equal(f[i].res.cache_mode, "copy");
+        assert_string_equal(f[i].res.cache_reason, "");
+        assert_int_not_equal(f[i].res.slot, lead.res.slot);
+        assert_true(f[i].res.restore_ms > 0);
+        prefilled += f[i].res.n_prompt - f[i].res.n_cached;
+        fprintf(stderr, "follower %d: %d tokens copied in %.3f ms\n", i, f[i].res.n_cached, f[i].res.restore_ms);
+    }
+    assert_int_equal(prefilled, prompt.n + 2); /* one prompt, and each follower's last token */
+    ks_sched_stats stt;
+    ks_sched_stats_get(s, &stt);
+    assert_int_equal((int)stt.cache.slot_copies, 2);
+    assert_int_equal((int)stt.cache.slot_copied_tokens, 2 * (prompt.n - 1));
+
+    run_free(&ref);
+    run_free(&lead);
+    run_free(&f[0]);
+    run_free(&f[1]);
+    ks_tokens_free(&prompt);
+    ks_sched_free(s);
+}
+
+/* Sampling (temperature 0.8), a different seed per choice: each follower's
+ * tokens are those of its seed run uncached — the copied KV is exact. */
+static void test_followers_exact_with_sampling(void **st) {
+    (void)st;
+    ks_sched *s = open_sched(16);
+    ks_tokens prompt = {0};
+    long_prompt(320, "write a short poem", &prompt);
+    const uint64_t seeds[3] = {11, 22, 33};
+    run ref[3], got[3];
+    for (int i = 0; i < 3; i++) uncached(s, &prompt, 0.8f, seeds[i], &ref[i]);
+    /* The seeds matter: otherwise this test would prove nothing about them. */
+    assert_true(ref[0].out.n != ref[1].out.n ||
+                memcmp(ref[0].out.v, ref[1].out.v, sizeof(int32_t) * (size_t)ref[0].out.n) != 0);
+    clear_all(s);
+
+    gate_arm(1);
+    uint64_t id = submit(s, &prompt, &(req_opts){.cache = true, .temperature = 0.8f, .seed = seeds[0],
+                                                 .gate_progress = true}, &got[0]);
+    gate_wait_arrived();
+    for (int i = 1; i < 3; i++)
+        submit(s, &prompt, &(req_opts){.cache = true, .temperature = 0.8f, .seed = seeds[i], .share_of = id},
+               &got[i]);
+    gate_open();
+    for (int i = 0; i < 3; i++) run_wait(&got[i]);
+    for (int i = 0; i < 3; i++) {
+        assert_ok(&got[i]);
+        assert_same_output(&got[i], &ref[i]);
+        if (i > 0) {
+            assert_string_equal(got[i].res.cache_mode, "copy");
+            assert_int_equal(got[i].res.n_cached, prompt.n - 1);
+        }
+        run_free(&ref[i]);
+        run_free(&got[i]);
+    }
+    ks_tokens_free(&prompt);
+    ks_sched_free(s);
+}
+
+/* The leader is canceled after the first chunk of its prefill: the followers
+ * stop waiting, copy the chunk that exists, prefill the rest themselves and
+ * answer exactly. */
+static void test_leader_canceled_while_prefilling(void **st) {
+    (void)st;
+    ks_sched *s = open_sched(16);
+    int n_batch = ks_engine_n_batch(g_e);
+    ks_tokens prompt = {0};
+    long_prompt(n_batch + 200, "describe a storm", &prompt);
+    assert_true(prompt.n > n_batch + 16);
+    run ref;
+    uncached(s, &prompt, 0, 0, &ref);
+    clear_all(s);
+
+    run lead, f[2];
+    gate_arm(1);
+    uint64_t id = submit(s, &prompt, &(req_opts){.cache = true, .gate_progress = true}, &lead);
+    int first = gate_wait_arrived();
+    assert_true(first < prompt.n); /* held after a chunk that is not the last */
+    for (int i = 0; i < 2; i++) submit(s, &prompt, &(req_opts){.cache = true, .share_of = id}, &f[i]);
+    ks_sched_cancel(s, id);
+    gate_open();
+    run_wait(&lead);
+    run_wait(&f[0]);
+    run_wait(&f[1]);
+    assert_int_equal(lead.res.finish, KS_FINISH_CANCEL);
+    for (int i = 0; i < 2; i++) {
+        assert_ok(&f[i]);
+        assert_same_output(&f[i], &ref);
+        /* What the leader had decoded, copied; never more. */
+        assert_true(f[i].res.n_cached <= first);
+        assert_true(f[i].res.n_cached >= first - 1);
+    }
+    run_free(&ref);
+    run_free(&lead);
+    run_free(&f[0]);
+    run_free(&f[1]);
+    ks_tokens_free(&prompt);
+    ks_sched_free(s);
+}
+
+/* A follower naming a finished request, or an id not yet given out, runs
+ * as any request. */
+static void test_follower_of_unknown_or_finished_id(void **st) {
+    (void)st;
+    ks_sched *s = open_sched(16);
+    ks_tokens prompt = {0};
+    long_prompt(300, "count the stars", &prompt);
+    run ref, done, a, b;
+    uncached(s, &prompt, 0, 0, &ref);
+    clear_all(s);
+    uint64_t id = submit(s, &prompt, &(req_opts){.cache = true}, &done);
+    run_wait(&done);
+    assert_ok(&done);
+    submit(s, &prompt, &(req_opts){.cache = true, .share_of = id}, &a); /* finished */
+    run_wait(&a);
+    submit(s, &prompt, &(req_opts){.cache = true, .share_of = id + 1000}, &b); /* a later id: ignored */
+    run_wait(&b);
+    assert_ok(&a);
+    assert_ok(&b);
+    assert_same_output(&done, &ref);
+    assert_same_output(&a, &ref);
+    assert_same_output(&b, &ref);
+    assert_int_equal(a.res.n_cached, prompt.n - 1); /* the finished request's slot: a prefix hit */
+    assert_int_equal(b.res.n_cached, prompt.n - 1);
+    run_free(&ref);
+    run_free(&done);
+    run_free(&a);
+    run_free(&b);
+    ks_tokens_free(&prompt);
+    ks_sched_free(s);
+}
+
 /* No share_prefill_of at all: a request whose prefix sits in a busy slot
  * (generating, its generated tokens in its KV) copies it, and the copy is
  * cut back to the common prefix. With copies off it prefills the prefix. */
@@ -272,6 +449,10 @@ static int teardown(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_followers_copy_the_leaders_prefill),
+        cmocka_unit_test(test_followers_exact_with_sampling),
+        cmocka_unit_test(test_leader_canceled_while_prefilling),
+        cmocka_unit_test(test_follower_of_unknown_or_finished_id),
         cmocka_unit_test(test_busy_slot_prefix_is_copied),
         cmocka_unit_test(test_copy_cost_1000_tokens),
     };
