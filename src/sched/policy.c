@@ -19,11 +19,34 @@
  *     store holds it already.
  *  3. The slot keeps the route's common prefix (llama_memory_seq_rm; a full
  *     rebuild where the memory cannot drop a suffix).
- *  4. Restores, each only when it gives more than the slot holds, cheapest
+ *  4. Copy: when another slot — busy or idle, whatever the router could not
+ *     give — holds a prefix of the prompt at least copy_min_tokens longer
+ *     than what this slot keeps (and than the system prompt when SPC holds
+ *     it: SPC's state is smaller), its sequence is copied here with its
+ *     token list (state get into a scratch buffer, state set: the calls SPC
+ *     and the store use, exact), and trimmed to the common prefix. This is
+ *     how the followers of a shared prefill (share_prefill_of, sched.c) get
+ *     their leader's prompt. Plans run between decode steps, so every other
+ *     slot's sequence is exactly its token list then (S1; step.c leaves no
+ *     throwaway row): a generating source's tokens beyond the common prefix
+ *     are trimmed off.
+ *  5. Restores, each only when it gives more than the slot holds, cheapest
  *     sufficient first: the store for a prefix longer than the system prompt
  *     (a conversation's earlier turn makes an SPC restore wasted work), then
  *     SPC for the system prompt, then the store for any shorter prefix. A
  *     restored state is checked against the exact tokens it stands for.
+ *
+ * Why copy before the restores: it needs no lookup, no read and no
+ * verification (the source's token list is exact by S1), and its length is
+ * known before anything is moved; the store is still asked for a longer
+ * prefix afterwards. The minimum gain (copy_min_tokens, 16): a copy moves
+ * the source's whole state twice (get, set), its generated tokens and the
+ * part this slot holds already included, while a prefilled token costs
+ * ~4 ms on the bench model (docs/LLAMA_FACTS.md, "Memory and state"). A
+ * 4,000-token state (49 MB) copies in ~7 ms with the scratch buffer warm and
+ * ~170 ms when the buffer is new (page faults; the first copy of a busy
+ * period), about what 16 prefilled tokens cost: so 16 tokens pay for even
+ * the worst copy of a long source, and a smaller gain is left to prefill.
  *
  * Saves, by reason: `cold` at a chunk end chosen by savepoint.c,
  * `continued` every continued_interval generated tokens, `finish` at the end
@@ -172,7 +195,7 @@ static int store_restore(ks_sched *s, slot *sl, sreq *r, int *n_reuse, int beat,
     double ms = ks_now_ms() - t0;
     ks_store_note_restore(s->p.store, ms);
     snprintf(r->res.cache_tier, sizeof r->res.cache_tier, "%s", ks_tier_name(hit.tier));
-    r->res.restore_ms = ms;
+    r->res.restore_ms += ms; /* after a copy's, if any */
     s->cst.store_hits++;
     s->cst.store_restored_tokens += (uint64_t)hit.n_tokens;
     s->cst.store_restore_ms_total += ms;
@@ -266,6 +289,91 @@ static int trim(ks_sched *s, slot *sl, int n_reuse) {
     return n_reuse;
 }
 
+/* --------------------------------------------------------- slot copies */
+void ks__policy_idle(ks_sched *s) {
+    free(s->copy_buf);
+    s->copy_buf = NULL;
+    s->copy_cap = 0;
+}
+
+/* The slot other than dst whose tokens give r the longest reusable prefix
+ * (ks_prefix_reuse), when it is at least `need` tokens; on equal lengths the
+ * one with the fewest tokens (the smallest state to copy), then the lowest
+ * id. A source holding more than the prefix qualifies only when the memory
+ * can drop a suffix. Returns its index and *n_out the reusable length, or -1. */
+static int copy_source(ks_sched *s, const slot *dst, const sreq *r, int need, int *n_out) {
+    bool trims = !s->p.simulate_no_partial_rm && ks_engine_partial_rm_ok(s->e);
+    int best = -1;
+    *n_out = 0;
+    for (int i = 0; i < s->n_slots; i++) {
+        const slot *o = &s->slots[i];
+        if (o == dst || o->tokens.n < need) continue;
+        int n = ks_prefix_reuse(ks_prefix_common(o->tokens.v, o->tokens.n, r->prompt.v, r->prompt.n), r->prompt.n);
+        if (n < need || (n < o->tokens.n && !trims)) continue;
+        if (best < 0 || n > *n_out || (n == *n_out && o->tokens.n < s->slots[best].tokens.n)) {
+            best = i;
+            *n_out = n;
+        }
+    }
+    return best;
+}
+
+/* Copy (plan step 3): replaces the slot's sequence, which holds *n_reuse
+ * tokens of the prompt, with another slot's that gives at least
+ * copy_min_tokens more than `beat` (>= *n_reuse: what the slot or SPC gives
+ * without it), and keeps the common prefix. Returns 1 when the slot now
+ * holds it (*n_reuse updated), 0 when no copy was made (the slot is
+ * unchanged, or emptied with *n_reuse = 0 after a rejected state), or
+ * KS_ENOMEM (the slot is empty and consistent, P1). */
+static int slot_copy(ks_sched *s, slot *sl, sreq *r, int *n_reuse, int beat) {
+    if (s->p.copy_min_tokens <= 0) return 0;
+    if (beat < *n_reuse) beat = *n_reuse;
+    int n_copy = 0;
+    int i = copy_source(s, sl, r, beat + s->p.copy_min_tokens, &n_copy);
+    if (i < 0) return 0;
+    slot *src = &s->slots[i];
+    double t0 = ks_now_ms();
+    size_t need = ks_engine_state_size(s->e, src->id);
+    if (need > s->copy_cap) {
+        /* Room for a source that grows a little (a generating slot); the old
+         * contents are scratch, so no realloc copying them. */
+        ks__policy_idle(s);
+        size_t cap = need + need / 4;
+        s->copy_buf = malloc(cap);
+        if (!s->copy_buf) return 0; /* no memory for the copy: the slot prefills instead */
+        s->copy_cap = cap;
+    }
+    size_t len = need ? ks_engine_state_get(s->e, src->id, s->copy_buf, s->copy_cap) : 0;
+    if (len == 0) return 0;
+    /* The slot's own tokens are a prefix of the source's (both start with
+     * prompt[0, *n_reuse)), so replacing them loses nothing. */
+    int rc = restore_state(s, sl, s->copy_buf, len, src->tokens.v, src->tokens.n);
+    if (rc) {
+        if (rc == KS_EMISMATCH)
+            KS_WARN(MOD, "slot[%d] copy of slot[%d] rejected by llama; prefilling", sl->id, src->id);
+        *n_reuse = 0;
+        return rc == KS_ENOMEM ? rc : 0;
+    }
+    *n_reuse = trim(s, sl, n_copy);
+    if (*n_reuse < n_copy) return 0; /* the suffix could not be dropped: rebuilt (trim) */
+    double ms = ks_now_ms() - t0;
+    r->res.restore_ms += ms;
+    s->cst.slot_copies++;
+    s->cst.slot_copied_tokens += (uint64_t)n_copy;
+    s->cst.slot_copy_ms_total += ms;
+    /* The route's reason was about the routed slot; now the source says why
+     * not more was reused (route.h's reasons). */
+    ks_route *rt = &sl->route;
+    int n_common = ks_prefix_common(src->tokens.v, src->tokens.n, r->prompt.v, r->prompt.n);
+    if (n_copy < r->prompt.n - 1 && n_common < src->tokens.n)
+        snprintf(rt->reason, sizeof rt->reason, "diverged-at-token-%d", n_common);
+    else
+        rt->reason[0] = '\0';
+    KS_DEBUG(MOD, "slot[%d] copy %d of slot[%d]'s %d tokens (%s, %zu bytes, %.2f ms)", sl->id, n_copy, src->id,
+             src->tokens.n, src->state == ST_IDLE ? "idle" : "busy", len, ms);
+    return 1;
+}
+
 int ks__policy_plan(ks_sched *s, slot *sl) {
     sreq *r = sl->r;
     ks_route *rt = &sl->route;
@@ -297,6 +405,13 @@ int ks__policy_plan(ks_sched *s, slot *sl) {
     n_reuse = trim(s, sl, n_reuse);
 
     int n_sys = r->p.n_sys_tokens;
+    /* A copy must beat the system prompt when SPC holds it: SPC's state is
+     * the system prompt alone, a copy moves another conversation's whole
+     * sequence (typically a slot that shares only the system prompt). */
+    bool spc_has = cache && s->p.spc && r->p.sys_key && n_sys >= s->p.cache_min_tokens && n_sys < r->prompt.n &&
+                   n_reuse < n_sys && ks_spc_contains(s->p.spc, r->p.sys_key);
+    int copied = cache ? slot_copy(s, sl, r, &n_reuse, spc_has ? n_sys : n_reuse) : 0;
+    if (copied < 0) return copied;
     bool spc_ok = cache && s->p.spc && r->p.sys_key && n_sys >= s->p.cache_min_tokens && n_sys < r->prompt.n &&
                   n_reuse < n_sys;
     bool store_ok = cache && s->p.store;
@@ -312,12 +427,12 @@ int ks__policy_plan(ks_sched *s, slot *sl) {
     if (store_hit == 0 && spc_hit == 0 && store_ok)
         store_hit = store_restore(s, sl, r, &n_reuse, n_reuse, spc_ok ? n_sys : r->prompt.n);
     if (store_hit < 0 || spc_hit < 0) return store_hit < 0 ? store_hit : spc_hit;
-    count_mode(s, sl, r, spc_hit || store_hit, n_reuse, took_over);
+    count_mode(s, sl, r, copied || spc_hit || store_hit, n_reuse, took_over);
 
     sl->n_past = n_reuse;
     r->res.n_cached = n_reuse;
     snprintf(r->res.cache_mode, sizeof r->res.cache_mode, "%s",
-             store_hit ? "store" : spc_hit ? "spc" : ks_route_mode_name(rt->mode));
+             store_hit ? "store" : spc_hit ? "spc" : copied ? "copy" : ks_route_mode_name(rt->mode));
     snprintf(r->res.cache_reason, sizeof r->res.cache_reason, "%s", rt->reason);
     /* IMC identity: the branch this slot will hold after the request. */
     bool hashed = r->hashes && r->p.n_msgs > 0;

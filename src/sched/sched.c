@@ -17,6 +17,18 @@
  *      sample, callbacks, finished requests;
  *   3. under mu: publish slot info and counters, wake drainers.
  *
+ * Queue order. Requests are assigned in submission order: when the first
+ * unpinned request finds no idle slot, the ones behind it wait too. Two kinds
+ * wait without holding up the others: a pinned request (preferred_slot)
+ * whose slot is busy, and a follower (share_prefill_of) whose leader is
+ * queued or still prefilling — routed now, it would prefill beside the
+ * leader the very tokens the leader is computing, whereas once the leader
+ * has sampled its first token, planning copies them from the leader's slot
+ * (policy.c). Both keep their place: when they can go, they go before the
+ * requests submitted after them. A follower waits only for an earlier
+ * request (submit drops a later id), so waits never form a cycle, and only
+ * while its leader is alive and prefilling, which ends in bounded time.
+ *
  * Invariants (see sched.h for the public ones)
  *  S1. slot->tokens grows only after a successful decode of those tokens, so
  *      it never claims KV that is not there; when the KV and the list cannot
@@ -55,6 +67,7 @@ ks_sched_params ks_sched_params_default(void) {
     p.affinity_min = 0.05f;
     p.exact = true;
     p.cache_min_tokens = 100;
+    p.copy_min_tokens = 16;
     p.store_stride = 256;
     p.continued_interval = 512;
     p.store_min_tokens = 256;
@@ -181,6 +194,23 @@ static void finish_unassigned(ks_sched *s, sreq *r, ks_finish f) {
     sreq_free(r);
 }
 
+/* Under mu: whether follower r waits for its leader (share_prefill_of): the
+ * leader is queued or on a slot still prefilling, and not canceled. Only
+ * caching requests wait, and only when slot copies are on: otherwise there
+ * is nothing to share. The leader was submitted first, so it is ahead of r
+ * in the queue. */
+static bool waits_for_leader_locked(ks_sched *s, sreq *r) {
+    uint64_t lead = r->p.share_prefill_of;
+    if (lead == 0 || !r->p.cache_prompt || !s->p.cache_prompt || s->p.copy_min_tokens <= 0) return false;
+    for (sreq *q = s->q_head; q && q != r; q = q->next)
+        if (q->id == lead) return !atomic_load(&q->cancel);
+    for (int i = 0; i < s->n_slots; i++) {
+        slot *sl = &s->slots[i];
+        if (sl->r && sl->r->id == lead) return sl->state == ST_PREFILL && !atomic_load(&sl->r->cancel);
+    }
+    return false; /* finished, or never existed */
+}
+
 /* Under mu: move assignable queued requests onto idle slots. Canceled queued
  * requests are moved to *dead for finishing outside the lock. */
 static void assign_locked(ks_sched *s, sreq **dead) {
@@ -194,6 +224,11 @@ static void assign_locked(ks_sched *s, sreq **dead) {
             s->q_n--;
             r->next = *dead;
             *dead = r;
+            continue;
+        }
+        if (waits_for_leader_locked(s, r)) { /* "Queue order" above */
+            prev = r;
+            pp = &r->next;
             continue;
         }
         ks_route rt;
@@ -280,6 +315,12 @@ static void *run(void *arg) {
         }
         if (s->n_active == 0) {
             if (s->stop) break;
+            if (s->copy_buf) { /* freed without mu; then look at the queue again */
+                pthread_mutex_unlock(&s->mu);
+                ks__policy_idle(s);
+                pthread_mutex_lock(&s->mu);
+                continue;
+            }
             pthread_cond_wait(&s->cv, &s->mu);
             continue;
         }
@@ -324,6 +365,7 @@ static void free_all(ks_sched *s) {
         ks_sampler_free(s->slots[i].smpl);
     }
     ks_batch_free(s->batch);
+    free(s->copy_buf);
     free(s->logits_copy);
     free(s->piece);
     free(s->slots);
@@ -333,7 +375,8 @@ static void free_all(ks_sched *s) {
 
 int ks_sched_create(const ks_sched_params *p, ks_sched **out) {
     *out = NULL;
-    if (!p || !p->engine || p->cache_min_tokens < 0 || p->max_queue < 1) return KS_EINVAL;
+    if (!p || !p->engine || p->cache_min_tokens < 0 || p->copy_min_tokens < 0 || p->max_queue < 1)
+        return KS_EINVAL;
     int n_slots = p->n_slots > 0 ? p->n_slots : ks_engine_n_seq(p->engine);
     if (n_slots > ks_engine_n_seq(p->engine) || n_slots > KS_MAX_SLOTS) return KS_EINVAL;
     ks_sched *s = calloc(1, sizeof *s);
@@ -421,6 +464,7 @@ int ks_sched_submit(ks_sched *s, const ks_req_params *p, uint64_t *id) {
         return KS_EFULL;
     }
     r->id = s->next_id++;
+    if (r->p.share_prefill_of >= r->id) r->p.share_prefill_of = 0; /* only an earlier request */
     if (s->q_tail) s->q_tail->next = r; else s->q_head = r;
     s->q_tail = r;
     s->q_n++;

@@ -56,6 +56,12 @@ typedef struct ks_sched_params {
      * branches, routed by message-prefix hash, token-prefix fallback. */
     bool imc;
     int cache_min_tokens;  /* IMC fallback threshold and SPC minimum (default 100) */
+    /* Slot copies: a request whose prompt shares a longer prefix with another
+     * slot (busy or idle) than with its own copies that slot's sequence
+     * (state get + set: exact) when it gains at least this many tokens over
+     * what its own slot keeps (default 16; 0: never copy, and followers
+     * (share_prefill_of) do not wait for their leader). */
+    int copy_min_tokens;
     /* System Prompt Cache: borrowed store of system-prompt states (NULL: off). */
     struct ks_spc *spc;
     /* Persistent tiered store (NULL: off), borrowed. Save points (savepoint.h):
@@ -104,10 +110,10 @@ typedef struct ks_req_result {
     bool eog;              /* finish == KS_FINISH_STOP by an end-of-generation token (not
                               by the caller's on_token) */
     int error;             /* KS_E* when finish == KS_FINISH_ERROR */
-    char cache_mode[24];   /* "prefix", "miss", ... */
+    char cache_mode[24];   /* "prefix", "miss", "copy" (from another slot), ... */
     char cache_reason[48]; /* why not more was cached, "" when fully cached */
     char cache_tier[8];    /* "store" mode: the tier it came from ("ram", "shm", "disk") */
-    double restore_ms;     /* state restore time (SPC or store), included in prompt_ms */
+    double restore_ms;     /* state restore time (store, slot copy; not SPC), included in prompt_ms */
     const float *logits;   /* want_logits: the first sampled token's logits (n_vocab), borrowed
                               for the duration of on_done; else NULL */
     int n_vocab;
@@ -133,6 +139,17 @@ typedef struct ks_req_params {
     uint64_t sys_key;       /* SPC: hash of the system message (0: none) */
     int n_sys_tokens;       /* SPC: tokens of the rendered system prefix, 0 when it is not a
                                clean token prefix of the prompt under this template */
+    /* Shared prefill (OpenAI `n` > 1: n requests with one prompt). The id
+     * (ks_sched_submit's *id) of a request submitted earlier whose prompt
+     * shares a prefix with this one, 0: none. While that "leader" is queued
+     * or still prefilling, this "follower" is not routed: it keeps its place
+     * in the queue and later requests may pass it. Once the leader has
+     * sampled its first token (or finished, failed, was canceled, or the id
+     * is unknown), the follower is routed as any request, and planning
+     * copies the leader's prefix from its slot (copy_min_tokens). Ignored
+     * for an id not below the request's own (no request ever waits for a
+     * later one), with cache_prompt false, or with copies off. */
+    uint64_t share_prefill_of;
     /* Called for each sampled token with its text piece (may be empty or an
      * incomplete UTF-8 sequence). Return non-zero to stop (finish = stop). */
     int (*on_token)(void *ud, int32_t tok, const char *piece, int len);
@@ -148,7 +165,7 @@ typedef struct ks_req_params {
 
 /* Starts the inference thread. Errors: KS_EINVAL (no engine, more slots than
  * the engine's sequences or KS_MAX_SLOTS, max_queue < 1, cache_min_tokens <
- * 0), KS_ENOMEM. */
+ * 0, copy_min_tokens < 0), KS_ENOMEM. */
 int ks_sched_create(const ks_sched_params *p, ks_sched **out);
 /* Stops accepting, cancels queued requests, lets running ones finish their
  * current step and cancels them, joins the thread, frees. NULL is a no-op. */
@@ -202,6 +219,9 @@ typedef struct ks_sched_cache_stats {
     uint64_t spc_restored_tokens;
     uint64_t sys_prompt_prefills;   /* requests whose system prompt was prefilled */
     uint64_t partial_rm_rebuilds;   /* memory could not drop a suffix: rebuilt */
+    uint64_t slot_copies;           /* prompts whose prefix was copied from another slot */
+    uint64_t slot_copied_tokens;    /* tokens kept from those copies */
+    double slot_copy_ms_total;      /* state get + set + trim of the copies */
     uint64_t store_hits;            /* prompts restored from the persistent store */
     uint64_t store_restored_tokens;
     double store_restore_ms_total;  /* lookup + read + verify + state set */

@@ -4,8 +4,9 @@
  *   sched.c   the queue, the inference thread's loop, the public calls and
  *             finishing requests (who runs when);
  *   policy.c  the cache policy: which slot a request goes to, how much of its
- *             KV is kept, which restores run in which order (store, SPC),
- *             when states are saved and captured (what is reused);
+ *             KV is kept, which copies and restores run in which order
+ *             (slot copy, store, SPC), when states are saved and captured
+ *             (what is reused);
  *   step.c    one decode step: batch assembly, the exactness rule (every
  *             sequence at 0 or >= 2 rows), sampling (how it is computed).
  * The save-point cut arithmetic is pure and lives in cache/savepoint.c.
@@ -98,6 +99,10 @@ struct ks_sched {
     int prefill_rr;         /* round-robin start among prefilling slots */
     bool pairs;             /* keep every sequence at >= 2 rows per decode (exactness) */
     ks_sched_cache_stats cst; /* the cache decisions' counters, published under mu */
+    uint8_t *copy_buf;      /* slot copies' scratch (policy.c): kept while requests are active,
+                               since a fresh multi-megabyte buffer costs more in page faults
+                               than the copy itself; freed when the scheduler goes idle */
+    size_t copy_cap;
 };
 
 /* sched.c */
@@ -127,6 +132,9 @@ void ks__policy_chunk_done(ks_sched *s, slot *sl);
 void ks__policy_token_done(ks_sched *s, slot *sl);
 /* Hands the slot's KV (all of slot->tokens) to the store for `why`. */
 void ks__policy_save(ks_sched *s, slot *sl, ks_reason why, bool sync);
+/* No request is active: frees what the policy keeps only for busy periods
+ * (the copy scratch). */
+void ks__policy_idle(ks_sched *s);
 
 /* step.c */
 /* One decode step over the busy slots (planned). */

@@ -138,6 +138,7 @@ void ks_metrics_sched(ks_prom *p, const ks_sched_stats *st) {
                    (double)c->imc_token_prefix_hits);
     ks_prom_sample(p, "kvstash_cache_decisions_total", "decision", "spc", (double)c->spc_hits);
     ks_prom_sample(p, "kvstash_cache_decisions_total", "decision", "store", (double)c->store_hits);
+    ks_prom_sample(p, "kvstash_cache_decisions_total", "decision", "copy", (double)c->slot_copies);
     ks_prom_sample(p, "kvstash_cache_decisions_total", "decision", "miss", (double)c->mode_miss);
     ks_prom_counter(p, "kvstash_imc_salvaged_tokens_total", "Tokens kept by IMC token-prefix salvage.",
                     (double)c->imc_salvaged_tokens);
@@ -154,6 +155,8 @@ void ks_metrics_sched(ks_prom *p, const ks_sched_stats *st) {
                     (double)c->sys_prompt_prefills);
     ks_prom_counter(p, "kvstash_partial_rm_rebuilds_total",
                     "Sequences rebuilt because the memory could not drop a suffix.", (double)c->partial_rm_rebuilds);
+    ks_prom_counter(p, "kvstash_slot_copied_tokens_total", "Tokens copied from another slot's sequence.",
+                    (double)c->slot_copied_tokens);
     ks_prom_counter(p, "kvstash_store_restored_tokens_total", "Tokens restored from the persistent store.",
                     (double)c->store_restored_tokens);
     ks_prom_counter(p, "kvstash_store_restore_seconds_total", "Store lookup + read + verify + state set.",
