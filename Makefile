@@ -1,7 +1,7 @@
 # kvstash — thin wrapper over CMake. The two commands a newcomer needs:
 #   make run    set up what is missing, build, and run the demo (MODEL=path.gguf to use yours)
 #   make test   set up, build, and run every test (make test-asan: the same under ASan+UBSan)
-.PHONY: all setup build run test test-asan bench clean demo-model install
+.PHONY: all setup clients build run test test-asan bench clean demo-model install
 
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
@@ -18,6 +18,10 @@ all: build
 setup:
 	@bash scripts/setup.sh $(DEPS)
 
+# The client SDKs of the end-to-end tests (tests/e2e/package.json, pinned by its lock file).
+clients:
+	@bash scripts/setup_clients.sh $(CURDIR)/build/e2e-npm
+
 $(BUILD)/CMakeCache.txt:
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKS_DEPS_DIR=$(DEPS) >/dev/null
 
@@ -33,13 +37,13 @@ demo-model: build
 run: demo-model
 	@bash scripts/run.sh ./$(BUILD)/kvstash "$(or $(MODEL),$(DEMO_MODEL))"
 
-test: build
+test: build clients
 	cd $(BUILD) && ctest --output-on-failure --no-tests=error -j 2 $(CTEST_ARGS)
 
 $(ASAN_BUILD)/CMakeCache.txt:
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DKS_SANITIZE=ON -DKS_DEPS_DIR=$(DEPS) >/dev/null
 
-test-asan: setup $(ASAN_BUILD)/CMakeCache.txt
+test-asan: setup clients $(ASAN_BUILD)/CMakeCache.txt
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 	  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp:print_suppressions=0 \

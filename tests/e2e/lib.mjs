@@ -7,6 +7,9 @@
 // leaves one behind.
 import { spawn } from 'node:child_process';
 import assert from 'node:assert/strict';
+import { existsSync, readFileSync } from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath, pathToFileURL } from 'node:url';
 
 export const BIN = process.env.KS_BIN;
 export const MODEL = process.env.KS_TINY_MODEL;
@@ -21,6 +24,25 @@ process.on('exit', killAll);
 // A runner that times out sends SIGTERM/SIGINT: take the servers down too.
 for (const sig of ['SIGTERM', 'SIGINT', 'SIGHUP']) {
   process.on(sig, () => { killAll(); process.exit(128 + (sig === 'SIGINT' ? 2 : sig === 'SIGHUP' ? 1 : 15)); });
+}
+
+// The official client SDKs, installed by `make test` (scripts/setup_clients.sh)
+// from tests/e2e/package.json into build/e2e-npm. Missing is a failure, never a skip.
+export const CLIENTS_DIR = process.env.KS_E2E_NPM ||
+  path.join(path.dirname(fileURLToPath(import.meta.url)), '..', '..', 'build', 'e2e-npm');
+
+export async function importClient(name) {
+  const dir = path.join(CLIENTS_DIR, 'node_modules', ...name.split('/'));
+  assert.ok(existsSync(path.join(dir, 'package.json')),
+    `${name} is not installed in ${CLIENTS_DIR}: run scripts/setup_clients.sh (make test does)`);
+  const pkg = JSON.parse(readFileSync(path.join(dir, 'package.json'), 'utf8'));
+  const want = JSON.parse(readFileSync(path.join(CLIENTS_DIR, 'package.json'), 'utf8')).dependencies[name];
+  assert.equal(pkg.version, want, `${name}: ${pkg.version} installed, tests/e2e/package.json pins ${want}`);
+  // ESM entry of the package: exports["."].import (or .default), else module/main.
+  const exp = pkg.exports && (pkg.exports['.'] ?? pkg.exports);
+  let entry = (exp && (exp.import?.default ?? exp.import ?? exp.default)) || pkg.module || pkg.main || 'index.js';
+  if (typeof entry === 'object') entry = entry.default;
+  return import(pathToFileURL(path.join(dir, entry)).href);
 }
 
 export function requireEnv() {

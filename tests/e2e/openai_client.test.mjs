@@ -1,37 +1,17 @@
 // openai_client.test.mjs — the official `openai` npm client against kvstash.
 //
-// The package is installed with npm into the build directory (next to
-// $KS_BIN, reused when already there). No network or a registry failure fails
-// this test: it is never skipped.
+// The package is installed by `make test` (tests/e2e/package.json); missing
+// fails this test: it is never skipped.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { execFileSync } from 'node:child_process';
-import { existsSync, mkdirSync, readFileSync } from 'node:fs';
-import path from 'node:path';
-import { pathToFileURL } from 'node:url';
-import { startServer, stopOk, BIN, requireEnv } from './lib.mjs';
+import { startServer, stopOk, importClient } from './lib.mjs';
 
 const KEY = 'client-key';
 let srv;
 let OpenAI;
 
-function installOpenAI() {
-  requireEnv();
-  const dir = path.join(path.dirname(BIN), 'e2e-npm');
-  const pkg = path.join(dir, 'node_modules', 'openai', 'package.json');
-  const ok = () => existsSync(pkg) && JSON.parse(readFileSync(pkg, 'utf8')).version.startsWith('4.');
-  if (!ok()) {
-    mkdirSync(dir, { recursive: true });
-    execFileSync('npm', ['install', '--no-save', '--no-audit', '--no-fund', '--prefix', dir, 'openai@4'],
-      { stdio: ['ignore', 'inherit', 'inherit'], timeout: 600000 });
-  }
-  assert.ok(ok(), `openai@4 not installed in ${dir}`);
-  return path.join(dir, 'node_modules', 'openai', 'index.mjs');
-}
-
 before(async () => {
-  const entry = installOpenAI();
-  OpenAI = (await import(pathToFileURL(entry).href)).default;
+  OpenAI = (await importClient('openai')).default;
   srv = await startServer(['--api-key', KEY]);
 });
 after(async () => { if (srv) await stopOk(srv); });
