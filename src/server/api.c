@@ -124,7 +124,7 @@ int ks__api_get_bool(json_t *root, const char *key, bool *out, ks_api_error *err
     return 0;
 }
 
-static int keep(ks_api_request *r, char *s) {
+int ks__api_keep(ks_api_request *r, char *s) {
     char **n = realloc(r->owned, (size_t)(r->n_owned + 1) * sizeof *n);
     if (!n) {
         free(s);
@@ -189,6 +189,12 @@ static int parse_common(json_t *root, ks_api_request *r, ks_api_error *err) {
         if ((rc = get_int(root, "max_tokens", 1, INT32_MAX, &x, &set, err))) return rc;
         if (set) r->max_tokens = (int)x;
     }
+    /* llama-server's name; -1 there means "until the context is full". */
+    if (!set && r->max_tokens < 0) {
+        if ((rc = get_int(root, "n_predict", -1, INT32_MAX, &x, &set, err))) return rc;
+        if (set && x == 0) BAD("integer_below_min_value", "n_predict", "Invalid 'n_predict': expected -1 or a value >= 1.");
+        if (set && x > 0) r->max_tokens = (int)x;
+    }
     if ((rc = get_number(root, "temperature", 0.0, 2.0, &r->sample.temperature, err))) return rc;
     if ((rc = get_number(root, "top_p", 0.0, 1.0, &r->sample.top_p, err))) return rc;
     if ((rc = get_number(root, "min_p", 0.0, 1.0, &r->sample.min_p, err))) return rc;
@@ -196,9 +202,6 @@ static int parse_common(json_t *root, ks_api_request *r, ks_api_error *err) {
     if (set) r->sample.top_k = (int)x;
     if ((rc = get_int(root, "seed", INT64_MIN, INT64_MAX, &x, &r->seed_set, err))) return rc;
     if (r->seed_set) r->sample.seed = (uint64_t)x;
-    if ((rc = get_int(root, "n", 1, INT32_MAX, &x, &set, err))) return rc;
-    if (set && x != 1)
-        BAD("invalid_value", "n", "Invalid 'n': only n = 1 is supported, got %lld.", x);
     if ((rc = parse_stop(root, r, err))) return rc;
     if ((rc = ks__api_get_bool(root, "stream", &r->stream, err))) return rc;
     json_t *so = ks__api_field(root, "stream_options");
@@ -221,8 +224,8 @@ static int parse_common(json_t *root, ks_api_request *r, ks_api_error *err) {
 /* One message's content: a string, or an array of {type:"text", text} parts
  * joined with "\n" (as llama.cpp's server flattens them for templates that
  * take plain text). null only for an assistant message (a tool-call turn). */
-static int parse_content(json_t *m, size_t i, bool assistant, ks_api_request *r,
-                         const char **out, ks_api_error *err) {
+int ks__api_parse_content(json_t *m, size_t i, bool assistant, ks_api_request *r,
+                          const char **out, ks_api_error *err) {
     char param[64];
     snprintf(param, sizeof param, "messages[%zu].content", i);
     json_t *c = ks__api_field(m, "content");
@@ -279,102 +282,12 @@ static int parse_content(json_t *m, size_t i, bool assistant, ks_api_request *r,
         }
     }
     if (!b.s && ks_buf_append(&b, "", 0)) goto nomem;
-    if (keep(r, b.s)) return ks__api_oom(err);
+    if (ks__api_keep(r, b.s)) return ks__api_oom(err);
     *out = b.s;
     return 0;
 nomem:
     ks_buf_free(&b);
     return ks__api_oom(err);
-}
-
-static int parse_messages(json_t *root, ks_api_request *r, ks_api_error *err) {
-    json_t *ms = ks__api_field(root, "messages");
-    if (!ms) BAD("missing_required_parameter", "messages", "Missing required parameter: 'messages'.");
-    if (!json_is_array(ms))
-        BAD("invalid_type", "messages", "Invalid type for 'messages': expected an array, but got %s instead.",
-            ks__api_json_type_name(ms));
-    size_t n = json_array_size(ms);
-    if (n == 0)
-        BAD("empty_array", "messages",
-            "Invalid 'messages': empty array. Expected an array with minimum length 1, but got an empty "
-            "array instead.");
-    if (n > INT32_MAX / 2) BAD("invalid_value", "messages", "Too many messages.");
-    r->msgs = calloc(n, sizeof *r->msgs);
-    if (!r->msgs) return ks__api_oom(err);
-    size_t i;
-    json_t *m;
-    json_array_foreach(ms, i, m) {
-        char param[64];
-        snprintf(param, sizeof param, "messages[%zu]", i);
-        if (!json_is_object(m))
-            BAD("invalid_type", param, "Invalid type for '%s': expected an object, but got %s instead.",
-                param, ks__api_json_type_name(m));
-        snprintf(param, sizeof param, "messages[%zu].role", i);
-        json_t *role = ks__api_field(m, "role");
-        if (!role) BAD("missing_required_parameter", param, "Missing required parameter: '%s'.", param);
-        if (!json_is_string(role))
-            BAD("invalid_type", param, "Invalid type for '%s': expected a string, but got %s instead.",
-                param, ks__api_json_type_name(role));
-        const char *rs = json_string_value(role);
-        const char *canon;
-        if (!strcmp(rs, "system") || !strcmp(rs, "developer")) canon = "system";
-        else if (!strcmp(rs, "user")) canon = "user";
-        else if (!strcmp(rs, "assistant")) canon = "assistant";
-        else {
-            /* Quote at most 40 bytes of the role: the message has a fixed size. */
-            BAD("invalid_value", param,
-                "Invalid value for '%s': '%.40s' is not supported. Supported values are: 'system', "
-                "'developer', 'user' and 'assistant'.", param, rs);
-        }
-        r->msgs[i].role = canon;
-        int rc = parse_content(m, i, !strcmp(rs, "assistant"), r, &r->msgs[i].content, err);
-        if (rc) return rc;
-        r->n_msgs = (int)i + 1;
-    }
-    return 0;
-}
-
-/* prompt: a non-empty string, an array holding one string, or an array of
- * token ids (checked against the vocabulary by the server). */
-static int parse_prompt(json_t *root, ks_api_request *r, ks_api_error *err) {
-    json_t *p = ks__api_field(root, "prompt");
-    if (!p) BAD("missing_required_parameter", "prompt", "Missing required parameter: 'prompt'.");
-    if (json_is_string(p)) {
-        if (json_string_length(p) == 0) BAD("invalid_value", "prompt", "Invalid 'prompt': empty string.");
-        r->prompt = json_string_value(p);
-        return 0;
-    }
-    if (!json_is_array(p))
-        BAD("invalid_type", "prompt",
-            "Invalid type for 'prompt': expected a string, an array of strings or an array of "
-            "token ids, but got %s instead.", ks__api_json_type_name(p));
-    size_t n = json_array_size(p);
-    if (n == 0) BAD("empty_array", "prompt", "Invalid 'prompt': empty array.");
-    json_t *first = json_array_get(p, 0);
-    if (json_is_string(first)) {
-        if (n > 1)
-            BAD("invalid_value", "prompt", "Invalid 'prompt': only one prompt per request is supported.");
-        if (json_string_length(first) == 0) BAD("invalid_value", "prompt[0]", "Invalid 'prompt[0]': empty string.");
-        r->prompt = json_string_value(first);
-        return 0;
-    }
-    if (n > INT32_MAX / 2) BAD("invalid_value", "prompt", "Invalid 'prompt': too many tokens.");
-    r->prompt_tokens = malloc(n * sizeof *r->prompt_tokens);
-    if (!r->prompt_tokens) return ks__api_oom(err);
-    size_t i;
-    json_t *t;
-    json_array_foreach(p, i, t) {
-        char param[32];
-        snprintf(param, sizeof param, "prompt[%zu]", i);
-        if (!json_is_integer(t))
-            BAD("invalid_type", param,
-                "Invalid type for '%s': expected a token id (integer), but got %s instead.", param,
-                ks__api_json_type_name(t));
-        long long x = json_integer_value(t);
-        if (x < 0 || x > INT32_MAX) BAD("invalid_value", param, "Invalid '%s': %lld is not a token id.", param, x);
-        r->prompt_tokens[r->n_prompt_tokens++] = (int32_t)x;
-    }
-    return 0;
 }
 
 /* The body as a JSON object into *root (new reference), or 400. */
@@ -398,9 +311,13 @@ int ks_api_parse(ks_api_kind kind, const char *body, size_t len, ks_api_request 
     out->cache_prompt = true;
     int rc = ks__api_load_object(body, len, &out->root, err);
     if (rc) goto fail;
-    rc = kind == KS_API_CHAT ? parse_messages(out->root, out, err) : parse_prompt(out->root, out, err);
+    rc = kind == KS_API_CHAT ? ks__api_parse_chat(out->root, out, err) : ks__api_parse_prompts(out->root, out, err);
     if (rc) goto fail;
     rc = parse_common(out->root, out, err);
+    if (rc) goto fail;
+    rc = ks__api_parse_sampling(out->root, out, err);
+    if (rc) goto fail;
+    rc = ks__api_check_fields(out->root, kind, err);
     if (rc) goto fail;
     return 0;
 fail:
@@ -413,7 +330,10 @@ void ks_api_request_free(ks_api_request *r) {
     for (int i = 0; i < r->n_owned; i++) free(r->owned[i]);
     free(r->owned);
     free(r->msgs);
-    free(r->prompt_tokens);
+    for (int i = 0; i < r->n_prompts; i++) free(r->prompts[i].tokens);
+    free(r->prompts);
+    free(r->bias);
+    if (r->tmpl_req) json_decref(r->tmpl_req);
     if (r->root) json_decref(r->root);
     memset(r, 0, sizeof *r);
 }
@@ -523,20 +443,69 @@ static json_t *with_stats(json_t *o, const ks_req_result *r) {
     return o;
 }
 
-json_t *ks_api_response_json(const ks_api_gen *g) {
+/* One choice of a whole response. */
+static json_t *choice_json(const ks_api_gen *g) {
+    json_t *lp = g->logprobs ? json_deep_copy(g->logprobs) : json_null();
+    const char *f = g->finish ? g->finish : "stop";
+    if (g->kind == KS_API_CHAT) {
+        json_t *m;
+        if (g->msg) {
+            m = ks_api_message_json(g->msg);
+        } else {
+            json_t *text = json_string(g->text ? g->text : "");
+            m = text ? json_pack("{s:s, s:o}", "role", "assistant", "content", text) : NULL;
+        }
+        if (!m || !lp) {
+            json_decref(m);
+            json_decref(lp);
+            return NULL;
+        }
+        return json_pack("{s:i, s:o, s:o, s:s}", "index", g->index, "message", m, "logprobs", lp, "finish_reason", f);
+    }
     json_t *text = json_string(g->text ? g->text : "");
-    if (!text) return NULL; /* not UTF-8: the textstream guarantees it is */
-    json_t *choice;
-    if (g->kind == KS_API_CHAT)
-        choice = json_pack("{s:i, s:{s:s, s:o}, s:n, s:s}", "index", 0, "message", "role", "assistant",
-                           "content", text, "logprobs", "finish_reason", g->finish ? g->finish : "stop");
-    else
-        choice = json_pack("{s:o, s:i, s:n, s:s}", "text", text, "index", 0, "logprobs",
-                           "finish_reason", g->finish ? g->finish : "stop");
-    if (!choice) return NULL;
-    json_t *o = envelope(g, g->kind == KS_API_CHAT ? "chat.completion" : "text_completion",
-                         json_pack("[o]", choice));
-    return with_stats(o, g->r);
+    if (!text || !lp) { /* not UTF-8: the textstream guarantees it is */
+        json_decref(text);
+        json_decref(lp);
+        return NULL;
+    }
+    return json_pack("{s:o, s:i, s:o, s:s}", "text", text, "index", g->index, "logprobs", lp, "finish_reason", f);
+}
+
+json_t *ks_api_response_multi_json(const ks_api_gen *gs, int n, const ks_req_result *r) {
+    json_t *choices = json_array();
+    if (!choices) return NULL;
+    for (int i = 0; i < n; i++) {
+        json_t *c = choice_json(&gs[i]);
+        if (!c || json_array_append_new(choices, c)) {
+            json_decref(choices);
+            return NULL;
+        }
+    }
+    json_t *o = envelope(&gs[0], gs[0].kind == KS_API_CHAT ? "chat.completion" : "text_completion", choices);
+    return with_stats(o, r);
+}
+
+json_t *ks_api_response_json(const ks_api_gen *g) { return ks_api_response_multi_json(g, 1, g->r); }
+
+json_t *ks_api_chunk_delta_json(const ks_api_gen *g, json_t *delta, json_t *logprobs, const char *finish) {
+    bool chat = g->kind == KS_API_CHAT;
+    json_t *choice = NULL;
+    if (delta && json_is_object(delta)) {
+        if (chat) {
+            choice = json_pack("{s:i, s:O}", "index", g->index, "delta", delta);
+        } else {
+            json_t *t = json_object_get(delta, "text");
+            choice = json_pack("{s:O, s:i}", "text", t ? t : json_string(""), "index", g->index);
+        }
+    }
+    json_decref(delta);
+    if (!choice) {
+        json_decref(logprobs);
+        return NULL;
+    }
+    json_object_set_new(choice, "logprobs", logprobs ? logprobs : json_null());
+    json_object_set_new(choice, "finish_reason", finish ? json_string(finish) : json_null());
+    return envelope(g, chat ? "chat.completion.chunk" : "text_completion", json_pack("[o]", choice));
 }
 
 json_t *ks_api_chunk_json(const ks_api_gen *g, ks_api_chunk_kind k, const char *text, size_t len) {
@@ -545,22 +514,22 @@ json_t *ks_api_chunk_json(const ks_api_gen *g, ks_api_chunk_kind k, const char *
     json_t *choice = NULL;
     switch (k) {
     case KS_API_CHUNK_ROLE:
-        choice = chat ? json_pack("{s:i, s:{s:s, s:s}, s:n, s:n}", "index", 0, "delta", "role", "assistant",
+        choice = chat ? json_pack("{s:i, s:{s:s, s:s}, s:n, s:n}", "index", g->index, "delta", "role", "assistant",
                                   "content", "", "logprobs", "finish_reason")
-                      : json_pack("{s:s, s:i, s:n, s:n}", "text", "", "index", 0, "logprobs", "finish_reason");
+                      : json_pack("{s:s, s:i, s:n, s:n}", "text", "", "index", g->index, "logprobs", "finish_reason");
         break;
     case KS_API_CHUNK_DELTA: {
         json_t *t = json_stringn(text ? text : "", text ? len : 0);
         if (!t) return NULL;
-        choice = chat ? json_pack("{s:i, s:{s:o}, s:n, s:n}", "index", 0, "delta", "content", t, "logprobs",
+        choice = chat ? json_pack("{s:i, s:{s:o}, s:n, s:n}", "index", g->index, "delta", "content", t, "logprobs",
                                   "finish_reason")
-                      : json_pack("{s:o, s:i, s:n, s:n}", "text", t, "index", 0, "logprobs", "finish_reason");
+                      : json_pack("{s:o, s:i, s:n, s:n}", "text", t, "index", g->index, "logprobs", "finish_reason");
         break;
     }
     case KS_API_CHUNK_FINISH: {
         const char *f = g->finish ? g->finish : "stop";
-        choice = chat ? json_pack("{s:i, s:{}, s:n, s:s}", "index", 0, "delta", "logprobs", "finish_reason", f)
-                      : json_pack("{s:s, s:i, s:n, s:s}", "text", "", "index", 0, "logprobs", "finish_reason", f);
+        choice = chat ? json_pack("{s:i, s:{}, s:n, s:s}", "index", g->index, "delta", "logprobs", "finish_reason", f)
+                      : json_pack("{s:s, s:i, s:n, s:s}", "text", "", "index", g->index, "logprobs", "finish_reason", f);
         break;
     }
     case KS_API_CHUNK_USAGE: {

@@ -14,8 +14,9 @@
  *     with OpenAI's codes where OpenAI has one (invalid_type,
  *     missing_required_parameter, integer_below_min_value, ...), so client
  *     libraries surface them the usual way.
- *  3. Unknown fields are ignored, as OpenAI-compatible servers do, so that
- *     clients sending e.g. "user", "presence_penalty" or "tools" keep working.
+ *  3. Every request field is either implemented, documented as accepted and
+ *     ignored (the list in api_chat.c, docs/SERVER.md), or a 400
+ *     "unsupported_parameter" that names it: never silently ignored.
  *  4. Every string in a parsed request is valid UTF-8 without NUL bytes
  *     (jansson refuses anything else), so it can go to the tokenizer as a C string.
  *
@@ -58,16 +59,65 @@ json_t *ks_api_error_json(const ks_api_error *e);
 /* ---------------------------------------------------------------- requests */
 typedef enum { KS_API_CHAT = 0, KS_API_COMPLETION } ks_api_kind;
 
+/* Most choices (n) per prompt, prompts per completion request, and choices
+ * in all; top_logprobs at most. */
+#define KS_API_MAX_N 16
+#define KS_API_MAX_PROMPTS 64
+#define KS_API_MAX_CHOICES 64
+#define KS_API_MAX_TOP_LOGPROBS 20
+
+/* One logit_bias entry: a token id, or a string whose tokens all get the
+ * bias (llama-server's rule; the server tokenizes it). */
+typedef struct ks_api_bias {
+    int32_t tok;          /* when text is NULL */
+    const char *text;     /* borrowed */
+    float bias;           /* -INFINITY: banned (false in llama-server's array form) */
+} ks_api_bias;
+
+/* One prompt of a completion request: text, or token ids. */
+typedef struct ks_api_prompt {
+    const char *text;     /* borrowed; NULL: tokens */
+    int32_t *tokens;      /* owned */
+    int n_tokens;
+} ks_api_prompt;
+
 typedef struct ks_api_request {
     ks_api_kind kind;
     /* chat: roles are static strings ("system", "user", "assistant"; "developer"
      * is mapped to "system"); contents are borrowed from this request. */
     ks_msg *msgs;
     int n_msgs;
-    /* completion: exactly one of prompt (borrowed) or prompt_tokens (owned) is set. */
+    /* completion: exactly one of prompt (borrowed) or prompt_tokens (owned) is
+     * set: the first of the prompts, which holds all of them. */
     const char *prompt;
     int32_t *prompt_tokens;
     int n_prompt_tokens;
+    ks_api_prompt *prompts;  /* owned; prompts[0] aliases prompt / prompt_tokens */
+    int n_prompts;
+
+    /* chat: the request as llama.cpp's common library renders it
+     * (chat_tmpl.h: messages with "developer" as "system", tools,
+     * tool_choice, parallel_tool_calls, response_format, grammar,
+     * reasoning_format, chat_template_kwargs, continue_final_message...);
+     * new reference, NULL for completions. */
+    json_t *tmpl_req;
+    bool has_tools;          /* tools given and tool_choice is not "none" */
+    bool structured;         /* response_format json_object/json_schema, json_schema or grammar */
+    /* completion: a GBNF grammar (borrowed) or a JSON schema (borrowed from root) */
+    const char *grammar;
+    json_t *json_schema;
+
+    /* sampling beyond ks_sample_params */
+    ks_api_bias *bias;       /* owned */
+    int n_bias;
+    float repeat_penalty;    /* default 1 (off) */
+    int repeat_last_n;       /* default 64 (llama-server's); -1: the whole context */
+    float frequency_penalty, presence_penalty; /* default 0 */
+    bool ignore_eos;
+    bool logprobs;           /* chat: logprobs; completion: logprobs >= 0 given */
+    int top_logprobs;        /* alternatives per token, 0..KS_API_MAX_TOP_LOGPROBS */
+    int n;                   /* choices per prompt, default 1 */
+    int id_slot;             /* -1: the scheduler chooses */
 
     int max_tokens;        /* -1: not given (the server picks, see docs/SERVER.md) */
     ks_sample_params sample;
@@ -157,6 +207,10 @@ json_t *ks_api_props_json(const ks_api_props *p);
 /* Everything a response shows about one generation. */
 typedef struct ks_api_gen {
     ks_api_kind kind;
+    int index;               /* the choice's index (n > 1, several prompts) */
+    const json_t *msg;       /* chat: the parsed assistant message {content, reasoning_content,
+                                tool_calls} (borrowed), NULL: text is the content */
+    const json_t *logprobs;  /* the choice's logprobs object (borrowed), NULL: null */
     const char *id;          /* "chatcmpl-..." or "cmpl-..." */
     int64_t created;         /* unix seconds */
     const char *model;
@@ -190,6 +244,23 @@ json_t *ks_api_response_json(const ks_api_gen *g);
  *  usage:  choices [] with usage, timings and cache (stream_options.include_usage) */
 typedef enum { KS_API_CHUNK_ROLE, KS_API_CHUNK_DELTA, KS_API_CHUNK_FINISH, KS_API_CHUNK_USAGE } ks_api_chunk_kind;
 json_t *ks_api_chunk_json(const ks_api_gen *g, ks_api_chunk_kind k, const char *text, size_t len);
+
+/* The non-streamed response of several choices: the envelope from gs[0],
+ * one choice per gs[i] (index, text or msg, finish, logprobs), usage,
+ * timings and cache from r (aggregated by the caller). */
+json_t *ks_api_response_multi_json(const ks_api_gen *gs, int n, const ks_req_result *r);
+
+/* One stream chunk of choice g->index: delta (stolen; chat: {content |
+ * reasoning_content | tool_calls}, completion: {"text": ...}, whose fields
+ * are moved into the choice), logprobs (stolen, NULL: null), finish (NULL:
+ * null). NULL on ENOMEM. */
+json_t *ks_api_chunk_delta_json(const ks_api_gen *g, json_t *delta, json_t *logprobs, const char *finish);
+
+/* The assistant message of a response from a parsed message (chat_tmpl.h's
+ * shape): content (null when there are tool calls and no text),
+ * reasoning_content when not empty, tool_calls when there are any. New
+ * reference; NULL on ENOMEM. */
+json_t *ks_api_message_json(const json_t *parsed);
 
 /* Appends "data: <compact JSON>\n\n" to out. 0, KS_ENOMEM or KS_EINVAL (unencodable). */
 int ks_api_sse(ks_buf *out, const json_t *obj);

@@ -27,4 +27,21 @@ int ks__api_oom(ks_api_error *err);
 /* Parses body as one JSON object into *root (owned); 400 otherwise. */
 int ks__api_load_object(const char *body, size_t len, json_t **root, ks_api_error *err);
 
+/* Owns s (freed with the request); KS_ENOMEM frees it. */
+int ks__api_keep(ks_api_request *r, char *s);
+/* messages[i].content: a string or text parts joined with "\n"; absent or
+ * null only when assistant (then ""). */
+int ks__api_parse_content(json_t *m, size_t i, bool assistant, ks_api_request *r, const char **out,
+                          ks_api_error *err);
+
+/* api_chat.c */
+/* 400 unsupported_parameter for a field neither implemented nor ignored. */
+int ks__api_check_fields(json_t *root, ks_api_kind kind, ks_api_error *err);
+/* messages, tools, structured output and template options into r->msgs and r->tmpl_req. */
+int ks__api_parse_chat(json_t *root, ks_api_request *r, ks_api_error *err);
+/* prompt (one or several), grammar / json_schema, logprobs, echo, suffix, best_of. */
+int ks__api_parse_prompts(json_t *root, ks_api_request *r, ks_api_error *err);
+/* logit_bias, penalties, ignore_eos, id_slot, n_probs, n. After the prompts. */
+int ks__api_parse_sampling(json_t *root, ks_api_request *r, ks_api_error *err);
+
 #endif

@@ -80,8 +80,29 @@ static void test_bad_messages(void **state) {
     expect_bad(KS_API_CHAT,
                "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"wizard\",\"content\":\"hi\"}]}",
                400, "invalid_value", "messages[1].role");
-    expect_bad(KS_API_CHAT, "{\"messages\":[{\"role\":\"tool\",\"content\":\"hi\"}]}", 400, "invalid_value",
+    /* A tool result needs the id of the call it answers. */
+    expect_bad(KS_API_CHAT, "{\"messages\":[{\"role\":\"tool\",\"content\":\"hi\"}]}", 400,
+               "missing_required_parameter", "messages[0].tool_call_id");
+    expect_bad(KS_API_CHAT, "{\"messages\":[{\"role\":\"function\",\"content\":\"hi\"}]}", 400, "invalid_value",
                "messages[0].role");
+    expect_bad(KS_API_CHAT, "{\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[{\"type\":\"function\"}]}]}",
+               400, "missing_required_parameter", "messages[0].tool_calls[0].function");
+    expect_bad(KS_API_CHAT, "{\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[{\"function\":{\"name\":1}}]}]}",
+               400, "invalid_type", "messages[0].tool_calls[0].function.name");
+    expect_bad(KS_API_CHAT, CHAT(",\"tools\":[{\"type\":\"function\",\"function\":{}}]"), 400,
+               "missing_required_parameter", "tools[0].function.name");
+    expect_bad(KS_API_CHAT, CHAT(",\"tools\":[{\"type\":\"retrieval\"}]"), 400, "invalid_value", "tools[0].type");
+    expect_bad(KS_API_CHAT, CHAT(",\"tool_choice\":\"sometimes\""), 400, "invalid_value", "tool_choice");
+    expect_bad(KS_API_CHAT, CHAT(",\"frobnicate\":true"), 400, "unsupported_parameter", "frobnicate");
+    expect_bad(KS_API_CHAT, CHAT(",\"response_format\":{\"type\":\"json_schema\"}"), 400,
+               "missing_required_parameter", "response_format.json_schema");
+    expect_bad(KS_API_CHAT, CHAT(",\"grammar\":\"root ::= x\",\"json_schema\":{}"), 400, "invalid_value", "grammar");
+    expect_bad(KS_API_CHAT, CHAT(",\"logit_bias\":{\"5\":\"x\"}"), 400, "invalid_type", "logit_bias.5");
+    expect_bad(KS_API_CHAT, CHAT(",\"logit_bias\":[[5]]"), 400, "invalid_value", "logit_bias[0]");
+    expect_bad(KS_API_CHAT, CHAT(",\"repeat_last_n\":-2"), 400, "invalid_value", "repeat_last_n");
+    expect_bad(KS_API_CHAT, CHAT(",\"presence_penalty\":3"), 400, "invalid_value", "presence_penalty");
+    expect_bad(KS_API_COMPLETION, CMPL(",\"messages\":[]"), 400, "unsupported_parameter", "messages");
+    expect_bad(KS_API_CHAT, CHAT(",\"prompt\":\"x\""), 400, "unsupported_parameter", "prompt");
     expect_bad(KS_API_CHAT, "{\"messages\":[{\"role\":\"user\"}]}", 400, "missing_required_parameter",
                "messages[0].content");
     expect_bad(KS_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":null}]}", 400,
@@ -124,7 +145,8 @@ static void test_bad_sampling(void **state) {
     expect_bad(KS_API_CHAT, CHAT(",\"max_completion_tokens\":0"), 400, "integer_below_min_value",
                "max_completion_tokens");
     expect_bad(KS_API_CHAT, CHAT(",\"seed\":\"x\""), 400, "invalid_type", "seed");
-    expect_bad(KS_API_CHAT, CHAT(",\"n\":2"), 400, "invalid_value", "n");
+    expect_bad(KS_API_CHAT, CHAT(",\"n\":0"), 400, "integer_below_min_value", "n");
+    expect_bad(KS_API_CHAT, CHAT(",\"n\":17"), 400, "integer_above_max_value", "n");
     expect_bad(KS_API_CHAT, CHAT(",\"stream\":\"yes\""), 400, "invalid_type", "stream");
     expect_bad(KS_API_CHAT, CHAT(",\"stream\":1"), 400, "invalid_type", "stream");
     expect_bad(KS_API_CHAT, CHAT(",\"stream_options\":true"), 400, "invalid_type", "stream_options");
@@ -158,13 +180,14 @@ static void test_bad_prompt(void **state) {
     expect_bad(KS_API_COMPLETION, "{\"prompt\":null}", 400, "missing_required_parameter", "prompt");
     expect_bad(KS_API_COMPLETION, "{\"prompt\":\"\"}", 400, "invalid_value", "prompt");
     expect_bad(KS_API_COMPLETION, "{\"prompt\":[]}", 400, "empty_array", "prompt");
-    expect_bad(KS_API_COMPLETION, "{\"prompt\":[\"a\",\"b\"]}", 400, "invalid_value", "prompt");
+    expect_bad(KS_API_COMPLETION, "{\"prompt\":[\"a\",\"\"]}", 400, "invalid_value", "prompt[1]");
+    expect_bad(KS_API_COMPLETION, "{\"prompt\":[\"a\",5]}", 400, "invalid_type", "prompt[1]");
     expect_bad(KS_API_COMPLETION, "{\"prompt\":[\"\"]}", 400, "invalid_value", "prompt[0]");
     expect_bad(KS_API_COMPLETION, "{\"prompt\":5}", 400, "invalid_type", "prompt");
     expect_bad(KS_API_COMPLETION, "{\"prompt\":{\"a\":1}}", 400, "invalid_type", "prompt");
     expect_bad(KS_API_COMPLETION, "{\"prompt\":[1,\"a\"]}", 400, "invalid_type", "prompt[1]");
     expect_bad(KS_API_COMPLETION, "{\"prompt\":[1,-2]}", 400, "invalid_value", "prompt[1]");
-    expect_bad(KS_API_COMPLETION, "{\"prompt\":[[1,2]]}", 400, "invalid_type", "prompt[0]");
+    expect_bad(KS_API_COMPLETION, "{\"prompt\":[[1,\"x\"]]}", 400, "invalid_type", "prompt[0][1]");
     expect_bad(KS_API_COMPLETION, CMPL(",\"temperature\":\"0\""), 400, "invalid_type", "temperature");
     expect_bad(KS_API_COMPLETION, CMPL(",\"max_tokens\":0"), 400, "integer_below_min_value", "max_tokens");
     /* A chat body on the completions endpoint lacks its prompt. */
@@ -200,7 +223,7 @@ static void test_chat_fields(void **state) {
     (void)state;
     ks_api_request r;
     parse_ok(KS_API_CHAT,
-             "{\"model\":\"whatever\",\"user\":\"u\",\"presence_penalty\":0,\"tools\":[],"
+             "{\"model\":\"whatever\",\"user\":\"u\",\"presence_penalty\":0,\"tools\":[],\"metadata\":{},"
              "\"messages\":[{\"role\":\"developer\",\"content\":\"be brief\"},"
              "{\"role\":\"system\",\"content\":\"sys\",\"name\":\"x\"},"
              "{\"role\":\"user\",\"content\":\"q1\"},{\"role\":\"assistant\",\"content\":null},"
@@ -291,6 +314,59 @@ static void test_stop_parsing(void **state) {
     ks_api_request_free(&r);
 }
 
+/* The fields of an agent: tool calls and results, tools, a named tool
+ * choice, structured output, sampling, as the template request sees them. */
+static void test_agent_fields(void **state) {
+    (void)state;
+    ks_api_request r;
+    parse_ok(KS_API_CHAT,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"weather?\"},"
+             "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"abc123def\",\"type\":\"function\","
+             "\"function\":{\"name\":\"w\",\"arguments\":{\"city\":\"Oslo\"}}}]},"
+             "{\"role\":\"tool\",\"tool_call_id\":\"abc123def\",\"content\":\"sunny\"}],"
+             "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"w\"}},"
+             "{\"type\":\"function\",\"function\":{\"name\":\"v\",\"parameters\":{\"type\":\"object\"}}}],"
+             "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"v\"}},"
+             "\"logit_bias\":{\"7\":-100,\"hello\":2},\"logprobs\":true,\"top_logprobs\":2,\"n\":3,"
+             "\"repeat_penalty\":1.1,\"ignore_eos\":true,\"id_slot\":1,\"user\":\"u\"}",
+             &r);
+    assert_true(r.has_tools);
+    json_t *tr = r.tmpl_req;
+    json_t *m1 = json_array_get(json_object_get(tr, "messages"), 1);
+    assert_true(json_is_null(json_object_get(m1, "content")));
+    json_t *args = json_object_get(json_object_get(json_array_get(json_object_get(m1, "tool_calls"), 0), "function"),
+                                   "arguments");
+    assert_string_equal(json_string_value(args), "{\"city\":\"Oslo\"}"); /* an object is serialized */
+    json_t *m2 = json_array_get(json_object_get(tr, "messages"), 2);
+    assert_string_equal(json_string_value(json_object_get(m2, "role")), "tool");
+    assert_string_equal(json_string_value(json_object_get(m2, "tool_call_id")), "abc123def");
+    /* The named tool only, and required. */
+    assert_int_equal(json_array_size(json_object_get(tr, "tools")), 1);
+    assert_string_equal(json_string_value(json_object_get(tr, "tool_choice")), "required");
+    assert_int_equal(r.n_bias, 2);
+    assert_int_equal(r.bias[0].tok, 7);
+    assert_true(r.bias[0].bias == -100.0f);
+    assert_string_equal(r.bias[1].text, "hello");
+    assert_true(r.logprobs);
+    assert_int_equal(r.top_logprobs, 2);
+    assert_int_equal(r.n, 3);
+    assert_true(r.repeat_penalty > 1.09f && r.repeat_penalty < 1.11f);
+    assert_true(r.ignore_eos);
+    assert_int_equal(r.id_slot, 1);
+    ks_api_request_free(&r);
+
+    parse_ok(KS_API_CHAT, CHAT(",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"w\"}}],\"tool_choice\":\"none\""), &r);
+    assert_false(r.has_tools);
+    ks_api_request_free(&r);
+
+    parse_ok(KS_API_CHAT, CHAT(",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\","
+                               "\"schema\":{\"type\":\"object\"}}},\"logit_bias\":[[5,false]]"), &r);
+    assert_true(r.structured);
+    assert_non_null(json_object_get(r.tmpl_req, "response_format"));
+    assert_true(r.bias[0].bias < -1e30f); /* false: banned */
+    ks_api_request_free(&r);
+}
+
 static void test_prompt_forms(void **state) {
     (void)state;
     ks_api_request r;
@@ -310,6 +386,18 @@ static void test_prompt_forms(void **state) {
     assert_int_equal(r.n_prompt_tokens, 3);
     assert_int_equal(r.prompt_tokens[2], 300);
     ks_api_request_free(&r);
+
+    parse_ok(KS_API_COMPLETION, "{\"prompt\":[\"a\",[1,2],\"c\"],\"n\":2,\"logprobs\":3}", &r);
+    assert_int_equal(r.n_prompts, 3);
+    assert_string_equal(r.prompts[0].text, "a");
+    assert_int_equal(r.prompts[1].n_tokens, 2);
+    assert_string_equal(r.prompts[2].text, "c");
+    assert_int_equal(r.n, 2);
+    assert_true(r.logprobs);
+    assert_int_equal(r.top_logprobs, 3);
+    ks_api_request_free(&r);
+    /* 64 prompts x n may not pass 64 choices. */
+    expect_bad(KS_API_COMPLETION, "{\"prompt\":[\"a\",\"b\",\"c\",\"d\",\"e\"],\"n\":16}", 400, "invalid_value", "n");
 }
 
 /* The body need not be NUL-terminated: only len bytes are read. */
@@ -372,7 +460,7 @@ int main(void) {
         cmocka_unit_test(test_bad_sampling),  cmocka_unit_test(test_bad_stop),
         cmocka_unit_test(test_bad_prompt),    cmocka_unit_test(test_chat_defaults),
         cmocka_unit_test(test_chat_fields),   cmocka_unit_test(test_content_parts),
-        cmocka_unit_test(test_stop_parsing),  cmocka_unit_test(test_prompt_forms),
+        cmocka_unit_test(test_stop_parsing),  cmocka_unit_test(test_agent_fields), cmocka_unit_test(test_prompt_forms),
         cmocka_unit_test(test_body_length),   cmocka_unit_test(test_error_json),
         cmocka_unit_test(test_long_role),
     };

@@ -57,7 +57,7 @@ static const char *sget(json_t *o, const char *key) {
 static void test_chat_response(void **state) {
     (void)state;
     ks_req_result r = sample_result();
-    ks_api_gen g = {KS_API_CHAT, "chatcmpl-abc", 1700000000, "tiny", "hello \xc3\xa9", "length", &r};
+    ks_api_gen g = {.kind = KS_API_CHAT, .id = "chatcmpl-abc", .created = 1700000000, .model = "tiny", .text = "hello \xc3\xa9", .finish = "length", .r = &r};
     json_t *o = ks_api_response_json(&g);
     assert_non_null(o);
     assert_string_equal(sget(o, "id"), "chatcmpl-abc");
@@ -113,7 +113,7 @@ static void test_completion_response(void **state) {
     ks_req_result r = sample_result();
     r.cache_reason[0] = '\0';
     r.finish = KS_FINISH_STOP;
-    ks_api_gen g = {KS_API_COMPLETION, "cmpl-x", 1, "m", " there", "stop", &r};
+    ks_api_gen g = {.kind = KS_API_COMPLETION, .id = "cmpl-x", .created = 1, .model = "m", .text = " there", .finish = "stop", .r = &r};
     json_t *o = ks_api_response_json(&g);
     assert_string_equal(sget(o, "object"), "text_completion");
     json_t *c0 = json_array_get(json_object_get(o, "choices"), 0);
@@ -192,7 +192,7 @@ static int sse_events(const char *s, char ev[][2048], int max) {
 static void test_sse_chat(void **state) {
     (void)state;
     ks_req_result r = sample_result();
-    ks_api_gen g = {KS_API_CHAT, "chatcmpl-1", 5, "tiny", NULL, "length", &r};
+    ks_api_gen g = {.kind = KS_API_CHAT, .id = "chatcmpl-1", .created = 5, .model = "tiny", .text = NULL, .finish = "length", .r = &r};
     ks_buf b = {0};
     json_t *o;
     o = ks_api_chunk_json(&g, KS_API_CHUNK_ROLE, NULL, 0);
@@ -246,7 +246,7 @@ static void test_sse_chat(void **state) {
 static void test_sse_completion(void **state) {
     (void)state;
     ks_req_result r = sample_result();
-    ks_api_gen g = {KS_API_COMPLETION, "cmpl-1", 5, "tiny", NULL, "stop", &r};
+    ks_api_gen g = {.kind = KS_API_COMPLETION, .id = "cmpl-1", .created = 5, .model = "tiny", .text = NULL, .finish = "stop", .r = &r};
     json_t *o = ks_api_chunk_json(&g, KS_API_CHUNK_DELTA, " word", 5);
     assert_string_equal(sget(o, "object"), "text_completion");
     json_t *c0 = json_array_get(json_object_get(o, "choices"), 0);

@@ -1,0 +1,684 @@
+/*
+ * api_chat.c — the request fields of an agent: messages with tool calls and
+ * tool results, tools, structured output, the sampling fields llama-server
+ * takes, several prompts and choices; and which fields exist at all.
+ *
+ * Validation here names the offending field (param) so that a client sees
+ * which part of a long agent request was wrong; what only the template can
+ * judge (a schema the converter cannot handle, a template that raises) is
+ * left to the common library, whose message the server passes on (400).
+ */
+#include "server/api.h"
+#include "server/api_int.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------ known fields */
+/* Fields a request may carry. Everything else is a 400 that names it. */
+static const char *const CHAT_FIELDS[] = {
+    "messages", "tools", "tool_choice", "parallel_tool_calls", "response_format", "json_schema",
+    "grammar", "reasoning_format", "chat_template_kwargs", "enable_thinking", "reasoning_effort",
+    "continue_final_message", "add_generation_prompt", "logprobs", "top_logprobs",
+    NULL};
+static const char *const COMPLETION_FIELDS[] = {
+    "prompt", "grammar", "json_schema", "response_format", "logprobs", "echo", "suffix", "best_of",
+    NULL};
+static const char *const COMMON_FIELDS[] = {
+    "model", "max_tokens", "max_completion_tokens", "n_predict", "temperature", "top_p", "top_k", "min_p",
+    "seed", "n", "stop", "stream", "stream_options", "cache_prompt", "logit_bias", "presence_penalty",
+    "frequency_penalty", "repeat_penalty", "repeat_last_n", "ignore_eos", "id_slot", "n_probs",
+    NULL};
+/* Accepted and ignored for compatibility (docs/SERVER.md): they change
+ * nothing a local server does. */
+static const char *const IGNORED_FIELDS[] = {
+    "user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier",
+    NULL};
+
+static bool in_list(const char *const *l, const char *k) {
+    for (; *l; l++)
+        if (!strcmp(*l, k)) return true;
+    return false;
+}
+
+int ks__api_check_fields(json_t *root, ks_api_kind kind, ks_api_error *err) {
+    const char *k;
+    json_t *v;
+    json_object_foreach(root, k, v) {
+        if (in_list(COMMON_FIELDS, k) || in_list(IGNORED_FIELDS, k)) continue;
+        if (in_list(kind == KS_API_CHAT ? CHAT_FIELDS : COMPLETION_FIELDS, k)) continue;
+        char param[96];
+        snprintf(param, sizeof param, "%.80s", k);
+        BAD("unsupported_parameter", param,
+            "Unsupported parameter: '%s' is not supported by this server (see docs/SERVER.md for the "
+            "fields it takes).", param);
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------ helpers */
+static int want_string(json_t *v, const char *param, ks_api_error *err) {
+    if (!json_is_string(v))
+        BAD("invalid_type", param, "Invalid type for '%s': expected a string, but got %s instead.", param,
+            ks__api_json_type_name(v));
+    return 0;
+}
+
+static int want_object(json_t *v, const char *param, ks_api_error *err) {
+    if (!json_is_object(v))
+        BAD("invalid_type", param, "Invalid type for '%s': expected an object, but got %s instead.", param,
+            ks__api_json_type_name(v));
+    return 0;
+}
+
+/* ------------------------------------------------------------ messages */
+/* One assistant tool call into the template's shape: {id, type, function:
+ * {name, arguments: string}}; arguments given as an object are serialized. */
+static int parse_tool_call(json_t *tc, const char *p, json_t *out_calls, ks_api_error *err) {
+    char q[128];
+    int rc;
+    if ((rc = want_object(tc, p, err))) return rc;
+    json_t *type = ks__api_field(tc, "type");
+    snprintf(q, sizeof q, "%s.type", p);
+    if (type && ((rc = want_string(type, q, err)))) return rc;
+    if (type && strcmp(json_string_value(type), "function"))
+        BAD("invalid_value", q, "Invalid value for '%s': only 'function' tool calls are supported.", q);
+    json_t *fn = ks__api_field(tc, "function");
+    snprintf(q, sizeof q, "%s.function", p);
+    if (!fn) BAD("missing_required_parameter", q, "Missing required parameter: '%s'.", q);
+    if ((rc = want_object(fn, q, err))) return rc;
+    json_t *name = ks__api_field(fn, "name");
+    snprintf(q, sizeof q, "%s.function.name", p);
+    if (!name) BAD("missing_required_parameter", q, "Missing required parameter: '%s'.", q);
+    if ((rc = want_string(name, q, err))) return rc;
+    json_t *args = ks__api_field(fn, "arguments");
+    snprintf(q, sizeof q, "%s.function.arguments", p);
+    json_t *a;
+    if (!args) a = json_string("{}");
+    else if (json_is_string(args)) a = json_incref(args);
+    else if (json_is_object(args)) {
+        char *d = json_dumps(args, JSON_COMPACT);
+        a = d ? json_string(d) : NULL;
+        free(d);
+    } else
+        BAD("invalid_type", q, "Invalid type for '%s': expected a string, but got %s instead.", q,
+            ks__api_json_type_name(args));
+    json_t *id = ks__api_field(tc, "id");
+    snprintf(q, sizeof q, "%s.id", p);
+    if (id && (rc = want_string(id, q, err))) {
+        json_decref(a);
+        return rc;
+    }
+    json_t *o = a ? json_pack("{s:s, s:{s:O, s:o}}", "type", "function", "function", "name", name, "arguments", a)
+                  : NULL;
+    if (o && id) json_object_set(o, "id", id);
+    if (!o || json_array_append_new(out_calls, o)) return ks__api_oom(err);
+    return 0;
+}
+
+/* messages[i] into r->msgs[i] (role and flattened content, for the
+ * built-in-template fallback and the logs) and into the template's array. */
+static int parse_message(json_t *m, size_t i, ks_api_request *r, json_t *out, ks_api_error *err) {
+    char param[40], q[96];
+    int rc;
+    snprintf(param, sizeof param, "messages[%zu]", i);
+    if ((rc = want_object(m, param, err))) return rc;
+    snprintf(q, sizeof q, "%s.role", param);
+    json_t *role = ks__api_field(m, "role");
+    if (!role) BAD("missing_required_parameter", q, "Missing required parameter: '%s'.", q);
+    if ((rc = want_string(role, q, err))) return rc;
+    const char *rs = json_string_value(role), *canon;
+    if (!strcmp(rs, "system") || !strcmp(rs, "developer")) canon = "system";
+    else if (!strcmp(rs, "user")) canon = "user";
+    else if (!strcmp(rs, "assistant")) canon = "assistant";
+    else if (!strcmp(rs, "tool")) canon = "tool";
+    else
+        BAD("invalid_value", q,
+            "Invalid value for '%s': '%.40s' is not supported. Supported values are: 'system', "
+            "'developer', 'user', 'assistant' and 'tool'.", q, rs);
+    bool assistant = canon[0] == 'a';
+    json_t *calls = assistant ? ks__api_field(m, "tool_calls") : NULL;
+    json_t *o = json_pack("{s:s}", "role", canon);
+    if (!o || json_array_append_new(out, o)) return ks__api_oom(err);
+
+    if (calls) {
+        snprintf(q, sizeof q, "%s.tool_calls", param);
+        if (!json_is_array(calls))
+            BAD("invalid_type", q, "Invalid type for '%s': expected an array, but got %s instead.", q,
+                ks__api_json_type_name(calls));
+        json_t *tc_out = json_array();
+        if (!tc_out || json_object_set_new(o, "tool_calls", tc_out)) return ks__api_oom(err);
+        size_t j;
+        json_t *tc;
+        json_array_foreach(calls, j, tc) {
+            char p[96];
+            snprintf(p, sizeof p, "%s.tool_calls[%zu]", param, j);
+            if ((rc = parse_tool_call(tc, p, tc_out, err))) return rc;
+        }
+        if (json_array_size(tc_out) == 0) json_object_del(o, "tool_calls");
+    }
+    /* An assistant turn that only calls tools may have no content. */
+    bool may_omit = assistant;
+    if ((rc = ks__api_parse_content(m, i, may_omit, r, &r->msgs[i].content, err))) return rc;
+    r->msgs[i].role = canon;
+    json_t *c = ks__api_field(m, "content");
+    if (json_object_set_new(o, "content", c ? json_string(r->msgs[i].content) : json_null()))
+        return ks__api_oom(err);
+
+    if (!strcmp(canon, "tool")) {
+        json_t *id = ks__api_field(m, "tool_call_id");
+        snprintf(q, sizeof q, "%s.tool_call_id", param);
+        if (!id) BAD("missing_required_parameter", q, "Missing required parameter: '%s'.", q);
+        if ((rc = want_string(id, q, err))) return rc;
+        json_object_set(o, "tool_call_id", id);
+    }
+    json_t *name = ks__api_field(m, "name");
+    if (name) {
+        snprintf(q, sizeof q, "%s.name", param);
+        if ((rc = want_string(name, q, err))) return rc;
+        json_object_set(o, "name", name);
+    }
+    json_t *rc_ = assistant ? ks__api_field(m, "reasoning_content") : NULL;
+    if (rc_) {
+        snprintf(q, sizeof q, "%s.reasoning_content", param);
+        if ((rc = want_string(rc_, q, err))) return rc;
+        json_object_set(o, "reasoning_content", rc_);
+    }
+    return 0;
+}
+
+static int parse_messages(json_t *root, ks_api_request *r, json_t *tr, ks_api_error *err) {
+    json_t *ms = ks__api_field(root, "messages");
+    if (!ms) BAD("missing_required_parameter", "messages", "Missing required parameter: 'messages'.");
+    if (!json_is_array(ms))
+        BAD("invalid_type", "messages", "Invalid type for 'messages': expected an array, but got %s instead.",
+            ks__api_json_type_name(ms));
+    size_t n = json_array_size(ms);
+    if (n == 0)
+        BAD("empty_array", "messages",
+            "Invalid 'messages': empty array. Expected an array with minimum length 1, but got an empty "
+            "array instead.");
+    if (n > INT32_MAX / 2) BAD("invalid_value", "messages", "Too many messages.");
+    r->msgs = calloc(n, sizeof *r->msgs);
+    json_t *out = json_array();
+    if (!r->msgs || !out || json_object_set_new(tr, "messages", out)) return ks__api_oom(err);
+    size_t i;
+    json_t *m;
+    json_array_foreach(ms, i, m) {
+        int rc = parse_message(m, i, r, out, err);
+        if (rc) return rc;
+        r->n_msgs = (int)i + 1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------ tools */
+/* tools and tool_choice. A named function ({type:function, function:{name}})
+ * keeps only that tool and makes the call required. */
+static int parse_tools(json_t *root, ks_api_request *r, json_t *tr, ks_api_error *err) {
+    int rc;
+    json_t *tools = ks__api_field(root, "tools");
+    json_t *choice = ks__api_field(root, "tool_choice");
+    const char *mode = "auto";
+    const char *named = NULL;
+    if (choice) {
+        if (json_is_string(choice)) {
+            mode = json_string_value(choice);
+            if (strcmp(mode, "auto") && strcmp(mode, "none") && strcmp(mode, "required"))
+                BAD("invalid_value", "tool_choice",
+                    "Invalid value for 'tool_choice': '%.40s' is not supported. Supported values are: "
+                    "'auto', 'none', 'required' or {\"type\": \"function\", \"function\": {\"name\": ...}}.",
+                    mode);
+        } else if (json_is_object(choice)) {
+            json_t *fn = ks__api_field(choice, "function");
+            json_t *name = fn && json_is_object(fn) ? ks__api_field(fn, "name") : NULL;
+            if (!name || !json_is_string(name))
+                BAD("invalid_value", "tool_choice.function.name",
+                    "Invalid 'tool_choice': a named tool choice needs function.name (a string).");
+            named = json_string_value(name);
+            mode = "required";
+        } else {
+            BAD("invalid_type", "tool_choice",
+                "Invalid type for 'tool_choice': expected a string or an object, but got %s instead.",
+                ks__api_json_type_name(choice));
+        }
+    }
+    if (!tools) {
+        if (named)
+            BAD("invalid_value", "tool_choice", "Invalid 'tool_choice': it names a function but no tools were given.");
+        if (!strcmp(mode, "required"))
+            BAD("invalid_value", "tool_choice", "Invalid 'tool_choice': 'required' needs 'tools'.");
+        return 0;
+    }
+    if (!json_is_array(tools))
+        BAD("invalid_type", "tools", "Invalid type for 'tools': expected an array, but got %s instead.",
+            ks__api_json_type_name(tools));
+    json_t *out = json_array();
+    if (!out || json_object_set_new(tr, "tools", out)) return ks__api_oom(err);
+    size_t i;
+    json_t *t;
+    bool found = false;
+    json_array_foreach(tools, i, t) {
+        char p[64], q[96];
+        snprintf(p, sizeof p, "tools[%zu]", i);
+        if ((rc = want_object(t, p, err))) return rc;
+        json_t *type = ks__api_field(t, "type");
+        snprintf(q, sizeof q, "%s.type", p);
+        if (!type) BAD("missing_required_parameter", q, "Missing required parameter: '%s'.", q);
+        if (!json_is_string(type) || strcmp(json_string_value(type), "function"))
+            BAD("invalid_value", q, "Invalid value for '%s': only 'function' tools are supported.", q);
+        json_t *fn = ks__api_field(t, "function");
+        snprintf(q, sizeof q, "%s.function", p);
+        if (!fn) BAD("missing_required_parameter", q, "Missing required parameter: '%s'.", q);
+        if ((rc = want_object(fn, q, err))) return rc;
+        json_t *name = ks__api_field(fn, "name");
+        snprintf(q, sizeof q, "%s.function.name", p);
+        if (!name) BAD("missing_required_parameter", q, "Missing required parameter: '%s'.", q);
+        if ((rc = want_string(name, q, err))) return rc;
+        if (json_string_length(name) == 0 || json_string_length(name) > 64)
+            BAD("invalid_value", q, "Invalid '%s': a function name has 1 to 64 characters.", q);
+        json_t *desc = ks__api_field(fn, "description");
+        snprintf(q, sizeof q, "%s.function.description", p);
+        if (desc && (rc = want_string(desc, q, err))) return rc;
+        json_t *params = ks__api_field(fn, "parameters");
+        snprintf(q, sizeof q, "%s.function.parameters", p);
+        if (params && (rc = want_object(params, q, err))) return rc;
+        if (named && strcmp(named, json_string_value(name))) continue;
+        found = true;
+        json_t *f = json_pack("{s:O}", "name", name);
+        if (!f) return ks__api_oom(err);
+        if (desc) json_object_set(f, "description", desc);
+        if (params) json_object_set(f, "parameters", params);
+        else json_object_set_new(f, "parameters", json_pack("{s:s, s:{}}", "type", "object", "properties"));
+        if (json_array_append_new(out, json_pack("{s:s, s:o}", "type", "function", "function", f)))
+            return ks__api_oom(err);
+    }
+    if (named && !found)
+        BAD("invalid_value", "tool_choice.function.name",
+            "Invalid 'tool_choice': no tool is named '%.64s'.", named);
+    if (json_array_size(out) == 0) {
+        json_object_del(tr, "tools");
+        if (!strcmp(mode, "required"))
+            BAD("invalid_value", "tool_choice", "Invalid 'tool_choice': 'required' needs at least one tool.");
+        return 0;
+    }
+    if (json_object_set_new(tr, "tool_choice", json_string(mode))) return ks__api_oom(err);
+    json_t *ptc = ks__api_field(root, "parallel_tool_calls");
+    if (ptc) {
+        if (!json_is_boolean(ptc))
+            BAD("invalid_type", "parallel_tool_calls",
+                "Invalid type for 'parallel_tool_calls': expected a boolean, but got %s instead.",
+                ks__api_json_type_name(ptc));
+        json_object_set(tr, "parallel_tool_calls", ptc);
+    }
+    r->has_tools = strcmp(mode, "none") != 0;
+    return 0;
+}
+
+/* ------------------------------------------------------------ structured output */
+/* response_format / json_schema / grammar: checked for shape here, handed to
+ * the template (chat) or kept for the server (completion). */
+static int parse_structured(json_t *root, ks_api_request *r, json_t *tr, ks_api_error *err) {
+    int rc;
+    json_t *rf = ks__api_field(root, "response_format");
+    json_t *schema = ks__api_field(root, "json_schema");
+    json_t *grammar = ks__api_field(root, "grammar");
+    if (rf) {
+        if ((rc = want_object(rf, "response_format", err))) return rc;
+        json_t *type = ks__api_field(rf, "type");
+        if (!type) BAD("missing_required_parameter", "response_format.type",
+                       "Missing required parameter: 'response_format.type'.");
+        if ((rc = want_string(type, "response_format.type", err))) return rc;
+        const char *ts = json_string_value(type);
+        if (!strcmp(ts, "json_schema")) {
+            json_t *js = ks__api_field(rf, "json_schema");
+            if (!js) BAD("missing_required_parameter", "response_format.json_schema",
+                         "Missing required parameter: 'response_format.json_schema'.");
+            if ((rc = want_object(js, "response_format.json_schema", err))) return rc;
+            json_t *s = ks__api_field(js, "schema");
+            if (s && (rc = want_object(s, "response_format.json_schema.schema", err))) return rc;
+            r->json_schema = s; /* NULL: any JSON object */
+            r->structured = true;
+        } else if (!strcmp(ts, "json_object")) {
+            json_t *s = ks__api_field(rf, "schema");
+            if (s && (rc = want_object(s, "response_format.schema", err))) return rc;
+            r->json_schema = s;
+            r->structured = true;
+        } else if (strcmp(ts, "text")) {
+            BAD("invalid_value", "response_format.type",
+                "Invalid value for 'response_format.type': '%.40s' is not supported. Supported values "
+                "are: 'text', 'json_object' and 'json_schema'.", ts);
+        }
+    }
+    if (schema) {
+        if ((rc = want_object(schema, "json_schema", err))) return rc;
+        if (rf && r->structured)
+            BAD("invalid_value", "json_schema", "Invalid 'json_schema': give either 'json_schema' or 'response_format'.");
+        r->json_schema = schema;
+        r->structured = true;
+    }
+    if (grammar) {
+        if ((rc = want_string(grammar, "grammar", err))) return rc;
+        if (r->structured)
+            BAD("invalid_value", "grammar", "Invalid 'grammar': it cannot be combined with a JSON schema.");
+        if (json_string_length(grammar) > 0) {
+            r->grammar = json_string_value(grammar);
+            r->structured = true;
+        }
+    }
+    if (r->kind == KS_API_CHAT) {
+        if (r->grammar && r->has_tools)
+            BAD("invalid_value", "grammar", "Invalid 'grammar': it cannot be combined with tools.");
+        if (rf && json_object_set(tr, "response_format", rf)) return ks__api_oom(err);
+        if (schema && json_object_set(tr, "json_schema", schema)) return ks__api_oom(err);
+        if (r->grammar && json_object_set(tr, "grammar", grammar)) return ks__api_oom(err);
+    }
+    return 0;
+}
+
+/* The template's own options, checked for type and passed through. */
+static int parse_tmpl_options(json_t *root, json_t *tr, ks_api_error *err) {
+    static const struct { const char *key; json_type type; const char *what; } opts[] = {
+        {"reasoning_format", JSON_STRING, "a string"},
+        {"chat_template_kwargs", JSON_OBJECT, "an object"},
+        {"enable_thinking", JSON_TRUE, "a boolean"},
+        {"reasoning_effort", JSON_STRING, "a string"},
+        {"add_generation_prompt", JSON_TRUE, "a boolean"},
+    };
+    for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
+        json_t *v = ks__api_field(root, opts[i].key);
+        if (!v) continue;
+        bool ok = opts[i].type == JSON_TRUE ? json_is_boolean(v) : json_typeof(v) == opts[i].type;
+        if (!ok)
+            BAD("invalid_type", opts[i].key, "Invalid type for '%s': expected %s, but got %s instead.",
+                opts[i].key, opts[i].what, ks__api_json_type_name(v));
+        if (json_object_set(tr, opts[i].key, v)) return ks__api_oom(err);
+    }
+    json_t *rf = ks__api_field(root, "reasoning_format");
+    if (rf) {
+        const char *s = json_string_value(rf);
+        if (strcmp(s, "none") && strcmp(s, "auto") && strcmp(s, "deepseek") && strcmp(s, "deepseek-legacy"))
+            BAD("invalid_value", "reasoning_format",
+                "Invalid value for 'reasoning_format': '%.40s' is not supported. Supported values are: "
+                "'none', 'auto', 'deepseek' and 'deepseek-legacy'.", s);
+    }
+    json_t *cfm = ks__api_field(root, "continue_final_message");
+    if (cfm) {
+        if (!json_is_boolean(cfm) && !json_is_string(cfm))
+            BAD("invalid_type", "continue_final_message",
+                "Invalid type for 'continue_final_message': expected a boolean or a string, but got %s instead.",
+                ks__api_json_type_name(cfm));
+        if (json_object_set(tr, "continue_final_message", cfm)) return ks__api_oom(err);
+    }
+    return 0;
+}
+
+int ks__api_parse_chat(json_t *root, ks_api_request *r, ks_api_error *err) {
+    r->tmpl_req = json_object();
+    if (!r->tmpl_req) return ks__api_oom(err);
+    int rc;
+    if ((rc = parse_messages(root, r, r->tmpl_req, err))) return rc;
+    if ((rc = parse_tools(root, r, r->tmpl_req, err))) return rc;
+    if ((rc = parse_structured(root, r, r->tmpl_req, err))) return rc;
+    if ((rc = parse_tmpl_options(root, r->tmpl_req, err))) return rc;
+    /* logprobs (bool) + top_logprobs */
+    bool lp = false;
+    if ((rc = ks__api_get_bool(root, "logprobs", &lp, err))) return rc;
+    r->logprobs = lp;
+    json_t *tl = ks__api_field(root, "top_logprobs");
+    if (tl) {
+        if (!json_is_integer(tl))
+            BAD("invalid_type", "top_logprobs", "Invalid type for 'top_logprobs': expected an integer, but got %s instead.",
+                ks__api_json_type_name(tl));
+        json_int_t x = json_integer_value(tl);
+        if (x < 0 || x > KS_API_MAX_TOP_LOGPROBS)
+            BAD("invalid_value", "top_logprobs", "Invalid 'top_logprobs': expected a value in [0, %d], got %lld.",
+                KS_API_MAX_TOP_LOGPROBS, (long long)x);
+        if (!lp && x > 0)
+            BAD("invalid_value", "top_logprobs", "Invalid 'top_logprobs': it requires 'logprobs' to be true.");
+        r->top_logprobs = (int)x;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------ completions */
+static int parse_ids(json_t *arr, const char *p, ks_api_prompt *out, ks_api_error *err) {
+    size_t n = json_array_size(arr);
+    if (n == 0) BAD("empty_array", p, "Invalid '%s': empty array.", p);
+    if (n > INT32_MAX / 2) BAD("invalid_value", p, "Invalid '%s': too many tokens.", p);
+    out->tokens = malloc(n * sizeof *out->tokens);
+    if (!out->tokens) return ks__api_oom(err);
+    size_t i;
+    json_t *t;
+    json_array_foreach(arr, i, t) {
+        char q[64];
+        snprintf(q, sizeof q, "%s[%zu]", p, i);
+        if (!json_is_integer(t))
+            BAD("invalid_type", q, "Invalid type for '%s': expected a token id (integer), but got %s instead.", q,
+                ks__api_json_type_name(t));
+        long long x = json_integer_value(t);
+        if (x < 0 || x > INT32_MAX) BAD("invalid_value", q, "Invalid '%s': %lld is not a token id.", q, x);
+        out->tokens[out->n_tokens++] = (int32_t)x;
+    }
+    return 0;
+}
+
+/* prompt: a non-empty string, an array of token ids, or an array of several
+ * prompts (strings or arrays of token ids). */
+int ks__api_parse_prompts(json_t *root, ks_api_request *r, ks_api_error *err) {
+    json_t *p = ks__api_field(root, "prompt");
+    if (!p) BAD("missing_required_parameter", "prompt", "Missing required parameter: 'prompt'.");
+    size_t n = 1;
+    bool many = false;
+    if (json_is_array(p)) {
+        if (json_array_size(p) == 0) BAD("empty_array", "prompt", "Invalid 'prompt': empty array.");
+        json_t *first = json_array_get(p, 0);
+        many = json_is_string(first) || json_is_array(first);
+        if (many) n = json_array_size(p);
+    } else if (!json_is_string(p)) {
+        BAD("invalid_type", "prompt",
+            "Invalid type for 'prompt': expected a string, an array of strings or an array of "
+            "token ids, but got %s instead.", ks__api_json_type_name(p));
+    }
+    if (n > KS_API_MAX_PROMPTS)
+        BAD("array_above_max_length", "prompt", "Invalid 'prompt': at most %d prompts per request, got %zu.",
+            KS_API_MAX_PROMPTS, n);
+    r->prompts = calloc(n, sizeof *r->prompts);
+    if (!r->prompts) return ks__api_oom(err);
+    for (size_t i = 0; i < n; i++) {
+        json_t *e = many ? json_array_get(p, i) : p;
+        char q[32];
+        if (many) snprintf(q, sizeof q, "prompt[%zu]", i);
+        else snprintf(q, sizeof q, "prompt");
+        ks_api_prompt *o = &r->prompts[i];
+        r->n_prompts = (int)i + 1;
+        if (json_is_string(e)) {
+            if (json_string_length(e) == 0) BAD("invalid_value", q, "Invalid '%s': empty string.", q);
+            o->text = json_string_value(e);
+        } else if (json_is_array(e)) {
+            int rc = parse_ids(e, q, o, err);
+            if (rc) return rc;
+        } else {
+            BAD("invalid_type", q, "Invalid type for '%s': expected a string or an array of token ids, but got %s instead.",
+                q, ks__api_json_type_name(e));
+        }
+    }
+    r->prompt = r->prompts[0].text;
+    r->prompt_tokens = r->prompts[0].tokens;
+    r->n_prompt_tokens = r->prompts[0].n_tokens;
+    int rc;
+    if ((rc = parse_structured(root, r, NULL, err))) return rc;
+    /* OpenAI's legacy logprobs: an integer, the alternatives per token. */
+    json_t *lp = ks__api_field(root, "logprobs");
+    if (lp) {
+        if (!json_is_integer(lp))
+            BAD("invalid_type", "logprobs", "Invalid type for 'logprobs': expected an integer, but got %s instead.",
+                ks__api_json_type_name(lp));
+        json_int_t x = json_integer_value(lp);
+        if (x < 0 || x > KS_API_MAX_TOP_LOGPROBS)
+            BAD("invalid_value", "logprobs", "Invalid 'logprobs': expected a value in [0, %d], got %lld.",
+                KS_API_MAX_TOP_LOGPROBS, (long long)x);
+        r->logprobs = true;
+        r->top_logprobs = (int)x;
+    }
+    json_t *echo = ks__api_field(root, "echo");
+    if (echo && !json_is_false(echo))
+        BAD("unsupported_value", "echo", "Unsupported value: 'echo' is only supported as false.");
+    json_t *suffix = ks__api_field(root, "suffix");
+    if (suffix && !(json_is_string(suffix) && json_string_length(suffix) == 0))
+        BAD("unsupported_value", "suffix", "Unsupported value: 'suffix' is not supported.");
+    json_t *bo = ks__api_field(root, "best_of");
+    if (bo && !(json_is_integer(bo) && json_integer_value(bo) == 1))
+        BAD("unsupported_value", "best_of", "Unsupported value: 'best_of' is only supported as 1.");
+    return 0;
+}
+
+/* ------------------------------------------------------------ sampling */
+/* logit_bias: OpenAI's {"<token id>": bias} or llama-server's [[id or
+ * string, bias or false], ...]; bias in [-100, 100] (false: banned). */
+static int parse_bias(json_t *root, ks_api_request *r, ks_api_error *err) {
+    json_t *lb = ks__api_field(root, "logit_bias");
+    if (!lb) return 0;
+    size_t n = json_is_object(lb) ? json_object_size(lb) : json_is_array(lb) ? json_array_size(lb) : 0;
+    if (!json_is_object(lb) && !json_is_array(lb))
+        BAD("invalid_type", "logit_bias", "Invalid type for 'logit_bias': expected an object, but got %s instead.",
+            ks__api_json_type_name(lb));
+    if (n > 4096) BAD("invalid_value", "logit_bias", "Invalid 'logit_bias': at most 4096 entries.");
+    if (n == 0) return 0;
+    r->bias = calloc(n, sizeof *r->bias);
+    if (!r->bias) return ks__api_oom(err);
+    if (json_is_object(lb)) {
+        const char *k;
+        json_t *v;
+        json_object_foreach(lb, k, v) {
+            char q[96];
+            snprintf(q, sizeof q, "logit_bias.%.64s", k);
+            char *end = NULL;
+            long long id = strtoll(k, &end, 10);
+            ks_api_bias *b = &r->bias[r->n_bias];
+            if (end && end != k && *end == 0) {
+                if (id < 0 || id > INT32_MAX) BAD("invalid_value", q, "Invalid '%s': not a token id.", q);
+                b->tok = (int32_t)id;
+            } else {
+                b->text = k; /* llama-server takes a string key as text */
+            }
+            if (!json_is_number(v))
+                BAD("invalid_type", q, "Invalid type for '%s': expected a number, but got %s instead.", q,
+                    ks__api_json_type_name(v));
+            double x = json_number_value(v);
+            if (!(x >= -100 && x <= 100))
+                BAD("invalid_value", q, "Invalid '%s': a bias is in [-100, 100], got %g.", q, x);
+            b->bias = (float)x;
+            r->n_bias++;
+        }
+        return 0;
+    }
+    size_t i;
+    json_t *e;
+    json_array_foreach(lb, i, e) {
+        char q[64];
+        snprintf(q, sizeof q, "logit_bias[%zu]", i);
+        json_t *t = json_is_array(e) && json_array_size(e) == 2 ? json_array_get(e, 0) : NULL;
+        json_t *v = t ? json_array_get(e, 1) : NULL;
+        if (!t || !(json_is_integer(t) || json_is_string(t)) || !(json_is_number(v) || json_is_false(v)))
+            BAD("invalid_value", q, "Invalid '%s': expected [token id or string, bias or false].", q);
+        ks_api_bias *b = &r->bias[r->n_bias];
+        if (json_is_integer(t)) {
+            json_int_t id = json_integer_value(t);
+            if (id < 0 || id > INT32_MAX) BAD("invalid_value", q, "Invalid '%s': not a token id.", q);
+            b->tok = (int32_t)id;
+        } else {
+            b->text = json_string_value(t);
+        }
+        if (json_is_false(v)) {
+            b->bias = -INFINITY;
+        } else {
+            double x = json_number_value(v);
+            if (!(x >= -100 && x <= 100)) BAD("invalid_value", q, "Invalid '%s': a bias is in [-100, 100].", q);
+            b->bias = (float)x;
+        }
+        r->n_bias++;
+    }
+    return 0;
+}
+
+static int get_real(json_t *root, const char *key, double lo, double hi, float *out, ks_api_error *err) {
+    json_t *v = ks__api_field(root, key);
+    if (!v) return 0;
+    if (!json_is_number(v))
+        BAD("invalid_type", key, "Invalid type for '%s': expected a number, but got %s instead.", key,
+            ks__api_json_type_name(v));
+    double d = json_number_value(v);
+    if (!(d >= lo && d <= hi))
+        BAD("invalid_value", key, "Invalid '%s': expected a value in [%g, %g], got %g.", key, lo, hi, d);
+    *out = (float)d;
+    return 0;
+}
+
+int ks__api_parse_sampling(json_t *root, ks_api_request *r, ks_api_error *err) {
+    int rc;
+    r->repeat_penalty = 1.0f;
+    r->repeat_last_n = 64;
+    r->n = 1;
+    r->id_slot = -1;
+    if ((rc = parse_bias(root, r, err))) return rc;
+    if ((rc = get_real(root, "presence_penalty", -2.0, 2.0, &r->presence_penalty, err))) return rc;
+    if ((rc = get_real(root, "frequency_penalty", -2.0, 2.0, &r->frequency_penalty, err))) return rc;
+    if ((rc = get_real(root, "repeat_penalty", 0.0, 10.0, &r->repeat_penalty, err))) return rc;
+    json_t *v = ks__api_field(root, "repeat_last_n");
+    if (v) {
+        if (!json_is_integer(v) || json_integer_value(v) < -1 || json_integer_value(v) > INT32_MAX)
+            BAD("invalid_value", "repeat_last_n", "Invalid 'repeat_last_n': expected an integer >= -1.");
+        r->repeat_last_n = (int)json_integer_value(v);
+    }
+    if ((rc = ks__api_get_bool(root, "ignore_eos", &r->ignore_eos, err))) return rc;
+    v = ks__api_field(root, "id_slot");
+    if (v) {
+        if (!json_is_integer(v) || json_integer_value(v) < -1 || json_integer_value(v) > 1000000)
+            BAD("invalid_value", "id_slot", "Invalid 'id_slot': expected a slot index (an integer >= 0) or -1.");
+        r->id_slot = (int)json_integer_value(v);
+    }
+    /* llama-server's n_probs: the alternatives per token, turns logprobs on. */
+    v = ks__api_field(root, "n_probs");
+    if (v) {
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > KS_API_MAX_TOP_LOGPROBS)
+            BAD("invalid_value", "n_probs", "Invalid 'n_probs': expected an integer in [0, %d].", KS_API_MAX_TOP_LOGPROBS);
+        if (json_integer_value(v) > 0) {
+            r->logprobs = true;
+            r->top_logprobs = (int)json_integer_value(v);
+        }
+    }
+    v = ks__api_field(root, "n");
+    if (v) {
+        if (!json_is_integer(v))
+            BAD("invalid_type", "n", "Invalid type for 'n': expected an integer, but got %s instead.",
+                ks__api_json_type_name(v));
+        json_int_t x = json_integer_value(v);
+        if (x < 1) BAD("integer_below_min_value", "n", "Invalid 'n': integer below minimum value. Expected a value >= 1, but got %lld instead.", (long long)x);
+        if (x > KS_API_MAX_N) BAD("integer_above_max_value", "n", "Invalid 'n': integer above maximum value. Expected a value <= %d, but got %lld instead.", KS_API_MAX_N, (long long)x);
+        r->n = (int)x;
+    }
+    int prompts = r->kind == KS_API_COMPLETION ? r->n_prompts : 1;
+    if (prompts * r->n > KS_API_MAX_CHOICES)
+        BAD("invalid_value", "n", "Invalid 'n': %d prompts × n = %d choices is more than the %d a request may ask for.",
+            prompts, prompts * r->n, KS_API_MAX_CHOICES);
+    return 0;
+}
+
+/* ------------------------------------------------------------ responses */
+json_t *ks_api_message_json(const json_t *parsed) {
+    json_t *content = json_object_get(parsed, "content");
+    json_t *reasoning = json_object_get(parsed, "reasoning_content");
+    json_t *calls = json_object_get(parsed, "tool_calls");
+    bool has_calls = json_is_array(calls) && json_array_size(calls) > 0;
+    const char *c = json_is_string(content) ? json_string_value(content) : "";
+    json_t *m = json_pack("{s:s}", "role", "assistant");
+    if (!m) return NULL;
+    json_object_set_new(m, "content", has_calls && !c[0] ? json_null() : json_string(c));
+    if (json_is_string(reasoning) && json_string_length(reasoning) > 0)
+        json_object_set(m, "reasoning_content", reasoning);
+    if (has_calls) json_object_set(m, "tool_calls", calls);
+    return m;
+}
