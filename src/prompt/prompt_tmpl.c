@@ -1,0 +1,331 @@
+/*
+ * prompt_tmpl.c — see prompt_tmpl.h.
+ */
+#include "prompt/prompt_tmpl.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache/msghash.h"
+
+#define OPTIONS_ROLE "\x01options"
+
+static char *dup_str(const char *s) {
+    size_t n = strlen(s) + 1;
+    char *d = malloc(n);
+    if (d) memcpy(d, s, n);
+    return d;
+}
+
+/* Canonical JSON text of v (sorted keys, compact): equal requests hash equal. */
+static char *canon(const json_t *v) { return json_dumps(v, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY); }
+
+/* The request without its messages: what besides them shapes the prompt. */
+static char *options_text(const json_t *req) {
+    json_t *o = json_copy((json_t *)req);
+    if (!o) return NULL;
+    json_object_del(o, "messages");
+    char *s = canon(o);
+    json_decref(o);
+    return s;
+}
+
+/* Message-prefix hashes with the options as message 0. Left NULL on ENOMEM. */
+static void hints_hashes(const json_t *msgs, const char *opts, ks_prompt *p) {
+    int n = (int)json_array_size(msgs) + 1;
+    const char **roles = calloc((size_t)n * 2, sizeof(char *));
+    char **texts = calloc((size_t)n, sizeof(char *));
+    p->msg_hashes = malloc(sizeof(uint64_t) * ((size_t)n + 1));
+    bool ok = roles && texts && p->msg_hashes;
+    const char **contents = roles ? roles + n : NULL;
+    if (ok) {
+        roles[0] = OPTIONS_ROLE;
+        contents[0] = opts;
+        for (int i = 1; i < n && ok; i++) {
+            json_t *m = json_array_get(msgs, (size_t)i - 1);
+            roles[i] = json_string_value(json_object_get(m, "role"));
+            texts[i] = canon(m);
+            contents[i] = texts[i];
+            ok = texts[i] != NULL;
+        }
+    }
+    if (ok) {
+        ks_msghash_prefixes(roles, contents, n, p->msg_hashes);
+        p->n_msgs = n;
+    } else {
+        free(p->msg_hashes);
+        p->msg_hashes = NULL;
+    }
+    if (texts)
+        for (int i = 0; i < n; i++) free(texts[i]);
+    free(texts);
+    free(roles);
+}
+
+/* Renders req and returns the parsed result object (new reference). */
+static int apply(const ks_chat_tmpl *t, const json_t *req, json_t **res, char *err, size_t errlen) {
+    char *body = json_dumps(req, JSON_COMPACT);
+    if (!body) return KS_ENOMEM;
+    char *out = NULL;
+    int rc = ks_chat_tmpl_apply(t, body, &out, err, errlen);
+    free(body);
+    if (rc) return rc;
+    *res = json_loads(out, 0, NULL);
+    free(out);
+    return *res ? 0 : KS_ENOMEM;
+}
+
+static int tokenize(const ks_engine *e, const char *text, ks_tokens *out) {
+    return ks_engine_tokenize(e, text, strlen(text), true, true, out);
+}
+
+/* SPC: the leading system message rendered alone, with the same options. */
+static void sys_key(const ks_engine *e, const ks_chat_tmpl *t, const json_t *req, const char *opts,
+                    const char *model_id, ks_prompt *p) {
+    const json_t *msgs = json_object_get(req, "messages");
+    json_t *m0 = json_array_get(msgs, 0);
+    if (!m0 || strcmp(json_string_value(json_object_get(m0, "role")), "system") != 0) return;
+    if (json_array_size(msgs) < 2) return;
+    json_t *alone = json_copy((json_t *)req);
+    json_t *one = json_pack("[O]", m0);
+    json_t *res = NULL;
+    ks_tokens sys = {0};
+    char err[64];
+    if (alone && one && !json_object_set_new(alone, "messages", one)) {
+        one = NULL;
+        json_object_del(alone, "continue_final_message");
+        json_object_set_new(alone, "add_generation_prompt", json_false());
+        if (apply(t, alone, &res, err, sizeof err) == 0) {
+            const char *text = json_string_value(json_object_get(res, "prompt"));
+            const ks_tokens *all = &p->tokens;
+            if (text && tokenize(e, text, &sys) == 0 && sys.n > 0 && sys.n < all->n &&
+                !memcmp(sys.v, all->v, sizeof(int32_t) * (size_t)sys.n)) {
+                char *c = canon(m0);
+                size_t n = (c ? strlen(c) : 0) + strlen(opts) + 2;
+                char *both = c ? malloc(n) : NULL;
+                if (both) {
+                    snprintf(both, n, "%s\n%s", c, opts);
+                    p->sys_key = ks_msghash_system("system", both, model_id);
+                    p->n_sys_tokens = sys.n;
+                }
+                free(both);
+                free(c);
+            }
+        }
+    }
+    json_decref(one);
+    json_decref(alone);
+    json_decref(res);
+    ks_tokens_free(&sys);
+}
+
+static int cmp_tok(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* A string's tokens when it is exactly one token, else -1. */
+static int32_t single_token(const ks_engine *e, const char *s) {
+    ks_tokens t = {0};
+    int32_t tok = -1;
+    if (ks_engine_tokenize(e, s, strlen(s), false, true, &t) == 0 && t.n == 1) tok = t.v[0];
+    ks_tokens_free(&t);
+    return tok;
+}
+
+static int push_str(char ***v, int *n, const char *s) {
+    char **nv = realloc(*v, sizeof(char *) * ((size_t)*n + 1));
+    if (!nv) return KS_ENOMEM;
+    *v = nv;
+    if (!(nv[*n] = dup_str(s))) return KS_ENOMEM;
+    (*n)++;
+    return 0;
+}
+
+static int push_tok(int32_t **v, int *n, int32_t tok) {
+    int32_t *nv = realloc(*v, sizeof(int32_t) * ((size_t)*n + 1));
+    if (!nv) return KS_ENOMEM;
+    *v = nv;
+    nv[(*n)++] = tok;
+    return 0;
+}
+
+static void free_strs(char **v, int n) {
+    for (int i = 0; i < n; i++) free(v[i]);
+    free(v);
+}
+
+/* parallel_tool_calls false: the common library's tool-call grammars still
+ * repeat the call rule ("tool-calls ::= (tool-call space)+", or with
+ * "tool-call?" when lazy; docs/LLAMA_FACTS.md), and random or small models
+ * call again and again until max_tokens. One call is what the client asked
+ * for: "(X)+" becomes "X", in place, so the grammar completes after the first
+ * call and generation ends there. */
+static void one_call(char *g) {
+    static const char head[] = "tool-calls ::= (";
+    char *at = strstr(g, head);
+    if (!at || (at != g && at[-1] != '\n')) return;
+    char *open = at + sizeof head - 2, *eol = strchr(open, '\n');
+    if (!eol) eol = open + strlen(open);
+    if (eol - open < 3 || eol[-1] != '+' || eol[-2] != ')') return;
+    /* "(X)+" -> "X": drop the "(" and the ")+" */
+    size_t inner = (size_t)(eol - 2 - (open + 1));
+    memmove(open, open + 1, inner);
+    memmove(open + inner, eol, strlen(eol) + 1);
+}
+
+/* tool_choice "required": the output is a call. llama.cpp's grammar lets
+ * plain text come first ("root ::= ... until-N? tool-calls"), which random or
+ * small models fill until max_tokens; the preamble is cut when the root rule
+ * has exactly that shape (a reasoning block is another rule, left alone). */
+static void no_preamble(char *g) {
+    char *root = strncmp(g, "root ::= ", 9) == 0 ? g : strstr(g, "\nroot ::= ");
+    if (!root) return;
+    char *eol = strchr(root + 1, '\n');
+    if (!eol) eol = root + strlen(root);
+    char *u = strstr(root, " until-");
+    if (!u || u > eol) return;
+    char *q = u + 7;
+    while (*q >= '0' && *q <= '9') q++;
+    if (q == u + 7 || strncmp(q, "? tool-calls", 12) != 0) return;
+    memmove(u, q + 1, strlen(q + 1) + 1); /* keep the space before tool-calls */
+}
+
+/* What sampling and parsing need, from the apply result. */
+static int sampling_parts(const ks_engine *e, json_t *res, bool parallel, bool required, ks_prompt_tmpl *out) {
+    int rc;
+    size_t i;
+    json_t *v;
+    json_array_foreach(json_object_get(res, "preserved_tokens"), i, v) {
+        int32_t tok = json_is_string(v) ? single_token(e, json_string_value(v)) : -1;
+        if (tok >= 0 && (rc = push_tok(&out->preserved, &out->n_preserved, tok))) return rc;
+    }
+    if (out->n_preserved > 1) qsort(out->preserved, (size_t)out->n_preserved, sizeof(int32_t), cmp_tok);
+    json_array_foreach(json_object_get(res, "additional_stops"), i, v) {
+        if (json_is_string(v) && json_string_length(v) > 0 && (rc = push_str(&out->stops, &out->n_stops, json_string_value(v))))
+            return rc;
+    }
+    const char *g = json_string_value(json_object_get(res, "grammar"));
+    if (!g || !g[0]) return 0;
+    if (!(out->grammar = dup_str(g))) return KS_ENOMEM;
+    if (!parallel) one_call(out->grammar);
+    if (required) no_preamble(out->grammar);
+    out->grammar_lazy = json_is_true(json_object_get(res, "grammar_lazy"));
+    json_array_foreach(json_object_get(res, "grammar_triggers"), i, v) {
+        const char *type = json_string_value(json_object_get(v, "type"));
+        const char *value = json_string_value(json_object_get(v, "value"));
+        const char *pattern = json_string_value(json_object_get(v, "pattern"));
+        if (!type) continue;
+        int32_t tok = -1;
+        if (!strcmp(type, "token")) {
+            tok = (int32_t)json_integer_value(json_object_get(v, "token"));
+        } else if (!strcmp(type, "word") && value) {
+            /* llama-server's rule: a word that is one preserved token triggers as that token. */
+            int32_t t1 = single_token(e, value);
+            if (t1 >= 0 && ks_prompt_tmpl_preserved(out, t1)) tok = t1;
+        }
+        if (tok >= 0) rc = push_tok(&out->trigger_tokens, &out->n_trigger_tokens, tok);
+        else if (pattern) rc = push_str(&out->trigger_patterns, &out->n_trigger_patterns, pattern);
+        else rc = 0;
+        if (rc) return rc;
+    }
+    /* A grammar built by the template starts after the generation prompt:
+     * the grammar accepts its tokens first (llama-server's prefill; a
+     * leading space token some tokenizers add is skipped as there). */
+    const char *gp = json_string_value(json_object_get(res, "generation_prompt"));
+    if (out->grammar_lazy && gp && json_is_true(json_object_get(json_object_get(res, "parse"), "is_continuation"))) {
+        /* A continued assistant message that already holds a trigger
+         * ("<tool_call>\n" as a prefill) has started the call: the lazy
+         * grammar would never see its trigger in the output, so it applies
+         * from the start, fed the prompt's text from the trigger on. */
+        json_array_foreach(json_object_get(res, "grammar_triggers"), i, v) {
+            const char *type = json_string_value(json_object_get(v, "type"));
+            const char *value = json_string_value(json_object_get(v, "value"));
+            const char *at = type && !strcmp(type, "word") && value && value[0] ? strstr(gp, value) : NULL;
+            if (!at) continue;
+            out->grammar_lazy = false;
+            free_strs(out->trigger_patterns, out->n_trigger_patterns);
+            out->trigger_patterns = NULL;
+            out->n_trigger_patterns = 0;
+            free(out->trigger_tokens);
+            out->trigger_tokens = NULL;
+            out->n_trigger_tokens = 0;
+            ks_tokens t = {0};
+            if ((rc = ks_engine_tokenize(e, at, strlen(at), false, true, &t))) return rc;
+            for (int k = 0; k < t.n && !rc; k++) rc = push_tok(&out->grammar_prefill, &out->n_grammar_prefill, t.v[k]);
+            ks_tokens_free(&t);
+            return rc;
+        }
+    }
+    if (!out->grammar_lazy && json_is_true(json_object_get(res, "grammar_prefill")) && gp && gp[0]) {
+        ks_tokens t = {0};
+        if ((rc = ks_engine_tokenize(e, gp, strlen(gp), false, true, &t))) return rc;
+        for (int k = 0; k < t.n && !rc; k++) {
+            if (k == 0 && !isspace((unsigned char)gp[0])) {
+                char piece[64];
+                int n = ks_engine_token_text(e, t.v[0], piece, sizeof piece);
+                if (n > 0 && isspace((unsigned char)piece[0])) continue;
+            }
+            rc = push_tok(&out->grammar_prefill, &out->n_grammar_prefill, t.v[k]);
+        }
+        ks_tokens_free(&t);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+int ks_prompt_tmpl_chat(const ks_engine *e, const ks_chat_tmpl *t, const json_t *req, const ks_prompt_opts *o,
+                        ks_prompt_tmpl *out, char *err, size_t errlen) {
+    memset(out, 0, sizeof *out);
+    json_t *res = NULL;
+    char *opts = NULL;
+    int rc = apply(t, req, &res, err, errlen);
+    if (rc) goto fail;
+    const char *text = json_string_value(json_object_get(res, "prompt"));
+    json_t *parse = json_object_get(res, "parse");
+    const char *fmt = json_string_value(json_object_get(res, "format_name"));
+    rc = KS_ENOMEM;
+    if (!text || !parse) goto fail;
+    if (!(out->parse = json_dumps(parse, JSON_COMPACT))) goto fail;
+    if (!(out->format = dup_str(fmt ? fmt : ""))) goto fail;
+    if ((rc = tokenize(e, text, &out->p.tokens))) goto fail;
+    json_t *ptc = json_object_get(req, "parallel_tool_calls");
+    const char *choice = json_string_value(json_object_get(req, "tool_choice"));
+    if ((rc = sampling_parts(e, res, !json_is_false(ptc), choice && !strcmp(choice, "required"), out))) goto fail;
+    if (o && o->hints) {
+        opts = options_text(req);
+        if (opts) {
+            hints_hashes(json_object_get(req, "messages"), opts, &out->p);
+            sys_key(e, t, req, opts, o->model_id, &out->p);
+        }
+    }
+    free(opts);
+    json_decref(res);
+    return 0;
+fail:
+    free(opts);
+    json_decref(res);
+    ks_prompt_tmpl_free(out);
+    return rc;
+}
+
+bool ks_prompt_tmpl_preserved(const ks_prompt_tmpl *p, int32_t tok) {
+    return p->n_preserved > 0 &&
+           bsearch(&tok, p->preserved, (size_t)p->n_preserved, sizeof(int32_t), cmp_tok) != NULL;
+}
+
+void ks_prompt_tmpl_free(ks_prompt_tmpl *p) {
+    if (!p) return;
+    ks_prompt_free(&p->p);
+    free(p->grammar);
+    free_strs(p->trigger_patterns, p->n_trigger_patterns);
+    free(p->trigger_tokens);
+    free(p->grammar_prefill);
+    free(p->preserved);
+    free_strs(p->stops, p->n_stops);
+    free(p->parse);
+    free(p->format);
+    memset(p, 0, sizeof *p);
+}
