@@ -9,8 +9,10 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "base/base.h"
+#include "engine/mkmodel.h"
 
 /* strtod over the start of s: 0 and *end after the number, or -1 when s has
  * no number, it overflows or underflows (ERANGE), or it is not finite. */
@@ -95,5 +97,51 @@ int ks_cli_parse_log(const char *cmd, const char *s, int *out) {
         return KS_EINVAL;
     }
     *out = lv;
+    return 0;
+}
+/* Reads the template file into *out (owned: free()). Returns 0, 1 (cannot
+ * open or read it) or 2 (not acceptable text); the message is printed. */
+int ks_cli_read_template(const char *cmd, const char *path, char **out) {
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        int e = errno;
+        fprintf(stderr, "%s: --chat-template '%s': %s\n", cmd, path, strerror(e));
+        return 1;
+    }
+    /* One byte more than the limit tells "too large" without trusting
+     * st_size (a pipe has none). */
+    size_t cap = KS_MKMODEL_TMPL_MAX + 1;
+    char *buf = malloc(cap + 1);
+    if (!buf) {
+        fclose(f);
+        fprintf(stderr, "%s: %s\n", cmd, ks_strerror(KS_ENOMEM));
+        return 1;
+    }
+    size_t n = fread(buf, 1, cap, f);
+    int e = ferror(f) ? errno : 0;
+    fclose(f);
+    int rc = 0;
+    if (e) {
+        fprintf(stderr, "%s: --chat-template '%s': cannot read: %s\n", cmd, path,
+                strerror(e ? e : EIO));
+        rc = 1;
+    } else if (n == 0) {
+        fprintf(stderr, "%s: --chat-template '%s': the file is empty\n", cmd, path);
+        rc = 2;
+    } else if (n > KS_MKMODEL_TMPL_MAX) {
+        fprintf(stderr, "%s: --chat-template '%s': larger than %d bytes (1 MiB)\n", cmd, path,
+                KS_MKMODEL_TMPL_MAX);
+        rc = 2;
+    } else if (memchr(buf, '\0', n)) {
+        fprintf(stderr, "%s: --chat-template '%s': holds a NUL byte, not text\n", cmd, path);
+        rc = 2;
+    }
+    if (rc) {
+        free(buf);
+        return rc;
+    }
+    buf[n] = '\0';
+    *out = buf;
     return 0;
 }

@@ -44,4 +44,10 @@ int ks_cli_parse_size(const char *cmd, const char *flag, const char *s, int64_t 
  * the same contract as the parsers above. */
 int ks_cli_parse_log(const char *cmd, const char *s, int *out);
 
+/* Reads a --chat-template FILE into *out (owned: free()): at most
+ * KS_MKMODEL_TMPL_MAX bytes of text without NUL. Returns 0, 1 (cannot open or
+ * read it) or 2 (not acceptable text); the message, prefixed with cmd, is
+ * printed. */
+int ks_cli_read_template(const char *cmd, const char *path, char **out);
+
 #endif

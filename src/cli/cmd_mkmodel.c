@@ -52,52 +52,6 @@ static int parse_seed(const char *s, uint64_t *out) {
     return 0;
 }
 
-/* Reads the template file into *out (owned: free()). Returns 0, 1 (cannot
- * open or read it) or 2 (not acceptable text); the message is printed. */
-static int read_template(const char *path, char **out) {
-    *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        int e = errno;
-        fprintf(stderr, "kvstash mkmodel: --chat-template '%s': %s\n", path, strerror(e));
-        return 1;
-    }
-    /* One byte more than the limit tells "too large" without trusting
-     * st_size (a pipe has none). */
-    size_t cap = KS_MKMODEL_TMPL_MAX + 1;
-    char *buf = malloc(cap + 1);
-    if (!buf) {
-        fclose(f);
-        fprintf(stderr, "kvstash mkmodel: %s\n", ks_strerror(KS_ENOMEM));
-        return 1;
-    }
-    size_t n = fread(buf, 1, cap, f);
-    int e = ferror(f) ? errno : 0;
-    fclose(f);
-    int rc = 0;
-    if (e) {
-        fprintf(stderr, "kvstash mkmodel: --chat-template '%s': cannot read: %s\n", path,
-                strerror(e ? e : EIO));
-        rc = 1;
-    } else if (n == 0) {
-        fprintf(stderr, "kvstash mkmodel: --chat-template '%s': the file is empty\n", path);
-        rc = 2;
-    } else if (n > KS_MKMODEL_TMPL_MAX) {
-        fprintf(stderr, "kvstash mkmodel: --chat-template '%s': larger than %d bytes (1 MiB)\n", path,
-                KS_MKMODEL_TMPL_MAX);
-        rc = 2;
-    } else if (memchr(buf, '\0', n)) {
-        fprintf(stderr, "kvstash mkmodel: --chat-template '%s': holds a NUL byte, not text\n", path);
-        rc = 2;
-    }
-    if (rc) {
-        free(buf);
-        return rc;
-    }
-    buf[n] = '\0';
-    *out = buf;
-    return 0;
-}
 
 int ks_cmd_mkmodel(int argc, char **argv) {
     const char *preset = NULL;
@@ -163,7 +117,7 @@ int ks_cmd_mkmodel(int argc, char **argv) {
     }
 
     char *tmpl = NULL;
-    if (tmpl_path && (rc = read_template(tmpl_path, &tmpl)) != 0) return rc;
+    if (tmpl_path && (rc = ks_cli_read_template("kvstash mkmodel", tmpl_path, &tmpl)) != 0) return rc;
 
     ks_mkmodel_params mp = ks_mkmodel_params_default();
     mp.preset = preset;

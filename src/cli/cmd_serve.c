@@ -70,6 +70,9 @@ static void usage(FILE *f) {
             "  --max-tokens N            max_tokens of requests that give none (default 2048;\n"
             "                            always capped by the context left after the prompt)\n"
             "  --alias NAME              model id in /v1/models and responses (default: the model's name)\n"
+            "  --chat-template FILE      Jinja chat template to use instead of the GGUF's\n"
+            "  --reasoning-format F      where a reasoning model's thinking goes: deepseek (default:\n"
+            "                            reasoning_content), deepseek-legacy, auto or none (in content)\n"
             "  --timeout S               idle connection timeout, seconds (default 600)\n"
             "  --shutdown-timeout MS     on SIGTERM, wait this long for running requests (default 10000)\n"
             "  --flash-attn              enable flash attention (cached and uncached output may then\n"
@@ -80,7 +83,7 @@ static void usage(FILE *f) {
 
 /* The flags as given, applied over the file's values. */
 typedef struct flags {
-    const char *model, *host, *api_key, *config, *log, *alias;
+    const char *model, *host, *api_key, *config, *log, *alias, *chat_template, *reasoning_format;
     int port, slots, ctx, batch, threads, max_queue, max_tokens, timeout, shutdown_ms; /* -1: not given */
     long long max_body;
     int cache_ram; /* MiB, -1: not given */
@@ -90,7 +93,8 @@ typedef struct flags {
 
 static int parse_flags(int argc, char **argv, flags *f) {
     enum { O_HOST = 256, O_PORT, O_SLOTS, O_CTX, O_BATCH, O_THREADS, O_NOCACHE, O_NOEXACT, O_KEY, O_QUEUE, O_BODY,
-           O_MAXTOK, O_ALIAS, O_TIMEOUT, O_SHUTDOWN, O_FA, O_CONFIG, O_LOG, O_IMC, O_SPC, O_CACHEDIR, O_CACHERAM };
+           O_MAXTOK, O_ALIAS, O_TIMEOUT, O_SHUTDOWN, O_FA, O_CONFIG, O_LOG, O_IMC, O_SPC, O_CACHEDIR, O_CACHERAM,
+           O_TEMPLATE, O_REASONING };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},          {"host", required_argument, 0, O_HOST},
         {"port", required_argument, 0, O_PORT},        {"slots", required_argument, 0, O_SLOTS},
@@ -104,6 +108,7 @@ static int parse_flags(int argc, char **argv, flags *f) {
         {"config", required_argument, 0, O_CONFIG},    {"log", required_argument, 0, O_LOG},
         {"imc", no_argument, 0, O_IMC},                {"spc", no_argument, 0, O_SPC},
         {"cache-dir", required_argument, 0, O_CACHEDIR}, {"cache-ram", required_argument, 0, O_CACHERAM},
+        {"chat-template", required_argument, 0, O_TEMPLATE}, {"reasoning-format", required_argument, 0, O_REASONING},
         {"help", no_argument, 0, 'h'},                 {0, 0, 0, 0}};
     memset(f, 0, sizeof *f);
     f->port = f->slots = f->ctx = f->batch = f->threads = f->max_queue = f->max_tokens = f->timeout = -1;
@@ -141,6 +146,16 @@ static int parse_flags(int argc, char **argv, flags *f) {
         case O_CACHEDIR: f->cache_dir = optarg; break;
         case O_CACHERAM: if (ks_cli_parse_int(CMD, "--cache-ram", optarg, 0, 1 << 24, &f->cache_ram)) return 2; break;
         case O_CONFIG: f->config = optarg; break;
+        case O_TEMPLATE: f->chat_template = optarg; break;
+        case O_REASONING:
+            if (strcmp(optarg, "deepseek") && strcmp(optarg, "deepseek-legacy") && strcmp(optarg, "auto") &&
+                strcmp(optarg, "none")) {
+                fprintf(stderr, CMD ": --reasoning-format: '%s' is not one of deepseek, deepseek-legacy, auto, none\n",
+                        optarg);
+                return 2;
+            }
+            f->reasoning_format = optarg;
+            break;
         case O_LOG: {
             int lv;
             if (ks_cli_parse_log(CMD, optarg, &lv)) return 2;
@@ -280,6 +295,7 @@ int ks_cmd_serve(int argc, char **argv) {
     ks_engine *e = NULL;
     ks_sched *sched = NULL;
     ks_server *srv = NULL;
+    char *tmpl_text = NULL; /* --chat-template */
     ks_spc *spc = NULL;
     ks_store *store = NULL;
     ks_metrics *metrics = NULL;
@@ -365,6 +381,14 @@ int ks_cmd_serve(int argc, char **argv) {
     ks_engine_kv_params(e, kv, sizeof kv);
     snprintf(model_id, sizeof model_id, "%s|%s", ks_engine_model_path(e), kv);
     hp.model_id = model_id;
+    hp.reasoning_format = f.reasoning_format;
+    if (f.chat_template) {
+        if (ks_cli_read_template(CMD, f.chat_template, &tmpl_text)) {
+            rc = KS_EINVAL;
+            goto done;
+        }
+        hp.chat_template = tmpl_text;
+    }
     char err[512] = "";
     rc = ks_server_start(&hp, &srv, err, sizeof err);
     if (rc) {
@@ -416,6 +440,7 @@ done:
     ks_store_close(store); /* writes what is queued (store.shutdown_timeout_ms) */
     ks_spc_free(spc);
     ks_engine_free(e);
+    free(tmpl_text);
     if (exit_code == 0) KS_INFO("serve", "stopped");
     return exit_code;
 }

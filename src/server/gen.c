@@ -35,12 +35,43 @@
 
 #include "base/textstream.h"
 #include "prompt/prompt.h"
+#include "prompt/prompt_tmpl.h"
+#include "server/api_int.h"
+#include "engine/chat_tmpl.h"
 #include "server/server_int.h"
 
 #define MOD "http"
 #define WAIT_POLL_MS 200
 
 enum { PH_START = 0, PH_BODY, PH_END };
+
+/* One choice: one scheduler request. */
+typedef struct choice {
+    struct ks_gen *g;
+    int index;                     /* in the response */
+    uint64_t sched_id;
+    bool submitted;
+
+    /* inference thread only (handed over by submit) */
+    ks_textstream *ts;
+    ks_buf scratch;
+
+    /* under g->mu */
+    ks_buf pending;                /* safe text not yet taken by the connection thread */
+    json_t *lp_pending;            /* logprob entries not yet taken (array), NULL: none asked */
+    bool done;
+    bool stopped;                  /* a stop string ended it */
+    bool failed;                   /* the text could not be kept (ENOMEM) */
+    ks_req_result res;             /* valid once done */
+
+    /* connection thread only */
+    ks_buf text;                   /* everything taken so far */
+    json_t *lp_all;                /* every logprob entry taken so far */
+    json_t *msg;                   /* the last parsed message (stream) */
+    json_t *ids;                   /* tool-call ids given so far, by index (array of strings) */
+    json_t *args_sent;             /* streamed arguments, by tool-call index (array of strings) */
+    bool finished;                 /* the finish chunk is out */
+} choice;
 
 struct ks_gen {
     /* set before submit, read-only afterwards */
@@ -52,25 +83,26 @@ struct ks_gen {
     int64_t created;
     int fd;                        /* the client's socket, polled for hang-up */
     struct MHD_Connection *conn;
-    uint64_t sched_id;
     _Atomic bool gone;             /* client went away: canceled */
+    choice *ch;
+    int n_ch;
+    int n_prompts;                 /* distinct prompts (usage counts each once) */
+    char *parse;                   /* chat: parse options for ks_chat_tmpl_parse, NULL: plain text */
+    bool continuation;             /* chat: the last assistant message is continued */
+    int32_t *preserved;            /* tokens the output shows as text (sorted) */
+    int n_preserved;
+    bool logprobs;
+    int top_logprobs;
 
     pthread_mutex_t mu;
     pthread_cond_t cv;
     /* under mu */
     int refs;
-    ks_buf pending;                /* safe text not yet taken by the connection thread */
-    bool done;
-    bool stopped;                  /* a stop string ended it */
-    bool failed;                   /* the text could not be kept (ENOMEM) */
-    ks_req_result res;             /* valid once done */
-
-    /* inference thread only (handed over by submit) */
-    ks_textstream *ts;
-    ks_buf scratch;
+    int n_done;
 
     /* connection thread only (stream) */
     int phase;
+    bool stream_failed;            /* a choice ended with an error event */
     ks_buf out;
     size_t out_off;
     ks_buf take;
@@ -78,7 +110,33 @@ struct ks_gen {
 
 typedef ks_gen gen;
 
-static gen *gen_create(ks_server *s, ks_api_kind kind, const ks_api_request *rq) {
+static void choice_free(choice *c) {
+    ks_textstream_free(c->ts);
+    ks_buf_free(&c->scratch);
+    ks_buf_free(&c->pending);
+    ks_buf_free(&c->text);
+    json_decref(c->lp_pending);
+    json_decref(c->lp_all);
+    json_decref(c->msg);
+    json_decref(c->ids);
+    json_decref(c->args_sent);
+}
+
+static void gen_destroy(gen *g) {
+    for (int i = 0; i < g->n_ch; i++) choice_free(&g->ch[i]);
+    free(g->ch);
+    free(g->parse);
+    free(g->preserved);
+    ks_buf_free(&g->out);
+    ks_buf_free(&g->take);
+    pthread_cond_destroy(&g->cv);
+    pthread_mutex_destroy(&g->mu);
+    free(g);
+}
+
+/* stops: the request's plus the template's. */
+static gen *gen_create(ks_server *s, ks_api_kind kind, const ks_api_request *rq, int n_ch,
+                       const char *const *stops, int n_stops) {
     gen *g = calloc(1, sizeof *g);
     if (!g) return NULL;
     pthread_condattr_t ca;
@@ -91,23 +149,32 @@ static gen *gen_create(ks_server *s, ks_api_kind kind, const ks_api_request *rq)
         return NULL;
     }
     pthread_mutex_init(&g->mu, NULL);
-    g->ts = ks_textstream_create(rq->stops, rq->n_stops);
-    if (!g->ts) {
-        pthread_cond_destroy(&g->cv);
-        pthread_mutex_destroy(&g->mu);
-        free(g);
-        return NULL;
+    g->ch = calloc((size_t)n_ch, sizeof *g->ch);
+    if (!g->ch) goto fail;
+    g->n_ch = n_ch;
+    for (int i = 0; i < n_ch; i++) {
+        choice *c = &g->ch[i];
+        c->g = g;
+        c->index = i;
+        if (!(c->ts = ks_textstream_create(stops, n_stops))) goto fail;
+        if (rq->logprobs && (!(c->lp_pending = json_array()) || !(c->lp_all = json_array()))) goto fail;
+        if (!(c->ids = json_array()) || !(c->args_sent = json_array())) goto fail;
     }
     g->srv = s;
     g->kind = kind;
     g->stream = rq->stream;
     g->include_usage = rq->include_usage;
+    g->logprobs = rq->logprobs;
+    g->top_logprobs = rq->top_logprobs;
     g->created = ks_wall_s();
     g->fd = -1;
     g->refs = 1;
     ks_api_make_id(g->id, sizeof g->id, kind == KS_API_CHAT ? "chatcmpl-" : "cmpl-");
     atomic_fetch_add(&s->n_active, 1);
     return g;
+fail:
+    gen_destroy(g);
+    return NULL;
 }
 
 static void gen_ref(gen *g) {
@@ -123,62 +190,111 @@ static void gen_release(gen *g) {
     pthread_mutex_unlock(&g->mu);
     if (left > 0) return;
     ks_server *s = g->srv;
-    ks_textstream_free(g->ts);
-    ks_buf_free(&g->scratch);
-    ks_buf_free(&g->pending);
-    ks_buf_free(&g->out);
-    ks_buf_free(&g->take);
-    pthread_cond_destroy(&g->cv);
-    pthread_mutex_destroy(&g->mu);
-    free(g);
+    gen_destroy(g);
     atomic_fetch_sub(&s->n_active, 1);
 }
 
-/* Inference thread. */
+static bool preserved(const gen *g, int32_t tok) {
+    int lo = 0, hi = g->n_preserved - 1;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2;
+        if (g->preserved[mid] == tok) return true;
+        if (g->preserved[mid] < tok) lo = mid + 1;
+        else hi = mid - 1;
+    }
+    return false;
+}
+
+/* Inference thread. A preserved special token (a tool-call marker) is shown
+ * as its text, so that the output parser sees it. */
 static int on_token(void *ud, int32_t tok, const char *piece, int len) {
-    gen *g = ud;
-    (void)tok;
+    choice *c = ud;
+    gen *g = c->g;
     if (atomic_load(&g->gone)) return 1;
-    ks_buf_reset(&g->scratch);
-    int rc = ks_textstream_feed(g->ts, piece, len > 0 ? (size_t)len : 0, &g->scratch);
+    char special[256];
+    if (g->n_preserved && preserved(g, tok)) {
+        int n = ks_engine_token_text(g->srv->engine, tok, special, sizeof special);
+        if (n > 0 && n <= (int)sizeof special) {
+            piece = special;
+            len = n;
+        }
+    }
+    ks_buf_reset(&c->scratch);
+    int rc = ks_textstream_feed(c->ts, piece, len > 0 ? (size_t)len : 0, &c->scratch);
     bool fail = rc < 0;
-    if (g->scratch.len || fail) {
+    if (c->scratch.len || fail) {
         pthread_mutex_lock(&g->mu);
-        if (!fail && ks_buf_append(&g->pending, g->scratch.s, g->scratch.len)) fail = true;
-        if (fail) g->failed = true;
+        if (!fail && ks_buf_append(&c->pending, c->scratch.s, c->scratch.len)) fail = true;
+        if (fail) c->failed = true;
         pthread_cond_broadcast(&g->cv);
         pthread_mutex_unlock(&g->mu);
     }
     return fail || rc == 1;
 }
 
-/* Inference thread: the one INFO line per request, then wake the waiter. */
+/* A token's text for logprobs: {token, logprob, bytes}. */
+static json_t *lp_entry(gen *g, int32_t tok, float lp) {
+    char buf[256];
+    int n = ks_engine_piece(g->srv->engine, tok, buf, sizeof buf);
+    if (n < 0) n = 0;
+    if (n > (int)sizeof buf) n = (int)sizeof buf;
+    json_t *bytes = json_array();
+    for (int i = 0; i < n && bytes; i++) json_array_append_new(bytes, json_integer((unsigned char)buf[i]));
+    /* A piece that is part of a character is shown by its bytes only. */
+    json_t *t = json_stringn(buf, (size_t)n);
+    return json_pack("{s:o, s:f, s:o}", "token", t ? t : json_string(""), "logprob", (double)lp, "bytes",
+                     bytes ? bytes : json_array());
+}
+
+/* Inference thread: the sampled token's probabilities, before on_token. */
+static void on_probs(void *ud, const ks_token_prob *sampled, const ks_token_prob *top, int n_top) {
+    choice *c = ud;
+    gen *g = c->g;
+    json_t *e = lp_entry(g, sampled->tok, sampled->logprob);
+    json_t *alts = json_array();
+    for (int i = 0; i < n_top && i < g->top_logprobs && alts; i++) {
+        json_t *a = lp_entry(g, top[i].tok, top[i].logprob);
+        if (a) json_array_append_new(alts, a);
+    }
+    if (e && alts) json_object_set_new(e, "top_logprobs", alts);
+    else json_decref(alts);
+    pthread_mutex_lock(&g->mu);
+    if (e && c->lp_pending) json_array_append_new(c->lp_pending, e);
+    else json_decref(e);
+    pthread_mutex_unlock(&g->mu);
+}
+
+/* Inference thread: the one INFO line per choice, then wake the waiter. */
 static void on_done(void *ud, const ks_req_result *r) {
-    gen *g = ud;
-    bool stopped = ks_textstream_stopped(g->ts);
-    ks_buf_reset(&g->scratch);
-    int frc = stopped ? 0 : ks_textstream_flush(g->ts, &g->scratch);
+    choice *c = ud;
+    gen *g = c->g;
+    bool stopped = ks_textstream_stopped(c->ts);
+    ks_buf_reset(&c->scratch);
+    int frc = stopped ? 0 : ks_textstream_flush(c->ts, &c->scratch);
 
     const char *finish = r->finish == KS_FINISH_STOP || r->finish == KS_FINISH_LENGTH
                              ? ks_api_finish_reason(r, stopped)
                              : ks_finish_name(r->finish);
     double tps = r->gen_ms > 0 ? 1e3 * r->n_generated / r->gen_ms : 0.0;
-    KS_INFO(MOD, "%s slot %d: prompt %d tok, cached %d (%.0f%%), ttft %.1f ms, %d tok at %.1f tok/s, "
+    char which[16] = "";
+    if (g->n_ch > 1) snprintf(which, sizeof which, "[%d]", c->index);
+    KS_INFO(MOD, "%s%s slot %d: prompt %d tok, cached %d (%.0f%%), ttft %.1f ms, %d tok at %.1f tok/s, "
                  "finish %s, cache %.*s%s%.*s",
-            g->id, r->slot, r->n_prompt, r->n_cached,
+            g->id, which, r->slot, r->n_prompt, r->n_cached,
             r->n_prompt ? 100.0 * r->n_cached / r->n_prompt : 0.0, r->ttft_ms, r->n_generated, tps,
             finish, (int)sizeof r->cache_mode, r->cache_mode, r->cache_reason[0] ? " / " : "",
             (int)sizeof r->cache_reason, r->cache_reason);
     if (r->finish == KS_FINISH_ERROR)
-        KS_WARN(MOD, "%s failed: %s", g->id, ks_strerror(r->error));
+        KS_WARN(MOD, "%s%s failed: %s", g->id, which, ks_strerror(r->error));
 
     pthread_mutex_lock(&g->mu);
-    if (frc < 0 || ks_buf_append(&g->pending, g->scratch.s ? g->scratch.s : "", g->scratch.len))
-        g->failed = true;
-    g->res = *r;
-    g->res.logits = NULL; /* borrowed for this call only */
-    g->stopped = stopped;
-    g->done = true;
+    if (frc < 0 || ks_buf_append(&c->pending, c->scratch.s ? c->scratch.s : "", c->scratch.len))
+        c->failed = true;
+    c->res = *r;
+    c->res.logits = NULL; /* borrowed for this call only */
+    c->stopped = stopped;
+    c->done = true;
+    g->n_done++;
     pthread_cond_broadcast(&g->cv);
     pthread_mutex_unlock(&g->mu);
     gen_release(g); /* the scheduler's reference */
@@ -200,16 +316,21 @@ static void sched_cancel(ks_server *s, uint64_t id) {
     pthread_rwlock_unlock(&s->sched_lock);
 }
 
-/* The client left: cancel once, so the slot frees within a step. */
+static void cancel_choices(gen *g) {
+    for (int i = 0; i < g->n_ch; i++)
+        if (g->ch[i].submitted) sched_cancel(g->srv, g->ch[i].sched_id);
+}
+
+/* The client left: cancel once, so the slots free within a step. */
 static void gen_abandon(gen *g) {
     if (atomic_exchange(&g->gone, true)) return;
     pthread_mutex_lock(&g->mu);
-    bool done = g->done;
+    bool done = g->n_done == g->n_ch;
     pthread_mutex_unlock(&g->mu);
     if (done) return;
     atomic_fetch_add(&g->srv->http.client_disconnects, 1);
     KS_INFO(MOD, "%s: client disconnected, canceling", g->id);
-    sched_cancel(g->srv, g->sched_id);
+    cancel_choices(g);
 }
 
 void ks__gen_request_done(ks_gen *g, bool completed_ok) {
@@ -242,10 +363,21 @@ static void deadline_in(struct timespec *ts, int ms) {
     }
 }
 
-/* Waits (g->mu held) until the generation is done or, with want_text, has
- * text pending, or the client left; returns false when the client left. */
+/* Something for the stream (g->mu held): a choice with text or logprobs
+ * pending, or done and not yet finished. */
+static bool stream_ready(const gen *g) {
+    for (int i = 0; i < g->n_ch; i++) {
+        const choice *c = &g->ch[i];
+        if (c->pending.len || (c->lp_pending && json_array_size(c->lp_pending)) || (c->done && !c->finished))
+            return true;
+    }
+    return false;
+}
+
+/* Waits (g->mu held) until every choice is done or, with want_text, the
+ * stream has something, or the client left; returns false when it left. */
 static bool wait_locked(gen *g, bool want_text) {
-    while (!g->done && !(want_text && g->pending.len)) {
+    while (g->n_done < g->n_ch && !(want_text && stream_ready(g))) {
         struct timespec ts;
         deadline_in(&ts, WAIT_POLL_MS);
         if (pthread_cond_timedwait(&g->cv, &g->mu, &ts) != ETIMEDOUT) continue;
@@ -259,18 +391,177 @@ static bool wait_locked(gen *g, bool want_text) {
     return true;
 }
 
-/* The error of a generation that did not complete (canceled, failed), or
- * NULL finish reason: fills e and returns true. g is done. */
-static bool gen_failed(const gen *g, const char **finish, ks_api_error *e) {
-    *finish = ks_api_finish_reason(&g->res, g->stopped);
-    if (!g->failed && *finish) return false;
-    if (g->res.finish == KS_FINISH_CANCEL)
+/* The error of a choice that did not complete (canceled, failed), or NULL
+ * finish reason: fills e and returns true. c is done. */
+static bool choice_failed(const choice *c, const char **finish, ks_api_error *e) {
+    *finish = ks_api_finish_reason(&c->res, c->stopped);
+    if (!c->failed && *finish) return false;
+    if (c->res.finish == KS_FINISH_CANCEL)
         ks_api_error_set(e, 503, "server_error", "shutting_down", NULL,
                          "The generation was canceled: the server is shutting down.");
+    else if (c->res.error == KS_EINVAL)
+        ks_api_error_set(e, 400, T_INVALID, "invalid_grammar", NULL,
+                         "The grammar could not be used for sampling.");
     else
         ks_api_error_set(e, 500, "server_error", "generation_failed", NULL, "Generation failed: %s.",
-                         g->failed ? ks_strerror(KS_ENOMEM) : ks_strerror(g->res.error));
+                         c->failed ? ks_strerror(KS_ENOMEM) : ks_strerror(c->res.error));
     return true;
+}
+
+/* The statistics of the whole request: sums over the choices; the prompt of
+ * n choices that share it counts once. */
+static ks_req_result total_result(const gen *g) {
+    ks_req_result t = g->ch[0].res;
+    int per = g->n_ch / (g->n_prompts > 0 ? g->n_prompts : 1);
+    if (per < 1) per = 1;
+    t.n_prompt = t.n_cached = t.n_generated = 0;
+    t.prompt_ms = t.gen_ms = 0;
+    for (int i = 0; i < g->n_ch; i++) {
+        const ks_req_result *r = &g->ch[i].res;
+        if (i % per == 0) {
+            t.n_prompt += r->n_prompt;
+            t.n_cached += r->n_cached;
+            t.prompt_ms += r->prompt_ms;
+        }
+        t.n_generated += r->n_generated;
+        if (r->gen_ms > t.gen_ms) t.gen_ms = r->gen_ms;
+    }
+    return t;
+}
+
+/* ------------------------------------------------------------- output parsing */
+static const char ID_CHARS[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+
+/* Tool calls without an id get one, the same for a call across partial
+ * parses: 9 alphanumeric characters (Mistral's templates refuse others). */
+static void give_ids(choice *c, json_t *msg) {
+    json_t *calls = json_object_get(msg, "tool_calls");
+    size_t i;
+    json_t *tc;
+    json_array_foreach(calls, i, tc) {
+        json_t *id = json_object_get(tc, "id");
+        if (i >= json_array_size(c->ids)) {
+            char buf[10];
+            unsigned char rnd[9];
+            if (getrandom(rnd, sizeof rnd, GRND_NONBLOCK) != (ssize_t)sizeof rnd)
+                for (int k = 0; k < 9; k++) rnd[k] = (unsigned char)(ks_now_us() >> (k * 3));
+            for (int k = 0; k < 9; k++) buf[k] = ID_CHARS[rnd[k] % (sizeof ID_CHARS - 1)];
+            buf[9] = 0;
+            json_array_append_new(c->ids, json_string(json_is_string(id) && json_string_length(id) ? json_string_value(id) : buf));
+        }
+        json_object_set(tc, "id", json_array_get(c->ids, i));
+    }
+}
+
+/* The generated text as a message (new reference), NULL when it cannot be
+ * parsed (then the text is the content). */
+static json_t *parse_text(gen *g, choice *c, const char *text, bool partial) {
+    if (!g->parse) return NULL;
+    char *out = NULL;
+    char err[256] = "";
+    int rc = ks_chat_tmpl_parse(text, partial, g->parse, &out, err, sizeof err);
+    if (rc) {
+        if (!partial) KS_DEBUG(MOD, "%s: output not parsed (%s): returned as text", g->id, err);
+        return NULL;
+    }
+    json_t *m = json_loads(out, 0, NULL);
+    free(out);
+    if (m) give_ids(c, m);
+    return m;
+}
+
+static const char *jstr(const json_t *o, const char *k) {
+    const char *s = json_string_value(json_object_get(o, k));
+    return s ? s : "";
+}
+
+/* The delta from prev to cur of one string field, appended to *deltas as
+ * {key: suffix}; a field that did not grow by appending adds nothing. */
+static void delta_field(json_t *deltas, const json_t *prev, const json_t *cur, const char *key) {
+    const char *a = jstr(prev, key), *b = jstr(cur, key);
+    size_t la = strlen(a), lb = strlen(b);
+    if (lb > la && !strncmp(a, b, la)) json_array_append_new(deltas, json_pack("{s:s}", key, b + la));
+}
+
+/* The stream deltas from c->msg to cur (OpenAI's order: text first, then
+ * each tool call's header — id, name — then its argument fragments). A
+ * call's header waits for its arguments to start (the name is whole then). */
+static json_t *message_deltas(choice *c, const json_t *cur, bool final) {
+    json_t *d = json_array();
+    if (!d) return NULL;
+    const json_t *prev = c->msg;
+    delta_field(d, prev, cur, "reasoning_content");
+    delta_field(d, prev, cur, "content");
+    json_t *calls = json_object_get(cur, "tool_calls");
+    size_t n = json_array_size(calls);
+    for (size_t i = 0; i < n; i++) {
+        json_t *tc = json_array_get(calls, i);
+        json_t *fn = json_object_get(tc, "function");
+        const char *name = jstr(fn, "name"), *args = jstr(fn, "arguments");
+        if (i >= json_array_size(c->args_sent)) {
+            if (!name[0] || (!args[0] && i + 1 == n && !final)) break;
+            json_t *h = json_pack("{s:[{s:i, s:O, s:s, s:{s:s, s:s}}]}", "tool_calls", "index", (int)i, "id",
+                                  json_object_get(tc, "id"), "type", "function", "function", "name", name,
+                                  "arguments", "");
+            if (h) json_array_append_new(d, h);
+            json_array_append_new(c->args_sent, json_string(""));
+        }
+        const char *sent = json_string_value(json_array_get(c->args_sent, i));
+        size_t ls = strlen(sent), la = strlen(args);
+        if (la > ls && !strncmp(sent, args, ls)) {
+            json_t *f = json_pack("{s:[{s:i, s:{s:s}}]}", "tool_calls", "index", (int)i, "function", "arguments",
+                                  args + ls);
+            if (f) json_array_append_new(d, f);
+            json_array_set_new(c->args_sent, i, json_string(args));
+        }
+    }
+    return d;
+}
+
+/* A continued message: the response holds what was generated, not the
+ * prefill the parser sees again (the parse of no output, base). */
+static void strip_prefill(json_t *msg, const json_t *base) {
+    static const char *const keys[] = {"content", "reasoning_content"};
+    for (int k = 0; k < 2; k++) {
+        const char *a = jstr(base, keys[k]), *b = jstr(msg, keys[k]);
+        size_t la = strlen(a);
+        if (la && !strncmp(a, b, la)) json_object_set_new(msg, keys[k], json_string(b + la));
+    }
+}
+
+/* finish_reason of a choice whose message is msg. */
+static const char *finish_of(const json_t *msg, const char *finish) {
+    json_t *calls = msg ? json_object_get(msg, "tool_calls") : NULL;
+    if (json_array_size(calls) > 0 && !strcmp(finish, "stop")) return "tool_calls";
+    return finish;
+}
+
+/* logprobs entries as a completion's legacy object. */
+static json_t *legacy_logprobs(const json_t *entries) {
+    json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
+    size_t i, off = 0;
+    json_t *e;
+    json_array_foreach(entries, i, e) {
+        const char *t = jstr(e, "token");
+        json_array_append(tokens, json_object_get(e, "token"));
+        json_array_append(lps, json_object_get(e, "logprob"));
+        json_array_append_new(offs, json_integer((json_int_t)off));
+        off += strlen(t);
+        json_t *top = json_object();
+        size_t j;
+        json_t *a;
+        json_array_foreach(json_object_get(e, "top_logprobs"), j, a) json_object_set(top, jstr(a, "token"), json_object_get(a, "logprob"));
+        json_array_append_new(tops, top);
+    }
+    return json_pack("{s:o, s:o, s:o, s:o}", "tokens", tokens, "token_logprobs", lps, "top_logprobs", tops,
+                     "text_offset", offs);
+}
+
+/* The logprobs object of a response or chunk from entries (new reference). */
+static json_t *logprobs_json(const gen *g, json_t *entries) {
+    if (!entries) return NULL;
+    if (g->kind == KS_API_CHAT) return json_pack("{s:O, s:[]}", "content", entries, "refusal");
+    return legacy_logprobs(entries);
 }
 
 /* ------------------------------------------------------------- streaming */
@@ -281,39 +572,149 @@ static int sse(gen *g, json_t *obj) {
     return rc;
 }
 
-/* The final SSE events of a stream into g->out. */
-static int stream_finish(gen *g) {
-    ks_server *s = g->srv;
+static ks_api_gen api_gen(const gen *g, const choice *c) {
+    ks_api_gen ag = {0};
+    ag.kind = g->kind;
+    ag.index = c ? c->index : 0;
+    ag.id = g->id;
+    ag.created = g->created;
+    ag.model = g->srv->model;
+    return ag;
+}
+
+/* Chunks of one choice for new text (text, len) and logprob entries lp
+ * (stolen, may be NULL); final: the choice is done. */
+static int stream_choice(gen *g, choice *c, const char *text, size_t len, json_t *lp, bool final) {
+    ks_api_gen ag = api_gen(g, c);
+    int rc = 0;
+    json_t *deltas = NULL;
+    if (g->parse) {
+        if (len && ks_buf_append(&c->text, text, len)) {
+            json_decref(lp);
+            return KS_ENOMEM;
+        }
+        json_t *m = (len || final) ? parse_text(g, c, c->text.s ? c->text.s : "", !final) : NULL;
+        if (!m && final && !c->msg) {
+            /* Not parseable as a whole: the text is the content. */
+            m = json_pack("{s:s%, s:s, s:[]}", "content", c->text.s ? c->text.s : "", c->text.len,
+                          "reasoning_content", "", "tool_calls");
+        }
+        if (m) {
+            deltas = message_deltas(c, m, final);
+            json_decref(c->msg);
+            c->msg = m;
+        }
+    } else if (len) {
+        deltas = json_array();
+        json_t *t = json_stringn(text, len);
+        if (deltas && t) json_array_append_new(deltas, json_pack(g->kind == KS_API_CHAT ? "{s:o}" : "{s:o}",
+                                                                g->kind == KS_API_CHAT ? "content" : "text", t));
+        else json_decref(t);
+    }
+    size_t i;
+    json_t *d;
+    json_array_foreach(deltas, i, d) {
+        json_t *l = NULL;
+        if (lp) { /* the logprobs so far ride on the first delta */
+            l = logprobs_json(g, lp);
+            json_decref(lp);
+            lp = NULL;
+        }
+        if ((rc = sse(g, ks_api_chunk_delta_json(&ag, json_incref(d), l, NULL)))) break;
+    }
+    json_decref(deltas);
+    if (lp && !rc) {
+        /* Entries with no text to ride on yet (held back): keep them for later. */
+        pthread_mutex_lock(&g->mu);
+        json_array_extend(lp, c->lp_pending);
+        json_array_clear(c->lp_pending);
+        json_array_extend(c->lp_pending, lp);
+        pthread_mutex_unlock(&g->mu);
+        if (final) {
+            json_t *l = logprobs_json(g, lp);
+            json_t *empty = g->kind == KS_API_CHAT ? json_object() : json_pack("{s:s}", "text", "");
+            rc = sse(g, ks_api_chunk_delta_json(&ag, empty, l, NULL));
+            pthread_mutex_lock(&g->mu);
+            json_array_clear(c->lp_pending);
+            pthread_mutex_unlock(&g->mu);
+        }
+    }
+    json_decref(lp);
+    return rc;
+}
+
+/* The finish chunk of a done choice. */
+static int stream_choice_end(gen *g, choice *c) {
     const char *finish;
     ks_api_error e;
-    if (gen_failed(g, &finish, &e)) return sse(g, ks_api_error_json(&e));
-    ks_api_gen ag = {g->kind, g->id, g->created, s->model, NULL, finish, &g->res};
-    int rc = sse(g, ks_api_chunk_json(&ag, KS_API_CHUNK_FINISH, NULL, 0));
-    if (!rc && g->include_usage) rc = sse(g, ks_api_chunk_json(&ag, KS_API_CHUNK_USAGE, NULL, 0));
+    c->finished = true;
+    if (choice_failed(c, &finish, &e)) {
+        g->stream_failed = true;
+        return sse(g, ks_api_error_json(&e));
+    }
+    ks_api_gen ag = api_gen(g, c);
+    ag.finish = finish_of(c->msg, finish);
+    ag.r = g->n_ch == 1 ? &c->res : NULL;
+    return sse(g, ks_api_chunk_json(&ag, KS_API_CHUNK_FINISH, NULL, 0));
+}
+
+/* The final SSE events of a stream into g->out: usage, then [DONE] — not
+ * after an error event, which ends a failed stream. */
+static int stream_finish(gen *g) {
+    if (g->stream_failed) return 0;
+    ks_api_gen ag = api_gen(g, NULL);
+    ks_req_result t = total_result(g);
+    ag.r = &t;
+    int rc = 0;
+    if (g->include_usage) rc = sse(g, ks_api_chunk_json(&ag, KS_API_CHUNK_USAGE, NULL, 0));
     return rc ? rc : ks_api_sse_done(&g->out);
 }
 
-/* The next events of a stream into g->out: the role chunk first, then text
- * as it comes, then the end. Blocks until there is something. */
+/* The next events of a stream into g->out: the role chunks first, then text
+ * as it comes, then each choice's end. Blocks until there is something. */
 static int stream_next(gen *g) {
-    ks_api_gen ag = {g->kind, g->id, g->created, g->srv->model, NULL, NULL, NULL};
+    int rc = 0;
     if (g->phase == PH_START) {
         g->phase = PH_BODY;
-        return g->kind == KS_API_CHAT ? sse(g, ks_api_chunk_json(&ag, KS_API_CHUNK_ROLE, NULL, 0)) : 0;
+        if (g->kind != KS_API_CHAT) return 0;
+        for (int i = 0; i < g->n_ch && !rc; i++) {
+            ks_api_gen ag = api_gen(g, &g->ch[i]);
+            rc = sse(g, ks_api_chunk_json(&ag, KS_API_CHUNK_ROLE, NULL, 0));
+            if (!rc && g->parse && g->continuation) {
+                /* The continued message's own text is not sent again: the
+                 * parse of no output is where the deltas start. */
+                g->ch[i].msg = parse_text(g, &g->ch[i], "", true);
+            }
+        }
+        return rc;
     }
     pthread_mutex_lock(&g->mu);
     bool alive = wait_locked(g, true);
-    bool done = g->done;
-    int rc = 0;
-    ks_buf_reset(&g->take);
-    if (alive && g->pending.len) {
-        rc = ks_buf_append(&g->take, g->pending.s, g->pending.len);
-        ks_buf_reset(&g->pending);
-    }
     pthread_mutex_unlock(&g->mu);
     if (!alive) return KS_ECANCELED;
-    if (!rc && g->take.len) rc = sse(g, ks_api_chunk_json(&ag, KS_API_CHUNK_DELTA, g->take.s, g->take.len));
-    if (!rc && done) {
+    bool all_finished = true;
+    for (int i = 0; i < g->n_ch && !rc; i++) {
+        choice *c = &g->ch[i];
+        if (c->finished) continue;
+        pthread_mutex_lock(&g->mu);
+        bool done = c->done;
+        ks_buf_reset(&g->take);
+        if (c->pending.len) {
+            rc = ks_buf_append(&g->take, c->pending.s, c->pending.len);
+            ks_buf_reset(&c->pending);
+        }
+        json_t *lp = NULL;
+        if (c->lp_pending && json_array_size(c->lp_pending)) {
+            lp = json_copy(c->lp_pending);
+            json_array_clear(c->lp_pending);
+        }
+        pthread_mutex_unlock(&g->mu);
+        if (!rc && (g->take.len || lp || done)) rc = stream_choice(g, c, g->take.s, g->take.len, lp, done);
+        else json_decref(lp);
+        if (!rc && done) rc = stream_choice_end(g, c);
+        if (!c->finished) all_finished = false;
+    }
+    if (!rc && all_finished) {
         rc = stream_finish(g);
         g->phase = PH_END;
     }
@@ -356,59 +757,198 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
 static void stream_free(void *cls) { gen_release(cls); }
 
 /* ------------------------------------------------------------- a request */
-/* The prompt of a request, and for chat requests the cache hints. */
-static int build_prompt(ks_server *s, const ks_api_request *rq, ks_prompt *p, ks_api_error *e) {
-    int rc, bad = 0;
-    if (rq->kind == KS_API_CHAT) {
-        ks_prompt_opts o = {.hints = true, .model_id = s->model_id};
-        rc = ks_prompt_chat(s->engine, rq->msgs, rq->n_msgs, &o, p);
-    } else if (rq->prompt) {
-        rc = ks_prompt_text(s->engine, rq->prompt, p);
-    } else {
-        rc = ks_prompt_ids(s->engine, rq->prompt_tokens, rq->n_prompt_tokens, p, &bad);
-        if (rc == KS_EINVAL) {
-            char param[32];
-            snprintf(param, sizeof param, "prompt[%d]", bad);
-            ks_api_error_set(e, 400, "invalid_request_error", "invalid_value", param,
-                             "Invalid '%s': token id %d is outside the vocabulary (%d tokens).", param,
-                             (int)rq->prompt_tokens[bad], ks_engine_n_vocab(s->engine));
-            return rc;
-        }
-    }
-    if (rc == KS_ETEMPLATE)
-        ks_api_error_set(e, 500, "server_error", "template_error", NULL,
-                         "The model's chat template could not be applied: %s.", ks_strerror(rc));
-    else if (rc)
-        ks_api_error_set(e, 500, "server_error", "tokenize_failed", NULL, "The prompt could not be tokenized.");
+/* Everything a request is turned into before it is queued. */
+typedef struct plan {
+    ks_prompt *prompts;            /* one per prompt */
+    int n_prompts;
+    ks_prompt_tmpl tp;             /* chat through the model's template */
+    bool templated;
+    const char *stops[KS_API_MAX_STOPS + 16];
+    int n_stops;
+    ks_logit_bias *bias;
+    int n_bias;
+    char *grammar;                 /* completions: from grammar / json_schema */
+    int max_tokens;
+} plan;
+
+static void plan_free(plan *pl) {
+    for (int i = 0; i < pl->n_prompts; i++) ks_prompt_free(&pl->prompts[i]);
+    free(pl->prompts);
+    ks_prompt_tmpl_free(&pl->tp);
+    free(pl->bias);
+    free(pl->grammar);
+    memset(pl, 0, sizeof *pl);
+}
+
+static int template_error(int rc, const char *err, ks_api_error *e) {
+    if (rc == KS_EINVAL)
+        ks_api_error_set(e, 400, T_INVALID, "invalid_value", NULL, "The request cannot be rendered: %.300s", err);
+    else if (rc == KS_ETEMPLATE)
+        ks_api_error_set(e, 400, T_INVALID, "template_error", NULL,
+                         "The model's chat template failed on these messages: %.300s", err);
+    else
+        ks_api_error_set(e, 500, "server_error", "tokenize_failed", NULL, "The prompt could not be made: %s.",
+                         ks_strerror(rc));
     return rc;
 }
 
-/* Checks the prompt against the context and picks max_tokens (*max). */
-static int fit_context(ks_server *s, const ks_api_request *rq, int n_prompt, int *max, ks_api_error *e) {
+/* The prompts of a request, and for chat requests the cache hints and what
+ * the template says about sampling and parsing. */
+static int build_prompts(ks_server *s, const ks_api_request *rq, plan *pl, ks_api_error *e) {
+    int n = rq->kind == KS_API_CHAT ? 1 : rq->n_prompts;
+    pl->prompts = calloc((size_t)n, sizeof *pl->prompts);
+    if (!pl->prompts) return ks__api_oom(e);
+    pl->n_prompts = n;
+    int rc = 0;
+    if (rq->kind == KS_API_CHAT) {
+        ks_prompt_opts o = {.hints = true, .model_id = s->model_id};
+        if (s->tmpl) {
+            char err[512] = "";
+            if (s->reasoning_format[0] && !json_object_get(rq->tmpl_req, "reasoning_format"))
+                json_object_set_new(rq->tmpl_req, "reasoning_format", json_string(s->reasoning_format));
+            rc = ks_prompt_tmpl_chat(s->engine, s->tmpl, rq->tmpl_req, &o, &pl->tp, err, sizeof err);
+            if (rc) return template_error(rc, err, e);
+            pl->templated = true;
+            /* The prompt moves to prompts[0]; the rest stays with tp. */
+            pl->prompts[0] = pl->tp.p;
+            memset(&pl->tp.p, 0, sizeof pl->tp.p);
+            return 0;
+        }
+        if (rq->has_tools || rq->structured) {
+            ks_api_error_set(e, 400, T_INVALID, "unsupported_value", rq->has_tools ? "tools" : "response_format",
+                             "Tools and structured output need the model's Jinja chat template, which is not available.");
+            return KS_EINVAL;
+        }
+        rc = ks_prompt_chat(s->engine, rq->msgs, rq->n_msgs, &o, &pl->prompts[0]);
+        if (rc) return template_error(rc == KS_ETEMPLATE ? rc : rc, "llama.cpp's built-in templates do not know it", e);
+        return 0;
+    }
+    for (int i = 0; i < n; i++) {
+        const ks_api_prompt *ap = &rq->prompts[i];
+        int bad = 0;
+        if (ap->text) {
+            rc = ks_prompt_text(s->engine, ap->text, &pl->prompts[i]);
+        } else {
+            rc = ks_prompt_ids(s->engine, ap->tokens, ap->n_tokens, &pl->prompts[i], &bad);
+            if (rc == KS_EINVAL) {
+                char param[48];
+                if (n > 1) snprintf(param, sizeof param, "prompt[%d][%d]", i, bad);
+                else snprintf(param, sizeof param, "prompt[%d]", bad);
+                ks_api_error_set(e, 400, T_INVALID, "invalid_value", param,
+                                 "Invalid '%s': token id %d is outside the vocabulary (%d tokens).", param,
+                                 (int)ap->tokens[bad], ks_engine_n_vocab(s->engine));
+                return rc;
+            }
+        }
+        if (rc) {
+            ks_api_error_set(e, 500, "server_error", "tokenize_failed", NULL, "The prompt could not be tokenized.");
+            return rc;
+        }
+    }
+    return 0;
+}
+
+/* Checks the prompts against the context and picks max_tokens: a prompt
+ * that leaves no room is a 400; max_tokens beyond the room left is cut to
+ * it (the generation then ends with "length" when the context is full). */
+static int fit_context(ks_server *s, const ks_api_request *rq, plan *pl, ks_api_error *e) {
     int n_ctx = ks_engine_n_ctx_seq(s->engine);
     const char *what = rq->kind == KS_API_CHAT ? "messages" : "prompt";
-    if (n_prompt == 0) {
-        ks_api_error_set(e, 400, "invalid_request_error", "invalid_value", what,
-                         "Invalid '%s': the prompt is empty after tokenization.", what);
+    int longest = 0;
+    for (int i = 0; i < pl->n_prompts; i++) {
+        int n_prompt = pl->prompts[i].tokens.n;
+        if (n_prompt == 0) {
+            ks_api_error_set(e, 400, T_INVALID, "invalid_value", what,
+                             "Invalid '%s': the prompt is empty after tokenization.", what);
+            return KS_EINVAL;
+        }
+        if (n_prompt >= n_ctx) {
+            ks_api_error_set(e, 400, T_INVALID, "context_length_exceeded", what,
+                             "This model's maximum context length is %d tokens. However, your %s "
+                             "resulted in %d tokens, which leaves no room for a completion. Please "
+                             "reduce the length of the %s.", n_ctx, what, n_prompt, what);
+            return KS_ECTX;
+        }
+        if (n_prompt > longest) longest = n_prompt;
+    }
+    pl->max_tokens = rq->max_tokens > 0 ? rq->max_tokens : s->default_max_tokens;
+    if (pl->max_tokens > n_ctx - longest) pl->max_tokens = n_ctx - longest;
+    return 0;
+}
+
+/* logit_bias strings become the bias of each of their tokens; ids are
+ * checked against the vocabulary. */
+static int build_bias(ks_server *s, const ks_api_request *rq, plan *pl, ks_api_error *e) {
+    if (rq->n_bias == 0 && !rq->ignore_eos) return 0;
+    int n_vocab = ks_engine_n_vocab(s->engine);
+    int cap = rq->n_bias + 4;
+    pl->bias = malloc(sizeof *pl->bias * (size_t)cap);
+    if (!pl->bias) return ks__api_oom(e);
+    for (int i = 0; i < rq->n_bias; i++) {
+        const ks_api_bias *b = &rq->bias[i];
+        ks_tokens t = {0};
+        if (b->text) {
+            if (ks_engine_tokenize(s->engine, b->text, strlen(b->text), false, false, &t)) {
+                ks_tokens_free(&t);
+                return ks__api_oom(e);
+            }
+        } else {
+            if (b->tok >= n_vocab) {
+                char param[48];
+                snprintf(param, sizeof param, "logit_bias.%d", (int)b->tok);
+                ks_api_error_set(e, 400, T_INVALID, "invalid_value", param,
+                                 "Invalid 'logit_bias': token id %d is outside the vocabulary (%d tokens).",
+                                 (int)b->tok, n_vocab);
+                return KS_EINVAL;
+            }
+            ks_tokens_push(&t, b->tok);
+        }
+        for (int k = 0; k < t.n; k++) {
+            if (pl->n_bias == cap) {
+                cap *= 2;
+                ks_logit_bias *nb = realloc(pl->bias, sizeof *nb * (size_t)cap);
+                if (!nb) {
+                    ks_tokens_free(&t);
+                    return ks__api_oom(e);
+                }
+                pl->bias = nb;
+            }
+            pl->bias[pl->n_bias++] = (ks_logit_bias){t.v[k], b->bias};
+        }
+        ks_tokens_free(&t);
+    }
+    return 0;
+}
+
+/* Completions: a grammar, or a JSON schema through the converter. */
+static int build_grammar(ks_server *s, const ks_api_request *rq, plan *pl, ks_api_error *e) {
+    char err[512] = "";
+    if (rq->kind == KS_API_CHAT) {
+        if (pl->tp.grammar && ks_engine_grammar_check(s->engine, pl->tp.grammar, err, sizeof err)) {
+            ks_api_error_set(e, 400, T_INVALID, "invalid_grammar", "grammar", "Invalid grammar: %.300s", err);
+            return KS_EINVAL;
+        }
+        return 0;
+    }
+    if (!rq->structured) return 0;
+    if (rq->grammar) {
+        if (!(pl->grammar = strdup(rq->grammar))) return ks__api_oom(e);
+    } else {
+        char *schema = rq->json_schema ? json_dumps(rq->json_schema, JSON_COMPACT) : strdup("{}");
+        if (!schema) return ks__api_oom(e);
+        int rc = ks_chat_tmpl_schema_to_grammar(schema, &pl->grammar, err, sizeof err);
+        free(schema);
+        if (rc == KS_EINVAL) {
+            ks_api_error_set(e, 400, T_INVALID, "invalid_schema", "response_format",
+                             "The JSON schema cannot be used: %.300s", err);
+            return rc;
+        }
+        if (rc) return ks__api_oom(e);
+    }
+    if (ks_engine_grammar_check(s->engine, pl->grammar, err, sizeof err)) {
+        ks_api_error_set(e, 400, T_INVALID, "invalid_grammar", "grammar", "Invalid grammar: %.300s", err);
         return KS_EINVAL;
     }
-    if (rq->max_tokens > 0 && (int64_t)n_prompt + rq->max_tokens > n_ctx) {
-        ks_api_error_set(e, 400, "invalid_request_error", "context_length_exceeded", what,
-                         "This model's maximum context length is %d tokens. However, you requested "
-                         "%lld tokens (%d in the %s, %d in the completion). Please reduce the length "
-                         "of the %s or completion.", n_ctx, (long long)n_prompt + rq->max_tokens, n_prompt,
-                         what, rq->max_tokens, what);
-        return KS_ECTX;
-    }
-    if (n_prompt >= n_ctx) {
-        ks_api_error_set(e, 400, "invalid_request_error", "context_length_exceeded", what,
-                         "This model's maximum context length is %d tokens. However, your %s "
-                         "resulted in %d tokens, which leaves no room for a completion. Please "
-                         "reduce the length of the %s.", n_ctx, what, n_prompt, what);
-        return KS_ECTX;
-    }
-    *max = rq->max_tokens > 0 ? rq->max_tokens : s->default_max_tokens;
-    if (*max > n_ctx - n_prompt) *max = n_ctx - n_prompt;
     return 0;
 }
 
@@ -418,32 +958,80 @@ static uint64_t random_seed(void) {
     return x;
 }
 
-/* Queues the generation. On failure fills e (and *retry for a full queue);
- * on_done will not come then. */
-static int submit(ks_server *s, gen *g, const ks_api_request *rq, const ks_prompt *p, int max_tokens,
-                  ks_api_error *e, bool *retry) {
-    ks_req_params rp = {0};
-    rp.tokens = p->tokens.v;
-    rp.n_tokens = p->tokens.n;
-    rp.max_tokens = max_tokens;
-    rp.sample = rq->sample;
-    if (!rq->seed_set) rp.sample.seed = random_seed();
-    rp.cache_prompt = rq->cache_prompt;
-    rp.preferred_slot = -1;
-    if (p->msg_hashes) {
-        rp.msg_prefix_hash = p->msg_hashes;
-        rp.n_msgs = p->n_msgs;
-        rp.n_msgs_cacheable = p->n_msgs - 1; /* all but the last (sched.h) */
+/* The sampling a request adds (engine.h). */
+static ks_sample_ext make_ext(const ks_api_request *rq, const plan *pl) {
+    ks_sample_ext x = {0};
+    if (pl->templated && pl->tp.grammar) {
+        x.grammar = pl->tp.grammar;
+        x.grammar_lazy = pl->tp.grammar_lazy;
+        x.trigger_patterns = (const char *const *)pl->tp.trigger_patterns;
+        x.n_trigger_patterns = pl->tp.n_trigger_patterns;
+        x.trigger_tokens = pl->tp.trigger_tokens;
+        x.n_trigger_tokens = pl->tp.n_trigger_tokens;
+        x.grammar_prefill = pl->tp.grammar_prefill;
+        x.n_grammar_prefill = pl->tp.n_grammar_prefill;
+    } else if (pl->grammar) {
+        x.grammar = pl->grammar;
     }
-    rp.sys_key = p->sys_key;
-    rp.n_sys_tokens = p->n_sys_tokens;
-    rp.on_token = on_token;
-    rp.on_done = on_done;
-    rp.ud = g;
-    gen_ref(g); /* the scheduler's reference, dropped in on_done */
-    int rc = sched_submit(s, &rp, &g->sched_id);
+    x.logit_bias = pl->bias;
+    x.n_logit_bias = pl->n_bias;
+    x.repeat_penalty = rq->repeat_penalty;
+    x.repeat_last_n = rq->repeat_last_n;
+    x.frequency_penalty = rq->frequency_penalty;
+    x.presence_penalty = rq->presence_penalty;
+    x.ignore_eos = rq->ignore_eos;
+    x.n_probs = rq->logprobs ? (rq->top_logprobs > 0 ? rq->top_logprobs : 1) : 0;
+    return x;
+}
+
+/* Queues every choice: for each prompt, choice 0 first, then the others
+ * sharing its prefill. On failure fills e (and *retry for a full queue) and
+ * cancels what was queued; those choices still get their on_done. */
+static int submit(ks_server *s, gen *g, const ks_api_request *rq, const plan *pl, ks_api_error *e, bool *retry) {
+    ks_sample_ext x = make_ext(rq, pl);
+    uint64_t base_seed = rq->seed_set ? rq->sample.seed : 0;
+    int rc = 0;
+    for (int i = 0; i < g->n_ch && !rc; i++) {
+        choice *c = &g->ch[i];
+        int pi = i / rq->n, j = i % rq->n;
+        const ks_prompt *p = &pl->prompts[pi];
+        ks_req_params rp = {0};
+        rp.tokens = p->tokens.v;
+        rp.n_tokens = p->tokens.n;
+        rp.max_tokens = pl->max_tokens;
+        rp.sample = rq->sample;
+        /* Choice j of a seeded request samples with seed + j: choice 0 is the n = 1 output. */
+        rp.sample.seed = rq->seed_set ? base_seed + (uint64_t)j : random_seed();
+        rp.ext = &x;
+        rp.cache_prompt = rq->cache_prompt;
+        rp.preferred_slot = rq->id_slot;
+        if (j > 0) rp.share_prefill_of = g->ch[i - j].sched_id;
+        if (p->msg_hashes) {
+            rp.msg_prefix_hash = p->msg_hashes;
+            rp.n_msgs = p->n_msgs;
+            rp.n_msgs_cacheable = p->n_msgs - 1; /* all but the last (sched.h) */
+        }
+        rp.sys_key = p->sys_key;
+        rp.n_sys_tokens = p->n_sys_tokens;
+        rp.on_token = on_token;
+        rp.on_probs = rq->logprobs ? on_probs : NULL;
+        rp.on_done = on_done;
+        rp.ud = c;
+        gen_ref(g); /* the scheduler's reference, dropped in on_done */
+        rc = sched_submit(s, &rp, &c->sched_id);
+        if (rc) gen_release(g);
+        else c->submitted = true;
+    }
     if (!rc) return 0;
-    gen_release(g);
+    /* Choices that were not queued count as done; those that were are canceled. */
+    pthread_mutex_lock(&g->mu);
+    for (int i = 0; i < g->n_ch; i++)
+        if (!g->ch[i].submitted) {
+            g->ch[i].done = true;
+            g->n_done++;
+        }
+    pthread_mutex_unlock(&g->mu);
+    cancel_choices(g);
     const char *what = rq->kind == KS_API_CHAT ? "messages" : "prompt";
     switch (rc) {
     case KS_EFULL:
@@ -455,9 +1043,14 @@ static int submit(ks_server *s, gen *g, const ks_api_request *rq, const ks_promp
         ks_api_error_set(e, 503, "server_error", "shutting_down", NULL, "The server is shutting down.");
         break;
     case KS_ECTX:
-        ks_api_error_set(e, 400, "invalid_request_error", "context_length_exceeded", what,
+        ks_api_error_set(e, 400, T_INVALID, "context_length_exceeded", what,
                          "The %s and max_tokens do not fit in the context (%d tokens).", what,
                          ks_engine_n_ctx_seq(s->engine));
+        break;
+    case KS_EINVAL:
+        ks_api_error_set(e, 400, T_INVALID, "invalid_value", rq->id_slot >= 0 ? "id_slot" : NULL,
+                         rq->id_slot >= 0 ? "Invalid 'id_slot': the server has no slot %d." : "The request could not be queued (invalid sampling parameters).",
+                         rq->id_slot);
         break;
     default:
         ks_api_error_set(e, 500, "server_error", "submit_failed", NULL, "The request could not be queued: %s.",
@@ -491,36 +1084,104 @@ static enum MHD_Result respond_whole(ks_server *s, struct MHD_Connection *c, con
     pthread_mutex_unlock(&g->mu);
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, s->timeout_s);
     if (atomic_load(&g->gone)) return MHD_NO; /* nobody to answer */
-    const char *finish;
     ks_api_error e;
-    if (gen_failed(g, &finish, &e)) return ks__reply_error(s, c, cn, &e, NULL);
-    ks_api_gen ag = {g->kind, g->id, g->created, s->model, g->pending.s ? g->pending.s : "", finish, &g->res};
-    json_t *o = ks_api_response_json(&ag);
-    if (!o) {
-        ks_api_error_set(&e, 500, "server_error", "out_of_memory", NULL, "The response could not be encoded.");
-        return ks__reply_error(s, c, cn, &e, NULL);
+    ks_api_gen *ags = calloc((size_t)g->n_ch, sizeof *ags);
+    json_t **lps = calloc((size_t)g->n_ch, sizeof *lps);
+    json_t *o = NULL;
+    if (!ags || !lps) goto oom;
+    for (int i = 0; i < g->n_ch; i++) {
+        choice *ch = &g->ch[i];
+        const char *finish;
+        if (choice_failed(ch, &finish, &e)) {
+            free(ags);
+            free(lps);
+            return ks__reply_error(s, c, cn, &e, NULL);
+        }
+        const char *text = ch->pending.s ? ch->pending.s : "";
+        ch->msg = parse_text(g, ch, text, false);
+        if (ch->msg && g->continuation) {
+            json_t *base = parse_text(g, ch, "", true);
+            if (base) strip_prefill(ch->msg, base);
+            json_decref(base);
+        }
+        if (ch->lp_all) {
+            json_array_extend(ch->lp_all, ch->lp_pending);
+            lps[i] = logprobs_json(g, ch->lp_all);
+        }
+        ags[i] = api_gen(g, ch);
+        ags[i].text = text;
+        ags[i].msg = ch->msg;
+        ags[i].finish = finish_of(ch->msg, finish);
+        ags[i].logprobs = lps[i];
     }
+    ks_req_result t = total_result(g);
+    o = ks_api_response_multi_json(ags, g->n_ch, &t);
+    for (int i = 0; i < g->n_ch; i++) json_decref(lps[i]);
+    free(ags);
+    free(lps);
+    if (!o) goto oom;
     return ks__reply_json(s, c, cn, 200, o, NULL);
+oom:
+    free(ags);
+    free(lps);
+    ks_api_error_set(&e, 500, "server_error", "out_of_memory", NULL, "The response could not be encoded.");
+    return ks__reply_error(s, c, cn, &e, NULL);
+}
+
+/* The request's stop strings, then the template's (up to the table's size). */
+static void collect_stops(const ks_api_request *rq, plan *pl) {
+    for (int i = 0; i < rq->n_stops; i++) pl->stops[pl->n_stops++] = rq->stops[i];
+    int room = (int)(sizeof pl->stops / sizeof pl->stops[0]);
+    for (int i = 0; i < pl->tp.n_stops && pl->n_stops < room; i++) pl->stops[pl->n_stops++] = pl->tp.stops[i];
 }
 
 enum MHD_Result ks__gen_handle(ks_server *s, struct MHD_Connection *c, conn *cn, ks_api_kind kind) {
     ks_api_request rq;
     ks_api_error e;
-    ks_prompt p = {0};
+    plan pl = {0};
     enum MHD_Result ret;
-    int max_tokens = 0;
     bool retry = false;
+    gen *g = NULL;
 
     if (ks_api_parse(kind, cn->body.s, cn->body.len, &rq, &e)) return ks__reply_error(s, c, cn, &e, NULL);
     if (atomic_load(&s->draining)) {
         ks_api_error_set(&e, 503, "server_error", "shutting_down", NULL, "The server is shutting down.");
         goto fail;
     }
-    if (build_prompt(s, &rq, &p, &e) || fit_context(s, &rq, p.tokens.n, &max_tokens, &e)) goto fail;
-    gen *g = gen_create(s, kind, &rq);
+    if (rq.id_slot >= 0) {
+        ks_slot_info si[1];
+        int n_slots = 0;
+        pthread_rwlock_rdlock(&s->sched_lock);
+        if (!s->detached) n_slots = ks_sched_slots(s->sched, si, 0);
+        pthread_rwlock_unlock(&s->sched_lock);
+        if (rq.id_slot >= n_slots) {
+            ks_api_error_set(&e, 400, T_INVALID, "invalid_value", "id_slot",
+                             "Invalid 'id_slot': the server has %d slots (0 to %d), not %d.", n_slots, n_slots - 1,
+                             rq.id_slot);
+            goto fail;
+        }
+    }
+    if (build_prompts(s, &rq, &pl, &e) || fit_context(s, &rq, &pl, &e) || build_bias(s, &rq, &pl, &e) ||
+        build_grammar(s, &rq, &pl, &e))
+        goto fail;
+    collect_stops(&rq, &pl);
+    g = gen_create(s, kind, &rq, pl.n_prompts * rq.n, pl.stops, pl.n_stops);
     if (!g) {
         ks_api_error_set(&e, 500, "server_error", "out_of_memory", NULL, "out of memory");
         goto fail;
+    }
+    g->n_prompts = pl.n_prompts;
+    if (pl.templated) {
+        /* The gen keeps what parsing needs after the plan is gone. */
+        g->parse = pl.tp.parse;
+        pl.tp.parse = NULL;
+        g->preserved = pl.tp.preserved;
+        g->n_preserved = pl.tp.n_preserved;
+        pl.tp.preserved = NULL;
+        pl.tp.n_preserved = 0;
+        json_t *pj = json_loads(g->parse, 0, NULL);
+        g->continuation = pj && json_is_true(json_object_get(pj, "is_continuation"));
+        json_decref(pj);
     }
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     g->fd = ci ? ci->connect_fd : -1;
@@ -529,20 +1190,24 @@ enum MHD_Result ks__gen_handle(ks_server *s, struct MHD_Connection *c, conn *cn,
     /* Generation time must not count as idleness (the connection thread
      * blocks while it runs); the idle timeout comes back when the reply is out. */
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
-    if (submit(s, g, &rq, &p, max_tokens, &e, &retry)) {
+    if (submit(s, g, &rq, &pl, &e, &retry)) {
         MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, s->timeout_s);
         const char *const retry_after[] = {"Retry-After", "1", NULL};
         ret = ks__reply_error(s, c, cn, &e, retry ? retry_after : NULL);
         goto out;
     }
-    KS_DEBUG(MOD, "%s: queued as %llu, %d prompt tokens, max_tokens %d%s", g->id,
-             (unsigned long long)g->sched_id, p.tokens.n, max_tokens, rq.stream ? ", stream" : "");
+    KS_DEBUG(MOD, "%s: queued %d choice(s), %d prompt tokens, max_tokens %d%s%s%s, grammar %s%s "
+                  "(%d trigger patterns, %d trigger tokens, %d prefill tokens)",
+             g->id, g->n_ch, pl.prompts[0].tokens.n, pl.max_tokens, rq.stream ? ", stream" : "",
+             pl.templated ? ", format " : "", pl.templated ? pl.tp.format : "",
+             pl.tp.grammar || pl.grammar ? "yes" : "no", pl.tp.grammar_lazy ? " lazy" : "", pl.tp.n_trigger_patterns,
+             pl.tp.n_trigger_tokens, pl.tp.n_grammar_prefill);
     ret = rq.stream ? respond_stream(s, c, cn, g) : respond_whole(s, c, cn, g);
     goto out;
 fail:
     ret = ks__reply_error(s, c, cn, &e, NULL);
 out:
     ks_api_request_free(&rq);
-    ks_prompt_free(&p);
+    plan_free(&pl);
     return ret;
 }

@@ -370,7 +370,6 @@ int ks_server_start(const ks_server_params *p, ks_server **out, char *err, size_
         return KS_ENOMEM;
     }
     pthread_rwlock_init(&s->sched_lock, NULL);
-    pthread_mutex_init(&s->tmpl_mu, NULL);
     s->engine = p->engine;
     s->sched = p->sched;
     s->quiesced_fd = MHD_INVALID_SOCKET;
@@ -386,6 +385,23 @@ int ks_server_start(const ks_server_params *p, ks_server **out, char *err, size_
     snprintf(s->store_mode, sizeof s->store_mode, "%s", p->store_mode ? p->store_mode : "");
     s->created = ks_wall_s();
     s->http.started_us = ks_now_us();
+    snprintf(s->reasoning_format, sizeof s->reasoning_format, "%s", p->reasoning_format ? p->reasoning_format : "");
+    {
+        /* A second, vocabulary-only read of the GGUF: the template object
+         * keeps text only (chat_tmpl.h note 2). */
+        char terr[512] = "";
+        int trc = ks_chat_tmpl_create_from_file(ks_engine_model_path(s->engine), p->chat_template, &s->tmpl, terr,
+                                                sizeof terr);
+        if (trc && p->chat_template && p->chat_template[0]) {
+            ks_set_err(err, errlen, "--chat-template: %s", terr[0] ? terr : ks_strerror(trc));
+            ks_server_free(s);
+            freeaddrinfo(ai);
+            return trc;
+        }
+        if (trc)
+            KS_WARN("http", "the model's chat template cannot be used (%s): chat falls back to llama.cpp's built-in "
+                            "templates, without tools or structured output", terr[0] ? terr : ks_strerror(trc));
+    }
     /* The server's own sources; the caller's (SPC, store) are already in the
      * registry. Sources are only added before the daemon starts (metrics.h). */
     if (ks_metrics_add(s->metrics, sched_source, s) || ks_metrics_add(s->metrics, ks_metrics_http, &s->http)) {
@@ -452,7 +468,6 @@ void ks_server_free(ks_server *s) {
     if (s->quiesced_fd != MHD_INVALID_SOCKET) close(s->quiesced_fd);
     if (s->own_metrics) ks_metrics_free(s->metrics);
     ks_chat_tmpl_free(s->tmpl);
-    pthread_mutex_destroy(&s->tmpl_mu);
     pthread_rwlock_destroy(&s->sched_lock);
     free(s);
 }

@@ -77,6 +77,10 @@ typedef struct ks_server_params {
     const char *model_id;     /* what besides the text makes a system prompt's KV differ
                                  (model, context parameters): part of the SPC key; copied.
                                  NULL: the model name */
+    const char *chat_template;   /* Jinja source used instead of the GGUF's (--chat-template);
+                                    NULL: the GGUF's. Copied by the template at start. */
+    const char *reasoning_format; /* default of requests that give none: "deepseek" (NULL),
+                                     "deepseek-legacy", "auto", "none" */
     ks_metrics *metrics;      /* borrowed registry holding the caller's sources (SPC,
                                  store...); the server adds its own before serving.
                                  NULL: the server makes one */

@@ -50,10 +50,11 @@ struct ks_server {
     ks_metrics *metrics;
     bool own_metrics;
     ks_http_counters http;
-    /* POST /apply-template: the model's chat template through llama.cpp's
-     * common library, created on first use (utility.c) */
-    pthread_mutex_t tmpl_mu;
-    struct ks_chat_tmpl *tmpl;  /* under tmpl_mu until set, then read-only */
+    /* The model's Jinja chat template through llama.cpp's common library
+     * (or --chat-template's), made at start; NULL when it cannot be: chat
+     * then falls back to llama.cpp's built-in templates, without tools. */
+    struct ks_chat_tmpl *tmpl;
+    char reasoning_format[24];  /* the requests' default, "" : the library's */
 };
 
 typedef struct ks_gen ks_gen;

@@ -166,14 +166,12 @@ enum MHD_Result ks__util_props(ks_server *s, struct MHD_Connection *c, conn *cn)
     return ks__reply_json(s, c, cn, 200, o, NULL);
 }
 
-/* The chat template of the server's model, created on first use (a second,
- * vocabulary-only read of the GGUF, which the other endpoints never pay). */
 static ks_chat_tmpl *server_tmpl(ks_server *s, char *err, size_t errlen, int *rc) {
-    pthread_mutex_lock(&s->tmpl_mu);
-    if (!s->tmpl) *rc = ks_chat_tmpl_create_from_file(ks_engine_model_path(s->engine), NULL, &s->tmpl, err, errlen);
-    ks_chat_tmpl *t = s->tmpl;
-    pthread_mutex_unlock(&s->tmpl_mu);
-    return t;
+    if (!s->tmpl) {
+        *rc = KS_ETEMPLATE;
+        snprintf(err, errlen, "the model's chat template could not be loaded at start");
+    }
+    return s->tmpl;
 }
 
 /* POST /apply-template {messages, tools?, tool_choice?, chat_template_kwargs?, ...}
