@@ -22,11 +22,19 @@ static char *dup_str(const char *s) {
 /* Canonical JSON text of v (sorted keys, compact): equal requests hash equal. */
 static char *canon(const json_t *v) { return json_dumps(v, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY); }
 
-/* The request without its messages: what besides them shapes the prompt. */
+/* The request without its messages and without what only steers sampling
+ * or parsing (tool_choice, parallel_tool_calls, grammar, reasoning_format)
+ * or only touches the last message (add_generation_prompt,
+ * continue_final_message): what besides the messages shapes the prompt. An
+ * agent that says tool_choice "required" on one turn and "auto" on the next
+ * stays on its branch; the tokens are compared before anything is reused, so
+ * a field left out here can cost a routing hint, never correctness. */
 static char *options_text(const json_t *req) {
+    static const char *const steer[] = {"messages", "tool_choice", "parallel_tool_calls", "grammar",
+                                        "reasoning_format", "add_generation_prompt", "continue_final_message"};
     json_t *o = json_copy((json_t *)req);
     if (!o) return NULL;
-    json_object_del(o, "messages");
+    for (size_t i = 0; i < sizeof steer / sizeof steer[0]; i++) json_object_del(o, steer[i]);
     char *s = canon(o);
     json_decref(o);
     return s;
