@@ -781,7 +781,10 @@ static void plan_free(plan *pl) {
 }
 
 static int template_error(int rc, const char *err, ks_api_error *e) {
-    if (rc == KS_EINVAL)
+    if (rc == KS_EINVAL && strstr(err, "JSON schema"))
+        ks_api_error_set(e, 400, T_INVALID, "invalid_schema", "response_format", "The JSON schema cannot be used: %.300s",
+                         err);
+    else if (rc == KS_EINVAL)
         ks_api_error_set(e, 400, T_INVALID, "invalid_value", NULL, "The request cannot be rendered: %.300s", err);
     else if (rc == KS_ETEMPLATE)
         ks_api_error_set(e, 400, T_INVALID, "template_error", NULL,

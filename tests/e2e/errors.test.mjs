@@ -46,6 +46,8 @@ const cases = [
     tool_choice: { type: 'function', function: { name: 'b' } } }, 400, 'invalid_value', 'tool_choice.function.name'],
   ['response_format of an unknown type', CHAT, { messages: user, response_format: { type: 'xml' } }, 400, 'invalid_value',
     'response_format.type'],
+  ['a JSON schema the converter cannot handle', CHAT, { messages: user, response_format: { type: 'json_schema',
+    json_schema: { name: 'x', schema: { $ref: '#/definitions/missing' } } } }, 400, 'invalid_schema', 'response_format'],
   ['a grammar that does not parse', CHAT, { messages: user, grammar: 'root ::= (' }, 400, 'invalid_grammar', 'grammar'],
   ['logit_bias out of range', CHAT, { messages: user, logit_bias: { 5: 300 } }, 400, 'invalid_value', 'logit_bias.5'],
   ['logit_bias token outside the vocabulary', CHAT, { messages: user, logit_bias: { 99999999: 1 } }, 400, 'invalid_value',
