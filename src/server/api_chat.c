@@ -74,25 +74,37 @@ static int want_object(json_t *v, const char *param, ks_api_error *err) {
 }
 
 /* ------------------------------------------------------------ messages */
+/* {type: "function", function: {name: string, ...}} at path p (a tool, or
+ * an assistant's tool call, whose type may be absent): the function object
+ * and its name. what names the items in the message ("tools"). */
+static int function_ref(json_t *o, const char *p, bool type_required, const char *what, json_t **fn,
+                        json_t **name, ks_api_error *err) {
+    char q[128];
+    int rc;
+    if ((rc = want_object(o, p, err))) return rc;
+    json_t *type = ks__api_field(o, "type");
+    snprintf(q, sizeof q, "%s.type", p);
+    if (!type && type_required) BAD("missing_required_parameter", q, "Missing required parameter: '%s'.", q);
+    if (type && (rc = want_string(type, q, err))) return rc;
+    if (type && strcmp(json_string_value(type), "function"))
+        BAD("invalid_value", q, "Invalid value for '%s': only 'function' %s are supported.", q, what);
+    *fn = ks__api_field(o, "function");
+    snprintf(q, sizeof q, "%s.function", p);
+    if (!*fn) BAD("missing_required_parameter", q, "Missing required parameter: '%s'.", q);
+    if ((rc = want_object(*fn, q, err))) return rc;
+    *name = ks__api_field(*fn, "name");
+    snprintf(q, sizeof q, "%s.function.name", p);
+    if (!*name) BAD("missing_required_parameter", q, "Missing required parameter: '%s'.", q);
+    return want_string(*name, q, err);
+}
+
 /* One assistant tool call into the template's shape: {id, type, function:
  * {name, arguments: string}}; arguments given as an object are serialized. */
 static int parse_tool_call(json_t *tc, const char *p, json_t *out_calls, ks_api_error *err) {
     char q[128];
     int rc;
-    if ((rc = want_object(tc, p, err))) return rc;
-    json_t *type = ks__api_field(tc, "type");
-    snprintf(q, sizeof q, "%s.type", p);
-    if (type && ((rc = want_string(type, q, err)))) return rc;
-    if (type && strcmp(json_string_value(type), "function"))
-        BAD("invalid_value", q, "Invalid value for '%s': only 'function' tool calls are supported.", q);
-    json_t *fn = ks__api_field(tc, "function");
-    snprintf(q, sizeof q, "%s.function", p);
-    if (!fn) BAD("missing_required_parameter", q, "Missing required parameter: '%s'.", q);
-    if ((rc = want_object(fn, q, err))) return rc;
-    json_t *name = ks__api_field(fn, "name");
-    snprintf(q, sizeof q, "%s.function.name", p);
-    if (!name) BAD("missing_required_parameter", q, "Missing required parameter: '%s'.", q);
-    if ((rc = want_string(name, q, err))) return rc;
+    json_t *fn, *name;
+    if ((rc = function_ref(tc, p, false, "tool calls", &fn, &name, err))) return rc;
     json_t *args = ks__api_field(fn, "arguments");
     snprintf(q, sizeof q, "%s.function.arguments", p);
     json_t *a;
@@ -263,20 +275,9 @@ static int parse_tools(json_t *root, ks_api_request *r, json_t *tr, ks_api_error
     json_array_foreach(tools, i, t) {
         char p[64], q[96];
         snprintf(p, sizeof p, "tools[%zu]", i);
-        if ((rc = want_object(t, p, err))) return rc;
-        json_t *type = ks__api_field(t, "type");
-        snprintf(q, sizeof q, "%s.type", p);
-        if (!type) BAD("missing_required_parameter", q, "Missing required parameter: '%s'.", q);
-        if (!json_is_string(type) || strcmp(json_string_value(type), "function"))
-            BAD("invalid_value", q, "Invalid value for '%s': only 'function' tools are supported.", q);
-        json_t *fn = ks__api_field(t, "function");
-        snprintf(q, sizeof q, "%s.function", p);
-        if (!fn) BAD("missing_required_parameter", q, "Missing required parameter: '%s'.", q);
-        if ((rc = want_object(fn, q, err))) return rc;
-        json_t *name = ks__api_field(fn, "name");
+        json_t *fn, *name;
+        if ((rc = function_ref(t, p, true, "tools", &fn, &name, err))) return rc;
         snprintf(q, sizeof q, "%s.function.name", p);
-        if (!name) BAD("missing_required_parameter", q, "Missing required parameter: '%s'.", q);
-        if ((rc = want_string(name, q, err))) return rc;
         if (json_string_length(name) == 0 || json_string_length(name) > 64)
             BAD("invalid_value", q, "Invalid '%s': a function name has 1 to 64 characters.", q);
         json_t *desc = ks__api_field(fn, "description");
