@@ -232,7 +232,7 @@ static int sampling_parts(const ks_engine *e, json_t *res, bool parallel, bool r
         } else if (!strcmp(type, "word") && value) {
             /* llama-server's rule: a word that is one preserved token triggers as that token. */
             int32_t t1 = single_token(e, value);
-            if (t1 >= 0 && ks_prompt_tmpl_preserved(out, t1)) tok = t1;
+            if (t1 >= 0 && ks_prompt_tmpl_preserved(out->preserved, out->n_preserved, t1)) tok = t1;
         }
         if (tok >= 0) rc = push_tok(&out->trigger_tokens, &out->n_trigger_tokens, tok);
         else if (pattern) rc = push_str(&out->trigger_patterns, &out->n_trigger_patterns, pattern);
@@ -319,9 +319,8 @@ fail:
     return rc;
 }
 
-bool ks_prompt_tmpl_preserved(const ks_prompt_tmpl *p, int32_t tok) {
-    return p->n_preserved > 0 &&
-           bsearch(&tok, p->preserved, (size_t)p->n_preserved, sizeof(int32_t), cmp_tok) != NULL;
+bool ks_prompt_tmpl_preserved(const int32_t *preserved, int n, int32_t tok) {
+    return n > 0 && bsearch(&tok, preserved, (size_t)n, sizeof(int32_t), cmp_tok) != NULL;
 }
 
 void ks_prompt_tmpl_free(ks_prompt_tmpl *p) {

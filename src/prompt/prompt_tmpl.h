@@ -57,8 +57,9 @@ typedef struct ks_prompt_tmpl {
 int ks_prompt_tmpl_chat(const ks_engine *e, const ks_chat_tmpl *t, const json_t *req, const ks_prompt_opts *o,
                         ks_prompt_tmpl *out, char *err, size_t errlen);
 
-/* true when tok is one of p's preserved tokens. */
-bool ks_prompt_tmpl_preserved(const ks_prompt_tmpl *p, int32_t tok);
+/* true when tok is in preserved[0, n) (sorted, as ks_prompt_tmpl keeps it;
+ * a caller may keep the array after the rest is freed). */
+bool ks_prompt_tmpl_preserved(const int32_t *preserved, int n, int32_t tok);
 
 /* NULL-safe, idempotent. */
 void ks_prompt_tmpl_free(ks_prompt_tmpl *p);

@@ -194,17 +194,6 @@ static void gen_release(gen *g) {
     atomic_fetch_sub(&s->n_active, 1);
 }
 
-static bool preserved(const gen *g, int32_t tok) {
-    int lo = 0, hi = g->n_preserved - 1;
-    while (lo <= hi) {
-        int mid = (lo + hi) / 2;
-        if (g->preserved[mid] == tok) return true;
-        if (g->preserved[mid] < tok) lo = mid + 1;
-        else hi = mid - 1;
-    }
-    return false;
-}
-
 /* Inference thread. A preserved special token (a tool-call marker) is shown
  * as its text, so that the output parser sees it. */
 static int on_token(void *ud, int32_t tok, const char *piece, int len) {
@@ -212,7 +201,7 @@ static int on_token(void *ud, int32_t tok, const char *piece, int len) {
     gen *g = c->g;
     if (atomic_load(&g->gone)) return 1;
     char special[256];
-    if (g->n_preserved && preserved(g, tok)) {
+    if (ks_prompt_tmpl_preserved(g->preserved, g->n_preserved, tok)) {
         int n = ks_engine_token_text(g->srv->engine, tok, special, sizeof special);
         if (n > 0 && n <= (int)sizeof special) {
             piece = special;
