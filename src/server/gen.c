@@ -1041,6 +1041,7 @@ static int submit(ks_server *s, gen *g, const ks_api_request *rq, const plan *pl
         break;
     case KS_EINVAL:
         ks_api_error_set(e, 400, T_INVALID, "invalid_value", rq->id_slot >= 0 ? "id_slot" : NULL,
+                         /* the scheduler's check: a slot it does not have */
                          rq->id_slot >= 0 ? "Invalid 'id_slot': the server has no slot %d." : "The request could not be queued (invalid sampling parameters).",
                          rq->id_slot);
         break;
@@ -1139,19 +1140,6 @@ enum MHD_Result ks__gen_handle(ks_server *s, struct MHD_Connection *c, conn *cn,
     if (atomic_load(&s->draining)) {
         ks_api_error_set(&e, 503, "server_error", "shutting_down", NULL, "The server is shutting down.");
         goto fail;
-    }
-    if (rq.id_slot >= 0) {
-        ks_slot_info si[1];
-        int n_slots = 0;
-        pthread_rwlock_rdlock(&s->sched_lock);
-        if (!s->detached) n_slots = ks_sched_slots(s->sched, si, 0);
-        pthread_rwlock_unlock(&s->sched_lock);
-        if (rq.id_slot >= n_slots) {
-            ks_api_error_set(&e, 400, T_INVALID, "invalid_value", "id_slot",
-                             "Invalid 'id_slot': the server has %d slots (0 to %d), not %d.", n_slots, n_slots - 1,
-                             rq.id_slot);
-            goto fail;
-        }
     }
     if (build_prompts(s, &rq, &pl, &e) || fit_context(s, &rq, &pl, &e) || build_bias(s, &rq, &pl, &e) ||
         build_grammar(s, &rq, &pl, &e))
