@@ -14,12 +14,14 @@
 struct ks_textstream {
     char *stops[MAX_STOPS];
     size_t stop_len[MAX_STOPS];
+    int stop_map[MAX_STOPS]; /* index of stops[i] in the caller's array */
     int n_stops;
     unsigned char raw[8]; /* an incomplete UTF-8 sequence (at most 3 bytes) */
     int n_raw;
     ks_buf hold;          /* valid text that may begin a stop string */
     ks_buf all;           /* everything emitted */
     bool stopped;
+    int stop_index;       /* which stop string ended it, -1: none */
 };
 
 static const char REPLACEMENT[] = "\xEF\xBF\xBD"; /* U+FFFD */
@@ -27,11 +29,13 @@ static const char REPLACEMENT[] = "\xEF\xBF\xBD"; /* U+FFFD */
 ks_textstream *ks_textstream_create(const char *const *stops, int n_stops) {
     ks_textstream *ts = calloc(1, sizeof *ts);
     if (!ts) return NULL;
+    ts->stop_index = -1;
     for (int i = 0; i < n_stops && ts->n_stops < MAX_STOPS; i++) {
         if (!stops[i] || !stops[i][0]) continue;
         ts->stops[ts->n_stops] = strdup(stops[i]);
         if (!ts->stops[ts->n_stops]) { ks_textstream_free(ts); return NULL; }
         ts->stop_len[ts->n_stops] = strlen(stops[i]);
+        ts->stop_map[ts->n_stops] = i;
         ts->n_stops++;
     }
     return ts;
@@ -87,11 +91,13 @@ static int push_text(ks_textstream *ts, const char *s, size_t n, ks_buf *out) {
     size_t hl = ts->hold.len;
     /* A completed stop string: emit up to its earliest start, drop the rest. */
     size_t best = hl;
+    int which = -1;
     for (int i = 0; i < ts->n_stops; i++) {
         const char *p = memmem(h, hl, ts->stops[i], ts->stop_len[i]);
-        if (p && (size_t)(p - h) < best) best = (size_t)(p - h);
+        if (p && (size_t)(p - h) < best) best = (size_t)(p - h), which = i;
     }
     if (best < hl) {
+        ts->stop_index = ts->stop_map[which];
         rc = emit(ts, h, best, out);
         ks_buf_reset(&ts->hold);
         ts->stopped = true;
@@ -166,3 +172,5 @@ const char *ks_textstream_text(const ks_textstream *ts, size_t *len) {
 }
 
 bool ks_textstream_stopped(const ks_textstream *ts) { return ts->stopped; }
+
+int ks_textstream_stop_index(const ks_textstream *ts) { return ts->stop_index; }

@@ -36,5 +36,8 @@ int ks_textstream_flush(ks_textstream *ts, ks_buf *out);
 /* All text emitted so far (valid UTF-8, NUL-terminated, borrowed). */
 const char *ks_textstream_text(const ks_textstream *ts, size_t *len);
 bool ks_textstream_stopped(const ks_textstream *ts);
+/* The index (in create's stops) of the stop string that ended the stream,
+ * the earliest in the text (the first given on a tie); -1: none. */
+int ks_textstream_stop_index(const ks_textstream *ts);
 
 #endif

@@ -319,6 +319,33 @@ fail:
     return rc;
 }
 
+int ks_prompt_tmpl_prefix_len(const ks_engine *e, const ks_chat_tmpl *t, const json_t *req, int upto,
+                              const ks_tokens *full) {
+    const json_t *msgs = json_object_get(req, "messages");
+    if (upto < 0 || (size_t)upto >= json_array_size(msgs)) return 0;
+    json_t *part = json_copy((json_t *)req);
+    json_t *head = json_array();
+    json_t *res = NULL;
+    ks_tokens tok = {0};
+    int n = 0;
+    char err[64];
+    for (int i = 0; head && i <= upto; i++) json_array_append(head, json_array_get(msgs, (size_t)i));
+    if (part && head && !json_object_set(part, "messages", head)) {
+        json_object_del(part, "continue_final_message");
+        json_object_set_new(part, "add_generation_prompt", json_false());
+        if (apply(t, part, &res, err, sizeof err) == 0) {
+            const char *text = json_string_value(json_object_get(res, "prompt"));
+            if (text && tokenize(e, text, &tok) == 0)
+                while (n < tok.n && n < full->n && tok.v[n] == full->v[n]) n++;
+        }
+    }
+    json_decref(head);
+    json_decref(part);
+    json_decref(res);
+    ks_tokens_free(&tok);
+    return n;
+}
+
 bool ks_prompt_tmpl_preserved(const int32_t *preserved, int n, int32_t tok) {
     return n > 0 && bsearch(&tok, preserved, (size_t)n, sizeof(int32_t), cmp_tok) != NULL;
 }

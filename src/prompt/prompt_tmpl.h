@@ -57,6 +57,14 @@ typedef struct ks_prompt_tmpl {
 int ks_prompt_tmpl_chat(const ks_engine *e, const ks_chat_tmpl *t, const json_t *req, const ks_prompt_opts *o,
                         ks_prompt_tmpl *out, char *err, size_t errlen);
 
+/* Where a cache breakpoint after messages[upto] of req falls in the prompt
+ * full (req's own tokens): the longest token prefix full shares with req
+ * rendered with messages[0..upto] only and no generation prompt. 0 when that
+ * render fails (a template may refuse a conversation ending there) or
+ * shares nothing. Costs one render and one tokenization. */
+int ks_prompt_tmpl_prefix_len(const ks_engine *e, const ks_chat_tmpl *t, const json_t *req, int upto,
+                              const ks_tokens *full);
+
 /* true when tok is in preserved[0, n) (sorted, as ks_prompt_tmpl keeps it;
  * a caller may keep the array after the rest is freed). */
 bool ks_prompt_tmpl_preserved(const int32_t *preserved, int n, int32_t tok);

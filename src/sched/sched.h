@@ -113,11 +113,20 @@ typedef struct ks_req_result {
     char cache_mode[24];   /* "prefix", "miss", "copy" (from another slot), ... */
     char cache_reason[48]; /* why not more was cached, "" when fully cached */
     char cache_tier[8];    /* "store" mode: the tier it came from ("ram", "shm", "disk") */
+    int n_cache_written;   /* prompt tokens newly written to the cache for the request's pins */
+    int n_pinned;          /* the deepest pin position held after the request */
     double restore_ms;     /* state restore time (store, slot copy; not SPC), included in prompt_ms */
     const float *logits;   /* want_logits: the first sampled token's logits (n_vocab), borrowed
                               for the duration of on_done; else NULL */
     int n_vocab;
 } ks_req_result;
+
+/* A cache pin (a client's cache breakpoint): keep the state of the prompt's
+ * first n_tokens in the store for ttl_s seconds. */
+typedef struct ks_cache_pin {
+    int n_tokens;
+    int ttl_s;
+} ks_cache_pin;
 
 typedef struct ks_req_params {
     const int32_t *tokens;  /* the whole prompt; copied by submit */
@@ -150,6 +159,8 @@ typedef struct ks_req_params {
      * for an id not below the request's own (no request ever waits for a
      * later one), with cache_prompt false, or with copies off. */
     uint64_t share_prefill_of;
+    const ks_cache_pin *pins; /* ascending n_tokens (copied); NULL: none */
+    int n_pins;
     /* Called for each sampled token with its text piece (may be empty or an
      * incomplete UTF-8 sequence). Return non-zero to stop (finish = stop). */
     int (*on_token)(void *ud, int32_t tok, const char *piece, int len);

@@ -297,8 +297,13 @@ int ks__api_load_object(const char *body, size_t len, json_t **root, ks_api_erro
     if (!*root)
         BAD("invalid_json", NULL, "We could not parse the JSON body of your request: %s (line %d, column %d).",
             je.text, je.line, je.column);
-    if (!json_is_object(*root))
-        BAD("invalid_type", NULL, "The request body must be a JSON object, not %s.", ks__api_json_type_name(*root));
+    if (!json_is_object(*root)) {
+        ks_api_error_set(err, 400, T_INVALID, "invalid_type", NULL, "The request body must be a JSON object, not %s.",
+                         ks__api_json_type_name(*root));
+        json_decref(*root);
+        *root = NULL;
+        return KS_EINVAL;
+    }
     return 0;
 }
 
@@ -309,9 +314,20 @@ int ks_api_parse(ks_api_kind kind, const char *body, size_t len, ks_api_request 
     out->max_tokens = -1;
     out->sample = ks_api_sample_defaults();
     out->cache_prompt = true;
-    int rc = ks__api_load_object(body, len, &out->root, err);
-    if (rc) goto fail;
-    rc = kind == KS_API_CHAT ? ks__api_parse_chat(out->root, out, err) : ks__api_parse_prompts(out->root, out, err);
+    json_t *root = NULL;
+    int rc = ks__api_load_object(body, len, &root, err);
+    if (rc) return rc;
+    return ks_api_parse_root(kind, root, out, err);
+}
+
+int ks_api_parse_root(ks_api_kind kind, json_t *root, ks_api_request *out, ks_api_error *err) {
+    memset(out, 0, sizeof *out);
+    out->kind = kind;
+    out->max_tokens = -1;
+    out->sample = ks_api_sample_defaults();
+    out->cache_prompt = true;
+    out->root = root;
+    int rc = kind == KS_API_CHAT ? ks__api_parse_chat(out->root, out, err) : ks__api_parse_prompts(out->root, out, err);
     if (rc) goto fail;
     rc = parse_common(out->root, out, err);
     if (rc) goto fail;
@@ -415,6 +431,9 @@ json_t *ks_api_cache_json(const ks_req_result *r) {
     /* Where a restored state came from and what restoring it cost. */
     if (o && tier[0]) json_object_set_new(o, "tier", json_string(tier));
     if (o && r->restore_ms > 0) json_object_set_new(o, "restore_ms", jreal(r->restore_ms));
+    /* cache_control breakpoints: what this request wrote, how deep the pinned prefix is. */
+    if (o && r->n_cache_written > 0) json_object_set_new(o, "written_tokens", json_integer(r->n_cache_written));
+    if (o && r->n_pinned > 0) json_object_set_new(o, "pinned_tokens", json_integer(r->n_pinned));
     return o;
 }
 
@@ -557,6 +576,15 @@ int ks_api_sse(ks_buf *out, const json_t *obj) {
     char *s = ks_api_dump(obj);
     if (!s) return KS_ENOMEM;
     int rc = ks_buf_printf(out, "data: %s\n\n", s);
+    free(s);
+    return rc;
+}
+
+int ks_api_sse_event(ks_buf *out, const char *name, const json_t *obj) {
+    if (!obj) return KS_EINVAL;
+    char *s = ks_api_dump(obj);
+    if (!s) return KS_ENOMEM;
+    int rc = ks_buf_printf(out, "event: %s\ndata: %s\n\n", name, s);
     free(s);
     return rc;
 }

@@ -81,6 +81,17 @@ typedef struct ks_api_prompt {
     int n_tokens;
 } ks_api_prompt;
 
+/* A cache breakpoint (Anthropic's cache_control, also taken on chat
+ * messages and tools): the prompt up to the end of a message is a prefix
+ * the client will send again, to be kept in the store for ttl_s seconds. */
+#define KS_API_MAX_BREAKPOINTS 4
+typedef struct ks_api_breakpoint {
+    int msg;              /* the prefix ends after tmpl_req's messages[msg]; -1: a breakpoint
+                             on the tools (the end of the leading system message, or of
+                             the first message when there is none) */
+    int ttl_s;            /* "5m": 300 (the default), "1h": 3600 */
+} ks_api_breakpoint;
+
 typedef struct ks_api_request {
     ks_api_kind kind;
     /* chat: roles are static strings ("system", "user", "assistant"; "developer"
@@ -127,6 +138,9 @@ typedef struct ks_api_request {
     bool stream;
     bool include_usage;    /* stream_options.include_usage */
     bool cache_prompt;     /* extension; default true (the server switch still applies) */
+    ks_api_breakpoint bps[KS_API_MAX_BREAKPOINTS]; /* chat: cache_control breakpoints, in the
+                                                      order given */
+    int n_bps;
 
     /* owned storage behind the borrowed pointers */
     json_t *root;
@@ -145,6 +159,10 @@ ks_sample_params ks_api_sample_defaults(void);
  * body need not be NUL-terminated. */
 int ks_api_parse(ks_api_kind kind, const char *body, size_t len, ks_api_request *out,
                  ks_api_error *err);
+/* The same from a parsed object (stolen, also on error): the OpenAI
+ * Responses and Anthropic Messages endpoints translate their requests into
+ * a chat request and parse that. */
+int ks_api_parse_root(ks_api_kind kind, json_t *root, ks_api_request *out, ks_api_error *err);
 /* Frees what ks_api_parse allocated; zeroes *r. NULL-safe, idempotent. */
 void ks_api_request_free(ks_api_request *r);
 
@@ -266,6 +284,114 @@ json_t *ks_api_message_json(const json_t *parsed);
 int ks_api_sse(ks_buf *out, const json_t *obj);
 /* Appends "data: [DONE]\n\n". */
 int ks_api_sse_done(ks_buf *out);
+
+/* Appends "event: <name>\ndata: <compact JSON>\n\n" (the typed events of the
+ * Responses and Messages APIs). 0, KS_ENOMEM or KS_EINVAL. */
+int ks_api_sse_event(ks_buf *out, const char *name, const json_t *obj);
+
+/* ------------------------------------------------ OpenAI Responses (api_responses.c) */
+/* A Responses request as a chat request. */
+typedef struct ks_api_resp_req {
+    json_t *chat;            /* the chat request: instructions as a system message, the
+                                history, the input; tools, text.format, sampling renamed */
+    json_t *input;           /* this request's input as chat messages (kept with the response) */
+    bool store;              /* keep the conversation for previous_response_id (default true) */
+} ks_api_resp_req;
+
+/* previous_response_id of a request (borrowed), NULL: none; 400 on a wrong type. */
+int ks_api_responses_prev_id(json_t *root, const char **id, ks_api_error *err);
+/* Translates root (borrowed); history: the chat messages of the previous
+ * response's conversation (borrowed, NULL: none). Every field and item is
+ * checked here, with Responses names in errors; any other field is a 400
+ * unsupported_parameter. */
+int ks_api_responses_to_chat(json_t *root, const json_t *history, ks_api_resp_req *out, ks_api_error *err);
+void ks_api_resp_req_free(ks_api_resp_req *r);
+
+/* Output items of a parsed chat message (reasoning, message, function
+ * calls; text: the content when msg is NULL), each with a fresh id. */
+json_t *ks_api_responses_output(const json_t *msg, const char *text);
+
+typedef struct ks_api_resp_out {
+    const char *id;
+    int64_t created;
+    const char *model;
+    const char *status;        /* "in_progress", "completed", "incomplete", "failed" */
+    const char *incomplete;    /* incomplete_details.reason, NULL: none */
+    const ks_api_error *error; /* status failed */
+    const json_t *req;         /* the request, for the fields a response repeats (borrowed) */
+    const json_t *output;      /* items (borrowed), NULL: [] */
+    bool store;
+    const ks_req_result *r;    /* usage, cache, timings; NULL: usage null */
+} ks_api_resp_out;
+/* The response object. NULL on ENOMEM. */
+json_t *ks_api_responses_object(const ks_api_resp_out *o);
+
+/* A streamed response: chat deltas (ks_api_chunk_delta_json's delta
+ * objects, in the order gen.c makes them) become typed events; the items
+ * are built as they stream, and the final response carries them. */
+typedef struct ks_api_rstream {
+    int seq;                   /* sequence_number of the next event */
+    json_t *items;             /* output items so far */
+    int open;                  /* the open item's index, -1: none */
+    int open_kind;
+    int call_index;            /* the open function call's index in the chat deltas */
+} ks_api_rstream;
+void ks_api_rstream_init(ks_api_rstream *st);
+void ks_api_rstream_free(ks_api_rstream *st);
+/* response.created, response.in_progress with resp (status in_progress). */
+int ks_api_rstream_start(ks_api_rstream *st, const json_t *resp, ks_buf *out);
+int ks_api_rstream_delta(ks_api_rstream *st, const json_t *delta, ks_buf *out);
+/* Closes the open item; resp (its output set to the items) as
+ * response.completed / .incomplete / .failed by its status. */
+int ks_api_rstream_end(ks_api_rstream *st, json_t *resp, ks_buf *out);
+/* An "error" event. */
+int ks_api_rstream_error(ks_api_rstream *st, const ks_api_error *e, ks_buf *out);
+
+/* ------------------------------------------------ Anthropic Messages (api_messages.c) */
+typedef struct ks_api_msg_req {
+    json_t *chat;              /* the chat request */
+    int n_user_stops;          /* stop_sequences given (the chat request's first stops) */
+} ks_api_msg_req;
+/* Translates a Messages request (root borrowed). count: for count_tokens
+ * (max_tokens not required, no sampling fields). */
+int ks_api_messages_to_chat(json_t *root, bool count, ks_api_msg_req *out, ks_api_error *err);
+void ks_api_msg_req_free(ks_api_msg_req *r);
+
+/* Anthropic's error body: {"type":"error","error":{"type","message"}}, the
+ * type from the status (invalid_request_error, authentication_error,
+ * not_found_error, request_too_large, overloaded_error, api_error...). */
+json_t *ks_api_messages_error_json(const ks_api_error *e);
+
+/* usage as Anthropic counts it: input_tokens are the prompt tokens neither
+ * read from nor written to the cache. */
+json_t *ks_api_messages_usage(const ks_req_result *r);
+
+typedef struct ks_api_msg_out {
+    const char *id;
+    const char *model;
+    const json_t *msg;          /* parsed chat message, NULL: text is the content */
+    const char *text;
+    const char *stop_reason;    /* end_turn, max_tokens, stop_sequence, tool_use */
+    const char *stop_sequence;  /* NULL: null */
+    const ks_req_result *r;
+} ks_api_msg_out;
+/* The message object of a non-streamed reply. NULL on ENOMEM. */
+json_t *ks_api_messages_object(const ks_api_msg_out *o);
+
+/* A streamed message: chat deltas become content blocks. */
+typedef struct ks_api_mstream {
+    int n_blocks;              /* blocks opened so far */
+    int open_kind;             /* of the open block (0: none) */
+    int call_index;
+} ks_api_mstream;
+/* message_start (usage: what is known when the first token is out). */
+int ks_api_mstream_start(ks_api_mstream *st, const char *id, const char *model, const ks_req_result *r,
+                         ks_buf *out);
+int ks_api_mstream_delta(ks_api_mstream *st, const json_t *delta, ks_buf *out);
+/* Closes the open block; message_delta (stop_reason, usage), message_stop. */
+int ks_api_mstream_end(ks_api_mstream *st, const char *stop_reason, const char *stop_sequence,
+                       const ks_req_result *r, ks_buf *out);
+int ks_api_mstream_error(const ks_api_error *e, ks_buf *out);
 
 /* Compact JSON text of obj (owned: free()); NULL on ENOMEM. Reals with 9
  * significant digits. */

@@ -73,6 +73,72 @@ static int want_object(json_t *v, const char *param, ks_api_error *err) {
     return 0;
 }
 
+/* ------------------------------------------------------------ cache breakpoints */
+/* cache_control: {type: "ephemeral", ttl: "5m" | "1h"} at param, a
+ * breakpoint after message msg (-1: the tools). */
+static int parse_cache_control(json_t *cc, const char *param, int msg, ks_api_request *r, ks_api_error *err) {
+    char q[128];
+    int rc;
+    if ((rc = want_object(cc, param, err))) return rc;
+    json_t *type = ks__api_field(cc, "type");
+    snprintf(q, sizeof q, "%s.type", param);
+    if (!type) BAD("missing_required_parameter", q, "Missing required parameter: '%s'.", q);
+    if ((rc = want_string(type, q, err))) return rc;
+    if (strcmp(json_string_value(type), "ephemeral"))
+        BAD("invalid_value", q, "Invalid value for '%s': only 'ephemeral' is supported.", q);
+    int ttl = 300;
+    json_t *t = ks__api_field(cc, "ttl");
+    snprintf(q, sizeof q, "%s.ttl", param);
+    if (t) {
+        if ((rc = want_string(t, q, err))) return rc;
+        const char *ts = json_string_value(t);
+        if (!strcmp(ts, "1h")) ttl = 3600;
+        else if (strcmp(ts, "5m"))
+            BAD("invalid_value", q, "Invalid value for '%s': '%.16s' is not supported. Supported values are: '5m' "
+                "and '1h'.", q, ts);
+    }
+    const char *k;
+    json_t *v;
+    json_object_foreach(cc, k, v) {
+        if (strcmp(k, "type") && strcmp(k, "ttl")) {
+            snprintf(q, sizeof q, "%s.%.32s", param, k);
+            BAD("unsupported_parameter", q, "Unsupported parameter: '%s'.", q);
+        }
+    }
+    /* Several marks on one message (or on the tools) are one breakpoint; the longer TTL wins. */
+    for (int i = 0; i < r->n_bps; i++)
+        if (r->bps[i].msg == msg) {
+            if (ttl > r->bps[i].ttl_s) r->bps[i].ttl_s = ttl;
+            return 0;
+        }
+    if (r->n_bps == KS_API_MAX_BREAKPOINTS)
+        BAD("invalid_value", param, "Invalid '%s': a request may have at most %d cache_control breakpoints.", param,
+            KS_API_MAX_BREAKPOINTS);
+    r->bps[r->n_bps++] = (ks_api_breakpoint){msg, ttl};
+    return 0;
+}
+
+/* The breakpoints of messages[i]: on the message, or on any of its content parts. */
+static int message_breakpoints(json_t *m, size_t i, ks_api_request *r, ks_api_error *err) {
+    char q[96];
+    int rc;
+    json_t *cc = ks__api_field(m, "cache_control");
+    if (cc) {
+        snprintf(q, sizeof q, "messages[%zu].cache_control", i);
+        if ((rc = parse_cache_control(cc, q, (int)i, r, err))) return rc;
+    }
+    json_t *c = ks__api_field(m, "content");
+    size_t j;
+    json_t *part;
+    if (json_is_array(c)) json_array_foreach(c, j, part) {
+        cc = json_is_object(part) ? ks__api_field(part, "cache_control") : NULL;
+        if (!cc) continue;
+        snprintf(q, sizeof q, "messages[%zu].content[%zu].cache_control", i, j);
+        if ((rc = parse_cache_control(cc, q, (int)i, r, err))) return rc;
+    }
+    return 0;
+}
+
 /* ------------------------------------------------------------ messages */
 /* {type: "function", function: {name: string, ...}} at path p (a tool, or
  * an assistant's tool call, whose type may be absent): the function object
@@ -220,6 +286,7 @@ static int parse_messages(json_t *root, ks_api_request *r, json_t *tr, ks_api_er
     json_t *m;
     json_array_foreach(ms, i, m) {
         int rc = parse_message(m, i, r, out, err);
+        if (!rc) rc = message_breakpoints(m, i, r, err);
         if (rc) return rc;
         r->n_msgs = (int)i + 1;
     }
@@ -286,6 +353,9 @@ static int parse_tools(json_t *root, ks_api_request *r, json_t *tr, ks_api_error
         json_t *params = ks__api_field(fn, "parameters");
         snprintf(q, sizeof q, "%s.function.parameters", p);
         if (params && (rc = want_object(params, q, err))) return rc;
+        json_t *cc = ks__api_field(t, "cache_control");
+        snprintf(q, sizeof q, "%s.cache_control", p);
+        if (cc && (rc = parse_cache_control(cc, q, -1, r, err))) return rc;
         if (named && strcmp(named, json_string_value(name))) continue;
         found = true;
         json_t *f = json_pack("{s:O}", "name", name);

@@ -38,6 +38,7 @@
 #include "prompt/prompt_tmpl.h"
 #include "server/api_int.h"
 #include "engine/chat_tmpl.h"
+#include "server/convstore.h"
 #include "server/server_int.h"
 
 #define MOD "http"
@@ -61,6 +62,7 @@ typedef struct choice {
     json_t *lp_pending;            /* logprob entries not yet taken (array), NULL: none asked */
     bool done;
     bool stopped;                  /* a stop string ended it */
+    int stop_index;                /* which one (in the request's stops, then the template's) */
     bool failed;                   /* the text could not be kept (ENOMEM) */
     ks_req_result res;             /* valid once done */
 
@@ -93,6 +95,15 @@ struct ks_gen {
     int n_preserved;
     bool logprobs;
     int top_logprobs;
+    /* The wire protocol of the reply (server_int.h): OpenAI chat/completions,
+     * Responses or Messages; the last two render chat output their way
+     * (api_responses.c, api_messages.c) and have one choice. */
+    ks_wire wire;
+    json_t *wreq;                  /* responses: the request, for the fields the response repeats */
+    json_t *conv;                  /* responses: history + input as chat messages, kept under the
+                                      id with the output when store is on */
+    bool store;
+    json_t *user_stops;            /* messages: stop_sequences (stop_reason names the one met) */
 
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -106,6 +117,9 @@ struct ks_gen {
     ks_buf out;
     size_t out_off;
     ks_buf take;
+    ks_api_rstream rs;             /* responses stream state */
+    ks_api_mstream ms;             /* messages stream state */
+    bool started;                  /* messages: message_start is out */
 };
 
 typedef ks_gen gen;
@@ -129,13 +143,17 @@ static void gen_destroy(gen *g) {
     free(g->preserved);
     ks_buf_free(&g->out);
     ks_buf_free(&g->take);
+    ks_api_rstream_free(&g->rs);
+    json_decref(g->wreq);
+    json_decref(g->conv);
+    json_decref(g->user_stops);
     pthread_cond_destroy(&g->cv);
     pthread_mutex_destroy(&g->mu);
     free(g);
 }
 
 /* stops: the request's plus the template's. */
-static gen *gen_create(ks_server *s, ks_api_kind kind, const ks_api_request *rq, int n_ch,
+static gen *gen_create(ks_server *s, ks_api_kind kind, ks_wire wire, const ks_api_request *rq, int n_ch,
                        const char *const *stops, int n_stops) {
     gen *g = calloc(1, sizeof *g);
     if (!g) return NULL;
@@ -169,7 +187,14 @@ static gen *gen_create(ks_server *s, ks_api_kind kind, const ks_api_request *rq,
     g->created = ks_wall_s();
     g->fd = -1;
     g->refs = 1;
-    ks_api_make_id(g->id, sizeof g->id, kind == KS_API_CHAT ? "chatcmpl-" : "cmpl-");
+    g->wire = wire;
+    ks_api_rstream_init(&g->rs);
+    if (!g->rs.items) goto fail;
+    ks_api_make_id(g->id, sizeof g->id,
+                   wire == KS_WIRE_RESPONSES  ? "resp_"
+                   : wire == KS_WIRE_MESSAGES ? "msg_"
+                   : kind == KS_API_CHAT      ? "chatcmpl-"
+                                              : "cmpl-");
     atomic_fetch_add(&s->n_active, 1);
     return g;
 fail:
@@ -282,6 +307,7 @@ static void on_done(void *ud, const ks_req_result *r) {
     c->res = *r;
     c->res.logits = NULL; /* borrowed for this call only */
     c->stopped = stopped;
+    c->stop_index = ks_textstream_stop_index(c->ts);
     c->done = true;
     g->n_done++;
     pthread_cond_broadcast(&g->cv);
@@ -553,6 +579,95 @@ static json_t *logprobs_json(const gen *g, json_t *entries) {
     return legacy_logprobs(entries);
 }
 
+/* ------------------------------------------------------------- other wires */
+/* What a choice's result says so far: the whole result once done, else
+ * the prompt and cached counts of the slot running it (the prefill is over
+ * once a token is out). */
+static void peek_result(gen *g, choice *c, ks_req_result *r) {
+    memset(r, 0, sizeof *r);
+    pthread_mutex_lock(&g->mu);
+    bool done = c->done;
+    if (done) *r = c->res;
+    pthread_mutex_unlock(&g->mu);
+    if (done) return;
+    ks_slot_info *info = malloc(sizeof *info * KS_MAX_SLOTS);
+    if (!info) return;
+    ks_server *s = g->srv;
+    int n = 0;
+    pthread_rwlock_rdlock(&s->sched_lock);
+    if (!s->detached) n = ks_sched_slots(s->sched, info, KS_MAX_SLOTS);
+    pthread_rwlock_unlock(&s->sched_lock);
+    for (int i = 0; i < n && i < KS_MAX_SLOTS; i++)
+        if (info[i].busy && info[i].req_id == c->sched_id) {
+            r->n_prompt = info[i].n_prompt;
+            r->n_cached = info[i].n_cached;
+            r->slot = info[i].id;
+        }
+    free(info);
+}
+
+/* Anthropic's stop_reason (and the stop sequence met) for an OpenAI finish. */
+static const char *messages_stop(const gen *g, const choice *c, const char *finish, const char **seq) {
+    *seq = NULL;
+    if (!strcmp(finish, "tool_calls")) return "tool_use";
+    if (!strcmp(finish, "length")) return "max_tokens";
+    if (c->stopped && c->stop_index >= 0 && (size_t)c->stop_index < json_array_size(g->user_stops)) {
+        *seq = json_string_value(json_array_get(g->user_stops, (size_t)c->stop_index));
+        return "stop_sequence";
+    }
+    return "end_turn";
+}
+
+/* The Responses object of a finished choice; output: its items (borrowed). */
+static json_t *responses_object(const gen *g, const char *finish, const json_t *output, const ks_req_result *r) {
+    bool cut = !strcmp(finish, "length");
+    ks_api_resp_out o = {.id = g->id, .created = g->created, .model = g->srv->model,
+                         .status = cut ? "incomplete" : "completed", .incomplete = cut ? "max_output_tokens" : NULL,
+                         .req = g->wreq, .output = output, .store = g->store, .r = r};
+    return ks_api_responses_object(&o);
+}
+
+/* Keeps the conversation of a finished Responses choice under its id: the
+ * history and input, then the reply as an assistant message. */
+static void keep_conversation(gen *g, const choice *c, const char *text) {
+    if (g->wire != KS_WIRE_RESPONSES || !g->store || !g->conv) return;
+    json_t *conv = json_copy(g->conv);
+    json_t *m = json_pack("{s:s}", "role", "assistant");
+    if (!conv || !m) goto oom;
+    const json_t *msg = c->msg;
+    const char *content = msg ? jstr(msg, "content") : text;
+    json_object_set_new(m, "content", content && content[0] ? json_string(content) : json_null());
+    if (msg && jstr(msg, "reasoning_content")[0])
+        json_object_set(m, "reasoning_content", json_object_get(msg, "reasoning_content"));
+    json_t *calls = msg ? json_object_get(msg, "tool_calls") : NULL;
+    if (json_array_size(calls)) json_object_set(m, "tool_calls", calls);
+    if (json_is_null(json_object_get(m, "content")) && !json_array_size(calls))
+        json_object_set_new(m, "content", json_string(""));
+    if (json_array_append_new(conv, m)) {
+        m = NULL;
+        goto oom;
+    }
+    ks_convstore_put(g->srv->convs, g->id, conv);
+    return;
+oom:
+    json_decref(m);
+    json_decref(conv);
+    KS_WARN(MOD, "%s: the conversation could not be kept (out of memory)", g->id);
+}
+
+/* One chat delta in the reply's wire protocol (not OpenAI's). */
+static int wire_delta(gen *g, choice *c, const json_t *d) {
+    if (g->wire == KS_WIRE_RESPONSES) return ks_api_rstream_delta(&g->rs, d, &g->out);
+    if (!g->started) {
+        ks_req_result r;
+        peek_result(g, c, &r);
+        int rc = ks_api_mstream_start(&g->ms, g->id, g->srv->model, &r, &g->out);
+        if (rc) return rc;
+        g->started = true;
+    }
+    return ks_api_mstream_delta(&g->ms, d, &g->out);
+}
+
 /* ------------------------------------------------------------- streaming */
 /* Appends one SSE event of obj (stolen) to g->out. */
 static int sse(gen *g, json_t *obj) {
@@ -594,6 +709,10 @@ static int stream_choice(gen *g, choice *c, const char *text, size_t len, json_t
             c->msg = m;
         }
     } else if (len) {
+        if (g->wire != KS_WIRE_OPENAI && ks_buf_append(&c->text, text, len)) {
+            json_decref(lp);
+            return KS_ENOMEM;
+        }
         deltas = json_array();
         json_t *t = json_stringn(text, len);
         if (deltas && t) json_array_append_new(deltas, json_pack(g->kind == KS_API_CHAT ? "{s:o}" : "{s:o}",
@@ -603,6 +722,10 @@ static int stream_choice(gen *g, choice *c, const char *text, size_t len, json_t
     size_t i;
     json_t *d;
     json_array_foreach(deltas, i, d) {
+        if (g->wire != KS_WIRE_OPENAI) {
+            if ((rc = wire_delta(g, c, d))) break;
+            continue;
+        }
         json_t *l = NULL;
         if (lp) { /* the logprobs so far ride on the first delta */
             l = logprobs_json(g, lp);
@@ -639,7 +762,26 @@ static int stream_choice_end(gen *g, choice *c) {
     c->finished = true;
     if (choice_failed(c, &finish, &e)) {
         g->stream_failed = true;
+        if (g->wire == KS_WIRE_RESPONSES) return ks_api_rstream_error(&g->rs, &e, &g->out);
+        if (g->wire == KS_WIRE_MESSAGES) return ks_api_mstream_error(&e, &g->out);
         return sse(g, ks_api_error_json(&e));
+    }
+    if (g->wire == KS_WIRE_RESPONSES) {
+        json_t *resp = responses_object(g, finish_of(c->msg, finish), NULL, &c->res);
+        int rc = resp ? ks_api_rstream_end(&g->rs, resp, &g->out) : KS_ENOMEM;
+        json_decref(resp);
+        if (!rc) keep_conversation(g, c, c->text.s ? c->text.s : "");
+        return rc;
+    }
+    if (g->wire == KS_WIRE_MESSAGES) {
+        int rc = 0;
+        if (!g->started) {
+            rc = ks_api_mstream_start(&g->ms, g->id, g->srv->model, &c->res, &g->out);
+            g->started = true;
+        }
+        const char *seq;
+        const char *why = messages_stop(g, c, finish_of(c->msg, finish), &seq);
+        return rc ? rc : ks_api_mstream_end(&g->ms, why, seq, &c->res, &g->out);
     }
     ks_api_gen ag = api_gen(g, c);
     ag.finish = finish_of(c->msg, finish);
@@ -650,7 +792,7 @@ static int stream_choice_end(gen *g, choice *c) {
 /* The final SSE events of a stream into g->out: usage, then [DONE] — not
  * after an error event, which ends a failed stream. */
 static int stream_finish(gen *g) {
-    if (g->stream_failed) return 0;
+    if (g->stream_failed || g->wire != KS_WIRE_OPENAI) return 0;
     ks_api_gen ag = api_gen(g, NULL);
     ks_req_result t = total_result(g);
     ag.r = &t;
@@ -665,7 +807,18 @@ static int stream_next(gen *g) {
     int rc = 0;
     if (g->phase == PH_START) {
         g->phase = PH_BODY;
-        if (g->kind != KS_API_CHAT) return 0;
+        if (g->wire == KS_WIRE_RESPONSES) {
+            ks_api_resp_out o = {.id = g->id, .created = g->created, .model = g->srv->model, .status = "in_progress",
+                                 .req = g->wreq, .store = g->store};
+            json_t *resp = ks_api_responses_object(&o);
+            rc = resp ? ks_api_rstream_start(&g->rs, resp, &g->out) : KS_ENOMEM;
+            json_decref(resp);
+        }
+        if (g->kind != KS_API_CHAT || g->wire != KS_WIRE_OPENAI) {
+            for (int i = 0; i < g->n_ch && !rc && g->parse && g->continuation; i++)
+                g->ch[i].msg = parse_text(g, &g->ch[i], "", true);
+            return rc;
+        }
         for (int i = 0; i < g->n_ch && !rc; i++) {
             ks_api_gen ag = api_gen(g, &g->ch[i]);
             rc = sse(g, ks_api_chunk_json(&ag, KS_API_CHUNK_ROLE, NULL, 0));
@@ -758,6 +911,8 @@ typedef struct plan {
     int n_bias;
     char *grammar;                 /* completions: from grammar / json_schema */
     int max_tokens;
+    ks_cache_pin pins[KS_API_MAX_BREAKPOINTS]; /* the cache breakpoints' prefixes, ascending */
+    int n_pins;
 } plan;
 
 static void plan_free(plan *pl) {
@@ -784,6 +939,31 @@ static int template_error(int rc, const char *err, ks_api_error *e) {
     return rc;
 }
 
+/* Where the request's cache breakpoints fall in its prompt: one render of
+ * the conversation up to each marked message (a breakpoint on the tools
+ * ends with the first message, where templates put them). A breakpoint
+ * whose prefix the render cannot find is dropped (logged). */
+static void plan_pins(ks_server *s, const ks_api_request *rq, plan *pl) {
+    const ks_tokens *full = &pl->prompts[0].tokens;
+    for (int i = 0; i < rq->n_bps; i++) {
+        int upto = rq->bps[i].msg < 0 ? 0 : rq->bps[i].msg;
+        int n = ks_prompt_tmpl_prefix_len(s->engine, s->tmpl, rq->tmpl_req, upto, full);
+        if (n <= 0) {
+            KS_DEBUG(MOD, "cache breakpoint after message %d: no token prefix of the prompt, dropped", upto);
+            continue;
+        }
+        int k = 0;
+        while (k < pl->n_pins && pl->pins[k].n_tokens < n) k++;
+        if (k < pl->n_pins && pl->pins[k].n_tokens == n) {
+            if (rq->bps[i].ttl_s > pl->pins[k].ttl_s) pl->pins[k].ttl_s = rq->bps[i].ttl_s;
+            continue;
+        }
+        memmove(&pl->pins[k + 1], &pl->pins[k], sizeof pl->pins[0] * (size_t)(pl->n_pins - k));
+        pl->pins[k] = (ks_cache_pin){n, rq->bps[i].ttl_s};
+        pl->n_pins++;
+    }
+}
+
 /* The prompts of a request, and for chat requests the cache hints and what
  * the template says about sampling and parsing. */
 static int build_prompts(ks_server *s, const ks_api_request *rq, plan *pl, ks_api_error *e) {
@@ -804,6 +984,7 @@ static int build_prompts(ks_server *s, const ks_api_request *rq, plan *pl, ks_ap
             /* The prompt moves to prompts[0]; the rest stays with tp. */
             pl->prompts[0] = pl->tp.p;
             memset(&pl->tp.p, 0, sizeof pl->tp.p);
+            plan_pins(s, rq, pl);
             return 0;
         }
         if (rq->has_tools || rq->structured) {
@@ -998,6 +1179,10 @@ static int submit(ks_server *s, gen *g, const ks_api_request *rq, const plan *pl
         rp.cache_prompt = rq->cache_prompt;
         rp.preferred_slot = rq->id_slot;
         if (j > 0) rp.share_prefill_of = g->ch[i - j].sched_id;
+        else if (pl->n_pins) {
+            rp.pins = pl->pins;
+            rp.n_pins = pl->n_pins;
+        }
         if (p->msg_hashes) {
             rp.msg_prefix_hash = p->msg_hashes;
             rp.n_msgs = p->n_msgs;
@@ -1107,6 +1292,27 @@ static enum MHD_Result respond_whole(ks_server *s, struct MHD_Connection *c, con
         ags[i].finish = finish_of(ch->msg, finish);
         ags[i].logprobs = lps[i];
     }
+    if (g->wire != KS_WIRE_OPENAI) { /* one choice */
+        choice *ch = &g->ch[0];
+        if (g->wire == KS_WIRE_RESPONSES) {
+            json_t *items = ks_api_responses_output(ch->msg, ags[0].text);
+            o = items ? responses_object(g, ags[0].finish, items, &ch->res) : NULL;
+            json_decref(items);
+            if (o) keep_conversation(g, ch, ags[0].text);
+        } else {
+            const char *seq;
+            ks_api_msg_out mo = {.id = g->id, .model = g->srv->model, .msg = ch->msg, .text = ags[0].text,
+                                 .r = &ch->res};
+            mo.stop_reason = messages_stop(g, ch, ags[0].finish, &seq);
+            mo.stop_sequence = seq;
+            o = ks_api_messages_object(&mo);
+        }
+        json_decref(lps[0]);
+        free(ags);
+        free(lps);
+        if (!o) goto oom;
+        return ks__reply_json(s, c, cn, 200, o, NULL);
+    }
     ks_req_result t = total_result(g);
     o = ks_api_response_multi_json(ags, g->n_ch, &t);
     for (int i = 0; i < g->n_ch; i++) json_decref(lps[i]);
@@ -1128,15 +1334,24 @@ static void collect_stops(const ks_api_request *rq, plan *pl) {
     for (int i = 0; i < pl->tp.n_stops && pl->n_stops < room; i++) pl->stops[pl->n_stops++] = pl->tp.stops[i];
 }
 
-enum MHD_Result ks__gen_handle(ks_server *s, struct MHD_Connection *c, conn *cn, ks_api_kind kind) {
-    ks_api_request rq;
+/* What a Responses or Messages request adds to the chat request it became. */
+typedef struct wire_req {
+    ks_wire wire;
+    json_t *wreq;                  /* the request (responses), stolen by run */
+    json_t *conv;                  /* history + input (responses), stolen by run */
+    bool store;
+} wire_req;
+
+/* A parsed request (freed here) from prompt to reply. */
+static enum MHD_Result run(ks_server *s, struct MHD_Connection *c, conn *cn, ks_api_request *rqp, wire_req *w) {
+    ks_api_request rq = *rqp;
+    ks_api_kind kind = rq.kind;
     ks_api_error e;
     plan pl = {0};
     enum MHD_Result ret;
     bool retry = false;
     gen *g = NULL;
 
-    if (ks_api_parse(kind, cn->body.s, cn->body.len, &rq, &e)) return ks__reply_error(s, c, cn, &e, NULL);
     if (atomic_load(&s->draining)) {
         ks_api_error_set(&e, 503, "server_error", "shutting_down", NULL, "The server is shutting down.");
         goto fail;
@@ -1145,7 +1360,15 @@ enum MHD_Result ks__gen_handle(ks_server *s, struct MHD_Connection *c, conn *cn,
         build_grammar(s, &rq, &pl, &e))
         goto fail;
     collect_stops(&rq, &pl);
-    g = gen_create(s, kind, &rq, pl.n_prompts * rq.n, pl.stops, pl.n_stops);
+    g = gen_create(s, kind, w ? w->wire : KS_WIRE_OPENAI, &rq, pl.n_prompts * rq.n, pl.stops, pl.n_stops);
+    if (g && w) {
+        g->wreq = w->wreq;
+        g->conv = w->conv;
+        w->wreq = w->conv = NULL;
+        g->store = w->store;
+        if (w->wire == KS_WIRE_MESSAGES && (g->user_stops = json_array()))
+            for (int i = 0; i < rq.n_stops; i++) json_array_append_new(g->user_stops, json_string(rq.stops[i]));
+    }
     if (!g) {
         ks_api_error_set(&e, 500, "server_error", "out_of_memory", NULL, "out of memory");
         goto fail;
@@ -1187,6 +1410,87 @@ enum MHD_Result ks__gen_handle(ks_server *s, struct MHD_Connection *c, conn *cn,
 fail:
     ret = ks__reply_error(s, c, cn, &e, NULL);
 out:
+    ks_api_request_free(&rq);
+    plan_free(&pl);
+    if (w) {
+        json_decref(w->wreq);
+        json_decref(w->conv);
+    }
+    return ret;
+}
+
+enum MHD_Result ks__gen_handle(ks_server *s, struct MHD_Connection *c, conn *cn, ks_api_kind kind) {
+    ks_api_request rq;
+    ks_api_error e;
+    if (ks_api_parse(kind, cn->body.s, cn->body.len, &rq, &e)) return ks__reply_error(s, c, cn, &e, NULL);
+    return run(s, c, cn, &rq, NULL);
+}
+
+enum MHD_Result ks__gen_handle_responses(ks_server *s, struct MHD_Connection *c, conn *cn) {
+    ks_api_error e;
+    json_t *root = NULL, *hist = NULL, *conv = NULL;
+    ks_api_resp_req rr = {0};
+    ks_api_request rq;
+    const char *prev;
+    if (ks__api_load_object(cn->body.s, cn->body.len, &root, &e) || ks_api_responses_prev_id(root, &prev, &e))
+        goto fail;
+    if (prev && !(hist = ks_convstore_get(s->convs, prev))) {
+        ks_api_error_set(&e, 400, T_INVALID, "previous_response_not_found", "previous_response_id",
+                         "Previous response with id '%.80s' not found. This server keeps responses in memory for "
+                         "%d s (and forgets them on restart); send the whole conversation as input instead.",
+                         prev, ks_convstore_ttl(s->convs));
+        goto fail;
+    }
+    if (ks_api_responses_to_chat(root, hist, &rr, &e)) goto fail;
+    conv = hist ? json_copy(hist) : json_array();
+    if (!conv || json_array_extend(conv, rr.input)) {
+        ks_api_error_set(&e, 500, "server_error", "out_of_memory", NULL, "out of memory");
+        goto fail;
+    }
+    if (ks_api_parse_root(KS_API_CHAT, json_incref(rr.chat), &rq, &e)) goto fail;
+    wire_req w = {KS_WIRE_RESPONSES, root, conv, rr.store};
+    json_decref(hist);
+    ks_api_resp_req_free(&rr);
+    return run(s, c, cn, &rq, &w);
+fail:
+    json_decref(root);
+    json_decref(hist);
+    json_decref(conv);
+    ks_api_resp_req_free(&rr);
+    return ks__reply_error(s, c, cn, &e, NULL);
+}
+
+enum MHD_Result ks__gen_handle_messages(ks_server *s, struct MHD_Connection *c, conn *cn) {
+    ks_api_error e;
+    json_t *root = NULL;
+    ks_api_msg_req mr = {0};
+    ks_api_request rq;
+    if (ks__api_load_object(cn->body.s, cn->body.len, &root, &e) || ks_api_messages_to_chat(root, false, &mr, &e) ||
+        ks_api_parse_root(KS_API_CHAT, json_incref(mr.chat), &rq, &e)) {
+        json_decref(root);
+        ks_api_msg_req_free(&mr);
+        return ks__reply_error(s, c, cn, &e, NULL);
+    }
+    json_decref(root);
+    ks_api_msg_req_free(&mr);
+    wire_req w = {KS_WIRE_MESSAGES, NULL, NULL, false};
+    return run(s, c, cn, &rq, &w);
+}
+
+enum MHD_Result ks__gen_count_tokens(ks_server *s, struct MHD_Connection *c, conn *cn) {
+    ks_api_error e;
+    json_t *root = NULL;
+    ks_api_msg_req mr = {0};
+    ks_api_request rq = {0};
+    plan pl = {0};
+    enum MHD_Result ret;
+    if (ks__api_load_object(cn->body.s, cn->body.len, &root, &e) || ks_api_messages_to_chat(root, true, &mr, &e) ||
+        ks_api_parse_root(KS_API_CHAT, json_incref(mr.chat), &rq, &e) || build_prompts(s, &rq, &pl, &e))
+        ret = ks__reply_error(s, c, cn, &e, NULL);
+    else
+        ret = ks__reply_json(s, c, cn, 200, json_pack("{s:i}", "input_tokens", pl.prompts[0].tokens.n), NULL);
+    json_decref(root);
+    ks_api_msg_req_free(&mr);
     ks_api_request_free(&rq);
     plan_free(&pl);
     return ret;

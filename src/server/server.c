@@ -30,13 +30,15 @@
 #include <unistd.h>
 
 #include "engine/chat_tmpl.h"
+#include "server/convstore.h"
 #include "server/server_int.h"
 
 #define MOD "http"
 #define FREE_WAIT_MS 3000
 
 /* ------------------------------------------------------------------ routes */
-enum { R_HEALTH = 1, R_MODELS, R_METRICS, R_SLOTS, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE, R_PROPS, R_APPLY_TEMPLATE };
+enum { R_HEALTH = 1, R_MODELS, R_METRICS, R_SLOTS, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE, R_PROPS, R_APPLY_TEMPLATE,
+       R_RESPONSES, R_MESSAGES, R_COUNT_TOKENS };
 enum { M_GET = 1, M_POST = 2 }; /* M_GET: GET and HEAD */
 
 struct route {
@@ -54,6 +56,8 @@ static const route ROUTES[] = {
     /* llama-server has these without a /v1 alias. */
     {"/tokenize", R_TOKENIZE, M_POST},      {"/detokenize", R_DETOKENIZE, M_POST},
     {"/props", R_PROPS, M_GET | M_POST},    {"/apply-template", R_APPLY_TEMPLATE, M_POST},
+    {"/v1/responses", R_RESPONSES, M_POST}, {"/responses", R_RESPONSES, M_POST},
+    {"/v1/messages", R_MESSAGES, M_POST},   {"/v1/messages/count_tokens", R_COUNT_TOKENS, M_POST},
 };
 
 static const char *allowed(const route *rt) {
@@ -101,6 +105,8 @@ enum MHD_Result ks__reply_json(ks_server *s, struct MHD_Connection *c, conn *cn,
 
 enum MHD_Result ks__reply_error(ks_server *s, struct MHD_Connection *c, conn *cn, const ks_api_error *e,
                                 const char *const *hdrs) {
+    /* Anthropic's routes answer in Anthropic's shape, with its overloaded status. */
+    if (cn && cn->wire == KS_WIRE_MESSAGES) return ks__reply_json(s, c, cn, e->status, ks_api_messages_error_json(e), hdrs);
     return ks__reply_json(s, c, cn, e->status, ks_api_error_json(e), hdrs);
 }
 
@@ -228,6 +234,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *con_cls = cn;
         cn->t0 = ks_now_ms();
         cn->rt = find_route(url);
+        if (cn->rt) cn->wire = cn->rt->id == R_MESSAGES || cn->rt->id == R_COUNT_TOKENS ? KS_WIRE_MESSAGES
+                               : cn->rt->id == R_RESPONSES                            ? KS_WIRE_RESPONSES
+                                                                                       : KS_WIRE_OPENAI;
         bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
         bool post = !strcmp(method, "POST");
         bool given;
@@ -282,6 +291,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     case R_DETOKENIZE: return ks__util_detokenize(s, c, cn);
     case R_PROPS: return ks__util_props(s, c, cn);
     case R_APPLY_TEMPLATE: return ks__util_apply_template(s, c, cn);
+    case R_RESPONSES: return ks__gen_handle_responses(s, c, cn);
+    case R_MESSAGES: return ks__gen_handle_messages(s, c, cn);
+    case R_COUNT_TOKENS: return ks__gen_count_tokens(s, c, cn);
     }
     return MHD_NO;
 }
@@ -332,13 +344,16 @@ ks_server_params ks_server_params_default(void) {
     p.timeout_s = 600;
     p.cache_prompt = true;
     p.exact = true;
+    p.responses_max = 1024;
+    p.responses_ttl_s = 3600;
     return p;
 }
 
 int ks_server_start(const ks_server_params *p, ks_server **out, char *err, size_t errlen) {
     *out = NULL;
     if (!p->engine || !p->sched || p->port < 0 || p->port > 65535 || p->max_body_bytes <= 0 ||
-        p->default_max_tokens < 1 || p->max_connections < 1 || p->timeout_s < 0) {
+        p->default_max_tokens < 1 || p->max_connections < 1 || p->timeout_s < 0 || p->responses_max < 0 ||
+        p->responses_ttl_s < 0) {
         ks_set_err(err, errlen, "invalid server parameters");
         return KS_EINVAL;
     }
@@ -386,6 +401,11 @@ int ks_server_start(const ks_server_params *p, ks_server **out, char *err, size_
     s->created = ks_wall_s();
     s->http.started_us = ks_now_us();
     snprintf(s->reasoning_format, sizeof s->reasoning_format, "%s", p->reasoning_format ? p->reasoning_format : "");
+    if (!(s->convs = ks_convstore_create(p->responses_max, p->responses_ttl_s))) {
+        ks_server_free(s);
+        freeaddrinfo(ai);
+        return KS_ENOMEM;
+    }
     {
         /* A second, vocabulary-only read of the GGUF: the template object
          * keeps text only (chat_tmpl.h note 2). */
@@ -468,6 +488,7 @@ void ks_server_free(ks_server *s) {
     if (s->quiesced_fd != MHD_INVALID_SOCKET) close(s->quiesced_fd);
     if (s->own_metrics) ks_metrics_free(s->metrics);
     ks_chat_tmpl_free(s->tmpl);
+    ks_convstore_free(s->convs);
     pthread_rwlock_destroy(&s->sched_lock);
     free(s);
 }

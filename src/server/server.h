@@ -81,6 +81,9 @@ typedef struct ks_server_params {
                                     NULL: the GGUF's. Copied by the template at start. */
     const char *reasoning_format; /* default of requests that give none: "deepseek" (NULL),
                                      "deepseek-legacy", "auto", "none" */
+    int responses_max;        /* Responses API: conversations kept for previous_response_id
+                                 (default 1024; the oldest goes first) */
+    int responses_ttl_s;      /* ... and for how long (default 3600; 0: none kept) */
     ks_metrics *metrics;      /* borrowed registry holding the caller's sources (SPC,
                                  store...); the server adds its own before serving.
                                  NULL: the server makes one */

@@ -55,9 +55,14 @@ struct ks_server {
      * then falls back to llama.cpp's built-in templates, without tools. */
     struct ks_chat_tmpl *tmpl;
     char reasoning_format[24];  /* the requests' default, "" : the library's */
+    struct ks_convstore *convs; /* Responses conversations, for previous_response_id */
 };
 
 typedef struct ks_gen ks_gen;
+struct ks_convstore;
+
+/* The wire protocol of a route: the shape of its replies and errors. */
+typedef enum { KS_WIRE_OPENAI = 0, KS_WIRE_RESPONSES, KS_WIRE_MESSAGES } ks_wire;
 typedef struct route route;
 
 /* One HTTP request on its connection thread. */
@@ -71,6 +76,7 @@ typedef struct conn {
     int status;
     double t0;
     ks_gen *g;            /* the HTTP reference of a generation, dropped when the request ends */
+    ks_wire wire;         /* the route's error shape */
 } conn;
 
 /* Replies (server.c). Each queues the response, counts its status and sets
@@ -93,6 +99,10 @@ enum MHD_Result ks__util_props(ks_server *s, struct MHD_Connection *c, conn *cn)
 enum MHD_Result ks__util_apply_template(ks_server *s, struct MHD_Connection *c, conn *cn);
 
 /* Generations (gen.c). */
+/* POST /v1/responses, POST /v1/messages, POST /v1/messages/count_tokens. */
+enum MHD_Result ks__gen_handle_responses(ks_server *s, struct MHD_Connection *c, conn *cn);
+enum MHD_Result ks__gen_handle_messages(ks_server *s, struct MHD_Connection *c, conn *cn);
+enum MHD_Result ks__gen_count_tokens(ks_server *s, struct MHD_Connection *c, conn *cn);
 /* POST /v1/chat/completions and /v1/completions: the whole request. */
 enum MHD_Result ks__gen_handle(ks_server *s, struct MHD_Connection *c, conn *cn, ks_api_kind kind);
 /* The request ended (toe: how): cancels an abandoned generation and drops

@@ -1,0 +1,706 @@
+/*
+ * api_responses.c — the OpenAI Responses API (POST /v1/responses) as a
+ * translation: a request becomes a chat request (api_chat.c parses it, the
+ * model's template renders it), and the chat output (a parsed message, or
+ * the stream's chat deltas) becomes Responses output items and typed events.
+ *
+ * Pure JSON, like api.c: unit-tested without a model (tests/unit/test_api_wire.c).
+ *
+ * NOTES
+ *  1. Field names in errors are the Responses ones (input[2].content[0].type),
+ *     because the translation checks every item before the chat parser sees
+ *     it; the chat parser's own checks only meet fields both APIs share
+ *     (temperature, top_p, tools[i] after the rename).
+ *  2. Item ids: every output item gets a fresh id (msg_, rs_, fc_ + 24 hex
+ *     digits); a function call keeps the template's call id as call_id, the
+ *     id a function_call_output names.
+ *  3. previous_response_id is resolved by the server (it keeps conversations,
+ *     server.c); here it is the chat messages that come before the input.
+ */
+#include "server/api.h"
+#include "server/api_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Fields of a Responses request. */
+static const char *const RESP_FIELDS[] = {
+    "model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "text",
+    "max_output_tokens", "temperature", "top_p", "stream", "previous_response_id", "store", "reasoning",
+    "truncation", "include", "background", "stream_options",
+    /* llama-server's extensions, as on chat */
+    "seed", "top_k", "min_p", "cache_prompt", "repeat_penalty", "repeat_last_n", "presence_penalty",
+    "frequency_penalty", "ignore_eos", "chat_template_kwargs", "id_slot", "stop", "logit_bias",
+    /* accepted and ignored, as on chat */
+    "user", "metadata", "service_tier", "prompt_cache_key", "safety_identifier",
+    NULL};
+/* Passed to the chat request as they are. */
+static const char *const PASS_FIELDS[] = {
+    "model", "temperature", "top_p", "stream", "parallel_tool_calls", "seed", "top_k", "min_p", "cache_prompt",
+    "repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty", "ignore_eos",
+    "chat_template_kwargs", "id_slot", "stop", "logit_bias",
+    NULL};
+
+static bool in_list(const char *const *l, const char *k) {
+    for (; *l; l++)
+        if (!strcmp(*l, k)) return true;
+    return false;
+}
+
+static int want(json_t *v, json_type t, const char *what, const char *param, ks_api_error *err) {
+    bool ok = t == JSON_TRUE ? json_is_boolean(v) : json_typeof(v) == t;
+    if (!ok)
+        BAD("invalid_type", param, "Invalid type for '%s': expected %s, but got %s instead.", param, what,
+            ks__api_json_type_name(v));
+    return 0;
+}
+
+int ks_api_responses_prev_id(json_t *root, const char **id, ks_api_error *err) {
+    *id = NULL;
+    json_t *p = ks__api_field(root, "previous_response_id");
+    if (!p) return 0;
+    int rc = want(p, JSON_STRING, "a string", "previous_response_id", err);
+    if (rc) return rc;
+    *id = json_string_value(p);
+    return 0;
+}
+
+/* ------------------------------------------------------------ input items */
+typedef struct tr {
+    json_t *msgs;          /* chat messages being built */
+    json_t *calls;         /* the open assistant message's tool_calls (borrowed), NULL: none */
+    json_t *asst;          /* the last message when it is an assistant one (borrowed) */
+    char *reasoning;       /* reasoning text waiting for its assistant message */
+} tr;
+
+static json_t *new_assistant(tr *t) {
+    json_t *m = json_pack("{s:s, s:n}", "role", "assistant", "content");
+    if (!m || json_array_append_new(t->msgs, m)) return NULL;
+    if (t->reasoning) {
+        json_object_set_new(m, "reasoning_content", json_string(t->reasoning));
+        free(t->reasoning);
+        t->reasoning = NULL;
+    }
+    t->asst = m;
+    t->calls = NULL;
+    return m;
+}
+
+static int push_msg(tr *t, json_t *m, ks_api_error *err) {
+    if (!m || json_array_append_new(t->msgs, m)) return ks__api_oom(err);
+    t->asst = NULL;
+    t->calls = NULL;
+    return 0;
+}
+
+/* content: a string, or parts of type input_text / output_text / text /
+ * refusal joined with "\n" (the chat parser's rule). The parts' cache_control
+ * goes to the message. */
+static int item_content(json_t *c, const char *p, json_t *msg, ks_api_error *err) {
+    if (json_is_string(c)) return json_object_set(msg, "content", c) ? ks__api_oom(err) : 0;
+    if (!json_is_array(c))
+        BAD("invalid_type", p, "Invalid type for '%s': expected a string or an array of content parts, but got %s instead.",
+            p, ks__api_json_type_name(c));
+    ks_buf b = {0};
+    size_t j;
+    json_t *part;
+    json_array_foreach(c, j, part) {
+        char q[112];
+        snprintf(q, sizeof q, "%s[%zu]", p, j);
+        if (!json_is_object(part)) {
+            ks_buf_free(&b);
+            BAD("invalid_type", q, "Invalid type for '%s': expected a content part object.", q);
+        }
+        const char *type = json_string_value(json_object_get(part, "type"));
+        snprintf(q, sizeof q, "%s[%zu].type", p, j);
+        if (!type) {
+            ks_buf_free(&b);
+            BAD("missing_required_parameter", q, "Missing required parameter: '%s'.", q);
+        }
+        const char *key = !strcmp(type, "refusal") ? "refusal" : "text";
+        if (strcmp(type, "input_text") && strcmp(type, "output_text") && strcmp(type, "text") &&
+            strcmp(type, "refusal")) {
+            ks_buf_free(&b);
+            BAD("unsupported_value", q,
+                "Invalid value for '%s': '%.32s' is not supported; this server takes text only (input_text, "
+                "output_text, refusal).", q, type);
+        }
+        const char *text = json_string_value(json_object_get(part, key));
+        if (!text) {
+            ks_buf_free(&b);
+            snprintf(q, sizeof q, "%s[%zu].%s", p, j, key);
+            BAD("missing_required_parameter", q, "Missing required parameter: '%s' (a string).", q);
+        }
+        if ((b.len && ks_buf_append(&b, "\n", 1)) || ks_buf_append(&b, text, strlen(text))) {
+            ks_buf_free(&b);
+            return ks__api_oom(err);
+        }
+        json_t *cc = json_object_get(part, "cache_control");
+        if (cc) json_object_set(msg, "cache_control", cc);
+    }
+    json_t *s = json_stringn(b.s ? b.s : "", b.len);
+    ks_buf_free(&b);
+    if (!s || json_object_set_new(msg, "content", s)) return ks__api_oom(err);
+    return 0;
+}
+
+static int item_message(tr *t, json_t *it, const char *p, ks_api_error *err) {
+    char q[96];
+    snprintf(q, sizeof q, "%s.role", p);
+    json_t *role = json_object_get(it, "role");
+    if (!role) BAD("missing_required_parameter", q, "Missing required parameter: '%s'.", q);
+    int rc = want(role, JSON_STRING, "a string", q, err);
+    if (rc) return rc;
+    const char *r = json_string_value(role);
+    if (strcmp(r, "user") && strcmp(r, "system") && strcmp(r, "developer") && strcmp(r, "assistant"))
+        BAD("invalid_value", q,
+            "Invalid value for '%s': '%.32s' is not supported. Supported values are: 'user', 'system', "
+            "'developer' and 'assistant'.", q, r);
+    json_t *c = json_object_get(it, "content");
+    snprintf(q, sizeof q, "%s.content", p);
+    if (!c) BAD("missing_required_parameter", q, "Missing required parameter: '%s'.", q);
+    json_t *m;
+    if (!strcmp(r, "assistant")) {
+        if (!(m = new_assistant(t))) return ks__api_oom(err);
+    } else {
+        m = json_pack("{s:s}", "role", r);
+        if ((rc = push_msg(t, m, err))) return rc;
+    }
+    if ((rc = item_content(c, q, m, err))) return rc;
+    json_t *cc = json_object_get(it, "cache_control");
+    if (cc) json_object_set(m, "cache_control", cc);
+    return 0;
+}
+
+static int item_function_call(tr *t, json_t *it, const char *p, ks_api_error *err) {
+    static const char *const keys[] = {"call_id", "name", "arguments"};
+    json_t *v[3];
+    for (int k = 0; k < 3; k++) {
+        char q[96];
+        snprintf(q, sizeof q, "%s.%s", p, keys[k]);
+        v[k] = json_object_get(it, keys[k]);
+        if (!v[k]) BAD("missing_required_parameter", q, "Missing required parameter: '%s'.", q);
+        int rc = want(v[k], JSON_STRING, "a string", q, err);
+        if (rc) return rc;
+    }
+    if (!t->asst && !new_assistant(t)) return ks__api_oom(err);
+    if (!t->calls) {
+        t->calls = json_array();
+        if (!t->calls || json_object_set_new(t->asst, "tool_calls", t->calls)) return ks__api_oom(err);
+    }
+    json_t *tc = json_pack("{s:O, s:s, s:{s:O, s:O}}", "id", v[0], "type", "function", "function", "name", v[1],
+                           "arguments", v[2]);
+    if (!tc || json_array_append_new(t->calls, tc)) return ks__api_oom(err);
+    return 0;
+}
+
+static int item_function_output(tr *t, json_t *it, const char *p, ks_api_error *err) {
+    char q[96];
+    snprintf(q, sizeof q, "%s.call_id", p);
+    json_t *id = json_object_get(it, "call_id");
+    if (!id) BAD("missing_required_parameter", q, "Missing required parameter: '%s'.", q);
+    int rc = want(id, JSON_STRING, "a string", q, err);
+    if (rc) return rc;
+    snprintf(q, sizeof q, "%s.output", p);
+    json_t *out = json_object_get(it, "output");
+    if (!out) BAD("missing_required_parameter", q, "Missing required parameter: '%s'.", q);
+    json_t *m = json_pack("{s:s, s:O}", "role", "tool", "tool_call_id", id);
+    if ((rc = push_msg(t, m, err))) return rc;
+    return item_content(out, q, m, err);
+}
+
+/* A reasoning item's text rides on the next assistant message. */
+static int item_reasoning(tr *t, json_t *it, const char *p, ks_api_error *err) {
+    (void)p;
+    ks_buf b = {0};
+    json_t *parts = json_object_get(it, "content");
+    if (!json_array_size(parts)) parts = json_object_get(it, "summary");
+    size_t j;
+    json_t *part;
+    json_array_foreach(parts, j, part) {
+        const char *text = json_string_value(json_object_get(part, "text"));
+        if (!text) continue;
+        if ((b.len && ks_buf_append(&b, "\n", 1)) || ks_buf_append(&b, text, strlen(text))) {
+            ks_buf_free(&b);
+            return ks__api_oom(err);
+        }
+    }
+    free(t->reasoning);
+    t->reasoning = b.s;
+    t->asst = NULL; /* what follows is a new assistant message */
+    t->calls = NULL;
+    return 0;
+}
+
+static int input_items(tr *t, json_t *input, ks_api_error *err) {
+    if (json_is_string(input)) {
+        if (json_string_length(input) == 0) BAD("invalid_value", "input", "Invalid 'input': empty string.");
+        return push_msg(t, json_pack("{s:s, s:O}", "role", "user", "content", input), err);
+    }
+    if (!json_is_array(input))
+        BAD("invalid_type", "input", "Invalid type for 'input': expected a string or an array of items, but got %s instead.",
+            ks__api_json_type_name(input));
+    size_t i;
+    json_t *it;
+    json_array_foreach(input, i, it) {
+        char p[48];
+        snprintf(p, sizeof p, "input[%zu]", i);
+        if (!json_is_object(it)) BAD("invalid_type", p, "Invalid type for '%s': expected an item object.", p);
+        json_t *type = json_object_get(it, "type");
+        const char *ty = json_string_value(type);
+        int rc;
+        if (type && !ty) {
+            char q[64];
+            snprintf(q, sizeof q, "%s.type", p);
+            BAD("invalid_type", q, "Invalid type for '%s': expected a string.", q);
+        }
+        if (!ty || !strcmp(ty, "message")) rc = item_message(t, it, p, err);
+        else if (!strcmp(ty, "function_call")) rc = item_function_call(t, it, p, err);
+        else if (!strcmp(ty, "function_call_output")) rc = item_function_output(t, it, p, err);
+        else if (!strcmp(ty, "reasoning")) rc = item_reasoning(t, it, p, err);
+        else {
+            char q[64];
+            snprintf(q, sizeof q, "%s.type", p);
+            BAD("unsupported_value", q,
+                "Invalid value for '%s': '%.40s' items are not supported. Supported item types are: 'message', "
+                "'function_call', 'function_call_output' and 'reasoning'.", q, ty);
+        }
+        if (rc) return rc;
+    }
+    if (json_array_size(t->msgs) == 0) BAD("empty_array", "input", "Invalid 'input': empty array.");
+    return 0;
+}
+
+/* ------------------------------------------------------------ tools, text */
+static int tools_to_chat(json_t *root, json_t *chat, ks_api_error *err) {
+    json_t *tools = ks__api_field(root, "tools");
+    if (!tools) return 0;
+    int rc = want(tools, JSON_ARRAY, "an array", "tools", err);
+    if (rc) return rc;
+    json_t *out = json_array();
+    if (!out || json_object_set_new(chat, "tools", out)) return ks__api_oom(err);
+    size_t i;
+    json_t *t;
+    json_array_foreach(tools, i, t) {
+        char p[48], q[64];
+        snprintf(p, sizeof p, "tools[%zu]", i);
+        if ((rc = want(t, JSON_OBJECT, "an object", p, err))) return rc;
+        const char *ty = json_string_value(json_object_get(t, "type"));
+        snprintf(q, sizeof q, "%s.type", p);
+        if (!ty || strcmp(ty, "function"))
+            BAD("unsupported_value", q,
+                "Invalid value for '%s': only 'function' tools are supported (hosted tools run on OpenAI's side).", q);
+        json_t *name = json_object_get(t, "name");
+        snprintf(q, sizeof q, "%s.name", p);
+        if (!name) BAD("missing_required_parameter", q, "Missing required parameter: '%s'.", q);
+        json_t *fn = json_pack("{s:O}", "name", name);
+        if (!fn) return ks__api_oom(err);
+        static const char *const keys[] = {"description", "parameters", "strict"};
+        for (int k = 0; k < 3; k++) {
+            json_t *v = ks__api_field(t, keys[k]);
+            if (v) json_object_set(fn, keys[k], v);
+        }
+        json_t *o = json_pack("{s:s, s:o}", "type", "function", "function", fn);
+        json_t *cc = json_object_get(t, "cache_control");
+        if (o && cc) json_object_set(o, "cache_control", cc);
+        if (!o || json_array_append_new(out, o)) return ks__api_oom(err);
+    }
+    json_t *tc = ks__api_field(root, "tool_choice");
+    if (json_is_object(tc)) {
+        const char *ty = json_string_value(json_object_get(tc, "type"));
+        json_t *name = json_object_get(tc, "name");
+        if (!ty || strcmp(ty, "function") || !json_is_string(name))
+            BAD("unsupported_value", "tool_choice",
+                "Invalid 'tool_choice': supported values are 'auto', 'none', 'required' and {\"type\": "
+                "\"function\", \"name\": ...}.");
+        tc = json_pack("{s:s, s:{s:O}}", "type", "function", "function", "name", name);
+        if (!tc || json_object_set_new(chat, "tool_choice", tc)) return ks__api_oom(err);
+    } else if (tc && json_object_set(chat, "tool_choice", tc)) {
+        return ks__api_oom(err);
+    }
+    return 0;
+}
+
+/* text.format -> response_format. */
+static int text_to_chat(json_t *root, json_t *chat, ks_api_error *err) {
+    json_t *text = ks__api_field(root, "text");
+    if (!text) return 0;
+    int rc = want(text, JSON_OBJECT, "an object", "text", err);
+    if (rc) return rc;
+    json_t *f = ks__api_field(text, "format");
+    if (!f) return 0;
+    if ((rc = want(f, JSON_OBJECT, "an object", "text.format", err))) return rc;
+    const char *ty = json_string_value(json_object_get(f, "type"));
+    if (!ty) BAD("missing_required_parameter", "text.format.type", "Missing required parameter: 'text.format.type'.");
+    json_t *rf = NULL;
+    if (!strcmp(ty, "text")) return 0;
+    if (!strcmp(ty, "json_object")) {
+        rf = json_pack("{s:s}", "type", "json_object");
+    } else if (!strcmp(ty, "json_schema")) {
+        json_t *schema = json_object_get(f, "schema");
+        if (!schema)
+            BAD("missing_required_parameter", "text.format.schema", "Missing required parameter: 'text.format.schema'.");
+        if ((rc = want(schema, JSON_OBJECT, "an object", "text.format.schema", err))) return rc;
+        json_t *name = json_object_get(f, "name");
+        rf = json_pack("{s:s, s:{s:O, s:O}}", "type", "json_schema", "json_schema", "name",
+                       json_is_string(name) ? name : json_string("response"), "schema", schema);
+    } else {
+        BAD("invalid_value", "text.format.type",
+            "Invalid value for 'text.format.type': '%.32s' is not supported. Supported values are: 'text', "
+            "'json_object' and 'json_schema'.", ty);
+    }
+    if (!rf || json_object_set_new(chat, "response_format", rf)) return ks__api_oom(err);
+    return 0;
+}
+
+int ks_api_responses_to_chat(json_t *root, const json_t *history, ks_api_resp_req *out, ks_api_error *err) {
+    memset(out, 0, sizeof *out);
+    out->store = true;
+    int rc = 0;
+    const char *k;
+    json_t *v;
+    json_object_foreach(root, k, v) {
+        if (in_list(RESP_FIELDS, k)) continue;
+        char param[96];
+        snprintf(param, sizeof param, "%.80s", k);
+        BAD("unsupported_parameter", param,
+            "Unsupported parameter: '%s' is not supported by this server (see docs/SERVER.md for the fields it takes).",
+            param);
+    }
+    json_t *bg = ks__api_field(root, "background");
+    if (bg && !json_is_false(bg))
+        BAD("unsupported_value", "background", "Invalid 'background': background responses are not supported.");
+    json_t *trunc = ks__api_field(root, "truncation");
+    if (trunc && !(json_is_string(trunc) && !strcmp(json_string_value(trunc), "disabled")))
+        BAD("unsupported_value", "truncation",
+            "Invalid 'truncation': only 'disabled' is supported (a conversation longer than the context is a 400).");
+    json_t *inc = ks__api_field(root, "include");
+    if (inc && (rc = want(inc, JSON_ARRAY, "an array", "include", err))) return rc;
+    json_t *st = ks__api_field(root, "store");
+    if (st) {
+        if ((rc = want(st, JSON_TRUE, "a boolean", "store", err))) return rc;
+        out->store = json_is_true(st);
+    }
+    json_t *input = ks__api_field(root, "input");
+    if (!input) BAD("missing_required_parameter", "input", "Missing required parameter: 'input'.");
+    json_t *ins = ks__api_field(root, "instructions");
+    if (ins && (rc = want(ins, JSON_STRING, "a string", "instructions", err))) return rc;
+
+    tr t = {0};
+    json_t *chat = json_object();
+    t.msgs = json_array();
+    json_t *all = json_array();
+    if (!chat || !t.msgs || !all) {
+        rc = ks__api_oom(err);
+        goto fail;
+    }
+    if ((rc = input_items(&t, input, err))) goto fail;
+    /* The chat request: instructions, the stored conversation, this input. */
+    if (ins && json_array_append_new(all, json_pack("{s:s, s:O}", "role", "system", "content", ins))) goto oom;
+    if (history && json_array_extend(all, (json_t *)history)) goto oom;
+    if (json_array_extend(all, t.msgs) || json_object_set(chat, "messages", all)) goto oom;
+    for (const char *const *f = PASS_FIELDS; *f; f++) {
+        json_t *x = ks__api_field(root, *f);
+        if (x && json_object_set(chat, *f, x)) goto oom;
+    }
+    json_t *mot = ks__api_field(root, "max_output_tokens");
+    if (mot && json_object_set(chat, "max_tokens", mot)) goto oom;
+    json_t *reason = ks__api_field(root, "reasoning");
+    if (reason) {
+        if ((rc = want(reason, JSON_OBJECT, "an object", "reasoning", err))) goto fail;
+        json_t *effort = ks__api_field(reason, "effort");
+        if (effort && json_object_set(chat, "reasoning_effort", effort)) goto oom;
+    }
+    if ((rc = tools_to_chat(root, chat, err)) || (rc = text_to_chat(root, chat, err))) goto fail;
+    out->chat = chat;
+    out->input = t.msgs;
+    json_decref(all);
+    free(t.reasoning);
+    return 0;
+oom:
+    rc = ks__api_oom(err);
+fail:
+    json_decref(chat);
+    json_decref(t.msgs);
+    json_decref(all);
+    free(t.reasoning);
+    return rc;
+}
+
+void ks_api_resp_req_free(ks_api_resp_req *r) {
+    if (!r) return;
+    json_decref(r->chat);
+    json_decref(r->input);
+    memset(r, 0, sizeof *r);
+}
+
+/* ------------------------------------------------------------ output */
+static json_t *text_part(const char *text) {
+    return json_pack("{s:s, s:s, s:[], s:[]}", "type", "output_text", "text", text, "annotations", "logprobs");
+}
+
+static json_t *message_item(const char *text, const char *status) {
+    char id[64];
+    ks_api_make_id(id, sizeof id, "msg_");
+    json_t *parts = text ? json_pack("[o]", text_part(text)) : json_array();
+    return json_pack("{s:s, s:s, s:s, s:s, s:o}", "id", id, "type", "message", "status", status, "role", "assistant",
+                     "content", parts);
+}
+
+static json_t *reasoning_item(const char *text) {
+    char id[64];
+    ks_api_make_id(id, sizeof id, "rs_");
+    json_t *content = text ? json_pack("[{s:s, s:s}]", "type", "reasoning_text", "text", text) : json_array();
+    return json_pack("{s:s, s:s, s:[], s:o}", "id", id, "type", "reasoning", "summary", "content", content);
+}
+
+static json_t *call_item(const char *call_id, const char *name, const char *args, const char *status) {
+    char id[64];
+    ks_api_make_id(id, sizeof id, "fc_");
+    return json_pack("{s:s, s:s, s:s, s:s, s:s, s:s}", "id", id, "type", "function_call", "status", status, "call_id",
+                     call_id, "name", name, "arguments", args);
+}
+
+static const char *jstr(const json_t *o, const char *k) {
+    const char *s = json_string_value(json_object_get(o, k));
+    return s ? s : "";
+}
+
+json_t *ks_api_responses_output(const json_t *msg, const char *text) {
+    json_t *out = json_array();
+    if (!out) return NULL;
+    const char *content = msg ? jstr(msg, "content") : (text ? text : "");
+    const char *reasoning = msg ? jstr(msg, "reasoning_content") : "";
+    if (reasoning[0]) json_array_append_new(out, reasoning_item(reasoning));
+    json_t *calls = msg ? json_object_get(msg, "tool_calls") : NULL;
+    if (content[0] || !json_array_size(calls)) json_array_append_new(out, message_item(content, "completed"));
+    size_t i;
+    json_t *tc;
+    json_array_foreach(calls, i, tc) {
+        json_t *fn = json_object_get(tc, "function");
+        json_array_append_new(out, call_item(jstr(tc, "id"), jstr(fn, "name"), jstr(fn, "arguments"), "completed"));
+    }
+    return out;
+}
+
+/* The request fields a response object repeats. */
+static const char *const ECHO_FIELDS[] = {"instructions", "max_output_tokens", "parallel_tool_calls",
+                                          "previous_response_id", "temperature", "top_p", "tool_choice",
+                                          "tools", "text", "reasoning", "metadata", "user", "truncation", NULL};
+
+json_t *ks_api_responses_object(const ks_api_resp_out *o) {
+    json_t *r = json_pack("{s:s, s:s, s:I, s:s, s:n, s:n, s:s, s:b, s:b}", "id", o->id, "object", "response",
+                          "created_at", (json_int_t)o->created, "status", o->status, "error", "incomplete_details",
+                          "model", o->model ? o->model : "", "background", 0, "store", o->store);
+    if (!r) return NULL;
+    static const json_t *none;
+    (void)none;
+    /* Defaults for what the request did not say. */
+    json_object_set_new(r, "instructions", json_null());
+    json_object_set_new(r, "max_output_tokens", json_null());
+    json_object_set_new(r, "parallel_tool_calls", json_true());
+    json_object_set_new(r, "previous_response_id", json_null());
+    json_object_set_new(r, "temperature", json_real(1.0));
+    json_object_set_new(r, "top_p", json_real(1.0));
+    json_object_set_new(r, "tool_choice", json_string("auto"));
+    json_object_set_new(r, "tools", json_array());
+    json_object_set_new(r, "text", json_pack("{s:{s:s}}", "format", "type", "text"));
+    json_object_set_new(r, "reasoning", json_pack("{s:n, s:n}", "effort", "summary"));
+    json_object_set_new(r, "metadata", json_object());
+    json_object_set_new(r, "user", json_null());
+    json_object_set_new(r, "truncation", json_string("disabled"));
+    for (const char *const *f = ECHO_FIELDS; o->req && *f; f++) {
+        json_t *v = json_object_get(o->req, *f);
+        if (v && !json_is_null(v)) json_object_set(r, *f, v);
+    }
+    if (o->incomplete) json_object_set_new(r, "incomplete_details", json_pack("{s:s}", "reason", o->incomplete));
+    if (o->error)
+        json_object_set_new(r, "error", json_pack("{s:s, s:s}", "code", o->error->code ? o->error->code : "server_error",
+                                                  "message", o->error->message));
+    json_object_set_new(r, "output", o->output ? json_incref((json_t *)o->output) : json_array());
+    if (o->r) {
+        const ks_req_result *x = o->r;
+        json_object_set_new(r, "usage",
+                            json_pack("{s:i, s:{s:i}, s:i, s:{s:i}, s:i}", "input_tokens", x->n_prompt,
+                                      "input_tokens_details", "cached_tokens", x->n_cached, "output_tokens",
+                                      x->n_generated, "output_tokens_details", "reasoning_tokens", 0, "total_tokens",
+                                      x->n_prompt + x->n_generated));
+        json_t *c = ks_api_cache_json(x);
+        if (c) json_object_set_new(r, "cache", c);
+        json_t *t = ks_api_timings_json(x);
+        if (t) json_object_set_new(r, "timings", t);
+    } else {
+        json_object_set_new(r, "usage", json_null());
+    }
+    return r;
+}
+
+/* ------------------------------------------------------------ stream */
+enum { OPEN_NONE = 0, OPEN_REASONING, OPEN_MESSAGE, OPEN_CALL };
+
+void ks_api_rstream_init(ks_api_rstream *st) {
+    memset(st, 0, sizeof *st);
+    st->items = json_array();
+    st->open = -1;
+}
+
+void ks_api_rstream_free(ks_api_rstream *st) {
+    json_decref(st->items);
+    memset(st, 0, sizeof *st);
+}
+
+/* One event: "event: <type>\ndata: <json>\n\n"; ev is stolen, gets type and
+ * sequence_number. */
+static int event(ks_api_rstream *st, ks_buf *out, const char *type, json_t *ev) {
+    if (!ev) return KS_ENOMEM;
+    json_object_set_new(ev, "type", json_string(type));
+    json_object_set_new(ev, "sequence_number", json_integer(st->seq++));
+    int rc = ks_api_sse_event(out, type, ev);
+    json_decref(ev);
+    return rc;
+}
+
+int ks_api_rstream_start(ks_api_rstream *st, const json_t *resp, ks_buf *out) {
+    int rc = event(st, out, "response.created", json_pack("{s:O}", "response", resp));
+    return rc ? rc : event(st, out, "response.in_progress", json_pack("{s:O}", "response", resp));
+}
+
+static json_t *open_item(ks_api_rstream *st) { return json_array_get(st->items, (size_t)st->open); }
+
+/* Ends the open item: its .done events. */
+static int close_item(ks_api_rstream *st, ks_buf *out) {
+    if (st->open < 0) return 0;
+    json_t *it = open_item(st);
+    const char *id = jstr(it, "id");
+    int oi = st->open, rc = 0;
+    json_t *part = json_array_get(json_object_get(it, "content"), 0);
+    if (st->open_kind == OPEN_MESSAGE) {
+        rc = event(st, out, "response.output_text.done",
+                   json_pack("{s:s, s:i, s:i, s:O, s:[]}", "item_id", id, "output_index", oi, "content_index", 0,
+                             "text", json_object_get(part, "text"), "logprobs"));
+        if (!rc) rc = event(st, out, "response.content_part.done",
+                            json_pack("{s:s, s:i, s:i, s:O}", "item_id", id, "output_index", oi, "content_index", 0,
+                                      "part", part));
+    } else if (st->open_kind == OPEN_REASONING) {
+        rc = event(st, out, "response.reasoning_text.done",
+                   json_pack("{s:s, s:i, s:i, s:O}", "item_id", id, "output_index", oi, "content_index", 0, "text",
+                             json_object_get(part, "text")));
+        if (!rc) rc = event(st, out, "response.content_part.done",
+                            json_pack("{s:s, s:i, s:i, s:O}", "item_id", id, "output_index", oi, "content_index", 0,
+                                      "part", part));
+    } else if (st->open_kind == OPEN_CALL) {
+        rc = event(st, out, "response.function_call_arguments.done",
+                   json_pack("{s:s, s:i, s:O, s:O}", "item_id", id, "output_index", oi, "name",
+                             json_object_get(it, "name"), "arguments", json_object_get(it, "arguments")));
+    }
+    if (json_object_get(it, "status")) json_object_set_new(it, "status", json_string("completed"));
+    if (!rc) rc = event(st, out, "response.output_item.done", json_pack("{s:i, s:O}", "output_index", oi, "item", it));
+    st->open = -1;
+    st->open_kind = OPEN_NONE;
+    return rc;
+}
+
+/* Opens item (stolen) of kind, with its first content part for text kinds. */
+static int add_item(ks_api_rstream *st, ks_buf *out, json_t *it, int kind) {
+    int rc = close_item(st, out);
+    if (rc || !it) {
+        json_decref(it);
+        return rc ? rc : KS_ENOMEM;
+    }
+    /* .added shows the item empty, as it is before any delta. */
+    json_t *shown = json_deep_copy(it);
+    if (json_array_append_new(st->items, it)) {
+        json_decref(shown);
+        return KS_ENOMEM;
+    }
+    st->open = (int)json_array_size(st->items) - 1;
+    st->open_kind = kind;
+    rc = event(st, out, "response.output_item.added", json_pack("{s:i, s:o}", "output_index", st->open, "item", shown));
+    if (rc || kind == OPEN_CALL) return rc;
+    json_t *part = kind == OPEN_MESSAGE ? text_part("") : json_pack("{s:s, s:s}", "type", "reasoning_text", "text", "");
+    json_t *content = json_object_get(it, "content");
+    if (!part || json_array_append(content, part)) {
+        json_decref(part);
+        return KS_ENOMEM;
+    }
+    return event(st, out, "response.content_part.added",
+                 json_pack("{s:s, s:i, s:i, s:o}", "item_id", jstr(it, "id"), "output_index", st->open,
+                           "content_index", 0, "part", part));
+}
+
+/* Appends s to the string field key of o. */
+static int grow(json_t *o, const char *key, const char *s) {
+    const char *a = jstr(o, key);
+    size_t la = strlen(a), ls = strlen(s);
+    char *n = malloc(la + ls + 1);
+    if (!n) return KS_ENOMEM;
+    memcpy(n, a, la);
+    memcpy(n + la, s, ls + 1);
+    int rc = json_object_set_new(o, key, json_string(n)) ? KS_ENOMEM : 0;
+    free(n);
+    return rc;
+}
+
+int ks_api_rstream_delta(ks_api_rstream *st, const json_t *d, ks_buf *out) {
+    int rc = 0;
+    const char *s;
+    if ((s = json_string_value(json_object_get(d, "reasoning_content")))) {
+        if (st->open_kind != OPEN_REASONING && (rc = add_item(st, out, reasoning_item(NULL), OPEN_REASONING))) return rc;
+        json_t *part = json_array_get(json_object_get(open_item(st), "content"), 0);
+        if ((rc = grow(part, "text", s))) return rc;
+        return event(st, out, "response.reasoning_text.delta",
+                     json_pack("{s:s, s:i, s:i, s:s}", "item_id", jstr(open_item(st), "id"), "output_index", st->open,
+                               "content_index", 0, "delta", s));
+    }
+    if ((s = json_string_value(json_object_get(d, "content")))) {
+        if (st->open_kind != OPEN_MESSAGE && (rc = add_item(st, out, message_item(NULL, "in_progress"), OPEN_MESSAGE)))
+            return rc;
+        json_t *part = json_array_get(json_object_get(open_item(st), "content"), 0);
+        if ((rc = grow(part, "text", s))) return rc;
+        return event(st, out, "response.output_text.delta",
+                     json_pack("{s:s, s:i, s:i, s:s, s:[]}", "item_id", jstr(open_item(st), "id"), "output_index",
+                               st->open, "content_index", 0, "delta", s, "logprobs"));
+    }
+    json_t *calls = json_object_get(d, "tool_calls");
+    json_t *tc = json_array_get(calls, 0);
+    if (!tc) return 0;
+    json_t *fn = json_object_get(tc, "function");
+    int index = (int)json_integer_value(json_object_get(tc, "index"));
+    if (json_object_get(fn, "name")) { /* a call's header */
+        if ((rc = add_item(st, out, call_item(jstr(tc, "id"), jstr(fn, "name"), "", "in_progress"), OPEN_CALL)))
+            return rc;
+        st->call_index = index;
+        s = jstr(fn, "arguments");
+        if (!s[0]) return 0;
+    } else {
+        s = jstr(fn, "arguments");
+    }
+    if (st->open_kind != OPEN_CALL || st->call_index != index || !s[0]) return 0;
+    if ((rc = grow(open_item(st), "arguments", s))) return rc;
+    return event(st, out, "response.function_call_arguments.delta",
+                 json_pack("{s:s, s:i, s:s}", "item_id", jstr(open_item(st), "id"), "output_index", st->open, "delta",
+                           s));
+}
+
+int ks_api_rstream_end(ks_api_rstream *st, json_t *resp, ks_buf *out) {
+    int rc = close_item(st, out);
+    if (rc) return rc;
+    json_object_set(resp, "output", st->items);
+    const char *status = jstr(resp, "status");
+    const char *type = !strcmp(status, "incomplete") ? "response.incomplete"
+                       : !strcmp(status, "failed")   ? "response.failed"
+                                                     : "response.completed";
+    return event(st, out, type, json_pack("{s:O}", "response", resp));
+}
+
+int ks_api_rstream_error(ks_api_rstream *st, const ks_api_error *e, ks_buf *out) {
+    /* "error" carries an error object too, so that SDKs raise it. */
+    json_t *ev = json_pack("{s:s, s:s, s:n, s:o}", "code", e->code ? e->code : "server_error", "message", e->message,
+                           "param", "error", ks_api_error_json(e));
+    if (ev) {
+        json_t *inner = json_object_get(json_object_get(ev, "error"), "error");
+        if (inner) json_object_set(ev, "error", inner);
+    }
+    return event(st, out, "error", ev);
+}
