@@ -1,6 +1,7 @@
 // agents_sdk.test.mjs — OpenAI's Agents SDK (@openai/agents) runs an agent
 // with one function tool and a handoff to a second agent against kvstash,
-// over Chat Completions, to completion.
+// to completion: over Chat Completions, and over the Responses API (the
+// SDK's default), streamed and not.
 //
 // Random weights never choose a tool by themselves, so the agents name what
 // they must call (modelSettings.toolChoice): the first agent hands off, the
@@ -31,13 +32,13 @@ after(async () => {
   if (dir) rmSync(dir, { recursive: true, force: true });
 });
 
-test('an agent with a function tool and a handoff runs to completion', async () => {
+async function runAgents(api, stream) {
   const { Agent, run, tool, setDefaultOpenAIClient, setOpenAIAPI, setTracingDisabled } =
     await importClient('@openai/agents');
   const OpenAI = (await importClient('openai')).default;
   const { z } = await importClient('zod');
   setTracingDisabled(true);
-  setOpenAIAPI('chat_completions');
+  setOpenAIAPI(api);
   setDefaultOpenAIClient(new OpenAI({ baseURL: `${srv.base}/v1`, apiKey: 'none', maxRetries: 0, timeout: 120000 }));
 
   const calls = [];
@@ -63,7 +64,13 @@ test('an agent with a function tool and a handoff runs to completion', async () 
     modelSettings: { toolChoice: 'transfer_to_weather_agent', temperature: 0, maxTokens: 200, parallelToolCalls: false },
   });
 
-  const result = await run(triage, 'What is the weather in Paris?', { maxTurns: 6 });
+  const result = await run(triage, 'What is the weather in Paris?', { maxTurns: 6, stream });
+  if (stream) {
+    let events = 0;
+    for await (const ev of result) if (ev) events++; // eslint-disable-line no-unused-vars
+    await result.completed;
+    assert.ok(events > 0, 'the run streamed events');
+  }
   assert.equal(result.lastAgent.name, 'weather_agent');
   const kinds = result.newItems.map((i) => i.type);
   assert.ok(kinds.includes('handoff_call_item'), kinds.join(','));
@@ -73,4 +80,9 @@ test('an agent with a function tool and a handoff runs to completion', async () 
   assert.equal(calls.length, 1);
   assert.ok(['Paris', 'Rome', 'Oslo'].includes(calls[0]));
   assert.equal(typeof result.finalOutput, 'string');
-});
+}
+
+test('an agent with a function tool and a handoff runs to completion (Chat Completions)', () =>
+  runAgents('chat_completions', false));
+test('the same agent over the Responses API', () => runAgents('responses', false));
+test('the same agent over the Responses API, streamed', () => runAgents('responses', true));
