@@ -17,7 +17,7 @@ import path from 'node:path';
 import { startServer, stopOk, postJSON, importClient, BIN } from './lib.mjs';
 
 const TEMPLATES = process.env.KS_TEMPLATES_DIR;
-let srv, dir, client, Anthropic;
+let srv, dir, client, Anthropic, modelPath;
 
 before(async () => {
   assert.ok(TEMPLATES, 'KS_TEMPLATES_DIR is not set');
@@ -26,6 +26,7 @@ before(async () => {
   const model = path.join(dir, 'qwen25.gguf');
   execFileSync(BIN, ['mkmodel', '--preset', 'tiny', '--seed', '1', '--chat-template',
     path.join(TEMPLATES, 'Qwen-Qwen2.5-7B-Instruct.jinja'), model], { stdio: 'ignore' });
+  modelPath = model;
   srv = await startServer(['-m', model, '--ctx', '2048', '--slots', '2']);
   client = new Anthropic({ baseURL: srv.base, apiKey: 'none', maxRetries: 0, timeout: 120000 });
 });
@@ -188,4 +189,22 @@ test('errors come in Anthropic\'s shape; the server stays up', async () => {
   assert.equal(r5.json.type, 'error');
   const ok = await client.messages.create({ model: 'x', max_tokens: 2, messages: [ASK] });
   assert.equal(ok.type, 'message');
+});
+
+test('with --api-key: the SDK\'s x-api-key header works; without it a 401 in Anthropic\'s shape', async () => {
+  const keyed = await startServer(['-m', modelPath, '--api-key', 'sekrit']);
+  try {
+    const c = new Anthropic({ baseURL: keyed.base, apiKey: 'sekrit', maxRetries: 0 });
+    const m = await c.messages.create({ model: 'x', max_tokens: 2, messages: [ASK] });
+    assert.equal(m.type, 'message');
+    const r = await postJSON(keyed, '/v1/messages', { model: 'x', max_tokens: 2, messages: [ASK] });
+    assert.equal(r.status, 401);
+    assert.deepEqual(Object.keys(r.json).sort(), ['error', 'type']);
+    assert.equal(r.json.error.type, 'authentication_error');
+    const bad = new Anthropic({ baseURL: keyed.base, apiKey: 'wrong', maxRetries: 0 });
+    await assert.rejects(bad.messages.countTokens({ model: 'x', messages: [ASK] }),
+      (e) => e instanceof Anthropic.AuthenticationError);
+  } finally {
+    await stopOk(keyed);
+  }
 });
