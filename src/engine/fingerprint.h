@@ -3,18 +3,20 @@
  * whenever the model's metadata, tensor layout or weights change.
  *
  * The fingerprint is the SHA-256 of:
- *   "kvstash-model-fp-v1" ‖ file size ‖ GGUF version, alignment, data offset
+ *   "kvstash-model-fp-v2" ‖ file size ‖ GGUF version, alignment, data offset
  *   ‖ every metadata key/value (key, type, value; arrays element by element)
  *   ‖ every tensor descriptor (name, type, dims, offset, size)
- *   ‖ four 64 KiB samples of the tensor data at evenly spaced offsets
- *     (first, 1/3, 2/3, last), each preceded by its offset.
- * The samples make two random-weight models that differ only in their seed
- * fingerprint differently, without reading gigabytes.
+ *   ‖ the length and XXH3-128 of ALL the tensor data.
+ * Every byte that determines the model's output is in it: two models that
+ * differ in one weight anywhere (a fine-tune or merged LoRA that keeps the
+ * metadata) never share a state. (v1 hashed four 64 KiB samples of the data,
+ * which let such models collide: issue 13.)
  *
- * It is read with gguf.h only (metadata, no_alloc) — never llama.h — so it
- * costs milliseconds plus four 64 KiB reads. The cached variant also keeps
- * the result in <cache_dir>/fingerprints/<hash of the real path>.fp, keyed by
- * the path, size, mtime and inode, so a restart does not even do that.
+ * The metadata is read with gguf.h only (no_alloc) — never llama.h — and the
+ * data streamed in 4 MiB reads through XXH3: about a second for a few GB in
+ * the page cache (docs/LLAMA_FACTS.md). The cached variant keeps the result
+ * in <cache_dir>/fingerprints/<hash of the real path>.fp, keyed by the path,
+ * size, mtime and inode, so a restart does not rehash.
  *
  * Invariants
  *  1. The same file gives the same fingerprint in every process and host.

@@ -259,6 +259,26 @@ static void test_fingerprint(void **state) {
     assert_memory_not_equal(fa, fb, 32);
     assert_int_equal(ks_model_fingerprint(c, fc, err, sizeof err), 0);
     assert_memory_not_equal(fa, fc, 32);
+    /* One weight flipped deep inside the tensor, away from where v1 sampled
+     * (issue 13: a fine-tune that keeps the metadata): another model. */
+    char d[256];
+    snprintf(d, sizeof d, "%s/d.gguf", dir);
+    write_gguf(d, "tiny", 1, NF);
+    {
+        FILE *fd = fopen(d, "r+b");
+        assert_non_null(fd);
+        struct stat st;
+        assert_int_equal(stat(d, &st), 0);
+        long where = (long)st.st_size - (long)NF * 4 + (long)(NF / 6) * 4 + 3; /* the sign byte of float NF/6 */
+        assert_int_equal(fseek(fd, where, SEEK_SET), 0);
+        int byte = fgetc(fd);
+        assert_int_equal(fseek(fd, where, SEEK_SET), 0);
+        fputc(byte ^ 0x80, fd);
+        assert_int_equal(fclose(fd), 0);
+    }
+    uint8_t fd_[32];
+    assert_int_equal(ks_model_fingerprint(d, fd_, err, sizeof err), 0);
+    assert_memory_not_equal(fa, fd_, 32);
     /* errors */
     FILE *f = fopen(junk, "wb");
     assert_non_null(f);
