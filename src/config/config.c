@@ -170,6 +170,40 @@ ks_store_mode ks_config_store_plan(const ks_config *c, ks_store_cfg *out) {
     return KS_STORE_RAM_ONLY;
 }
 
+/* ------------------------------------------------------------ CORS */
+int ks_config_check_origin(const char *origin, char *why, size_t whylen) {
+    size_t n = origin ? strlen(origin) : 0;
+    if (n == 0) {
+        ks_set_err(why, whylen, "an empty origin");
+        return KS_EINVAL;
+    }
+    if (n >= KS_CONFIG_ORIGIN_MAX) {
+        ks_set_err(why, whylen, "an origin longer than %d bytes", KS_CONFIG_ORIGIN_MAX - 1);
+        return KS_EINVAL;
+    }
+    if (strcmp(origin, "*") == 0) return 0;
+    if (strcasecmp(origin, "null") == 0) {
+        ks_set_err(why, whylen, "the 'null' origin is refused: every sandboxed frame and file:// page sends "
+                                "it (use * to allow any origin)");
+        return KS_EINVAL;
+    }
+    const char *p = origin;
+    if (!isalpha((unsigned char)*p)) goto bad;
+    while (isalnum((unsigned char)*p) || *p == '+' || *p == '-' || *p == '.') p++;
+    if (strncmp(p, "://", 3) != 0) goto bad;
+    p += 3;
+    if (!*p) goto bad;
+    /* The host and port: what a browser's Origin holds, so no path, query,
+     * separator, space or non-ASCII byte (browsers send IDNs as punycode). */
+    for (; *p; p++)
+        if ((unsigned char)*p <= ' ' || (unsigned char)*p >= 0x7f || strchr("/?#,\\", *p)) goto bad;
+    return 0;
+bad:
+    ks_set_err(why, whylen, "'%.80s' is not an origin: scheme://host[:port] without a path or trailing slash "
+                            "(e.g. http://localhost:5173), or *", origin);
+    return KS_EINVAL;
+}
+
 /* ------------------------------------------------------------ per model */
 static int find_model(const ks_config *c, const char *name, size_t n) {
     for (int i = 0; i < c->n_models; i++)

@@ -25,6 +25,8 @@
  *   max_queue: 64            # requests waiting for a slot, 1..1000000
  *   max_body_bytes: 16777216
  *   log: info                # debug|info|warn|error|off
+ *   cors_origins: [http://localhost:5173]   # browser origins allowed (CORS); "*": any.
+ *                            # Absent or []: CORS off. One origin may be given as a scalar.
  *   models:                  # per-model cache settings; the entry whose key equals the
  *     default:               # model's general.name or file base name applies, else "default"
  *       system_prompt_cache: true
@@ -80,6 +82,10 @@
  * "no queue" value: 0 is refused rather than replaced by a default. */
 enum { KS_CONFIG_MAX_QUEUE_MIN = 1, KS_CONFIG_MAX_QUEUE_MAX = 1000000 };
 
+/* cors_origins (and --cors-origin): at most this many, each shorter than
+ * KS_CONFIG_ORIGIN_MAX bytes. */
+enum { KS_CONFIG_CORS_MAX = 16, KS_CONFIG_ORIGIN_MAX = 256 };
+
 typedef struct ks_model_cache_cfg {
     bool system_prompt_cache;   /* SPC (default false) */
     bool incremental_cache;     /* IMC (default false) */
@@ -110,6 +116,11 @@ typedef struct ks_config {
     ks_model_cache_cfg models[16];
     bool model_has_slots[16];
     bool exact;                 /* default true (see the note on exactness in sched.c) */
+    /* Browser origins allowed to call the server (CORS, docs/SERVER.md), each
+     * checked by ks_config_check_origin; none (the default): CORS off. A later
+     * file's list, or any --cors-origin flag, replaces the whole list. */
+    char cors_origins[KS_CONFIG_CORS_MAX][KS_CONFIG_ORIGIN_MAX];
+    int n_cors_origins;
 } ks_config;
 
 /* Fills every default. */
@@ -128,6 +139,13 @@ typedef enum { KS_STORE_OFF = 0, KS_STORE_RAM_ONLY, KS_STORE_FULL } ks_store_mod
  * modes. c and out may not be NULL. */
 ks_store_mode ks_config_store_plan(const ks_config *c, ks_store_cfg *out);
 const char *ks_store_mode_name(ks_store_mode m); /* "off", "ram-only", "full" */
+
+/* Whether origin may be allowed by CORS: "*", or scheme://host[:port] as a
+ * browser sends it in Origin (no path, no trailing slash, ASCII; e.g.
+ * http://localhost:5173). "null" is refused: sandboxed frames and file://
+ * pages all send it, so allowing it would allow any of them. Returns 0, or
+ * KS_EINVAL with the reason in why. */
+int ks_config_check_origin(const char *origin, char *why, size_t whylen);
 
 /* Picks the models.<name> entry for the model (its general.name or file base name,
  * else "default") into c->cache; per-model slots override c->slots. */

@@ -418,9 +418,42 @@ static int store_pair(walk *w, const char *path, const char *key, yaml_node_t *k
     return rc;
 }
 
+/* cors_origins: a sequence of origins (or one as a scalar), replacing any
+ * earlier list whole: a later file says which origins, not which more. */
+static int cors_origins(walk *w, const char *path, yaml_node_t *vn, ks_config *c) {
+    bool seq = vn->type == YAML_SEQUENCE_NODE;
+    if (!seq && !scalar_of(vn)) return type_error(w, path, vn, "a list of origins");
+    ptrdiff_t n_items = seq ? vn->data.sequence.items.top - vn->data.sequence.items.start : 1;
+    if (n_items > KS_CONFIG_CORS_MAX) {
+        ks_set_err(w->err, w->errlen, "'%s' at line %d: at most %d origins", path, line_of(vn), KS_CONFIG_CORS_MAX);
+        return KS_EINVAL;
+    }
+    /* Zeroed whole, so that equal lists compare equal byte for byte (config.c). */
+    char list[KS_CONFIG_CORS_MAX][KS_CONFIG_ORIGIN_MAX];
+    memset(list, 0, sizeof list);
+    for (int i = 0; i < (int)n_items; i++) {
+        yaml_node_t *item = seq ? yaml_document_get_node(w->doc, vn->data.sequence.items.start[i]) : vn;
+        char full[512];
+        snprintf(full, sizeof full, "%s[%d]", path, i);
+        const char *s = item ? scalar_of(item) : NULL;
+        if (!s || strlen(s) != item->data.scalar.length)
+            return type_error(w, full, item ? item : vn, "an origin such as http://localhost:5173, or *");
+        char why[256];
+        if (ks_config_check_origin(s, why, sizeof why)) {
+            ks_set_err(w->err, w->errlen, "'%s' at line %d: %s", full, line_of(item), why);
+            return KS_EINVAL;
+        }
+        memcpy(list[i], s, strlen(s) + 1);
+    }
+    memcpy(c->cors_origins, list, sizeof list);
+    c->n_cors_origins = (int)n_items;
+    return 0;
+}
+
 static int top_pair(walk *w, const char *path, const char *key, yaml_node_t *kn, yaml_node_t *vn,
                     void *ud) {
     ks_config *c = ud;
+    if (strcmp(key, "cors_origins") == 0) return cors_origins(w, key, vn, c);
     if (strcmp(key, "models") == 0) return each_pair(w, key, vn, models_pair, c);
     if (strcmp(key, "store") == 0) {
         store_ud su = {.s = &c->store};

@@ -235,6 +235,67 @@ static void test_empty_and_layered_loads(void **state) {
     assert_true(c.exact); /* untouched by a layer that does not name it */
 }
 
+/* ------------------------------------------------------------ CORS */
+static void test_cors_origins(void **state) {
+    (void)state;
+    ks_config c, d;
+    ks_config_defaults(&c);
+    assert_int_equal(c.n_cors_origins, 0); /* off by default */
+    load_ok(&c, "cors_origins:\n  - http://localhost:5173\n  - \"*\"\n  - https://chat.example.com:8443\n");
+    assert_int_equal(c.n_cors_origins, 3);
+    assert_string_equal(c.cors_origins[0], "http://localhost:5173");
+    assert_string_equal(c.cors_origins[1], "*");
+    assert_string_equal(c.cors_origins[2], "https://chat.example.com:8443");
+    /* a later file replaces the list whole; one origin may be a scalar */
+    load_ok(&c, "cors_origins: http://127.0.0.1:3000\n");
+    assert_int_equal(c.n_cors_origins, 1);
+    assert_string_equal(c.cors_origins[0], "http://127.0.0.1:3000");
+    assert_string_equal(c.cors_origins[1], "");
+    /* the same list from another path compares equal byte for byte */
+    ks_config_defaults(&d);
+    load_ok(&d, "cors_origins: [http://127.0.0.1:3000]\n");
+    assert_memory_equal(&c, &d, sizeof c);
+    load_ok(&c, "cors_origins: []\n");
+    assert_int_equal(c.n_cors_origins, 0);
+
+    expect_error("cors_origins: [http://localhost:5173/]\n", "'cors_origins[0]' at line 1: 'http://localhost:5173/' is "
+                                                             "not an origin");
+    expect_error("cors_origins:\n  - http://a.example\n  - localhost:5173\n",
+                 "'cors_origins[1]' at line 3: 'localhost:5173' is not an origin");
+    expect_error("cors_origins: [\"null\"]\n", "'cors_origins[0]' at line 1: the 'null' origin is refused");
+    expect_error("cors_origins: [\"\"]\n", "'cors_origins[0]' at line 1: an empty origin");
+    expect_error("cors_origins: [[http://a.example]]\n", "'cors_origins[0]' at line 1: expected an origin");
+    expect_error("cors_origins: { a: b }\n", "'cors_origins' at line 1: expected a list of origins, got a mapping");
+    expect_error("cors_origins: [a://1, a://2, a://3, a://4, a://5, a://6, a://7, a://8, a://9, a://10, a://11, "
+                 "a://12, a://13, a://14, a://15, a://16, a://17]\n",
+                 "'cors_origins' at line 1: at most 16 origins");
+}
+
+static void test_check_origin(void **state) {
+    (void)state;
+    static const char *const ok[] = {"*", "http://localhost", "http://localhost:5173", "https://x.example.com",
+                                     "http://127.0.0.1:8080", "http://[::1]:3000", "chrome-extension://abcdef",
+                                     "HTTP://LOCALHOST:5173"};
+    static const char *const bad[] = {"", "null", "NULL", "localhost", "http://", "http:/x", "http://x/",
+                                      "http://x/path", "http://x?q", "http://x#f", "http://a b", "http://a,http://b",
+                                      "1http://x", "**", "http://h\xc3\xa9.example"};
+    char why[256];
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
+        if (ks_config_check_origin(ok[i], why, sizeof why)) fail_msg("'%s' refused: %s", ok[i], why);
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        if (ks_config_check_origin(bad[i], why, sizeof why) != KS_EINVAL) fail_msg("'%s' accepted", bad[i]);
+    char longest[300];
+    memset(longest, 'a', sizeof longest);
+    memcpy(longest, "http://", 7);
+    longest[KS_CONFIG_ORIGIN_MAX - 1] = '\0'; /* 255 bytes: fits */
+    assert_int_equal(ks_config_check_origin(longest, why, sizeof why), 0);
+    longest[KS_CONFIG_ORIGIN_MAX - 1] = 'a';
+    longest[KS_CONFIG_ORIGIN_MAX] = '\0';
+    assert_int_equal(ks_config_check_origin(longest, why, sizeof why), KS_EINVAL);
+    assert_non_null(strstr(why, "longer than 255 bytes"));
+    assert_int_equal(ks_config_check_origin(NULL, why, sizeof why), KS_EINVAL);
+}
+
 /* ------------------------------------------------------------ errors */
 static void test_unknown_keys(void **state) {
     (void)state;
@@ -498,6 +559,8 @@ int main(void) {
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_full_file),
         cmocka_unit_test(test_empty_and_layered_loads),
+        cmocka_unit_test(test_cors_origins),
+        cmocka_unit_test(test_check_origin),
         cmocka_unit_test(test_unknown_keys),
         cmocka_unit_test(test_wrong_types),
         cmocka_unit_test(test_out_of_range),
