@@ -65,6 +65,9 @@ static void usage(FILE *f) {
             "  --cache-dir DIR           enable the full persistent KV store (ram, shm and disk tiers)\n"
             "                            with its disk tier in DIR (store.enabled, store.cache_dir)\n"
             "  --api-key KEY             require 'Authorization: Bearer KEY' (also $KVSTASH_API_KEY)\n"
+            "  --cors-origin ORIGIN      let browser pages from ORIGIN (e.g. http://localhost:5173) call\n"
+            "                            the server (CORS); repeatable, up to 16; * allows any origin\n"
+            "                            (cors_origins; default: none, CORS off)\n"
             "  --max-queue N             requests waiting for a slot, 1..1000000; beyond: 503 (default 64)\n"
             "  --max-body-bytes N        largest request body; beyond: 413 (default 16777216)\n"
             "  --max-tokens N            max_tokens of requests that give none (default 2048;\n"
@@ -89,12 +92,14 @@ typedef struct flags {
     int cache_ram; /* MiB, -1: not given */
     bool no_cache, no_exact, flash_attn, imc, spc;
     const char *cache_dir;
+    const char *cors[KS_CONFIG_CORS_MAX]; /* --cors-origin, in order */
+    int n_cors;
 } flags;
 
 static int parse_flags(int argc, char **argv, flags *f) {
     enum { O_HOST = 256, O_PORT, O_SLOTS, O_CTX, O_BATCH, O_THREADS, O_NOCACHE, O_NOEXACT, O_KEY, O_QUEUE, O_BODY,
            O_MAXTOK, O_ALIAS, O_TIMEOUT, O_SHUTDOWN, O_FA, O_CONFIG, O_LOG, O_IMC, O_SPC, O_CACHEDIR, O_CACHERAM,
-           O_TEMPLATE, O_REASONING };
+           O_TEMPLATE, O_REASONING, O_CORS };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},          {"host", required_argument, 0, O_HOST},
         {"port", required_argument, 0, O_PORT},        {"slots", required_argument, 0, O_SLOTS},
@@ -109,6 +114,7 @@ static int parse_flags(int argc, char **argv, flags *f) {
         {"imc", no_argument, 0, O_IMC},                {"spc", no_argument, 0, O_SPC},
         {"cache-dir", required_argument, 0, O_CACHEDIR}, {"cache-ram", required_argument, 0, O_CACHERAM},
         {"chat-template", required_argument, 0, O_TEMPLATE}, {"reasoning-format", required_argument, 0, O_REASONING},
+        {"cors-origin", required_argument, 0, O_CORS},
         {"help", no_argument, 0, 'h'},                 {0, 0, 0, 0}};
     memset(f, 0, sizeof *f);
     f->port = f->slots = f->ctx = f->batch = f->threads = f->max_queue = f->max_tokens = f->timeout = -1;
@@ -147,6 +153,19 @@ static int parse_flags(int argc, char **argv, flags *f) {
         case O_CACHERAM: if (ks_cli_parse_int(CMD, "--cache-ram", optarg, 0, 1 << 24, &f->cache_ram)) return 2; break;
         case O_CONFIG: f->config = optarg; break;
         case O_TEMPLATE: f->chat_template = optarg; break;
+        case O_CORS: {
+            char why[256];
+            if (ks_config_check_origin(optarg, why, sizeof why)) {
+                fprintf(stderr, CMD ": --cors-origin: %s\n", why);
+                return 2;
+            }
+            if (f->n_cors == KS_CONFIG_CORS_MAX) {
+                fprintf(stderr, CMD ": --cors-origin: at most %d origins\n", KS_CONFIG_CORS_MAX);
+                return 2;
+            }
+            f->cors[f->n_cors++] = optarg;
+            break;
+        }
         case O_REASONING:
             if (strcmp(optarg, "deepseek") && strcmp(optarg, "deepseek-legacy") && strcmp(optarg, "auto") &&
                 strcmp(optarg, "none")) {
@@ -208,6 +227,12 @@ static int apply_flags(const flags *f, ks_config *c) {
         c->store.enabled = true;
     }
     if (f->cache_ram >= 0) c->store.tier_max_bytes[KS_TIER_RAM] = (int64_t)f->cache_ram << 20;
+    /* The flags' origins replace the file's (parse_flags checked them). */
+    if (f->n_cors) {
+        memset(c->cors_origins, 0, sizeof c->cors_origins);
+        for (int i = 0; i < f->n_cors; i++) COPY(c->cors_origins[i], f->cors[i]);
+        c->n_cors_origins = f->n_cors;
+    }
     return 0;
 }
 
@@ -376,6 +401,14 @@ int ks_cmd_serve(int argc, char **argv) {
     hp.exact = cfg.exact;
     hp.store_mode = !store ? "off" : store_mode == KS_STORE_RAM_ONLY ? "ram-only" : "full";
     hp.metrics = metrics;
+    const char *cors[KS_CONFIG_CORS_MAX];
+    bool cors_any = false;
+    for (int i = 0; i < cfg.n_cors_origins; i++) {
+        cors[i] = cfg.cors_origins[i];
+        cors_any |= !strcmp(cors[i], "*");
+    }
+    hp.cors_origins = cors;
+    hp.n_cors_origins = cfg.n_cors_origins;
     /* The SPC key must change with whatever changes a system prompt's KV. */
     char model_id[512], kv[256];
     ks_engine_kv_params(e, kv, sizeof kv);
@@ -411,6 +444,15 @@ int ks_cmd_serve(int argc, char **argv) {
     if (cfg.api_key[0] == '\0' && strcmp(cfg.host, "127.0.0.1") && strcmp(cfg.host, "localhost") &&
         strcmp(cfg.host, "::1"))
         KS_WARN("serve", "listening on %s without --api-key: anyone who can reach it can use it", cfg.host);
+    if (cfg.n_cors_origins) {
+        char list[1024] = "";
+        for (int i = 0, n = 0; i < cfg.n_cors_origins && n >= 0 && (size_t)n < sizeof list; i++)
+            n += snprintf(list + n, sizeof list - (size_t)n, "%s%s", i ? " " : "", cfg.cors_origins[i]);
+        KS_INFO("serve", "cors: browser pages from %s may call this server", list);
+        if (cors_any && !cfg.api_key[0])
+            KS_WARN("serve", "--cors-origin '*' without --api-key: any web page opened in a browser that can reach "
+                             "this server can use it");
+    }
 
     int sig = 0;
     while (sigwait(&sigs, &sig) != 0) {

@@ -1249,6 +1249,7 @@ static enum MHD_Result respond_stream(ks_server *s, struct MHD_Connection *c, co
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream; charset=utf-8");
     MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
     MHD_add_response_header(r, "X-Accel-Buffering", "no");
+    ks__cors_headers(s, c, r);
     enum MHD_Result ret = MHD_queue_response(c, 200, r);
     MHD_destroy_response(r);
     ks_http_count(&s->http, 200);

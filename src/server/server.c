@@ -12,10 +12,15 @@
  * every response is queued. Early errors are answered only at the end, after
  * the body was read, so that a client still sending its body never meets a
  * reset connection; only a body beyond hard_cap() is refused at once.
+ *
+ * CORS (server.h note 7) lives in two places: reply_options answers an
+ * OPTIONS on a route, and ks__cors_headers adds Access-Control-Allow-Origin
+ * to every response, whoever builds it, so no status or stream escapes it.
  */
 #include "server/server.h"
 
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <microhttpd.h>
 #include <netdb.h>
@@ -80,8 +85,9 @@ enum MHD_Result ks__reply(ks_server *s, struct MHD_Connection *c, conn *cn, int 
         free(body);
         return MHD_NO;
     }
-    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+    if (ctype) MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
     for (int i = 0; hdrs && hdrs[i]; i += 2) MHD_add_response_header(r, hdrs[i], hdrs[i + 1]);
+    ks__cors_headers(s, c, r);
     enum MHD_Result rc = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
     ks_http_count(&s->http, status);
@@ -189,6 +195,92 @@ static bool authorized(ks_server *s, struct MHD_Connection *c, bool *given) {
     return key && equal_ct(key, s->api_key);
 }
 
+/* -------------------------------------------------------------------- CORS */
+/* Response headers a page may read besides the safelisted ones: the SDKs
+ * read Retry-After on a 503 to back off. */
+#define CORS_EXPOSE "Retry-After, WWW-Authenticate, Allow"
+/* A preflight's answer is cached by the browser this long (seconds). */
+#define CORS_MAX_AGE "600"
+/* Allowed request headers when a preflight names none we can echo: the API
+ * key, and what the openai and @anthropic-ai/sdk packages send. */
+#define CORS_HEADERS                                                                                      \
+    "Authorization, Content-Type, X-Api-Key, anthropic-version, anthropic-beta, "                          \
+    "anthropic-dangerous-direct-browser-access, OpenAI-Beta, OpenAI-Organization, OpenAI-Project, "         \
+    "X-Stainless-Lang, X-Stainless-Package-Version, X-Stainless-OS, X-Stainless-Arch, "                    \
+    "X-Stainless-Runtime, X-Stainless-Runtime-Version, X-Stainless-Retry-Count, X-Stainless-Timeout, "     \
+    "X-Stainless-Helper-Method"
+
+static const char *header(struct MHD_Connection *c, const char *name) {
+    return MHD_lookup_connection_value(c, MHD_HEADER_KIND, name);
+}
+
+/* The Access-Control-Allow-Origin of a reply to c's request, or NULL (not
+ * allowed, no Origin, CORS off). "*" when any origin is allowed: the
+ * wildcard is valid because credentials never are. Else the request's own
+ * Origin, borrowed from MHD for the request's life. */
+static const char *cors_origin(const ks_server *s, struct MHD_Connection *c) {
+    const char *o = s->n_cors_origins ? header(c, "Origin") : NULL;
+    if (!o) return NULL;
+    if (s->cors_any) return "*";
+    for (int i = 0; i < s->n_cors_origins; i++)
+        if (!strcasecmp(o, s->cors_origins[i])) return o;
+    return NULL;
+}
+
+void ks__cors_headers(const ks_server *s, struct MHD_Connection *c, struct MHD_Response *r) {
+    if (!s->n_cors_origins) return;
+    /* The reply depends on the Origin (echoed, or no header for another
+     * one): a cache must not hand one origin's reply to another. */
+    MHD_add_response_header(r, MHD_HTTP_HEADER_VARY, "Origin");
+    const char *o = cors_origin(s, c);
+    if (!o) return;
+    MHD_add_response_header(r, MHD_HTTP_HEADER_ACCESS_CONTROL_ALLOW_ORIGIN, o);
+    MHD_add_response_header(r, MHD_HTTP_HEADER_ACCESS_CONTROL_EXPOSE_HEADERS, CORS_EXPOSE);
+}
+
+/* Access-Control-Request-Headers is echoed, as llama-server does (the SDKs
+ * send a dozen x-stainless-* headers, more with each version), when it is a
+ * plain list of header names: nothing else goes back into a header. */
+static bool header_names(const char *h) {
+    size_t n = 0;
+    for (; h[n]; n++)
+        if (!isalnum((unsigned char)h[n]) && !strchr("-_.!#$%&'*+^`|~, ", h[n])) return false;
+    return n > 0 && n <= 4096;
+}
+
+/* OPTIONS on a route while CORS is on. A preflight (Origin and
+ * Access-Control-Request-Method) from an allowed origin: 204 with the
+ * route's methods and the requested headers; from another origin: 403
+ * without CORS headers, which the browser reports as a CORS failure. Any
+ * other OPTIONS: 204 with Allow. Never an API key: browsers send none on a
+ * preflight, and the request that follows needs it. */
+static enum MHD_Result reply_options(ks_server *s, struct MHD_Connection *c, conn *cn) {
+    char methods[48];
+    snprintf(methods, sizeof methods, "%s, OPTIONS", allowed(cn->rt));
+    const char *origin = header(c, "Origin");
+    if (!origin || !header(c, MHD_HTTP_HEADER_ACCESS_CONTROL_REQUEST_METHOD)) {
+        const char *const h[] = {MHD_HTTP_HEADER_ALLOW, methods, NULL};
+        return ks__reply(s, c, cn, 204, NULL, NULL, 0, h);
+    }
+    if (!cors_origin(s, c)) {
+        ks_api_error e;
+        ks_api_error_set(&e, 403, "invalid_request_error", "origin_not_allowed", NULL,
+                         "Origin %.200s is not allowed (the server's --cors-origin).", origin);
+        return ks__reply_error(s, c, cn, &e, NULL);
+    }
+    const char *want = header(c, MHD_HTTP_HEADER_ACCESS_CONTROL_REQUEST_HEADERS);
+    /* Chrome asks before a public page may call a private address (Private
+     * Network Access); an origin the operator allowed may. */
+    const char *pna = header(c, "Access-Control-Request-Private-Network");
+    const char *const h[] = {MHD_HTTP_HEADER_ACCESS_CONTROL_ALLOW_METHODS, methods,
+                             MHD_HTTP_HEADER_ACCESS_CONTROL_ALLOW_HEADERS,
+                             want && header_names(want) ? want : CORS_HEADERS,
+                             MHD_HTTP_HEADER_ACCESS_CONTROL_MAX_AGE, CORS_MAX_AGE,
+                             pna && !strcasecmp(pna, "true") ? "Access-Control-Allow-Private-Network" : NULL, "true",
+                             NULL};
+    return ks__reply(s, c, cn, 204, NULL, NULL, 0, h);
+}
+
 static enum MHD_Result reply_early(ks_server *s, struct MHD_Connection *c, conn *cn, const char *method,
                                    const char *url) {
     ks_api_error e;
@@ -198,7 +290,8 @@ static enum MHD_Result reply_early(ks_server *s, struct MHD_Connection *c, conn 
                          method, url);
         return ks__reply_error(s, c, cn, &e, NULL);
     case 405: {
-        const char *allow = allowed(cn->rt);
+        char allow[48]; /* OPTIONS too while CORS is on */
+        snprintf(allow, sizeof allow, "%s%s", allowed(cn->rt), s->n_cors_origins ? ", OPTIONS" : "");
         ks_api_error_set(&e, 405, "invalid_request_error", "method_not_allowed", NULL,
                          "Method %.16s is not allowed on %s; use %s.", method, cn->rt->path, allow);
         const char *const h[] = {MHD_HTTP_HEADER_ALLOW, allow, NULL};
@@ -242,6 +335,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         bool given;
         cn->post = post;
         if (!cn->rt) cn->early = 404;
+        else if (s->n_cors_origins && !strcmp(method, "OPTIONS")) cn->options = true; /* no key: reply_options */
         else if (!((get && (cn->rt->methods & M_GET)) || (post && (cn->rt->methods & M_POST)))) cn->early = 405;
         else if (cn->rt->id != R_HEALTH && !authorized(s, c, &given)) cn->early = 401, cn->key_given = given;
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
@@ -280,6 +374,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return cn->discarded > hard_cap(s) ? MHD_NO : MHD_YES;
     }
     if (cn->early) return reply_early(s, c, cn, method, url);
+    if (cn->options) return reply_options(s, c, cn);
     switch (cn->rt->id) {
     case R_HEALTH: return do_health(s, c, cn);
     case R_MODELS: return do_models(s, c, cn);
@@ -363,6 +458,17 @@ int ks_server_start(const ks_server_params *p, ks_server **out, char *err, size_
         ks_set_err(err, errlen, "host, api key or model name too long (255 bytes at most)");
         return KS_EINVAL;
     }
+    int n_cors = p->cors_origins ? p->n_cors_origins : 0;
+    if (n_cors < 0 || n_cors > KS_SERVER_CORS_MAX) {
+        ks_set_err(err, errlen, "%d CORS origins (at most %d)", n_cors, KS_SERVER_CORS_MAX);
+        return KS_EINVAL;
+    }
+    for (int i = 0; i < n_cors; i++) {
+        if (!p->cors_origins[i] || !p->cors_origins[i][0] || strlen(p->cors_origins[i]) >= KS_SERVER_ORIGIN_MAX) {
+            ks_set_err(err, errlen, "CORS origin %d empty or too long (%d bytes at most)", i, KS_SERVER_ORIGIN_MAX - 1);
+            return KS_EINVAL;
+        }
+    }
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
                              .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
     struct addrinfo *ai = NULL;
@@ -406,6 +512,11 @@ int ks_server_start(const ks_server_params *p, ks_server **out, char *err, size_
         freeaddrinfo(ai);
         return KS_ENOMEM;
     }
+    for (int i = 0; i < n_cors; i++) {
+        snprintf(s->cors_origins[i], sizeof s->cors_origins[i], "%s", p->cors_origins[i]);
+        if (!strcmp(p->cors_origins[i], "*")) s->cors_any = true;
+    }
+    s->n_cors_origins = n_cors;
     {
         /* A second, vocabulary-only read of the GGUF: the template object
          * keeps text only (chat_tmpl.h note 2). */

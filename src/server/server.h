@@ -13,6 +13,7 @@
  *   GET  /metrics              Prometheus text
  *   GET  /slots                slot table as JSON
  *   POST /tokenize, /detokenize, GET /props   llama-server's utility endpoints
+ *   OPTIONS on any of them     CORS preflight, when cors_origins is set
  *
  * Design notes
  *  1. Thread per connection (MHD_USE_THREAD_PER_CONNECTION): a handler may
@@ -39,6 +40,11 @@
  *     timeout → ks_server_detach_sched (no server thread calls the scheduler
  *     after it returns) → ks_sched_free (cancels what is left; every on_done
  *     runs) → ks_server_free (stops MHD, joins the connection threads).
+ *  7. CORS is off without cors_origins: no response carries a CORS header
+ *     and OPTIONS is a 405 like any other method. With it, every response
+ *     (errors and streams too) to a request whose Origin is allowed carries
+ *     Access-Control-Allow-Origin, and a preflight (OPTIONS) needs no API
+ *     key. Credentials (cookies) are never allowed.
  *
  * Thread model: start/quiesce/detach/free on one (the main) thread; the
  * rest of the work runs on MHD's threads and, for the callbacks, on the
@@ -56,6 +62,9 @@
 #include "server/metrics.h"
 
 typedef struct ks_server ks_server;
+
+/* cors_origins: at most this many, each shorter than KS_SERVER_ORIGIN_MAX. */
+enum { KS_SERVER_CORS_MAX = 16, KS_SERVER_ORIGIN_MAX = 256 };
 
 typedef struct ks_server_params {
     ks_engine *engine;        /* borrowed; must outlive the server */
@@ -84,6 +93,10 @@ typedef struct ks_server_params {
     int responses_max;        /* Responses API: conversations kept for previous_response_id
                                  (default 1024; the oldest goes first) */
     int responses_ttl_s;      /* ... and for how long (default 3600; 0: none kept) */
+    const char *const *cors_origins; /* browser origins allowed (CORS, note 7): "*" or
+                                        scheme://host[:port], compared without case; copied.
+                                        NULL or n_cors_origins 0: CORS off */
+    int n_cors_origins;
     ks_metrics *metrics;      /* borrowed registry holding the caller's sources (SPC,
                                  store...); the server adds its own before serving.
                                  NULL: the server makes one */

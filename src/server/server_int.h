@@ -56,6 +56,10 @@ struct ks_server {
     struct ks_chat_tmpl *tmpl;
     char reasoning_format[24];  /* the requests' default, "" : the library's */
     struct ks_convstore *convs; /* Responses conversations, for previous_response_id */
+    /* CORS (server.h note 7): the allowed origins, none: off. */
+    char cors_origins[KS_SERVER_CORS_MAX][KS_SERVER_ORIGIN_MAX];
+    int n_cors_origins;
+    bool cors_any;              /* "*" is one of them */
 };
 
 typedef struct ks_gen ks_gen;
@@ -71,6 +75,7 @@ typedef struct conn {
     bool post;            /* the method is POST (routes may take GET and POST) */
     int early;            /* status decided when the headers came in, 0: none */
     bool key_given;       /* for the 401 message */
+    bool options;         /* OPTIONS on a route with CORS on: reply_options answers */
     ks_buf body;
     uint64_t discarded;
     int status;
@@ -81,7 +86,8 @@ typedef struct conn {
 
 /* Replies (server.c). Each queues the response, counts its status and sets
  * cn->status (cn may be NULL). */
-/* body is owned and freed here; hdrs: name, value, ..., NULL (may be NULL). */
+/* body is owned and freed here; hdrs: name, value, ..., NULL (may be NULL);
+ * ctype NULL: no Content-Type (a 204). */
 enum MHD_Result ks__reply(ks_server *s, struct MHD_Connection *c, conn *cn, int status, const char *ctype,
                           char *body, size_t len, const char *const *hdrs);
 /* obj is stolen. */
@@ -89,6 +95,13 @@ enum MHD_Result ks__reply_json(ks_server *s, struct MHD_Connection *c, conn *cn,
                                const char *const *hdrs);
 enum MHD_Result ks__reply_error(ks_server *s, struct MHD_Connection *c, conn *cn, const ks_api_error *e,
                                 const char *const *hdrs);
+/* Adds to r the CORS headers of a reply to c's request: nothing when CORS is
+ * off; else Vary: Origin, and when the request's Origin is allowed,
+ * Access-Control-Allow-Origin and Access-Control-Expose-Headers. Every
+ * response goes through it before MHD_queue_response: the replies above do,
+ * and so must one made elsewhere (gen.c's SSE stream), or a browser on
+ * another origin cannot read it. */
+void ks__cors_headers(const ks_server *s, struct MHD_Connection *c, struct MHD_Response *r);
 
 /* Utility endpoints (utility.c), each the whole request: POST /tokenize,
  * POST /detokenize, GET /props and POST /props (501, as llama-server
