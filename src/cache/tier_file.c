@@ -466,7 +466,7 @@ static void file_persist(ks_tier *t) {
     for (size_t i = 0; i < n; i++) {
         char path[PATH_MAX];
         if (entry_path(t, &v[i].key, path, sizeof path) != 0) continue;
-        int rc = ks_kvfile_touch(path, v[i].last, v[i].hits);
+        int rc = ks_kvfile_touch(path, v[i].last, v[i].hits, 0);
         if (rc != 0 && rc != KS_ENOENT) KS_DEBUG("store", "touch %s: %s", path, ks_strerror(rc));
     }
     free(v);

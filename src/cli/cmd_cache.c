@@ -55,10 +55,7 @@ static void usage(FILE *f) {
 
 static const char *tier_str(int t) { return t == KS_TIER_SHM ? "shm" : t == KS_TIER_DISK ? "disk" : "ram"; }
 
-static const char *reason_str(int r) {
-    static const char *n[] = {"cold", "continued", "finish", "evict", "shutdown"};
-    return (r >= 0 && r < KS_REASON__N) ? n[r] : "?";
-}
+static const char *reason_str(int r) { return ks_reason_name((ks_reason)r); }
 
 /* "12.3M" style sizes (binary units). */
 static void fmt_bytes(uint64_t b, char *out, size_t n) {
