@@ -49,6 +49,7 @@ void ks_store_cfg_defaults(ks_store_cfg *c) {
     c->reason_tier[KS_REASON_EVICT] = KS_TIER_DISK;
     c->reason_tier[KS_REASON_SHUTDOWN] = KS_TIER_DISK;
     /* A pin is a promise to a client that comes back: the disk tier also
-     * serves other processes and restarts. */
+     * serves other processes and restarts (the ram tier gets it too). */
     c->reason_tier[KS_REASON_PIN] = KS_TIER_DISK;
+    c->pin_share = 0.5f;
 }

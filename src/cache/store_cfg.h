@@ -18,8 +18,8 @@
 #define KS_MAX_PATH 1024
 
 /* Why a state is saved; each reason maps to a tier (ks_store_cfg.reason_tier).
- * KS_REASON_PIN: a client's cache breakpoint, saved pinned (its deadline in
- * the kvfile's trailer). */
+ * KS_REASON_PIN: a client's cache breakpoint (store.h "Pins"), saved pinned
+ * into the ram tier and into the tier of reason_tier[KS_REASON_PIN]. */
 typedef enum {
     KS_REASON_COLD = 0,
     KS_REASON_CONTINUED,
@@ -52,6 +52,8 @@ typedef struct ks_store_cfg {
     int64_t tier_max_bytes[KS_TIER__N];   /* ram 2 GiB, shm 1 GiB, disk 10 GiB; 0 disables the tier */
     int reason_tier[KS_REASON__N];        /* ks_tier_id; default cold=disk continued=shm finish=shm evict=disk
                                              shutdown=disk pin=disk */
+    float pin_share;                      /* 0..1, default 0.5: the share of each tier's budget that pinned
+                                             entries may hold protected from eviction (store.h "Pins") */
 } ks_store_cfg;
 
 /* Zeroes *c and fills the documented defaults above, except enabled (false)

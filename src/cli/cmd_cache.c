@@ -394,7 +394,10 @@ static int cmd_gc(const opts *o) {
         uint64_t budget = (uint64_t)(o->max_bytes >= 0 ? o->max_bytes : def.cfg.tier_max_bytes[t]);
         uint64_t b0 = 0, b1 = 0, e1 = 0;
         ks_tier_usage(tier, &b0, NULL);
-        int n = ks_tier_evict(tier, budget, NULL, NULL);
+        /* Pins are honoured with the default share of the budget (store.h "Pins"). */
+        ks_tier_pins pins = {.now_us = now_us(),
+                             .max_bytes = (uint64_t)((double)def.cfg.pin_share * (double)budget)};
+        int n = ks_tier_evict(tier, budget, &pins, NULL, NULL);
         ks_tier_usage(tier, &b1, &e1);
         uint64_t bad = atomic_load(&tier->n_bad);
         ks_tier_close(tier);
