@@ -46,6 +46,7 @@ static void usage(FILE *f) {
             "  verify                       check every file completely; exit 1 naming each bad one\n"
             "  gc     [--max-bytes N]       evict least recently hit entries until each tier holds at\n"
             "                               most N bytes (default: shm 1G, disk 10G; K/M/G suffixes),\n"
+            "                               entries pinned by cache breakpoints kept within half of N;\n"
             "                               remove temp files of dead writers and quarantined files\n"
             "  rm     --all | KEYPREFIX     remove entries\n"
             "options:\n"
