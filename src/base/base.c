@@ -97,6 +97,12 @@ int64_t ks_now_us(void) {
 
 int64_t ks_wall_s(void) { return (int64_t)time(NULL); }
 
+int64_t ks_wall_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
 /* ----------------------------------------------------------- token vectors */
 int ks_tokens_reserve(ks_tokens *t, int cap) {
     if (cap <= t->cap) return 0;

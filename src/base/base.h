@@ -49,8 +49,9 @@ void ks_log(ks_log_level level, const char *module, const char *fmt, ...)
 /* Monotonic clock in milliseconds / microseconds. */
 double ks_now_ms(void);
 int64_t ks_now_us(void);
-/* Wall clock, seconds since the epoch. */
+/* Wall clock, seconds / microseconds since the epoch. */
 int64_t ks_wall_s(void);
+int64_t ks_wall_us(void);
 
 /* ----------------------------------------------------------- token vectors */
 /* A growable array of token ids. Zero-initialised is an empty vector.

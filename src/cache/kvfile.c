@@ -7,8 +7,9 @@
  *  2. the header check (XXH3-64 of the header bytes before it) — from here on
  *     the header fields are trusted to be what the writer wrote, so a flipped
  *     byte in the version field reads as ECORRUPT, not as a version bump;
- *  3. format version, then the v1 fields: reason range, flags, lengths against
- *     the limits and against the file size (exact equality);
+ *  3. format version, then the v1 fields: reason range, flags (only
+ *     KS_KVFILE_FLAG_PIN is known; it sets the trailer's length), lengths
+ *     against the limits and against the file size (exact equality);
  *  4. state version, model fingerprint, params hash, key against `exp` —
  *     cheap rejections before any body byte is read;
  *  5. tokens and payload, streamed through XXH3, then the stored checksum;
@@ -44,8 +45,8 @@
 #define OFF_KEY 112
 #define OFF_RESERVED 144
 #define OFF_HCHECK 152
-#define TRAILER_LEN 24
 #define VERIFY_CHUNK (1u << 20)
+#define KNOWN_FLAGS KS_KVFILE_FLAG_PIN
 
 /* ------------------------------------------------------- little-endian io */
 static void put32(uint8_t *p, uint32_t v) {
@@ -67,7 +68,23 @@ static uint64_t get64(const uint8_t *p) {
 
 static uint64_t nonzero(uint64_t h) { return h ? h : KS_KVFILE_CSUM_ZERO; }
 
-static uint64_t trailer_check(const uint8_t *t16) { return nonzero(XXH3_64bits(t16, 16)); }
+/* The check of a trailer of len bytes: XXH3-64 of the fields before it. */
+static uint64_t trailer_check(const uint8_t *t, size_t len) { return nonzero(XXH3_64bits(t, len - 8)); }
+
+static size_t trailer_len(uint32_t flags) {
+    return (flags & KS_KVFILE_FLAG_PIN) ? KS_KVFILE_TRAILER_LEN : KS_KVFILE_TRAILER_LEN_NOPIN;
+}
+
+/* Fills a trailer of the given flags; the pin is left out without the flag. */
+static size_t encode_trailer(uint8_t t[KS_KVFILE_TRAILER_LEN], uint32_t flags, int64_t last_hit_us, uint64_t hits,
+                             int64_t pin_until_us) {
+    size_t len = trailer_len(flags);
+    put64(t, (uint64_t)last_hit_us);
+    put64(t + 8, hits);
+    if (flags & KS_KVFILE_FLAG_PIN) put64(t + 16, (uint64_t)(pin_until_us > 0 ? pin_until_us : 0));
+    put64(t + len - 8, trailer_check(t, len));
+    return len;
+}
 
 /* ------------------------------------------------------------------ names */
 int ks_kvfile_path(const char *dir, const ks_key *key, char *out, size_t n) {
@@ -114,7 +131,7 @@ static void encode_header(uint8_t h[KS_KVFILE_HEADER_LEN], const ks_kvfile_meta 
     put32(h + OFF_STATE_VERSION, m->state_version);
     put32(h + OFF_REASON, m->reason);
     put32(h + OFF_N_TOKENS, n);
-    put32(h + OFF_FLAGS, 0);
+    put32(h + OFF_FLAGS, KS_KVFILE_FLAG_PIN);
     put64(h + OFF_PAYLOAD_LEN, len);
     put64(h + OFF_CREATED, (uint64_t)m->created_us);
     memcpy(h + OFF_FP, m->model_fp, 32);
@@ -201,9 +218,8 @@ int ks_kvfile_write(const char *dir, const ks_kvfile_meta *meta, const int32_t *
         }
     }
     put64(tail, nonzero(XXH3_64bits_digest(st)));
-    put64(tail + 8, (uint64_t)meta->created_us); /* last hit: never hit yet */
-    put64(tail + 16, 0);                         /* hits */
-    put64(tail + 24, trailer_check(tail + 8));
+    /* last hit: never hit yet */
+    encode_trailer(tail + 8, KS_KVFILE_FLAG_PIN, meta->created_us, 0, meta->pin_until_us);
     if (ks_sysio_write_all(fd, tail, sizeof tail) != 0) {
         rc = write_err(errno);
         goto done;
@@ -331,26 +347,29 @@ static int open_header(const char *path, int *fd_out, ks_kvfile_meta *m) {
     memcpy(m->model_fp, h + OFF_FP, 32);
     memcpy(m->params_hash, h + OFF_PARAMS, 32);
     memcpy(m->key.b, h + OFF_KEY, 32);
-    if (get32(h + OFF_FLAGS) != 0) {
+    m->flags = get32(h + OFF_FLAGS);
+    if (m->flags & ~(uint32_t)KNOWN_FLAGS) {
         rc = KS_EVERSION; /* a feature this reader does not know */
         goto done;
     }
+    size_t tlen = trailer_len(m->flags);
     if (m->reason >= KS_REASON__N || m->n_tokens > KS_KVFILE_MAX_TOKENS ||
         m->payload_len > KS_KVFILE_MAX_PAYLOAD ||
-        fsize != (uint64_t)KS_KVFILE_HEADER_LEN + 4ull * m->n_tokens + m->payload_len + KS_KVFILE_TAIL_LEN) {
+        fsize != (uint64_t)KS_KVFILE_HEADER_LEN + 4ull * m->n_tokens + m->payload_len + 8 + tlen) {
         rc = KS_ECORRUPT;
         goto done;
     }
-    /* The trailer: advisory statistics, outside every check. */
-    uint8_t t[TRAILER_LEN];
-    r = ks_sysio_pread_all(fd, t, TRAILER_LEN, (off_t)(fsize - TRAILER_LEN));
+    /* The trailer: advisory statistics and the pin, outside every check. */
+    uint8_t t[KS_KVFILE_TRAILER_LEN];
+    r = ks_sysio_pread_all(fd, t, tlen, (off_t)(fsize - tlen));
     if (r < 0) {
         rc = KS_EIO;
         goto done;
     }
-    m->trailer_ok = r == TRAILER_LEN && get64(t + 16) == trailer_check(t);
+    m->trailer_ok = (size_t)r == tlen && get64(t + tlen - 8) == trailer_check(t, tlen);
     m->last_hit_us = m->trailer_ok ? (int64_t)get64(t) : m->created_us;
     m->hits = m->trailer_ok ? get64(t + 8) : 0;
+    m->pin_until_us = m->trailer_ok && (m->flags & KS_KVFILE_FLAG_PIN) ? (int64_t)get64(t + 16) : 0;
     *fd_out = fd;
     fd = -1;
 done:
@@ -489,29 +508,41 @@ int ks_kvfile_read_buf(const char *path, const ks_kvfile_expect *exp, ks_kvfile_
     return read_file(path, exp, meta, NULL, buf, cap);
 }
 
-int ks_kvfile_touch(const char *path, int64_t last_hit_us, uint64_t hits) {
+int ks_kvfile_touch(const char *path, int64_t last_hit_us, uint64_t hits, int64_t pin_until_us) {
     int rc = 0, fd = -1;
-    uint8_t h[16], t[TRAILER_LEN];
+    uint8_t h[KS_KVFILE_HEADER_LEN], t[KS_KVFILE_TRAILER_LEN];
     struct stat sb;
     if ((rc = open_existing(path, O_RDWR, &fd)) != 0) goto done;
-    /* Only touch what looks like a v1 kvfile of a plausible size; the trailer
-     * sits at the very end, so a wrong file would otherwise get 24 bytes
-     * overwritten. */
+    /* Only touch a kvfile of this version whose header checks, of a
+     * plausible size: the trailer sits at the very end and its length comes
+     * from the flags, so a wrong file would otherwise get bytes overwritten. */
     if (fstat(fd, &sb) != 0) {
         rc = KS_EIO;
         goto done;
     }
-    if (sb.st_size < (off_t)(KS_KVFILE_HEADER_LEN + KS_KVFILE_TAIL_LEN) ||
-        ks_sysio_pread_all(fd, h, 16, 0) != 16 || memcmp(h, KS_KVFILE_MAGIC, 8) != 0 ||
-        get32(h + OFF_VERSION) != KS_KVFILE_VERSION) {
+    if (sb.st_size < (off_t)(KS_KVFILE_HEADER_LEN + 8 + KS_KVFILE_TRAILER_LEN_NOPIN) ||
+        ks_sysio_pread_all(fd, h, sizeof h, 0) != (ssize_t)sizeof h || memcmp(h, KS_KVFILE_MAGIC, 8) != 0 ||
+        get32(h + OFF_VERSION) != KS_KVFILE_VERSION || get32(h + OFF_HEADER_LEN) != KS_KVFILE_HEADER_LEN ||
+        get64(h + OFF_HCHECK) != nonzero(XXH3_64bits(h, OFF_HCHECK)) ||
+        (get32(h + OFF_FLAGS) & ~(uint32_t)KNOWN_FLAGS)) {
         rc = KS_ECORRUPT;
         goto done;
     }
-    put64(t, (uint64_t)last_hit_us);
-    put64(t + 8, hits);
-    put64(t + 16, trailer_check(t));
-    ssize_t w = ks_sysio_pwrite(fd, t, sizeof t, sb.st_size - TRAILER_LEN);
-    if (w != (ssize_t)sizeof t) rc = KS_EIO;
+    uint32_t flags = get32(h + OFF_FLAGS);
+    size_t tlen = trailer_len(flags);
+    if (sb.st_size < (off_t)(KS_KVFILE_HEADER_LEN + 8 + tlen)) {
+        rc = KS_ECORRUPT;
+        goto done;
+    }
+    off_t at = sb.st_size - (off_t)tlen;
+    /* Another process may have pinned the entry for longer: keep the later
+     * deadline (a sound trailer only; a damaged one has no pin to keep). */
+    if ((flags & KS_KVFILE_FLAG_PIN) && ks_sysio_pread_all(fd, t, tlen, at) == (ssize_t)tlen &&
+        get64(t + tlen - 8) == trailer_check(t, tlen) && (int64_t)get64(t + 16) > pin_until_us)
+        pin_until_us = (int64_t)get64(t + 16);
+    encode_trailer(t, flags, last_hit_us, hits, pin_until_us);
+    ssize_t w = ks_sysio_pwrite(fd, t, tlen, at);
+    if (w != (ssize_t)tlen) rc = KS_EIO;
 done:
     if (fd >= 0) ks_sysio_close(fd);
     return rc;

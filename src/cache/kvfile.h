@@ -7,7 +7,10 @@
  *   tokens (n_tokens x u32)
  *   payload (llama sequence state, opaque)
  *   checksum (u64: XXH3-64 of every byte before it)
- *   trailer (24 bytes: last-hit time, hit count, XXH3-64 of those 16 bytes)
+ *   trailer (32 bytes: last-hit time, hit count, pin deadline, XXH3-64 of
+ *            those 24 bytes; flag KS_KVFILE_FLAG_PIN. Files written before
+ *            pins have no flag and a 24-byte trailer without the pin: still
+ *            read, their pin is 0)
  *
  * Writing: a temp file ".<key16>.<pid>.<counter>.tmp" in the same directory
  * is written, fsynced and closed, then link()ed to its final name (which
@@ -30,9 +33,10 @@
  *     the file fail to read.
  *  3. A stored checksum is never 0 (a computed 0 is stored as
  *     KS_KVFILE_CSUM_ZERO), so 0 never means "no checksum".
- *  4. The trailer (hit count, last hit) is outside both checks: updating it in
- *     place (ks_kvfile_touch) never invalidates the file. A torn or damaged
- *     trailer only loses the hit statistics (trailer_ok = false).
+ *  4. The trailer (hit count, last hit, pin) is outside both checks: updating
+ *     it in place (ks_kvfile_touch) never invalidates the file. A torn or
+ *     damaged trailer only loses the hit statistics and the pin (trailer_ok =
+ *     false).
  *
  * Thread model: every function is reentrant and works on paths; concurrent
  * readers and one writer per final name are safe (see store.h for who
@@ -52,7 +56,10 @@
 #define KS_KVFILE_VERSION 1u
 #define KS_KVFILE_HEADER_LEN 160u
 #define KS_KVFILE_HEADER_MAX 4096u          /* any version's header must fit */
-#define KS_KVFILE_TAIL_LEN 32u              /* checksum (8) + trailer (24) */
+#define KS_KVFILE_FLAG_PIN 1u               /* header flag: the trailer holds a pin deadline */
+#define KS_KVFILE_TRAILER_LEN 32u           /* last hit, hits, pin, check (KS_KVFILE_FLAG_PIN) */
+#define KS_KVFILE_TRAILER_LEN_NOPIN 24u     /* last hit, hits, check (no flag: files before pins) */
+#define KS_KVFILE_TAIL_LEN 40u              /* checksum (8) + trailer (32), as written now */
 #define KS_KVFILE_MAX_TOKENS (1u << 24)     /* 16 Mi tokens */
 #define KS_KVFILE_MAX_PAYLOAD ((uint64_t)1 << 40)
 #define KS_KVFILE_CSUM_ZERO 0x4b56535441534830ull /* "KVSTASH0": stored for a computed 0 */
@@ -66,6 +73,7 @@ typedef struct ks_kvfile_meta {
     uint32_t state_version;  /* llama's sequence-state version */
     uint32_t reason;         /* ks_reason */
     uint32_t n_tokens;
+    uint32_t flags;          /* KS_KVFILE_FLAG_*: set by the readers; the writer sets its own */
     uint64_t payload_len;
     int64_t created_us;      /* wall clock, microseconds since the epoch */
     uint8_t model_fp[32];
@@ -74,6 +82,8 @@ typedef struct ks_kvfile_meta {
     /* trailer (not checksummed) */
     int64_t last_hit_us;     /* created_us when never hit or when the trailer is bad */
     uint64_t hits;
+    int64_t pin_until_us;    /* wall clock: keep the entry until then (store.h "Pins"); 0: not
+                                pinned (also without KS_KVFILE_FLAG_PIN or a bad trailer) */
     bool trailer_ok;
     uint64_t file_size;      /* set by the readers */
 } ks_kvfile_meta;
@@ -97,8 +107,9 @@ bool ks_kvfile_name_parse(const char *name, ks_key *key);
 bool ks_kvfile_temp_parse(const char *name, pid_t *pid);
 
 /* Writes and publishes <dir>/<key>.kvs. meta supplies state_version, reason,
- * created_us, model_fp, params_hash and key (n_tokens and payload_len come
- * from n and len). tokens/payload are borrowed.
+ * created_us, model_fp, params_hash, key and pin_until_us (n_tokens and
+ * payload_len come from n and len; the file always has KS_KVFILE_FLAG_PIN).
+ * tokens/payload are borrowed.
  * *existed (may be NULL) is set when a file of that name already existed: then
  * nothing was published and 0 is returned. *file_bytes (may be NULL) receives
  * the published file's size.
@@ -136,8 +147,15 @@ int ks_kvfile_read(const char *path, const ks_kvfile_expect *exp, ks_kvfile_meta
 int ks_kvfile_read_buf(const char *path, const ks_kvfile_expect *exp, ks_kvfile_meta *meta, uint8_t **buf,
                        size_t *cap);
 
-/* Rewrites the trailer in place (pwrite of 24 bytes). 0, KS_ENOENT, KS_EIO or
- * KS_ECORRUPT (the file is not a kvfile of this version). */
-int ks_kvfile_touch(const char *path, int64_t last_hit_us, uint64_t hits);
+/* Rewrites the trailer in place (one pwrite of the trailer) with last_hit_us,
+ * hits and, in a file with KS_KVFILE_FLAG_PIN, the pin deadline: the later of
+ * pin_until_us and the one the file holds (another process may have
+ * extended it; a pin is never shortened here). A file without the flag keeps
+ * no pin (pin_until_us is ignored). 0, KS_ENOENT, KS_EIO or KS_ECORRUPT (the
+ * file is not a kvfile of this version, or its header check fails).
+ * The read and the write of the pin are not atomic across processes: two
+ * processes touching one file at the same instant may lose one's extension
+ * (the entry is then evictable earlier; the file stays valid). */
+int ks_kvfile_touch(const char *path, int64_t last_hit_us, uint64_t hits, int64_t pin_until_us);
 
 #endif

@@ -21,8 +21,12 @@
  *     prefill. After a reused history it is never cut: the finish save
  *     follows within the request, and the cut cost warm turns ~150 ms of TTFT
  *     with 4 concurrent requests (docs/BENCHMARKS.md, save overhead).
- *  3. A pending system-prompt capture point `sys` (SPC) also ends a chunk;
- *     the step counts take it into account. sys < 0: none.
+ *  3. A pending snapshot point `sys` — the system-prompt capture (SPC) or a
+ *     request's cache pin (sched.h ks_cache_pin), the nearer of them — also
+ *     ends a chunk (the caller clamps the chunk to it); the step counts take
+ *     it into account. sys < 0: none. Only the nearest is passed: with a
+ *     second one further on, the look-ahead may miscount by a step, which
+ *     costs at most one cold save too many or too few.
  * When the budget changes between steps (slots start or stop generating) a
  * prefill may save twice or not at all; the finish save follows either way.
  *

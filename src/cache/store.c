@@ -23,9 +23,20 @@
  *   writer could evict it (see do_save), so the lookup never waits for the
  *   writer and never reads a freed buffer.
  *
+ * Pins
+ *   A pinned save is one job for two tiers (ram, then the tier of reason
+ *   pin): the writer puts it into the file tier first and into ram last,
+ *   since the ram tier keeps the buffer. Its deadline is read under s->mu
+ *   before the puts and again after them: ks_store_pin may extend the
+ *   deadline of a queued job meanwhile (under s->mu); an extension that
+ *   comes after the second read finds the entries in their tiers, which it
+ *   pins directly (the puts precede the read, the job leaves `pending` after
+ *   it).
+ *
  * Where state changes
  *   - tier tables: the writer (put, evict, quarantine, GC rescans); lookups
  *     (hit statistics, entries of vanished files, rescans that add entries);
+ *     pins (ks_store_pin, save_pinned: the deadline of existing entries);
  *   - counters: atomics, from any thread;
  *   - the queue: under s->mu.
  */
@@ -95,7 +106,8 @@ int ks_store_open(const ks_store_params *p, ks_store **out, char *err, size_t er
     ks_store *s = NULL;
     if (!out) return KS_EINVAL;
     *out = NULL;
-    if (!p || (p->kv_params_len && !p->kv_params) || p->cfg.stride < 0 || p->queue_max < 0) {
+    if (!p || (p->kv_params_len && !p->kv_params) || p->cfg.stride < 0 || p->queue_max < 0 ||
+        !(p->cfg.pin_share >= 0.0f && p->cfg.pin_share <= 1.0f)) {
         ks_set_err(err, errlen, "invalid store parameters");
         return KS_EINVAL;
     }
@@ -216,6 +228,21 @@ bool ks__store_stored_anywhere(ks_store *s, const ks_key *key) {
     return false;
 }
 
+bool ks__store_pin_held(ks_store *s, const ks_key *key, int64_t until_us) {
+    bool held = false;
+    pthread_mutex_lock(&s->mu);
+    job *j = ks_keymap_get(&s->pending, key);
+    if (j && j->kind == JOB_SAVE) {
+        if (until_us > j->pin_until_us) j->pin_until_us = until_us;
+        held = true;
+    }
+    pthread_mutex_unlock(&s->mu);
+    /* After the queue: a job that completed meanwhile put its entries first. */
+    for (int t = 0; t < KS_TIER__N; t++)
+        if (s->tiers[t] && ks_tier_pin(s->tiers[t], key, until_us)) held = true;
+    return held;
+}
+
 /* The checks every save goes through before it is queued: *tier is the
  * tier it goes to, or -1 when it is not written — too small, a reason mapped
  * to no (enabled) tier, or the state is stored already — each counted as
@@ -276,6 +303,7 @@ int ks_store_save(ks_store *s, ks_reason reason, const int32_t *tokens, int n, u
     memcpy(j->tokens, tokens, (size_t)n * sizeof *tokens);
     j->kind = JOB_SAVE;
     j->tier = (ks_tier_id)t;
+    j->tiers = 1u << t;
     j->key = key;
     j->reason = reason;
     j->n = n;
@@ -314,6 +342,93 @@ done:
     return rc;
 }
 
+int ks_store_pin(ks_store *s, const int32_t *tokens, int n, int64_t until_us) {
+    ks_key key;
+    if (!s || n < 1 || !tokens || (uint64_t)n > KS_KVFILE_MAX_TOKENS || until_us <= 0) return KS_EINVAL;
+    int rc = ks_key_compute(s->fp, s->kv_params, s->kv_len, tokens, n, &key);
+    if (rc != 0) return rc;
+    /* Another process may hold it: one stat per directory tells (as a lookup). */
+    for (int t = 0; t < KS_TIER__N; t++)
+        if (s->tiers[t]) ks_tier_rescan(s->tiers[t], 0);
+    if (!ks__store_pin_held(s, &key, until_us)) return KS_ENOENT;
+    atomic_fetch_add(&s->pin_refreshes, 1);
+    return 0;
+}
+
+int ks_store_save_pinned(ks_store *s, const int32_t *tokens, int n, uint8_t *payload, size_t len,
+                         int64_t until_us) {
+    int rc = 0;
+    job *j = NULL;
+    ks_key key;
+    if (!s || n < 1 || !tokens || (len && !payload) || (uint64_t)n > KS_KVFILE_MAX_TOKENS || until_us <= 0) {
+        rc = KS_EINVAL;
+        goto done;
+    }
+    /* The ram tier, and the tier of reason pin when it is another one. */
+    unsigned tiers = 0;
+    int pt = s->cfg.reason_tier[KS_REASON_PIN];
+    if (s->tiers[KS_TIER_RAM]) tiers |= 1u << KS_TIER_RAM;
+    if (pt != KS_TIER_NONE && s->tiers[pt]) tiers |= 1u << pt;
+    if (!tiers) {
+        atomic_fetch_add(&s->dropped_saves, 1);
+        rc = KS_ENOENT;
+        goto done;
+    }
+    if ((rc = ks_key_compute(s->fp, s->kv_params, s->kv_len, tokens, n, &key)) != 0) goto done;
+    if (ks__store_pin_held(s, &key, until_us)) {
+        atomic_fetch_add(&s->dedup_saves, 1);
+        atomic_fetch_add(&s->pin_refreshes, 1);
+        goto done; /* 0: held, its pin extended */
+    }
+    if (!(j = calloc(1, sizeof *j)) || !(j->tokens = malloc((size_t)n * sizeof *tokens))) {
+        rc = KS_ENOMEM;
+        goto done;
+    }
+    memcpy(j->tokens, tokens, (size_t)n * sizeof *tokens);
+    j->kind = JOB_SAVE;
+    j->tiers = tiers;
+    j->tier = (tiers & (1u << KS_TIER_RAM)) ? KS_TIER_RAM : (ks_tier_id)pt;
+    j->key = key;
+    j->reason = KS_REASON_PIN;
+    j->pin_until_us = until_us;
+    j->n = n;
+    j->len = len;
+    j->created_us = ks__store_wall_us();
+    j->async = true;
+    j->refs = 1;
+
+    pthread_mutex_lock(&s->mu);
+    job *q = ks_keymap_get(&s->pending, &key);
+    if (s->stopping) {
+        rc = KS_ESHUTDOWN;
+    } else if (q) {
+        /* Queued since the check above: pin that one. */
+        if (until_us > q->pin_until_us) q->pin_until_us = until_us;
+        atomic_fetch_add(&s->dedup_saves, 1);
+        atomic_fetch_add(&s->pin_refreshes, 1);
+    } else if (s->n_async >= s->queue_max || s->async_bytes + len > s->queue_max_bytes) {
+        atomic_fetch_add(&s->skipped_saves, 1);
+        KS_WARN("store", "save queue full (%d saves, %llu bytes): skipping the pinned save of %d tokens",
+                s->n_async, (unsigned long long)s->async_bytes, n);
+        rc = KS_EFULL;
+    } else if (ks_keymap_put(&s->pending, &key, j) != 0) {
+        rc = KS_ENOMEM;
+    } else {
+        j->payload = payload; /* the job owns it now */
+        payload = NULL;
+        s->n_async++;
+        s->async_bytes += len;
+        ks__store_enqueue_locked(s, j);
+        j = NULL;
+        rc = 1;
+    }
+    pthread_mutex_unlock(&s->mu);
+done:
+    ks__store_job_free(j);
+    free(payload);
+    return rc;
+}
+
 int ks_store_flush(ks_store *s, int timeout_ms) {
     if (!s) return KS_EINVAL;
     return ks__store_run_waited(s, JOB_FLUSH, timeout_ms);
@@ -335,15 +450,20 @@ void ks_store_stats(ks_store *s, struct ks_store_stats *o) {
     o->lookups = atomic_load(&s->lookups);
     o->hits = atomic_load(&s->hits);
     o->misses = atomic_load(&s->misses);
+    int64_t now = ks__store_wall_us();
     for (int t = 0; t < KS_TIER__N; t++) {
         o->tier_hits[t] = atomic_load(&s->tier_hits[t]);
         o->tier_misses[t] = atomic_load(&s->tier_misses[t]);
         o->tier_evictions[t] = atomic_load(&s->tier_evictions[t]);
+        o->tier_pin_drops[t] = atomic_load(&s->tier_pin_drops[t]);
         if (s->tiers[t]) {
             ks_tier_usage(s->tiers[t], &o->tier_bytes[t], &o->tier_entries[t]);
             o->tier_max_bytes[t] = (uint64_t)s->cfg.tier_max_bytes[t];
+            o->tier_pinned_bytes[t] = ks_tier_pinned_bytes(s->tiers[t], now, &o->tier_pinned_entries[t]);
         }
     }
+    o->pin_saves = atomic_load(&s->pin_saves);
+    o->pin_refreshes = atomic_load(&s->pin_refreshes);
     for (int r = 0; r < KS_REASON__N; r++) o->saves[r] = atomic_load(&s->saves[r]);
     o->saved_bytes = atomic_load(&s->saved_bytes);
     o->dedup_saves = atomic_load(&s->dedup_saves);

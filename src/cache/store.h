@@ -28,6 +28,25 @@
  *  - Hit statistics are kept in memory and written back to the files'
  *    trailers by the writer thread about once a second and at close.
  *
+ * Pins (a client's cache breakpoints, Anthropic's `cache_control`)
+ *  - An entry pinned until T (wall clock, µs) is not evicted by the LRU
+ *    before T, as long as the pinned entries of its tier fit in cfg.pin_share
+ *    of the tier's budget. Beyond that, the pins that expire soonest lose
+ *    their protection first (those entries are evicted as any other, counted
+ *    in tier_pin_drops). An expired pin is nothing: the entry is ordinary.
+ *  - ks_store_save_pinned saves into the ram tier and into the tier of
+ *    cfg.reason_tier[KS_REASON_PIN] (a file tier in the full store mode, so
+ *    other processes and restarts find it; "none" or "ram": ram only),
+ *    regardless of cfg.min_tokens. A state already stored anywhere, or
+ *    queued, is not written again: its pin is extended (ks_store_pin).
+ *  - A pin is only ever extended, never shortened. In a file tier it is kept
+ *    in the trailer (docs/kvfile-format.md): every process honours it, and
+ *    reads it again before evicting the file. A file written before pins
+ *    cannot keep one: its pin lives in this process's memory only.
+ *  - A pinned save is still asynchronous: it can fail later like any save
+ *    (I/O error, larger than the budget, or the room held by pins with later
+ *    deadlines), which the caller does not learn; store stats count it.
+ *
  * Invariants
  *  1. A lookup hit returns a payload whose file passed every check against
  *     this store's model fingerprint, kv-params hash, llama state version and
@@ -43,14 +62,15 @@
  *     (ENOSPC, EIO, a short write, a failed fsync) skips that save only: it
  *     is logged, counted, its temp file removed, and the store keeps serving.
  *  4. Each tier stays within cfg.tier_max_bytes after every save of this
- *     process (least recently hit entries are evicted first).
+ *     process (least recently hit entries are evicted first, protected pins
+ *     passed over: a save that only fits by evicting them is dropped).
  *  5. Two processes (or two stores) on one directory never corrupt each
  *     other's files: temp names carry pid + counter, publishing is an atomic
  *     link() that never replaces a file, and readers verify everything.
  *
- * Thread model: ks_store_lookup, ks_store_save, ks_store_flush, ks_store_gc,
- * ks_store_stats and ks_store_note_restore are safe from any thread, also
- * concurrently. ks_store_open/close run on one thread with no other call in
+ * Thread model: ks_store_lookup, ks_store_save, ks_store_save_pinned,
+ * ks_store_pin, ks_store_flush, ks_store_gc, ks_store_stats and
+ * ks_store_note_restore are safe from any thread, also concurrently. ks_store_open/close run on one thread with no other call in
  * flight. The store owns one writer thread between open and close.
  */
 #ifndef KS_STORE_H
@@ -153,6 +173,27 @@ int ks_store_lookup_range(ks_store *s, const int32_t *tokens, int n, int min_len
 int ks_store_save(ks_store *s, ks_reason reason, const int32_t *tokens, int n, uint8_t *payload,
                   size_t len, bool sync);
 
+/* Pins (see "Pins" above). until_us is a wall-clock deadline, µs since the
+ * epoch (> 0). Both are thread-safe and never wait for the writer.
+ *
+ * ks_store_pin: extends the pin of the stored or queued state of tokens[0, n)
+ * to at least until_us, in every tier that holds it (the directories are
+ * rescanned first when they changed, as for a lookup). 0 when it is held
+ * (counted in pin_refreshes), KS_ENOENT when not (nothing changes), KS_EINVAL
+ * (NULL s or tokens, n < 1, until_us <= 0), KS_ENOMEM. Lets a caller skip
+ * copying a state the store already holds. */
+int ks_store_pin(ks_store *s, const int32_t *tokens, int n, int64_t until_us);
+/* ks_store_save_pinned: saves the state of tokens[0, n) pinned until until_us,
+ * for reason KS_REASON_PIN, asynchronously. Takes ownership of payload (freed
+ * on every path); tokens is borrowed. cfg.min_tokens does not apply (n >= 1).
+ * Returns 1 when queued for writing, 0 when the state was held already (its
+ * pin extended, as ks_store_pin; counted as a dedup and a refresh), KS_ENOENT
+ * when no enabled tier takes pins (no ram tier and reason pin maps to none or
+ * to a disabled tier; counted as dropped), KS_EFULL (queue full; counted as
+ * skipped), KS_EINVAL, KS_ENOMEM, KS_ESHUTDOWN. */
+int ks_store_save_pinned(ks_store *s, const int32_t *tokens, int n, uint8_t *payload, size_t len,
+                         int64_t until_us);
+
 /* Waits until every save queued before this call was processed, for at most
  * timeout_ms (<= 0: no limit). 0, KS_EBUSY (timeout), KS_ESHUTDOWN. */
 int ks_store_flush(ks_store *s, int timeout_ms);
@@ -193,6 +234,12 @@ struct ks_store_stats {
     uint64_t corrupt_files;                /* bad files met (lookups, scans, saves) */
     uint64_t queued;                       /* saves waiting now */
     uint64_t pending_hits;                 /* hits served from a save not written yet */
+    uint64_t pin_saves;                    /* pinned saves written (also in saves[KS_REASON_PIN]) */
+    uint64_t pin_refreshes;                /* pins extended on states held already */
+    uint64_t tier_pinned_bytes[KS_TIER__N];   /* current: entries pinned now (of this process's view) */
+    uint64_t tier_pinned_entries[KS_TIER__N];
+    uint64_t tier_pin_drops[KS_TIER__N];   /* pinned entries evicted before their deadline because
+                                              the pins exceeded cfg.pin_share of the budget */
     double load_ms_total;                  /* reading + verifying hits */
     double save_ms_total;                  /* writing saves (writer thread) */
     double restore_ms_total;               /* ks_store_note_restore() */

@@ -5,8 +5,8 @@
 
 #include <string.h>
 
-static const char *const k_reason_names[KS_REASON__N] = {"cold", "continued", "finish", "evict",
-                                                         "shutdown"};
+static const char *const k_reason_names[KS_REASON__N] = {"cold",  "continued", "finish",
+                                                         "evict", "shutdown",  "pin"};
 static const char *const k_tier_names[KS_TIER__N] = {"ram", "shm", "disk"};
 
 const char *ks_reason_name(ks_reason r) {
@@ -48,4 +48,8 @@ void ks_store_cfg_defaults(ks_store_cfg *c) {
     c->reason_tier[KS_REASON_FINISH] = KS_TIER_SHM;
     c->reason_tier[KS_REASON_EVICT] = KS_TIER_DISK;
     c->reason_tier[KS_REASON_SHUTDOWN] = KS_TIER_DISK;
+    /* A pin is a promise to a client that comes back: the disk tier also
+     * serves other processes and restarts (the ram tier gets it too). */
+    c->reason_tier[KS_REASON_PIN] = KS_TIER_DISK;
+    c->pin_share = 0.5f;
 }

@@ -26,9 +26,11 @@ typedef enum { JOB_SAVE, JOB_QUARANTINE, JOB_GC, JOB_FLUSH } job_kind;
 typedef struct job {
     struct job *next;
     job_kind kind;
-    ks_tier_id tier;
+    ks_tier_id tier;   /* quarantine: the tier; save: the first of `tiers` a lookup names */
     ks_key key;
     /* save */
+    unsigned tiers;    /* 1 << ks_tier_id of every tier it goes to (a pinned save: two) */
+    int64_t pin_until_us; /* 0: not pinned; extended under s->mu by later pins of the key */
     ks_reason reason;
     int32_t *tokens;
     int n;
@@ -73,6 +75,7 @@ struct ks_store {
     _Atomic uint64_t dedup_saves, small_saves, dropped_saves, skipped_saves, failed_saves;
     _Atomic uint64_t corrupt_files;
     _Atomic uint64_t pending_hits;
+    _Atomic uint64_t pin_saves, pin_refreshes, tier_pin_drops[KS_TIER__N];
     _Atomic uint64_t load_us, save_us, restore_us;
 };
 
@@ -82,6 +85,9 @@ int64_t ks__store_wall_us(void);
 void ks__store_add_ms(_Atomic uint64_t *acc, double ms);
 /* Whether one of our tiers holds key as an entry of this model. */
 bool ks__store_stored_anywhere(ks_store *s, const ks_key *key);
+/* Pins key until at least until_us wherever it is held: a queued save of it
+ * (under s->mu) and every tier entry of it. Returns whether it is held. */
+bool ks__store_pin_held(ks_store *s, const ks_key *key, int64_t until_us);
 /* Frees a job that nobody else references; NULL is a no-op. */
 void ks__store_job_free(job *j);
 /* Drops one reference of j (caller holds s->mu); frees it at zero. */

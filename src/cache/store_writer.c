@@ -81,50 +81,72 @@ int ks__store_run_waited(ks_store *s, job_kind kind, int timeout_ms) {
 }
 
 /* ---------------------------------------------------------- writer side */
-static int evict_tier(ks_store *s, int t, uint64_t max_bytes) {
-    int n = ks_tier_evict(s->tiers[t], max_bytes, NULL, NULL);
+/* Evicts from tier t down to max_bytes, passing over the pinned entries that
+ * fit in its pin budget (cfg.pin_share of the tier's budget); incoming_bytes
+ * of a pinned save about to be put compete for that protection. */
+static int evict_tier(ks_store *s, int t, uint64_t max_bytes, uint64_t incoming_bytes, int64_t incoming_until_us) {
+    ks_tier_pins pins = {
+        .now_us = ks__store_wall_us(),
+        .max_bytes = (uint64_t)((double)s->cfg.pin_share * (double)s->cfg.tier_max_bytes[t]),
+        .incoming_bytes = incoming_bytes,
+        .incoming_until_us = incoming_until_us,
+    };
+    int n = ks_tier_evict(s->tiers[t], max_bytes, &pins, NULL, NULL);
     if (n > 0) {
         atomic_fetch_add(&s->tier_evictions[t], (uint64_t)n);
         KS_DEBUG("store", "evicted %d %s entries to stay under %llu bytes", n, ks_tier_name(t),
                  (unsigned long long)max_bytes);
     }
+    if (pins.dropped > 0) {
+        atomic_fetch_add(&s->tier_pin_drops[t], (uint64_t)pins.dropped);
+        KS_INFO("store", "evicted %d pinned %s entries before their deadline: pins exceed %.0f%% of the budget",
+                pins.dropped, ks_tier_name(t), 100.0 * s->cfg.pin_share);
+    }
     return n;
 }
 
-static int do_save(ks_store *s, job *j) {
-    int t = j->tier;
+/* What a save did in one tier, worst first: a job's outcome is the best of
+ * its tiers'. */
+enum { SAVE_FAILED = 0, SAVE_DROPPED, SAVE_EXISTED, SAVE_WROTE };
+
+/* Puts job j into tier t, pinned until pin (0: not pinned). *out: what
+ * happened (SAVE_*), counted by the caller: one outcome per job, whatever
+ * the number of its tiers, so that every save request is accounted for
+ * exactly once (written, or not written with one cause). Returns 0 or the
+ * error of this tier (logged). */
+static int save_to(ks_store *s, job *j, int t, int64_t pin, int *out) {
     ks_tier *tier = s->tiers[t];
     uint64_t budget = (uint64_t)s->cfg.tier_max_bytes[t];
     uint64_t need = (uint64_t)KS_KVFILE_HEADER_LEN + 4ull * (uint64_t)j->n + j->len + KS_KVFILE_TAIL_LEN;
     bool existed = false;
-    if (!tier) {
-        atomic_fetch_add(&s->dropped_saves, 1);
-        return 0;
-    }
+    *out = SAVE_DROPPED;
+    if (!tier) return 0;
     if (need > budget) {
         KS_INFO("store", "not saving %d tokens (%s): %llu bytes exceed the %s budget of %llu",
                 j->n, ks_reason_name(j->reason), (unsigned long long)need, ks_tier_name(t),
                 (unsigned long long)budget);
-        atomic_fetch_add(&s->dropped_saves, 1);
         return KS_ENOSPC;
-    }
-    /* Saved meanwhile (e.g. by another process, seen by a rescan): no need to
-     * make room for it. */
-    if (ks__store_stored_anywhere(s, &j->key)) {
-        atomic_fetch_add(&s->dedup_saves, 1);
-        return 0;
     }
     /* Make room first, so that the tier never holds more than its budget.
      * Another process may have saved into the same directory since we last
      * looked (one stat tells): count its files too, or two writers would
      * each fill the budget. */
     ks_tier_rescan(tier, 0);
-    evict_tier(s, t, budget - need);
+    evict_tier(s, t, budget - need, pin ? need : 0, pin);
+    uint64_t used = 0;
+    ks_tier_usage(tier, &used, NULL);
+    if (used + need > budget) {
+        /* The pinned entries hold the room (at most pin_share of the budget). */
+        KS_INFO("store", "not saving %d tokens (%s) to %s: pinned entries hold the room", j->n,
+                ks_reason_name(j->reason), ks_tier_name(t));
+        return KS_ENOSPC;
+    }
     ks_kvfile_meta m;
     memset(&m, 0, sizeof m);
     m.state_version = s->state_version;
     m.reason = (uint32_t)j->reason;
     m.created_us = j->created_us;
+    m.pin_until_us = pin;
     memcpy(m.model_fp, s->fp, 32);
     memcpy(m.params_hash, s->params_hash, 32);
     m.key = j->key;
@@ -146,18 +168,61 @@ static int do_save(ks_store *s, job *j) {
     if (rc != 0) {
         KS_WARN("store", "save of %d tokens (%s) to %s failed: %s; skipped", j->n,
                 ks_reason_name(j->reason), ks_tier_name(t), ks_strerror(rc));
-        atomic_fetch_add(&s->failed_saves, 1);
+        *out = SAVE_FAILED;
         return rc;
     }
     if (existed) {
-        atomic_fetch_add(&s->dedup_saves, 1);
+        /* Another process saved it: it is held, and pinned. */
+        if (pin) ks_tier_pin(tier, &j->key, pin);
+        *out = SAVE_EXISTED;
         return 0;
+    }
+    *out = SAVE_WROTE;
+    KS_DEBUG("store", "saved %d tokens (%s, %zu bytes) to %s in %.1f ms", j->n,
+             ks_reason_name(j->reason), j->len, ks_tier_name(t), ks_now_ms() - t0);
+    evict_tier(s, t, budget, 0, 0);
+    return 0;
+}
+
+static int do_save(ks_store *s, job *j) {
+    pthread_mutex_lock(&s->mu);
+    int64_t pin = j->pin_until_us;
+    pthread_mutex_unlock(&s->mu);
+    /* Saved meanwhile (e.g. by another process, seen by a rescan): no need to
+     * make room for it; a pin goes to the entries that hold it. */
+    if (ks__store_stored_anywhere(s, &j->key)) {
+        atomic_fetch_add(&s->dedup_saves, 1);
+        if (pin) ks__store_pin_held(s, &j->key, pin);
+        return 0;
+    }
+    /* The file tiers first: the ram tier keeps the buffer (tiers are ordered
+     * fastest first, so backwards). */
+    int rc = 0, best = -1;
+    for (int t = KS_TIER__N - 1; t >= 0; t--) {
+        if (!(j->tiers & (1u << t))) continue;
+        int out = SAVE_DROPPED;
+        int r = save_to(s, j, t, pin, &out);
+        if (r != 0 && rc == 0) rc = r;
+        if (out > best) best = out;
+    }
+    if (pin) {
+        /* A pin of the key that came while the job was being written. */
+        pthread_mutex_lock(&s->mu);
+        int64_t later = j->pin_until_us;
+        pthread_mutex_unlock(&s->mu);
+        if (later > pin)
+            for (int t = 0; t < KS_TIER__N; t++)
+                if ((j->tiers & (1u << t)) && s->tiers[t]) ks_tier_pin(s->tiers[t], &j->key, later);
+    }
+    switch (best) {
+    case SAVE_WROTE: break;
+    case SAVE_EXISTED: atomic_fetch_add(&s->dedup_saves, 1); return 0;
+    case SAVE_FAILED: atomic_fetch_add(&s->failed_saves, 1); return rc;
+    default: atomic_fetch_add(&s->dropped_saves, 1); return rc;
     }
     atomic_fetch_add(&s->saves[j->reason], 1);
     atomic_fetch_add(&s->saved_bytes, j->len);
-    KS_DEBUG("store", "saved %d tokens (%s, %zu bytes) to %s in %.1f ms", j->n,
-             ks_reason_name(j->reason), j->len, ks_tier_name(t), ks_now_ms() - t0);
-    evict_tier(s, t, budget);
+    if (pin) atomic_fetch_add(&s->pin_saves, 1);
     return 0;
 }
 
@@ -166,7 +231,7 @@ static int do_gc(ks_store *s) {
     for (int t = 0; t < KS_TIER__N; t++) {
         if (!s->tiers[t]) continue;
         ks_tier_rescan(s->tiers[t], KS_RESCAN_FORCE | KS_RESCAN_CLEANUP);
-        n += evict_tier(s, t, (uint64_t)s->cfg.tier_max_bytes[t]);
+        n += evict_tier(s, t, (uint64_t)s->cfg.tier_max_bytes[t], 0, 0);
     }
     return n;
 }

@@ -6,9 +6,16 @@
  * these functions; neither calls into the other.
  *
  * Where state changes: the table only under t->lock held for writing
- * (insert, unlink, touch, mark_bad, evict's marking, forget_bad); the
- * storage of an entry only through vt->drop, called without the lock
- * (tier.h invariant 3).
+ * (insert, unlink, touch, pin, mark_bad, evict's pin reloads and marking,
+ * forget_bad); the storage of an entry only through vt->drop, called
+ * without the lock (tier.h invariant 3).
+ *
+ * Eviction with pins (tier.h "Pins"): the pinned entries are ranked by
+ * deadline, latest first, and protected while their bytes fit in the pin
+ * budget; the first that does not fit and every later-ranked one (the
+ * soonest to expire) are ordinary LRU candidates. Protecting a prefix of that
+ * ranking, not the best packing, keeps the rule a client can reason about:
+ * a pin never loses protection to a pin that expires sooner.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -101,6 +108,33 @@ bool ks_tier_has(ks_tier *t, const ks_key *key, ks_tier_entry *out) {
     return ok;
 }
 
+bool ks_tier_pin(ks_tier *t, const ks_key *key, int64_t until_us) {
+    pthread_rwlock_wrlock(&t->lock);
+    ks__tentry *e = ks_keymap_get(&t->map, key);
+    bool ok = e && !e->bad && e->info.cls == KS_ENTRY_OWN;
+    if (ok && until_us > e->info.pin_until_us) {
+        e->info.pin_until_us = until_us;
+        e->dirty = true;
+    }
+    pthread_rwlock_unlock(&t->lock);
+    return ok;
+}
+
+uint64_t ks_tier_pinned_bytes(ks_tier *t, int64_t now_us, uint64_t *n) {
+    uint64_t bytes = 0, k = 0;
+    pthread_rwlock_rdlock(&t->lock);
+    for (size_t i = 0; i < t->map.cap; i++) {
+        if (!ks_keymap_live(&t->map, i)) continue;
+        const ks__tentry *e = t->map.vals[i];
+        if (e->bad || e->info.pin_until_us <= now_us) continue;
+        bytes += e->info.bytes;
+        k++;
+    }
+    pthread_rwlock_unlock(&t->lock);
+    if (n) *n = k;
+    return bytes;
+}
+
 bool ks_tier_mark_bad(ks_tier *t, const ks_key *key) {
     pthread_rwlock_wrlock(&t->lock);
     ks__tentry *e = ks_keymap_get(&t->map, key);
@@ -169,41 +203,131 @@ typedef struct victim {
     void *blob;
 } victim;
 
-int ks_tier_evict(ks_tier *t, uint64_t max_bytes, void (*cb)(void *ud, const ks_tier_entry *e),
-                  void *ud) {
-    ks__tentry **all = NULL;
-    victim *v = NULL;
-    ks_key *keys = NULL;
-    int n = 0;
-    pthread_rwlock_wrlock(&t->lock);
-    if (t->bytes <= max_bytes || t->map.n == 0) goto unlock;
-    all = malloc(t->map.n * sizeof *all);
-    v = malloc(t->map.n * sizeof *v);
-    keys = malloc(t->map.n * sizeof *keys);
-    if (!all || !v || !keys) goto unlock;
-    /* Entries already marked bad are on their way out: not counted. */
+/* Latest deadline first; ties: the more recently used first. */
+static int pin_cmp(const void *a, const void *b) {
+    const ks__tentry *x = *(ks__tentry *const *)a, *y = *(ks__tentry *const *)b;
+    if (x->info.pin_until_us != y->info.pin_until_us) return x->info.pin_until_us > y->info.pin_until_us ? -1 : 1;
+    return x->lru > y->lru ? -1 : x->lru < y->lru;
+}
+
+/* Chooses the victims among the table's good entries (caller holds the
+ * lock; all has room for every entry): fills all[0, *k) with the candidates
+ * in eviction order and returns how many of them must go to bring usage to
+ * max_bytes (all of them when that is not enough). *dropped: how many of
+ * those are pinned. */
+static size_t choose(ks_tier *t, ks__tentry **all, size_t *k, uint64_t max_bytes, const ks_tier_pins *pins,
+                     int *dropped) {
     uint64_t live = t->bytes;
-    size_t k = 0;
+    size_t n = 0, n_pinned = 0;
+    *dropped = 0;
+    /* Entries already marked bad are on their way out: not counted. */
     for (size_t i = 0; i < t->map.cap; i++) {
         if (!ks_keymap_live(&t->map, i)) continue;
         ks__tentry *e = t->map.vals[i];
         if (e->bad)
             live -= e->info.bytes;
         else
-            all[k++] = e;
+            all[n++] = e;
     }
-    if (k) qsort(all, k, sizeof *all, lru_cmp);
-    for (size_t i = 0; i < k && live > max_bytes; i++) {
+    if (pins) {
+        /* The pinned entries first, latest deadline first; a protected
+         * prefix of them is taken out of the candidates. */
+        for (size_t i = 0; i < n; i++) {
+            if (all[i]->info.pin_until_us <= pins->now_us) continue;
+            ks__tentry *x = all[n_pinned];
+            all[n_pinned++] = all[i];
+            all[i] = x;
+        }
+        if (n_pinned) qsort(all, n_pinned, sizeof *all, pin_cmp);
+        uint64_t kept = 0;
+        bool incoming = pins->incoming_bytes > 0 && pins->incoming_until_us > pins->now_us;
+        size_t p = 0;
+        for (; p < n_pinned; p++) {
+            /* The incoming save ranks by its deadline like an entry. */
+            if (incoming && pins->incoming_until_us >= all[p]->info.pin_until_us) {
+                if (kept + pins->incoming_bytes > pins->max_bytes) break;
+                kept += pins->incoming_bytes;
+                incoming = false;
+            }
+            if (kept + all[p]->info.bytes > pins->max_bytes) break;
+            kept += all[p]->info.bytes;
+        }
+        /* all[0, p) are protected: move the rest forward. */
+        memmove(all, all + p, (n - p) * sizeof *all);
+        n -= p;
+    }
+    if (n) qsort(all, n, sizeof *all, lru_cmp);
+    size_t v = 0;
+    for (; v < n && live > max_bytes; v++) {
+        live -= all[v]->info.bytes;
+        if (pins && all[v]->info.pin_until_us > pins->now_us) (*dropped)++;
+    }
+    *k = n;
+    return v;
+}
+
+/* Reads the pins of the chosen victims again (another process may have set
+ * them since this one indexed the files) and records a later one. Returns
+ * true when a pin changed, so that the choice is made again. */
+static bool reload_pins(ks_tier *t, uint64_t max_bytes, const ks_tier_pins *pins) {
+    ks__tentry **all = NULL;
+    ks_key *keys = NULL;
+    size_t n = 0, k = 0;
+    int dropped;
+    bool changed = false;
+    pthread_rwlock_rdlock(&t->lock);
+    if (t->bytes > max_bytes && t->map.n && (all = malloc(t->map.n * sizeof *all)) &&
+        (keys = malloc(t->map.n * sizeof *keys))) {
+        n = choose(t, all, &k, max_bytes, pins, &dropped);
+        for (size_t i = 0; i < n; i++) keys[i] = all[i]->info.key;
+    }
+    pthread_rwlock_unlock(&t->lock);
+    for (size_t i = 0; i < n; i++) {
+        int64_t pin = 0;
+        if (t->vt->reload_pin(t, &keys[i], &pin) != 0 || pin <= pins->now_us) continue;
+        pthread_rwlock_wrlock(&t->lock);
+        ks__tentry *e = ks_keymap_get(&t->map, &keys[i]);
+        if (e && !e->bad && pin > e->info.pin_until_us) {
+            e->info.pin_until_us = pin;
+            changed = true;
+        }
+        pthread_rwlock_unlock(&t->lock);
+    }
+    free(all);
+    free(keys);
+    return changed;
+}
+
+int ks_tier_evict(ks_tier *t, uint64_t max_bytes, ks_tier_pins *pins,
+                  void (*cb)(void *ud, const ks_tier_entry *e), void *ud) {
+    ks__tentry **all = NULL;
+    victim *v = NULL;
+    ks_key *keys = NULL;
+    int n = 0, dropped = 0;
+    if (pins) pins->dropped = 0;
+    /* Each round can only add protection; two are plenty for the pins one
+     * other process may have changed meanwhile. */
+    for (int round = 0; pins && t->vt->reload_pin && round < 2; round++)
+        if (!reload_pins(t, max_bytes, pins)) break;
+    pthread_rwlock_wrlock(&t->lock);
+    if (t->bytes <= max_bytes || t->map.n == 0) goto unlock;
+    all = malloc(t->map.n * sizeof *all);
+    v = malloc(t->map.n * sizeof *v);
+    keys = malloc(t->map.n * sizeof *keys);
+    if (!all || !v || !keys) goto unlock;
+    size_t k = 0;
+    size_t nv = choose(t, all, &k, max_bytes, pins, &dropped);
+    for (size_t i = 0; i < nv; i++) {
         all[i]->bad = true;
         v[n].info = all[i]->info;
         v[n].blob = all[i]->blob;
         all[i]->blob = NULL;
         keys[n] = all[i]->info.key;
-        live -= all[i]->info.bytes;
         n++;
     }
 unlock:
     pthread_rwlock_unlock(&t->lock);
+    if (pins) pins->dropped = n ? dropped : 0;
     for (int i = 0; i < n; i++) {
         t->vt->drop(t, &v[i].info.key, v[i].blob);
         if (cb) cb(ud, &v[i].info);

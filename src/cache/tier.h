@@ -11,9 +11,18 @@
  * only on tier.c and never on each other.
  *
  * Each tier owns its entry table: key -> metadata (tokens, bytes, reason,
- * times, hits, and whether the entry belongs to this model). The store's
+ * times, hits, pin, and whether the entry belongs to this model). The store's
  * index is the union of the tiers' tables; each tier has its own byte budget
  * and LRU (least recently hit first, ties broken by insertion order).
+ *
+ * Pins. An entry whose pin_until_us is in the future is "pinned": eviction
+ * passes it over while the pinned entries it protects fit in the pin budget
+ * (ks_tier_pins.max_bytes); when they do not, the pins that expire soonest
+ * lose their protection first and those entries are evicted by the LRU like
+ * any other. A file tier keeps the pin in the file's trailer (kvfile.h), so
+ * other processes and restarts honour it; before evicting a file it reads
+ * the file's pin again, since another process may have set or extended it
+ * after this one indexed the file.
  *
  * Entry classes. A file tier's directory may be shared by processes running
  * other models or another llama.cpp: an entry is
@@ -65,6 +74,7 @@ typedef struct ks_tier_entry {
     int64_t created_us;      /* wall clock, microseconds */
     int64_t last_hit_us;     /* created_us when never hit */
     uint64_t hits;
+    int64_t pin_until_us;    /* wall clock; pinned while in the future; 0: never pinned */
     uint32_t state_version;
     uint8_t model_fp[32];
     ks_entry_class cls;
@@ -128,8 +138,14 @@ typedef struct ks_tier_vt {
      * writers and quarantine files with a bad header). Returns the number of
      * entries added (>= 0) or KS_EIO / KS_ENOENT / KS_ENOMEM. ram: 0. */
     int (*rescan)(ks_tier *t, unsigned flags);
-    /* Writes the hit statistics of hit entries back to their trailers. */
+    /* Writes the hit statistics and pins of changed entries back to their
+     * trailers. */
     void (*persist)(ks_tier *t);
+    /* The pin the entry's storage holds now, which another process may have
+     * changed (file tiers: the file's trailer). 0 and *pin_until_us, or an
+     * error (the file vanished or cannot be read: the caller keeps what it
+     * knows). NULL for a tier only this process writes (ram). */
+    int (*reload_pin)(ks_tier *t, const ks_key *key, int64_t *pin_until_us);
     void (*close)(ks_tier *t);
 } ks_tier_vt;
 
@@ -189,6 +205,13 @@ int ks_tier_remove(ks_tier *t, const ks_key *key);
 bool ks_tier_has(ks_tier *t, const ks_key *key, ks_tier_entry *e);
 /* Marks the entry bad; true only for the call that marked it (count once). */
 bool ks_tier_mark_bad(ks_tier *t, const ks_key *key);
+/* Pins key's entry (OWN and good) until at least until_us: a later deadline
+ * it has is kept. File tiers write the new deadline to the trailer with the
+ * next persist. Returns true when the entry is there (pinned). */
+bool ks_tier_pin(ks_tier *t, const ks_key *key, int64_t until_us);
+/* Bytes of the entries (good, any class) pinned at now_us (pin_until_us >
+ * now_us), and their number in *n (may be NULL). */
+uint64_t ks_tier_pinned_bytes(ks_tier *t, int64_t now_us, uint64_t *n);
 /* Appends the n_tokens of every OWN, good entry with 1 <= n_tokens <= max_len
  * to out[*n] while *n < cap (duplicates included). */
 void ks_tier_lengths(ks_tier *t, int max_len, int *out, int *n, int cap);
@@ -196,13 +219,30 @@ void ks_tier_lengths(ks_tier *t, int max_len, int *out, int *n, int cap);
  * (cb runs without the lock). Returns 0, KS_ENOMEM, or cb's non-zero value. */
 int ks_tier_list(ks_tier *t, ks_tier_list_cb cb, void *ud);
 void ks_tier_usage(ks_tier *t, uint64_t *bytes, uint64_t *entries);
-/* Removes least-recently-hit entries until usage <= max_bytes; evicted keys
- * are reported to cb (may be NULL). Returns the number evicted.
+/* How eviction treats pins (see "Pins" above). */
+typedef struct ks_tier_pins {
+    int64_t now_us;            /* wall clock: entries with pin_until_us > now_us are pinned */
+    uint64_t max_bytes;        /* pinned bytes protected from eviction, latest deadlines first */
+    /* A pinned save about to be added (0 bytes: none): it competes for the
+     * protection like an entry, so making room for it never leaves more
+     * protected than max_bytes once it is in. */
+    uint64_t incoming_bytes;
+    int64_t incoming_until_us;
+    int dropped;               /* out: evicted entries whose pin had not expired */
+} ks_tier_pins;
+
+/* Removes least-recently-hit entries until usage <= max_bytes, passing over
+ * the pinned entries pins protects (NULL: none); evicted keys are reported to
+ * cb (may be NULL). Returns the number evicted. Usage stays above max_bytes
+ * when the protected entries alone exceed it.
  * Removal order (here and in ks_tier_remove): mark the entries bad, drop
  * their storage, then take them out of the table — so that a concurrent
- * rescan never re-indexes a file that is about to vanish. */
-int ks_tier_evict(ks_tier *t, uint64_t max_bytes, void (*cb)(void *ud, const ks_tier_entry *e),
-                  void *ud);
+ * rescan never re-indexes a file that is about to vanish. Before that, the
+ * pins of the chosen entries are read again (vt->reload_pin) and the choice
+ * made again when one changed; a pin another process sets between that read
+ * and the removal is lost (the window of one trailer read). */
+int ks_tier_evict(ks_tier *t, uint64_t max_bytes, ks_tier_pins *pins,
+                  void (*cb)(void *ud, const ks_tier_entry *e), void *ud);
 
 /* ---------------------------------------------- internals for the tiers */
 struct ks__tentry {
@@ -210,7 +250,7 @@ struct ks__tentry {
     uint64_t lru;         /* t->seq at the last hit or at insertion */
     uint64_t ins;         /* t->seq at insertion */
     bool bad;
-    bool dirty;           /* hit statistics not yet persisted */
+    bool dirty;           /* hit statistics or pin not yet persisted */
     void *blob;           /* ram: the blob */
 };
 /* Classifies a header against the tier's identity. */

@@ -98,6 +98,7 @@ static void info_from_meta(const ks_tier *t, const ks_kvfile_meta *m, ks_tier_en
     info->created_us = m->created_us;
     info->last_hit_us = m->last_hit_us;
     info->hits = m->hits;
+    info->pin_until_us = m->pin_until_us;
     info->state_version = m->state_version;
     memcpy(info->model_fp, m->model_fp, 32);
     info->cls = ks__tier_classify(t, m);
@@ -446,7 +447,7 @@ static int file_rescan(ks_tier *t, unsigned flags) {
 
 static void file_persist(ks_tier *t) {
     file_tier *ft = (file_tier *)t;
-    typedef struct { ks_key key; int64_t last; uint64_t hits; } upd;
+    typedef struct { ks_key key; int64_t last; uint64_t hits; int64_t pin; } upd;
     upd *v = NULL;
     size_t n = 0;
     orphans_retry(ft);
@@ -459,6 +460,7 @@ static void file_persist(ks_tier *t) {
         v[n].key = e->info.key;
         v[n].last = e->info.last_hit_us;
         v[n].hits = e->info.hits;
+        v[n].pin = e->info.pin_until_us;
         n++;
         e->dirty = false;
     }
@@ -466,10 +468,19 @@ static void file_persist(ks_tier *t) {
     for (size_t i = 0; i < n; i++) {
         char path[PATH_MAX];
         if (entry_path(t, &v[i].key, path, sizeof path) != 0) continue;
-        int rc = ks_kvfile_touch(path, v[i].last, v[i].hits);
+        int rc = ks_kvfile_touch(path, v[i].last, v[i].hits, v[i].pin);
         if (rc != 0 && rc != KS_ENOENT) KS_DEBUG("store", "touch %s: %s", path, ks_strerror(rc));
     }
     free(v);
+}
+
+static int file_reload_pin(ks_tier *t, const ks_key *key, int64_t *pin_until_us) {
+    char path[PATH_MAX];
+    ks_kvfile_meta m;
+    if (entry_path(t, key, path, sizeof path) != 0) return KS_EINVAL;
+    int rc = ks_kvfile_read_meta(path, &m);
+    if (rc == 0) *pin_until_us = m.pin_until_us;
+    return rc;
 }
 
 static void file_close(ks_tier *t) {
@@ -489,6 +500,7 @@ static const ks_tier_vt file_vt = {
     .quarantine = file_quarantine,
     .rescan = file_rescan,
     .persist = file_persist,
+    .reload_pin = file_reload_pin,
     .close = file_close,
 };
 

@@ -70,6 +70,7 @@ static int ram_put(ks_tier *t, const ks_kvfile_meta *m, const int32_t *tokens, i
     info.bytes = len + (uint64_t)n * 4 + sizeof *b;
     info.created_us = m->created_us;
     info.last_hit_us = m->created_us;
+    info.pin_until_us = m->pin_until_us;
     info.state_version = m->state_version;
     memcpy(info.model_fp, m->model_fp, 32);
     info.cls = KS_ENTRY_OWN;
@@ -159,6 +160,7 @@ static const ks_tier_vt ram_vt = {
     .quarantine = ram_quarantine,
     .rescan = ram_rescan,
     .persist = ram_persist,
+    .reload_pin = NULL, /* only this process pins its ram entries */
     .close = ram_close,
 };
 

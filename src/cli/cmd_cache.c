@@ -46,6 +46,7 @@ static void usage(FILE *f) {
             "  verify                       check every file completely; exit 1 naming each bad one\n"
             "  gc     [--max-bytes N]       evict least recently hit entries until each tier holds at\n"
             "                               most N bytes (default: shm 1G, disk 10G; K/M/G suffixes),\n"
+            "                               entries pinned by cache breakpoints kept within half of N;\n"
             "                               remove temp files of dead writers and quarantined files\n"
             "  rm     --all | KEYPREFIX     remove entries\n"
             "options:\n"
@@ -55,10 +56,7 @@ static void usage(FILE *f) {
 
 static const char *tier_str(int t) { return t == KS_TIER_SHM ? "shm" : t == KS_TIER_DISK ? "disk" : "ram"; }
 
-static const char *reason_str(int r) {
-    static const char *n[] = {"cold", "continued", "finish", "evict", "shutdown"};
-    return (r >= 0 && r < KS_REASON__N) ? n[r] : "?";
-}
+static const char *reason_str(int r) { return ks_reason_name((ks_reason)r); }
 
 /* "12.3M" style sizes (binary units). */
 static void fmt_bytes(uint64_t b, char *out, size_t n) {
@@ -397,7 +395,10 @@ static int cmd_gc(const opts *o) {
         uint64_t budget = (uint64_t)(o->max_bytes >= 0 ? o->max_bytes : def.cfg.tier_max_bytes[t]);
         uint64_t b0 = 0, b1 = 0, e1 = 0;
         ks_tier_usage(tier, &b0, NULL);
-        int n = ks_tier_evict(tier, budget, NULL, NULL);
+        /* Pins are honoured with the default share of the budget (store.h "Pins"). */
+        ks_tier_pins pins = {.now_us = now_us(),
+                             .max_bytes = (uint64_t)((double)def.cfg.pin_share * (double)budget)};
+        int n = ks_tier_evict(tier, budget, &pins, NULL, NULL);
         ks_tier_usage(tier, &b1, &e1);
         uint64_t bad = atomic_load(&tier->n_bad);
         ks_tier_close(tier);

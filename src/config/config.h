@@ -42,11 +42,14 @@
  *     continued_interval: 512
  *     min_tokens: 256                  # do not save states shorter than this
  *     shutdown_timeout_ms: 5000
+ *     pin_share: 0.5                   # share of each tier's budget that pinned states (cache
+ *                                      # breakpoints, store.h "Pins") may hold, 0..1
  *     tiers:
  *       ram:  { max_bytes: 2GiB }      # also the RAM-only store's budget (--cache-ram)
  *       shm:  { max_bytes: 1073741824 }
  *       disk: { max_bytes: 10737418240 }
- *     reasons: { cold: disk, continued: shm, finish: shm, evict: disk, shutdown: disk }
+ *     reasons: { cold: disk, continued: shm, finish: shm, evict: disk, shutdown: disk, pin: disk }
+ *                                      # pin: pinned saves go to ram and to this tier
  *
  * Store modes (ks_config_store_plan): `kvstash serve` opens
  *  - the full store (ram, shm and disk tiers, store.reasons as given) when
@@ -57,7 +60,7 @@
  *    read or written; every reason that maps to a tier maps to ram, except
  *    shutdown (none: the RAM dies with the process). Its settings are
  *    store.tiers.ram.max_bytes, stride, min_tokens, continued_interval,
- *    shutdown_timeout_ms and reasons (`none` stays none), so
+ *    shutdown_timeout_ms, pin_share and reasons (`none` stays none), so
  *    `store: { enabled: false, tiers: { ram: { max_bytes: 4GiB } } }` sizes
  *    it without turning on the full store;
  *  - no store when the ram budget is 0 and store.enabled is false, and never

@@ -235,6 +235,7 @@ static const field k_store_fields[] = {
     FI(ks_store_cfg, continued_interval, 0, 1048576),
     FI(ks_store_cfg, min_tokens, 0, 1048576),
     FI(ks_store_cfg, shutdown_timeout_ms, 0, 3600000),
+    FF(ks_store_cfg, pin_share, 0, 1),
 };
 
 #define N_FIELDS(t) (sizeof(t) / sizeof((t)[0]))

@@ -35,6 +35,11 @@
  *     (a conversation's earlier turn makes an SPC restore wasted work), then
  *     SPC for the system prompt, then the store for any shorter prefix. A
  *     restored state is checked against the exact tokens it stands for.
+ *  6. Cache pins (sched.h): a pinned prefix the store holds gets its deadline
+ *     extended; one beyond the slot's reuse becomes a chunk end of the
+ *     prefill (saved there); one within the reuse is saved now, by rewinding:
+ *     the whole state copied, the sequence cut back to the pin, the pin's
+ *     state copied, the whole state set again.
  *
  * Why copy before the restores: it needs no lookup, no read and no
  * verification (the source's token list is exact by S1), and its length is
@@ -48,11 +53,17 @@
  * period), about what 16 prefilled tokens cost: so 16 tokens pay for even
  * the worst copy of a long source, and a smaller gain is left to prefill.
  *
+ * Why rewind rather than cut the reuse back to a pin within it: a pinned
+ * system prompt whose deadline lapsed while the slot kept a long
+ * conversation would otherwise cost that whole conversation's prefill; the
+ * rewind costs two copies of the state and one set, like a slot copy.
+ *
  * Saves, by reason: `cold` at a chunk end chosen by savepoint.c,
  * `continued` every continued_interval generated tokens, `finish` at the end
  * (sched.c), `evict` before KV is dropped, `shutdown` when the scheduler
- * stops. A save copies the sequence state here and hands the bytes to the
- * store's writer thread (sync only for evict and shutdown).
+ * stops, `pin` at a request's cache pins (not limited by store_min_tokens).
+ * A save copies the sequence state here and hands the bytes to the store's
+ * writer thread (sync only for evict and shutdown).
  *
  * Invariants
  *  P1. The slot's token list is exactly its sequence after every function
@@ -374,6 +385,132 @@ static int slot_copy(ks_sched *s, slot *sl, sreq *r, int *n_reuse, int beat) {
     return 1;
 }
 
+/* ---------------------------------------------------------- cache pins */
+/* The deadline of pin i, from now. */
+static int64_t pin_until(const sreq *r, int i) { return ks_wall_us() + (int64_t)r->pins[i].ttl_s * 1000000; }
+
+/* Records that pin i is held (saved when `saved`, else refreshed). */
+static void pin_held(ks_sched *s, sreq *r, int i, bool saved) {
+    int n = r->pins[i].n_tokens;
+    r->pin_st[i] = PIN_HELD;
+    if (n > r->res.n_pinned) r->res.n_pinned = n;
+    if (saved) {
+        if (n > r->pin_saved_max) r->pin_saved_max = n;
+        s->cst.pin_saves++;
+    } else {
+        s->cst.pin_refreshes++;
+    }
+}
+
+/* Pin i: the slot's sequence holds exactly its prefix now. A state the store
+ * got meanwhile is only refreshed; else it is copied and saved pinned. */
+static void pin_save(ks_sched *s, slot *sl, sreq *r, int i) {
+    int n = r->pins[i].n_tokens;
+    int64_t until = pin_until(r, i);
+    if (ks_store_pin(s->p.store, r->prompt.v, n, until) == 0) {
+        pin_held(s, r, i, false);
+        return;
+    }
+    size_t len = 0;
+    uint8_t *buf = snapshot(s, sl, &len);
+    if (buf) s->cst.store_save_requests[KS_REASON_PIN]++; /* the store accounts for each (store.h stats) */
+    int rc = buf ? ks_store_save_pinned(s->p.store, r->prompt.v, n, buf, len, until) : KS_ENOMEM; /* takes buf */
+    KS_DEBUG(MOD, "slot[%d] pin %d tokens for %d s: %s", sl->id, n, r->pins[i].ttl_s,
+             rc == 1 ? "saved" : rc == 0 ? "refreshed" : ks_strerror(rc));
+    if (rc >= 0) {
+        pin_held(s, r, i, rc == 1);
+    } else {
+        r->pin_st[i] = PIN_FAILED;
+        s->cst.pin_failures++;
+    }
+}
+
+/* Plan step 6 (sched.h, ks_cache_pin): the pins of the request on a slot that
+ * holds *n_reuse tokens of its prompt (its whole sequence). Each pin the
+ * store holds is refreshed; one beyond *n_reuse is left PIN_PENDING for the
+ * prefill (a chunk ends there); one within is saved now, by rewinding the
+ * sequence, or — where the memory cannot drop a suffix or the copy finds no
+ * memory — by cutting the reuse back to it (*n_reuse lowered). Returns 0, or
+ * KS_ENOMEM when the token list cannot be restored (the slot is empty then). */
+static int pins_plan(ks_sched *s, slot *sl, sreq *r, int *n_reuse) {
+    int covered[KS_MAX_CACHE_PINS], n_cov = 0;
+    for (int i = 0; i < r->n_pins; i++) {
+        int n = r->pins[i].n_tokens;
+        if (ks_store_pin(s->p.store, r->prompt.v, n, pin_until(r, i)) == 0)
+            pin_held(s, r, i, false);
+        else if (n > *n_reuse)
+            r->pin_st[i] = PIN_PENDING;
+        else
+            covered[n_cov++] = i;
+    }
+    if (n_cov == 0) return 0;
+    /* A pin exactly at the reuse's end is a copy of what the slot holds. */
+    if (r->pins[covered[n_cov - 1]].n_tokens == sl->tokens.n) pin_save(s, sl, r, covered[--n_cov]);
+    if (n_cov == 0) return 0;
+
+    int n_full = sl->tokens.n;
+    size_t len = 0;
+    bool trims = !s->p.simulate_no_partial_rm && ks_engine_partial_rm_ok(s->e);
+    uint8_t *full = trims ? snapshot(s, sl, &len) : NULL;
+    if (full) {
+        /* Rewind: deepest first, each cut from the previous one. */
+        for (int k = n_cov - 1; k >= 0; k--) {
+            int i = covered[k], n = r->pins[i].n_tokens;
+            if (!ks_engine_seq_rm(s->e, sl->id, n, -1)) break; /* the whole state is set again below */
+            ks_tokens_truncate(&sl->tokens, n);
+            uint64_t saves = s->cst.pin_saves;
+            pin_save(s, sl, r, i);
+            s->cst.pin_rewinds += s->cst.pin_saves - saves;
+        }
+        int rc = restore_state(s, sl, full, len, r->prompt.v, n_full);
+        free(full);
+        for (int k = 0; k < n_cov; k++)
+            if (r->pin_st[covered[k]] == PIN_IGNORED) {
+                r->pin_st[covered[k]] = PIN_FAILED;
+                s->cst.pin_failures++;
+            }
+        if (rc != 0) {
+            /* llama refused its own state (the slot is empty now): prefill. */
+            KS_WARN(MOD, "slot[%d] state of %d tokens not set again after saving pins: %s", sl->id, n_full,
+                    ks_strerror(rc));
+            *n_reuse = 0;
+            return rc == KS_ENOMEM ? rc : 0;
+        }
+        return 0;
+    }
+    /* Cut the reuse back to the shallowest of them; the others are prefill
+     * chunk ends again. */
+    int n_cut = r->pins[covered[0]].n_tokens;
+    *n_reuse = trim(s, sl, n_cut);
+    if (*n_reuse == n_cut) snprintf(sl->route.reason, sizeof sl->route.reason, "pin-at-token-%d", n_cut);
+    for (int k = 0; k < n_cov; k++) {
+        int i = covered[k];
+        if (r->pins[i].n_tokens == *n_reuse)
+            pin_save(s, sl, r, i);
+        else
+            r->pin_st[i] = PIN_PENDING;
+    }
+    return 0;
+}
+
+/* The first pending pin after pos, or -1. */
+static int pin_next(const sreq *r, int pos) {
+    for (int i = 0; i < r->n_pins; i++)
+        if (r->pin_st[i] == PIN_PENDING && r->pins[i].n_tokens > pos) return r->pins[i].n_tokens;
+    return -1;
+}
+
+void ks__policy_pins_done(ks_sched *s, sreq *r) {
+    for (int i = 0; i < r->n_pins; i++)
+        if (r->pin_st[i] == PIN_PENDING) {
+            r->pin_st[i] = PIN_FAILED;
+            s->cst.pin_failures++;
+        }
+    int w = r->pin_saved_max - r->res.n_cached;
+    r->res.n_cache_written = w > 0 ? w : 0;
+    s->cst.pin_written_tokens += (uint64_t)r->res.n_cache_written;
+}
+
 int ks__policy_plan(ks_sched *s, slot *sl) {
     sreq *r = sl->r;
     ks_route *rt = &sl->route;
@@ -427,6 +564,11 @@ int ks__policy_plan(ks_sched *s, slot *sl) {
     if (store_hit == 0 && spc_hit == 0 && store_ok)
         store_hit = store_restore(s, sl, r, &n_reuse, n_reuse, spc_ok ? n_sys : r->prompt.n);
     if (store_hit < 0 || spc_hit < 0) return store_hit < 0 ? store_hit : spc_hit;
+    /* Pins: only where the KV may be stored (sched.h: ignored otherwise). */
+    if (r->n_pins > 0 && store_ok) {
+        int prc = pins_plan(s, sl, r, &n_reuse);
+        if (prc) return prc;
+    }
     count_mode(s, sl, r, copied || spc_hit || store_hit, n_reuse, took_over);
 
     sl->n_past = n_reuse;
@@ -455,12 +597,15 @@ int ks__policy_chunk(ks_sched *s, slot *sl, int take, int budget) {
     sreq *r = sl->r;
     int remaining = r->prompt.n - sl->n_past;
     sl->snap_store = -1;
-    if (sl->snap_sys > sl->n_past && take > sl->snap_sys - sl->n_past) take = sl->snap_sys - sl->n_past;
+    /* The next snapshot point: the SPC capture or a cache pin, the nearer. */
+    int cut = sl->snap_sys > sl->n_past ? sl->snap_sys : -1;
+    int pin = pin_next(r, sl->n_past);
+    if (pin > 0 && (cut < 0 || pin < cut)) cut = pin;
+    if (cut > 0 && take > cut - sl->n_past) take = cut - sl->n_past;
     if (!cold_saves(s, sl)) return take;
     ks_savepoint_cfg c = {.stride = s->p.store_stride, .min_tokens = s->p.store_min_tokens};
     if (take < remaining)
-        return ks_savepoint_cut(&c, sl->n_past, take, r->prompt.n, sl->snap_sys, budget, r->res.n_cached,
-                                &sl->snap_store);
+        return ks_savepoint_cut(&c, sl->n_past, take, r->prompt.n, cut, budget, r->res.n_cached, &sl->snap_store);
     return ks_savepoint_cut_last(&c, sl->n_past, take, r->res.n_cached, r->prompt.n, &sl->snap_store);
 }
 
@@ -469,6 +614,10 @@ void ks__policy_chunk_done(ks_sched *s, slot *sl) {
         spc_capture(s, sl);
         sl->snap_sys = -1;
     }
+    sreq *r = sl->r;
+    for (int i = 0; i < r->n_pins; i++)
+        if (r->pin_st[i] == PIN_PENDING && r->pins[i].n_tokens == sl->n_past) pin_save(s, sl, r, i);
+    /* After a pin at the same point the cold save is a dedup of it. */
     if (sl->n_past == sl->snap_store) ks__policy_save(s, sl, KS_REASON_COLD, false);
     sl->snap_store = -1;
 }

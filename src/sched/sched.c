@@ -138,6 +138,7 @@ void ks__sched_finish(ks_sched *s, slot *sl, ks_finish f, int err, bool eog) {
     assert((f != KS_FINISH_STOP && f != KS_FINISH_LENGTH) ||
            sl->tokens.n == ks_prefix_kv_after(r->prompt.n, sl->n_generated, eog));
     if (f == KS_FINISH_STOP || f == KS_FINISH_LENGTH) ks__policy_save(s, sl, KS_REASON_FINISH, false);
+    ks__policy_pins_done(s, r);
     double now = ks_now_ms();
     r->res.slot = sl->id;
     r->res.n_generated = sl->n_generated;
@@ -357,6 +358,23 @@ static void *run(void *arg) {
     return NULL;
 }
 
+/* Checks the request's cache pins (sched.h) and copies them into r: merged
+ * where equal (the longest TTL). KS_EINVAL when they break a rule. */
+static int pins_copy(sreq *r, const ks_req_params *p) {
+    if (p->n_pins < 0 || p->n_pins > KS_MAX_CACHE_PINS || (p->n_pins > 0 && !p->pins)) return KS_EINVAL;
+    for (int i = 0; i < p->n_pins; i++) {
+        const ks_cache_pin *c = &p->pins[i];
+        if (c->n_tokens <= 0 || c->n_tokens > p->n_tokens || c->ttl_s <= 0) return KS_EINVAL;
+        if (i > 0 && c->n_tokens < p->pins[i - 1].n_tokens) return KS_EINVAL;
+        if (r->n_pins > 0 && r->pins[r->n_pins - 1].n_tokens == c->n_tokens) {
+            if (c->ttl_s > r->pins[r->n_pins - 1].ttl_s) r->pins[r->n_pins - 1].ttl_s = c->ttl_s;
+            continue;
+        }
+        r->pins[r->n_pins++] = *c;
+    }
+    return 0;
+}
+
 /* ------------------------------------------------------------ public API */
 /* Frees everything but the thread and the locks (NULL members are fine). */
 static void free_all(ks_sched *s) {
@@ -441,6 +459,12 @@ int ks_sched_submit(ks_sched *s, const ks_req_params *p, uint64_t *id) {
     r->p.tokens = NULL;
     r->p.msg_prefix_hash = NULL;
     r->p.ext = NULL;
+    if (pins_copy(r, p) != 0) {
+        sreq_free(r);
+        return KS_EINVAL;
+    }
+    r->p.pins = r->n_pins ? r->pins : NULL;
+    r->p.n_pins = r->n_pins;
     if (p->ext && !(r->p.ext = r->ext = ext_dup(p->ext))) goto nomem;
     if (ks_tokens_assign(&r->prompt, p->tokens, p->n_tokens) != 0) goto nomem;
     if (p->msg_prefix_hash && p->n_msgs > 0) {

@@ -71,9 +71,10 @@ typedef struct ks_sched_params {
      * turn never pays an extra decode step for it; one prefilled in a single
      * chunk gets none), continued (async) every continued_interval
      * generated tokens, finish (async) at the end, evict (sync) before a
-     * slot's unsaved KV is dropped, shutdown (sync) when the scheduler stops.
-     * Looked up when the slot, IMC and SPC leave more than the last token to
-     * prefill. */
+     * slot's unsaved KV is dropped, shutdown (sync) when the scheduler stops,
+     * pin (async, not limited by store_min_tokens) at a request's cache pins
+     * (ks_cache_pin). Looked up when the slot, IMC and SPC leave more than
+     * the last token to prefill. */
     struct ks_store *store;
     int store_stride;          /* default 256 */
     int continued_interval;    /* 0: no continued saves (default 512) */
@@ -96,6 +97,39 @@ typedef enum {
 
 const char *ks_finish_name(ks_finish f); /* "stop", "length", "cancel", "error" */
 
+/* Cache pins (Anthropic `cache_control` breakpoints). A pin asks the store to
+ * keep the state of the prompt's prefix tokens[0, n_tokens) for at least
+ * ttl_s seconds, protected from eviction within store.pin_share of each
+ * tier's budget (store.h "Pins"): in the ram tier, and in the full store mode
+ * also in the tier of reasons.pin (disk by default), so other processes and
+ * restarts find it.
+ *
+ * For each pin of a request, at planning (after the slot's reuse and the
+ * restores):
+ *  - the state is stored or queued already: its pin is extended to now +
+ *    ttl_s; nothing is copied or written ("refreshed");
+ *  - n_tokens is beyond what the slot holds: a prefill chunk ends exactly at
+ *    n_tokens (like the SPC capture point), and the state is copied there and
+ *    saved pinned ("saved");
+ *  - n_tokens is within the reused prefix (n_tokens <= n_cached) but the
+ *    store does not hold it: the slot's whole state is copied, its sequence
+ *    cut back to n_tokens (a partial llama_memory_seq_rm) for the pinned
+ *    copy, and the whole state set again — exact (a state restore, as for a
+ *    store hit), and the reuse is not shortened: no prompt token is computed
+ *    twice. Where the memory cannot drop a suffix (recurrent models), or
+ *    there is no memory for the copy, the reuse is cut back to the pin
+ *    instead and the prompt prefilled from there (cache_reason
+ *    "pin-at-token-N"; such a memory rebuilds the whole sequence on any cut:
+ *    "partial-rm-unsupported", n_cached 0).
+ * The save is asynchronous: "saved" means handed to the store's writer,
+ * which may still fail to write it (store stats count that). */
+#define KS_MAX_CACHE_PINS 8
+
+typedef struct ks_cache_pin {
+    int n_tokens; /* 0 < n_tokens <= the request's n_tokens */
+    int ttl_s;    /* > 0 */
+} ks_cache_pin;
+
 typedef struct ks_req_result {
     uint64_t id;
     int slot;
@@ -113,20 +147,20 @@ typedef struct ks_req_result {
     char cache_mode[24];   /* "prefix", "miss", "copy" (from another slot), ... */
     char cache_reason[48]; /* why not more was cached, "" when fully cached */
     char cache_tier[8];    /* "store" mode: the tier it came from ("ram", "shm", "disk") */
-    int n_cache_written;   /* prompt tokens newly written to the cache for the request's pins */
-    int n_pinned;          /* the deepest pin position held after the request */
     double restore_ms;     /* state restore time (store, slot copy; not SPC), included in prompt_ms */
+    /* Cache pins (0 when the request has none, or they were ignored: no store,
+     * cache_prompt false). n_cache_written: prompt tokens newly written to the
+     * cache for the request's pins: for the deepest pin saved (not merely
+     * refreshed), its n_tokens - n_cached, 0 when negative; 0 when every pin
+     * was held already (Anthropic's cache_creation_input_tokens; n_cached is
+     * cache_read). n_pinned: the deepest pin position the store holds after
+     * the request, saved or refreshed (0: none). */
+    int n_cache_written;
+    int n_pinned;
     const float *logits;   /* want_logits: the first sampled token's logits (n_vocab), borrowed
                               for the duration of on_done; else NULL */
     int n_vocab;
 } ks_req_result;
-
-/* A cache pin (a client's cache breakpoint): keep the state of the prompt's
- * first n_tokens in the store for ttl_s seconds. */
-typedef struct ks_cache_pin {
-    int n_tokens;
-    int ttl_s;
-} ks_cache_pin;
 
 typedef struct ks_req_params {
     const int32_t *tokens;  /* the whole prompt; copied by submit */
@@ -159,7 +193,13 @@ typedef struct ks_req_params {
      * for an id not below the request's own (no request ever waits for a
      * later one), with cache_prompt false, or with copies off. */
     uint64_t share_prefill_of;
-    const ks_cache_pin *pins; /* ascending n_tokens (copied); NULL: none */
+    /* Cache pins (see ks_cache_pin above), copied by submit: at most
+     * KS_MAX_CACHE_PINS, n_tokens non-decreasing (equal positions are merged,
+     * the longest TTL kept), each 0 < n_tokens <= n_tokens of the request and
+     * ttl_s > 0; else KS_EINVAL. Ignored (result n_cache_written = n_pinned =
+     * 0) with cache_prompt false, server-wide or for the request, or without a
+     * store. */
+    const ks_cache_pin *pins;
     int n_pins;
     /* Called for each sampled token with its text piece (may be empty or an
      * incomplete UTF-8 sequence). Return non-zero to stop (finish = stop). */
@@ -184,8 +224,9 @@ void ks_sched_free(ks_sched *s);
 /* Queues a request; *id (may be NULL) receives its id. Errors: KS_EINVAL (no
  * tokens, max_tokens < 1, an ext that ks_sampler_ext_check refuses: n_probs
  * outside 0..KS_N_PROBS_MAX, repeat_last_n < -1, negative counts, token ids
- * outside the vocabulary...), KS_ECTX (prompt + max_tokens > context of a
- * slot), KS_EFULL (queue full), KS_ESHUTDOWN, KS_ENOMEM. On error on_done is
+ * outside the vocabulary..., pins as described at ks_req_params.pins),
+ * KS_ECTX (prompt + max_tokens > context of a slot), KS_EFULL (queue full),
+ * KS_ESHUTDOWN, KS_ENOMEM. On error on_done is
  * not called. The grammar is not parsed here (ks_engine_grammar_check does,
  * with a message): one llama.cpp refuses ends the request when it gets a slot,
  * with finish KS_FINISH_ERROR and error KS_EINVAL, before the slot's KV is
@@ -237,6 +278,13 @@ typedef struct ks_sched_cache_stats {
     uint64_t store_restored_tokens;
     double store_restore_ms_total;  /* lookup + read + verify + state set */
     uint64_t store_save_requests[KS_REASON__N]; /* by ks_reason: states handed to the store */
+    uint64_t pin_saves;             /* cache pins whose state was copied and handed to the store */
+    uint64_t pin_refreshes;         /* cache pins the store held already: deadline extended */
+    uint64_t pin_rewinds;           /* of pin_saves: within the reused prefix (state copied, cut
+                                       back, set again; ks_cache_pin) */
+    uint64_t pin_failures;          /* pins not held: no memory for the copy, the store refused it
+                                       (queue full, no tier for pins), or the request ended first */
+    uint64_t pin_written_tokens;    /* sum of the requests' n_cache_written */
     double snapshot_ms_total;       /* time the inference thread spent copying states */
 } ks_sched_cache_stats;
 

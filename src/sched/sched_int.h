@@ -27,12 +27,19 @@
 #include "cache/store.h"
 #include "sched/sched.h"
 
+/* What became of a request's cache pin (policy.c). */
+typedef enum { PIN_IGNORED = 0, PIN_PENDING, PIN_HELD, PIN_FAILED } pin_state;
+
 typedef struct sreq {
     uint64_t id;
-    ks_req_params p;     /* p.ext points to ext */
+    ks_req_params p;     /* p.ext points to ext; p.pins to pins */
     ks_tokens prompt;
     uint64_t *hashes;
     ks_sample_ext *ext;  /* submit's deep copy, one allocation; NULL: none */
+    ks_cache_pin pins[KS_MAX_CACHE_PINS]; /* submit's copy: ascending, merged */
+    pin_state pin_st[KS_MAX_CACHE_PINS];
+    int n_pins;
+    int pin_saved_max;   /* the deepest pin saved (not refreshed) by this request, 0: none */
     atomic_int cancel;
     double t_submit, t_assign, t_first;
     ks_req_result res;
@@ -123,11 +130,15 @@ int ks__policy_route(ks_sched *s, sreq *r, ks_route *out);
  * finishes the request, the slot keeps its KV. */
 int ks__policy_plan(ks_sched *s, slot *sl);
 /* Sizes the slot's next prefill chunk of at most take tokens at this budget,
- * ending it at a pending SPC capture or a cold save point (sets snap_store). */
+ * ending it at a pending SPC capture, a pending cache pin or a cold save point
+ * (sets snap_store). */
 int ks__policy_chunk(ks_sched *s, slot *sl, int take, int budget);
-/* After a prefill chunk was decoded and appended: SPC capture and cold save
- * at their points. */
+/* After a prefill chunk was decoded and appended: SPC capture, cache pins and
+ * cold save at their points. */
 void ks__policy_chunk_done(ks_sched *s, slot *sl);
+/* The request ends: the pins it did not reach count as failed, and the
+ * result gets n_cache_written (sched.h). */
+void ks__policy_pins_done(ks_sched *s, sreq *r);
 /* After a generated token was decoded and appended: the continued save. */
 void ks__policy_token_done(ks_sched *s, slot *sl);
 /* Hands the slot's KV (all of slot->tokens) to the store for `why`. */

@@ -76,6 +76,8 @@ static void test_defaults(void **state) {
     assert_int_equal(c.store.reason_tier[KS_REASON_FINISH], KS_TIER_SHM);
     assert_int_equal(c.store.reason_tier[KS_REASON_EVICT], KS_TIER_DISK);
     assert_int_equal(c.store.reason_tier[KS_REASON_SHUTDOWN], KS_TIER_DISK);
+    assert_int_equal(c.store.reason_tier[KS_REASON_PIN], KS_TIER_DISK);
+    assert_true(c.store.pin_share == 0.5f);
     assert_int_equal(c.n_models, 0);
 
     setenv("XDG_CACHE_HOME", "/tmp/xdg", 1);
@@ -120,11 +122,12 @@ static const char k_full_yaml[] =
     "  continued_interval: 1024\n"
     "  min_tokens: 64\n"
     "  shutdown_timeout_ms: 250\n"
+    "  pin_share: 0.25\n"
     "  tiers:\n"
     "    ram:  { max_bytes: 512M }\n"
     "    shm:  { max_bytes: 2GiB }\n"
     "    disk: { max_bytes: 0 }\n"
-    "  reasons: { cold: ram, continued: disk, finish: none, evict: shm, shutdown: disk }\n";
+    "  reasons: { cold: ram, continued: disk, finish: none, evict: shm, shutdown: disk, pin: shm }\n";
 
 static void test_full_file(void **state) {
     (void)state;
@@ -186,6 +189,8 @@ static void test_full_file(void **state) {
     assert_int_equal(c.store.reason_tier[KS_REASON_FINISH], KS_TIER_NONE);
     assert_int_equal(c.store.reason_tier[KS_REASON_EVICT], KS_TIER_SHM);
     assert_int_equal(c.store.reason_tier[KS_REASON_SHUTDOWN], KS_TIER_DISK);
+    assert_int_equal(c.store.reason_tier[KS_REASON_PIN], KS_TIER_SHM);
+    assert_true(c.store.pin_share == 0.25f);
 
     /* the same text from a string gives the same configuration */
     ks_config d;
@@ -353,6 +358,8 @@ static void test_out_of_range(void **state) {
     expect_error("store:\n  tiers:\n    disk: { max_bytes: -1 }\n",
                  "'store.tiers.disk.max_bytes' at line 3: expected a byte size >= 0");
     expect_error("log: verbose\n", "'log' at line 1: expected one of debug|info|warn|error|off, got 'verbose'");
+    expect_error("store:\n  pin_share: 1.01\n", "'store.pin_share' at line 2: expected a number 0..1, got '1.01'");
+    expect_error("store:\n  pin_share: -0.5\n", "'store.pin_share' at line 2: expected a number 0..1");
     expect_error("store:\n  reasons: { cold: tape }\n",
                  "'store.reasons.cold' at line 2: expected one of ram|shm|disk|none, got 'tape'");
     expect_error("store:\n  shm_dir: $KS_SURELY_UNDEFINED_VAR/x\n",
@@ -478,6 +485,7 @@ static void test_store_plan(void **state) {
     assert_int_equal(o.reason_tier[KS_REASON_COLD], KS_TIER_NONE);
     assert_int_equal(o.reason_tier[KS_REASON_FINISH], KS_TIER_RAM);
     assert_int_equal(o.reason_tier[KS_REASON_SHUTDOWN], KS_TIER_NONE);
+    assert_int_equal(o.reason_tier[KS_REASON_PIN], KS_TIER_RAM); /* pinned saves: ram only */
     /* a ram budget of 0 turns it off */
     load_ok(&c, "store: { enabled: false, tiers: { ram: { max_bytes: 0 } } }\n");
     assert_int_equal(ks_config_store_plan(&c, &o), KS_STORE_OFF);

@@ -1,6 +1,7 @@
 /* test_kvfile.c — the kvfile format (src/cache/kvfile.c): round trip, every
  * flipped byte and every truncation refused, version and identity checks,
- * trailer updates that keep the checksum valid. */
+ * trailer updates (hits, pins) that keep the checksum valid, files of the
+ * layout before pins still read. */
 #include <dirent.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -238,7 +239,7 @@ static void test_flip_every_byte(void **state) {
     size_t n;
     uint8_t *orig = slurp(f->path, &n);
     ks_kvfile_expect e = expect_all(f);
-    for (size_t i = 0; i < n - 24; i++) {
+    for (size_t i = 0; i < n - KS_KVFILE_TRAILER_LEN; i++) {
         for (int bit = 0; bit < 8; bit += 7) {
             uint8_t *b = malloc(n);
             memcpy(b, orig, n);
@@ -257,7 +258,7 @@ static void test_flip_every_byte(void **state) {
     }
     /* Trailer bytes are outside the checks: the file still reads, the hit
      * statistics are dropped when their own check fails. */
-    for (size_t i = n - 24; i < n; i++) {
+    for (size_t i = n - KS_KVFILE_TRAILER_LEN; i < n; i++) {
         uint8_t *b = malloc(n);
         memcpy(b, orig, n);
         b[i] ^= 0x01;
@@ -309,13 +310,15 @@ static void test_versions_and_limits(void **state) {
     write_ok(f);
     size_t n;
     uint8_t *orig = slurp(f->path, &n);
-    uint8_t *b = malloc(n);
-    /* The header alone is 160 bytes. Said with a return, not only an assert:
-     * GCC's -O3 range analysis otherwise warns that b + n - 32 may lie before b. */
-    if (!orig || !b || n < 192) {
-        fail_msg("kvfile of %zu bytes", n);
+    /* Returning here tells the optimizer that n is large enough for the
+     * writes at n - KS_KVFILE_TAIL_LEN below (GCC's -Wstringop-overflow at -O3). */
+    if (n < KS_KVFILE_HEADER_LEN + KS_KVFILE_TAIL_LEN) {
+        free(orig);
+        fail_msg("a kvfile of %zu bytes", n);
         return;
     }
+    uint8_t *b = malloc(n);
+    assert_non_null(b);
     ks_kvfile_expect e = expect_all(f);
     ks_kvfile_meta m;
 
@@ -329,13 +332,16 @@ static void test_versions_and_limits(void **state) {
     assert_int_equal(ks_kvfile_read_meta(f->path, &m), KS_EVERSION);
     assert_int_equal(m.version, 2);
 
-    /* unknown flags */
-    memcpy(b, orig, n);
-    uint32_t flags = 1;
-    memcpy(b + 28, &flags, 4);
-    reseal(b);
-    spit(f->path, b, n);
-    assert_int_equal(ks_kvfile_read(f->path, &e, NULL, NULL, NULL), KS_EVERSION);
+    /* unknown flags (KS_KVFILE_FLAG_PIN is the only known one) */
+    uint32_t unknown[] = {2, 0x80000000u, KS_KVFILE_FLAG_PIN | 4};
+    for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++) {
+        memcpy(b, orig, n);
+        memcpy(b + 28, &unknown[i], 4);
+        reseal(b);
+        spit(f->path, b, n);
+        assert_int_equal(ks_kvfile_read(f->path, &e, NULL, NULL, NULL), KS_EVERSION);
+        assert_int_equal(ks_kvfile_touch(f->path, 1, 1, 0), KS_ECORRUPT);
+    }
 
     /* huge lengths with a valid header: refused before any allocation */
     uint32_t big_n = KS_KVFILE_MAX_TOKENS;
@@ -372,7 +378,7 @@ static void test_versions_and_limits(void **state) {
 
     /* A stored 0 never means "no checksum": zero the body checksum, and the header check. */
     memcpy(b, orig, n);
-    memset(b + n - 32, 0, 8);
+    memset(b + n - KS_KVFILE_TAIL_LEN, 0, 8);
     spit(f->path, b, n);
     assert_int_equal(ks_kvfile_read(f->path, NULL, NULL, NULL, NULL), KS_ECORRUPT);
     memcpy(b, orig, n);
@@ -432,22 +438,131 @@ static void test_touch_keeps_checksum(void **state) {
     fx *f = *state;
     write_ok(f);
     ks_kvfile_expect e = expect_all(f);
-    for (uint64_t h = 1; h <= 3; h++) assert_int_equal(ks_kvfile_touch(f->path, 1800000000000000ll + (int64_t)h, h), 0);
+    for (uint64_t h = 1; h <= 3; h++) assert_int_equal(ks_kvfile_touch(f->path, 1800000000000000ll + (int64_t)h, h, 0), 0);
     ks_kvfile_meta m;
     assert_int_equal(ks_kvfile_read(f->path, &e, &m, NULL, NULL), 0);
     assert_true(m.trailer_ok);
     assert_int_equal(m.hits, 3);
     assert_int_equal(m.last_hit_us, 1800000000000003ll);
+    assert_int_equal(m.flags, KS_KVFILE_FLAG_PIN);
+    assert_int_equal(m.pin_until_us, 0);
     /* touch refuses what is not a kvfile */
     char junk[PATH_MAX];
     snprintf(junk, sizeof junk, "%s/junk", f->dir);
     uint8_t zeros[400] = {0};
     spit(junk, zeros, sizeof zeros);
-    assert_int_equal(ks_kvfile_touch(junk, 1, 1), KS_ECORRUPT);
+    assert_int_equal(ks_kvfile_touch(junk, 1, 1, 0), KS_ECORRUPT);
     size_t n;
     uint8_t *b = slurp(junk, &n);
     assert_memory_equal(b, zeros, sizeof zeros);
     free(b);
+}
+
+/* The pin deadline: written with the file, read back by both readers, extended
+ * by touch and never shortened by it (another process may hold the longer one). */
+static void test_pin_in_trailer(void **state) {
+    fx *f = *state;
+    f->meta.pin_until_us = 1900000000000000ll;
+    write_ok(f);
+    ks_kvfile_expect e = expect_all(f);
+    ks_kvfile_meta m;
+    assert_int_equal(ks_kvfile_read_meta(f->path, &m), 0);
+    assert_int_equal(m.pin_until_us, 1900000000000000ll);
+    assert_int_equal(m.flags, KS_KVFILE_FLAG_PIN);
+    assert_int_equal(ks_kvfile_touch(f->path, 1800000000000001ll, 1, 1950000000000000ll), 0);
+    assert_int_equal(ks_kvfile_read(f->path, &e, &m, NULL, NULL), 0);
+    assert_int_equal(m.pin_until_us, 1950000000000000ll);
+    assert_int_equal(m.hits, 1);
+    /* An earlier deadline (or none) keeps the later one. */
+    assert_int_equal(ks_kvfile_touch(f->path, 1800000000000002ll, 2, 1910000000000000ll), 0);
+    assert_int_equal(ks_kvfile_touch(f->path, 1800000000000003ll, 3, 0), 0);
+    assert_int_equal(ks_kvfile_read(f->path, &e, &m, NULL, NULL), 0);
+    assert_int_equal(m.pin_until_us, 1950000000000000ll);
+    assert_int_equal(m.hits, 3);
+    assert_int_equal(m.last_hit_us, 1800000000000003ll);
+    /* A damaged trailer loses the pin with the statistics; touch then writes ours. */
+    size_t n;
+    uint8_t *b = slurp(f->path, &n);
+    b[n - 12] ^= 0x40; /* the pin field */
+    spit(f->path, b, n);
+    free(b);
+    assert_int_equal(ks_kvfile_read(f->path, &e, &m, NULL, NULL), 0);
+    assert_false(m.trailer_ok);
+    assert_int_equal(m.pin_until_us, 0);
+    assert_int_equal(ks_kvfile_touch(f->path, 1, 4, 1920000000000000ll), 0);
+    assert_int_equal(ks_kvfile_read_meta(f->path, &m), 0);
+    assert_true(m.trailer_ok);
+    assert_int_equal(m.pin_until_us, 1920000000000000ll);
+}
+
+/* A file written before pins: no flag, a 24-byte trailer (last hit, hits,
+ * check). Built here from a current file: flag cleared, header resealed,
+ * checksum recomputed, the trailer without the pin. It reads (pin 0), and
+ * touch keeps its layout: the pin cannot be kept there and is ignored. */
+static void test_file_before_pins_reads(void **state) {
+    fx *f = *state;
+    write_ok(f);
+    size_t n;
+    uint8_t *cur = slurp(f->path, &n);
+    if (n < KS_KVFILE_HEADER_LEN + KS_KVFILE_TAIL_LEN) {
+        free(cur);
+        fail_msg("a kvfile of %zu bytes", n);
+        return;
+    }
+    size_t body = n - KS_KVFILE_TAIL_LEN; /* header + tokens + payload */
+    size_t old_n = body + 8 + KS_KVFILE_TRAILER_LEN_NOPIN;
+    uint8_t *b = malloc(old_n);
+    assert_non_null(b);
+    memcpy(b, cur, body);
+    uint32_t flags = 0;
+    memcpy(b + 28, &flags, 4);
+    reseal(b);
+    uint64_t csum = XXH3_64bits(b, body);
+    if (!csum) csum = KS_KVFILE_CSUM_ZERO;
+    memcpy(b + body, &csum, 8);
+    int64_t last = 1700000000999999ll;
+    uint64_t hits = 7;
+    memcpy(b + body + 8, &last, 8);
+    memcpy(b + body + 16, &hits, 8);
+    uint64_t tcheck = XXH3_64bits(b + body + 8, 16);
+    if (!tcheck) tcheck = KS_KVFILE_CSUM_ZERO;
+    memcpy(b + body + 24, &tcheck, 8);
+    spit(f->path, b, old_n);
+
+    ks_kvfile_expect e = expect_all(f);
+    ks_kvfile_meta m;
+    uint8_t *payload = NULL;
+    assert_int_equal(ks_kvfile_read(f->path, &e, &m, NULL, &payload), 0);
+    assert_memory_equal(payload, f->payload, sizeof f->payload);
+    free(payload);
+    assert_int_equal(m.flags, 0);
+    assert_true(m.trailer_ok);
+    assert_int_equal(m.hits, 7);
+    assert_int_equal(m.last_hit_us, last);
+    assert_int_equal(m.pin_until_us, 0);
+    assert_int_equal(m.file_size, old_n);
+    assert_int_equal(ks_kvfile_touch(f->path, last + 1, 8, 1900000000000000ll), 0);
+    assert_int_equal(ks_kvfile_read(f->path, &e, &m, NULL, NULL), 0);
+    assert_true(m.trailer_ok);
+    assert_int_equal(m.hits, 8);
+    assert_int_equal(m.pin_until_us, 0);
+    size_t n2;
+    uint8_t *after = slurp(f->path, &n2);
+    assert_int_equal(n2, old_n);
+    assert_memory_equal(after, b, body + 8); /* only the trailer changed */
+    /* Every byte before its trailer is still checked. */
+    for (size_t i = 0; i < body + 8; i += 7) {
+        uint8_t *c = malloc(old_n);
+        assert_non_null(c);
+        memcpy(c, after, old_n);
+        c[i] ^= 0x20;
+        spit(f->path, c, old_n);
+        free(c);
+        if (ks_kvfile_read(f->path, &e, NULL, NULL, NULL) != KS_ECORRUPT) fail_msg("flip of byte %zu read", i);
+    }
+    free(after);
+    free(b);
+    free(cur);
 }
 
 static void test_write_errors(void **state) {
@@ -470,6 +585,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_truncate_every_length, setup, teardown),
         cmocka_unit_test_setup_teardown(test_versions_and_limits, setup, teardown),
         cmocka_unit_test_setup_teardown(test_touch_keeps_checksum, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_pin_in_trailer, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_file_before_pins_reads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_write_errors, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

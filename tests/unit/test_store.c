@@ -1,6 +1,7 @@
 /* test_store.c — the persistent tiered store (src/cache/store.c, tier_*.c):
  * tiers by reason, longest-prefix lookup, LRU budgets, restarts, two stores on
- * one directory, corrupt / version-bumped / foreign files, the save queue. */
+ * one directory, corrupt / version-bumped / foreign files, the save queue,
+ * pins (protection, share of the budget, expiry, files, other processes). */
 #include <dirent.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -13,6 +14,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <unistd.h>
@@ -154,6 +156,8 @@ static void test_reason_and_tier_names(void **state) {
     (void)state;
     assert_string_equal(ks_reason_name(KS_REASON_COLD), "cold");
     assert_string_equal(ks_reason_name(KS_REASON_SHUTDOWN), "shutdown");
+    assert_string_equal(ks_reason_name(KS_REASON_PIN), "pin");
+    assert_int_equal(ks_reason_parse("pin"), KS_REASON_PIN);
     assert_string_equal(ks_reason_name(KS_REASON__N), "?");
     assert_int_equal(ks_reason_parse("continued"), KS_REASON_CONTINUED);
     assert_int_equal(ks_reason_parse("evict"), KS_REASON_EVICT);
@@ -799,6 +803,242 @@ static void test_open_errors(void **state) {
     ks_store_close(s);
 }
 
+/* ------------------------------------------------------------------ pins */
+static int64_t wall_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+/* State i: n tokens starting with 5000 + i (distinct from every other i). */
+static const int32_t *state_toks(int i, int n) {
+    static int32_t t[64];
+    assert_true(n <= 64);
+    for (int k = 0; k < n; k++) t[k] = k == 0 ? 5000 + i : 7 * k;
+    return t;
+}
+
+static bool holds(ks_store *s, int i, int n) {
+    ks_store_hit h;
+    int rc = ks_store_lookup(s, state_toks(i, n), n, -1, &h);
+    bool ok = rc == 0 && h.n_tokens == n;
+    ks_store_hit_free(&h);
+    return ok;
+}
+
+/* Fills the tier with k unpinned states (ids from `first`), 1000-byte payloads. */
+static void fill(ks_store *s, int first, int k) {
+    for (int i = first; i < first + k; i++)
+        save_sync(s, KS_REASON_FINISH, state_toks(i, 4), 4, 1000, (uint32_t)i);
+}
+
+/* A ram-only store of about ten 1000-byte states; half of it for pins. */
+static ks_store_params ram_pin_params(fx *f) {
+    ks_store_params p = params_for(f, 1, 1);
+    for (int t = 0; t < KS_TIER__N; t++) p.cfg.tier_max_bytes[t] = 0;
+    p.cfg.tier_max_bytes[KS_TIER_RAM] = 11000;
+    for (int r = 0; r < KS_REASON__N; r++) p.cfg.reason_tier[r] = KS_TIER_RAM;
+    p.cfg.pin_share = 0.5f;
+    return p;
+}
+
+/* A pinned state survives any number of later saves; its pin is refreshed
+ * instead of saved again; min_tokens does not apply to it. */
+static void test_pin_protects(void **state) {
+    fx *f = *state;
+    ks_store_params p = ram_pin_params(f);
+    ks_store *s = open_store(&p);
+    int64_t until = wall_us() + 60 * 1000000ll;
+    /* 3 tokens < min_tokens (4): a pin is an explicit request. */
+    assert_int_equal(ks_store_save_pinned(s, state_toks(0, 3), 3, mkpayload(1000, 99), 1000, until), 1);
+    assert_int_equal(ks_store_flush(s, 0), 0);
+    fill(s, 100, 30);
+    assert_true(holds(s, 0, 3));
+    assert_false(holds(s, 100, 4)); /* the oldest unpinned ones went */
+    struct ks_store_stats st;
+    ks_store_stats(s, &st);
+    assert_true(st.tier_evictions[KS_TIER_RAM] >= 20);
+    assert_int_equal(st.tier_pinned_entries[KS_TIER_RAM], 1);
+    assert_true(st.tier_pinned_bytes[KS_TIER_RAM] >= 1000);
+    assert_int_equal(st.saves[KS_REASON_PIN], 1);
+    assert_int_equal(st.pin_saves, 1);
+    assert_int_equal(st.tier_pin_drops[KS_TIER_RAM], 0);
+    assert_true(st.tier_bytes[KS_TIER_RAM] <= 11000);
+    /* Held: refreshed, not written again. */
+    assert_int_equal(ks_store_pin(s, state_toks(0, 3), 3, until + 1), 0);
+    assert_int_equal(ks_store_save_pinned(s, state_toks(0, 3), 3, mkpayload(1000, 98), 1000, until + 2), 0);
+    assert_int_equal(ks_store_pin(s, state_toks(1, 3), 3, until), KS_ENOENT);
+    assert_int_equal(ks_store_pin(s, state_toks(0, 3), 3, 0), KS_EINVAL);
+    assert_int_equal(ks_store_save_pinned(s, state_toks(0, 3), 0, mkpayload(10, 1), 10, until), KS_EINVAL);
+    assert_int_equal(ks_store_flush(s, 0), 0);
+    ks_store_stats(s, &st);
+    assert_int_equal(st.pin_saves, 1);
+    assert_int_equal(st.pin_refreshes, 2);
+    /* The payload is the first save's. */
+    ks_store_hit h;
+    assert_int_equal(ks_store_lookup(s, state_toks(0, 3), 3, -1, &h), 0);
+    expect_payload(&h, 1000, 99);
+    assert_int_equal(h.reason, KS_REASON_PIN);
+    ks_store_hit_free(&h);
+    /* A state saved unpinned gets its pin by ks_store_pin, then survives. */
+    fill(s, 200, 1);
+    assert_int_equal(ks_store_pin(s, state_toks(200, 4), 4, until), 0);
+    fill(s, 300, 30);
+    assert_true(holds(s, 200, 4));
+    assert_true(holds(s, 0, 3));
+    ks_store_close(s);
+}
+
+/* A pin protects until its deadline, not after. */
+static void test_pin_expires(void **state) {
+    fx *f = *state;
+    ks_store_params p = ram_pin_params(f);
+    ks_store *s = open_store(&p);
+    int64_t until = wall_us() + 1000000; /* 1 s */
+    assert_int_equal(ks_store_save_pinned(s, state_toks(0, 4), 4, mkpayload(1000, 1), 1000, until), 1);
+    assert_int_equal(ks_store_flush(s, 0), 0);
+    fill(s, 100, 20);
+    assert_true(holds(s, 0, 4));
+    while (wall_us() <= until + 20000) usleep(50000);
+    struct ks_store_stats st;
+    ks_store_stats(s, &st);
+    assert_int_equal(st.tier_pinned_entries[KS_TIER_RAM], 0);
+    /* Now an ordinary entry, recently hit by holds(): the LRU takes it after
+     * the others. */
+    fill(s, 200, 20);
+    assert_false(holds(s, 0, 4));
+    ks_store_stats(s, &st);
+    assert_int_equal(st.tier_pin_drops[KS_TIER_RAM], 0); /* it had expired */
+    ks_store_close(s);
+}
+
+/* Pins beyond pin_share of the budget: the ones that expire soonest lose
+ * protection first; pin_share 0 protects nothing. */
+static void test_pin_share(void **state) {
+    fx *f = *state;
+    ks_store_params p = ram_pin_params(f); /* 5500 bytes of pins: five 1000-byte states */
+    ks_store *s = open_store(&p);
+    int64_t now = wall_us();
+    /* State 0 until +100 s, states 1..6 until +10 s .. +60 s. */
+    assert_int_equal(ks_store_save_pinned(s, state_toks(0, 3), 3, mkpayload(1000, 0), 1000, now + 100000000ll), 1);
+    for (int i = 1; i <= 6; i++)
+        assert_int_equal(ks_store_save_pinned(s, state_toks(i, 3), 3, mkpayload(1000, (uint32_t)i), 1000,
+                                              now + 10000000ll * i),
+                         1);
+    assert_int_equal(ks_store_flush(s, 0), 0);
+    fill(s, 100, 30);
+    /* Protected by deadline: 0 (100 s), 6, 5, 4, 3 (60..30 s) = five states. */
+    assert_true(holds(s, 0, 3));
+    for (int i = 3; i <= 6; i++)
+        if (!holds(s, i, 3)) fail_msg("pinned state %d (deadline +%d s) was evicted", i, 10 * i);
+    assert_false(holds(s, 1, 3));
+    assert_false(holds(s, 2, 3));
+    struct ks_store_stats st;
+    ks_store_stats(s, &st);
+    assert_int_equal(st.tier_pin_drops[KS_TIER_RAM], 2);
+    assert_int_equal(st.tier_pinned_entries[KS_TIER_RAM], 5);
+    assert_true(st.tier_pinned_bytes[KS_TIER_RAM] <= 5500);
+    assert_true(st.tier_bytes[KS_TIER_RAM] <= 11000);
+    ks_store_close(s);
+
+    p.cfg.pin_share = 0.0f;
+    s = open_store(&p);
+    assert_int_equal(ks_store_save_pinned(s, state_toks(0, 3), 3, mkpayload(1000, 0), 1000, now + 100000000ll), 1);
+    assert_int_equal(ks_store_flush(s, 0), 0);
+    fill(s, 100, 30);
+    assert_false(holds(s, 0, 3));
+    ks_store_stats(s, &st);
+    assert_int_equal(st.tier_pin_drops[KS_TIER_RAM], 1);
+    ks_store_close(s);
+    /* pin_share outside 0..1 is refused */
+    p.cfg.pin_share = 1.5f;
+    ks_store *bad = NULL;
+    assert_int_equal(ks_store_open(&p, &bad, NULL, 0), KS_EINVAL);
+    assert_null(bad);
+}
+
+/* Full store: a pinned save goes to ram and to the tier of reason pin
+ * (disk); the file keeps the deadline across close/reopen, and another store
+ * on the directory honours it, also one set after it indexed the file. */
+static void test_pin_in_files(void **state) {
+    fx *f = *state;
+    ks_store_params p = params_for(f, 1, 1);
+    p.cfg.reason_tier[KS_REASON_PIN] = KS_TIER_DISK;
+    uint64_t one = KS_KVFILE_HEADER_LEN + 4 * 4 + 1000 + KS_KVFILE_TAIL_LEN;
+    p.cfg.tier_max_bytes[KS_TIER_DISK] = (int64_t)(6 * one);
+    p.cfg.pin_share = 0.5f;
+    ks_store *s = open_store(&p);
+    int64_t until = wall_us() + 600 * 1000000ll;
+    assert_int_equal(ks_store_save_pinned(s, state_toks(0, 4), 4, mkpayload(1000, 7), 1000, until), 1);
+    assert_int_equal(ks_store_flush(s, 0), 0);
+    struct ks_store_stats st;
+    ks_store_stats(s, &st);
+    assert_int_equal(st.tier_pinned_entries[KS_TIER_RAM], 1);
+    assert_int_equal(st.tier_pinned_entries[KS_TIER_DISK], 1);
+    assert_int_equal(st.saves[KS_REASON_PIN], 1);
+    assert_int_equal(count_files(f->disk, ".kvs"), 1);
+    ks_store_close(s);
+
+    /* The file holds the deadline. */
+    ks_key key;
+    char path[PATH_MAX];
+    ks_kvfile_meta m;
+    assert_int_equal(ks_key_compute(p.model_fp, p.kv_params, p.kv_params_len, state_toks(0, 4), 4, &key), 0);
+    assert_int_equal(ks_kvfile_path(f->disk, &key, path, sizeof path), 0);
+    assert_int_equal(ks_kvfile_read_meta(path, &m), 0);
+    assert_int_equal(m.pin_until_us, until);
+    assert_int_equal(m.reason, KS_REASON_PIN);
+
+    /* Reopened (a restart): the pin protects it from the disk LRU. */
+    ks_store_params q = p;
+    q.cfg.reason_tier[KS_REASON_COLD] = KS_TIER_DISK;
+    ks_store *a = open_store(&q);
+    for (int i = 100; i < 120; i++) save_sync(a, KS_REASON_COLD, state_toks(i, 4), 4, 1000, (uint32_t)i);
+    assert_true(holds(a, 0, 4));
+    ks_store_stats(a, &st);
+    assert_int_equal(st.tier_entries[KS_TIER_RAM], 0); /* from the disk: not in this process's ram */
+    assert_true(st.tier_evictions[KS_TIER_DISK] >= 14);
+
+    /* Another store on the directory pins a state a saved; a still has it
+     * unpinned in its table, reads the file's pin before evicting, keeps it. */
+    ks_store *b = open_store(&q);
+    assert_int_equal(ks_store_pin(b, state_toks(119, 4), 4, until), 0);
+    ks_store_close(b); /* persists the pin into the trailer */
+    for (int i = 200; i < 220; i++) save_sync(a, KS_REASON_COLD, state_toks(i, 4), 4, 1000, (uint32_t)i);
+    assert_true(holds(a, 119, 4));
+    assert_true(holds(a, 0, 4));
+    assert_false(holds(a, 200, 4));
+    assert_int_equal(ks_kvfile_read_meta(path, &m), 0);
+    assert_int_equal(m.pin_until_us, until); /* not shortened by a's trailer updates */
+    ks_store_close(a);
+
+    /* kvstash cache gc honours pins too (ks_tier_evict with pins). */
+    ks_tier *t = NULL;
+    char err[128];
+    assert_int_equal(ks_tier_file_open(KS_TIER_DISK, f->disk, 0, NULL, &t, err, sizeof err), 0);
+    ks_tier_pins pins = {.now_us = wall_us(), .max_bytes = 1u << 20};
+    assert_true(ks_tier_evict(t, 0, &pins, NULL, NULL) >= 1);
+    uint64_t n = 0;
+    ks_tier_usage(t, NULL, &n);
+    assert_int_equal(n, 2); /* the two pinned files */
+    assert_int_equal(ks_tier_pinned_bytes(t, pins.now_us, NULL), 2 * one);
+    ks_tier_close(t);
+}
+
+/* No tier takes pins: ram off and reason pin to none. */
+static void test_pin_without_tier(void **state) {
+    fx *f = *state;
+    ks_store_params p = params_for(f, 1, 1);
+    p.cfg.tier_max_bytes[KS_TIER_RAM] = 0;
+    p.cfg.reason_tier[KS_REASON_PIN] = KS_TIER_NONE;
+    ks_store *s = open_store(&p);
+    assert_int_equal(ks_store_save_pinned(s, state_toks(0, 4), 4, mkpayload(10, 1), 10, wall_us() + 1000000), KS_ENOENT);
+    struct ks_store_stats st;
+    ks_store_stats(s, &st);
+    assert_int_equal(st.dropped_saves, 1);
+    ks_store_close(s);
+}
+
 int main(void) {
     ks_log_set_level(getenv("KS_TEST_LOG") ? KS_LOG_DEBUG : KS_LOG_ERROR);
     const struct CMUnitTest tests[] = {
@@ -818,6 +1058,11 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_verify_dir_and_stale_temps, setup, teardown),
         cmocka_unit_test_setup_teardown(test_open_errors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_lookups, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_pin_protects, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_pin_expires, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_pin_share, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_pin_in_files, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_pin_without_tier, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
