@@ -168,6 +168,17 @@ void ks_metrics_sched(ks_prom *p, const ks_sched_stats *st) {
                        (double)c->store_save_requests[r]);
     ks_prom_counter(p, "kvstash_snapshot_seconds_total", "Inference-thread time spent copying states.",
                     c->snapshot_ms_total / 1e3);
+    /* cache_control breakpoints (cache pins). */
+    ks_prom_counter(p, "kvstash_cache_pins_saved_total", "Pinned prefix states handed to the store.",
+                    (double)c->pin_saves);
+    ks_prom_counter(p, "kvstash_cache_pins_refreshed_total", "Pins already held whose deadline was extended.",
+                    (double)c->pin_refreshes);
+    ks_prom_counter(p, "kvstash_cache_pins_rewound_total",
+                    "Pins saved from inside a reused prefix (state copied, cut back, set again).",
+                    (double)c->pin_rewinds);
+    ks_prom_counter(p, "kvstash_cache_pins_failed_total", "Pins that could not be saved.", (double)c->pin_failures);
+    ks_prom_counter(p, "kvstash_cache_pin_written_tokens_total", "Prompt tokens newly written for pins.",
+                    (double)c->pin_written_tokens);
 }
 
 void ks_metrics_spc(void *ud, ks_prom *p) {
@@ -195,8 +206,14 @@ void ks_metrics_store(void *ud, ks_prom *p) {
         {"kvstash_store_tier_entries", "gauge", "States in the tier."},
         {"kvstash_store_tier_max_bytes", "gauge", "Tier budget (0: disabled)."},
         {"kvstash_store_tier_evictions_total", "counter", "States evicted from the tier."},
+        {"kvstash_store_tier_pinned_bytes", "gauge", "Bytes of pinned states in the tier."},
+        {"kvstash_store_tier_pinned_entries", "gauge", "Pinned states in the tier."},
+        {"kvstash_store_tier_pin_drops_total", "counter",
+         "Pinned states evicted before their deadline (beyond the tier's pin_share)."},
     };
-    const uint64_t *val[] = {st.tier_hits, st.tier_bytes, st.tier_entries, st.tier_max_bytes, st.tier_evictions};
+    const uint64_t *val[] = {st.tier_hits,      st.tier_bytes,         st.tier_entries,
+                             st.tier_max_bytes, st.tier_evictions,     st.tier_pinned_bytes,
+                             st.tier_pinned_entries, st.tier_pin_drops};
     for (size_t f = 0; f < sizeof fam / sizeof fam[0]; f++) {
         ks_prom_family(p, fam[f][0], fam[f][1], fam[f][2]);
         for (int t = 0; t < KS_TIER__N; t++)

@@ -49,7 +49,7 @@ async function others(tag, n = 3) {
   for (let i = 0; i < n; i++) {
     const m = await client.messages.create({ model: 'kvstash', max_tokens: 2, temperature: 0,
       system: `Other ${tag}${i}. ${rules(`o${tag}${i}x`, 90)}`, messages: [{ role: 'user', content: 'go' }] });
-    assert.equal(m.usage.cache_read_input_tokens, 0);
+    assert.ok(m.usage.cache_read_input_tokens < 20, `shares only the template's opening: ${m.usage.cache_read_input_tokens}`);
   }
 }
 
