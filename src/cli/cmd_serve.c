@@ -65,6 +65,9 @@ static void usage(FILE *f) {
             "  --cache-dir DIR           enable the full persistent KV store (ram, shm and disk tiers)\n"
             "                            with its disk tier in DIR (store.enabled, store.cache_dir)\n"
             "  --api-key KEY             require 'Authorization: Bearer KEY' (also $KVSTASH_API_KEY)\n"
+            "  --responses-ttl S         keep Responses API conversations for previous_response_id this\n"
+            "                            long, seconds (default 3600; 0: keep none)\n"
+            "  --responses-max N         ... and at most this many, oldest forgotten first (default 1024)\n"
             "  --cors-origin ORIGIN      let browser pages from ORIGIN (e.g. http://localhost:5173) call\n"
             "                            the server (CORS); repeatable, up to 16; * allows any origin\n"
             "                            (cors_origins; default: none, CORS off)\n"
@@ -94,12 +97,13 @@ typedef struct flags {
     const char *cache_dir;
     const char *cors[KS_CONFIG_CORS_MAX]; /* --cors-origin, in order */
     int n_cors;
+    int responses_ttl, responses_max; /* -1: not given */
 } flags;
 
 static int parse_flags(int argc, char **argv, flags *f) {
     enum { O_HOST = 256, O_PORT, O_SLOTS, O_CTX, O_BATCH, O_THREADS, O_NOCACHE, O_NOEXACT, O_KEY, O_QUEUE, O_BODY,
            O_MAXTOK, O_ALIAS, O_TIMEOUT, O_SHUTDOWN, O_FA, O_CONFIG, O_LOG, O_IMC, O_SPC, O_CACHEDIR, O_CACHERAM,
-           O_TEMPLATE, O_REASONING, O_CORS };
+           O_TEMPLATE, O_REASONING, O_CORS, O_RESP_TTL, O_RESP_MAX };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},          {"host", required_argument, 0, O_HOST},
         {"port", required_argument, 0, O_PORT},        {"slots", required_argument, 0, O_SLOTS},
@@ -115,12 +119,14 @@ static int parse_flags(int argc, char **argv, flags *f) {
         {"cache-dir", required_argument, 0, O_CACHEDIR}, {"cache-ram", required_argument, 0, O_CACHERAM},
         {"chat-template", required_argument, 0, O_TEMPLATE}, {"reasoning-format", required_argument, 0, O_REASONING},
         {"cors-origin", required_argument, 0, O_CORS},
+        {"responses-ttl", required_argument, 0, O_RESP_TTL}, {"responses-max", required_argument, 0, O_RESP_MAX},
         {"help", no_argument, 0, 'h'},                 {0, 0, 0, 0}};
     memset(f, 0, sizeof *f);
     f->port = f->slots = f->ctx = f->batch = f->threads = f->max_queue = f->max_tokens = f->timeout = -1;
     f->shutdown_ms = 10000;
     f->max_body = -1;
     f->cache_ram = -1;
+    f->responses_ttl = f->responses_max = -1;
     optind = 1;
     opterr = 0;
     int c;
@@ -166,6 +172,12 @@ static int parse_flags(int argc, char **argv, flags *f) {
             f->cors[f->n_cors++] = optarg;
             break;
         }
+        case O_RESP_TTL:
+            if (ks_cli_parse_int(CMD, "--responses-ttl", optarg, 0, 30 * 86400, &f->responses_ttl)) return 2;
+            break;
+        case O_RESP_MAX:
+            if (ks_cli_parse_int(CMD, "--responses-max", optarg, 0, 1 << 20, &f->responses_max)) return 2;
+            break;
         case O_REASONING:
             if (strcmp(optarg, "deepseek") && strcmp(optarg, "deepseek-legacy") && strcmp(optarg, "auto") &&
                 strcmp(optarg, "none")) {
@@ -415,6 +427,8 @@ int ks_cmd_serve(int argc, char **argv) {
     snprintf(model_id, sizeof model_id, "%s|%s", ks_engine_model_path(e), kv);
     hp.model_id = model_id;
     hp.reasoning_format = f.reasoning_format;
+    if (f.responses_ttl >= 0) hp.responses_ttl_s = f.responses_ttl;
+    if (f.responses_max >= 0) hp.responses_max = f.responses_max;
     if (f.chat_template) {
         if (ks_cli_read_template(CMD, f.chat_template, &tmpl_text)) {
             rc = KS_EINVAL;

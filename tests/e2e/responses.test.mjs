@@ -15,10 +15,10 @@ import { execFileSync } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { startServer, stopOk, postJSON, importClient, assertError, BIN } from './lib.mjs';
+import { startServer, stopOk, postJSON, importClient, assertError, sleep, BIN } from './lib.mjs';
 
 const TEMPLATES = process.env.KS_TEMPLATES_DIR;
-let srv, dir, client, OpenAI;
+let srv, dir, client, OpenAI, modelPath;
 
 before(async () => {
   assert.ok(TEMPLATES, 'KS_TEMPLATES_DIR is not set');
@@ -27,6 +27,7 @@ before(async () => {
   const model = path.join(dir, 'qwen25.gguf');
   execFileSync(BIN, ['mkmodel', '--preset', 'tiny', '--seed', '1', '--chat-template',
     path.join(TEMPLATES, 'Qwen-Qwen2.5-7B-Instruct.jinja'), model], { stdio: 'ignore' });
+  modelPath = model;
   srv = await startServer(['-m', model, '--ctx', '2048', '--slots', '2']);
   client = new OpenAI({ baseURL: `${srv.base}/v1`, apiKey: 'none', maxRetries: 0, timeout: 120000 });
 });
@@ -242,4 +243,26 @@ test('bad requests: a 400 naming the field, the server stays up', async () => {
     'background');
   const ok = await client.responses.create({ input: 'still up?', max_output_tokens: 2 });
   assert.equal(ok.object, 'response');
+});
+
+test('--responses-ttl: a response older than the TTL is forgotten with a 400; --responses-max 0 keeps none', async () => {
+  const short = await startServer(['-m', modelPath, '--responses-ttl', '1']);
+  const none = await startServer(['-m', modelPath, '--responses-max', '0']);
+  try {
+    const c = new OpenAI({ baseURL: `${short.base}/v1`, apiKey: 'none', maxRetries: 0 });
+    const t1 = await c.responses.create({ input: 'hello', max_output_tokens: 2 });
+    const t2 = await c.responses.create({ previous_response_id: t1.id, input: 'again', max_output_tokens: 2 });
+    assert.equal(t2.previous_response_id, t1.id);
+    await sleep(1500);
+    const r = await postJSON(short, '/v1/responses', { previous_response_id: t1.id, input: 'late' });
+    assertError(r, 400, 'previous_response_not_found', 'previous_response_id');
+    assert.match(r.json.error.message, /for 1 s/);
+    const n1 = await postJSON(none, '/v1/responses', { input: 'hello', max_output_tokens: 2 });
+    assert.equal(n1.status, 200, n1.text);
+    assertError(await postJSON(none, '/v1/responses', { previous_response_id: n1.json.id, input: 'x' }), 400,
+      'previous_response_not_found', 'previous_response_id');
+  } finally {
+    await stopOk(short);
+    await stopOk(none);
+  }
 });
