@@ -37,18 +37,26 @@ static const char *const IGNORED_FIELDS[] = {
     "user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier",
     NULL};
 
-static bool in_list(const char *const *l, const char *k) {
+bool ks__api_in_list(const char *const *l, const char *k) {
     for (; *l; l++)
         if (!strcmp(*l, k)) return true;
     return false;
+}
+
+int ks__api_want(json_t *v, json_type t, const char *what, const char *param, ks_api_error *err) {
+    bool ok = t == JSON_TRUE ? json_is_boolean(v) : json_typeof(v) == t;
+    if (!ok)
+        BAD("invalid_type", param, "Invalid type for '%s': expected %s, but got %s instead.", param, what,
+            ks__api_json_type_name(v));
+    return 0;
 }
 
 int ks__api_check_fields(json_t *root, ks_api_kind kind, ks_api_error *err) {
     const char *k;
     json_t *v;
     json_object_foreach(root, k, v) {
-        if (in_list(COMMON_FIELDS, k) || in_list(IGNORED_FIELDS, k)) continue;
-        if (in_list(kind == KS_API_CHAT ? CHAT_FIELDS : COMPLETION_FIELDS, k)) continue;
+        if (ks__api_in_list(COMMON_FIELDS, k) || ks__api_in_list(IGNORED_FIELDS, k)) continue;
+        if (ks__api_in_list(kind == KS_API_CHAT ? CHAT_FIELDS : COMPLETION_FIELDS, k)) continue;
         char param[96];
         snprintf(param, sizeof param, "%.80s", k);
         BAD("unsupported_parameter", param,

@@ -35,6 +35,10 @@ int ks__api_parse_content(json_t *m, size_t i, bool assistant, ks_api_request *r
                           ks_api_error *err);
 
 /* api_chat.c */
+/* k is one of the NULL-terminated list l. */
+bool ks__api_in_list(const char *const *l, const char *k);
+/* 400 invalid_type unless v has type t (JSON_TRUE: a boolean); what: "a string"... */
+int ks__api_want(json_t *v, json_type t, const char *what, const char *param, ks_api_error *err);
 /* 400 unsupported_parameter for a field neither implemented nor ignored. */
 int ks__api_check_fields(json_t *root, ks_api_kind kind, ks_api_error *err);
 /* messages, tools, structured output and template options into r->msgs and r->tmpl_req. */

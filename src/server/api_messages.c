@@ -39,19 +39,6 @@ static const char *const PASS_FIELDS[] = {"model", "temperature", "top_p", "top_
                                           "cache_prompt", "repeat_penalty", "repeat_last_n", "presence_penalty",
                                           "frequency_penalty", "ignore_eos", "id_slot", NULL};
 
-static bool in_list(const char *const *l, const char *k) {
-    for (; *l; l++)
-        if (!strcmp(*l, k)) return true;
-    return false;
-}
-
-static int want(json_t *v, json_type t, const char *what, const char *param, ks_api_error *err) {
-    bool ok = t == JSON_TRUE ? json_is_boolean(v) : json_typeof(v) == t;
-    if (!ok)
-        BAD("invalid_type", param, "%s: expected %s, but got %s instead.", param, what, ks__api_json_type_name(v));
-    return 0;
-}
-
 static const char *jstr(const json_t *o, const char *k) {
     const char *s = json_string_value(json_object_get(o, k));
     return s ? s : "";
@@ -248,7 +235,7 @@ static int assistant_to_chat(json_t *c, const char *p, json_t *msgs, ks_api_erro
 static int messages_to_chat(json_t *root, json_t *msgs, ks_api_error *err) {
     json_t *ms = ks__api_field(root, "messages");
     if (!ms) BAD("missing_required_parameter", "messages", "messages: Field required");
-    int rc = want(ms, JSON_ARRAY, "an array", "messages", err);
+    int rc = ks__api_want(ms, JSON_ARRAY, "an array", "messages", err);
     if (rc) return rc;
     if (json_array_size(ms) == 0) BAD("empty_array", "messages", "messages: at least one message is required");
     size_t i;
@@ -256,7 +243,7 @@ static int messages_to_chat(json_t *root, json_t *msgs, ks_api_error *err) {
     json_array_foreach(ms, i, m) {
         char p[48], q[64];
         snprintf(p, sizeof p, "messages.%zu", i);
-        if ((rc = want(m, JSON_OBJECT, "an object", p, err))) return rc;
+        if ((rc = ks__api_want(m, JSON_OBJECT, "an object", p, err))) return rc;
         const char *role = json_string_value(json_object_get(m, "role"));
         snprintf(q, sizeof q, "%s.role", p);
         if (!role || (strcmp(role, "user") && strcmp(role, "assistant")))
@@ -284,7 +271,7 @@ static int tools_to_chat(json_t *root, json_t *chat, ks_api_error *err) {
     json_t *tc = ks__api_field(root, "tool_choice");
     int rc;
     if (tools) {
-        if ((rc = want(tools, JSON_ARRAY, "an array", "tools", err))) return rc;
+        if ((rc = ks__api_want(tools, JSON_ARRAY, "an array", "tools", err))) return rc;
         json_t *out = json_array();
         if (!out || json_object_set_new(chat, "tools", out)) return ks__api_oom(err);
         size_t i;
@@ -292,7 +279,7 @@ static int tools_to_chat(json_t *root, json_t *chat, ks_api_error *err) {
         json_array_foreach(tools, i, t) {
             char p[48];
             snprintf(p, sizeof p, "tools.%zu", i);
-            if ((rc = want(t, JSON_OBJECT, "an object", p, err))) return rc;
+            if ((rc = ks__api_want(t, JSON_OBJECT, "an object", p, err))) return rc;
             const char *ty = json_string_value(json_object_get(t, "type"));
             if (ty && strcmp(ty, "custom"))
                 BAD("invalid_value", p, "%s: '%.40s' tools run on Anthropic's side and are not supported; give "
@@ -310,7 +297,7 @@ static int tools_to_chat(json_t *root, json_t *chat, ks_api_error *err) {
         }
     }
     if (!tc) return 0;
-    if ((rc = want(tc, JSON_OBJECT, "an object", "tool_choice", err))) return rc;
+    if ((rc = ks__api_want(tc, JSON_OBJECT, "an object", "tool_choice", err))) return rc;
     const char *ty = jstr(tc, "type");
     json_t *v;
     if (!strcmp(ty, "auto")) v = json_string("auto");
@@ -336,7 +323,7 @@ int ks_api_messages_to_chat(json_t *root, bool count, ks_api_msg_req *out, ks_ap
     json_t *v;
     int rc;
     json_object_foreach(root, k, v) {
-        if (in_list(count ? COUNT_FIELDS : MSG_FIELDS, k)) continue;
+        if (ks__api_in_list(count ? COUNT_FIELDS : MSG_FIELDS, k)) continue;
         char param[96];
         snprintf(param, sizeof param, "%.80s", k);
         BAD("unsupported_parameter", param, "%s: Extra inputs are not permitted (see docs/SERVER.md for the fields "
@@ -361,7 +348,7 @@ int ks_api_messages_to_chat(json_t *root, bool count, ks_api_msg_req *out, ks_ap
         }
         json_t *ss = ks__api_field(root, "stop_sequences");
         if (ss) {
-            if ((rc = want(ss, JSON_ARRAY, "an array of strings", "stop_sequences", err))) goto fail;
+            if ((rc = ks__api_want(ss, JSON_ARRAY, "an array of strings", "stop_sequences", err))) goto fail;
             if (json_object_set(chat, "stop", ss)) goto oom;
             out->n_user_stops = (int)json_array_size(ss);
         }
@@ -372,7 +359,7 @@ int ks_api_messages_to_chat(json_t *root, bool count, ks_api_msg_req *out, ks_ap
     if (kw && json_object_set(chat, "chat_template_kwargs", kw)) goto oom;
     json_t *th = ks__api_field(root, "thinking");
     if (th) {
-        if ((rc = want(th, JSON_OBJECT, "an object", "thinking", err))) goto fail;
+        if ((rc = ks__api_want(th, JSON_OBJECT, "an object", "thinking", err))) goto fail;
         const char *ty = jstr(th, "type");
         if (strcmp(ty, "enabled") && strcmp(ty, "disabled") && strcmp(ty, "adaptive")) {
             rc = KS_EINVAL;

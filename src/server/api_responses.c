@@ -42,25 +42,11 @@ static const char *const PASS_FIELDS[] = {
     "chat_template_kwargs", "id_slot", "stop", "logit_bias",
     NULL};
 
-static bool in_list(const char *const *l, const char *k) {
-    for (; *l; l++)
-        if (!strcmp(*l, k)) return true;
-    return false;
-}
-
-static int want(json_t *v, json_type t, const char *what, const char *param, ks_api_error *err) {
-    bool ok = t == JSON_TRUE ? json_is_boolean(v) : json_typeof(v) == t;
-    if (!ok)
-        BAD("invalid_type", param, "Invalid type for '%s': expected %s, but got %s instead.", param, what,
-            ks__api_json_type_name(v));
-    return 0;
-}
-
 int ks_api_responses_prev_id(json_t *root, const char **id, ks_api_error *err) {
     *id = NULL;
     json_t *p = ks__api_field(root, "previous_response_id");
     if (!p) return 0;
-    int rc = want(p, JSON_STRING, "a string", "previous_response_id", err);
+    int rc = ks__api_want(p, JSON_STRING, "a string", "previous_response_id", err);
     if (rc) return rc;
     *id = json_string_value(p);
     return 0;
@@ -150,7 +136,7 @@ static int item_message(tr *t, json_t *it, const char *p, ks_api_error *err) {
     snprintf(q, sizeof q, "%s.role", p);
     json_t *role = json_object_get(it, "role");
     if (!role) BAD("missing_required_parameter", q, "Missing required parameter: '%s'.", q);
-    int rc = want(role, JSON_STRING, "a string", q, err);
+    int rc = ks__api_want(role, JSON_STRING, "a string", q, err);
     if (rc) return rc;
     const char *r = json_string_value(role);
     if (strcmp(r, "user") && strcmp(r, "system") && strcmp(r, "developer") && strcmp(r, "assistant"))
@@ -181,7 +167,7 @@ static int item_function_call(tr *t, json_t *it, const char *p, ks_api_error *er
         snprintf(q, sizeof q, "%s.%s", p, keys[k]);
         v[k] = json_object_get(it, keys[k]);
         if (!v[k]) BAD("missing_required_parameter", q, "Missing required parameter: '%s'.", q);
-        int rc = want(v[k], JSON_STRING, "a string", q, err);
+        int rc = ks__api_want(v[k], JSON_STRING, "a string", q, err);
         if (rc) return rc;
     }
     if (!t->asst && !new_assistant(t)) return ks__api_oom(err);
@@ -200,7 +186,7 @@ static int item_function_output(tr *t, json_t *it, const char *p, ks_api_error *
     snprintf(q, sizeof q, "%s.call_id", p);
     json_t *id = json_object_get(it, "call_id");
     if (!id) BAD("missing_required_parameter", q, "Missing required parameter: '%s'.", q);
-    int rc = want(id, JSON_STRING, "a string", q, err);
+    int rc = ks__api_want(id, JSON_STRING, "a string", q, err);
     if (rc) return rc;
     snprintf(q, sizeof q, "%s.output", p);
     json_t *out = json_object_get(it, "output");
@@ -276,7 +262,7 @@ static int input_items(tr *t, json_t *input, ks_api_error *err) {
 static int tools_to_chat(json_t *root, json_t *chat, ks_api_error *err) {
     json_t *tools = ks__api_field(root, "tools");
     if (!tools) return 0;
-    int rc = want(tools, JSON_ARRAY, "an array", "tools", err);
+    int rc = ks__api_want(tools, JSON_ARRAY, "an array", "tools", err);
     if (rc) return rc;
     json_t *out = json_array();
     if (!out || json_object_set_new(chat, "tools", out)) return ks__api_oom(err);
@@ -285,7 +271,7 @@ static int tools_to_chat(json_t *root, json_t *chat, ks_api_error *err) {
     json_array_foreach(tools, i, t) {
         char p[48], q[64];
         snprintf(p, sizeof p, "tools[%zu]", i);
-        if ((rc = want(t, JSON_OBJECT, "an object", p, err))) return rc;
+        if ((rc = ks__api_want(t, JSON_OBJECT, "an object", p, err))) return rc;
         const char *ty = json_string_value(json_object_get(t, "type"));
         snprintf(q, sizeof q, "%s.type", p);
         if (!ty || strcmp(ty, "function"))
@@ -326,11 +312,11 @@ static int tools_to_chat(json_t *root, json_t *chat, ks_api_error *err) {
 static int text_to_chat(json_t *root, json_t *chat, ks_api_error *err) {
     json_t *text = ks__api_field(root, "text");
     if (!text) return 0;
-    int rc = want(text, JSON_OBJECT, "an object", "text", err);
+    int rc = ks__api_want(text, JSON_OBJECT, "an object", "text", err);
     if (rc) return rc;
     json_t *f = ks__api_field(text, "format");
     if (!f) return 0;
-    if ((rc = want(f, JSON_OBJECT, "an object", "text.format", err))) return rc;
+    if ((rc = ks__api_want(f, JSON_OBJECT, "an object", "text.format", err))) return rc;
     const char *ty = json_string_value(json_object_get(f, "type"));
     if (!ty) BAD("missing_required_parameter", "text.format.type", "Missing required parameter: 'text.format.type'.");
     json_t *rf = NULL;
@@ -341,7 +327,7 @@ static int text_to_chat(json_t *root, json_t *chat, ks_api_error *err) {
         json_t *schema = json_object_get(f, "schema");
         if (!schema)
             BAD("missing_required_parameter", "text.format.schema", "Missing required parameter: 'text.format.schema'.");
-        if ((rc = want(schema, JSON_OBJECT, "an object", "text.format.schema", err))) return rc;
+        if ((rc = ks__api_want(schema, JSON_OBJECT, "an object", "text.format.schema", err))) return rc;
         json_t *name = json_object_get(f, "name");
         rf = json_pack("{s:s, s:{s:O, s:O}}", "type", "json_schema", "json_schema", "name",
                        json_is_string(name) ? name : json_string("response"), "schema", schema);
@@ -361,7 +347,7 @@ int ks_api_responses_to_chat(json_t *root, const json_t *history, ks_api_resp_re
     const char *k;
     json_t *v;
     json_object_foreach(root, k, v) {
-        if (in_list(RESP_FIELDS, k)) continue;
+        if (ks__api_in_list(RESP_FIELDS, k)) continue;
         char param[96];
         snprintf(param, sizeof param, "%.80s", k);
         BAD("unsupported_parameter", param,
@@ -376,16 +362,16 @@ int ks_api_responses_to_chat(json_t *root, const json_t *history, ks_api_resp_re
         BAD("unsupported_value", "truncation",
             "Invalid 'truncation': only 'disabled' is supported (a conversation longer than the context is a 400).");
     json_t *inc = ks__api_field(root, "include");
-    if (inc && (rc = want(inc, JSON_ARRAY, "an array", "include", err))) return rc;
+    if (inc && (rc = ks__api_want(inc, JSON_ARRAY, "an array", "include", err))) return rc;
     json_t *st = ks__api_field(root, "store");
     if (st) {
-        if ((rc = want(st, JSON_TRUE, "a boolean", "store", err))) return rc;
+        if ((rc = ks__api_want(st, JSON_TRUE, "a boolean", "store", err))) return rc;
         out->store = json_is_true(st);
     }
     json_t *input = ks__api_field(root, "input");
     if (!input) BAD("missing_required_parameter", "input", "Missing required parameter: 'input'.");
     json_t *ins = ks__api_field(root, "instructions");
-    if (ins && (rc = want(ins, JSON_STRING, "a string", "instructions", err))) return rc;
+    if (ins && (rc = ks__api_want(ins, JSON_STRING, "a string", "instructions", err))) return rc;
 
     tr t = {0};
     json_t *chat = json_object();
@@ -408,7 +394,7 @@ int ks_api_responses_to_chat(json_t *root, const json_t *history, ks_api_resp_re
     if (mot && json_object_set(chat, "max_tokens", mot)) goto oom;
     json_t *reason = ks__api_field(root, "reasoning");
     if (reason) {
-        if ((rc = want(reason, JSON_OBJECT, "an object", "reasoning", err))) goto fail;
+        if ((rc = ks__api_want(reason, JSON_OBJECT, "an object", "reasoning", err))) goto fail;
         json_t *effort = ks__api_field(reason, "effort");
         if (effort && json_object_set(chat, "reasoning_effort", effort)) goto oom;
     }
