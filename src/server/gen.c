@@ -814,14 +814,10 @@ static int stream_next(gen *g) {
             rc = resp ? ks_api_rstream_start(&g->rs, resp, &g->out) : KS_ENOMEM;
             json_decref(resp);
         }
-        if (g->kind != KS_API_CHAT || g->wire != KS_WIRE_OPENAI) {
-            for (int i = 0; i < g->n_ch && !rc && g->parse && g->continuation; i++)
-                g->ch[i].msg = parse_text(g, &g->ch[i], "", true);
-            return rc;
-        }
+        bool role = g->kind == KS_API_CHAT && g->wire == KS_WIRE_OPENAI;
         for (int i = 0; i < g->n_ch && !rc; i++) {
             ks_api_gen ag = api_gen(g, &g->ch[i]);
-            rc = sse(g, ks_api_chunk_json(&ag, KS_API_CHUNK_ROLE, NULL, 0));
+            if (role) rc = sse(g, ks_api_chunk_json(&ag, KS_API_CHUNK_ROLE, NULL, 0));
             if (!rc && g->parse && g->continuation) {
                 /* The continued message's own text is not sent again: the
                  * parse of no output is where the deltas start. */
@@ -984,7 +980,6 @@ static int build_prompts(ks_server *s, const ks_api_request *rq, plan *pl, ks_ap
             /* The prompt moves to prompts[0]; the rest stays with tp. */
             pl->prompts[0] = pl->tp.p;
             memset(&pl->tp.p, 0, sizeof pl->tp.p);
-            plan_pins(s, rq, pl);
             return 0;
         }
         if (rq->has_tools || rq->structured) {
@@ -1360,6 +1355,7 @@ static enum MHD_Result run(ks_server *s, struct MHD_Connection *c, conn *cn, ks_
     if (build_prompts(s, &rq, &pl, &e) || fit_context(s, &rq, &pl, &e) || build_bias(s, &rq, &pl, &e) ||
         build_grammar(s, &rq, &pl, &e))
         goto fail;
+    if (pl.templated) plan_pins(s, &rq, &pl);
     collect_stops(&rq, &pl);
     g = gen_create(s, kind, w ? w->wire : KS_WIRE_OPENAI, &rq, pl.n_prompts * rq.n, pl.stops, pl.n_stops);
     if (g && w) {
