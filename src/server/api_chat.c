@@ -68,17 +68,11 @@ int ks__api_check_fields(json_t *root, ks_api_kind kind, ks_api_error *err) {
 
 /* ------------------------------------------------------------ helpers */
 static int want_string(json_t *v, const char *param, ks_api_error *err) {
-    if (!json_is_string(v))
-        BAD("invalid_type", param, "Invalid type for '%s': expected a string, but got %s instead.", param,
-            ks__api_json_type_name(v));
-    return 0;
+    return ks__api_want(v, JSON_STRING, "a string", param, err);
 }
 
 static int want_object(json_t *v, const char *param, ks_api_error *err) {
-    if (!json_is_object(v))
-        BAD("invalid_type", param, "Invalid type for '%s': expected an object, but got %s instead.", param,
-            ks__api_json_type_name(v));
-    return 0;
+    return ks__api_want(v, JSON_OBJECT, "an object", param, err);
 }
 
 /* ------------------------------------------------------------ cache breakpoints */

@@ -88,6 +88,13 @@ static int system_to_chat(json_t *root, json_t *msgs, ks_api_error *err) {
 }
 
 /* ------------------------------------------------------------ messages */
+/* A content block's type at q, NULL (err filled: 400) when it has none. */
+static const char *block_type(json_t *blk, const char *q, ks_api_error *err) {
+    const char *ty = json_is_object(blk) ? json_string_value(json_object_get(blk, "type")) : NULL;
+    if (!ty) ks_api_error_set(err, 400, T_INVALID, "invalid_value", q, "%s: a content block needs a string 'type'.", q);
+    return ty;
+}
+
 /* tool_result content: a string or text blocks. */
 static int result_text(json_t *c, const char *p, ks_buf *b, ks_api_error *err) {
     if (!c) return 0;
@@ -114,10 +121,9 @@ static int user_to_chat(json_t *c, const char *p, json_t *msgs, ks_api_error *er
     json_array_foreach(c, i, blk) {
         char q[96];
         snprintf(q, sizeof q, "%s.content.%zu", p, i);
-        const char *ty = json_is_object(blk) ? json_string_value(json_object_get(blk, "type")) : NULL;
+        const char *ty = block_type(blk, q, err);
         if (!ty) {
             rc = KS_EINVAL;
-            ks_api_error_set(err, 400, T_INVALID, "invalid_value", q, "%s: a content block needs a string 'type'.", q);
             break;
         }
         json_t *cc = json_object_get(blk, "cache_control");
@@ -182,10 +188,9 @@ static int assistant_to_chat(json_t *c, const char *p, json_t *msgs, ks_api_erro
     if (!rc) json_array_foreach(c, i, blk) {
         char q[96];
         snprintf(q, sizeof q, "%s.content.%zu", p, i);
-        const char *ty = json_is_object(blk) ? json_string_value(json_object_get(blk, "type")) : NULL;
+        const char *ty = block_type(blk, q, err);
         if (!ty) {
             rc = KS_EINVAL;
-            ks_api_error_set(err, 400, T_INVALID, "invalid_value", q, "%s: a content block needs a string 'type'.", q);
             break;
         }
         if (json_object_get(blk, "cache_control")) cc_last = json_object_get(blk, "cache_control");

@@ -131,21 +131,27 @@ static int item_content(json_t *c, const char *p, json_t *msg, ks_api_error *err
     return 0;
 }
 
+/* it.key, required, into *v; a string unless any (content may be parts); q
+ * receives its path "p.key". */
+static int need(json_t *it, const char *p, const char *key, bool any, json_t **v, char *q, size_t qn,
+                ks_api_error *err) {
+    snprintf(q, qn, "%s.%s", p, key);
+    *v = json_object_get(it, key);
+    if (!*v) BAD("missing_required_parameter", q, "Missing required parameter: '%s'.", q);
+    return any ? 0 : ks__api_want(*v, JSON_STRING, "a string", q, err);
+}
+
 static int item_message(tr *t, json_t *it, const char *p, ks_api_error *err) {
     char q[96];
-    snprintf(q, sizeof q, "%s.role", p);
-    json_t *role = json_object_get(it, "role");
-    if (!role) BAD("missing_required_parameter", q, "Missing required parameter: '%s'.", q);
-    int rc = ks__api_want(role, JSON_STRING, "a string", q, err);
+    json_t *role, *c;
+    int rc = need(it, p, "role", false, &role, q, sizeof q, err);
     if (rc) return rc;
     const char *r = json_string_value(role);
     if (strcmp(r, "user") && strcmp(r, "system") && strcmp(r, "developer") && strcmp(r, "assistant"))
         BAD("invalid_value", q,
             "Invalid value for '%s': '%.32s' is not supported. Supported values are: 'user', 'system', "
             "'developer' and 'assistant'.", q, r);
-    json_t *c = json_object_get(it, "content");
-    snprintf(q, sizeof q, "%s.content", p);
-    if (!c) BAD("missing_required_parameter", q, "Missing required parameter: '%s'.", q);
+    if ((rc = need(it, p, "content", true, &c, q, sizeof q, err))) return rc;
     json_t *m;
     if (!strcmp(r, "assistant")) {
         if (!(m = new_assistant(t))) return ks__api_oom(err);
@@ -164,10 +170,7 @@ static int item_function_call(tr *t, json_t *it, const char *p, ks_api_error *er
     json_t *v[3];
     for (int k = 0; k < 3; k++) {
         char q[96];
-        snprintf(q, sizeof q, "%s.%s", p, keys[k]);
-        v[k] = json_object_get(it, keys[k]);
-        if (!v[k]) BAD("missing_required_parameter", q, "Missing required parameter: '%s'.", q);
-        int rc = ks__api_want(v[k], JSON_STRING, "a string", q, err);
+        int rc = need(it, p, keys[k], false, &v[k], q, sizeof q, err);
         if (rc) return rc;
     }
     if (!t->asst && !new_assistant(t)) return ks__api_oom(err);
@@ -183,14 +186,9 @@ static int item_function_call(tr *t, json_t *it, const char *p, ks_api_error *er
 
 static int item_function_output(tr *t, json_t *it, const char *p, ks_api_error *err) {
     char q[96];
-    snprintf(q, sizeof q, "%s.call_id", p);
-    json_t *id = json_object_get(it, "call_id");
-    if (!id) BAD("missing_required_parameter", q, "Missing required parameter: '%s'.", q);
-    int rc = ks__api_want(id, JSON_STRING, "a string", q, err);
-    if (rc) return rc;
-    snprintf(q, sizeof q, "%s.output", p);
-    json_t *out = json_object_get(it, "output");
-    if (!out) BAD("missing_required_parameter", q, "Missing required parameter: '%s'.", q);
+    json_t *id, *out;
+    int rc = need(it, p, "call_id", false, &id, q, sizeof q, err);
+    if (rc || (rc = need(it, p, "output", true, &out, q, sizeof q, err))) return rc;
     json_t *m = json_pack("{s:s, s:O}", "role", "tool", "tool_call_id", id);
     if ((rc = push_msg(t, m, err))) return rc;
     return item_content(out, q, m, err);
@@ -480,8 +478,6 @@ json_t *ks_api_responses_object(const ks_api_resp_out *o) {
                           "created_at", (json_int_t)o->created, "status", o->status, "error", "incomplete_details",
                           "model", o->model ? o->model : "", "background", 0, "store", o->store);
     if (!r) return NULL;
-    static const json_t *none;
-    (void)none;
     /* Defaults for what the request did not say. */
     json_object_set_new(r, "instructions", json_null());
     json_object_set_new(r, "max_output_tokens", json_null());
@@ -682,11 +678,10 @@ int ks_api_rstream_end(ks_api_rstream *st, json_t *resp, ks_buf *out) {
 
 int ks_api_rstream_error(ks_api_rstream *st, const ks_api_error *e, ks_buf *out) {
     /* "error" carries an error object too, so that SDKs raise it. */
-    json_t *ev = json_pack("{s:s, s:s, s:n, s:o}", "code", e->code ? e->code : "server_error", "message", e->message,
-                           "param", "error", ks_api_error_json(e));
-    if (ev) {
-        json_t *inner = json_object_get(json_object_get(ev, "error"), "error");
-        if (inner) json_object_set(ev, "error", inner);
-    }
+    json_t *wrapped = ks_api_error_json(e);
+    json_t *ev = wrapped ? json_pack("{s:s, s:s, s:n, s:O}", "code", e->code ? e->code : "server_error", "message",
+                                     e->message, "param", "error", json_object_get(wrapped, "error"))
+                         : NULL;
+    json_decref(wrapped);
     return event(st, out, "error", ev);
 }
