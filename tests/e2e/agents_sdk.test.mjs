@@ -10,21 +10,16 @@
 // the run.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { execFileSync } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { startServer, stopOk, importClient, BIN } from './lib.mjs';
+import { startServer, stopOk, importClient, templateModel } from './lib.mjs';
 
-const TEMPLATES = process.env.KS_TEMPLATES_DIR;
 let srv, dir;
 
 before(async () => {
-  assert.ok(TEMPLATES, 'KS_TEMPLATES_DIR is not set');
   dir = mkdtempSync(path.join(os.tmpdir(), 'ks-agents-'));
-  const model = path.join(dir, 'qwen25.gguf');
-  execFileSync(BIN, ['mkmodel', '--preset', 'tiny', '--seed', '1', '--chat-template',
-    path.join(TEMPLATES, 'Qwen-Qwen2.5-7B-Instruct.jinja'), model], { stdio: 'ignore' });
+  const model = templateModel(dir);
   srv = await startServer(['-m', model, '--ctx', '4096', '--slots', '2', '--max-tokens', '48']);
 });
 after(async () => {

@@ -4,21 +4,16 @@
 // that carries Qwen2.5's real template with tools.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { execFileSync } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { startServer, stopOk, postJSON, getJSON, assertError, BIN } from './lib.mjs';
+import { startServer, stopOk, postJSON, getJSON, assertError, templateModel } from './lib.mjs';
 
-const TEMPLATES = process.env.KS_TEMPLATES_DIR;
 let tiny, qwen, dir;
 
 before(async () => {
-  assert.ok(TEMPLATES, 'KS_TEMPLATES_DIR is not set');
   dir = mkdtempSync(path.join(os.tmpdir(), 'ks-apply-'));
-  const model = path.join(dir, 'qwen25.gguf');
-  execFileSync(BIN, ['mkmodel', '--preset', 'tiny', '--seed', '1', '--chat-template',
-    path.join(TEMPLATES, 'Qwen-Qwen2.5-7B-Instruct.jinja'), model], { stdio: 'ignore' });
+  const model = templateModel(dir);
   tiny = await startServer([]);
   qwen = await startServer(['-m', model]);
 });

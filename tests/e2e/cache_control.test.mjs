@@ -10,22 +10,17 @@
 // a few other conversations evict everything that is not pinned.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { execFileSync } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { startServer, stopOk, postJSON, importClient, metrics, metric, BIN } from './lib.mjs';
+import { startServer, stopOk, postJSON, importClient, metrics, metric, templateModel } from './lib.mjs';
 
-const TEMPLATES = process.env.KS_TEMPLATES_DIR;
 let srv, dir, client, Anthropic;
 
 before(async () => {
-  assert.ok(TEMPLATES, 'KS_TEMPLATES_DIR is not set');
   Anthropic = (await importClient('@anthropic-ai/sdk')).default;
   dir = mkdtempSync(path.join(os.tmpdir(), 'ks-cc-'));
-  const model = path.join(dir, 'qwen25.gguf');
-  execFileSync(BIN, ['mkmodel', '--preset', 'tiny', '--seed', '1', '--chat-template',
-    path.join(TEMPLATES, 'Qwen-Qwen2.5-7B-Instruct.jinja'), model], { stdio: 'ignore' });
+  const model = templateModel(dir);
   srv = await startServer(['-m', model, '--ctx', '4096', '--slots', '1', '--cache-ram', '1']);
   client = new Anthropic({ baseURL: srv.base, apiKey: 'none', maxRetries: 0, timeout: 120000 });
 });

@@ -5,7 +5,7 @@
 // waits for /health. stop() sends SIGTERM and returns the exit code; every
 // server still running when the process exits is killed, so a failing test never
 // leaves one behind.
-import { spawn } from 'node:child_process';
+import { execFileSync, spawn } from 'node:child_process';
 import assert from 'node:assert/strict';
 import { existsSync, readFileSync } from 'node:fs';
 import path from 'node:path';
@@ -477,3 +477,15 @@ export function assertSameReply(got, ref, what) {
 // Value of a metric (0 when absent) and the difference between two scrapes.
 export const metric = (m, name) => m.get(name) ?? 0;
 export const mdelta = (a, b, name) => metric(b, name) - metric(a, name);
+
+// A tiny random-weight GGUF made for a real chat template (its vocabulary has
+// the template's special tokens), written to dir/name; returns its path.
+export const QWEN25_TEMPLATE = 'Qwen-Qwen2.5-7B-Instruct.jinja';
+export function templateModel(dir, template = QWEN25_TEMPLATE, name = 'qwen25.gguf') {
+  const templates = process.env.KS_TEMPLATES_DIR;
+  assert.ok(templates, 'KS_TEMPLATES_DIR is not set');
+  const out = path.join(dir, name);
+  execFileSync(BIN, ['mkmodel', '--preset', 'tiny', '--seed', '1', '--chat-template', path.join(templates, template),
+    out], { stdio: 'ignore' });
+  return out;
+}

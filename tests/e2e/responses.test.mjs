@@ -11,22 +11,17 @@
 // call, and the template's tool-call grammar holds it valid.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { execFileSync } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { startServer, stopOk, postJSON, importClient, assertError, sleep, BIN } from './lib.mjs';
+import { startServer, stopOk, postJSON, importClient, assertError, sleep, templateModel } from './lib.mjs';
 
-const TEMPLATES = process.env.KS_TEMPLATES_DIR;
 let srv, dir, client, OpenAI, modelPath;
 
 before(async () => {
-  assert.ok(TEMPLATES, 'KS_TEMPLATES_DIR is not set');
   OpenAI = (await importClient('openai')).default;
   dir = mkdtempSync(path.join(os.tmpdir(), 'ks-resp-'));
-  const model = path.join(dir, 'qwen25.gguf');
-  execFileSync(BIN, ['mkmodel', '--preset', 'tiny', '--seed', '1', '--chat-template',
-    path.join(TEMPLATES, 'Qwen-Qwen2.5-7B-Instruct.jinja'), model], { stdio: 'ignore' });
+  const model = templateModel(dir);
   modelPath = model;
   srv = await startServer(['-m', model, '--ctx', '2048', '--slots', '2']);
   client = new OpenAI({ baseURL: `${srv.base}/v1`, apiKey: 'none', maxRetries: 0, timeout: 120000 });
