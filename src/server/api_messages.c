@@ -79,9 +79,12 @@ static int system_to_chat(json_t *root, json_t *msgs, ks_api_error *err) {
         }
         if (json_object_get(blk, "cache_control")) cc = json_object_get(blk, "cache_control");
     }
-    json_t *m = b.len ? json_pack("{s:s, s:s%}", "role", "system", "content", b.s, b.len) : NULL;
+    if (!b.len) { /* only empty blocks: no system message */
+        ks_buf_free(&b);
+        return 0;
+    }
+    json_t *m = json_pack("{s:s, s:s%}", "role", "system", "content", b.s, b.len);
     ks_buf_free(&b);
-    if (!b.len && !m) return 0;
     if (!m) return ks__api_oom(err);
     if (cc) json_object_set(m, "cache_control", cc);
     return json_array_append_new(msgs, m) ? ks__api_oom(err) : 0;
