@@ -86,3 +86,7 @@ fetch_llama() { # the prebuilt libraries and the public headers
 # --- 3. llama.cpp's common library, from source ----------------------------
 # shellcheck source=scripts/setup_common.sh
 . "$top/scripts/setup_common.sh"
+
+# --- 4. ggml's CPU backend with the batch-invariant patch, from source -----
+# shellcheck source=scripts/setup_cpu.sh
+. "$top/scripts/setup_cpu.sh"

@@ -281,6 +281,7 @@ static int open_engine(const ks_config *c, bool flash_attn, ks_engine **e) {
     ep.n_batch = c->batch;
     ep.n_threads = c->threads;
     ep.flash_attn = flash_attn;
+    ep.exact = c->exact;
     char err[512] = "";
     int rc = ks_engine_open(&ep, e, err, sizeof err);
     if (rc) fprintf(stderr, CMD ": %s\n", err[0] ? err : ks_strerror(rc));
@@ -443,9 +444,9 @@ int ks_cmd_serve(int argc, char **argv) {
         goto done;
     }
     bool v6 = strchr(cfg.host, ':') != NULL;
-    fprintf(stderr, "kvstash: listening on http://%s%s%s:%d (model %s, %d slots, ctx %d)\n", v6 ? "[" : "",
-            cfg.host, v6 ? "]" : "", ks_server_port(srv), f.alias ? f.alias : ks_engine_model_name(e), cfg.slots,
-            ks_engine_n_ctx_seq(e));
+    fprintf(stderr, "kvstash: listening on http://%s%s%s:%d (model %s, %d slots, ctx %d, exact: %s)\n",
+            v6 ? "[" : "", cfg.host, v6 ? "]" : "", ks_server_port(srv), f.alias ? f.alias : ks_engine_model_name(e),
+            cfg.slots, ks_engine_n_ctx_seq(e), ks_engine_exact_mode(e, cfg.exact));
     fprintf(stderr, "kvstash: port=%d\n", ks_server_port(srv));
     char store_desc[KS_MAX_PATH + 32] = "off";
     if (store && store_mode == KS_STORE_RAM_ONLY)

@@ -33,6 +33,10 @@ struct ks_engine {
     int type_k, type_v;
     int32_t *eog;   /* every end-of-generation token of the vocabulary (ignore_eos) */
     int n_eog;
+    bool invariant; /* the open-time probe found one-row decodes bit-identical to batches */
+    bool probe_ran; /* the probe's decodes all ran (its verdict means something) */
+    bool repack;    /* weights may be repacked (llama's use_extra_bufts) */
+    double warm_ms; /* what the probe (the warm-up) took */
 };
 
 struct ks_batch {
@@ -87,6 +91,35 @@ static void llama_log_cb(enum ggml_log_level level, const char *text, void *ud) 
 
 static pthread_once_t g_backend_once = PTHREAD_ONCE_INIT;
 static int g_backend_count;
+static char g_cpu_backend[64] = "prebuilt";
+static bool g_patched; /* libks-ggml-cpu.so is the CPU backend */
+
+/* The CPU backend: setup builds ggml's CPU backend from the pinned source with
+ * the batch-invariant patch (scripts/setup_cpu.sh) as libks-ggml-cpu.so next
+ * to libllama; it is loaded instead of the prebuilt variants when present.
+ * KS_GGML_CPU=prebuilt in the environment loads the prebuilt ones anyway (the
+ * benchmarks and the tests of the pair-decoding fallback use it). */
+static bool load_patched_cpu(const char *dir) {
+    const char *want = getenv("KS_GGML_CPU");
+    if (want && !strcmp(want, "prebuilt")) return false;
+    char path[4200];
+    snprintf(path, sizeof path, "%s%slibks-ggml-cpu.so", dir, dir[0] ? "/" : "");
+    if (access(path, R_OK) != 0) return false;
+    if (!ggml_backend_load(path)) {
+        KS_WARN(MOD, "%s could not be loaded; using the prebuilt CPU backend", path);
+        return false;
+    }
+    char variant[32] = "";
+    snprintf(path, sizeof path, "%s%slibks-ggml-cpu.variant", dir, dir[0] ? "/" : "");
+    FILE *f = fopen(path, "r");
+    if (f) {
+        if (!fgets(variant, sizeof variant, f)) variant[0] = '\0';
+        fclose(f);
+        variant[strcspn(variant, "\r\n")] = '\0';
+    }
+    snprintf(g_cpu_backend, sizeof g_cpu_backend, "kvstash-ggml-cpu-r1%s%s", variant[0] ? "-" : "", variant);
+    return true;
+}
 
 static void backend_init(void) {
     llama_log_set(llama_log_cb, NULL);
@@ -103,10 +136,98 @@ static void backend_init(void) {
     if (!dir[0]) snprintf(dir, sizeof dir, "%s", KS_LLAMA_LIBDIR);
 #endif
     if (!getenv("GGML_NO_BACKTRACE")) setenv("GGML_NO_BACKTRACE", "1", 0);
-    ggml_backend_load_all_from_path(dir[0] ? dir : NULL);
+    g_patched = load_patched_cpu(dir);
+    if (!g_patched) ggml_backend_load_all_from_path(dir[0] ? dir : NULL);
     llama_backend_init();
     g_backend_count = (int)ggml_backend_dev_count();
-    KS_DEBUG(MOD, "backends loaded from %s: %d device(s)", dir, g_backend_count);
+    KS_DEBUG(MOD, "backends loaded from %s: %d device(s), CPU backend %s", dir, g_backend_count, g_cpu_backend);
+}
+
+const char *ks_engine_cpu_backend(void) {
+    pthread_once(&g_backend_once, backend_init);
+    return g_cpu_backend;
+}
+
+/* The warm-up and batch-invariance probe, run once by ks_engine_open.
+ * A: PROBE_N tokens prefilled in one batch in sequence 0. B: the first
+ * PROBE_PRE as one batch, then the others one at a time. Both run the model's
+ * real kernels on its real weights (repacked or not, whatever the CPU backend
+ * chose), so an identical sequence state and identical last logits, bit for
+ * bit, mean a token decoded alone computes what it computes inside a
+ * prefill: the scheduler can then decode generated tokens one row each and
+ * stay exact (no pairs). The probe alone cannot prove invariance: on a small
+ * F16 model the prebuilt's drift is rare enough (25 state bytes in 40 tokens
+ * in one run, none in this probe's 16) to slip through, so only the patched
+ * backend is ever called invariant, and the probe is its safety net for
+ * kernels the patch does not cover (on a real model a drift shows in
+ * thousands of bytes: 332,427 of 4.5 MB for 64 tokens on the bench model).
+ * It also pages the weights in and builds the one-row and
+ * many-row graphs, so the first request costs what later ones do. Flash
+ * attention is never reported invariant: its CPU kernel changes its tiling
+ * with the KV length (docs/LLAMA_FACTS.md). */
+#define PROBE_N 32
+#define PROBE_PRE 16
+static void probe(ks_engine *e) {
+    double t0 = ks_now_ms();
+    e->invariant = false;
+    e->probe_ran = false;
+    if (e->n_ctx_seq < PROBE_N + 1 || e->n_batch < PROBE_N) return;
+    struct llama_batch b = llama_batch_init(PROBE_N, 0, 1);
+    float *la = malloc(sizeof(float) * (size_t)e->n_vocab);
+    uint8_t *sa = NULL, *sb = NULL;
+    size_t sz = 0;
+    llama_memory_t mem = llama_get_memory(e->ctx);
+    bool ok = la != NULL;
+    uint32_t x = 2463534242u;
+    llama_token tok[PROBE_N];
+    for (int i = 0; i < PROBE_N; i++) {
+        x ^= x << 13; x ^= x >> 17; x ^= x << 5;
+        tok[i] = (llama_token)(x % (uint32_t)e->n_vocab);
+    }
+    /* A */
+    for (int i = 0; i < PROBE_N; i++) {
+        b.token[i] = tok[i]; b.pos[i] = i; b.n_seq_id[i] = 1; b.seq_id[i][0] = 0;
+        b.logits[i] = i == PROBE_N - 1;
+    }
+    b.n_tokens = PROBE_N;
+    const float *l = NULL;
+    if (ok && llama_decode(e->ctx, b) == 0 && (l = llama_get_logits_ith(e->ctx, PROBE_N - 1))) {
+        memcpy(la, l, sizeof(float) * (size_t)e->n_vocab);
+        sz = llama_state_seq_get_size(e->ctx, 0);
+        sa = malloc(sz ? sz : 1);
+        sb = malloc(sz ? sz : 1);
+        ok = sa && sb && llama_state_seq_get_data(e->ctx, sa, sz, 0) == sz;
+    } else {
+        ok = false;
+    }
+    llama_memory_clear(mem, true);
+    /* B */
+    if (ok) {
+        b.n_tokens = PROBE_PRE;
+        b.logits[PROBE_N - 1] = 0;
+        ok = llama_decode(e->ctx, b) == 0;
+    }
+    for (int i = PROBE_PRE; ok && i < PROBE_N; i++) {
+        b.token[0] = tok[i]; b.pos[0] = i; b.logits[0] = i == PROBE_N - 1;
+        b.n_tokens = 1;
+        ok = llama_decode(e->ctx, b) == 0;
+    }
+    if (ok) ok = (l = llama_get_logits_ith(e->ctx, 0)) != NULL && llama_state_seq_get_size(e->ctx, 0) == sz &&
+                 llama_state_seq_get_data(e->ctx, sb, sz, 0) == sz;
+    if (ok)
+        e->invariant = g_patched && !e->flash_attn && memcmp(la, l, sizeof(float) * (size_t)e->n_vocab) == 0 &&
+                       memcmp(sa, sb, sz) == 0;
+    if (ok && g_patched && !e->flash_attn && !e->invariant)
+        KS_WARN(MOD, "this model's kernels are not batch-invariant even in the patched CPU backend "
+                     "(a lone token drifted from its prefill); decoding in pairs to stay exact");
+    llama_memory_clear(mem, true);
+    free(la);
+    free(sa);
+    free(sb);
+    llama_batch_free(b);
+    e->warm_ms = ks_now_ms() - t0;
+    e->probe_ran = ok;
+    if (!ok) KS_WARN(MOD, "the warm-up decode failed; decoding as if kernels were not batch-invariant");
 }
 
 /* ------------------------------------------------------------ open/free */
@@ -117,6 +238,7 @@ ks_engine_params ks_engine_params_default(void) {
     p.n_batch = 512;
     p.type_k = -1;
     p.type_v = -1;
+    p.exact = true;
     return p;
 }
 
@@ -247,8 +369,38 @@ int ks_engine_open(const ks_engine_params *p, ks_engine **out, char *err, size_t
     e->n_seq = p->n_seq;
     e->n_ctx_seq = (int)llama_n_ctx_seq(e->ctx);
     e->n_batch = (int)llama_n_batch(e->ctx);
-    KS_DEBUG(MOD, "model %s (%s): n_ctx_seq=%d n_seq=%d n_batch=%d threads=%d fa=%d", e->name, e->desc,
-             e->n_ctx_seq, e->n_seq, e->n_batch, n_threads, (int)p->flash_attn);
+    e->repack = mp.use_extra_bufts;
+    probe(e);
+    if (p->exact && g_patched && !p->flash_attn && !e->invariant && e->probe_ran) {
+        /* ggml repacks some weight types (Q4_0, Q4_K, IQ4_NL on x86) into
+         * interleaved blocks and multiplies groups of four rows with one kernel
+         * and the rest with another, which sum in different orders: measured on
+         * a Q4_K model, 131,124 of 1.5 MB state bytes drift even with the
+         * patched backend (docs/LLAMA_FACTS.md). Without repacking every row
+         * takes ggml's vec_dot, whatever the batch: exact. */
+        KS_INFO(MOD, "repacked weights are not batch-invariant on this model: loading it again without "
+                     "repacking to keep cached output exact");
+        llama_free(e->ctx);
+        e->ctx = NULL;
+        llama_model_free(e->model);
+        mp.use_extra_bufts = false;
+        e->model = llama_model_load_from_file(p->model_path, mp);
+        e->ctx = e->model ? llama_init_from_model(e->model, cp) : NULL;
+        if (!e->ctx) {
+            ks_set_err(err, errlen, "model file '%s' could not be loaded again without weight repacking",
+                       p->model_path);
+            rc = KS_EMODEL;
+            goto fail;
+        }
+        e->vocab = llama_model_get_vocab(e->model);
+        e->tmpl = llama_model_chat_template(e->model, NULL);
+        if (!e->tmpl) e->tmpl = "chatml";
+        e->repack = false;
+        probe(e);
+    }
+    KS_DEBUG(MOD, "model %s (%s): n_ctx_seq=%d n_seq=%d n_batch=%d threads=%d fa=%d cpu=%s repack=%d invariant=%d "
+             "warm-up %.0f ms", e->name, e->desc, e->n_ctx_seq, e->n_seq, e->n_batch, n_threads, (int)p->flash_attn,
+             g_cpu_backend, (int)e->repack, (int)e->invariant, e->warm_ms);
     *out = e;
     return 0;
 fail:
@@ -277,9 +429,11 @@ const char *ks_engine_model_name(const ks_engine *e) { return e->name; }
 void ks_engine_kv_params(const ks_engine *e, char *buf, size_t n) {
     /* n_seq too: llama's sequence-state blob differs with the number of
      * sequences, and a blob of another layout is refused at restore. */
-    snprintf(buf, n, "type_k=%s;type_v=%s;fa=%d;n_ctx_seq=%d;n_seq=%d;kv_unified=0;state_v=%d",
+    /* And the CPU backend build: another build of the kernels may compute other
+     * bits, so a state it wrote is not this build's prefill. */
+    snprintf(buf, n, "type_k=%s;type_v=%s;fa=%d;n_ctx_seq=%d;n_seq=%d;kv_unified=0;state_v=%d;cpu=%s;repack=%d",
              ggml_type_name((enum ggml_type)e->type_k), ggml_type_name((enum ggml_type)e->type_v),
-             (int)e->flash_attn, e->n_ctx_seq, e->n_seq, LLAMA_STATE_SEQ_VERSION);
+             (int)e->flash_attn, e->n_ctx_seq, e->n_seq, LLAMA_STATE_SEQ_VERSION, g_cpu_backend, (int)e->repack);
 }
 
 uint32_t ks_engine_state_version(void) { return LLAMA_STATE_SEQ_VERSION; }
@@ -300,6 +454,16 @@ char *ks_engine_meta_dump(const ks_engine *e) {
                   (unsigned long long)llama_model_size(e->model));
     return b.s;
 }
+
+bool ks_engine_batch_invariant(const ks_engine *e) { return e->invariant; }
+
+const char *ks_engine_exact_mode(const ks_engine *e, bool exact) {
+    if (!exact) return "off";
+    if (e->invariant) return "batch-invariant";
+    /* the scheduler's rule (sched.c): pairs need a trimmable memory */
+    return ks_engine_partial_rm_ok(e) ? "pairs" : "off";
+}
+double ks_engine_warm_ms(const ks_engine *e) { return e->warm_ms; }
 
 bool ks_engine_partial_rm_ok(const ks_engine *e) {
     return !llama_model_is_recurrent(e->model) && !llama_model_is_hybrid(e->model);

@@ -9,6 +9,10 @@
  * that a rename in llama.cpp's API touches one file.
  *
  * Design notes
+ *  0. Warm start and batch invariance: ks_engine_open runs a short probe (16
+ *     tokens as one batch, and as 15 + 1) that pages the model in and finds
+ *     whether this build's kernels give a lone token the bits of a batch
+ *     (ks_engine_batch_invariant).
  *  1. Exactness: flash attention is off unless asked for. With it off, a
  *     prefix kept in the KV (or restored from a state blob) followed by a
  *     partial decode gives bit-identical logits to a full prefill
@@ -44,6 +48,8 @@ typedef struct ks_engine_params {
     bool flash_attn; /* default false — see note 1 */
     int type_k;      /* ggml_type of K/V cache; -1: default (F16) */
     int type_v;
+    bool exact;      /* default true: when the probe finds the model's repacked weights
+                        are not batch-invariant, load it again without repacking (note 0) */
 } ks_engine_params;
 
 ks_engine_params ks_engine_params_default(void);
@@ -71,6 +77,21 @@ void ks_engine_kv_params(const ks_engine *e, char *buf, size_t n);
 uint32_t ks_engine_state_version(void);
 /* Every GGUF metadata pair "key=value\n" (for the model fingerprint). Owned: free(). */
 char *ks_engine_meta_dump(const ks_engine *e);
+/* true when a token decoded alone gets the bits it gets inside a prefill
+ * batch, as measured on this model when it was opened (the warm-up probe): the
+ * scheduler then decodes one row per sequence and stays exact. false with the
+ * prebuilt CPU backend (one-row F16 products sum in another order), with flash
+ * attention, or when the probe could not run. */
+bool ks_engine_batch_invariant(const ks_engine *e);
+/* How a scheduler asked for exactness keeps it on this engine, for logs and
+ * /props: "batch-invariant" (one row per generated token), "pairs" (the
+ * fallback of step.c), "off" (exact false, or a memory pairs cannot trim). */
+const char *ks_engine_exact_mode(const ks_engine *e, bool exact);
+/* Milliseconds the open-time warm-up (and probe) took. */
+double ks_engine_warm_ms(const ks_engine *e);
+/* The CPU backend in use: "kvstash-ggml-cpu-r1-<variant>" (setup's patched
+ * build) or "prebuilt". Loads the backends if not yet done. Static string. */
+const char *ks_engine_cpu_backend(void);
 /* true when the memory can remove a partial range of a sequence; false for
  * recurrent and hybrid models, whose state cannot be trimmed. */
 bool ks_engine_partial_rm_ok(const ks_engine *e);

@@ -32,14 +32,18 @@
 /* ------------------------------------------------------------------ presets */
 
 
-enum { FTYPE_F16 = 1, FTYPE_Q8_0 = 7 };
+enum { FTYPE_F16 = 1, FTYPE_Q8_0 = 7, FTYPE_Q4_K_M = 15 };
 
 static const preset k_presets[] = {
     {"tiny", 64, 2, 4, 2, 128, 8192, 1000, false, false, GGML_TYPE_F16, FTYPE_F16},
     {"bench", 896, 24, 14, 2, 4864, 32768, 32000, true, true, GGML_TYPE_Q8_0, FTYPE_Q8_0},
+    /* the bench model in Q4_K (n_embd 1024: K-quant rows are multiples of 256), the type
+     * most local models are run in; ggml's CPU
+     * backend repacks it (docs/LLAMA_FACTS.md, batch invariance) */
+    {"bench-q4k", 1024, 24, 16, 2, 4864, 32768, 32000, true, true, GGML_TYPE_Q4_K, FTYPE_Q4_K_M},
 };
 
-const char *ks_mkmodel_presets(void) { return "tiny|bench"; }
+const char *ks_mkmodel_presets(void) { return "tiny|bench|bench-q4k"; }
 
 static const preset *find_preset(const char *name) {
     if (!name) return NULL;

@@ -90,6 +90,7 @@ int ks_chat_create(const ks_chat_params *p, ks_chat **out, char *err, size_t err
     ep.n_threads = p->n_threads;
     ep.n_seq = 1;
     ep.flash_attn = p->flash_attn;
+    ep.exact = p->exact;
     int rc = ks_engine_open(&ep, &c->e, err, errlen);
     if (rc) goto fail;
     ks_sched_params sp = ks_sched_params_default();

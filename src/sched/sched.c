@@ -405,7 +405,9 @@ int ks_sched_create(const ks_sched_params *p, ks_sched **out) {
     s->n_ctx_seq = ks_engine_n_ctx_seq(s->e);
     s->n_batch = ks_engine_n_batch(s->e);
     s->next_id = 1;
-    s->pairs = p->exact && ks_engine_partial_rm_ok(s->e);
+    /* Pairs only where they are needed: a batch-invariant build (the engine's
+     * probe) already gives a lone row the bits of a batch (step.c). */
+    s->pairs = p->exact && ks_engine_partial_rm_ok(s->e) && !ks_engine_batch_invariant(s->e);
     s->slots = calloc((size_t)s->n_slots, sizeof *s->slots);
     s->clear_pending = calloc((size_t)s->n_slots, sizeof *s->clear_pending);
     s->batch = ks_batch_create(s->n_batch);

@@ -48,10 +48,11 @@ typedef struct ks_sched_params {
     float affinity_min;    /* prefer the slot with the longest common prefix only when it
                               covers at least this fraction of the prompt (default 0.05);
                               otherwise the least-recently-used idle slot */
-    bool exact;            /* default true: decode every sequence with >= 2 rows per batch so
-                              that cached, uncached and concurrent runs are bit-identical
-                              (see the note on exactness in sched.c); false saves the extra
-                              row per generated token */
+    bool exact;            /* default true: cached, uncached and concurrent runs are
+                              bit-identical. Free with a batch-invariant CPU backend (the
+                              engine's probe); otherwise every sequence is decoded with
+                              >= 2 rows per batch (see the note on exactness in step.c), and
+                              false saves that extra row per generated token */
     /* Incremental Message Cache routing: slots follow conversation
      * branches, routed by message-prefix hash, token-prefix fallback. */
     bool imc;

@@ -3,8 +3,17 @@
  * batch, the exactness rule, and sampling.
  *
  * NOTE ON EXACTNESS. ggml's CPU matrix multiply takes a different kernel for
- * a single row (ggml's vec_dot) than for two or more (llamafile's tinyBLAS),
- * and the two round differently. A token decoded alone — every generated
+ * a single row (ggml's vec_dot) than for two or more (llamafile's tinyBLAS).
+ * In the prebuilt CPU backend the two round differently for F16 and F32
+ * matrices (the KV cache's attention products among them).
+ *
+ * With the CPU backend setup builds (scripts/setup_cpu.sh: vec_dot patched to
+ * sum in tinyBLAS's order) they agree, the engine's open-time probe says so
+ * (ks_engine_batch_invariant), and none of what follows is needed: every row
+ * of a batch computes the same bits whatever else is in it, so generated
+ * tokens are decoded alone at full speed and stay exact. The rest of this
+ * note is the fallback for a build that is not invariant (KS_GGML_CPU=prebuilt,
+ * a CPU without AVX2/FMA): A token decoded alone — every generated
  * token, and the last token of a nearly fully cached prompt — would get K/V
  * and logits that differ in the last bits from the same token inside a
  * prefill, so a cached conversation would drift from an uncached one. With

@@ -214,6 +214,8 @@ typedef struct ks_api_props {
     const char *llama_version;
     bool cache_prompt;
     bool exact;
+    const char *exact_mode;    /* how exactness is kept: "batch-invariant", "pairs", "off"; NULL: not shown */
+    const char *cpu_backend;   /* ks_engine_cpu_backend(); NULL: not shown */
     const char *store;         /* "off", "ram-only", "full"; NULL: not shown */
 } ks_api_props;
 

@@ -157,6 +157,14 @@ json_t *ks_api_props_json(const ks_api_props *p) {
                                "stream", false, "samplers", "top_k", "top_p", "min_p", "temperature");
     json_t *ks = json_pack("{s:s, s:b, s:b}", "version", ks_version(), "cache_prompt", p->cache_prompt,
                            "exact", p->exact);
+    if (ks && p->exact_mode && json_object_set_new(ks, "exact_mode", json_string(p->exact_mode))) {
+        json_decref(ks);
+        ks = NULL;
+    }
+    if (ks && p->cpu_backend && json_object_set_new(ks, "cpu_backend", json_string(p->cpu_backend))) {
+        json_decref(ks);
+        ks = NULL;
+    }
     if (ks && p->store && json_object_set_new(ks, "store", json_string(p->store))) {
         json_decref(ks);
         ks = NULL;

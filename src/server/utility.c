@@ -156,6 +156,8 @@ enum MHD_Result ks__util_props(ks_server *s, struct MHD_Connection *c, conn *cn)
             .llama_version = ks_engine_llama_version(),
             .cache_prompt = s->cache_prompt,
             .exact = s->exact,
+            .exact_mode = ks_engine_exact_mode(s->engine, s->exact),
+            .cpu_backend = ks_engine_cpu_backend(),
             .store = s->store_mode[0] ? s->store_mode : NULL,
         };
         o = ks_api_props_json(&p);

@@ -9,8 +9,9 @@ after(async () => { if (srv) await stopOk(srv); });
 
 const msgs = [{ role: 'system', content: 'You are terse.' }, { role: 'user', content: 'Say something.' }];
 
-test('listening line names the model, slots and ctx', () => {
-  assert.match(srv.stderr, /kvstash: listening on http:\/\/127\.0\.0\.1:\d+ \(model .+, 2 slots, ctx 512\)/);
+test('listening line names the model, slots, ctx and how exactness is kept', () => {
+  // setup builds the batch-invariant CPU backend, so exactness costs nothing
+  assert.match(srv.stderr, /kvstash: listening on http:\/\/127\.0\.0\.1:\d+ \(model .+, 2 slots, ctx 512, exact: batch-invariant\)/);
 });
 
 test('GET /health', async () => {

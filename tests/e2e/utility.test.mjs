@@ -90,7 +90,7 @@ test('GET /props', async () => {
   assert.equal(r.status, 200);
   const p = r.json;
   assert.equal(p.default_generation_settings.n_ctx, 256);
-  assert.match(srv.stderr, /ctx 256\)/);
+  assert.match(srv.stderr, /ctx 256, exact: /);
   const sp = p.default_generation_settings.params;
   assert.equal(sp.temperature, 0.8);
   assert.equal(sp.top_k, 40);
@@ -106,6 +106,8 @@ test('GET /props', async () => {
   assert.deepEqual(p.modalities, { vision: false, video: false, audio: false });
   assert.equal(p.kvstash.cache_prompt, true);
   assert.equal(p.kvstash.exact, true);
+  assert.equal(p.kvstash.exact_mode, 'batch-invariant');
+  assert.match(p.kvstash.cpu_backend, /^kvstash-ggml-cpu-r1-/);
   assert.equal(p.kvstash.store, 'ram-only');
   assert.equal(p.build_info.split(' ')[0], `kvstash-${p.kvstash.version}`);
   const h = await fetch(srv.base + '/props', { method: 'HEAD' });

@@ -1,0 +1,129 @@
+# shellcheck shell=bash
+# setup_cpu.sh — stage 4 of scripts/setup.sh, sourced by it (uses its say,
+# fetch, $top, $DEPS, $LLAMA, $SRC_PKG and $SRC_SHA512).
+#
+# Builds ggml's CPU backend from the pinned llama.cpp source with one small
+# patch, scripts/patches/ggml-cpu-batch-invariant.patch, and installs it next
+# to the prebuilt libraries as
+#   $LLAMA/lib/libks-ggml-cpu.so
+# The engine loads it instead of the prebuilt CPU variants (src/engine/engine.c,
+# backend_init). Why: the prebuilt sums a one-row product of F16 (and F32)
+# matrices in another order than a product of two or more rows (ggml's vec_dot
+# against llamafile's tinyBLAS), so a token decoded alone gets K/V and logits
+# that differ in the last bits from the same token inside a prefill. The patch
+# makes the one-row product sum in tinyBLAS's order; Q8_0 products already agree.
+# docs/LLAMA_FACTS.md has the measurements.
+#
+# The module is built for this CPU as ggml's own variant list would pick it
+# (zen4, icelake, haswell, ... — the same feature sets as the prebuilt
+# variants), against the prebuilt libggml-base.so (same source, same ABI). The
+# name does not match ggml's "libggml-cpu-*.so" search pattern, so the prebuilt
+# loader never picks it up by accident. Takes about a minute on two cores.
+# Idempotent: with the stamp present it does nothing and prints nothing.
+
+CPU_PATCH=$top/scripts/patches/ggml-cpu-batch-invariant.patch
+CPU_STAMP=$LLAMA/.ok-cpu-r1 # bump the suffix when this recipe or the patch changes
+
+# ggml's x86 CPU variants (ggml/src/CMakeLists.txt, GGML_CPU_ALL_VARIANTS), best
+# first: name, then the GGML_* features it is compiled with.
+CPU_VARIANTS="sapphirerapids:SSE42,AVX,F16C,FMA,AVX2,BMI2,AVX512,AVX512_VBMI,AVX512_VNNI,AVX512_BF16,AMX_TILE,AMX_INT8
+zen4:SSE42,AVX,F16C,FMA,AVX2,BMI2,AVX512,AVX512_VBMI,AVX512_VNNI,AVX512_BF16
+cooperlake:SSE42,AVX,F16C,FMA,AVX2,BMI2,AVX512,AVX512_VNNI,AVX512_BF16
+icelake:SSE42,AVX,F16C,FMA,AVX2,BMI2,AVX512,AVX512_VBMI,AVX512_VNNI
+cascadelake:SSE42,AVX,F16C,FMA,AVX2,BMI2,AVX512,AVX512_VNNI
+cannonlake:SSE42,AVX,F16C,FMA,AVX2,BMI2,AVX512,AVX512_VBMI
+skylakex:SSE42,AVX,F16C,FMA,AVX2,BMI2,AVX512
+alderlake:SSE42,AVX,F16C,FMA,AVX2,BMI2,AVX_VNNI
+haswell:SSE42,AVX,F16C,FMA,AVX2,BMI2
+piledriver:SSE42,AVX,F16C,FMA
+ivybridge:SSE42,AVX,F16C
+sandybridge:SSE42,AVX
+sse42:SSE42
+x64:"
+
+cpu_has() { # $1 = a GGML_* feature name; true when /proc/cpuinfo lists it
+    local flags=$2
+    case $1 in
+    SSE42) set -- sse4_2 ;;
+    AVX) set -- avx ;;
+    F16C) set -- f16c ;;
+    FMA) set -- fma ;;
+    AVX2) set -- avx2 ;;
+    BMI2) set -- bmi2 ;;
+    AVX512) set -- avx512f avx512cd avx512vl avx512dq avx512bw ;;
+    AVX512_VBMI) set -- avx512vbmi ;;
+    AVX512_VNNI) set -- avx512_vnni ;;
+    AVX512_BF16) set -- avx512_bf16 ;;
+    AVX_VNNI) set -- avx_vnni ;;
+    AMX_TILE) set -- amx_tile ;;
+    AMX_INT8) set -- amx_int8 ;;
+    *) return 1 ;;
+    esac
+    for f in "$@"; do
+        case " $flags " in *" $f "*) ;; *) return 1 ;; esac
+    done
+}
+
+cpu_variant() { # prints "name:FEATURES" of the best variant this CPU runs
+    local flags line feats ok f
+    flags=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2)
+    while read -r line; do
+        feats=${line#*:}
+        ok=1
+        for f in ${feats//,/ }; do cpu_has "$f" "$flags" || { ok=0; break; }; done
+        [ $ok = 1 ] && { echo "$line"; return; }
+    done <<<"$CPU_VARIANTS"
+}
+
+if [ ! -f "$CPU_STAMP" ] && [ "$(uname -m)" = x86_64 ]; then
+    t0=$(date +%s)
+    variant=$(cpu_variant)
+    vname=${variant%%:*}
+    say "building ggml's CPU backend ($vname) with the batch-invariant patch (about a minute)"
+    tmp=$DEPS/ggml-cpu.tmp
+    rm -rf "$tmp" && mkdir -p "$tmp/x"
+
+    src_tgz=$DEPS/dl/node-llama-cpp-3.22.1.tgz
+    if [ ! -f "$src_tgz" ] ||
+        [ "$(openssl dgst -sha512 -binary "$src_tgz" | base64 -w0)" != "$SRC_SHA512" ]; then
+        rm -f "$src_tgz"
+        src_tgz=$(fetch "$SRC_PKG" "$SRC_SHA512")
+    fi
+    tar xzf "$src_tgz" -C "$tmp/x" package/llama/gitRelease.bundle
+    git clone -q --no-checkout "$tmp/x/package/llama/gitRelease.bundle" "$tmp/x/git"
+    mkdir -p "$tmp/src"
+    git -C "$tmp/x/git" archive HEAD ggml | tar x -C "$tmp/src"
+    rm -rf "$tmp/x"
+    if ! (cd "$tmp/src" && patch -s -p1 <"$CPU_PATCH"); then
+        say "the batch-invariant patch does not apply to this llama.cpp source"
+        exit 1
+    fi
+
+    # Only the standalone build's pkg-config template is missing from
+    # llama.cpp's copy of ggml; nothing here is installed, so an empty one does.
+    : >"$tmp/src/ggml/ggml.pc.in"
+    opts=""
+    IFS=, read -r -a feats <<<"${variant#*:}"
+    for f in "${feats[@]}"; do [ -n "$f" ] && opts="$opts -DGGML_$f=ON"; done
+    log=$tmp/build.log
+    # The prebuilt's settings: loadable backends, ggml's own thread pool (no
+    # OpenMP), llamafile's tinyBLAS and the repacking on; an unversioned SONAME
+    # for libggml-base so the module binds to the prebuilt one.
+    # shellcheck disable=SC2086 # word splitting of $opts is wanted
+    if ! { cmake -S "$tmp/src/ggml" -B "$tmp/build" -DCMAKE_BUILD_TYPE=Release \
+        -DBUILD_SHARED_LIBS=ON -DGGML_BACKEND_DL=ON -DGGML_NATIVE=OFF -DGGML_OPENMP=OFF \
+        -DGGML_LLAMAFILE=ON -DGGML_BUILD_TESTS=OFF -DGGML_BUILD_EXAMPLES=OFF \
+        -DCMAKE_PLATFORM_NO_VERSIONED_SONAME=ON -DCMAKE_SKIP_BUILD_RPATH=ON $opts &&
+        cmake --build "$tmp/build" --target ggml-cpu -j "$(nproc)"; } >"$log" 2>&1; then
+        tail -n 30 "$log" >&2
+        say "building ggml's CPU backend failed (log: $log)"
+        exit 1
+    fi
+    mod=$(find "$tmp/build" -name libggml-cpu.so | head -n 1)
+    [ -n "$mod" ] || { say "the CPU backend build produced no libggml-cpu.so (log: $log)"; exit 1; }
+    cp "$mod" "$LLAMA/lib/libks-ggml-cpu.so.tmp" && mv "$LLAMA/lib/libks-ggml-cpu.so.tmp" "$LLAMA/lib/libks-ggml-cpu.so"
+    echo "$vname" >"$LLAMA/lib/libks-ggml-cpu.variant"
+    rm -rf "$tmp"
+    touch "$CPU_STAMP"
+    say "batch-invariant CPU backend ($vname) ready in $LLAMA/lib ($(($(date +%s) - t0)) s)"
+fi
