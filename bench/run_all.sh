@@ -9,7 +9,7 @@ DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 failed=()
 for script in "$DIR"/*.sh; do
     name=$(basename "$script")
-    case $name in run_all.sh | lib.sh) continue ;; esac
+    case $name in run_all.sh | lib.sh | *_lib.sh) continue ;; esac
     echo "=== $name ($(date -u '+%Y-%m-%d %H:%M:%S UTC'))"
     if ! bash "$script" "$@"; then
         echo "=== $name FAILED" >&2

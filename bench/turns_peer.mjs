@@ -1,0 +1,308 @@
+#!/usr/bin/env node
+// turns_peer.mjs — time to first token per turn of one multi-turn conversation
+// sent side by side to OpenAI-compatible servers, e.g. `kvstash serve` and
+// llama.cpp's `llama-server` (bench/turns_peer.sh starts them). No npm
+// dependencies (fetch). Not a test: nothing fails on a number; it prints a
+// markdown table (and writes it with CSV files when --out is given).
+//
+// usage: node bench/turns_peer.mjs URL [URL ...] [--key value ...]
+//   URL              a server's base URL (http://127.0.0.1:8080). The first one
+//                    is the reference: every other server's TTFT is compared
+//                    with it (put kvstash first)
+//   --name LABEL     the label of a server, once per URL in the same order
+//                    (default: from GET /props build_info, else the URL)
+//   --short NAME     the short name of a server for the table's columns, once
+//                    per URL (default: the label's first word, numbered when repeated)
+//   --turns N        user turns (default 10)
+//   --sys-words N    words of the system prompt (default 300)
+//   --msg-words N    words of every user message (default 60)
+//   --max-tokens N   reply length limit (default 32)
+//   --out DIR        write DIR/turns_peer.md, DIR/turns_peer.csv (one row per
+//                    turn and server) and DIR/turns_peer_ttft.csv (turn, then the
+//                    TTFT of every server: the plot's input) too
+//
+// Method:
+//  - The conversation: a system prompt of --sys-words words, then --turns user
+//    messages of --msg-words words each (deterministic words from a seeded
+//    generator: the same text on every run and for every server; every word is
+//    one token of the bench model).
+//  - Every server keeps its own conversation: its own replies are appended to
+//    its own history, as a chat UI does, so each server's cache sees exactly the
+//    history it produced. (Greedy replies may differ between servers; then
+//    their prompts differ by those tokens: the table shows each one's.)
+//  - Each request: POST /v1/chat/completions with the whole history, stream:
+//    true, stream_options.include_usage, temperature 0 (greedy), max_tokens N,
+//    cache_prompt: true. Requests go one at a time; turn t goes to every
+//    server before turn t+1, and the server that goes first rotates each turn.
+//  - One unmeasured warm-up request per server first (an unrelated 40-word
+//    message, 2 tokens), so turn 1 does not pay a process's first-request costs.
+//    Turn 1 is otherwise cold: nothing of the conversation is cached.
+//  - TTFT = client-side time from sending the request to the first SSE chunk
+//    that carries content (or the finish chunk of an empty reply); total = to
+//    the end of the stream.
+//  - Tokens, from the final chunks: prompt = usage.prompt_tokens; cached =
+//    timings.cache_n (llama-server; kvstash sets it too), else
+//    usage.prompt_tokens_details.cached_tokens; new = timings.prompt_n (the
+//    tokens prefilled), else prompt - cached. Both cached fields go to the CSV;
+//    a warning is printed when they disagree or cached + new != prompt.
+//  - Ratio per turn = the first server's TTFT / this server's TTFT (below 1:
+//    the first server was faster). Summary: its median over turns 2..T (the
+//    turns that can use the cache) and turn 1 (cold) on its own.
+import fs from 'node:fs';
+import path from 'node:path';
+
+const argv = process.argv.slice(2);
+const urls = [];
+const opt = {};
+const names0 = []; // --name, one per URL
+const shorts0 = []; // --short, one per URL
+for (let i = 0; i < argv.length; i++) {
+  const m = /^--([\w-]+)(?:=(.*))?$/.exec(argv[i]);
+  const v = () => (m[2] !== undefined ? m[2] : argv[++i]);
+  if (m && m[1] === 'name') names0.push(v());
+  else if (m && m[1] === 'short') shorts0.push(v());
+  else if (m) opt[m[1]] = v();
+  else urls.push(argv[i].replace(/\/+$/, ''));
+}
+function die(msg) {
+  process.stderr.write(`turns_peer: ${msg}\n`);
+  process.exit(2);
+}
+const num = (k, d, min = 1) => {
+  if (opt[k] === undefined) return d;
+  const v = Number(opt[k]);
+  if (!Number.isInteger(v) || v < min) die(`--${k} wants an integer >= ${min}`);
+  return v;
+};
+if (!urls.length)
+  die('usage: node bench/turns_peer.mjs URL [URL ...] [--name LABEL ...] [--short NAME ...] [--turns N] [--sys-words N] ' +
+    '[--msg-words N] [--max-tokens N] [--out DIR]');
+const T = num('turns', 10), SW = num('sys-words', 300, 0), UW = num('msg-words', 60), MT = num('max-tokens', 32);
+
+const now = () => performance.now();
+function median(xs) {
+  const v = xs.filter(Number.isFinite).sort((a, b) => a - b);
+  if (!v.length) return NaN;
+  const h = v.length >> 1;
+  return v.length % 2 ? v[h] : (v[h - 1] + v[h]) / 2;
+}
+const f = (x, d = 0) => (Number.isFinite(x) ? x.toFixed(d) : '–');
+const fc = (x, d = 0) => (Number.isFinite(x) ? x.toFixed(d) : ''); // CSV: empty when missing
+const fr = (x) => (Number.isFinite(x) ? `${x.toFixed(2)}×` : '–');
+
+// Deterministic words (mulberry32), as bench/http_bench.mjs: every word is one
+// token of the bench model's vocabulary (mkmodel's word list); any model takes
+// them as plain English.
+const WORDS = ('water river mountain city tree house school music paper story friend family animal country ' +
+  'world people ocean island garden morning night light color sound road street town car boat plane ship ' +
+  'horse bird dog fish food book letter song game rock fire wind rain snow sun moon star earth field farm ' +
+  'plant wood stone gold king war money power machine system problem question answer example idea science ' +
+  'language number word sentence picture travel remember learn study teach listen watch build carry follow ' +
+  'change begin start open close walk run draw paint write read think feel talk sing play help small large ' +
+  'great little old young new good best better early late long short high low deep warm cold hot dark clear ' +
+  'quick slow simple special common north south east west between together always often never after before ' +
+  'during toward against through under above near about because while until since every several enough many').split(' ');
+function words(n, seed) {
+  let a = (seed >>> 0) ^ 0x9e3779b9;
+  const w = [];
+  for (let i = 0; i < n; i++) {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    w.push(WORDS[Math.floor((((t ^ (t >>> 14)) >>> 0) / 4294967296) * WORDS.length)]);
+  }
+  return w.join(' ');
+}
+
+async function label(url) {
+  try {
+    const p = await (await fetch(`${url}/props`)).json();
+    if (p.build_info) return p.kvstash ? `kvstash (${p.build_info})` : `llama-server ${p.build_info}`;
+  } catch {
+    /* no /props */
+  }
+  return url;
+}
+
+// One streamed chat completion: client TTFT and total, the server's token counts.
+async function chat(url, messages, maxTokens) {
+  const body = {
+    messages,
+    max_tokens: maxTokens,
+    temperature: 0,
+    cache_prompt: true,
+    stream: true,
+    stream_options: { include_usage: true },
+  };
+  const t0 = now();
+  const res = await fetch(`${url}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { 'Content-Type': 'application/json' },
+    body: JSON.stringify(body),
+  });
+  if (res.status !== 200) throw new Error(`${url}: HTTP ${res.status} ${await res.text()}`);
+  const reader = res.body.getReader();
+  const dec = new TextDecoder();
+  let buf = '', content = '', ttft = NaN, usage = null, timings = null, finish = null;
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    const t = now();
+    buf += dec.decode(value, { stream: true });
+    let i;
+    while ((i = buf.indexOf('\n\n')) >= 0) {
+      const ev = buf.slice(0, i).trim();
+      buf = buf.slice(i + 2);
+      if (!ev.startsWith('data:')) continue;
+      const d = ev.slice(5).trim();
+      if (d === '[DONE]') continue;
+      const j = JSON.parse(d);
+      if (j.error) throw new Error(`${url}: stream error ${JSON.stringify(j.error)}`);
+      const c = j.choices && j.choices[0];
+      const piece = c && c.delta ? c.delta.content : null;
+      if (Number.isNaN(ttft) && (piece || (c && c.finish_reason))) ttft = t - t0;
+      if (piece) content += piece;
+      if (c && c.finish_reason) finish = c.finish_reason;
+      if (j.usage) usage = j.usage;
+      if (j.timings) timings = j.timings;
+    }
+  }
+  const total = now() - t0;
+  const prompt = usage ? usage.prompt_tokens : NaN;
+  const usageCached = usage && usage.prompt_tokens_details ? usage.prompt_tokens_details.cached_tokens : NaN;
+  const cacheN = timings && Number.isFinite(timings.cache_n) ? timings.cache_n : NaN;
+  const promptN = timings && Number.isFinite(timings.prompt_n) ? timings.prompt_n : NaN;
+  const cached = Number.isFinite(cacheN) ? cacheN : usageCached;
+  return {
+    ttft,
+    total,
+    content,
+    finish,
+    prompt,
+    cached,
+    nnew: Number.isFinite(promptN) ? promptN : prompt - cached,
+    usage_cached: usageCached,
+    cache_n: cacheN,
+    prompt_n: promptN,
+    prompt_ms: timings ? timings.prompt_ms : NaN,
+    completion: usage ? usage.completion_tokens : timings ? timings.predicted_n : NaN,
+    has_usage: !!usage,
+    has_timings: !!timings,
+  };
+}
+
+const names = names0.length ? names0 : await Promise.all(urls.map(label));
+if (names.length !== urls.length) die('--name: give one per URL, or none');
+if (shorts0.length && shorts0.length !== urls.length) die('--short: give one per URL, or none');
+const shorts = shorts0.length ? shorts0 : names.map((n) => n.split(' ')[0]);
+shorts.forEach((s, i) => {
+  const same = shorts.filter((x, k) => x === s && k < i).length;
+  if (same) shorts[i] = `${s}#${same + 1}`;
+});
+const N = urls.length;
+process.stderr.write(`turns_peer: ${N} server(s) (${shorts.join(', ')}), ${T} turns, ${SW}-word system prompt, ` +
+  `${UW}-word messages, max_tokens ${MT}\n`);
+
+for (let s = 0; s < N; s++) await chat(urls[s], [{ role: 'user', content: words(40, 77) }], 2); // warm-up
+
+const system = words(SW, 500);
+const convs = urls.map(() => (SW > 0 ? [{ role: 'system', content: system }] : []));
+const res = urls.map(() => []); // res[s][t-1]
+const warned = new Set();
+const warn = (key, msg) => {
+  if (warned.has(key)) return;
+  warned.add(key);
+  process.stderr.write(`turns_peer: warning: ${msg}\n`);
+};
+let differ = 0;
+for (let t = 1; t <= T; t++) {
+  const user = words(UW, 10000 + t);
+  for (let k = 0; k < N; k++) {
+    const s = (t - 1 + k) % N; // rotate who goes first
+    convs[s].push({ role: 'user', content: user });
+    let x;
+    try {
+      x = await chat(urls[s], convs[s], MT);
+    } catch (e) {
+      die(`turn ${t}, ${names[s]}: ${e.message}\n(a context too small? the conversation is ${res[s].length ? res[s].at(-1).prompt + res[s].at(-1).completion : 0} tokens so far)`);
+    }
+    convs[s].push({ role: 'assistant', content: x.content });
+    res[s].push(x);
+    if (!x.has_usage) warn(`usage${s}`, `${names[s]} sent no usage (stream_options.include_usage ignored?)`);
+    if (!x.has_timings) warn(`timings${s}`, `${names[s]} sent no timings: cached tokens from usage, new = prompt - cached`);
+    if (Number.isFinite(x.cache_n) && Number.isFinite(x.usage_cached) && x.cache_n !== x.usage_cached)
+      warn(`cached${s}`, `${names[s]} turn ${t}: timings.cache_n ${x.cache_n} != usage cached_tokens ${x.usage_cached}`);
+    if (Number.isFinite(x.prompt_n) && x.cached + x.nnew !== x.prompt)
+      warn(`sum${s}`, `${names[s]} turn ${t}: cached ${x.cached} + prompt_n ${x.nnew} != prompt_tokens ${x.prompt}`);
+  }
+  const texts = urls.map((_, s) => res[s][t - 1].content);
+  const same = texts.every((c) => c === texts[0]);
+  if (!same) differ++;
+  process.stderr.write(`turn ${t}: ${urls.map((_, s) => {
+    const x = res[s][t - 1];
+    return `${shorts[s]} ${f(x.ttft)} ms (prompt ${x.prompt}, cached ${x.cached}, new ${x.nnew})`;
+  }).join('; ')}${N > 1 ? (same ? '; same replies' : '; replies differ') : ''}\n`);
+}
+
+// ---------------------------------------------------------------- report
+const hdr = ['turn', 'prompt tok'];
+for (let s = 0; s < N; s++) {
+  hdr.push(`${shorts[s]} TTFT ms`, `${shorts[s]} cached/new`);
+  if (s > 0) hdr.push(`${shorts[0]}/${shorts[s]}`);
+}
+const rows = [];
+for (let t = 1; t <= T; t++) {
+  const p0 = res[0][t - 1].prompt;
+  const ps = urls.map((_, s) => res[s][t - 1].prompt);
+  const row = [t, ps.every((p) => p === p0) ? f(p0) : ps.map((p) => f(p)).join(' / ')];
+  for (let s = 0; s < N; s++) {
+    const x = res[s][t - 1];
+    row.push(f(x.ttft), `${f(x.cached)}/${f(x.nnew)}`);
+    if (s > 0) row.push(fr(res[0][t - 1].ttft / x.ttft));
+  }
+  rows.push(row);
+}
+const md = [`| ${hdr.join(' | ')} |`, `|${hdr.map(() => '--:').join('|')}|`, ...rows.map((r) => `| ${r.join(' | ')} |`)];
+const lines = [md.join('\n'), ''];
+const last = res[0][T - 1];
+lines.push(`One conversation of ${T} turns: a ${SW}-word system prompt, ${UW}-word user messages, replies of at most ` +
+  `${MT} tokens (greedy, streamed, cache_prompt), grown to ${f(last.prompt + last.completion)} tokens ` +
+  `(${shorts[0]}'s). Every server keeps its own history (its own replies); turn t goes to every server before turn ` +
+  `t+1, rotating who goes first. TTFT: client-side, to the first content chunk. cached/new: the prompt tokens the ` +
+  `server reused / prefilled (timings.cache_n / timings.prompt_n, else usage.prompt_tokens_details.cached_tokens). ` +
+  `${N > 1 ? `${shorts[0]}/X: ${shorts[0]}'s TTFT over X's (below 1×: ${shorts[0]} faster). Turns whose replies differ between servers: ${differ} of ${T}.` : ''}`);
+lines.push('');
+lines.push('Servers:');
+for (let s = 0; s < N; s++) lines.push(`- ${shorts[s]}: ${names[s]} (${urls[s]})`);
+const summary = [];
+for (let s = 1; s < N; s++) {
+  const later = [];
+  for (let t = 2; t <= T; t++) later.push(res[0][t - 1].ttft / res[s][t - 1].ttft);
+  const within = later.filter((r) => r <= 1.05).length;
+  summary.push(`**${shorts[0]} TTFT / ${shorts[s]} TTFT**: median over turns 2–${T} ${fr(median(later))}` +
+    (later.length ? ` (best ${fr(Math.min(...later))}, worst ${fr(Math.max(...later))}, within 1.05× in ${within} of ${later.length})` : '') +
+    `; turn 1 (cold) ${fr(res[0][0].ttft / res[s][0].ttft)}. Median TTFT over turns 2–${T}: ${shorts[0]} ` +
+    `${f(median(res[0].slice(1).map((x) => x.ttft)))} ms, ${shorts[s]} ${f(median(res[s].slice(1).map((x) => x.ttft)))} ms.`);
+}
+if (N === 1) summary.push(`Median TTFT over turns 2–${T}: ${f(median(res[0].slice(1).map((x) => x.ttft)))} ms; turn 1 ${f(res[0][0].ttft)} ms.`);
+lines.push('', ...summary);
+if (process.env.KS_BENCH_CMD) lines.push('', `Command: \`${process.env.KS_BENCH_CMD}\``);
+const text = lines.join('\n') + '\n';
+process.stdout.write(text);
+
+if (opt.out) {
+  const out = path.resolve(String(opt.out));
+  fs.mkdirSync(out, { recursive: true });
+  fs.writeFileSync(path.join(out, 'turns_peer.md'), text);
+  const q = (s) => `"${String(s).replace(/"/g, '""')}"`;
+  const csv = ['server,name,turn,prompt_tokens,cached_tokens,new_tokens,usage_cached_tokens,timings_cache_n,timings_prompt_n,' +
+    'prompt_ms,ttft_ms,total_ms,completion_tokens,finish'];
+  for (let s = 0; s < N; s++)
+    res[s].forEach((x, i) => csv.push([q(shorts[s]), q(names[s]), i + 1, fc(x.prompt), fc(x.cached), fc(x.nnew), fc(x.usage_cached),
+      fc(x.cache_n), fc(x.prompt_n), fc(x.prompt_ms, 2), fc(x.ttft, 2), fc(x.total, 2), fc(x.completion), x.finish || ''].join(',')));
+  fs.writeFileSync(path.join(out, 'turns_peer.csv'), csv.join('\n') + '\n');
+  const wide = [['turn', ...shorts.map((s) => s.replace(/,/g, ' '))].join(',')];
+  for (let t = 1; t <= T; t++) wide.push([t, ...urls.map((_, s) => fc(res[s][t - 1].ttft, 2))].join(','));
+  fs.writeFileSync(path.join(out, 'turns_peer_ttft.csv'), wide.join('\n') + '\n');
+}
