@@ -812,9 +812,14 @@ async function wlRestart() {
   const base = ['--slots', '2', '--ctx', String(CTX)];
   const off = await startServer('off', [...base, '--no-cache-prompt']);
   await calibrate(off);
+  // warmup 0: the measured turn is the first request of the new process (issue 12: a
+  // warm start makes it cost what a later one does); 1: an unrelated short request first.
+  const WARM = num('warmup', 1);
   const variants = [
     { name: 'default tiers', cfg: {} },
     { name: 'disk only', cfg: { ram: 0, shm: 0, reasons: { cold: 'disk', continued: 'disk', finish: 'disk', evict: 'disk', shutdown: 'disk' } } },
+    // The first process stays up; a second one on the same store takes the next turn.
+    { name: 'second process', second: true, cfg: { reasons: { cold: 'shm', continued: 'shm', finish: 'shm', evict: 'shm', shutdown: 'shm' } } },
   ];
   const rows = [];
   const cfgTexts = [];
@@ -835,16 +840,18 @@ async function wlRestart() {
       msgs.push({ role: 'assistant', content: last.content });
     }
     process.stderr.write(`${v.name}: built ${last.prompt_tokens + last.completion_tokens} tokens in ${k} turns\n`);
+    const first = srv;
     for (let rep = 1; rep <= R; rep++) {
       const mBefore = await metrics(srv);
       const stopT0 = now();
-      await srv.stop();
+      if (!v.second || srv !== first) await srv.stop();
       const stopMs = now() - stopT0;
+      await sleep(v.second ? 300 : 0); // the first process's finish save reaches the shm tier
       const ls = cacheLs(dirs);
       const startT0 = now();
-      srv = await startServer(`store${vi}`, [...base, '--config', cfg.file], { log: 'debug' });
+      srv = await startServer(v.second ? `store${vi}b` : `store${vi}`, [...base, '--config', cfg.file], { log: 'debug' });
       const startMs = now() - startT0;
-      await warmup(srv); // an unrelated short request (below store.min_tokens: nothing saved or restored)
+      if (WARM) await warmup(srv); // an unrelated short request (below store.min_tokens: nothing saved or restored)
       msgs.push({ role: 'user', content: words(UW, 9500 + 10 * vi + rep) });
       const logLen = srv.stderr.length;
       const r = await roundRobin([srv, off], msgs, 0, MT); // the restarted server first
@@ -862,6 +869,7 @@ async function wlRestart() {
         `restore ${f(on.restore_ms, 2)} ms, ${bytes} bytes) off ${f(r.off.ttft)} ms floor(${fl.prompt_tokens}) ${f(fl.ttft)} ms\n`);
     }
     await srv.stop();
+    if (srv !== first) await first.stop();
     rmDirs(dirs);
   }
   await off.stop();
@@ -869,7 +877,10 @@ async function wlRestart() {
   header('After a restart (issue 5): a ~2,000-token conversation continued by a new process',
     `A ${SW}-word system prompt and ${TURNW}-word user turns (max_tokens ${MT}) until the conversation holds about ` +
     `${TARGET} tokens; then, ${R} times: SIGTERM, start a new server on the same store directories (disk tier in a ` +
-    'temp dir, shm tier in a temp dir under /dev/shm), one unrelated short warm-up request, and the next turn ' +
+    'temp dir, shm tier in a temp dir under /dev/shm), ' +
+    (WARM ? 'one unrelated short warm-up request, and the next turn ' : 'and the next turn as the new process\'s first request ' +
+      '(no warm-up request: what the server\'s own warm-up before /health leaves) ') +
+    '("second process": the first server stays up and a second one on the same store takes the turn) ' +
     `(${UW}-word message). The cache-off server (alive throughout) answers the same turn by prefilling the whole ` +
     'history; floor@0 = a fresh prefill of only the tokens the restarted server prefilled; floor@depth = the prefill ' +
     'of those tokens after the restored ones plus llama\'s state set of the restored tokens from memory, on llama.cpp ' +

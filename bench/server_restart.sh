@@ -8,6 +8,7 @@
 #                `kvstash mkmodel --preset bench --seed 1` when missing
 # Environment (defaults in brackets): THREADS [2] (--threads of every server)
 #   TOKENS [2000] SYS_WORDS [300] BUILD_WORDS [150] MSG_WORDS [60] MAX_TOKENS [16] REPEAT [3]
+#   WARMUP [1]: 0 measures the new process's first request (no warm-up request before it)
 # Writes bench/out/server_restart.{md,csv}, the servers' logs bench/out/server_restart-*.log and
 # docs/img/server_restart.png; prints the markdown tables.
 set -euo pipefail
@@ -17,9 +18,9 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bench_prepare server_restart.sh "$@"
 
 TOKENS=${TOKENS:-2000}; SYS_WORDS=${SYS_WORDS:-300}; BUILD_WORDS=${BUILD_WORDS:-150}; MSG_WORDS=${MSG_WORDS:-60}
-MAX_TOKENS=${MAX_TOKENS:-16}; REPEAT=${REPEAT:-3}
-SETTINGS="TOKENS=$TOKENS SYS_WORDS=$SYS_WORDS BUILD_WORDS=$BUILD_WORDS MSG_WORDS=$MSG_WORDS MAX_TOKENS=$MAX_TOKENS REPEAT=$REPEAT"
-ARGS=(--tokens "$TOKENS" --sys-words "$SYS_WORDS" --build-words "$BUILD_WORDS" --msg-words "$MSG_WORDS" --max-tokens "$MAX_TOKENS" --repeat "$REPEAT")
+MAX_TOKENS=${MAX_TOKENS:-16}; REPEAT=${REPEAT:-3}; WARMUP=${WARMUP:-1}
+SETTINGS="TOKENS=$TOKENS SYS_WORDS=$SYS_WORDS BUILD_WORDS=$BUILD_WORDS MSG_WORDS=$MSG_WORDS MAX_TOKENS=$MAX_TOKENS REPEAT=$REPEAT WARMUP=$WARMUP"
+ARGS=(--tokens "$TOKENS" --sys-words "$SYS_WORDS" --build-words "$BUILD_WORDS" --msg-words "$MSG_WORDS" --max-tokens "$MAX_TOKENS" --repeat "$REPEAT" --warmup "$WARMUP")
 CMD=(node "$ROOT/bench/http_bench.mjs" restart --bin "$BIN" --model "$MODEL" --out "$OUT" --threads "$THREADS" "${ARGS[@]}")
 echo "\$ ${CMD[*]}" >&2
 # The tables name the command that made them: this script with its settings.

@@ -11,7 +11,9 @@
 # matrices in another order than a product of two or more rows (ggml's vec_dot
 # against llamafile's tinyBLAS), so a token decoded alone gets K/V and logits
 # that differ in the last bits from the same token inside a prefill. The patch
-# makes the one-row product sum in tinyBLAS's order; Q8_0 products already agree.
+# makes the one-row product sum in tinyBLAS's order (Q8_0 products already
+# agree), and flash attention run every query row through its tiled kernel
+# (the stock one switches between three kernels by row count and KV length).
 # docs/LLAMA_FACTS.md has the measurements.
 #
 # The module is built for this CPU as ggml's own variant list would pick it
@@ -22,7 +24,8 @@
 # Idempotent: with the stamp present it does nothing and prints nothing.
 
 CPU_PATCH=$top/scripts/patches/ggml-cpu-batch-invariant.patch
-CPU_STAMP=$LLAMA/.ok-cpu-r1 # bump the suffix when this recipe or the patch changes
+CPU_REV=2 # the patch's revision: 1 matrix products, 2 also flash attention
+CPU_STAMP=$LLAMA/.ok-cpu-r$CPU_REV # a new revision rebuilds
 
 # ggml's x86 CPU variants (ggml/src/CMakeLists.txt, GGML_CPU_ALL_VARIANTS), best
 # first: name, then the GGML_* features it is compiled with.
@@ -122,7 +125,10 @@ if [ ! -f "$CPU_STAMP" ] && [ "$(uname -m)" = x86_64 ]; then
     mod=$(find "$tmp/build" -name libggml-cpu.so | head -n 1)
     [ -n "$mod" ] || { say "the CPU backend build produced no libggml-cpu.so (log: $log)"; exit 1; }
     cp "$mod" "$LLAMA/lib/libks-ggml-cpu.so.tmp" && mv "$LLAMA/lib/libks-ggml-cpu.so.tmp" "$LLAMA/lib/libks-ggml-cpu.so"
-    echo "$vname" >"$LLAMA/lib/libks-ggml-cpu.variant"
+    # what the engine reports and puts in its cache keys: another build of the
+    # kernels may compute other bits, so its states must not be restored here
+    echo "kvstash-ggml-cpu-r$CPU_REV-$vname" >"$LLAMA/lib/libks-ggml-cpu.id"
+    rm -f "$LLAMA/lib/libks-ggml-cpu.variant"
     rm -rf "$tmp"
     touch "$CPU_STAMP"
     say "batch-invariant CPU backend ($vname) ready in $LLAMA/lib ($(($(date +%s) - t0)) s)"

@@ -11,8 +11,9 @@
  *   With --repeat R the whole conversation runs R times (the chats cleared in
  *   between) and each turn reports medians. Prints a markdown table and a
  *   summary to stdout, progress to stderr, and the same columns as CSV (--csv).
- * bench decode: N generated tokens with exact (pair decoding) on vs off,
- *   alternating for R rounds (same prompt, chosen so that the greedy reply
+ * bench decode: N generated tokens with exact on vs off, alternating for R
+ *   rounds (with setup's batch-invariant CPU backend both decode one row per
+ *   token; KS_GGML_CPU=prebuilt shows the cost of the pair-decoding fallback) (same prompt, chosen so that the greedy reply
  *   runs all N tokens); prints tok/s per round and the medians.
  *
  * Nothing here asserts on time: it measures and reports. Exit code 1 only when
@@ -28,6 +29,7 @@
 #include "base/base.h"
 #include "cli/bench_floor.h"
 #include "cli/cli.h"
+#include "engine/engine.h"
 #include "kvstash.h"
 
 /* Common English words: each is one token in the bench model's vocabulary
@@ -114,7 +116,8 @@ static void usage(FILE *f) {
             "  The floor of a cached request at its depth, on llama.cpp alone.\n"
             "\n"
             "usage: kvstash bench decode -m MODEL [options]\n"
-            "  Generation speed with exact (pair) decoding on vs off, alternating rounds.\n"
+            "  Generation speed with exact on vs off, alternating rounds (KS_GGML_CPU=prebuilt in the\n"
+            "  environment: the npm CPU variants, where exact means pair decoding).\n"
             "  --tokens N         tokens to generate per round (default 128)\n"
             "  --rounds N         rounds per side (default 3)\n"
             "\n"
@@ -570,6 +573,7 @@ static int bench_decode(int argc, char **argv) {
            "(off/on = %.3f)\n",
            m_on, m_off, m_off > 0 ? 100.0 * (1.0 - m_on / m_off) : 0.0, m_on > 0 ? m_off / m_on : 0.0);
     printf("same text exact on vs off: %d/%d rounds\n", n_same, o.rounds);
+    printf("CPU backend: %s\n", ks_engine_cpu_backend());
     rc = 0;
 out:
     for (int i = 0; i < 2; i++) {

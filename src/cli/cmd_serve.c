@@ -81,8 +81,10 @@ static void usage(FILE *f) {
             "                            reasoning_content), deepseek-legacy, auto or none (in content)\n"
             "  --timeout S               idle connection timeout, seconds (default 600)\n"
             "  --shutdown-timeout MS     on SIGTERM, wait this long for running requests (default 10000)\n"
-            "  --flash-attn              enable flash attention (cached and uncached output may then\n"
-            "                            differ in the last bits)\n"
+            "  --flash-attn [on|off|auto]  flash attention (default auto: on with setup's patched CPU\n"
+            "                            backend, which keeps it exact; off on the prebuilt one, where\n"
+            "                            cached and uncached output could differ in the last bits);\n"
+            "                            --flash-attn alone means on\n"
             "  --config FILE             YAML settings (see docs/SERVER.md); flags override it\n"
             "  --log LEVEL               debug|info|warn|error|off (default info)\n");
 }
@@ -93,7 +95,8 @@ typedef struct flags {
     int port, slots, ctx, batch, threads, max_queue, max_tokens, timeout, shutdown_ms; /* -1: not given */
     long long max_body;
     int cache_ram; /* MiB, -1: not given */
-    bool no_cache, no_exact, flash_attn, imc, spc;
+    bool no_cache, no_exact, imc, spc;
+    int flash_attn; /* KS_FA_* */
     const char *cache_dir;
     const char *cors[KS_CONFIG_CORS_MAX]; /* --cors-origin, in order */
     int n_cors;
@@ -113,7 +116,7 @@ static int parse_flags(int argc, char **argv, flags *f) {
         {"api-key", required_argument, 0, O_KEY},      {"max-queue", required_argument, 0, O_QUEUE},
         {"max-body-bytes", required_argument, 0, O_BODY}, {"max-tokens", required_argument, 0, O_MAXTOK},
         {"alias", required_argument, 0, O_ALIAS},      {"timeout", required_argument, 0, O_TIMEOUT},
-        {"shutdown-timeout", required_argument, 0, O_SHUTDOWN}, {"flash-attn", no_argument, 0, O_FA},
+        {"shutdown-timeout", required_argument, 0, O_SHUTDOWN}, {"flash-attn", optional_argument, 0, O_FA},
         {"config", required_argument, 0, O_CONFIG},    {"log", required_argument, 0, O_LOG},
         {"imc", no_argument, 0, O_IMC},                {"spc", no_argument, 0, O_SPC},
         {"cache-dir", required_argument, 0, O_CACHEDIR}, {"cache-ram", required_argument, 0, O_CACHERAM},
@@ -124,6 +127,7 @@ static int parse_flags(int argc, char **argv, flags *f) {
     memset(f, 0, sizeof *f);
     f->port = f->slots = f->ctx = f->batch = f->threads = f->max_queue = f->max_tokens = f->timeout = -1;
     f->shutdown_ms = 10000;
+    f->flash_attn = KS_FA_AUTO;
     f->max_body = -1;
     f->cache_ram = -1;
     f->responses_ttl = f->responses_max = -1;
@@ -152,7 +156,22 @@ static int parse_flags(int argc, char **argv, flags *f) {
         case O_ALIAS: f->alias = optarg; break;
         case O_TIMEOUT: if (ks_cli_parse_int(CMD, "--timeout", optarg, 0, 86400, &f->timeout)) return 2; break;
         case O_SHUTDOWN: if (ks_cli_parse_int(CMD, "--shutdown-timeout", optarg, 0, 3600000, &f->shutdown_ms)) return 2; break;
-        case O_FA: f->flash_attn = true; break;
+        case O_FA: {
+            /* "--flash-attn off" as two words too: getopt gives an optional
+             * argument only when it is glued ("--flash-attn=off"). */
+            const char *v = optarg;
+            if (!v && optind < argc && (!strcmp(argv[optind], "on") || !strcmp(argv[optind], "off") ||
+                                        !strcmp(argv[optind], "auto")))
+                v = argv[optind++];
+            if (!v || !strcmp(v, "on")) f->flash_attn = KS_FA_ON;
+            else if (!strcmp(v, "off")) f->flash_attn = KS_FA_OFF;
+            else if (!strcmp(v, "auto")) f->flash_attn = KS_FA_AUTO;
+            else {
+                fprintf(stderr, CMD ": --flash-attn: '%s' is not on, off or auto\n", v);
+                return 2;
+            }
+            break;
+        }
         case O_IMC: f->imc = true; break;
         case O_SPC: f->spc = true; break;
         case O_CACHEDIR: f->cache_dir = optarg; break;
@@ -273,7 +292,7 @@ static int open_store(const ks_config *c, const ks_store_cfg *sc, const ks_engin
     return rc;
 }
 
-static int open_engine(const ks_config *c, bool flash_attn, ks_engine **e) {
+static int open_engine(const ks_config *c, int flash_attn, ks_engine **e) {
     ks_engine_params ep = ks_engine_params_default();
     ep.model_path = c->model;
     ep.n_seq = c->slots;

@@ -93,6 +93,7 @@ static pthread_once_t g_backend_once = PTHREAD_ONCE_INIT;
 static int g_backend_count;
 static char g_cpu_backend[64] = "prebuilt";
 static bool g_patched; /* libks-ggml-cpu.so is the CPU backend */
+static int g_patch_rev; /* its patch revision: 1 matrix products, 2 also flash attention */
 
 /* The CPU backend: setup builds ggml's CPU backend from the pinned source with
  * the batch-invariant patch (scripts/setup_cpu.sh) as libks-ggml-cpu.so next
@@ -109,15 +110,17 @@ static bool load_patched_cpu(const char *dir) {
         KS_WARN(MOD, "%s could not be loaded; using the prebuilt CPU backend", path);
         return false;
     }
-    char variant[32] = "";
-    snprintf(path, sizeof path, "%s%slibks-ggml-cpu.variant", dir, dir[0] ? "/" : "");
+    /* setup writes "kvstash-ggml-cpu-r<N>-<variant>" next to the module */
+    char id[64] = "";
+    snprintf(path, sizeof path, "%s%slibks-ggml-cpu.id", dir, dir[0] ? "/" : "");
     FILE *f = fopen(path, "r");
     if (f) {
-        if (!fgets(variant, sizeof variant, f)) variant[0] = '\0';
+        if (!fgets(id, sizeof id, f)) id[0] = '\0';
         fclose(f);
-        variant[strcspn(variant, "\r\n")] = '\0';
+        id[strcspn(id, "\r\n")] = '\0';
     }
-    snprintf(g_cpu_backend, sizeof g_cpu_backend, "kvstash-ggml-cpu-r1%s%s", variant[0] ? "-" : "", variant);
+    if (sscanf(id, "kvstash-ggml-cpu-r%d", &g_patch_rev) != 1) g_patch_rev = 1;
+    snprintf(g_cpu_backend, sizeof g_cpu_backend, "%s", id[0] ? id : "kvstash-ggml-cpu-r1");
     return true;
 }
 
@@ -163,8 +166,9 @@ const char *ks_engine_cpu_backend(void) {
  * thousands of bytes: 332,427 of 4.5 MB for 64 tokens on the bench model).
  * It also pages the weights in and builds the one-row and
  * many-row graphs, so the first request costs what later ones do. Flash
- * attention is never reported invariant: its CPU kernel changes its tiling
- * with the KV length (docs/LLAMA_FACTS.md). */
+ * attention counts as invariant only with the patch's revision 2: the stock
+ * CPU kernel changes its tiling with the number of rows, the KV length and
+ * the thread count, in ways 32 tokens would not show (docs/LLAMA_FACTS.md). */
 #define PROBE_N 32
 #define PROBE_PRE 16
 static void probe(ks_engine *e) {
@@ -214,10 +218,10 @@ static void probe(ks_engine *e) {
     }
     if (ok) ok = (l = llama_get_logits_ith(e->ctx, 0)) != NULL && llama_state_seq_get_size(e->ctx, 0) == sz &&
                  llama_state_seq_get_data(e->ctx, sb, sz, 0) == sz;
+    bool kernels_ok = g_patched && (!e->flash_attn || g_patch_rev >= 2);
     if (ok)
-        e->invariant = g_patched && !e->flash_attn && memcmp(la, l, sizeof(float) * (size_t)e->n_vocab) == 0 &&
-                       memcmp(sa, sb, sz) == 0;
-    if (ok && g_patched && !e->flash_attn && !e->invariant)
+        e->invariant = kernels_ok && memcmp(la, l, sizeof(float) * (size_t)e->n_vocab) == 0 && memcmp(sa, sb, sz) == 0;
+    if (ok && kernels_ok && !e->invariant)
         KS_WARN(MOD, "this model's kernels are not batch-invariant even in the patched CPU backend "
                      "(a lone token drifted from its prefill); decoding in pairs to stay exact");
     llama_memory_clear(mem, true);
@@ -239,6 +243,7 @@ ks_engine_params ks_engine_params_default(void) {
     p.type_k = -1;
     p.type_v = -1;
     p.exact = true;
+    p.flash_attn = KS_FA_AUTO;
     return p;
 }
 
@@ -288,7 +293,7 @@ int ks_engine_open(const ks_engine_params *p, ks_engine **out, char *err, size_t
     ks_engine *e = calloc(1, sizeof *e);
     if (!e) return KS_ENOMEM;
     e->path = strdup(p->model_path);
-    e->flash_attn = p->flash_attn;
+    e->flash_attn = p->flash_attn == KS_FA_ON || (p->flash_attn == KS_FA_AUTO && g_patched && g_patch_rev >= 2);
 
     struct llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = 0;
@@ -352,7 +357,7 @@ int ks_engine_open(const ks_engine_params *p, ks_engine **out, char *err, size_t
     cp.n_seq_max = (uint32_t)p->n_seq;
     cp.n_threads = n_threads;
     cp.n_threads_batch = n_threads;
-    cp.flash_attn_type = p->flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    cp.flash_attn_type = e->flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
     cp.kv_unified = false;
     cp.no_perf = true;
     if (p->type_k >= 0) cp.type_k = (enum ggml_type)p->type_k;
@@ -371,7 +376,7 @@ int ks_engine_open(const ks_engine_params *p, ks_engine **out, char *err, size_t
     e->n_batch = (int)llama_n_batch(e->ctx);
     e->repack = mp.use_extra_bufts;
     probe(e);
-    if (p->exact && g_patched && !p->flash_attn && !e->invariant && e->probe_ran) {
+    if (p->exact && g_patched && (!e->flash_attn || g_patch_rev >= 2) && !e->invariant && e->probe_ran) {
         /* ggml repacks some weight types (Q4_0, Q4_K, IQ4_NL on x86) into
          * interleaved blocks and multiplies groups of four rows with one kernel
          * and the rest with another, which sum in different orders: measured on
@@ -399,7 +404,7 @@ int ks_engine_open(const ks_engine_params *p, ks_engine **out, char *err, size_t
         probe(e);
     }
     KS_DEBUG(MOD, "model %s (%s): n_ctx_seq=%d n_seq=%d n_batch=%d threads=%d fa=%d cpu=%s repack=%d invariant=%d "
-             "warm-up %.0f ms", e->name, e->desc, e->n_ctx_seq, e->n_seq, e->n_batch, n_threads, (int)p->flash_attn,
+             "warm-up %.0f ms", e->name, e->desc, e->n_ctx_seq, e->n_seq, e->n_batch, n_threads, (int)e->flash_attn,
              g_cpu_backend, (int)e->repack, (int)e->invariant, e->warm_ms);
     *out = e;
     return 0;
@@ -456,6 +461,7 @@ char *ks_engine_meta_dump(const ks_engine *e) {
 }
 
 bool ks_engine_batch_invariant(const ks_engine *e) { return e->invariant; }
+bool ks_engine_flash_attn(const ks_engine *e) { return e->flash_attn; }
 
 const char *ks_engine_exact_mode(const ks_engine *e, bool exact) {
     if (!exact) return "off";

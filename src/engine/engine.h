@@ -13,10 +13,13 @@
  *     tokens as one batch, and as 15 + 1) that pages the model in and finds
  *     whether this build's kernels give a lone token the bits of a batch
  *     (ks_engine_batch_invariant).
- *  1. Exactness: flash attention is off unless asked for. With it off, a
- *     prefix kept in the KV (or restored from a state blob) followed by a
- *     partial decode gives bit-identical logits to a full prefill
- *     (docs/LLAMA_FACTS.md). kv_unified is false so that every sequence owns
+ *  1. Exactness: the prebuilt CPU backend's flash attention changes its
+ *     tiling with the number of query rows, the KV length and the thread
+ *     count; setup's patched build (revision 2) runs every row through one
+ *     tiled kernel, so flash attention is on by default there and off on the
+ *     prebuilt. Either way a prefix kept in the KV (or restored from a state
+ *     blob) followed by a partial decode gives bit-identical logits to a full
+ *     prefill (docs/LLAMA_FACTS.md). kv_unified is false so that every sequence owns
  *     its own KV stream: one slot's cell layout never depends on another's,
  *     which keeps results independent of what other slots are doing.
  *  2. Each sequence therefore has n_ctx_seq = n_ctx_total / n_seq cells.
@@ -39,13 +42,17 @@
 typedef struct ks_engine ks_engine;
 typedef struct ks_sampler ks_sampler;
 
+enum { KS_FA_AUTO = -1, KS_FA_OFF = 0, KS_FA_ON = 1 };
+
 typedef struct ks_engine_params {
     const char *model_path;
     int n_ctx_seq;   /* context per sequence (0: 4096); capped at the model's training context */
     int n_seq;       /* sequences (>= 1) */
     int n_batch;     /* logical batch = max tokens in one decode (0: 512) */
     int n_threads;   /* 0: online CPUs */
-    bool flash_attn; /* default false — see note 1 */
+    int flash_attn;  /* KS_FA_AUTO (default): on when the CPU backend makes it exact
+                        (setup's patched build, revision 2 and later), else off; KS_FA_ON,
+                        KS_FA_OFF — see note 1 */
     int type_k;      /* ggml_type of K/V cache; -1: default (F16) */
     int type_v;
     bool exact;      /* default true: when the probe finds the model's repacked weights
@@ -81,15 +88,17 @@ char *ks_engine_meta_dump(const ks_engine *e);
  * batch, as measured on this model when it was opened (the warm-up probe): the
  * scheduler then decodes one row per sequence and stays exact. false with the
  * prebuilt CPU backend (one-row F16 products sum in another order), with flash
- * attention, or when the probe could not run. */
+ * attention on a backend older than revision 2, or when the probe could not run. */
 bool ks_engine_batch_invariant(const ks_engine *e);
+/* Whether flash attention is on (KS_FA_AUTO resolved). */
+bool ks_engine_flash_attn(const ks_engine *e);
 /* How a scheduler asked for exactness keeps it on this engine, for logs and
  * /props: "batch-invariant" (one row per generated token), "pairs" (the
  * fallback of step.c), "off" (exact false, or a memory pairs cannot trim). */
 const char *ks_engine_exact_mode(const ks_engine *e, bool exact);
 /* Milliseconds the open-time warm-up (and probe) took. */
 double ks_engine_warm_ms(const ks_engine *e);
-/* The CPU backend in use: "kvstash-ggml-cpu-r1-<variant>" (setup's patched
+/* The CPU backend in use: "kvstash-ggml-cpu-r<N>-<variant>" (setup's patched
  * build) or "prebuilt". Loads the backends if not yet done. Static string. */
 const char *ks_engine_cpu_backend(void);
 /* true when the memory can remove a partial range of a sequence; false for

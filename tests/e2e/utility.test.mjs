@@ -107,7 +107,7 @@ test('GET /props', async () => {
   assert.equal(p.kvstash.cache_prompt, true);
   assert.equal(p.kvstash.exact, true);
   assert.equal(p.kvstash.exact_mode, 'batch-invariant');
-  assert.match(p.kvstash.cpu_backend, /^kvstash-ggml-cpu-r1-/);
+  assert.match(p.kvstash.cpu_backend, /^kvstash-ggml-cpu-r\d+-/);
   assert.equal(p.kvstash.store, 'ram-only');
   assert.equal(p.build_info.split(' ')[0], `kvstash-${p.kvstash.version}`);
   const h = await fetch(srv.base + '/props', { method: 'HEAD' });
