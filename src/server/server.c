@@ -11,7 +11,9 @@
  * buffer up to max_body_bytes, then discard), and once at the end, where
  * every response is queued. Early errors are answered only at the end, after
  * the body was read, so that a client still sending its body never meets a
- * reset connection; only a body beyond hard_cap() is refused at once.
+ * reset connection; only a body beyond hard_cap() is refused at once, and so
+ * is a request whose framing is ambiguous (bad_framing): its reply goes out
+ * with "Connection: close" and nothing more is read from the connection.
  *
  * CORS (server.h note 7) lives in two places: reply_options answers an
  * OPTIONS on a route, and ks__cors_headers adds Access-Control-Allow-Origin
@@ -314,12 +316,48 @@ static enum MHD_Result reply_early(ks_server *s, struct MHD_Connection *c, conn 
     }
 }
 
+/* The header fields that say how long the body is. */
+typedef struct framing {
+    int n_length;         /* Content-Length fields */
+    int n_encoding;       /* Transfer-Encoding fields */
+    const char *encoding; /* the first one's value */
+    bool ws_name;         /* a field name with whitespace (before its colon) */
+} framing;
+
+static enum MHD_Result count_framing(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    framing *f = cls;
+    (void)kind;
+    if (!strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH)) f->n_length++;
+    if (!strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) && !f->n_encoding++) f->encoding = value;
+    if (key[strcspn(key, " \t")]) f->ws_name = true;
+    return MHD_YES;
+}
+
+/* Why c's request cannot be delimited without guessing, or NULL. MHD takes
+ * the first of several Content-Length fields, lets Transfer-Encoding win
+ * over Content-Length, and keeps whitespace before a colon in the field's
+ * name; a proxy in front of us may decide otherwise, and whatever the two
+ * disagree on is read by one of them as the start of another request
+ * (request smuggling). RFC 9112 6.3 and 5.1: reject with 400, then close.
+ * (A Content-Length that is not a number MHD refuses itself: 400 before
+ * on_request is called.) */
+static const char *bad_framing(struct MHD_Connection *c, bool http11) {
+    framing f = {0};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, count_framing, &f);
+    if (f.ws_name) return "a header field name contains whitespace";
+    if (f.n_length > 1) return "more than one Content-Length header";
+    if (f.n_encoding && f.n_length) return "Content-Length together with Transfer-Encoding";
+    if (f.n_encoding && !http11) return "Transfer-Encoding in an HTTP/1.0 request";
+    if (f.n_encoding > 1 || (f.n_encoding && strcasecmp(f.encoding, "chunked")))
+        return "a Transfer-Encoding other than chunked";
+    return NULL;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload_data, size_t *upload_data_size,
                                   void **con_cls) {
     ks_server *s = cls;
     conn *cn = *con_cls;
-    (void)version;
     if (!cn) {
         /* Headers are in: route, authenticate, check the declared size. */
         cn = calloc(1, sizeof *cn);
@@ -334,6 +372,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         bool post = !strcmp(method, "POST");
         bool given;
         cn->post = post;
+        cn->http11 = !strcmp(version, MHD_HTTP_VERSION_1_1);
+        const char *why = bad_framing(c, cn->http11);
+        if (why) {
+            ks_api_error e;
+            const char *const close_h[] = {MHD_HTTP_HEADER_CONNECTION, "close", NULL};
+            ks_api_error_set(&e, 400, "invalid_request_error", "invalid_framing", NULL,
+                             "The request's length is ambiguous: %s (RFC 9112 6.3).", why);
+            return ks__reply_error(s, c, cn, &e, close_h);
+        }
         if (!cn->rt) cn->early = 404;
         else if (s->n_cors_origins && !strcmp(method, "OPTIONS")) cn->options = true; /* no key: reply_options */
         else if (!((get && (cn->rt->methods & M_GET)) || (post && (cn->rt->methods & M_POST)))) cn->early = 405;

@@ -45,6 +45,11 @@
  *     (errors and streams too) to a request whose Origin is allowed carries
  *     Access-Control-Allow-Origin, and a preflight (OPTIONS) needs no API
  *     key. Credentials (cookies) are never allowed.
+ *  8. A request with ambiguous framing (two Content-Length fields,
+ *     Content-Length with Transfer-Encoding, a Transfer-Encoding other than
+ *     chunked, whitespace before a field name's colon) is a 400 and the
+ *     connection is closed (RFC 9112 6.3, 5.1): nothing after it on that
+ *     connection is read as a request.
  *
  * Thread model: start/quiesce/detach/free on one (the main) thread; the
  * rest of the work runs on MHD's threads and, for the callbacks, on the

@@ -76,6 +76,7 @@ typedef struct conn {
     int early;            /* status decided when the headers came in, 0: none */
     bool key_given;       /* for the 401 message */
     bool options;         /* OPTIONS on a route with CORS on: reply_options answers */
+    bool http11;          /* HTTP/1.1, not 1.0 (framing; an interim 1xx response may be sent) */
     ks_buf body;
     uint64_t discarded;
     int status;

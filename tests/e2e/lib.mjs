@@ -489,3 +489,116 @@ export function templateModel(dir, template = QWEN25_TEMPLATE, name = 'qwen25.gg
     out], { stdio: 'ignore' });
   return out;
 }
+
+// ---------------------------------------------------------------------------
+// Raw HTTP over one TCP connection, for what an HTTP client would not send
+// (conflicting headers, partial headers, a half-close).
+import net from 'node:net';
+
+// Opens a connection (from localAddress: any 127.x.y.z is loopback, and a
+// different one is a different client for per-address limits), writes
+// payload (string or Buffer; nothing when null), with halfClose shuts down
+// the sending side (shutdown(SHUT_WR): the socket still reads), and collects
+// what the server sends until it closes the connection or timeoutMs passes.
+// Returns { data (Buffer), text (latin1), closed (by the server), reset,
+// ms (until closed or timed out) }.
+export function rawHTTP(srv, payload, { localAddress, halfClose = false, timeoutMs = 10000 } = {}) {
+  return new Promise((resolve, reject) => {
+    const t0 = Date.now();
+    const chunks = [];
+    let timedOut = false;
+    let reset = false;
+    const s = net.connect({ port: srv.port, host: '127.0.0.1', localAddress, allowHalfOpen: true }, () => {
+      if (payload !== null) s.write(payload);
+      if (halfClose) s.end();
+    });
+    const timer = setTimeout(() => { timedOut = true; s.destroy(); }, timeoutMs);
+    s.on('data', (d) => chunks.push(d));
+    s.on('end', () => s.destroy()); // the server closed its side
+    s.on('error', (e) => {
+      if (e.code === 'ECONNRESET' || e.code === 'EPIPE') { reset = true; return; }
+      clearTimeout(timer);
+      reject(e);
+    });
+    s.on('close', () => {
+      clearTimeout(timer);
+      const data = Buffer.concat(chunks);
+      resolve({ data, text: data.toString('latin1'), closed: !timedOut, reset, ms: Date.now() - t0 });
+    });
+  });
+}
+
+// Opens a connection, writes payload (unless null) and keeps it open:
+// { sock, closed (a promise of the ms from open to the server's close or
+// reset), isClosed (), data () (what arrived so far) }.
+export function rawOpen(srv, payload, { localAddress } = {}) {
+  return new Promise((resolve, reject) => {
+    const t0 = Date.now();
+    const chunks = [];
+    let connected = false;
+    let closedMs = null;
+    let onClose;
+    const closed = new Promise((r) => { onClose = r; });
+    const s = net.connect({ port: srv.port, host: '127.0.0.1', localAddress }, () => {
+      connected = true;
+      if (payload !== null) s.write(payload);
+      resolve({ sock: s, closed, isClosed: () => closedMs !== null, data: () => Buffer.concat(chunks) });
+    });
+    s.on('data', (d) => chunks.push(d));
+    s.on('error', (e) => { if (!connected) reject(e); }); // after the connect: a reset, 'close' follows
+    s.on('close', () => { closedMs = Date.now() - t0; onClose(closedMs); });
+  });
+}
+
+// Splits what a server sent on one connection into responses: [{ status,
+// headers (lower-case names), body (Buffer, de-chunked) }], interim 1xx
+// responses included. Stops at an incomplete response.
+export function parseHTTP(buf) {
+  const out = [];
+  let at = 0;
+  while (at < buf.length) {
+    const end = buf.indexOf('\r\n\r\n', at, 'latin1');
+    if (end < 0) break;
+    const lines = buf.subarray(at, end).toString('latin1').split('\r\n');
+    const m = /^HTTP\/1\.[01] (\d{3})/.exec(lines[0]);
+    assert.ok(m, `not a status line: ${JSON.stringify(lines[0])}`);
+    const headers = {};
+    for (const l of lines.slice(1)) {
+      const i = l.indexOf(':');
+      headers[l.slice(0, i).trim().toLowerCase()] = l.slice(i + 1).trim();
+    }
+    const status = Number(m[1]);
+    at = end + 4;
+    let body = Buffer.alloc(0);
+    if (status >= 200 && headers['transfer-encoding'] === 'chunked') {
+      const parts = [];
+      for (;;) {
+        const eol = buf.indexOf('\r\n', at, 'latin1');
+        if (eol < 0) return out;
+        const n = parseInt(buf.subarray(at, eol).toString('latin1'), 16);
+        at = eol + 2;
+        if (n === 0) { at += 2; break; }
+        parts.push(buf.subarray(at, at + n));
+        at += n + 2;
+      }
+      body = Buffer.concat(parts);
+    } else if (status >= 200 && headers['content-length'] !== undefined) {
+      const n = Number(headers['content-length']);
+      if (at + n > buf.length) break;
+      body = buf.subarray(at, at + n);
+      at += n;
+    }
+    out.push({ status, headers, body });
+  }
+  return out;
+}
+
+// A request as bytes: method, path, extra header lines, body (null: none,
+// and no Content-Length).
+export function rawRequest(method, path, { headers = [], body = '' } = {}) {
+  const b = Buffer.from(body ?? '');
+  const h = ['Host: 127.0.0.1', ...headers];
+  if (body !== null && !headers.some((l) => /^(content-length|transfer-encoding)\s*:/i.test(l)))
+    h.push(`Content-Length: ${b.length}`);
+  return Buffer.concat([Buffer.from(`${method} ${path} HTTP/1.1\r\n${h.join('\r\n')}\r\n\r\n`), b]);
+}
