@@ -79,7 +79,16 @@ static void usage(FILE *f) {
             "  --chat-template FILE      Jinja chat template to use instead of the GGUF's\n"
             "  --reasoning-format F      where a reasoning model's thinking goes: deepseek (default:\n"
             "                            reasoning_content), deepseek-legacy, auto or none (in content)\n"
-            "  --timeout S               idle connection timeout, seconds (default 600)\n"
+            "  --timeout S               idle keep-alive timeout between requests, seconds; 0: none\n"
+            "                            (default 600)\n"
+            "  --header-timeout S        a request's headers and body may pause this long, seconds,\n"
+            "                            1..3600; then the connection is closed (default 30)\n"
+            "  --max-connections N       connections served at once, 1..960; the next 16 get 503,\n"
+            "                            later ones wait in the kernel's backlog (default 256)\n"
+            "  --max-connections-per-client N\n"
+            "                            connections from one address, 0..960, at most\n"
+            "                            --max-connections; beyond, a new one is closed at once;\n"
+            "                            0: half of --max-connections (default 0)\n"
             "  --shutdown-timeout MS     on SIGTERM, wait this long for running requests (default 10000)\n"
             "  --flash-attn [on|off|auto]  flash attention (default auto: on with setup's patched CPU\n"
             "                            backend, which keeps it exact; off on the prebuilt one, where\n"
@@ -93,6 +102,7 @@ static void usage(FILE *f) {
 typedef struct flags {
     const char *model, *host, *api_key, *config, *log, *alias, *chat_template, *reasoning_format;
     int port, slots, ctx, batch, threads, max_queue, max_tokens, timeout, shutdown_ms; /* -1: not given */
+    int header_timeout, max_conns, max_conns_client; /* -1: not given */
     long long max_body;
     int cache_ram; /* MiB, -1: not given */
     bool no_cache, no_exact, imc, spc;
@@ -106,7 +116,7 @@ typedef struct flags {
 static int parse_flags(int argc, char **argv, flags *f) {
     enum { O_HOST = 256, O_PORT, O_SLOTS, O_CTX, O_BATCH, O_THREADS, O_NOCACHE, O_NOEXACT, O_KEY, O_QUEUE, O_BODY,
            O_MAXTOK, O_ALIAS, O_TIMEOUT, O_SHUTDOWN, O_FA, O_CONFIG, O_LOG, O_IMC, O_SPC, O_CACHEDIR, O_CACHERAM,
-           O_TEMPLATE, O_REASONING, O_CORS, O_RESP_TTL, O_RESP_MAX };
+           O_TEMPLATE, O_REASONING, O_CORS, O_RESP_TTL, O_RESP_MAX, O_HDR_TIMEOUT, O_MAXCONN, O_MAXCONN_CLIENT };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},          {"host", required_argument, 0, O_HOST},
         {"port", required_argument, 0, O_PORT},        {"slots", required_argument, 0, O_SLOTS},
@@ -123,6 +133,8 @@ static int parse_flags(int argc, char **argv, flags *f) {
         {"chat-template", required_argument, 0, O_TEMPLATE}, {"reasoning-format", required_argument, 0, O_REASONING},
         {"cors-origin", required_argument, 0, O_CORS},
         {"responses-ttl", required_argument, 0, O_RESP_TTL}, {"responses-max", required_argument, 0, O_RESP_MAX},
+        {"header-timeout", required_argument, 0, O_HDR_TIMEOUT}, {"max-connections", required_argument, 0, O_MAXCONN},
+        {"max-connections-per-client", required_argument, 0, O_MAXCONN_CLIENT},
         {"help", no_argument, 0, 'h'},                 {0, 0, 0, 0}};
     memset(f, 0, sizeof *f);
     f->port = f->slots = f->ctx = f->batch = f->threads = f->max_queue = f->max_tokens = f->timeout = -1;
@@ -131,6 +143,7 @@ static int parse_flags(int argc, char **argv, flags *f) {
     f->max_body = -1;
     f->cache_ram = -1;
     f->responses_ttl = f->responses_max = -1;
+    f->header_timeout = f->max_conns = f->max_conns_client = -1;
     optind = 1;
     opterr = 0;
     int c;
@@ -156,6 +169,15 @@ static int parse_flags(int argc, char **argv, flags *f) {
         case O_ALIAS: f->alias = optarg; break;
         case O_TIMEOUT: if (ks_cli_parse_int(CMD, "--timeout", optarg, 0, 86400, &f->timeout)) return 2; break;
         case O_SHUTDOWN: if (ks_cli_parse_int(CMD, "--shutdown-timeout", optarg, 0, 3600000, &f->shutdown_ms)) return 2; break;
+        case O_HDR_TIMEOUT: if (ks_cli_parse_int(CMD, "--header-timeout", optarg, 1, 3600, &f->header_timeout)) return 2; break;
+        case O_MAXCONN:
+            if (ks_cli_parse_int(CMD, "--max-connections", optarg, 1, KS_SERVER_CONN_MAX, &f->max_conns)) return 2;
+            break;
+        case O_MAXCONN_CLIENT:
+            if (ks_cli_parse_int(CMD, "--max-connections-per-client", optarg, 0, KS_SERVER_CONN_MAX,
+                                 &f->max_conns_client))
+                return 2;
+            break;
         case O_FA: {
             /* "--flash-attn off" as two words too: getopt gives an optional
              * argument only when it is glued ("--flash-attn=off"). */
@@ -224,6 +246,12 @@ static int parse_flags(int argc, char **argv, flags *f) {
     }
     if (optind < argc) {
         fprintf(stderr, CMD ": unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    int max_conns = f->max_conns >= 0 ? f->max_conns : ks_server_params_default().max_connections;
+    if (f->max_conns_client > max_conns) {
+        fprintf(stderr, CMD ": --max-connections-per-client %d is more than --max-connections %d\n",
+                f->max_conns_client, max_conns);
         return 2;
     }
     return 0;
@@ -429,6 +457,9 @@ int ks_cmd_serve(int argc, char **argv) {
     hp.max_body_bytes = cfg.max_body_bytes;
     if (f.max_tokens > 0) hp.default_max_tokens = f.max_tokens;
     if (f.timeout >= 0) hp.timeout_s = f.timeout;
+    if (f.header_timeout >= 0) hp.header_timeout_s = f.header_timeout;
+    if (f.max_conns >= 0) hp.max_connections = f.max_conns;
+    if (f.max_conns_client >= 0) hp.max_connections_per_client = f.max_conns_client;
     hp.cache_prompt = cfg.cache_prompt;
     hp.exact = cfg.exact;
     hp.store_mode = !store ? "off" : store_mode == KS_STORE_RAM_ONLY ? "ram-only" : "full";

@@ -257,6 +257,8 @@ void ks_metrics_http(void *ud, ks_prom *p) {
         snprintf(code, sizeof code, "%d", s);
         ks_prom_sample(p, "kvstash_http_errors_total", "code", code, (double)n);
     }
+    ks_prom_gauge(p, "kvstash_http_connections", "Client connections open now.",
+                  (double)atomic_load(&c->connections));
     ks_prom_counter(p, "kvstash_client_disconnects_total",
                     "Generations canceled because the client went away.",
                     (double)atomic_load(&c->client_disconnects));

@@ -68,12 +68,14 @@ typedef struct ks_http_counters {
     _Atomic uint64_t requests;
     _Atomic uint64_t by_status[KS_HTTP_STATUS_MAX - KS_HTTP_STATUS_MIN + 1];
     _Atomic uint64_t client_disconnects;
+    _Atomic int connections; /* open now, each counted once from accept to close */
     int64_t started_us; /* monotonic, set once before serving */
 } ks_http_counters;
 
 void ks_http_count(ks_http_counters *c, int status);
 /* kvstash_http_requests_total, kvstash_http_errors_total{code="4xx|5xx"},
- * kvstash_client_disconnects_total, kvstash_uptime_seconds. ud: ks_http_counters. */
+ * kvstash_http_connections, kvstash_client_disconnects_total,
+ * kvstash_uptime_seconds. ud: ks_http_counters. */
 void ks_metrics_http(void *ud, ks_prom *p);
 
 #endif

@@ -12,8 +12,16 @@
  * every response is queued. Early errors are answered only at the end, after
  * the body was read, so that a client still sending its body never meets a
  * reset connection; only a body beyond hard_cap() is refused at once, and so
- * is a request whose framing is ambiguous (bad_framing): its reply goes out
- * with "Connection: close" and nothing more is read from the connection.
+ * are a request whose framing is ambiguous (bad_framing) and one on a
+ * connection beyond max_connections: their reply goes out with
+ * "Connection: close" and nothing more is read from the connection.
+ *
+ * Timeouts (server.h note 9). MHD has one inactivity timeout per connection,
+ * which we switch: header_timeout_s from accept (the daemon's default) and
+ * again when a request line arrives (on_uri); timeout_s once the request is
+ * read (the last on_request call), for making and sending the reply and the
+ * idle wait for the next request; 0 while a generation runs (gen.c, which
+ * puts timeout_s back before the reply).
  *
  * CORS (server.h note 7) lives in two places: reply_options answers an
  * OPTIONS on a route, and ks__cors_headers adds Access-Control-Allow-Origin
@@ -353,6 +361,33 @@ static const char *bad_framing(struct MHD_Connection *c, bool http11) {
     return NULL;
 }
 
+/* A connection accepted beyond max_connections (socket context). */
+static char over_cap;
+
+/* MHD_OPTION_NOTIFY_CONNECTION: counts open connections and marks those
+ * beyond max_connections, answered 503 by on_request (server.h note 9). */
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code) {
+    ks_server *s = cls;
+    (void)c;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        int n = atomic_fetch_add(&s->http.connections, 1) + 1;
+        *socket_context = n > s->max_connections ? &over_cap : NULL;
+    } else {
+        atomic_fetch_sub(&s->http.connections, 1);
+    }
+}
+
+/* MHD_OPTION_URI_LOG_CALLBACK: a request line is in, the headers and body
+ * are due within the header timeout (a keep-alive connection was idle
+ * under timeout_s until now). The result becomes *con_cls: none. */
+static void *on_uri(void *cls, const char *uri, struct MHD_Connection *c) {
+    ks_server *s = cls;
+    (void)uri;
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, s->header_timeout_s);
+    return NULL;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload_data, size_t *upload_data_size,
                                   void **con_cls) {
@@ -373,13 +408,20 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         bool given;
         cn->post = post;
         cn->http11 = !strcmp(version, MHD_HTTP_VERSION_1_1);
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
         const char *why = bad_framing(c, cn->http11);
-        if (why) {
+        if (why || (ci && ci->socket_context == &over_cap)) {
             ks_api_error e;
             const char *const close_h[] = {MHD_HTTP_HEADER_CONNECTION, "close", NULL};
-            ks_api_error_set(&e, 400, "invalid_request_error", "invalid_framing", NULL,
-                             "The request's length is ambiguous: %s (RFC 9112 6.3).", why);
-            return ks__reply_error(s, c, cn, &e, close_h);
+            const char *const busy_h[] = {MHD_HTTP_HEADER_CONNECTION, "close", "Retry-After", "1", NULL};
+            if (why) {
+                ks_api_error_set(&e, 400, "invalid_request_error", "invalid_framing", NULL,
+                                 "The request's length is ambiguous: %s (RFC 9112 6.3).", why);
+                return ks__reply_error(s, c, cn, &e, close_h);
+            }
+            ks_api_error_set(&e, 503, "server_error", "too_many_connections", NULL,
+                             "The server is at its limit of %d connections. Retry later.", s->max_connections);
+            return ks__reply_error(s, c, cn, &e, busy_h);
         }
         if (!cn->rt) cn->early = 404;
         else if (s->n_cors_origins && !strcmp(method, "OPTIONS")) cn->options = true; /* no key: reply_options */
@@ -420,6 +462,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
          * the connection, there is no way to answer in the middle of a body. */
         return cn->discarded > hard_cap(s) ? MHD_NO : MHD_YES;
     }
+    /* The request is in: the header timeout was for reading it. The reply
+     * may take long to make (a generation turns the timeout off) and to
+     * send, and then the connection waits idle for the next request. */
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, s->timeout_s);
     if (cn->early) return reply_early(s, c, cn, method, url);
     if (cn->options) return reply_options(s, c, cn);
     switch (cn->rt->id) {
@@ -484,6 +530,7 @@ ks_server_params ks_server_params_default(void) {
     p.default_max_tokens = 2048;
     p.max_connections = 256;
     p.timeout_s = 600;
+    p.header_timeout_s = 30;
     p.cache_prompt = true;
     p.exact = true;
     p.responses_max = 1024;
@@ -494,8 +541,9 @@ ks_server_params ks_server_params_default(void) {
 int ks_server_start(const ks_server_params *p, ks_server **out, char *err, size_t errlen) {
     *out = NULL;
     if (!p->engine || !p->sched || p->port < 0 || p->port > 65535 || p->max_body_bytes <= 0 ||
-        p->default_max_tokens < 1 || p->max_connections < 1 || p->timeout_s < 0 || p->responses_max < 0 ||
-        p->responses_ttl_s < 0) {
+        p->default_max_tokens < 1 || p->max_connections < 1 || p->max_connections > KS_SERVER_CONN_MAX ||
+        p->max_connections_per_client < 0 || p->max_connections_per_client > p->max_connections ||
+        p->timeout_s < 0 || p->header_timeout_s < 1 || p->responses_max < 0 || p->responses_ttl_s < 0) {
         ks_set_err(err, errlen, "invalid server parameters");
         return KS_EINVAL;
     }
@@ -548,6 +596,8 @@ int ks_server_start(const ks_server_params *p, ks_server **out, char *err, size_
     s->max_body = p->max_body_bytes;
     s->default_max_tokens = p->default_max_tokens;
     s->timeout_s = (unsigned)p->timeout_s;
+    s->header_timeout_s = (unsigned)p->header_timeout_s;
+    s->max_connections = p->max_connections;
     s->cache_prompt = p->cache_prompt;
     s->exact = p->exact;
     snprintf(s->store_mode, sizeof s->store_mode, "%s", p->store_mode ? p->store_mode : "");
@@ -591,12 +641,20 @@ int ks_server_start(const ks_server_params *p, ks_server **out, char *err, size_
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ITC |
                      MHD_USE_ERROR_LOG;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
+    /* server.h note 9: MHD accepts the spare band beyond max_connections so
+     * that on_request can answer it 503; its per-address limit closes a
+     * connection at accept, before we could answer. */
+    unsigned per_client = (unsigned)(p->max_connections_per_client ? p->max_connections_per_client
+                                                                    : (p->max_connections + 1) / 2);
     atomic_store(&s->starting, true);
     s->d = MHD_start_daemon(flags, (uint16_t)p->port, NULL, NULL, on_request, s,
                             MHD_OPTION_SOCK_ADDR, ai->ai_addr,
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)p->max_connections,
-                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)p->timeout_s,
+                            MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
+                            MHD_OPTION_URI_LOG_CALLBACK, on_uri, s,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)p->max_connections + KS_SERVER_CONN_SPARE,
+                            MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_client,
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)p->header_timeout_s,
                             MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
                             MHD_OPTION_END);
     int saved = errno;

@@ -50,6 +50,14 @@
  *     chunked, whitespace before a field name's colon) is a 400 and the
  *     connection is closed (RFC 9112 6.3, 5.1): nothing after it on that
  *     connection is read as a request.
+ *  9. Slow or idle clients cannot hold every connection: headers and body
+ *     must come within header_timeout_s of silence (an idle keep-alive
+ *     connection between requests has timeout_s); one client address holds
+ *     at most max_connections_per_client connections (libmicrohttpd closes
+ *     the next at once); beyond max_connections, the next
+ *     KS_SERVER_CONN_SPARE connections get a 503 "too_many_connections" and
+ *     are closed, and only beyond those do new connections wait in the
+ *     kernel's backlog.
  *
  * Thread model: start/quiesce/detach/free on one (the main) thread; the
  * rest of the work runs on MHD's threads and, for the callbacks, on the
@@ -68,8 +76,12 @@
 
 typedef struct ks_server ks_server;
 
-/* cors_origins: at most this many, each shorter than KS_SERVER_ORIGIN_MAX. */
-enum { KS_SERVER_CORS_MAX = 16, KS_SERVER_ORIGIN_MAX = 256 };
+/* cors_origins: at most this many, each shorter than KS_SERVER_ORIGIN_MAX.
+ * KS_SERVER_CONN_SPARE: connections beyond max_connections accepted only to
+ * be answered 503 (note 9). KS_SERVER_CONN_MAX: the largest max_connections;
+ * each connection is a thread and a descriptor that libmicrohttpd's
+ * select() must fit below FD_SETSIZE (1024) with the spare band. */
+enum { KS_SERVER_CORS_MAX = 16, KS_SERVER_ORIGIN_MAX = 256, KS_SERVER_CONN_SPARE = 16, KS_SERVER_CONN_MAX = 960 };
 
 typedef struct ks_server_params {
     ks_engine *engine;        /* borrowed; must outlive the server */
@@ -81,9 +93,17 @@ typedef struct ks_server_params {
     int64_t max_body_bytes;   /* larger bodies get 413 (default 16 MiB) */
     int default_max_tokens;   /* for requests without max_tokens, capped at the context
                                  left after the prompt (default 2048) */
-    int max_connections;      /* concurrent connections (default 256) */
-    int timeout_s;            /* idle connection timeout (default 600; generation time
-                                 does not count) */
+    int max_connections;      /* connections served at once (default 256); up to
+                                 KS_SERVER_CONN_SPARE more are accepted only to be
+                                 answered 503 (note 9) */
+    int max_connections_per_client; /* per client address (default 0: half of
+                                 max_connections); beyond, libmicrohttpd closes the
+                                 new connection at once, without a reply (note 9) */
+    int timeout_s;            /* idle keep-alive timeout between requests (default 600;
+                                 0: none; generation time does not count) */
+    int header_timeout_s;     /* a request's headers and body: at most this many seconds
+                                 without a byte from the client (default 30, >= 1; a
+                                 fresh connection gets it too) */
     bool cache_prompt;        /* shown in /v1/models meta; the switch itself is the
                                  scheduler's (default true) */
     bool exact;               /* shown in /props; the scheduler's setting (default true) */

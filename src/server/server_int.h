@@ -42,7 +42,9 @@ struct ks_server {
     char model_id[512];
     int64_t max_body;
     int default_max_tokens;
-    unsigned timeout_s;
+    unsigned timeout_s;         /* idle keep-alive (server.h note 9) */
+    unsigned header_timeout_s;  /* headers and body */
+    int max_connections;        /* served; the spare band beyond gets 503 */
     bool cache_prompt;
     bool exact;
     char store_mode[16];        /* "" : not shown */

@@ -18,7 +18,8 @@ test('--help prints the usage and exits 0', () => {
   assert.equal(r.code, 0);
   assert.match(r.stdout, /usage: kvstash serve -m MODEL/);
   for (const f of ['--host', '--port', '--slots', '--ctx', '--threads', '--batch', '--no-cache-prompt', '--api-key',
-    '--max-queue', '--config', '--log', '--cache-ram', '--cache-dir']) assert.ok(r.stdout.includes(f), f);
+    '--max-queue', '--config', '--log', '--cache-ram', '--cache-dir', '--timeout', '--header-timeout',
+    '--max-connections', '--max-connections-per-client']) assert.ok(r.stdout.includes(f), f);
 });
 
 test('usage errors exit 2 with a message', () => {
@@ -31,6 +32,12 @@ test('usage errors exit 2 with a message', () => {
     [['-m', MODEL, '--max-queue', '0'], /--max-queue must be an integer in \[1, 1000000\], got '0'/],
     [['-m', MODEL, '--max-queue', '1000001'], /--max-queue must be an integer in \[1, 1000000\]/],
     [['-m', MODEL, '--log', 'loud'], /--log must be/],
+    // issue 13: the connection settings have ranges
+    [['-m', MODEL, '--header-timeout', '0'], /--header-timeout must be an integer in \[1, 3600\]/],
+    [['-m', MODEL, '--max-connections', '961'], /--max-connections must be an integer in \[1, 960\]/],
+    [['-m', MODEL, '--max-connections', '8', '--max-connections-per-client', '9'],
+      /--max-connections-per-client 9 is more than --max-connections 8/],
+    [['-m', MODEL, '--max-connections-per-client', '257'], /more than --max-connections 256/],
     [['-m', MODEL, '--port'], /needs a value/],
     [['-m', MODEL, '--config', '/nonexistent/kvstash.yaml'], /nonexistent/],
   ]) {

@@ -1,7 +1,8 @@
 // hardening.test.mjs — HTTP edge cases of issue 13 ("Hardening"), each a
 // regression test of one finding, over raw sockets where an HTTP client
 // would not send the request:
-//   3. conflicting or ambiguous Content-Length / Transfer-Encoding: 400, closed.
+//   3. conflicting or ambiguous Content-Length / Transfer-Encoding: 400, closed;
+//   4. connection exhaustion: header timeout, per-client cap, 503 beyond the total.
 import { test, before, after, describe } from 'node:test';
 import assert from 'node:assert/strict';
 import {
@@ -89,5 +90,88 @@ describe('request framing (finding 3, RFC 9112 6.3)', () => {
     assert.equal((await getJSON(srv, '/health')).status, 200);
     const m = await metrics(srv);
     assert.ok(m.get('kvstash_http_errors_total{code="400"}') >= 6);
+  });
+});
+
+describe('connection exhaustion (finding 4)', () => {
+  let srv;
+  const TIMEOUT_S = 2;
+  before(async () => {
+    srv = await startServer(['--header-timeout', String(TIMEOUT_S), '--max-connections', '6',
+      '--max-connections-per-client', '4']);
+  });
+  after(async () => { if (srv) await stopOk(srv); });
+
+  // A GET from its own loopback address (a client of its own), read whole.
+  async function getFrom(addr, path = '/health') {
+    const r = await rawHTTP(srv, rawRequest('GET', path, { headers: ['Connection: close'], body: null }),
+      { localAddress: addr });
+    const res = parseHTTP(r.data);
+    assert.equal(res.length, 1, `${addr} ${path}: ${r.text}`);
+    return res[0];
+  }
+  const connections = async () => {
+    const m = await getFrom('127.0.0.9', '/metrics');
+    return Number(/^kvstash_http_connections (\d+)$/m.exec(m.body.toString())[1]);
+  };
+  const PARTIAL = 'POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/'; // no end of headers
+
+  test('idle partial headers from one client cannot block a fresh request, and are dropped', async () => {
+    await until(async () => (await connections()) === 1, 'no connection but the metrics one');
+    // One client opens 10 connections holding partial headers: 4 are kept
+    // (--max-connections-per-client), the rest closed at once by libmicrohttpd.
+    const idle = [];
+    for (let i = 0; i < 10; i++) idle.push(await rawOpen(srv, PARTIAL, { localAddress: '127.0.0.1' }));
+    await sleep(300);
+    const t0 = Date.now();
+    assert.equal(idle.filter((c) => c.isClosed()).length, 6, 'connections beyond the per-client cap');
+    assert.ok(idle.slice(0, 4).every((c) => !c.isClosed()), 'the first four are held');
+    assert.ok(idle.every((c) => c.data().length === 0), 'no reply to a refused connection');
+    // Another client is served from the budget left (6 - 4).
+    const fresh = await getFrom('127.0.0.2');
+    assert.equal(fresh.status, 200);
+    assert.equal(JSON.parse(fresh.body.toString()).status, 'ok');
+    await until(async () => (await connections()) === 5, '4 idle connections and the metrics one');
+
+    // Two more idle ones from a third client fill the total: the next
+    // connection gets a 503 and is closed, instead of waiting in the backlog.
+    const more = [await rawOpen(srv, PARTIAL, { localAddress: '127.0.0.3' }),
+      await rawOpen(srv, PARTIAL, { localAddress: '127.0.0.3' })];
+    await sleep(200);
+    const busy = await rawHTTP(srv, rawRequest('GET', '/health', { body: null }), { localAddress: '127.0.0.4' });
+    assert.ok(busy.closed, busy.text);
+    const res = parseHTTP(busy.data);
+    assert.equal(res.length, 1, busy.text);
+    assert.equal(res[0].status, 503);
+    assert.equal(res[0].headers['retry-after'], '1');
+    assert.equal(res[0].headers.connection, 'close');
+    assert.equal(JSON.parse(res[0].body.toString()).error.code, 'too_many_connections');
+
+    // The header timeout (not the 600 s idle one) drops every idle connection.
+    const held = [...idle.slice(0, 4), ...more];
+    const ms = await Promise.all(held.map((c) => c.closed));
+    const waited = Date.now() - t0;
+    assert.ok(waited >= (TIMEOUT_S - 1) * 1000 && waited < (TIMEOUT_S + 3) * 1000, `dropped after ${waited} ms`);
+    assert.ok(held.every((c) => c.data().length === 0), 'a timed-out connection gets no reply');
+    assert.ok(ms.every((x) => x < (TIMEOUT_S + 4) * 1000), `closed after ${ms} ms`);
+    // The first client is served again.
+    assert.equal((await getJSON(srv, '/health')).status, 200);
+  });
+
+  test('a connection that sends nothing is dropped after the header timeout', async () => {
+    const c = await rawOpen(srv, null, { localAddress: '127.0.0.5' });
+    const ms = await c.closed;
+    assert.ok(ms >= (TIMEOUT_S - 1) * 1000 && ms < (TIMEOUT_S + 3) * 1000, `closed after ${ms} ms`);
+  });
+
+  test('an idle keep-alive connection outlives the header timeout', async () => {
+    const c = await rawOpen(srv, rawRequest('GET', '/health', { body: null }), { localAddress: '127.0.0.6' });
+    await until(() => parseHTTP(c.data()).length === 1, 'the first reply');
+    await sleep((TIMEOUT_S + 1) * 1000);
+    assert.ok(!c.isClosed(), 'the keep-alive connection was dropped by the header timeout');
+    c.sock.write(rawRequest('GET', '/health', { body: null }));
+    await until(() => parseHTTP(c.data()).length === 2, 'the second reply');
+    assert.deepEqual(parseHTTP(c.data()).map((x) => x.status), [200, 200]);
+    c.sock.destroy();
   });
 });
