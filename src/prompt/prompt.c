@@ -8,19 +8,21 @@
 
 #include "cache/msghash.h"
 
-/* Renders msgs and tokenizes the text, appending to toks. */
-static int render(const ks_engine *e, const ks_msg *msgs, int n, bool add_gen, ks_tokens *toks) {
+/* Renders msgs and tokenizes the text, appending to toks; a text longer
+ * than max_bytes (> 0) is KS_ECTX, not tokenized. */
+static int render(const ks_engine *e, const ks_msg *msgs, int n, bool add_gen, int64_t max_bytes, ks_tokens *toks) {
     char *text = NULL;
     int rc = ks_engine_template(e, msgs, (size_t)n, add_gen, &text);
     if (rc) return rc;
-    rc = ks_engine_tokenize(e, text, strlen(text), true, true, toks);
+    size_t len = strlen(text);
+    rc = max_bytes > 0 && len > (uint64_t)max_bytes ? KS_ECTX : ks_engine_tokenize(e, text, len, true, true, toks);
     free(text);
     return rc;
 }
 
 int ks_prompt_render(const ks_engine *e, const ks_msg *msgs, int n, ks_tokens *toks) {
     ks_tokens_truncate(toks, 0);
-    return render(e, msgs, n, true, toks);
+    return render(e, msgs, n, true, 0, toks);
 }
 
 /* The message-prefix hashes (IMC); left NULL on ENOMEM (prompt.h: hints are
@@ -49,7 +51,7 @@ static void sys_key(const ks_engine *e, const ks_msg *msgs, const char *model_id
     if (strcmp(msgs[0].role, "system") != 0) return;
     ks_tokens sys = {0};
     const ks_tokens *t = &p->tokens;
-    if (render(e, msgs, 1, false, &sys) == 0 && sys.n > 0 && sys.n < t->n &&
+    if (render(e, msgs, 1, false, 0, &sys) == 0 && sys.n > 0 && sys.n < t->n &&
         !memcmp(sys.v, t->v, sizeof(int32_t) * (size_t)sys.n)) {
         p->sys_key = ks_msghash_system("system", msgs[0].content, model_id);
         p->n_sys_tokens = sys.n;
@@ -60,7 +62,7 @@ static void sys_key(const ks_engine *e, const ks_msg *msgs, const char *model_id
 int ks_prompt_chat(const ks_engine *e, const ks_msg *msgs, int n, const ks_prompt_opts *o, ks_prompt *out) {
     memset(out, 0, sizeof *out);
     if (!msgs || n < 1) return KS_EINVAL;
-    int rc = render(e, msgs, n, true, &out->tokens);
+    int rc = render(e, msgs, n, true, o ? o->max_bytes : 0, &out->tokens);
     if (rc) {
         ks_prompt_free(out);
         return rc;

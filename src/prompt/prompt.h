@@ -41,13 +41,17 @@ typedef struct ks_prompt_opts {
     bool hints;            /* compute msg_hashes and the SPC key */
     const char *model_id;  /* what besides the text makes a system prompt's KV differ
                               (model, context parameters): part of the SPC key */
+    int64_t max_bytes;     /* > 0: a rendered prompt longer than this is refused with
+                              KS_ECTX before it is tokenized (the caller's bound of a
+                              prompt that cannot fit its context); 0: none */
 } ks_prompt_opts;
 
 /* Renders msgs[0, n) (n >= 1) with the model's template, ending with the
  * assistant header, tokenizes (BOS as the model wants, special tokens
  * parsed) into out->tokens, and with o->hints the cache hints. out must be
  * zeroed or freed. Errors: KS_ETEMPLATE (the template cannot render these
- * messages), KS_ENOMEM, KS_EINVAL (tokenization failed); out is freed then. */
+ * messages), KS_ECTX (longer than o->max_bytes), KS_ENOMEM, KS_EINVAL
+ * (tokenization failed); out is freed then. */
 int ks_prompt_chat(const ks_engine *e, const ks_msg *msgs, int n, const ks_prompt_opts *o, ks_prompt *out);
 
 /* Just the tokens of msgs rendered as above, appended to a cleared *toks

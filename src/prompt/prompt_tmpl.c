@@ -298,6 +298,8 @@ int ks_prompt_tmpl_chat(const ks_engine *e, const ks_chat_tmpl *t, const json_t 
     if (!text || !parse) goto fail;
     if (!(out->parse = json_dumps(parse, JSON_COMPACT))) goto fail;
     if (!(out->format = dup_str(fmt ? fmt : ""))) goto fail;
+    rc = KS_ECTX;
+    if (o && o->max_bytes > 0 && strlen(text) > (uint64_t)o->max_bytes) goto fail;
     if ((rc = tokenize(e, text, &out->p.tokens))) goto fail;
     json_t *ptc = json_object_get(req, "parallel_tool_calls");
     const char *choice = json_string_value(json_object_get(req, "tool_choice"));

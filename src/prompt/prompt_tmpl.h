@@ -53,7 +53,8 @@ typedef struct ks_prompt_tmpl {
 /* Renders req (chat_tmpl.h's request object: messages, tools, ...) and
  * tokenizes it. out must be zeroed or freed. Errors: KS_EINVAL (the
  * request or its schema cannot be rendered: err says why, a client error),
- * KS_ETEMPLATE (the template raised), KS_ENOMEM; out is freed then. */
+ * KS_ETEMPLATE (the template raised), KS_ECTX (the rendered prompt is
+ * longer than o->max_bytes: not tokenized), KS_ENOMEM; out is freed then. */
 int ks_prompt_tmpl_chat(const ks_engine *e, const ks_chat_tmpl *t, const json_t *req, const ks_prompt_opts *o,
                         ks_prompt_tmpl *out, char *err, size_t errlen);
 

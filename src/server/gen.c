@@ -960,21 +960,60 @@ static void plan_pins(ks_server *s, const ks_api_request *rq, plan *pl) {
     }
 }
 
+/* The most bytes a prompt that fits the context can have: a text of B bytes
+ * tokenizes to at least ceil(B / max_token_bytes) tokens, since each token
+ * stands for at most that many of its bytes (the tokenizer adds tokens —
+ * BOS, a leading space — but drops none of the text's bytes), so a text
+ * longer than (n_ctx - 1) * max_token_bytes is at least n_ctx tokens: the
+ * context check would refuse it after tokenizing it all (CPU time in
+ * proportion to the body, not to the context). */
+static int64_t prompt_max_bytes(const ks_server *s) {
+    return (int64_t)(ks_engine_n_ctx_seq(s->engine) - 1) * s->max_token_bytes;
+}
+
+/* The 400 of a prompt refused by prompt_max_bytes, before tokenizing: the
+ * context check's error, with what is known instead of the token count.
+ * n_bytes: the prompt's length; 0 for a chat prompt, rendered and refused
+ * inside the prompt module (only "more than the bound" is known). */
+static int too_long(ks_server *s, const ks_api_request *rq, size_t n_bytes, ks_api_error *e) {
+    const char *what = rq->kind == KS_API_CHAT ? "messages" : "prompt";
+    int n_ctx = ks_engine_n_ctx_seq(s->engine);
+    if (n_bytes)
+        ks_api_error_set(e, 400, T_INVALID, "context_length_exceeded", what,
+                         "This model's maximum context length is %d tokens. However, your %s is %zu bytes, "
+                         "which is at least %lld tokens (no token of this model is longer than %d bytes) and "
+                         "leaves no room for a completion. Please reduce the length of the %s.",
+                         n_ctx, what, n_bytes, (long long)((n_bytes + (size_t)s->max_token_bytes - 1) /
+                                                           (size_t)s->max_token_bytes),
+                         s->max_token_bytes, what);
+    else
+        ks_api_error_set(e, 400, T_INVALID, "context_length_exceeded", what,
+                         "This model's maximum context length is %d tokens. However, your %s render to more "
+                         "than %lld bytes, which is at least %d tokens (no token of this model is longer than "
+                         "%d bytes) and leaves no room for a completion. Please reduce the length of the %s.",
+                         n_ctx, what, (long long)prompt_max_bytes(s), n_ctx, s->max_token_bytes, what);
+    return KS_ECTX;
+}
+
 /* The prompts of a request, and for chat requests the cache hints and what
- * the template says about sampling and parsing. */
-static int build_prompts(ks_server *s, const ks_api_request *rq, plan *pl, ks_api_error *e) {
+ * the template says about sampling and parsing. bounded: refuse a prompt
+ * longer than prompt_max_bytes before tokenizing it (a generation; not a
+ * token count). */
+static int build_prompts(ks_server *s, const ks_api_request *rq, plan *pl, bool bounded, ks_api_error *e) {
     int n = rq->kind == KS_API_CHAT ? 1 : rq->n_prompts;
     pl->prompts = calloc((size_t)n, sizeof *pl->prompts);
     if (!pl->prompts) return ks__api_oom(e);
     pl->n_prompts = n;
     int rc = 0;
+    int64_t max_bytes = bounded ? prompt_max_bytes(s) : 0;
     if (rq->kind == KS_API_CHAT) {
-        ks_prompt_opts o = {.hints = true, .model_id = s->model_id};
+        ks_prompt_opts o = {.hints = true, .model_id = s->model_id, .max_bytes = max_bytes};
         if (s->tmpl) {
             char err[512] = "";
             if (s->reasoning_format[0] && !json_object_get(rq->tmpl_req, "reasoning_format"))
                 json_object_set_new(rq->tmpl_req, "reasoning_format", json_string(s->reasoning_format));
             rc = ks_prompt_tmpl_chat(s->engine, s->tmpl, rq->tmpl_req, &o, &pl->tp, err, sizeof err);
+            if (rc == KS_ECTX) return too_long(s, rq, 0, e);
             if (rc) return template_error(rc, err, e);
             pl->templated = true;
             /* The prompt moves to prompts[0]; the rest stays with tp. */
@@ -988,6 +1027,7 @@ static int build_prompts(ks_server *s, const ks_api_request *rq, plan *pl, ks_ap
             return KS_EINVAL;
         }
         rc = ks_prompt_chat(s->engine, rq->msgs, rq->n_msgs, &o, &pl->prompts[0]);
+        if (rc == KS_ECTX) return too_long(s, rq, 0, e);
         if (rc) return template_error(rc == KS_ETEMPLATE ? rc : rc, "llama.cpp's built-in templates do not know it", e);
         return 0;
     }
@@ -995,6 +1035,8 @@ static int build_prompts(ks_server *s, const ks_api_request *rq, plan *pl, ks_ap
         const ks_api_prompt *ap = &rq->prompts[i];
         int bad = 0;
         if (ap->text) {
+            size_t len = strlen(ap->text); /* what ks_prompt_text tokenizes */
+            if (max_bytes > 0 && len > (uint64_t)max_bytes) return too_long(s, rq, len, e);
             rc = ks_prompt_text(s->engine, ap->text, &pl->prompts[i]);
         } else {
             rc = ks_prompt_ids(s->engine, ap->tokens, ap->n_tokens, &pl->prompts[i], &bad);
@@ -1352,7 +1394,7 @@ static enum MHD_Result run(ks_server *s, struct MHD_Connection *c, conn *cn, ks_
         ks_api_error_set(&e, 503, "server_error", "shutting_down", NULL, "The server is shutting down.");
         goto fail;
     }
-    if (build_prompts(s, &rq, &pl, &e) || fit_context(s, &rq, &pl, &e) || build_bias(s, &rq, &pl, &e) ||
+    if (build_prompts(s, &rq, &pl, true, &e) || fit_context(s, &rq, &pl, &e) || build_bias(s, &rq, &pl, &e) ||
         build_grammar(s, &rq, &pl, &e))
         goto fail;
     if (pl.templated) plan_pins(s, &rq, &pl);
@@ -1482,7 +1524,7 @@ enum MHD_Result ks__gen_count_tokens(ks_server *s, struct MHD_Connection *c, con
     plan pl = {0};
     enum MHD_Result ret;
     if (ks__api_load_object(cn->body.s, cn->body.len, &root, &e) || ks_api_messages_to_chat(root, true, &mr, &e) ||
-        ks_api_parse_root(KS_API_CHAT, json_incref(mr.chat), &rq, &e) || build_prompts(s, &rq, &pl, &e))
+        ks_api_parse_root(KS_API_CHAT, json_incref(mr.chat), &rq, &e) || build_prompts(s, &rq, &pl, false, &e))
         ret = ks__reply_error(s, c, cn, &e, NULL);
     else
         ret = ks__reply_json(s, c, cn, 200, json_pack("{s:i}", "input_tokens", pl.prompts[0].tokens.n), NULL);

@@ -522,6 +522,19 @@ static void sched_source(void *ud, ks_prom *p) {
 }
 
 /* ------------------------------------------------------------- lifecycle */
+/* The longest text of any token, in bytes (control tokens as their text):
+ * each token of a tokenized text stands for at most this many of its bytes.
+ * One pass over the vocabulary at start. */
+static int longest_token(const ks_engine *e) {
+    char buf[256];
+    int m = 1, n_vocab = ks_engine_n_vocab(e);
+    for (int32_t t = 0; t < n_vocab; t++) {
+        int n = ks_engine_token_text(e, t, buf, sizeof buf); /* the length, also when it does not fit */
+        if (n > m) m = n;
+    }
+    return m;
+}
+
 ks_server_params ks_server_params_default(void) {
     ks_server_params p = {0};
     p.host = "127.0.0.1";
@@ -598,6 +611,7 @@ int ks_server_start(const ks_server_params *p, ks_server **out, char *err, size_
     s->timeout_s = (unsigned)p->timeout_s;
     s->header_timeout_s = (unsigned)p->header_timeout_s;
     s->max_connections = p->max_connections;
+    s->max_token_bytes = longest_token(p->engine);
     s->cache_prompt = p->cache_prompt;
     s->exact = p->exact;
     snprintf(s->store_mode, sizeof s->store_mode, "%s", p->store_mode ? p->store_mode : "");

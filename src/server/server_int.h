@@ -45,6 +45,9 @@ struct ks_server {
     unsigned timeout_s;         /* idle keep-alive (server.h note 9) */
     unsigned header_timeout_s;  /* headers and body */
     int max_connections;        /* served; the spare band beyond gets 503 */
+    /* The longest text of a token, in bytes: a prompt of B bytes is at least
+     * ceil(B / max_token_bytes) tokens (gen.c, prompt_max_bytes). */
+    int max_token_bytes;
     bool cache_prompt;
     bool exact;
     char store_mode[16];        /* "" : not shown */

@@ -2,7 +2,8 @@
 // regression test of one finding, over raw sockets where an HTTP client
 // would not send the request:
 //   3. conflicting or ambiguous Content-Length / Transfer-Encoding: 400, closed;
-//   4. connection exhaustion: header timeout, per-client cap, 503 beyond the total.
+//   4. connection exhaustion: header timeout, per-client cap, 503 beyond the total;
+//   5. a prompt far over the context is refused before it is tokenized.
 import { test, before, after, describe } from 'node:test';
 import assert from 'node:assert/strict';
 import {
@@ -90,6 +91,49 @@ describe('request framing (finding 3, RFC 9112 6.3)', () => {
     assert.equal((await getJSON(srv, '/health')).status, 200);
     const m = await metrics(srv);
     assert.ok(m.get('kvstash_http_errors_total{code="400"}') >= 6);
+  });
+});
+
+describe('a prompt that cannot fit is refused before it is tokenized (finding 5)', () => {
+  let srv;
+  before(async () => { srv = await startServer(); }); // 512-token slots
+  after(async () => { if (srv) await stopOk(srv); });
+
+  // 8 MB: tokenizing it took seconds of CPU before the context check refused it.
+  const BIG = 'x'.repeat(8_000_000);
+
+  let longest; // the model's longest token, in bytes (from the message)
+
+  test('completions: the bound names the prompt\'s bytes and the tokens they are at least', async () => {
+    const r = await postJSON(srv, '/v1/completions', { prompt: BIG, max_tokens: 4 });
+    const e = assertError(r, 400, 'context_length_exceeded', 'prompt');
+    const m = /maximum context length is 512 tokens\. However, your prompt is 8000000 bytes, which is at least (\d+) tokens \(no token of this model is longer than (\d+) bytes\)/.exec(e.message);
+    assert.ok(m, e.message);
+    longest = Number(m[2]);
+    assert.equal(Number(m[1]), Math.ceil(8_000_000 / longest));
+    assert.ok(Number(m[1]) >= 512);
+  });
+
+  test('completions: each prompt of a batch is bounded', async () => {
+    const r = await postJSON(srv, '/v1/completions', { prompt: ['hello', BIG], max_tokens: 4 });
+    const e = assertError(r, 400, 'context_length_exceeded', 'prompt');
+    assert.match(e.message, /your prompt is 8000000 bytes/);
+  });
+
+  test('chat: the rendered prompt is bounded before it is tokenized', async () => {
+    const r = await postJSON(srv, CHAT, { messages: [{ role: 'user', content: BIG }], max_tokens: 4 });
+    const e = assertError(r, 400, 'context_length_exceeded', 'messages');
+    assert.match(e.message, /your messages render to more than \d+ bytes, which is at least 512 tokens/);
+  });
+
+  test('a prompt within the bound still gets the exact check, and one that fits runs', async () => {
+    // Within (512 - 1) x longest bytes, but two tokens a 'hello world ': tokenized, then refused.
+    const within = 'hello world '.repeat(Math.floor((511 * longest) / 12));
+    const r = await postJSON(srv, '/v1/completions', { prompt: within, max_tokens: 4 });
+    const e = assertError(r, 400, 'context_length_exceeded', 'prompt');
+    assert.match(e.message, /your prompt resulted in \d+ tokens/);
+    const ok = await postJSON(srv, '/v1/completions', { prompt: 'word '.repeat(50), max_tokens: 4, temperature: 0 });
+    assert.equal(ok.status, 200, ok.text);
   });
 });
 
