@@ -20,7 +20,7 @@
  *  H2. Every submitted generation gets exactly one on_done (sched.h
  *      invariant 2), which is what the waiting connection thread needs to
  *      wake for good; besides, waits poll the socket every 200 ms to notice
- *      a client that left.
+ *      a client that left (server.h note 3: end of file is not leaving).
  *  H3. The inference thread never waits on a connection: it takes g->mu for
  *      an append and a signal only.
  */
@@ -43,6 +43,10 @@
 
 #define MOD "http"
 #define WAIT_POLL_MS 200
+/* After end of file on the socket, a probe written at most this often tells
+ * a half-closed client (it reads on) from one that is gone (its kernel
+ * answers the probe with a reset). */
+#define PROBE_MS 1000
 
 enum { PH_START = 0, PH_BODY, PH_END };
 
@@ -84,6 +88,7 @@ struct ks_gen {
     char id[64];
     int64_t created;
     int fd;                        /* the client's socket, polled for hang-up */
+    bool http11;                   /* the client may be sent an interim 1xx response */
     struct MHD_Connection *conn;
     _Atomic bool gone;             /* client went away: canceled */
     choice *ch;
@@ -111,6 +116,8 @@ struct ks_gen {
     int refs;
     int n_done;
 
+    /* connection thread only */
+    double probe_ms;               /* when the last probe went out (server.h note 3), 0: none */
     /* connection thread only (stream) */
     int phase;
     bool stream_failed;            /* a choice ended with an error event */
@@ -353,19 +360,51 @@ void ks__gen_request_done(ks_gen *g, bool completed_ok) {
     gen_release(g);
 }
 
-/* true when the peer closed its side (or the socket broke). A client that
- * pipelined its next request has data waiting, which is not a hang-up. */
-static bool peer_closed(int fd) {
-    if (fd < 0) return false;
-    struct pollfd p = {.fd = fd, .events = POLLIN | POLLRDHUP};
-    if (poll(&p, 1, 0) <= 0) return false;
-    if (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) return true;
+/* What the client's socket says (server.h note 3). */
+enum { PEER_OK = 0, PEER_EOF, PEER_GONE };
+
+/* PEER_GONE: the connection broke (a reset: POLLHUP/POLLERR, a read error).
+ * PEER_EOF: the client will send nothing more — it shut down its sending
+ * side and may still read (a half-close), or it closed the socket; TCP
+ * tells these apart only when we write. A client that pipelined its next
+ * request has data waiting, which is neither. */
+static int peer_state(int fd) {
+    if (fd < 0) return PEER_OK;
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    if (poll(&p, 1, 0) <= 0) return PEER_OK;
+    if (p.revents & (POLLHUP | POLLERR | POLLNVAL)) return PEER_GONE;
     if (p.revents & POLLIN) {
         char c;
         ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-        return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+        if (n == 0) return PEER_EOF;
+        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return PEER_GONE;
     }
-    return false;
+    return PEER_OK;
+}
+
+/* Whether a probe is due after end of file: the first at once, then one a
+ * PROBE_MS. A whole reply can be probed only on HTTP/1.1 (1xx responses). */
+static bool probe_due(gen *g) {
+    if (!g->stream && !g->http11) return false;
+    double now = ks_now_ms();
+    if (g->probe_ms > 0 && now - g->probe_ms < PROBE_MS) return false;
+    g->probe_ms = now;
+    return true;
+}
+
+/* The probe of a whole reply: an interim response, which every HTTP/1.1
+ * client must accept before the final one and may ignore (RFC 9110 15.2).
+ * Written on the socket directly: MHD writes nothing while the request's
+ * handler (this thread) waits, so nothing interleaves with it. */
+static void probe_interim(gen *g) {
+    static const char msg[] = "HTTP/1.1 100 Continue\r\n\r\n";
+    size_t off = 0;
+    while (off < sizeof msg - 1) {
+        ssize_t n = send(g->fd, msg + off, sizeof msg - 1 - off, MSG_NOSIGNAL);
+        if (n > 0) off += (size_t)n;
+        else if (n < 0 && errno == EINTR) continue;
+        else return; /* the reset shows at the next poll */
+    }
 }
 
 static void deadline_in(struct timespec *ts, int ms) {
@@ -389,21 +428,28 @@ static bool stream_ready(const gen *g) {
     return false;
 }
 
+enum { W_READY = 0, W_GONE, W_PROBE };
+
 /* Waits (g->mu held) until every choice is done or, with want_text, the
- * stream has something, or the client left; returns false when it left. */
-static bool wait_locked(gen *g, bool want_text) {
+ * stream has something (W_READY). Returns early with W_GONE when the client
+ * left (want_text only: a whole reply waits for the canceled choices' on_done),
+ * and with W_PROBE when a probe of a client at end of file is due (the
+ * caller writes it and waits again). */
+static int wait_locked(gen *g, bool want_text) {
     while (g->n_done < g->n_ch && !(want_text && stream_ready(g))) {
         struct timespec ts;
         deadline_in(&ts, WAIT_POLL_MS);
         if (pthread_cond_timedwait(&g->cv, &g->mu, &ts) != ETIMEDOUT) continue;
         if (atomic_load(&g->gone)) continue; /* canceled: on_done is on its way (H2) */
         pthread_mutex_unlock(&g->mu);
-        bool closed = peer_closed(g->fd);
-        if (closed) gen_abandon(g);
+        int peer = peer_state(g->fd);
+        if (peer == PEER_GONE) gen_abandon(g);
+        bool probe = peer == PEER_EOF && probe_due(g);
         pthread_mutex_lock(&g->mu);
-        if (closed && want_text) return false;
+        if (peer == PEER_GONE && want_text) return W_GONE;
+        if (probe) return W_PROBE;
     }
-    return true;
+    return W_READY;
 }
 
 /* The error of a choice that did not complete (canceled, failed), or NULL
@@ -827,9 +873,11 @@ static int stream_next(gen *g) {
         return rc;
     }
     pthread_mutex_lock(&g->mu);
-    bool alive = wait_locked(g, true);
+    int w = wait_locked(g, true);
     pthread_mutex_unlock(&g->mu);
-    if (!alive) return KS_ECANCELED;
+    if (w == W_GONE) return KS_ECANCELED;
+    /* An SSE comment: clients skip it; a closed peer resets (server.h note 3). */
+    if (w == W_PROBE) return ks_buf_append(&g->out, ":\n\n", 3);
     bool all_finished = true;
     for (int i = 0; i < g->n_ch && !rc; i++) {
         choice *c = &g->ch[i];
@@ -1296,7 +1344,11 @@ static enum MHD_Result respond_stream(ks_server *s, struct MHD_Connection *c, co
 
 static enum MHD_Result respond_whole(ks_server *s, struct MHD_Connection *c, conn *cn, gen *g) {
     pthread_mutex_lock(&g->mu);
-    wait_locked(g, false);
+    while (wait_locked(g, false) == W_PROBE) {
+        pthread_mutex_unlock(&g->mu);
+        probe_interim(g);
+        pthread_mutex_lock(&g->mu);
+    }
     pthread_mutex_unlock(&g->mu);
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, s->timeout_s);
     if (atomic_load(&g->gone)) return MHD_NO; /* nobody to answer */
@@ -1427,6 +1479,7 @@ static enum MHD_Result run(ks_server *s, struct MHD_Connection *c, conn *cn, ks_
     }
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     g->fd = ci ? ci->connect_fd : -1;
+    g->http11 = cn->http11;
     g->conn = c;
     cn->g = g; /* the HTTP reference, dropped in ks__gen_request_done */
     /* Generation time must not count as idleness (the connection thread

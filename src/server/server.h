@@ -26,9 +26,15 @@
  *     request, one for the scheduler (dropped in on_done), one for a
  *     streaming response's content reader. It is freed when the last goes.
  *  3. A client that goes away is noticed while its connection thread waits
- *     (the socket is polled for hang-up every 200 ms) or by MHD's
- *     request-completed callback; either cancels the request in the
- *     scheduler, so its slot frees within one decode step.
+ *     (the socket is polled every 200 ms) or by MHD's request-completed
+ *     callback (a failed write); either cancels the request in the
+ *     scheduler, so its slot frees within one decode step. A client that
+ *     shut down its sending side (end of file on the socket) may still read
+ *     its reply — a half-close — or may have closed the socket, and TCP tells
+ *     the two apart only when something is written: so the wait writes a
+ *     probe that any HTTP client ignores (an SSE comment in a stream; an
+ *     interim "100 Continue" before a whole HTTP/1.1 reply), at most once a
+ *     second, and a closed peer answers it with a reset (POLLHUP/POLLERR).
  *  4. Every response status is counted (/metrics); every error body has
  *     OpenAI's shape (api.h).
  *  5. Chat requests carry the scheduler's cache hints: the message-prefix

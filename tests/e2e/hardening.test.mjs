@@ -3,7 +3,8 @@
 // would not send the request:
 //   3. conflicting or ambiguous Content-Length / Transfer-Encoding: 400, closed;
 //   4. connection exhaustion: header timeout, per-client cap, 503 beyond the total;
-//   5. a prompt far over the context is refused before it is tokenized.
+//   5. a prompt far over the context is refused before it is tokenized;
+//   6. a client that half-closes after its request still gets its reply.
 import { test, before, after, describe } from 'node:test';
 import assert from 'node:assert/strict';
 import {
@@ -134,6 +135,64 @@ describe('a prompt that cannot fit is refused before it is tokenized (finding 5)
     assert.match(e.message, /your prompt resulted in \d+ tokens/);
     const ok = await postJSON(srv, '/v1/completions', { prompt: 'word '.repeat(50), max_tokens: 4, temperature: 0 });
     assert.equal(ok.status, 200, ok.text);
+  });
+});
+
+describe('a client that half-closes after its request (finding 6)', () => {
+  let srv;
+  // The long prompt's prefill takes about a second: the connection thread
+  // polls the socket (and sees end of file) several times before the reply.
+  before(async () => { srv = await startServer(['--slots', '1', ...LONG_ARGS]); });
+  after(async () => { if (srv) await stopOk(srv); });
+
+  const body = (extra) => JSON.stringify({
+    messages: [{ role: 'user', content: LONG_PROMPT }], temperature: 0, max_tokens: 8, cache_prompt: false, ...extra,
+  });
+
+  test('a whole reply', async () => {
+    const m0 = await metrics(srv);
+    const r = await rawHTTP(srv, rawRequest('POST', CHAT, { body: body({}) }), { halfClose: true, timeoutMs: 60000 });
+    const res = parseHTTP(r.data);
+    // Interim 100 Continue responses (the probes) come first, then the reply.
+    const final = res.filter((x) => x.status >= 200);
+    assert.equal(final.length, 1, r.text.slice(0, 500));
+    assert.ok(res.slice(0, -1).every((x) => x.status === 100), r.text.slice(0, 500));
+    assert.equal(final[0].status, 200, r.text.slice(0, 500));
+    const j = JSON.parse(final[0].body.toString());
+    assert.equal(j.object, 'chat.completion');
+    assert.equal(j.choices[0].finish_reason, 'length');
+    assert.equal(j.usage.completion_tokens, 8);
+    const m1 = await metrics(srv);
+    assert.equal(m1.get('kvstash_requests_canceled_total'), m0.get('kvstash_requests_canceled_total'));
+    assert.equal(m1.get('kvstash_client_disconnects_total'), m0.get('kvstash_client_disconnects_total'));
+  });
+
+  test('a stream', async () => {
+    const r = await rawHTTP(srv, rawRequest('POST', CHAT, { body: body({ stream: true }) }),
+      { halfClose: true, timeoutMs: 60000 });
+    const res = parseHTTP(r.data);
+    assert.equal(res.length, 1, r.text.slice(0, 500));
+    assert.equal(res[0].status, 200, r.text.slice(0, 500));
+    assert.match(res[0].headers['content-type'], /^text\/event-stream/);
+    // The probes are SSE comments (":"), which clients skip.
+    const text = res[0].body.toString().split('\n\n').filter((b) => b !== ':').join('\n\n');
+    const events = parseSSE(text);
+    assert.equal(events[events.length - 1].data, '[DONE]');
+    const finish = events.map((e) => e.json?.choices?.[0]?.finish_reason).filter(Boolean);
+    assert.deepEqual(finish, ['length']);
+  });
+
+  test('a client that closes its socket while waiting still frees the slot', async () => {
+    // The same end of file as a half-close; the probe tells them apart.
+    const m0 = await metrics(srv);
+    const c = await rawOpen(srv, rawRequest('POST', CHAT, { body: body({ max_tokens: 64 }) }));
+    await until(async () => (await getJSON(srv, '/slots')).json[0].busy, 'the slot to become busy');
+    c.sock.end(); // FIN; the socket is then destroyed by Node when the server resets it
+    c.sock.destroy();
+    await until(async () => (await getJSON(srv, '/slots')).json[0].busy === false, 'the slot to become idle');
+    const m1 = await metrics(srv);
+    assert.equal(m1.get('kvstash_requests_canceled_total'), m0.get('kvstash_requests_canceled_total') + 1);
+    assert.equal((await getJSON(srv, '/slots')).json[0].n_generated, 0);
   });
 });
 
