@@ -23,6 +23,8 @@
  *      a client that left (server.h note 3: end of file is not leaving).
  *  H3. The inference thread never waits on a connection: it takes g->mu for
  *      an append and a signal only.
+ *  H4. A generation whose client left is canceled (ks_sched_cancel), never
+ *      stopped by on_token: its result, log line and metrics say "cancel".
  */
 #include <errno.h>
 #include <poll.h>
@@ -231,7 +233,9 @@ static void gen_release(gen *g) {
 static int on_token(void *ud, int32_t tok, const char *piece, int len) {
     choice *c = ud;
     gen *g = c->g;
-    if (atomic_load(&g->gone)) return 1;
+    /* The client left: the cancel is on its way (gen_abandon), and stopping
+     * here would end the request as "stop" (H4). Nobody reads the text. */
+    if (atomic_load(&g->gone)) return 0;
     char special[256];
     if (ks_prompt_tmpl_preserved(g->preserved, g->n_preserved, tok)) {
         int n = ks_engine_token_text(g->srv->engine, tok, special, sizeof special);

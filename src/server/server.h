@@ -35,6 +35,8 @@
  *     probe that any HTTP client ignores (an SSE comment in a stream; an
  *     interim "100 Continue" before a whole HTTP/1.1 reply), at most once a
  *     second, and a closed peer answers it with a reset (POLLHUP/POLLERR).
+ *     A request canceled because its client left ends as "cancel" (log,
+ *     kvstash_requests_canceled_total), never as "stop".
  *  4. Every response status is counted (/metrics); every error body has
  *     OpenAI's shape (api.h).
  *  5. Chat requests carry the scheduler's cache hints: the message-prefix

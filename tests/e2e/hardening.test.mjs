@@ -4,7 +4,8 @@
 //   3. conflicting or ambiguous Content-Length / Transfer-Encoding: 400, closed;
 //   4. connection exhaustion: header timeout, per-client cap, 503 beyond the total;
 //   5. a prompt far over the context is refused before it is tokenized;
-//   6. a client that half-closes after its request still gets its reply.
+//   6. a client that half-closes after its request still gets its reply;
+//   8. a stream its client abandons is logged and counted as cancel, not stop.
 import { test, before, after, describe } from 'node:test';
 import assert from 'node:assert/strict';
 import {
@@ -193,6 +194,45 @@ describe('a client that half-closes after its request (finding 6)', () => {
     const m1 = await metrics(srv);
     assert.equal(m1.get('kvstash_requests_canceled_total'), m0.get('kvstash_requests_canceled_total') + 1);
     assert.equal((await getJSON(srv, '/slots')).json[0].n_generated, 0);
+  });
+});
+
+describe('a stream its client abandons (finding 8)', () => {
+  let srv;
+  before(async () => { srv = await startServer(['--slots', '2', '--ctx', '8192']); });
+  after(async () => { if (srv) await stopOk(srv); });
+
+  test('is logged and counted as cancel, not stop', async () => {
+    // The connection thread marked the request gone, then canceled it; a
+    // decode step running across the two saw "gone" in its token callback
+    // and ended the request as stop. Another slot's long prefill makes each
+    // step long (about half the tries ended as stop): eight tries.
+    for (let i = 0; i < 8; i++) {
+      const m0 = await metrics(srv);
+      const prefill = postJSON(srv, CHAT, {
+        messages: [{ role: 'user', content: LONG_PROMPT }], max_tokens: 1, cache_prompt: false, id_slot: 1,
+      });
+      await until(async () => (await getJSON(srv, '/slots')).json[1].busy, 'the prefill to start');
+      let id = null;
+      // ignore_eos and a long max_tokens: the generation runs on when the client leaves.
+      const r = await streamUntil(srv, CHAT, {
+        messages: [{ role: 'user', content: 'Talk for a long time.' }], temperature: 0, max_tokens: 4000,
+        ignore_eos: true, id_slot: 0,
+      }, (json) => {
+        id ??= json?.id;
+        return typeof json?.choices?.[0]?.delta?.content === 'string' && json.choices[0].delta.content.length > 0;
+      });
+      assert.ok(r.aborted);
+      assert.match(id, /^chatcmpl-/);
+      assert.equal((await prefill).status, 200);
+      const line = await until(() => srv.stderr.split('\n').find((l) => l.includes(` ${id} slot `)),
+        `the log line of ${id}`);
+      assert.match(line, /, finish cancel,/, `try ${i}: ${line}`);
+      const m1 = await metrics(srv);
+      assert.equal(m1.get('kvstash_requests_canceled_total'), m0.get('kvstash_requests_canceled_total') + 1, `try ${i}`);
+      assert.equal(m1.get('kvstash_client_disconnects_total'), m0.get('kvstash_client_disconnects_total') + 1);
+      assert.ok((await getJSON(srv, '/slots')).json[0].n_generated < 4000);
+    }
   });
 });
 
