@@ -90,10 +90,10 @@ static void usage(FILE *f) {
             "                            --max-connections; beyond, a new one is closed at once;\n"
             "                            0: half of --max-connections (default 0)\n"
             "  --shutdown-timeout MS     on SIGTERM, wait this long for running requests (default 10000)\n"
-            "  --flash-attn [on|off|auto]  flash attention (default auto: on with setup's patched CPU\n"
-            "                            backend, which keeps it exact; off on the prebuilt one, where\n"
-            "                            cached and uncached output could differ in the last bits);\n"
-            "                            --flash-attn alone means on\n"
+            "  --flash-attn [on|off|auto]  flash attention (default auto = off for now). On with setup's\n"
+            "                            patched CPU backend it is exact and prefills faster at depth but\n"
+            "                            decodes slower; on the prebuilt one cached and uncached output\n"
+            "                            could differ in the last bits. --flash-attn alone means on\n"
             "  --config FILE             YAML settings (see docs/SERVER.md); flags override it\n"
             "  --log LEVEL               debug|info|warn|error|off (default info)\n");
 }

@@ -293,7 +293,10 @@ int ks_engine_open(const ks_engine_params *p, ks_engine **out, char *err, size_t
     ks_engine *e = calloc(1, sizeof *e);
     if (!e) return KS_ENOMEM;
     e->path = strdup(p->model_path);
-    e->flash_attn = p->flash_attn == KS_FA_ON || (p->flash_attn == KS_FA_AUTO && g_patched && g_patch_rev >= 2);
+    /* auto is off for now: the patched tiled kernel is exact but repacks K for
+     * every head of every decoded token, so decode loses more than prefill
+     * gains (docs/LLAMA_FACTS.md, flash attention) */
+    e->flash_attn = p->flash_attn == KS_FA_ON;
 
     struct llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = 0;

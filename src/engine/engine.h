@@ -16,10 +16,12 @@
  *  1. Exactness: the prebuilt CPU backend's flash attention changes its
  *     tiling with the number of query rows, the KV length and the thread
  *     count; setup's patched build (revision 2) runs every row through one
- *     tiled kernel, so flash attention is on by default there and off on the
- *     prebuilt. Either way a prefix kept in the KV (or restored from a state
- *     blob) followed by a partial decode gives bit-identical logits to a full
- *     prefill (docs/LLAMA_FACTS.md). kv_unified is false so that every sequence owns
+ *     tiled kernel, so flash attention asked for there is exact too. It stays
+ *     off by default: that kernel re-packs K for every head of every decoded
+ *     token, and decode loses more than prefill gains (docs/LLAMA_FACTS.md).
+ *     Either way a prefix kept in the KV (or restored from a state blob)
+ *     followed by a partial decode gives bit-identical logits to a full
+ *     prefill. kv_unified is false so that every sequence owns
  *     its own KV stream: one slot's cell layout never depends on another's,
  *     which keeps results independent of what other slots are doing.
  *  2. Each sequence therefore has n_ctx_seq = n_ctx_total / n_seq cells.
@@ -50,9 +52,7 @@ typedef struct ks_engine_params {
     int n_seq;       /* sequences (>= 1) */
     int n_batch;     /* logical batch = max tokens in one decode (0: 512) */
     int n_threads;   /* 0: online CPUs */
-    int flash_attn;  /* KS_FA_AUTO (default): on when the CPU backend makes it exact
-                        (setup's patched build, revision 2 and later), else off; KS_FA_ON,
-                        KS_FA_OFF — see note 1 */
+    int flash_attn;  /* KS_FA_AUTO (default; off for now — see note 1), KS_FA_ON, KS_FA_OFF */
     int type_k;      /* ggml_type of K/V cache; -1: default (F16) */
     int type_v;
     bool exact;      /* default true: when the probe finds the model's repacked weights
