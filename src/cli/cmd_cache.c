@@ -302,7 +302,7 @@ static int cmd_stats(const opts *o) {
         }
         r.tier = t;
         ks_tier_list(tier, collect, &r);
-        uint64_t b = 0, e = 0;
+        uint64_t b = 0, e = 0, skipped = atomic_load(&tier->n_skipped);
         ks_tier_usage(tier, &b, &e);
         ks_tier_close(tier);
         uint64_t by_reason[KS_REASON__N] = {0}, hits = 0, tokens = 0;
@@ -318,11 +318,13 @@ static int cmd_stats(const opts *o) {
         fmt_bytes(b, sz, sizeof sz);
         printf("%-5s %8llu %10s  %s\n", tier_str(t), (unsigned long long)e, sz, o->dirs[t]);
         printf("%-5s %8s %10s  tokens %llu, hits %llu; cold %llu, continued %llu, finish %llu, evict %llu, "
-               "shutdown %llu; temp files %d, quarantined %d\n",
+               "shutdown %llu; temp files %d, quarantined %d",
                "", "", "", (unsigned long long)tokens, (unsigned long long)hits,
                (unsigned long long)by_reason[0], (unsigned long long)by_reason[1],
                (unsigned long long)by_reason[2], (unsigned long long)by_reason[3],
                (unsigned long long)by_reason[4], temps, quar);
+        if (skipped) printf("; skipped %llu (not regular files)", (unsigned long long)skipped);
+        printf("\n");
         tot_b += b;
         tot_e += e;
     }
@@ -334,13 +336,16 @@ static int cmd_stats(const opts *o) {
 
 /* --------------------------------------------------------------- verify */
 typedef struct vstate {
-    int good, bad;
+    int good, bad, skipped;
 } vstate;
 
 static int verify_cb(void *ud, const char *path, int rc, const ks_kvfile_meta *m) {
     vstate *v = ud;
     if (rc == 0) {
         v->good++;
+    } else if (rc == KS_EINVAL) {
+        v->skipped++;
+        printf("skipped: %s: not a regular file\n", path);
     } else {
         v->bad++;
         printf("bad: %s: %s (%s)\n", path, ks_errname(rc), ks_strerror(rc));
@@ -349,7 +354,7 @@ static int verify_cb(void *ud, const char *path, int rc, const ks_kvfile_meta *m
 }
 
 static int cmd_verify(const opts *o) {
-    vstate v = {0, 0};
+    vstate v = {0, 0, 0};
     for (int t = KS_TIER_SHM; t <= KS_TIER_DISK; t++) {
         int rc = ks_store_verify_dir(o->dirs[t], verify_cb, &v);
         if (rc == KS_ENOENT) continue;
@@ -358,7 +363,9 @@ static int cmd_verify(const opts *o) {
             return 1;
         }
     }
-    printf("%d files checked: %d good, %d bad\n", v.good + v.bad, v.good, v.bad);
+    printf("%d files checked: %d good, %d bad", v.good + v.bad, v.good, v.bad);
+    if (v.skipped) printf("; %d skipped (not regular files)", v.skipped);
+    printf("\n");
     return v.bad ? 1 : 0;
 }
 
