@@ -491,7 +491,7 @@ void ks_store_stats(ks_store *s, struct ks_store_stats *o) {
 int ks_store_verify_dir(const char *dir, ks_store_verify_cb cb, void *ud) {
     int bad = 0;
     DIR *d = opendir(dir);
-    if (!d) return errno == ENOENT ? KS_ENOENT : KS_EIO;
+    if (!d) return errno == ENOENT ? KS_ENOENT : errno == ENOTDIR ? KS_EINVAL : KS_EIO;
     struct dirent *de;
     while ((de = readdir(d)) != NULL) {
         ks_key name_key;

@@ -261,8 +261,9 @@ typedef int (*ks_store_verify_cb)(void *ud, const char *path, int rc, const ks_k
  * that the header's key matches the file name), without a model: no file is
  * changed. Temp files are skipped; a store file name that is not a regular
  * file (kvfile.h "Reading") goes to cb with KS_EINVAL and is not counted bad.
- * Returns the number of bad files (>= 0), or KS_ENOENT / KS_EIO when dir
- * cannot be read. cb may be NULL. */
+ * Returns the number of bad files (>= 0), or KS_ENOENT (no such directory),
+ * KS_EINVAL (dir is not a directory) or KS_EIO when dir cannot be read. cb
+ * may be NULL. */
 int ks_store_verify_dir(const char *dir, ks_store_verify_cb cb, void *ud);
 
 #endif

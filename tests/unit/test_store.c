@@ -740,6 +740,8 @@ static void test_verify_dir_and_stale_temps(void **state) {
     assert_int_equal(ks_store_verify_dir(f->disk, verify_cb, counts), 1);
     assert_int_equal(counts[1], 1);
     assert_int_equal(ks_store_verify_dir("/nonexistent/ks", NULL, NULL), KS_ENOENT);
+    /* issue 13, finding 10: a file given as the directory is not an I/O error */
+    assert_int_equal(ks_store_verify_dir(p8, NULL, NULL), KS_EINVAL);
 
     /* temp files: a dead writer's is removed at open, ours is not */
     pid_t child = fork();
