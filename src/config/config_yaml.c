@@ -205,11 +205,11 @@ typedef struct field {
 static const field k_top_fields[] = {
     FS(ks_config, model, F_PATH),
     FS(ks_config, host, F_STR),
-    FI(ks_config, port, 0, 65535), /* 0: any free port */
-    FI(ks_config, slots, 1, 64),
-    FI(ks_config, ctx, 64, 1048576),
-    FI(ks_config, batch, 1, 65536),
-    FI(ks_config, threads, 0, 1024),
+    FI(ks_config, port, KS_CONFIG_PORT_MIN, KS_CONFIG_PORT_MAX), /* 0: any free port */
+    FI(ks_config, slots, KS_CONFIG_SLOTS_MIN, KS_CONFIG_SLOTS_MAX),
+    FI(ks_config, ctx, KS_CONFIG_CTX_MIN, KS_CONFIG_CTX_MAX),
+    FI(ks_config, batch, KS_CONFIG_BATCH_MIN, KS_CONFIG_BATCH_MAX),
+    FI(ks_config, threads, KS_CONFIG_THREADS_MIN, KS_CONFIG_THREADS_MAX),
     FB(ks_config, cache_prompt),
     FB(ks_config, exact),
     FF(ks_config, affinity_min, 0, 1),
@@ -223,7 +223,7 @@ static const field k_model_fields[] = {
     FB(ks_model_cache_cfg, system_prompt_cache),
     FB(ks_model_cache_cfg, incremental_cache),
     FI(ks_model_cache_cfg, cache_min_tokens, 0, 10000000),
-    FI(ks_model_cache_cfg, slots, 1, 64),
+    FI(ks_model_cache_cfg, slots, KS_CONFIG_SLOTS_MIN, KS_CONFIG_SLOTS_MAX),
     FY(ks_model_cache_cfg, spc_max_bytes, 0),
 };
 
