@@ -54,7 +54,8 @@ static void usage(FILE *f) {
             "  stats                        totals per tier\n"
             "  verify                       check every file completely; exit 1 naming each bad one\n"
             "  gc     [--max-bytes N]       evict least recently hit entries until each tier holds at\n"
-            "                               most N bytes (default: shm 1G, disk 10G; K/M/G suffixes),\n"
+            "                               most N bytes (default: shm 1G, disk 10G; K/M/G/T suffixes;\n"
+            "                               at most 1024T),\n"
             "                               entries pinned by cache breakpoints kept within half of N;\n"
             "                               remove temp files of dead writers and quarantined files\n"
             "  rm     --all | KEYPREFIX     remove entries\n"
@@ -161,6 +162,12 @@ static int parse(int argc, char **argv, opts *o) {
             if (which == 1) o->use[KS_TIER_SHM] = true;
         } else if (which == 2) {
             if (ks_cli_parse_size(CMD, "--max-bytes", val, &o->max_bytes)) return 2;
+            /* A tier's budget: the range of store.tiers.<tier>.max_bytes. */
+            if (o->max_bytes > KS_STORE_BYTES_MAX) {
+                fprintf(stderr, CMD ": --max-bytes must be a size in [0, %lldT] like 500M or 2G, got '%s'\n",
+                        (long long)(KS_STORE_BYTES_MAX >> 40), val);
+                return 2;
+            }
         } else if (strcmp(a, "--all") == 0) {
             o->all = true;
         } else if (a[0] == '-') {

@@ -75,7 +75,7 @@ static void usage(FILE *f) {
             "                            the server (CORS); repeatable, up to 16; * allows any origin\n"
             "                            (cors_origins; default: none, CORS off)\n"
             "  --max-queue N             requests waiting for a slot, 1..1000000; beyond: 503 (default 64)\n"
-            "  --max-body-bytes N        largest request body; beyond: 413 (default 16777216)\n"
+            "  --max-body-bytes N        largest request body, 1024..2^40; beyond: 413 (default 16777216)\n"
             "  --max-tokens N            max_tokens of requests that give none (default 2048;\n"
             "                            always capped by the context left after the prompt)\n"
             "  --alias NAME              model id in /v1/models and responses (default: the model's name)\n"
@@ -162,7 +162,11 @@ static int parse_flags(int argc, char **argv, flags *f) {
                                  &f->max_queue))
                 return 2;
             break;
-        case O_BODY: if (ks_cli_parse_ll(CMD, "--max-body-bytes", optarg, 1024, 1LL << 40, &f->max_body)) return 2; break;
+        case O_BODY:
+            if (ks_cli_parse_ll(CMD, "--max-body-bytes", optarg, KS_CONFIG_MAX_BODY_MIN, KS_CONFIG_MAX_BODY_MAX,
+                                &f->max_body))
+                return 2;
+            break;
         case O_MAXTOK: if (ks_cli_parse_int(CMD, "--max-tokens", optarg, 1, 1 << 24, &f->max_tokens)) return 2; break;
         case O_ALIAS: f->alias = optarg; break;
         case O_TIMEOUT: if (ks_cli_parse_int(CMD, "--timeout", optarg, 0, 86400, &f->timeout)) return 2; break;
@@ -171,7 +175,10 @@ static int parse_flags(int argc, char **argv, flags *f) {
         case O_IMC: f->imc = true; break;
         case O_SPC: f->spc = true; break;
         case O_CACHEDIR: f->cache_dir = optarg; break;
-        case O_CACHERAM: if (ks_cli_parse_int(CMD, "--cache-ram", optarg, 0, 1 << 24, &f->cache_ram)) return 2; break;
+        case O_CACHERAM: /* MiB: the range of store.tiers.ram.max_bytes */
+            if (ks_cli_parse_int(CMD, "--cache-ram", optarg, 0, (int)(KS_STORE_BYTES_MAX >> 20), &f->cache_ram))
+                return 2;
+            break;
         case O_CONFIG: f->config = optarg; break;
         case O_TEMPLATE: f->chat_template = optarg; break;
         case O_CORS: {

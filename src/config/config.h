@@ -23,7 +23,7 @@
  *   affinity_min: 0.05       # min shared fraction to prefer a slot by prefix
  *   api_key: secret
  *   max_queue: 64            # requests waiting for a slot, 1..1000000
- *   max_body_bytes: 16777216
+ *   max_body_bytes: 16777216 # 1KiB..1TiB
  *   log: info                # debug|info|warn|error|off
  *   cors_origins: [http://localhost:5173]   # browser origins allowed (CORS); "*": any.
  *                            # Absent or []: CORS off. One origin may be given as a scalar.
@@ -33,7 +33,7 @@
  *       incremental_cache: true
  *       cache_min_tokens: 100
  *       slots: 3             # overrides the top-level slots for this model (1..256)
- *       spc_max_bytes: 268435456
+ *       spc_max_bytes: 268435456         # 0..1024TiB
  *   store:
  *     enabled: true                    # the full store (shm and disk tiers); see "Store modes"
  *     cache_dir: ~/.cache/kvstash      # disk tier directory
@@ -44,7 +44,7 @@
  *     shutdown_timeout_ms: 5000
  *     pin_share: 0.5                   # share of each tier's budget that pinned states (cache
  *                                      # breakpoints, store.h "Pins") may hold, 0..1
- *     tiers:
+ *     tiers:                           # max_bytes: 0..1024TiB (KS_STORE_BYTES_MAX)
  *       ram:  { max_bytes: 2GiB }      # also the RAM-only store's budget (--cache-ram)
  *       shm:  { max_bytes: 1073741824 }
  *       disk: { max_bytes: 10737418240 }
@@ -98,6 +98,13 @@ enum {
     KS_CONFIG_BATCH_MIN = 1, KS_CONFIG_BATCH_MAX = 1 << 20,
     KS_CONFIG_THREADS_MIN = 0, KS_CONFIG_THREADS_MAX = 4096,
 };
+/* max_body_bytes (--max-body-bytes): 1 KiB..1 TiB. The server buffers up to
+ * twice that plus 1 MiB before it stops reading a body: bounded here, that
+ * sum cannot overflow. */
+#define KS_CONFIG_MAX_BODY_MIN ((int64_t)1024)
+#define KS_CONFIG_MAX_BODY_MAX ((int64_t)1 << 40)
+/* Byte budgets (store.tiers.<tier>.max_bytes, --cache-ram in MiB,
+ * models.<name>.spc_max_bytes): 0..KS_STORE_BYTES_MAX (store_cfg.h, 1 PiB). */
 
 /* cors_origins (and --cors-origin): at most this many, each shorter than
  * KS_CONFIG_ORIGIN_MAX bytes. */

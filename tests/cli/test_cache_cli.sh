@@ -255,6 +255,7 @@ usage_case "stats --all" "takes no key prefix" stats --all "${D[@]}"
 usage_case "gc with a prefix" "takes no key prefix" gc abc "${D[@]}"
 usage_case "bad --max-bytes" "--max-bytes must be a size" gc --max-bytes lots "${D[@]}"
 usage_case "--max-bytes nan" "--max-bytes must be a size" gc --max-bytes nan "${D[@]}"
+usage_case "--max-bytes beyond 1024T" "--max-bytes must be a size in \[0, 1024T\]" gc --max-bytes 1025T "${D[@]}"
 usage_case "missing value" "--cache-dir needs a value" ls --shm-dir "$shm" --cache-dir
 usage_case "empty directory" "--cache-dir: invalid directory" ls --cache-dir= --shm-dir "$shm"
 "$BIN" cache --help >"$tmp/o" 2>"$tmp/e"; rc=$?

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Regression test for issue 13, finding 10: every numeric setting of
+# Regression test for issue 13, findings 7 and 10: every numeric setting of
 # `kvstash serve` that is both a flag and a YAML key accepts the same range
-# in both (config.h holds one constant for each).
+# in both (config.h holds one constant for each), and a size too large for
+# the server's arithmetic is refused with a message naming the flag or key.
 #
 # No model is loaded: without -m, an accepted value gets as far as "no model"
 # (exit 2), a refused one stops at its range error (exit 2, another message).
@@ -52,11 +53,24 @@ ctx ctx 64 16777216
 batch batch 1 1048576
 threads threads 0 4096
 max-queue max_queue 1 1000000
+max-body-bytes max_body_bytes 1024 1099511627776
 EOF
 
 # models.<name>.slots: the --slots range too.
 accepted yaml $'models:\n  default: { slots: 256 }'
 refused yaml $'models:\n  default: { slots: 257 }' "'models.default.slots'"
+
+# --cache-ram is in MiB, store.tiers.ram.max_bytes in bytes: the same bytes.
+accepted flag "--cache-ram=1073741824"
+refused flag "--cache-ram=1073741825" "--cache-ram"
+accepted yaml $'store:\n  enabled: false\n  tiers: { ram: { max_bytes: 1024TiB } }'
+refused yaml $'store:\n  enabled: false\n  tiers: { ram: { max_bytes: 1025TiB } }' "'store.tiers.ram.max_bytes'"
+
+# Sizes far beyond any range: a config error naming the key, not an overflow.
+refused yaml "max_body_bytes: 9223372036854775807" "'max_body_bytes'"
+refused yaml "max_body_bytes: 8EiB" "'max_body_bytes'"
+refused flag "--max-body-bytes=9223372036854775807" "--max-body-bytes"
+refused yaml $'store:\n  tiers: { disk: { max_bytes: 9223372036854775807 } }' "'store.tiers.disk.max_bytes'"
 
 if [ $fails -ne 0 ]; then echo "$fails check(s) failed"; exit 1; fi
 echo "all checks passed"

@@ -356,7 +356,7 @@ static void test_out_of_range(void **state) {
                  "'models.x.cache_min_tokens' at line 3: expected an integer 0..10000000");
     expect_error("models:\n  x:\n    slots: 0\n", "'models.x.slots' at line 3: expected an integer 1..256");
     expect_error("store:\n  tiers:\n    disk: { max_bytes: -1 }\n",
-                 "'store.tiers.disk.max_bytes' at line 3: expected a byte size >= 0");
+                 "'store.tiers.disk.max_bytes' at line 3: expected a byte size 0..1024TiB");
     expect_error("log: verbose\n", "'log' at line 1: expected one of debug|info|warn|error|off, got 'verbose'");
     expect_error("store:\n  pin_share: 1.01\n", "'store.pin_share' at line 2: expected a number 0..1, got '1.01'");
     expect_error("store:\n  pin_share: -0.5\n", "'store.pin_share' at line 2: expected a number 0..1");
@@ -389,14 +389,16 @@ static void test_size_suffixes(void **state) {
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char yaml[128];
         snprintf(yaml, sizeof yaml, "store:\n  tiers:\n    ram:\n      max_bytes: '%s'\n", bad[i]);
-        expect_error(yaml, "'store.tiers.ram.max_bytes' at line 4: expected a byte size >= 0");
+        expect_error(yaml, "'store.tiers.ram.max_bytes' at line 4: expected a byte size 0..1024TiB");
     }
-    expect_error("max_body_bytes: 0\n", "'max_body_bytes' at line 1: expected a byte size >= 1");
+    expect_error("max_body_bytes: 0\n", "'max_body_bytes' at line 1: expected a byte size 1KiB..1TiB");
 }
 
-/* Issue 13, finding 10: every numeric setting that is also a flag has the
- * flag's range (config.h, one constant for both; tests/cli/
- * test_serve_ranges.sh checks the flags). */
+/* Issue 13, findings 7 and 10: every numeric setting that is also a flag has
+ * the flag's range (config.h, one constant for both; tests/cli/
+ * test_serve_ranges.sh checks the flags), and a size has an upper bound, so
+ * a huge max_body_bytes is a config error naming the key instead of an
+ * overflow of the server's max_body * 2 + 1 MiB. */
 static void test_ranges_match_flags(void **state) {
     (void)state;
     ks_config c;
@@ -411,6 +413,28 @@ static void test_ranges_match_flags(void **state) {
     assert_int_equal(c.batch, KS_CONFIG_BATCH_MAX);
     assert_int_equal(c.threads, KS_CONFIG_THREADS_MAX);
     assert_int_equal(c.port, KS_CONFIG_PORT_MAX);
+    /* max_body_bytes: --max-body-bytes takes 1024..2^40 */
+    load_ok(&c, "max_body_bytes: 1TiB\n");
+    assert_int_equal(c.max_body_bytes, KS_CONFIG_MAX_BODY_MAX);
+    load_ok(&c, "max_body_bytes: 1024\n");
+    assert_int_equal(c.max_body_bytes, KS_CONFIG_MAX_BODY_MIN);
+    expect_error("max_body_bytes: 1023\n",
+                 "'max_body_bytes' at line 1: expected a byte size 1KiB..1TiB "
+                 "(e.g. 268435456, 256MiB, 1GiB), got '1023'");
+    expect_error("max_body_bytes: 1099511627777\n", "'max_body_bytes' at line 1: expected a byte size 1KiB..1TiB");
+    expect_error("max_body_bytes: 9223372036854775807\n", "'max_body_bytes' at line 1: expected a byte size");
+    expect_error("max_body_bytes: 8000000TiB\n", "'max_body_bytes' at line 1: expected a byte size");
+    expect_error("max_body_bytes: 99999999999999999999999\n", "'max_body_bytes' at line 1: expected a byte size");
+    /* byte budgets: 0..KS_STORE_BYTES_MAX (--cache-ram takes the same in MiB) */
+    load_ok(&c, "store:\n  enabled: false\n  tiers: { ram: { max_bytes: 1024TiB } }\n");
+    assert_int_equal(c.store.tier_max_bytes[KS_TIER_RAM], KS_STORE_BYTES_MAX);
+    expect_error("store:\n  tiers:\n    ram: { max_bytes: 1025TiB }\n",
+                 "'store.tiers.ram.max_bytes' at line 3: expected a byte size 0..1024TiB (e.g. 268435456, "
+                 "256MiB, 1GiB), got '1025TiB'");
+    expect_error("store:\n  tiers:\n    disk: { max_bytes: 9223372036854775807 }\n",
+                 "'store.tiers.disk.max_bytes' at line 3: expected a byte size 0..1024TiB");
+    expect_error("models:\n  x: { spc_max_bytes: 2048TiB }\n",
+                 "'models.x.spc_max_bytes' at line 2: expected a byte size 0..1024TiB");
 }
 
 static void test_paths_expand(void **state) {
