@@ -276,13 +276,36 @@ done:
 }
 
 /* ---------------------------------------------------------------- reading */
-/* Opens an existing kvfile: 0 and *fd, or KS_ENOENT / KS_EIO / KS_ENOMEM
- * (no space cannot be the reason an open of an existing file fails). */
-static int open_existing(const char *path, int flags, int *fd) {
-    *fd = ks_sysio_open(path, flags | O_CLOEXEC, 0);
-    if (*fd >= 0) return 0;
-    int rc = ks_errno_map(errno);
-    return rc == KS_ENOSPC ? KS_EIO : rc;
+/* Opens an existing kvfile and fstats it: 0 with *fd open and *sb filled, or
+ * KS_EINVAL (not a regular file), KS_ENOENT, KS_EIO, KS_ENOMEM (no space
+ * cannot be the reason an open of an existing file fails).
+ * Any name in a store directory may be something else: a FIFO would block a
+ * plain open() until a writer comes (the server's rescans run on the
+ * inference thread), and a symlink would make a trailer update write into
+ * whatever it points to. So the open never blocks (O_NONBLOCK) and never
+ * follows a final symlink (O_NOFOLLOW: ELOOP), and nothing is read before
+ * fstat says "regular file". O_NONBLOCK is left on: Linux ignores it for
+ * reads and writes of regular files. */
+static int open_existing(const char *path, int flags, int *fd, struct stat *sb) {
+    *fd = ks_sysio_open(path, flags | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC, 0);
+    if (*fd < 0) {
+        int e = errno;
+        /* ELOOP: a symlink; ENXIO: a socket (or a FIFO opened for writing
+         * without a reader); EISDIR: a directory opened for writing. */
+        if (e == ELOOP || e == ENXIO || e == EISDIR || e == ENODEV) return KS_EINVAL;
+        int rc = ks_errno_map(e);
+        return rc == KS_ENOSPC ? KS_EIO : rc;
+    }
+    int rc = 0;
+    if (fstat(*fd, sb) != 0)
+        rc = KS_EIO;
+    else if (!S_ISREG(sb->st_mode))
+        rc = KS_EINVAL;
+    if (rc != 0) {
+        ks_sysio_close(*fd);
+        *fd = -1;
+    }
+    return rc;
 }
 
 /* Opens path and reads + checks its header. On success *fd is open. */
@@ -292,15 +315,7 @@ static int open_header(const char *path, int *fd_out, ks_kvfile_meta *m) {
     struct stat sb;
     memset(m, 0, sizeof *m);
     *fd_out = -1;
-    if ((rc = open_existing(path, O_RDONLY, &fd)) != 0) goto done;
-    if (fstat(fd, &sb) != 0) {
-        rc = KS_EIO;
-        goto done;
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        rc = KS_ECORRUPT;
-        goto done;
-    }
+    if ((rc = open_existing(path, O_RDONLY, &fd, &sb)) != 0) goto done;
     uint64_t fsize = (uint64_t)sb.st_size;
     m->file_size = fsize;
     if (fsize < 16 + 8) {
@@ -512,14 +527,12 @@ int ks_kvfile_touch(const char *path, int64_t last_hit_us, uint64_t hits, int64_
     int rc = 0, fd = -1;
     uint8_t h[KS_KVFILE_HEADER_LEN], t[KS_KVFILE_TRAILER_LEN];
     struct stat sb;
-    if ((rc = open_existing(path, O_RDWR, &fd)) != 0) goto done;
-    /* Only touch a kvfile of this version whose header checks, of a
-     * plausible size: the trailer sits at the very end and its length comes
-     * from the flags, so a wrong file would otherwise get bytes overwritten. */
-    if (fstat(fd, &sb) != 0) {
-        rc = KS_EIO;
-        goto done;
-    }
+    /* Never through a symlink (open_existing): the bytes would land in its
+     * target. Then only touch a kvfile of this version whose header checks,
+     * of a plausible size: the trailer sits at the very end and its length
+     * comes from the flags, so a wrong file would otherwise get bytes
+     * overwritten. */
+    if ((rc = open_existing(path, O_RDWR, &fd, &sb)) != 0) goto done;
     if (sb.st_size < (off_t)(KS_KVFILE_HEADER_LEN + 8 + KS_KVFILE_TRAILER_LEN_NOPIN) ||
         ks_sysio_pread_all(fd, h, sizeof h, 0) != (ssize_t)sizeof h || memcmp(h, KS_KVFILE_MAGIC, 8) != 0 ||
         get32(h + OFF_VERSION) != KS_KVFILE_VERSION || get32(h + OFF_HEADER_LEN) != KS_KVFILE_HEADER_LEN ||

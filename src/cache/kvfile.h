@@ -21,7 +21,10 @@
  *
  * Reading is bounded: every length is checked against fixed limits and the
  * file's size before anything is allocated, and no byte read from the file
- * ever reaches an assert.
+ * ever reaches an assert. Files are opened with O_NONBLOCK | O_NOFOLLOW |
+ * O_CLOEXEC and fstat()ed before any read or write: a name that is not a
+ * regular file (a symlink, never followed; a FIFO, socket, device or
+ * directory) is refused with KS_EINVAL and never blocks the caller.
  *
  * Invariants
  *  1. No incomplete file is ever visible under a final name: the final name
@@ -125,17 +128,19 @@ int ks_kvfile_write(const char *dir, const ks_kvfile_meta *meta, const int32_t *
                     char *orphan);
 
 /* Reads and checks the header and trailer only (no checksum of the body):
- * what a directory scan needs. Errors: KS_ENOENT, KS_EIO, KS_ECORRUPT,
- * KS_EVERSION (another format version; meta->version is set). */
+ * what a directory scan needs. Errors: KS_ENOENT, KS_EINVAL (not a regular
+ * file, see "Reading" above), KS_EIO, KS_ECORRUPT, KS_EVERSION (another
+ * format version; meta->version is set). */
 int ks_kvfile_read_meta(const char *path, ks_kvfile_meta *meta);
 
 /* Reads and verifies the whole file against exp (may be NULL).
  * tokens_out / payload_out (may be NULL) receive owned copies (free()); when
  * NULL the data is only verified, streaming, without a big allocation.
  * meta (may be NULL) receives the header and trailer.
- * Errors: KS_ENOENT, KS_EIO, KS_ENOMEM, KS_ECORRUPT (header check, lengths,
- * checksum), KS_EVERSION (format or state version), KS_EMISMATCH (model,
- * params, key or tokens differ from exp). Nothing is allocated on error. */
+ * Errors: KS_ENOENT, KS_EINVAL (not a regular file), KS_EIO, KS_ENOMEM,
+ * KS_ECORRUPT (header check, lengths, checksum), KS_EVERSION (format or state
+ * version), KS_EMISMATCH (model, params, key or tokens differ from exp).
+ * Nothing is allocated on error. */
 int ks_kvfile_read(const char *path, const ks_kvfile_expect *exp, ks_kvfile_meta *meta,
                    int32_t **tokens_out, uint8_t **payload_out);
 /* Same, reading the payload into the caller's buffer *buf of *cap bytes
@@ -151,8 +156,9 @@ int ks_kvfile_read_buf(const char *path, const ks_kvfile_expect *exp, ks_kvfile_
  * hits and, in a file with KS_KVFILE_FLAG_PIN, the pin deadline: the later of
  * pin_until_us and the one the file holds (another process may have
  * extended it; a pin is never shortened here). A file without the flag keeps
- * no pin (pin_until_us is ignored). 0, KS_ENOENT, KS_EIO or KS_ECORRUPT (the
- * file is not a kvfile of this version, or its header check fails).
+ * no pin (pin_until_us is ignored). 0, KS_ENOENT, KS_EINVAL (not a regular
+ * file: a symlink is never followed), KS_EIO or KS_ECORRUPT (the file is not
+ * a kvfile of this version, or its header check fails).
  * The read and the write of the pin are not atomic across processes: two
  * processes touching one file at the same instant may lose one's extension
  * (the entry is then evictable earlier; the file stays valid). */

@@ -475,7 +475,10 @@ void ks_store_stats(ks_store *s, struct ks_store_stats *o) {
     o->corrupt_files = atomic_load(&s->corrupt_files);
     o->pending_hits = atomic_load(&s->pending_hits);
     for (int t = 0; t < KS_TIER__N; t++)
-        if (s->tiers[t]) o->corrupt_files += atomic_load(&s->tiers[t]->n_bad);
+        if (s->tiers[t]) {
+            o->corrupt_files += atomic_load(&s->tiers[t]->n_bad);
+            o->skipped_files += atomic_load(&s->tiers[t]->n_skipped);
+        }
     o->load_ms_total = (double)atomic_load(&s->load_us) / 1000.0;
     o->save_ms_total = (double)atomic_load(&s->save_us) / 1000.0;
     o->restore_ms_total = (double)atomic_load(&s->restore_us) / 1000.0;
@@ -488,7 +491,7 @@ void ks_store_stats(ks_store *s, struct ks_store_stats *o) {
 int ks_store_verify_dir(const char *dir, ks_store_verify_cb cb, void *ud) {
     int bad = 0;
     DIR *d = opendir(dir);
-    if (!d) return errno == ENOENT ? KS_ENOENT : KS_EIO;
+    if (!d) return errno == ENOENT ? KS_ENOENT : errno == ENOTDIR ? KS_EINVAL : KS_EIO;
     struct dirent *de;
     while ((de = readdir(d)) != NULL) {
         ks_key name_key;
@@ -501,7 +504,7 @@ int ks_store_verify_dir(const char *dir, ks_store_verify_cb cb, void *ud) {
         int rc = mrc == 0 ? ks_kvfile_read(path, &exp, NULL, NULL, NULL) : mrc;
         if (rc == KS_ENOENT) continue; /* removed while we looked */
         if (rc == KS_EMISMATCH) rc = KS_ECORRUPT; /* the name does not match the content */
-        if (rc != 0) bad++;
+        if (rc != 0 && rc != KS_EINVAL) bad++; /* KS_EINVAL: not a regular file, not read */
         if (cb && cb(ud, path, rc, mrc == 0 ? &m : NULL) != 0) break;
     }
     closedir(d);

@@ -232,6 +232,9 @@ struct ks_store_stats {
     uint64_t skipped_saves;                /* queue full, or dropped at close */
     uint64_t failed_saves;                 /* I/O errors (ENOSPC, EIO...) */
     uint64_t corrupt_files;                /* bad files met (lookups, scans, saves) */
+    uint64_t skipped_files;                /* store file names that were not regular files (a
+                                              FIFO, socket, directory, symlink...): skipped, never
+                                              read, counted once per appearance (tier_file.c) */
     uint64_t queued;                       /* saves waiting now */
     uint64_t pending_hits;                 /* hits served from a save not written yet */
     uint64_t pin_saves;                    /* pinned saves written (also in saves[KS_REASON_PIN]) */
@@ -249,15 +252,18 @@ struct ks_store_stats {
 void ks_store_stats(ks_store *s, struct ks_store_stats *out);
 
 /* Called by ks_store_verify_dir for each file: path, the result of the full
- * check (0, KS_ECORRUPT, KS_EVERSION, KS_EIO...) and, when the header could
- * be read, its metadata (else NULL). Return non-zero to stop. */
+ * check (0, KS_ECORRUPT, KS_EVERSION, KS_EIO...; KS_EINVAL: not a regular
+ * file, skipped without a byte read) and, when the header could be read, its
+ * metadata (else NULL). Return non-zero to stop. */
 typedef int (*ks_store_verify_cb)(void *ud, const char *path, int rc, const ks_kvfile_meta *meta);
 
 /* Checks every kvfile in dir completely (header, every length, checksum, and
  * that the header's key matches the file name), without a model: no file is
- * changed. Temp files and subdirectories are skipped.
- * Returns the number of bad files (>= 0), or KS_ENOENT / KS_EIO when dir
- * cannot be read. cb may be NULL. */
+ * changed. Temp files are skipped; a store file name that is not a regular
+ * file (kvfile.h "Reading") goes to cb with KS_EINVAL and is not counted bad.
+ * Returns the number of bad files (>= 0), or KS_ENOENT (no such directory),
+ * KS_EINVAL (dir is not a directory) or KS_EIO when dir cannot be read. cb
+ * may be NULL. */
 int ks_store_verify_dir(const char *dir, ks_store_verify_cb cb, void *ud);
 
 #endif

@@ -16,6 +16,11 @@
 
 /* The size of every path buffer of the store and its configuration, NUL included. */
 #define KS_MAX_PATH 1024
+/* The largest byte budget of a tier (1 PiB; the YAML keys
+ * store.tiers.*.max_bytes, --cache-ram in MiB, `kvstash cache gc --max-bytes`
+ * all stop here): budgets, their sums over the tiers and a share of one
+ * stay far inside int64_t and a double's exact integers. */
+#define KS_STORE_BYTES_MAX ((int64_t)1 << 50)
 
 /* Why a state is saved; each reason maps to a tier (ks_store_cfg.reason_tier).
  * KS_REASON_PIN: a client's cache breakpoint (store.h "Pins"), saved pinned

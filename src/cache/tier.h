@@ -163,6 +163,8 @@ struct ks_tier {
     uint64_t bytes;
     uint64_t seq;                 /* LRU and insertion clock */
     _Atomic uint64_t n_bad;       /* files found bad by scans and saves (quarantined) */
+    _Atomic uint64_t n_skipped;   /* store file names that were not regular files (file tiers:
+                                     skipped, never read; once per appearance) */
 };
 
 /* ------------------------------------------------------------ the tiers */

@@ -8,6 +8,12 @@
  *                                          (at most KS_QUARANTINE_MAX, oldest go first)
  *   anything else                          ignored (e.g. fingerprints/)
  *
+ * A name like <key>.kvs that is not a regular file (a FIFO, socket, device,
+ * directory or symlink) is skipped: never opened when readdir's d_type tells,
+ * else opened without blocking or following and refused by its fstat
+ * (kvfile.h), never quarantined (it is not a bad kvfile, and may not be
+ * ours to move), counted in n_skipped and logged once while it stays.
+ *
  * The table is rebuilt from the headers at open and refreshed by rescan()
  * when the directory's mtime changes — that is how saves of other processes
  * on the same directory become visible. A rescan reads only the headers of
@@ -21,6 +27,8 @@
  *  2. Files are only created by ks_kvfile_write (temp + link) and only
  *     removed by drop/quarantine/cleanup on the owner thread — or by other
  *     processes, which readers tolerate (a vanished file is a miss).
+ *  3. No scan or read blocks on what a name in the directory is: only
+ *     regular files are read.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -47,6 +55,7 @@ typedef struct file_tier {
     pthread_mutex_t scan_mu;       /* one rescan at a time */
     struct timespec dir_mtime;     /* at the last scan */
     bool scanned;
+    ks_keymap skipped;             /* names skipped (not regular files) at the last scan (scan_mu) */
     /* temp names whose unlink failed: retried by the owner thread */
     char orphans[KS_MAX_ORPHANS][PATH_MAX];
     int n_orphans;
@@ -146,7 +155,7 @@ static void quarantine_prune(const char *qdir) {
         char p[PATH_MAX];
         struct stat sb;
         if (snprintf(p, sizeof p, "%s/%s", qdir, de->d_name) >= (int)sizeof p) continue;
-        if (stat(p, &sb) != 0 || !S_ISREG(sb.st_mode)) continue;
+        if (lstat(p, &sb) != 0 || !S_ISREG(sb.st_mode)) continue;
         if (n == cap) {
             size_t ncap = cap ? cap * 2 : 64;
             qfile *nv = realloc(v, ncap * sizeof *nv);
@@ -196,8 +205,21 @@ static bool temp_is_stale(const char *dir, const char *name) {
     if (!ks_kvfile_temp_parse(name, &pid)) return false;
     if (pid == getpid()) return false; /* a save of this process may be in flight */
     if (kill(pid, 0) != 0 && errno == ESRCH) return true;
-    if (snprintf(p, sizeof p, "%s/%s", dir, name) >= (int)sizeof p || stat(p, &sb) != 0) return false;
+    if (snprintf(p, sizeof p, "%s/%s", dir, name) >= (int)sizeof p || lstat(p, &sb) != 0) return false;
     return (int64_t)time(NULL) - (int64_t)sb.st_mtim.tv_sec > KS_TEMP_MAX_AGE_S;
+}
+
+/* Records that the store file name of key (path) is not a regular file and
+ * was skipped: counted and logged when the last scan did not skip it too.
+ * Caller holds scan_mu; *now collects this scan's skipped names. */
+static void note_skipped(file_tier *ft, ks_keymap *now, const ks_key *key, const char *path) {
+    if (ks_keymap_get(&ft->skipped, key) == NULL) {
+        atomic_fetch_add(&ft->base.n_skipped, 1);
+        KS_WARN("store", "skipping %s: not a regular file", path);
+    }
+    if (ks_keymap_put(now, key, (void *)1) != 0) {
+        /* Out of memory: the name may be counted again next time, no worse. */
+    }
 }
 
 /* Scans the directory. cleanup: remove dead temps and quarantine bad files
@@ -206,7 +228,8 @@ static int scan(file_tier *ft, bool force, bool cleanup) {
     ks_tier *t = &ft->base;
     int rc = 0, added = 0;
     DIR *d = NULL;
-    ks_keymap seen = {0};
+    ks_keymap seen = {0}, skipped = {0};
+    bool listed = false;
     struct stat sb;
     uint64_t start_seq;
 
@@ -253,6 +276,15 @@ static int scan(file_tier *ft, bool force, bool cleanup) {
             }
             continue;
         }
+        char path[PATH_MAX];
+        if (snprintf(path, sizeof path, "%s/%s", t->dir, de->d_name) >= (int)sizeof path) continue;
+        /* Not a regular file, as the directory entry says: not even opened.
+         * Left out of `seen`, so an entry indexed under that name before
+         * (its file since replaced) is forgotten below. */
+        if (de->d_type != DT_UNKNOWN && de->d_type != DT_REG) {
+            note_skipped(ft, &skipped, &key, path);
+            continue;
+        }
         if (ks_keymap_put(&seen, &key, (void *)1) != 0) {
             rc = KS_ENOMEM;
             goto done;
@@ -262,12 +294,14 @@ static int scan(file_tier *ft, bool force, bool cleanup) {
         pthread_rwlock_unlock(&t->lock);
         if (known) continue;
 
-        char path[PATH_MAX];
         ks_kvfile_meta m;
-        if (snprintf(path, sizeof path, "%s/%s", t->dir, de->d_name) >= (int)sizeof path) continue;
         int r = ks_kvfile_read_meta(path, &m);
         if (r == 0 && !ks_key_eq(&m.key, &key)) r = KS_ECORRUPT; /* renamed or swapped file */
         if (r == KS_ENOENT) continue;
+        if (r == KS_EINVAL) { /* not a regular file (a filesystem without d_type) */
+            note_skipped(ft, &skipped, &key, path);
+            continue;
+        }
         if (r != 0) {
             /* Files of another format version belong to another kvstash:
              * leave them alone. Bad files are moved aside by the owner. */
@@ -292,6 +326,7 @@ static int scan(file_tier *ft, bool force, bool cleanup) {
         }
         added++;
     }
+    listed = true;
     /* Forget entries whose file vanished, unless they were added after the
      * listing started (our own save that the listing may have missed). */
     pthread_rwlock_wrlock(&t->lock);
@@ -305,6 +340,12 @@ static int scan(file_tier *ft, bool force, bool cleanup) {
 done:
     if (d) closedir(d);
     ks_keymap_free(&seen);
+    if (listed) { /* this scan's skipped names replace the last one's */
+        ks_keymap_free(&ft->skipped);
+        ft->skipped = skipped;
+    } else {
+        ks_keymap_free(&skipped);
+    }
     pthread_mutex_unlock(&ft->scan_mu);
     return rc ? rc : added;
 }
@@ -353,6 +394,9 @@ static int file_put(ks_tier *t, const ks_kvfile_meta *m, const int32_t *tokens, 
             return 0;
         }
         if (r == KS_ENOENT) continue; /* it just vanished: try again */
+        /* Not a regular file under our name: not a bad kvfile, and not ours
+         * to move (scans skip it). This tier cannot hold the state. */
+        if (r == KS_EINVAL) return KS_EIO;
         pthread_rwlock_wrlock(&t->lock);
         ce = ks_keymap_get(&t->map, &m->key);
         if (ce) ce->bad = true;
@@ -399,6 +443,13 @@ static int file_get(ks_tier *t, const ks_key *key, const ks_kvfile_expect *exp, 
     pthread_mutex_unlock(&ft->spare_mu);
     int rc = ks_kvfile_read_buf(path, exp, &m, &payload, &cap);
     if (rc != 0) spare_put(t, payload, cap);
+    if (rc == KS_EINVAL) {
+        /* Replaced by something that is not a regular file since it was
+         * indexed: forget it as if it had vanished (it is not ours to
+         * quarantine). The next scan counts and logs the name. */
+        KS_DEBUG("store", "%s is no longer a regular file: forgotten", path);
+        rc = KS_ENOENT;
+    }
     if (rc == KS_ENOENT) {
         /* Removed by another process: forget it (no file to touch). */
         pthread_rwlock_wrlock(&t->lock);
@@ -487,6 +538,7 @@ static void file_close(ks_tier *t) {
     file_tier *ft = (file_tier *)t;
     orphans_retry(ft);
     ks__tier_fini(t);
+    ks_keymap_free(&ft->skipped);
     pthread_mutex_destroy(&ft->scan_mu);
     pthread_mutex_destroy(&ft->spare_mu);
     free(ft->spare);

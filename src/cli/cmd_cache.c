@@ -2,16 +2,24 @@
  * cmd_cache.c — `kvstash cache ls|stats|verify|gc|rm`: inspect and maintain
  * the persistent store's directories without a model.
  *
- * Every subcommand works on the shm and disk tier directories (defaults as in
- * the server: --cache-dir $XDG_CACHE_HOME/kvstash or ~/.cache/kvstash,
- * --shm-dir /dev/shm/kvstash-<uid>); a directory that does not exist is
- * empty. Files of every model are listed (the MODEL column tells them apart).
- * Safe to run next to a server: files are only ever replaced atomically, and
- * a server that finds a file gone treats it as a miss.
+ * Every subcommand works on the disk tier directory (--cache-dir; default as
+ * in the server: $XDG_CACHE_HOME/kvstash or ~/.cache/kvstash) and, only when
+ * --shm-dir names it, on an shm tier directory. The server's default shm
+ * directory, /dev/shm/kvstash-<uid>, is shared by every server of the user
+ * whatever their --cache-dir: a command that acted on it by default (gc, rm
+ * --all) would reach into all of them. Every directory acted on must exist
+ * and be a directory: else exit 2 with a message naming it (a mistyped path
+ * must not look like an empty cache). Files of every model are listed (the
+ * MODEL column tells them apart). Names that are not regular files are
+ * skipped without being opened for a blocking read (kvfile.h). Safe to run
+ * next to a server: files are only ever replaced atomically, and a server
+ * that finds a file gone treats it as a miss.
  *
- * Exit codes: 0 ok, 1 runtime error (verify: a bad file), 2 usage error.
+ * Exit codes: 0 ok, 1 runtime error (verify: a bad file), 2 usage error (a
+ * missing directory included).
  */
 #include <dirent.h>
+#include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +41,7 @@
 typedef struct opts {
     const char *sub;
     char dirs[KS_TIER__N][KS_MAX_PATH]; /* [SHM], [DISK] used */
+    bool use[KS_TIER__N];               /* the tiers acted on: disk always, shm with --shm-dir */
     bool all;
     const char *prefix;
     int64_t max_bytes;                   /* -1: the defaults */
@@ -45,13 +54,18 @@ static void usage(FILE *f) {
             "  stats                        totals per tier\n"
             "  verify                       check every file completely; exit 1 naming each bad one\n"
             "  gc     [--max-bytes N]       evict least recently hit entries until each tier holds at\n"
-            "                               most N bytes (default: shm 1G, disk 10G; K/M/G suffixes),\n"
+            "                               most N bytes (default: shm 1G, disk 10G; K/M/G/T suffixes;\n"
+            "                               at most 1024T),\n"
             "                               entries pinned by cache breakpoints kept within half of N;\n"
             "                               remove temp files of dead writers and quarantined files\n"
             "  rm     --all | KEYPREFIX     remove entries\n"
             "options:\n"
             "  --cache-dir DIR   the disk tier (default $XDG_CACHE_HOME/kvstash or ~/.cache/kvstash)\n"
-            "  --shm-dir DIR     the shm tier (default /dev/shm/kvstash-<uid>)\n");
+            "  --shm-dir DIR     also act on this shm tier. Without it no shm directory is touched:\n"
+            "                    the servers' default, /dev/shm/kvstash-<uid>, is shared by every\n"
+            "                    server of the user whatever their --cache-dir, so name it to include it\n"
+            "A directory given (or the default --cache-dir) that does not exist or is not a\n"
+            "directory is an error (exit 2).\n");
 }
 
 static const char *tier_str(int t) { return t == KS_TIER_SHM ? "shm" : t == KS_TIER_DISK ? "disk" : "ram"; }
@@ -114,7 +128,8 @@ static bool key_matches(const ks_key *k, const char *prefix) {
 static int parse(int argc, char **argv, opts *o) {
     memset(o, 0, sizeof *o);
     o->max_bytes = -1;
-    ks_store_default_dirs(o->dirs[KS_TIER_DISK], o->dirs[KS_TIER_SHM]);
+    ks_store_default_dirs(o->dirs[KS_TIER_DISK], NULL);
+    o->use[KS_TIER_DISK] = true;
     if (argc < 2) {
         usage(stderr);
         return 2;
@@ -144,8 +159,15 @@ static int parse(int argc, char **argv, opts *o) {
                 return 2;
             }
             snprintf(o->dirs[which == 0 ? KS_TIER_DISK : KS_TIER_SHM], KS_MAX_PATH, "%s", val);
+            if (which == 1) o->use[KS_TIER_SHM] = true;
         } else if (which == 2) {
             if (ks_cli_parse_size(CMD, "--max-bytes", val, &o->max_bytes)) return 2;
+            /* A tier's budget: the range of store.tiers.<tier>.max_bytes. */
+            if (o->max_bytes > KS_STORE_BYTES_MAX) {
+                fprintf(stderr, CMD ": --max-bytes must be a size in [0, %lldT] like 500M or 2G, got '%s'\n",
+                        (long long)(KS_STORE_BYTES_MAX >> 40), val);
+                return 2;
+            }
         } else if (strcmp(a, "--all") == 0) {
             o->all = true;
         } else if (a[0] == '-') {
@@ -165,11 +187,36 @@ static int parse(int argc, char **argv, opts *o) {
     return 0;
 }
 
-/* Opens a tier directory read-mostly; *t NULL when it does not exist.
- * Returns 0 or 1 (error printed). */
+/* Checks that every directory acted on exists and is a directory. Returns 0,
+ * 2 (missing or not a directory) or 1 (cannot be examined); message printed. */
+static int check_dirs(const opts *o) {
+    for (int t = KS_TIER_DISK; t >= KS_TIER_SHM; t--) {
+        struct stat sb;
+        const char *flag = t == KS_TIER_DISK ? "--cache-dir" : "--shm-dir";
+        if (!o->use[t]) continue;
+        if (stat(o->dirs[t], &sb) != 0) {
+            int e = errno;
+            if (e == ENOENT || e == ENOTDIR) {
+                fprintf(stderr, CMD " %s: %s %s: no such directory\n", o->sub, flag, o->dirs[t]);
+                return 2;
+            }
+            fprintf(stderr, CMD " %s: %s %s: %s\n", o->sub, flag, o->dirs[t], strerror(e));
+            return 1;
+        }
+        if (!S_ISDIR(sb.st_mode)) {
+            fprintf(stderr, CMD " %s: %s %s: not a directory\n", o->sub, flag, o->dirs[t]);
+            return 2;
+        }
+    }
+    return 0;
+}
+
+/* Opens a tier directory read-mostly; *t NULL when it is not acted on (or
+ * vanished since check_dirs). Returns 0 or 1 (error printed). */
 static int open_tier(const opts *o, int tier, unsigned flags, ks_tier **t) {
     char err[512] = "";
     *t = NULL;
+    if (!o->use[tier]) return 0;
     int rc = ks_tier_file_open((ks_tier_id)tier, o->dirs[tier], flags, NULL, t, err, sizeof err);
     if (rc == KS_ENOENT) return 0;
     if (rc != 0) {
@@ -242,6 +289,8 @@ static int cmd_ls(const opts *o) {
         fprintf(stderr, CMD " ls: --all is for rm\n");
         return 2;
     }
+    int rc = check_dirs(o);
+    if (rc) return rc;
     if (collect_all(o, &r, 0) != 0) {
         free(r.v);
         return 1;
@@ -291,10 +340,16 @@ static void count_dir(const char *dir, int *temps, int *quarantined) {
 
 static int cmd_stats(const opts *o) {
     uint64_t tot_b = 0, tot_e = 0;
+    int rc = check_dirs(o);
+    if (rc) return rc;
     printf("%-5s %8s %10s  %s\n", "TIER", "ENTRIES", "BYTES", "DETAIL");
     for (int t = KS_TIER_SHM; t <= KS_TIER_DISK; t++) {
         ks_tier *tier = NULL;
         rows r = {0};
+        if (!o->use[t]) {
+            printf("%-5s %8s %10s  not included (give --shm-dir DIR)\n", tier_str(t), "-", "-");
+            continue;
+        }
         if (open_tier(o, t, 0, &tier) != 0) return 1;
         if (!tier) {
             printf("%-5s %8s %10s  %s (absent)\n", tier_str(t), "-", "-", o->dirs[t]);
@@ -302,7 +357,7 @@ static int cmd_stats(const opts *o) {
         }
         r.tier = t;
         ks_tier_list(tier, collect, &r);
-        uint64_t b = 0, e = 0;
+        uint64_t b = 0, e = 0, skipped = atomic_load(&tier->n_skipped);
         ks_tier_usage(tier, &b, &e);
         ks_tier_close(tier);
         uint64_t by_reason[KS_REASON__N] = {0}, hits = 0, tokens = 0;
@@ -318,11 +373,13 @@ static int cmd_stats(const opts *o) {
         fmt_bytes(b, sz, sizeof sz);
         printf("%-5s %8llu %10s  %s\n", tier_str(t), (unsigned long long)e, sz, o->dirs[t]);
         printf("%-5s %8s %10s  tokens %llu, hits %llu; cold %llu, continued %llu, finish %llu, evict %llu, "
-               "shutdown %llu; temp files %d, quarantined %d\n",
+               "shutdown %llu; temp files %d, quarantined %d",
                "", "", "", (unsigned long long)tokens, (unsigned long long)hits,
                (unsigned long long)by_reason[0], (unsigned long long)by_reason[1],
                (unsigned long long)by_reason[2], (unsigned long long)by_reason[3],
                (unsigned long long)by_reason[4], temps, quar);
+        if (skipped) printf("; skipped %llu (not regular files)", (unsigned long long)skipped);
+        printf("\n");
         tot_b += b;
         tot_e += e;
     }
@@ -334,13 +391,16 @@ static int cmd_stats(const opts *o) {
 
 /* --------------------------------------------------------------- verify */
 typedef struct vstate {
-    int good, bad;
+    int good, bad, skipped;
 } vstate;
 
 static int verify_cb(void *ud, const char *path, int rc, const ks_kvfile_meta *m) {
     vstate *v = ud;
     if (rc == 0) {
         v->good++;
+    } else if (rc == KS_EINVAL) {
+        v->skipped++;
+        printf("skipped: %s: not a regular file\n", path);
     } else {
         v->bad++;
         printf("bad: %s: %s (%s)\n", path, ks_errname(rc), ks_strerror(rc));
@@ -349,16 +409,22 @@ static int verify_cb(void *ud, const char *path, int rc, const ks_kvfile_meta *m
 }
 
 static int cmd_verify(const opts *o) {
-    vstate v = {0, 0};
+    vstate v = {0, 0, 0};
+    int crc = check_dirs(o);
+    if (crc) return crc;
     for (int t = KS_TIER_SHM; t <= KS_TIER_DISK; t++) {
+        if (!o->use[t]) continue;
         int rc = ks_store_verify_dir(o->dirs[t], verify_cb, &v);
-        if (rc == KS_ENOENT) continue;
+        if (rc == KS_ENOENT) continue; /* vanished since check_dirs */
         if (rc < 0) {
-            fprintf(stderr, CMD " verify: %s: %s\n", o->dirs[t], ks_strerror(rc));
-            return 1;
+            fprintf(stderr, CMD " verify: %s: %s\n", o->dirs[t],
+                    rc == KS_EINVAL ? "not a directory" : ks_strerror(rc));
+            return rc == KS_EINVAL ? 2 : 1;
         }
     }
-    printf("%d files checked: %d good, %d bad\n", v.good + v.bad, v.good, v.bad);
+    printf("%d files checked: %d good, %d bad", v.good + v.bad, v.good, v.bad);
+    if (v.skipped) printf("; %d skipped (not regular files)", v.skipped);
+    printf("\n");
     return v.bad ? 1 : 0;
 }
 
@@ -386,6 +452,8 @@ static int cmd_gc(const opts *o) {
         fprintf(stderr, CMD " gc: takes no key prefix (use rm)\n");
         return 2;
     }
+    int rc = check_dirs(o);
+    if (rc) return rc;
     for (int t = KS_TIER_SHM; t <= KS_TIER_DISK; t++) {
         ks_tier *tier = NULL;
         /* CLEANUP: temp files of dead writers go, files with a bad header are
@@ -420,6 +488,8 @@ static int cmd_rm(const opts *o) {
         fprintf(stderr, CMD " rm: give either --all or a KEYPREFIX\n");
         return 2;
     }
+    int crc = check_dirs(o);
+    if (crc) return crc;
     int removed = 0, failed = 0;
     for (int t = KS_TIER_SHM; t <= KS_TIER_DISK; t++) {
         ks_tier *tier = NULL;

@@ -41,16 +41,19 @@
 
 #define CMD "kvstash serve"
 
+/* --slots and the YAML slots share one range (config.h); it is the scheduler's. */
+_Static_assert(KS_CONFIG_SLOTS_MAX == KS_MAX_SLOTS, "the slots range must be the scheduler's");
+
 static void usage(FILE *f) {
     fprintf(f,
             "usage: kvstash serve -m MODEL [options]\n"
             "  -m, --model PATH          GGUF model file (required here or as model: in --config)\n"
             "  --host ADDR               address to bind (default 127.0.0.1)\n"
             "  --port N                  TCP port; 0 picks a free one (default 8080)\n"
-            "  --slots N                 parallel sequences (default 4)\n"
-            "  --ctx N                   context per slot, tokens (default 4096)\n"
-            "  --batch N                 tokens per decode step (default 512)\n"
-            "  --threads N               CPU threads; 0 = all (default 0)\n"
+            "  --slots N                 parallel sequences, 1..256 (default 4)\n"
+            "  --ctx N                   context per slot, tokens, 64..16777216 (default 4096)\n"
+            "  --batch N                 tokens per decode step, 1..1048576 (default 512)\n"
+            "  --threads N               CPU threads, 0..4096; 0 = all (default 0)\n"
             "  --no-cache-prompt         never reuse a slot's KV (every prompt is prefilled)\n"
             "  --no-exact                decode generated tokens alone: faster decode, but cached and\n"
             "                            concurrent output may differ in the last bits (exact: false)\n"
@@ -72,7 +75,7 @@ static void usage(FILE *f) {
             "                            the server (CORS); repeatable, up to 16; * allows any origin\n"
             "                            (cors_origins; default: none, CORS off)\n"
             "  --max-queue N             requests waiting for a slot, 1..1000000; beyond: 503 (default 64)\n"
-            "  --max-body-bytes N        largest request body; beyond: 413 (default 16777216)\n"
+            "  --max-body-bytes N        largest request body, 1024..2^40; beyond: 413 (default 16777216)\n"
             "  --max-tokens N            max_tokens of requests that give none (default 2048;\n"
             "                            always capped by the context left after the prompt)\n"
             "  --alias NAME              model id in /v1/models and responses (default: the model's name)\n"
@@ -151,11 +154,23 @@ static int parse_flags(int argc, char **argv, flags *f) {
         switch (c) {
         case 'm': f->model = optarg; break;
         case O_HOST: f->host = optarg; break;
-        case O_PORT: if (ks_cli_parse_int(CMD, "--port", optarg, 0, 65535, &f->port)) return 2; break;
-        case O_SLOTS: if (ks_cli_parse_int(CMD, "--slots", optarg, 1, 256, &f->slots)) return 2; break;
-        case O_CTX: if (ks_cli_parse_int(CMD, "--ctx", optarg, 64, 1 << 24, &f->ctx)) return 2; break;
-        case O_BATCH: if (ks_cli_parse_int(CMD, "--batch", optarg, 1, 1 << 20, &f->batch)) return 2; break;
-        case O_THREADS: if (ks_cli_parse_int(CMD, "--threads", optarg, 0, 4096, &f->threads)) return 2; break;
+        /* The ranges of settings that are also YAML keys come from config.h. */
+        case O_PORT:
+            if (ks_cli_parse_int(CMD, "--port", optarg, KS_CONFIG_PORT_MIN, KS_CONFIG_PORT_MAX, &f->port)) return 2;
+            break;
+        case O_SLOTS:
+            if (ks_cli_parse_int(CMD, "--slots", optarg, KS_CONFIG_SLOTS_MIN, KS_CONFIG_SLOTS_MAX, &f->slots)) return 2;
+            break;
+        case O_CTX:
+            if (ks_cli_parse_int(CMD, "--ctx", optarg, KS_CONFIG_CTX_MIN, KS_CONFIG_CTX_MAX, &f->ctx)) return 2;
+            break;
+        case O_BATCH:
+            if (ks_cli_parse_int(CMD, "--batch", optarg, KS_CONFIG_BATCH_MIN, KS_CONFIG_BATCH_MAX, &f->batch)) return 2;
+            break;
+        case O_THREADS:
+            if (ks_cli_parse_int(CMD, "--threads", optarg, KS_CONFIG_THREADS_MIN, KS_CONFIG_THREADS_MAX, &f->threads))
+                return 2;
+            break;
         case O_NOCACHE: f->no_cache = true; break;
         case O_NOEXACT: f->no_exact = true; break;
         case O_KEY: f->api_key = optarg; break;
@@ -164,7 +179,11 @@ static int parse_flags(int argc, char **argv, flags *f) {
                                  &f->max_queue))
                 return 2;
             break;
-        case O_BODY: if (ks_cli_parse_ll(CMD, "--max-body-bytes", optarg, 1024, 1LL << 40, &f->max_body)) return 2; break;
+        case O_BODY:
+            if (ks_cli_parse_ll(CMD, "--max-body-bytes", optarg, KS_CONFIG_MAX_BODY_MIN, KS_CONFIG_MAX_BODY_MAX,
+                                &f->max_body))
+                return 2;
+            break;
         case O_MAXTOK: if (ks_cli_parse_int(CMD, "--max-tokens", optarg, 1, 1 << 24, &f->max_tokens)) return 2; break;
         case O_ALIAS: f->alias = optarg; break;
         case O_TIMEOUT: if (ks_cli_parse_int(CMD, "--timeout", optarg, 0, 86400, &f->timeout)) return 2; break;
@@ -197,7 +216,10 @@ static int parse_flags(int argc, char **argv, flags *f) {
         case O_IMC: f->imc = true; break;
         case O_SPC: f->spc = true; break;
         case O_CACHEDIR: f->cache_dir = optarg; break;
-        case O_CACHERAM: if (ks_cli_parse_int(CMD, "--cache-ram", optarg, 0, 1 << 24, &f->cache_ram)) return 2; break;
+        case O_CACHERAM: /* MiB: the range of store.tiers.ram.max_bytes */
+            if (ks_cli_parse_int(CMD, "--cache-ram", optarg, 0, (int)(KS_STORE_BYTES_MAX >> 20), &f->cache_ram))
+                return 2;
+            break;
         case O_CONFIG: f->config = optarg; break;
         case O_TEMPLATE: f->chat_template = optarg; break;
         case O_CORS: {

@@ -14,16 +14,16 @@
  *   model: /path/to/model.gguf
  *   host: 127.0.0.1
  *   port: 8080
- *   slots: 4                 # parallel sequences
- *   ctx: 4096                # context per slot, tokens
- *   batch: 512               # tokens per decode step
- *   threads: 0               # 0 = all CPUs
+ *   slots: 4                 # parallel sequences, 1..256
+ *   ctx: 4096                # context per slot, tokens, 64..16777216
+ *   batch: 512               # tokens per decode step, 1..1048576
+ *   threads: 0               # 0 = all CPUs, 0..4096
  *   cache_prompt: true       # same-slot prefix reuse
  *   exact: true              # decode lone tokens in pairs: cached == uncached, bit for bit
  *   affinity_min: 0.05       # min shared fraction to prefer a slot by prefix
  *   api_key: secret
  *   max_queue: 64            # requests waiting for a slot, 1..1000000
- *   max_body_bytes: 16777216
+ *   max_body_bytes: 16777216 # 1KiB..1TiB
  *   log: info                # debug|info|warn|error|off
  *   cors_origins: [http://localhost:5173]   # browser origins allowed (CORS); "*": any.
  *                            # Absent or []: CORS off. One origin may be given as a scalar.
@@ -32,8 +32,8 @@
  *       system_prompt_cache: true
  *       incremental_cache: true
  *       cache_min_tokens: 100
- *       slots: 3             # overrides the top-level slots for this model
- *       spc_max_bytes: 268435456
+ *       slots: 3             # overrides the top-level slots for this model (1..256)
+ *       spc_max_bytes: 268435456         # 0..1024TiB
  *   store:
  *     enabled: true                    # the full store (shm and disk tiers); see "Store modes"
  *     cache_dir: ~/.cache/kvstash      # disk tier directory
@@ -44,7 +44,7 @@
  *     shutdown_timeout_ms: 5000
  *     pin_share: 0.5                   # share of each tier's budget that pinned states (cache
  *                                      # breakpoints, store.h "Pins") may hold, 0..1
- *     tiers:
+ *     tiers:                           # max_bytes: 0..1024TiB (KS_STORE_BYTES_MAX)
  *       ram:  { max_bytes: 2GiB }      # also the RAM-only store's budget (--cache-ram)
  *       shm:  { max_bytes: 1073741824 }
  *       disk: { max_bytes: 10737418240 }
@@ -68,6 +68,8 @@
  *
  * An unknown key, a wrong type or an out-of-range value fails with a message
  * that names the key path ("models.default.cache_min_tokens: expected an integer").
+ * A setting that also has a flag has one range for both, from the constants
+ * below (cmd_serve.c parses the flags with them).
  *
  * Thread model: a ks_config is plain data, filled on the main thread before
  * the server starts, read-only afterwards.
@@ -84,6 +86,25 @@
 /* max_queue's range, the same for the YAML key and --max-queue. There is no
  * "no queue" value: 0 is refused rather than replaced by a default. */
 enum { KS_CONFIG_MAX_QUEUE_MIN = 1, KS_CONFIG_MAX_QUEUE_MAX = 1000000 };
+
+/* The ranges of the settings that are both a YAML key and a flag, inclusive:
+ * port (--port), slots and models.<name>.slots (--slots; the engine's and the
+ * scheduler's limit, KS_MAX_SLOTS), ctx (--ctx), batch (--batch), threads
+ * (--threads). */
+enum {
+    KS_CONFIG_PORT_MIN = 0, KS_CONFIG_PORT_MAX = 65535,
+    KS_CONFIG_SLOTS_MIN = 1, KS_CONFIG_SLOTS_MAX = 256,
+    KS_CONFIG_CTX_MIN = 64, KS_CONFIG_CTX_MAX = 1 << 24,
+    KS_CONFIG_BATCH_MIN = 1, KS_CONFIG_BATCH_MAX = 1 << 20,
+    KS_CONFIG_THREADS_MIN = 0, KS_CONFIG_THREADS_MAX = 4096,
+};
+/* max_body_bytes (--max-body-bytes): 1 KiB..1 TiB. The server buffers up to
+ * twice that plus 1 MiB before it stops reading a body: bounded here, that
+ * sum cannot overflow. */
+#define KS_CONFIG_MAX_BODY_MIN ((int64_t)1024)
+#define KS_CONFIG_MAX_BODY_MAX ((int64_t)1 << 40)
+/* Byte budgets (store.tiers.<tier>.max_bytes, --cache-ram in MiB,
+ * models.<name>.spc_max_bytes): 0..KS_STORE_BYTES_MAX (store_cfg.h, 1 PiB). */
 
 /* cors_origins (and --cors-origin): at most this many, each shorter than
  * KS_CONFIG_ORIGIN_MAX bytes. */

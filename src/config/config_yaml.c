@@ -185,6 +185,20 @@ static bool parse_bytes(const char *s, int64_t *out) {
     return false;
 }
 
+/* A byte count as the YAML may spell it: in the largest binary unit that
+ * divides it ("1KiB", "1TiB", "1024TiB"), else in bytes. */
+static void fmt_size(long long v, char *out, size_t n) {
+    static const char *const units[] = {"TiB", "GiB", "MiB", "KiB"};
+    for (int i = 0; i < 4; i++) {
+        long long u = 1LL << (10 * (4 - i));
+        if (v > 0 && v % u == 0) {
+            snprintf(out, n, "%lld%s", v / u, units[i]);
+            return;
+        }
+    }
+    snprintf(out, n, "%lld", v);
+}
+
 /* ------------------------------------------------------------ field tables */
 typedef enum { F_INT, F_BOOL, F_FLOAT, F_STR, F_PATH, F_BYTES, F_LOG } field_kind;
 
@@ -193,29 +207,29 @@ typedef struct field {
     field_kind kind;
     size_t off;  /* offset in the target struct */
     size_t size; /* for strings: buffer size */
-    long long lo, hi;
+    long long lo, hi; /* F_INT, F_FLOAT, F_BYTES: the range, inclusive */
 } field;
 
 #define FI(st, name, lo, hi) {#name, F_INT, offsetof(st, name), 0, lo, hi}
 #define FB(st, name) {#name, F_BOOL, offsetof(st, name), 0, 0, 0}
 #define FF(st, name, lo, hi) {#name, F_FLOAT, offsetof(st, name), 0, lo, hi}
 #define FS(st, name, kind) {#name, kind, offsetof(st, name), sizeof(((st *)0)->name), 0, 0}
-#define FY(st, name, lo) {#name, F_BYTES, offsetof(st, name), 0, lo, 0}
+#define FY(st, name, lo, hi) {#name, F_BYTES, offsetof(st, name), 0, lo, hi}
 
 static const field k_top_fields[] = {
     FS(ks_config, model, F_PATH),
     FS(ks_config, host, F_STR),
-    FI(ks_config, port, 0, 65535), /* 0: any free port */
-    FI(ks_config, slots, 1, 64),
-    FI(ks_config, ctx, 64, 1048576),
-    FI(ks_config, batch, 1, 65536),
-    FI(ks_config, threads, 0, 1024),
+    FI(ks_config, port, KS_CONFIG_PORT_MIN, KS_CONFIG_PORT_MAX), /* 0: any free port */
+    FI(ks_config, slots, KS_CONFIG_SLOTS_MIN, KS_CONFIG_SLOTS_MAX),
+    FI(ks_config, ctx, KS_CONFIG_CTX_MIN, KS_CONFIG_CTX_MAX),
+    FI(ks_config, batch, KS_CONFIG_BATCH_MIN, KS_CONFIG_BATCH_MAX),
+    FI(ks_config, threads, KS_CONFIG_THREADS_MIN, KS_CONFIG_THREADS_MAX),
     FB(ks_config, cache_prompt),
     FB(ks_config, exact),
     FF(ks_config, affinity_min, 0, 1),
     FS(ks_config, api_key, F_STR),
     FI(ks_config, max_queue, KS_CONFIG_MAX_QUEUE_MIN, KS_CONFIG_MAX_QUEUE_MAX),
-    FY(ks_config, max_body_bytes, 1),
+    FY(ks_config, max_body_bytes, KS_CONFIG_MAX_BODY_MIN, KS_CONFIG_MAX_BODY_MAX),
     FS(ks_config, log, F_LOG),
 };
 
@@ -223,8 +237,8 @@ static const field k_model_fields[] = {
     FB(ks_model_cache_cfg, system_prompt_cache),
     FB(ks_model_cache_cfg, incremental_cache),
     FI(ks_model_cache_cfg, cache_min_tokens, 0, 10000000),
-    FI(ks_model_cache_cfg, slots, 1, 64),
-    FY(ks_model_cache_cfg, spc_max_bytes, 0),
+    FI(ks_model_cache_cfg, slots, KS_CONFIG_SLOTS_MIN, KS_CONFIG_SLOTS_MAX),
+    FY(ks_model_cache_cfg, spc_max_bytes, 0, KS_STORE_BYTES_MAX),
 };
 
 static const field k_store_fields[] = {
@@ -250,7 +264,7 @@ static const field *find_field(const field *t, size_t n, const char *key) {
 static int set_field(walk *w, const char *path, const field *f, const yaml_node_t *vn, void *base) {
     char *dst = (char *)base + f->off;
     const char *s = scalar_of(vn);
-    char expected[96];
+    char expected[160];
     switch (f->kind) {
     case F_INT: {
         long long v;
@@ -273,9 +287,11 @@ static int set_field(walk *w, const char *path, const field *f, const yaml_node_
     }
     case F_BYTES: {
         int64_t v;
-        snprintf(expected, sizeof expected, "a byte size >= %lld (e.g. 268435456, 256MiB, 1GiB)",
-                 f->lo);
-        if (!s || !parse_bytes(s, &v) || v < f->lo) return type_error(w, path, vn, expected);
+        char lo[32], hi[32];
+        fmt_size(f->lo, lo, sizeof lo);
+        fmt_size(f->hi, hi, sizeof hi);
+        snprintf(expected, sizeof expected, "a byte size %s..%s (e.g. 268435456, 256MiB, 1GiB)", lo, hi);
+        if (!s || !parse_bytes(s, &v) || v < f->lo || v > f->hi) return type_error(w, path, vn, expected);
         *(int64_t *)dst = v;
         return 0;
     }
@@ -365,7 +381,7 @@ static int tier_pair(walk *w, const char *path, const char *key, yaml_node_t *kn
     if (strcmp(key, "max_bytes") != 0) return fail_unknown(w, path, key, kn);
     char full[512];
     join(full, sizeof full, path, key);
-    static const field f = {"max_bytes", F_BYTES, 0, 0, 0, 0};
+    static const field f = {"max_bytes", F_BYTES, 0, 0, 0, KS_STORE_BYTES_MAX};
     return set_field(w, full, &f, vn, max_bytes);
 }
 

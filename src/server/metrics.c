@@ -231,6 +231,10 @@ void ks_metrics_store(void *ud, ks_prom *p) {
     ks_prom_sample(p, "kvstash_store_saves_not_written_total", "cause", "failed", (double)st.failed_saves);
     ks_prom_counter(p, "kvstash_store_corrupt_files_total", "Bad files met (never restored).",
                     (double)st.corrupt_files);
+    ks_prom_counter(p, "kvstash_store_skipped_files_total",
+                    "Store file names that were not regular files (FIFO, socket, directory, symlink): skipped, "
+                    "never read.",
+                    (double)st.skipped_files);
     ks_prom_counter(p, "kvstash_store_pending_hits_total",
                     "Hits served from a save the writer had not written yet (read your own writes).",
                     (double)st.pending_hits);

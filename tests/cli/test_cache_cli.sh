@@ -2,8 +2,10 @@
 # CLI tests of `kvstash cache ls|stats|verify|gc|rm` on store directories filled
 # by real server runs (tiny model): listings match the files, verify names a
 # corrupted file and exits 1, gc enforces a budget and cleans up, rm removes,
-# bad usage exits 2 with a message. Every directory is inside our own temp dir
-# (--cache-dir and --shm-dir are always given: ~/.cache and /dev/shm are never used).
+# bad usage exits 2 with a message, a missing directory exits 2 naming it,
+# the shm tier is acted on only when --shm-dir names it. Every directory is
+# inside our own temp dir (--cache-dir is always given, and without --shm-dir
+# only read-only commands run: ~/.cache and /dev/shm are never used).
 set -uo pipefail
 BIN=${KS_BIN:?KS_BIN not set}
 MODEL=${KS_TINY_MODEL:?KS_TINY_MODEL not set}
@@ -66,16 +68,33 @@ chat() {
 nfiles() { find "$1" -maxdepth 1 -name '*.kvs' 2>/dev/null | wc -l; }
 dirbytes() { find "$1" -maxdepth 1 -name '*.kvs' -printf '%s\n' 2>/dev/null | awk '{s+=$1} END {print s+0}'; }
 
-# 0. Empty (absent) directories.
+# 0. Absent directories are an error naming them, not an empty cache (issue 13,
+# finding 9: a mistyped --cache-dir used to exit 0); a file given as a
+# directory is "not a directory" (finding 10: verify said "input/output error").
+for sub in ls stats verify gc rm; do
+    args=(); [ $sub = rm ] && args=(--all)
+    kc $sub "${args[@]}" >"$tmp/o" 2>"$tmp/e"; rc=$?
+    check "$sub on an absent --cache-dir: exit 2 ($rc)" test $rc -eq 2
+    check "$sub on an absent --cache-dir: names it" grep -q -- "--cache-dir $disk: no such directory" "$tmp/e"
+    mkdir -p "$disk"
+    kc $sub "${args[@]}" >"$tmp/o" 2>"$tmp/e"; rc=$?
+    check "$sub on an absent --shm-dir: exit 2 ($rc)" test $rc -eq 2
+    check "$sub on an absent --shm-dir: names it" grep -q -- "--shm-dir $shm: no such directory" "$tmp/e"
+    rmdir "$disk"
+    touch "$tmp/afile"
+    "$BIN" cache $sub "${args[@]}" --cache-dir "$tmp/afile" --shm-dir "$shm" >"$tmp/o" 2>"$tmp/e"; rc=$?
+    check "$sub on a file as --cache-dir: exit 2 ($rc)" test $rc -eq 2
+    check "$sub on a file as --cache-dir: not a directory" grep -q -- "--cache-dir $tmp/afile: not a directory" "$tmp/e"
+    check "$sub on a file as --cache-dir: no I/O error" test -z "$(grep -i 'input/output' "$tmp/e")"
+done
+mkdir -p "$disk" "$shm"
 kc ls >"$tmp/o" 2>"$tmp/e"; rc=$?
-check "ls on absent dirs: exit 0 ($rc)" test $rc -eq 0
-check "ls on absent dirs: says the cache is empty" grep -q "the cache is empty" "$tmp/e"
-kc stats >"$tmp/o" 2>"$tmp/e"; rc=$?
-check "stats on absent dirs: exit 0 ($rc)" test $rc -eq 0
-check "stats on absent dirs: (absent)" test "$(grep -c '(absent)' "$tmp/o")" -eq 2
+check "ls on empty dirs: exit 0 ($rc)" test $rc -eq 0
+check "ls on empty dirs: says the cache is empty" grep -q "the cache is empty" "$tmp/e"
 kc verify >"$tmp/o" 2>"$tmp/e"; rc=$?
-check "verify on absent dirs: exit 0 ($rc)" test $rc -eq 0
-check "verify on absent dirs: 0 files" grep -q "^0 files checked: 0 good, 0 bad$" "$tmp/o"
+check "verify on empty dirs: exit 0 ($rc)" test $rc -eq 0
+check "verify on empty dirs: 0 files" grep -q "^0 files checked: 0 good, 0 bad$" "$tmp/o"
+rmdir "$disk" "$shm"
 
 # 1. Fill the store: three conversations, then a clean shutdown.
 start_server 1
@@ -122,6 +141,23 @@ nomatch=$(printf '%s' "${k1:0:1}" | tr '0-9a-f' '1-9a-f0')0000000000000
 kc ls "$nomatch" >"$tmp/o" 2>"$tmp/e"; rc=$?
 check "ls with no match: exit 0, no rows, message ($rc)" \
     test $rc -eq 0 -a "$(tail -n +2 "$tmp/o" | wc -l)" -eq 0 -a -n "$(grep 'no entry matches' "$tmp/e")"
+
+# 3b. Without --shm-dir no shm directory is touched (issue 13, finding 9:
+# the default /dev/shm/kvstash-<uid> is shared by every server of the user):
+# only the disk tier is listed, and stats says the shm tier is not included.
+timeout 60 "$BIN" cache ls --cache-dir "$disk" >"$tmp/o" 2>"$tmp/e"; rc=$?
+check "ls without --shm-dir: exit 0 ($rc)" test $rc -eq 0
+check "ls without --shm-dir: the disk rows only ($nd)" \
+    test "$(tail -n +2 "$tmp/o" | wc -l)" -eq "$nd" -a "$(awk 'NR>1 && $4!="disk"' "$tmp/o" | wc -l)" -eq 0
+timeout 60 "$BIN" cache stats --cache-dir "$disk" >"$tmp/o" 2>"$tmp/e"; rc=$?
+check "stats without --shm-dir: exit 0 ($rc)" test $rc -eq 0
+check "stats without --shm-dir: shm not included" grep -Eq '^shm +- +- +not included \(give --shm-dir DIR\)$' "$tmp/o"
+check "stats without --shm-dir: no /dev/shm" test -z "$(grep /dev/shm "$tmp/o" "$tmp/e")"
+check "stats without --shm-dir: total is the disk's ($nd)" test "$(awk '$1=="total" {print $2}' "$tmp/o")" = "$nd"
+timeout 60 "$BIN" cache verify --cache-dir "$disk" >"$tmp/o" 2>"$tmp/e"; rc=$?
+check "verify without --shm-dir: the disk files only ($nd)" grep -q "^$nd files checked: $nd good, 0 bad$" "$tmp/o"
+"$BIN" cache --help >"$tmp/o" 2>&1
+check "--help says shm is only acted on with --shm-dir" grep -q "Without it no shm directory is touched" "$tmp/o"
 
 # 4. stats
 kc stats >"$tmp/st" 2>"$tmp/e"; rc=$?
@@ -219,6 +255,7 @@ usage_case "stats --all" "takes no key prefix" stats --all "${D[@]}"
 usage_case "gc with a prefix" "takes no key prefix" gc abc "${D[@]}"
 usage_case "bad --max-bytes" "--max-bytes must be a size" gc --max-bytes lots "${D[@]}"
 usage_case "--max-bytes nan" "--max-bytes must be a size" gc --max-bytes nan "${D[@]}"
+usage_case "--max-bytes beyond 1024T" "--max-bytes must be a size in \[0, 1024T\]" gc --max-bytes 1025T "${D[@]}"
 usage_case "missing value" "--cache-dir needs a value" ls --shm-dir "$shm" --cache-dir
 usage_case "empty directory" "--cache-dir: invalid directory" ls --cache-dir= --shm-dir "$shm"
 "$BIN" cache --help >"$tmp/o" 2>"$tmp/e"; rc=$?

@@ -41,14 +41,15 @@ after(async () => {
   if (root) rmSync(root, { recursive: true, force: true });
 });
 
-// A fresh directory with disk/ and shm/ tier paths and a config file.
+// A fresh directory with disk/ and shm/ tier paths and a config file. With
+// tiers.shm 0 the server never creates shm/ (shm is then null).
 async function storeDir(name, cfg = {}) {
   const d = path.join(root, name);
   mkdirSync(d);
   const disk = cfg.cacheDir ?? path.join(d, 'disk');
-  const shm = path.join(d, 'shm');
-  const config = await writeStoreConfig(path.join(d, 'kvstash.yaml'), { cacheDir: disk, shmDir: shm, ...cfg });
-  return { d, disk, shm, config };
+  const shmDir = path.join(d, 'shm');
+  const config = await writeStoreConfig(path.join(d, 'kvstash.yaml'), { cacheDir: disk, shmDir, ...cfg });
+  return { d, disk, shm: cfg.tiers?.shm === 0 ? null : shmDir, config };
 }
 
 // A system prompt of ~110 tokens whose first word differs per conversation, so
@@ -86,7 +87,10 @@ function assertStoreHit(r, atLeast, what) {
   assert.equal(r.timings.cache_n, c);
 }
 
-const cli = (sub, dirs, ...rest) => runBin(['cache', sub, '--cache-dir', dirs.disk, '--shm-dir', dirs.shm, ...rest]);
+// `kvstash cache SUB` on the test's directories (a missing one is an error:
+// the shm tier is named only when the server uses it).
+const cli = (sub, dirs, ...rest) =>
+  runBin(['cache', sub, '--cache-dir', dirs.disk, ...(dirs.shm ? ['--shm-dir', dirs.shm] : []), ...rest]);
 
 // ------------------------------------------------------------------------ 1
 test('restart: after SIGTERM a new process continues the conversation from the store', async () => {

@@ -320,7 +320,7 @@ static void test_unknown_keys(void **state) {
 static void test_wrong_types(void **state) {
     (void)state;
     expect_error("host: h\n\nport: abc\n", "'port' at line 3: expected an integer 0..65535, got 'abc'");
-    expect_error("slots: 2.5\n", "'slots' at line 1: expected an integer 1..64, got '2.5'");
+    expect_error("slots: 2.5\n", "'slots' at line 1: expected an integer 1..256, got '2.5'");
     expect_error("cache_prompt: maybe\n", "'cache_prompt' at line 1: expected true or false, got 'maybe'");
     expect_error("affinity_min: lots\n", "'affinity_min' at line 1: expected a number 0..1");
     expect_error("host: [a, b]\n", "'host' at line 1: expected a non-empty string, got a sequence");
@@ -341,11 +341,11 @@ static void test_out_of_range(void **state) {
     (void)state;
     expect_error("port: -1\n", "'port' at line 1: expected an integer 0..65535, got '-1'");
     expect_error("port: 65536\n", "'port' at line 1: expected an integer 0..65535, got '65536'");
-    expect_error("slots: 65\n", "'slots' at line 1: expected an integer 1..64");
-    expect_error("ctx: 63\n", "'ctx' at line 1: expected an integer 64..1048576");
-    expect_error("ctx: 99999999999999999999\n", "'ctx' at line 1: expected an integer 64..1048576");
-    expect_error("batch: 65537\n", "'batch' at line 1: expected an integer 1..65536");
-    expect_error("threads: -1\n", "'threads' at line 1: expected an integer 0..1024");
+    expect_error("slots: 257\n", "'slots' at line 1: expected an integer 1..256");
+    expect_error("ctx: 63\n", "'ctx' at line 1: expected an integer 64..16777216");
+    expect_error("ctx: 99999999999999999999\n", "'ctx' at line 1: expected an integer 64..16777216");
+    expect_error("batch: 1048577\n", "'batch' at line 1: expected an integer 1..1048576");
+    expect_error("threads: -1\n", "'threads' at line 1: expected an integer 0..4096");
     /* The scheduler used to turn max_queue <= 0 into 64 silently: refused here
      * as by --max-queue (one range, KS_CONFIG_MAX_QUEUE_MIN..MAX). */
     expect_error("max_queue: 0\n", "'max_queue' at line 1: expected an integer 1..1000000, got '0'");
@@ -354,9 +354,9 @@ static void test_out_of_range(void **state) {
     expect_error("affinity_min: 1.5\n", "'affinity_min' at line 1: expected a number 0..1, got '1.5'");
     expect_error("models:\n  x:\n    cache_min_tokens: 10000001\n",
                  "'models.x.cache_min_tokens' at line 3: expected an integer 0..10000000");
-    expect_error("models:\n  x:\n    slots: 0\n", "'models.x.slots' at line 3: expected an integer 1..64");
+    expect_error("models:\n  x:\n    slots: 0\n", "'models.x.slots' at line 3: expected an integer 1..256");
     expect_error("store:\n  tiers:\n    disk: { max_bytes: -1 }\n",
-                 "'store.tiers.disk.max_bytes' at line 3: expected a byte size >= 0");
+                 "'store.tiers.disk.max_bytes' at line 3: expected a byte size 0..1024TiB");
     expect_error("log: verbose\n", "'log' at line 1: expected one of debug|info|warn|error|off, got 'verbose'");
     expect_error("store:\n  pin_share: 1.01\n", "'store.pin_share' at line 2: expected a number 0..1, got '1.01'");
     expect_error("store:\n  pin_share: -0.5\n", "'store.pin_share' at line 2: expected a number 0..1");
@@ -389,9 +389,52 @@ static void test_size_suffixes(void **state) {
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char yaml[128];
         snprintf(yaml, sizeof yaml, "store:\n  tiers:\n    ram:\n      max_bytes: '%s'\n", bad[i]);
-        expect_error(yaml, "'store.tiers.ram.max_bytes' at line 4: expected a byte size >= 0");
+        expect_error(yaml, "'store.tiers.ram.max_bytes' at line 4: expected a byte size 0..1024TiB");
     }
-    expect_error("max_body_bytes: 0\n", "'max_body_bytes' at line 1: expected a byte size >= 1");
+    expect_error("max_body_bytes: 0\n", "'max_body_bytes' at line 1: expected a byte size 1KiB..1TiB");
+}
+
+/* Issue 13, findings 7 and 10: every numeric setting that is also a flag has
+ * the flag's range (config.h, one constant for both; tests/cli/
+ * test_serve_ranges.sh checks the flags), and a size has an upper bound, so
+ * a huge max_body_bytes is a config error naming the key instead of an
+ * overflow of the server's max_body * 2 + 1 MiB. */
+static void test_ranges_match_flags(void **state) {
+    (void)state;
+    ks_config c;
+    ks_config_defaults(&c);
+    /* slots: --slots takes 1..256; the file used to stop at 64 */
+    load_ok(&c, "slots: 256\nmodels:\n  m: { slots: 256 }\n");
+    assert_int_equal(c.slots, 256);
+    assert_int_equal(c.models[0].slots, 256);
+    assert_int_equal(KS_CONFIG_SLOTS_MAX, 256);
+    load_ok(&c, "ctx: 16777216\nbatch: 1048576\nthreads: 4096\nport: 65535\n");
+    assert_int_equal(c.ctx, KS_CONFIG_CTX_MAX);
+    assert_int_equal(c.batch, KS_CONFIG_BATCH_MAX);
+    assert_int_equal(c.threads, KS_CONFIG_THREADS_MAX);
+    assert_int_equal(c.port, KS_CONFIG_PORT_MAX);
+    /* max_body_bytes: --max-body-bytes takes 1024..2^40 */
+    load_ok(&c, "max_body_bytes: 1TiB\n");
+    assert_int_equal(c.max_body_bytes, KS_CONFIG_MAX_BODY_MAX);
+    load_ok(&c, "max_body_bytes: 1024\n");
+    assert_int_equal(c.max_body_bytes, KS_CONFIG_MAX_BODY_MIN);
+    expect_error("max_body_bytes: 1023\n",
+                 "'max_body_bytes' at line 1: expected a byte size 1KiB..1TiB "
+                 "(e.g. 268435456, 256MiB, 1GiB), got '1023'");
+    expect_error("max_body_bytes: 1099511627777\n", "'max_body_bytes' at line 1: expected a byte size 1KiB..1TiB");
+    expect_error("max_body_bytes: 9223372036854775807\n", "'max_body_bytes' at line 1: expected a byte size");
+    expect_error("max_body_bytes: 8000000TiB\n", "'max_body_bytes' at line 1: expected a byte size");
+    expect_error("max_body_bytes: 99999999999999999999999\n", "'max_body_bytes' at line 1: expected a byte size");
+    /* byte budgets: 0..KS_STORE_BYTES_MAX (--cache-ram takes the same in MiB) */
+    load_ok(&c, "store:\n  enabled: false\n  tiers: { ram: { max_bytes: 1024TiB } }\n");
+    assert_int_equal(c.store.tier_max_bytes[KS_TIER_RAM], KS_STORE_BYTES_MAX);
+    expect_error("store:\n  tiers:\n    ram: { max_bytes: 1025TiB }\n",
+                 "'store.tiers.ram.max_bytes' at line 3: expected a byte size 0..1024TiB (e.g. 268435456, "
+                 "256MiB, 1GiB), got '1025TiB'");
+    expect_error("store:\n  tiers:\n    disk: { max_bytes: 9223372036854775807 }\n",
+                 "'store.tiers.disk.max_bytes' at line 3: expected a byte size 0..1024TiB");
+    expect_error("models:\n  x: { spc_max_bytes: 2048TiB }\n",
+                 "'models.x.spc_max_bytes' at line 2: expected a byte size 0..1024TiB");
 }
 
 static void test_paths_expand(void **state) {
@@ -573,6 +616,7 @@ int main(void) {
         cmocka_unit_test(test_wrong_types),
         cmocka_unit_test(test_out_of_range),
         cmocka_unit_test(test_size_suffixes),
+        cmocka_unit_test(test_ranges_match_flags),
         cmocka_unit_test(test_paths_expand),
         cmocka_unit_test(test_store_enabled_rule),
         cmocka_unit_test(test_store_plan),

@@ -1,7 +1,8 @@
 /* test_kvfile.c — the kvfile format (src/cache/kvfile.c): round trip, every
  * flipped byte and every truncation refused, version and identity checks,
  * trailer updates (hits, pins) that keep the checksum valid, files of the
- * layout before pins still read. */
+ * layout before pins still read, names that are not regular files refused
+ * without blocking or following. */
 #include <dirent.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -12,7 +13,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -418,8 +421,8 @@ static void test_versions_and_limits(void **state) {
     x = e;
     x.n_tokens = 4;
     assert_int_equal(ks_kvfile_read(f->path, &x, NULL, NULL, NULL), KS_EMISMATCH);
-    /* not a regular file, missing file */
-    assert_int_equal(ks_kvfile_read(f->dir, NULL, NULL, NULL, NULL), KS_ECORRUPT);
+    /* not a regular file (test_special_files_refused has the others), missing file */
+    assert_int_equal(ks_kvfile_read(f->dir, NULL, NULL, NULL, NULL), KS_EINVAL);
     char missing[PATH_MAX];
     snprintf(missing, sizeof missing, "%s/nope.kvs", f->dir);
     assert_int_equal(ks_kvfile_read(missing, NULL, NULL, NULL, NULL), KS_ENOENT);
@@ -565,6 +568,74 @@ static void test_file_before_pins_reads(void **state) {
     free(cur);
 }
 
+/* Issue 13, finding 2: a FIFO (or socket, directory, symlink) under a kvfile
+ * name made the readers block in open() until a writer came. Every reader
+ * and touch now refuses it with KS_EINVAL at once, without reading a byte.
+ * An alarm turns a hang back into a failure. */
+static void test_special_files_refused(void **state) {
+    fx *f = *state;
+    write_ok(f); /* a real kvfile, the target of the symlink */
+    char fifo[PATH_MAX], dir[PATH_MAX], sock[PATH_MAX], link_[PATH_MAX];
+    snprintf(fifo, sizeof fifo, "%s/%064d.kvs", f->dir, 1);
+    snprintf(dir, sizeof dir, "%s/%064d.kvs", f->dir, 2);
+    snprintf(sock, sizeof sock, "%s/%064d.kvs", f->dir, 3);
+    snprintf(link_, sizeof link_, "%s/%064d.kvs", f->dir, 4);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    assert_int_equal(mkdir(dir, 0700), 0);
+    int sfd = socket(AF_UNIX, SOCK_STREAM, 0);
+    assert_true(sfd >= 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    bool have_sock = strlen(sock) < sizeof sa.sun_path;
+    if (have_sock) {
+        memcpy(sa.sun_path, sock, strlen(sock) + 1);
+        assert_int_equal(bind(sfd, (struct sockaddr *)&sa, sizeof sa), 0);
+    }
+    assert_int_equal(symlink(f->path, link_), 0);
+    const char *paths[] = {fifo, dir, link_, sock};
+    alarm(20);
+    for (int i = 0; i < (have_sock ? 4 : 3); i++) {
+        ks_kvfile_meta m;
+        ks_kvfile_expect e = expect_all(f);
+        uint8_t *buf = NULL;
+        size_t cap = 0;
+        int32_t *toks = NULL;
+        uint8_t *payload = NULL;
+        if (ks_kvfile_read_meta(paths[i], &m) != KS_EINVAL) fail_msg("read_meta(%s): not KS_EINVAL", paths[i]);
+        if (ks_kvfile_read(paths[i], &e, &m, &toks, &payload) != KS_EINVAL) fail_msg("read(%s)", paths[i]);
+        assert_null(toks);
+        assert_null(payload);
+        if (ks_kvfile_read_buf(paths[i], &e, &m, &buf, &cap) != KS_EINVAL) fail_msg("read_buf(%s)", paths[i]);
+        free(buf);
+        if (ks_kvfile_touch(paths[i], 1, 1, 0) != KS_EINVAL) fail_msg("touch(%s)", paths[i]);
+    }
+    alarm(0);
+    close(sfd);
+}
+
+/* Issue 13, finding 10: touch (the hit statistics written back into the
+ * trailer) followed symlinks: a link named like a kvfile got its target's
+ * trailer rewritten. It is refused now, and the target keeps its bytes. */
+static void test_touch_does_not_follow_symlinks(void **state) {
+    fx *f = *state;
+    write_ok(f);
+    size_t n0, n1;
+    uint8_t *before = slurp(f->path, &n0);
+    char link_[PATH_MAX];
+    snprintf(link_, sizeof link_, "%s/%064d.kvs", f->dir, 7);
+    assert_int_equal(symlink(f->path, link_), 0);
+    assert_int_equal(ks_kvfile_touch(link_, 1900000000000000ll, 42, 1990000000000000ll), KS_EINVAL);
+    uint8_t *after = slurp(f->path, &n1);
+    assert_int_equal(n0, n1);
+    assert_memory_equal(before, after, n0);
+    free(before);
+    free(after);
+    /* the file itself is still touched */
+    assert_int_equal(ks_kvfile_touch(f->path, 1900000000000000ll, 42, 0), 0);
+    ks_kvfile_meta m;
+    assert_int_equal(ks_kvfile_read_meta(f->path, &m), 0);
+    assert_int_equal(m.hits, 42);
+}
+
 static void test_write_errors(void **state) {
     fx *f = *state;
     char missing[PATH_MAX];
@@ -588,6 +659,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_pin_in_trailer, setup, teardown),
         cmocka_unit_test_setup_teardown(test_file_before_pins_reads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_write_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_special_files_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_touch_does_not_follow_symlinks, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

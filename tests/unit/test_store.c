@@ -1,7 +1,8 @@
 /* test_store.c — the persistent tiered store (src/cache/store.c, tier_*.c):
  * tiers by reason, longest-prefix lookup, LRU budgets, restarts, two stores on
  * one directory, corrupt / version-bumped / foreign files, the save queue,
- * pins (protection, share of the budget, expiry, files, other processes). */
+ * pins (protection, share of the budget, expiry, files, other processes),
+ * names that are not regular files. */
 #include <dirent.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -739,6 +740,8 @@ static void test_verify_dir_and_stale_temps(void **state) {
     assert_int_equal(ks_store_verify_dir(f->disk, verify_cb, counts), 1);
     assert_int_equal(counts[1], 1);
     assert_int_equal(ks_store_verify_dir("/nonexistent/ks", NULL, NULL), KS_ENOENT);
+    /* issue 13, finding 10: a file given as the directory is not an I/O error */
+    assert_int_equal(ks_store_verify_dir(p8, NULL, NULL), KS_EINVAL);
 
     /* temp files: a dead writer's is removed at open, ours is not */
     pid_t child = fork();
@@ -763,6 +766,94 @@ static void test_verify_dir_and_stale_temps(void **state) {
     assert_int_equal(st.tier_entries[KS_TIER_DISK], 2);
     ks_store_close(s);
     unlink(mine);
+}
+
+typedef struct vcount {
+    int good, bad, skipped;
+} vcount;
+
+static int verify_count(void *ud, const char *path, int rc, const ks_kvfile_meta *m) {
+    vcount *v = ud;
+    if (rc == 0) v->good++;
+    else if (rc == KS_EINVAL) v->skipped++;
+    else v->bad++;
+    return 0;
+}
+
+static bool is_fifo(const char *path) {
+    struct stat sb;
+    return lstat(path, &sb) == 0 && S_ISFIFO(sb.st_mode);
+}
+
+/* Issue 13, finding 2: a FIFO named like a store file hung the store: at
+ * open (the server never became ready) and at a rescan (lookups run on the
+ * inference thread: every generation stopped). Names that are not regular
+ * files (FIFO, directory, symlink) are skipped now, counted once each in
+ * skipped_files, never moved to quarantine; saves and lookups go on. An
+ * alarm turns a hang back into a failure. */
+static void test_special_files_skipped(void **state) {
+    fx *f = *state;
+    ks_store_params p = params_for(f, 1, 1);
+    ks_store *s = open_store(&p);
+    save_sync(s, KS_REASON_COLD, f->toks, 8, 500, 1);       /* disk */
+    save_sync(s, KS_REASON_CONTINUED, f->toks, 12, 500, 2); /* shm */
+    ks_store_close(s);
+    char d16[PATH_MAX], s16[PATH_MAX], d20[PATH_MAX], d28[PATH_MAX], d24[PATH_MAX], d8[PATH_MAX];
+    file_of(f, f->disk, &p, 16, d16);
+    file_of(f, f->shm, &p, 16, s16);
+    file_of(f, f->disk, &p, 20, d20);
+    file_of(f, f->disk, &p, 28, d28);
+    file_of(f, f->disk, &p, 24, d24);
+    file_of(f, f->disk, &p, 8, d8);
+    assert_int_equal(mkfifo(d16, 0600), 0);
+    assert_int_equal(mkfifo(s16, 0600), 0);
+    assert_int_equal(symlink(d8, d20), 0); /* a valid kvfile behind it, under another name */
+    assert_int_equal(mkdir(d28, 0700), 0);
+    alarm(60);
+
+    /* at open */
+    s = open_store(&p);
+    struct ks_store_stats st;
+    ks_store_stats(s, &st);
+    assert_int_equal(st.skipped_files, 4);
+    assert_int_equal(st.corrupt_files, 0);
+    assert_int_equal(st.tier_entries[KS_TIER_DISK], 1);
+    assert_int_equal(st.tier_entries[KS_TIER_SHM], 1);
+    expect_hit(s, f->toks, 64, -1, 12, KS_TIER_SHM);
+    expect_hit(s, f->toks, 64, 11, 8, KS_TIER_DISK);
+
+    /* at run time: a new FIFO, then a rescan by the next lookup */
+    assert_int_equal(mkfifo(d24, 0600), 0);
+    expect_hit(s, f->toks, 64, -1, 12, KS_TIER_SHM);
+    ks_store_stats(s, &st);
+    assert_int_equal(st.skipped_files, 5);
+    /* counted once while they stay, however often the directory is scanned */
+    save_sync(s, KS_REASON_COLD, f->toks, 36, 500, 3);
+    expect_hit(s, f->toks, 64, -1, 36, KS_TIER_DISK);
+    assert_int_equal(ks_store_gc(s), 0);
+    ks_store_stats(s, &st);
+    assert_int_equal(st.skipped_files, 5);
+
+    /* an indexed file replaced by a FIFO: a miss, not a hang */
+    assert_int_equal(unlink(d8), 0);
+    assert_int_equal(mkfifo(d8, 0600), 0);
+    expect_hit(s, f->toks, 64, 11, 0, KS_TIER_NONE);
+    ks_store_stats(s, &st);
+    assert_int_equal(st.skipped_files, 6);
+    assert_int_equal(st.corrupt_files, 0);
+
+    /* a save whose name is taken by a FIFO fails; the FIFO stays */
+    assert_int_equal(ks_store_save(s, KS_REASON_COLD, f->toks, 16, mkpayload(500, 4), 500, true), KS_EIO);
+    ks_store_close(s);
+    assert_true(is_fifo(d16) && is_fifo(s16) && is_fifo(d24) && is_fifo(d8));
+
+    /* verify: skipped, not bad */
+    vcount v = {0, 0, 0};
+    assert_int_equal(ks_store_verify_dir(f->disk, verify_count, &v), 0);
+    assert_int_equal(v.good, 1); /* the 36-token state */
+    assert_int_equal(v.bad, 0);
+    assert_int_equal(v.skipped, 5);
+    alarm(0);
 }
 
 static void test_open_errors(void **state) {
@@ -1057,6 +1148,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_gc_enforces_shrunk_budget, setup, teardown),
         cmocka_unit_test_setup_teardown(test_verify_dir_and_stale_temps, setup, teardown),
         cmocka_unit_test_setup_teardown(test_open_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_special_files_skipped, setup, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_lookups, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pin_protects, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pin_expires, setup, teardown),

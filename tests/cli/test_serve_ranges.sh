@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Regression test for issue 13, findings 7 and 10: every numeric setting of
+# `kvstash serve` that is both a flag and a YAML key accepts the same range
+# in both (config.h holds one constant for each), and a size too large for
+# the server's arithmetic is refused with a message naming the flag or key.
+#
+# No model is loaded: without -m, an accepted value gets as far as "no model"
+# (exit 2), a refused one stops at its range error (exit 2, another message).
+set -uo pipefail
+BIN=${KS_BIN:?KS_BIN not set}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+check() { # name, condition...
+    local name=$1; shift
+    if "$@"; then echo "ok   - $name"; else echo "FAIL - $name"; fails=$((fails + 1)); fi
+}
+
+# run KIND ARG: `kvstash serve` with the flag ARG (KIND flag, "--x=V") or
+# with a --config file holding ARG (KIND yaml); its stderr in $tmp/e.
+run() { # kind, arg
+    if [ "$1" = flag ]; then
+        timeout 20 "$BIN" serve "$2" >/dev/null 2>"$tmp/e"
+    else
+        printf '%s\n' "$2" >"$tmp/c.yaml"
+        timeout 20 "$BIN" serve --config "$tmp/c.yaml" >/dev/null 2>"$tmp/e"
+    fi
+}
+accepted() { # kind, arg
+    run "$1" "$2"; local rc=$? a=${2//$'\n'/ | }
+    check "$1 '$a' accepted (rc $rc: $(head -c 160 "$tmp/e" | head -1))" grep -q "no model" "$tmp/e"
+}
+refused() { # kind, arg, what the message must name
+    run "$1" "$2"; local rc=$? a=${2//$'\n'/ | }
+    check "$1 '$a' refused naming $3 (rc $rc: $(head -1 "$tmp/e"))" \
+        test $rc -eq 2 -a -n "$(grep -F -- "$3" "$tmp/e")" -a -z "$(grep 'no model' "$tmp/e")"
+}
+
+# flag, YAML key, lowest, highest: both must take exactly [lo, hi].
+while read -r flag key lo hi; do
+    accepted flag "--$flag=$lo"
+    accepted flag "--$flag=$hi"
+    refused flag "--$flag=$((lo - 1))" "--$flag"
+    refused flag "--$flag=$((hi + 1))" "--$flag"
+    accepted yaml "$key: $lo"
+    accepted yaml "$key: $hi"
+    refused yaml "$key: $((lo - 1))" "'$key'"
+    refused yaml "$key: $((hi + 1))" "'$key'"
+done <<'EOF'
+port port 0 65535
+slots slots 1 256
+ctx ctx 64 16777216
+batch batch 1 1048576
+threads threads 0 4096
+max-queue max_queue 1 1000000
+max-body-bytes max_body_bytes 1024 1099511627776
+EOF
+
+# models.<name>.slots: the --slots range too.
+accepted yaml $'models:\n  default: { slots: 256 }'
+refused yaml $'models:\n  default: { slots: 257 }' "'models.default.slots'"
+
+# --cache-ram is in MiB, store.tiers.ram.max_bytes in bytes: the same bytes.
+accepted flag "--cache-ram=1073741824"
+refused flag "--cache-ram=1073741825" "--cache-ram"
+accepted yaml $'store:\n  enabled: false\n  tiers: { ram: { max_bytes: 1024TiB } }'
+refused yaml $'store:\n  enabled: false\n  tiers: { ram: { max_bytes: 1025TiB } }' "'store.tiers.ram.max_bytes'"
+
+# Sizes far beyond any range: a config error naming the key, not an overflow.
+refused yaml "max_body_bytes: 9223372036854775807" "'max_body_bytes'"
+refused yaml "max_body_bytes: 8EiB" "'max_body_bytes'"
+refused flag "--max-body-bytes=9223372036854775807" "--max-body-bytes"
+refused yaml $'store:\n  tiers: { disk: { max_bytes: 9223372036854775807 } }' "'store.tiers.disk.max_bytes'"
+
+if [ $fails -ne 0 ]; then echo "$fails check(s) failed"; exit 1; fi
+echo "all checks passed"
