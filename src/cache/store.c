@@ -200,6 +200,12 @@ done:
     return 0;
 }
 
+void ks_store_prewarm(ks_store *s, size_t bytes) {
+    if (!s) return;
+    for (int t = 0; t < KS_TIER__N; t++)
+        if (t != KS_TIER_RAM && s->tiers[t]) ks_tier_file_prewarm(s->tiers[t], bytes);
+}
+
 void ks_store_close(ks_store *s) {
     if (!s) return;
     if (s->writer_started) {

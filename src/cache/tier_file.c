@@ -84,6 +84,23 @@ static void spare_put(ks_tier *t, void *buf, size_t cap) {
     free(buf);
 }
 
+void ks_tier_file_prewarm(ks_tier *t, size_t bytes) {
+    if (!t || t->id == KS_TIER_RAM || bytes == 0) return;
+    if (bytes > SPARE_MAX) bytes = SPARE_MAX;
+    file_tier *ft = (file_tier *)t;
+    pthread_mutex_lock(&ft->spare_mu);
+    bool have = ft->spare && ft->spare_cap >= bytes;
+    pthread_mutex_unlock(&ft->spare_mu);
+    if (have) return;
+    uint8_t *buf = malloc(bytes);
+    if (!buf) return;
+    /* touch every page now: a fresh buffer's first fill costs ~12 us a page in
+     * faults (docs/LLAMA_FACTS.md), ~70 ms for a 22 MB state */
+    for (size_t i = 0; i < bytes; i += 4096) buf[i] = 0;
+    buf[bytes - 1] = 0;
+    spare_put(t, buf, bytes);
+}
+
 /* ks_tier_blob.release_ of the blobs file_get hands out: the read buffer
  * goes back to its tier (which is still open: tier.h). */
 static void blob_release(ks_tier_blob *b) { spare_put(b->pool_, b->owner_, b->cap_); }

@@ -339,6 +339,8 @@ static int open_store(const ks_config *c, const ks_store_cfg *sc, const ks_engin
     sp.state_version = ks_engine_state_version();
     rc = ks_store_open(&sp, out, err, sizeof err);
     if (rc) fprintf(stderr, CMD ": cannot open the KV store: %s\n", err[0] ? err : ks_strerror(rc));
+    /* warm start: the file tiers' read buffers faulted in before /health */
+    else ks_store_prewarm(*out, ks_engine_state_bytes_max(e));
     return rc;
 }
 

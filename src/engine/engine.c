@@ -353,6 +353,12 @@ int ks_engine_open(const ks_engine_params *p, ks_engine **out, char *err, size_t
     int n_threads = p->n_threads > 0 ? p->n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (n_threads < 1) n_threads = 1;
 
+    if ((uint64_t)n_ctx_seq * (uint64_t)p->n_seq > INT32_MAX) {
+        ks_set_err(err, errlen, "a context of %d tokens x %d sequences is more than llama.cpp can hold",
+                   n_ctx_seq, p->n_seq);
+        rc = KS_EINVAL;
+        goto fail;
+    }
     struct llama_context_params cp = llama_context_default_params();
     cp.n_ctx = (uint32_t)n_ctx_seq * (uint32_t)p->n_seq;
     cp.n_batch = (uint32_t)n_batch;
@@ -465,6 +471,18 @@ char *ks_engine_meta_dump(const ks_engine *e) {
 
 bool ks_engine_batch_invariant(const ks_engine *e) { return e->invariant; }
 bool ks_engine_flash_attn(const ks_engine *e) { return e->flash_attn; }
+
+size_t ks_engine_state_bytes_max(const ks_engine *e) {
+    /* K and V of every layer for every cell of a sequence, plus the blob's
+     * headers and token list: the bytes a full slot's state takes */
+    int32_t n_layer = llama_model_n_layer(e->model), n_head = llama_model_n_head(e->model);
+    int32_t n_head_kv = llama_model_n_head_kv(e->model), n_embd = llama_model_n_embd(e->model);
+    if (n_layer <= 0 || n_head <= 0 || n_head_kv <= 0 || n_embd <= 0) return 0;
+    size_t kv = (size_t)(n_embd / n_head) * (size_t)n_head_kv;
+    size_t per_tok = (size_t)n_layer * kv * (ggml_type_size((enum ggml_type)e->type_k) +
+                                              ggml_type_size((enum ggml_type)e->type_v)) + 16;
+    return per_tok * (size_t)e->n_ctx_seq + 4096;
+}
 
 const char *ks_engine_exact_mode(const ks_engine *e, bool exact) {
     if (!exact) return "off";

@@ -96,6 +96,9 @@ bool ks_engine_flash_attn(const ks_engine *e);
  * /props: "batch-invariant" (one row per generated token), "pairs" (the
  * fallback of step.c), "off" (exact false, or a memory pairs cannot trim). */
 const char *ks_engine_exact_mode(const ks_engine *e, bool exact);
+/* About the bytes of a full sequence's state (n_ctx_seq tokens), from the
+ * model's shape; 0 when it cannot tell. For warm-start buffers. */
+size_t ks_engine_state_bytes_max(const ks_engine *e);
 /* Milliseconds the open-time warm-up (and probe) took. */
 double ks_engine_warm_ms(const ks_engine *e);
 /* The CPU backend in use: "kvstash-ggml-cpu-r<N>-<variant>" (setup's patched

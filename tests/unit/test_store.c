@@ -433,6 +433,37 @@ static void test_file_reads_reuse_a_buffer(void **state) {
     ks_store_close(s);
 }
 
+/* Warm start: after ks_store_prewarm (the file tier's read buffer made up
+ * front, pages faulted in) reads still carry their own entry's data, the
+ * buffer is reused, and a hit larger than it gets a buffer of its own. (What
+ * it saves — page faults on a new process's first restore — is measured in
+ * docs/BENCHMARKS.md, not here.) */
+static void test_prewarm_keeps_reads_correct(void **state) {
+    fx *f = *state;
+    ks_store_params p = params_for(f, 1, 1);
+    ks_store *s = open_store(&p);
+    save_sync(s, KS_REASON_COLD, f->toks, 8, 3000, 1);  /* disk */
+    save_sync(s, KS_REASON_COLD, f->toks, 12, 9000, 2); /* disk, larger than the buffer */
+    ks_store_close(s);
+    s = open_store(&p); /* a new process: nothing read yet */
+    ks_store_prewarm(s, 4096);
+    ks_store_hit a, b;
+    assert_int_equal(ks_store_lookup(s, f->toks, 9, -1, &a), 0);
+    expect_payload(&a, 3000, 1);
+    const uint8_t *warm = a.payload;
+    ks_store_hit_free(&a);
+    ks_store_prewarm(s, 4096); /* the tier keeps it: a no-op */
+    assert_int_equal(ks_store_lookup(s, f->toks, 9, -1, &a), 0);
+    assert_ptr_equal(a.payload, warm);
+    assert_int_equal(ks_store_lookup(s, f->toks, 13, -1, &b), 0);
+    expect_payload(&b, 9000, 2);
+    assert_ptr_not_equal(b.payload, warm);
+    ks_store_hit_free(&b);
+    ks_store_hit_free(&a);
+    ks_store_prewarm(NULL, 4096); /* no store: no-op */
+    ks_store_close(s);
+}
+
 static void test_two_stores_one_dir(void **state) {
     fx *f = *state;
     ks_store_params p = params_for(f, 1, 1);
@@ -1140,6 +1171,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_lru_budget_per_tier, setup, teardown),
         cmocka_unit_test_setup_teardown(test_restart, setup, teardown),
         cmocka_unit_test_setup_teardown(test_file_reads_reuse_a_buffer, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_prewarm_keeps_reads_correct, setup, teardown),
         cmocka_unit_test_setup_teardown(test_two_stores_one_dir, setup, teardown),
         cmocka_unit_test_setup_teardown(test_corrupt_file_is_a_miss, setup, teardown),
         cmocka_unit_test_setup_teardown(test_state_version_bump, setup, teardown),
