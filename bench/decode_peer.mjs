@@ -34,6 +34,7 @@
 //  - Reported: the median over the rounds, with the min and max.
 import fs from 'node:fs';
 import path from 'node:path';
+import { median, words, label, streamChat } from './peer_lib.mjs';
 
 const argv = process.argv.slice(2);
 const urls = [];
@@ -58,96 +59,23 @@ const num = (k, d) => {
 if (!urls.length) die('usage: node bench/decode_peer.mjs URL [URL ...] [--name LABEL ...] [--rounds N] [--max-tokens N] [--prompt-words N] [--out DIR]');
 const ROUNDS = num('rounds', 5), MT = num('max-tokens', 128), PW = num('prompt-words', 32);
 
-const now = () => performance.now();
-function median(xs) {
-  const v = xs.filter(Number.isFinite).sort((a, b) => a - b);
-  if (!v.length) return NaN;
-  const h = v.length >> 1;
-  return v.length % 2 ? v[h] : (v[h - 1] + v[h]) / 2;
-}
 const f = (x, d = 1) => (Number.isFinite(x) ? x.toFixed(d) : '–');
-
-// Words that are one token each in the bench model (its vocabulary is a word
-// list); any model takes them as plain English.
-const WORDS = ('water river mountain city tree house school music paper story friend family animal country ' +
-  'world people ocean island garden morning night light color sound road street town car boat plane ship ' +
-  'horse bird dog fish food book letter song game rock fire wind rain snow sun moon star earth field farm').split(' ');
-function words(n, seed) {
-  let a = (seed >>> 0) ^ 0x9e3779b9;
-  const w = [];
-  for (let i = 0; i < n; i++) {
-    a = (a + 0x6d2b79f5) >>> 0; // mulberry32
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    w.push(WORDS[Math.floor((((t ^ (t >>> 14)) >>> 0) / 4294967296) * WORDS.length)]);
-  }
-  return w.join(' ');
-}
-
-async function label(url) {
-  try {
-    const p = await (await fetch(`${url}/props`)).json();
-    if (p.build_info) return p.kvstash ? `kvstash (${p.build_info})` : `llama-server ${p.build_info}`;
-  } catch {
-    /* no /props */
-  }
-  return url;
-}
 
 // One streamed request; arrival times of every content chunk.
 async function run(url, content) {
-  const body = {
+  const { t0, times, total, text, finish, usage, timings } = await streamChat(url, {
     messages: [{ role: 'user', content }],
     max_tokens: MT,
     temperature: 0,
     ignore_eos: true,
-    stream: true,
-    stream_options: { include_usage: true },
-  };
-  const t0 = now();
-  const res = await fetch(`${url}/v1/chat/completions`, {
-    method: 'POST',
-    headers: { 'Content-Type': 'application/json' },
-    body: JSON.stringify(body),
   });
-  if (res.status !== 200) throw new Error(`${url}: HTTP ${res.status} ${await res.text()}`);
-  const reader = res.body.getReader();
-  const dec = new TextDecoder();
-  let buf = '', text = '', usage = null, timings = null, finish = null;
-  const times = [];
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) break;
-    const t = now();
-    buf += dec.decode(value, { stream: true });
-    let i;
-    while ((i = buf.indexOf('\n\n')) >= 0) {
-      const ev = buf.slice(0, i).trim();
-      buf = buf.slice(i + 2);
-      if (!ev.startsWith('data:')) continue;
-      const d = ev.slice(5).trim();
-      if (d === '[DONE]') continue;
-      const j = JSON.parse(d);
-      if (j.error) throw new Error(`${url}: stream error ${JSON.stringify(j.error)}`);
-      const c = j.choices && j.choices[0];
-      const piece = c && c.delta ? c.delta.content : null;
-      if (piece) {
-        times.push(t);
-        text += piece;
-      }
-      if (c && c.finish_reason) finish = c.finish_reason;
-      if (j.usage) usage = j.usage;
-      if (j.timings) timings = j.timings;
-    }
-  }
   const n = usage ? usage.completion_tokens : NaN;
   const chunks = times.length;
   const span = chunks > 1 ? times[chunks - 1] - times[0] : NaN;
   const intervals = chunks === n ? chunks - 1 : n - 1;
   return {
     ttft: chunks ? times[0] - t0 : NaN,
-    total: now() - t0,
+    total,
     chunks,
     tokens: n,
     finish,

@@ -50,6 +50,7 @@
 //    turns that can use the cache) and turn 1 (cold) on its own.
 import fs from 'node:fs';
 import path from 'node:path';
+import { median, words, label, streamChat } from './peer_lib.mjs';
 
 const argv = process.argv.slice(2);
 const urls = [];
@@ -79,96 +80,17 @@ if (!urls.length)
     '[--msg-words N] [--max-tokens N] [--out DIR]');
 const T = num('turns', 10), SW = num('sys-words', 300, 0), UW = num('msg-words', 60), MT = num('max-tokens', 32);
 
-const now = () => performance.now();
-function median(xs) {
-  const v = xs.filter(Number.isFinite).sort((a, b) => a - b);
-  if (!v.length) return NaN;
-  const h = v.length >> 1;
-  return v.length % 2 ? v[h] : (v[h - 1] + v[h]) / 2;
-}
 const f = (x, d = 0) => (Number.isFinite(x) ? x.toFixed(d) : '–');
 const fc = (x, d = 0) => (Number.isFinite(x) ? x.toFixed(d) : ''); // CSV: empty when missing
 const fr = (x) => (Number.isFinite(x) ? `${x.toFixed(2)}×` : '–');
 
-// Deterministic words (mulberry32), as bench/http_bench.mjs: every word is one
-// token of the bench model's vocabulary (mkmodel's word list); any model takes
-// them as plain English.
-const WORDS = ('water river mountain city tree house school music paper story friend family animal country ' +
-  'world people ocean island garden morning night light color sound road street town car boat plane ship ' +
-  'horse bird dog fish food book letter song game rock fire wind rain snow sun moon star earth field farm ' +
-  'plant wood stone gold king war money power machine system problem question answer example idea science ' +
-  'language number word sentence picture travel remember learn study teach listen watch build carry follow ' +
-  'change begin start open close walk run draw paint write read think feel talk sing play help small large ' +
-  'great little old young new good best better early late long short high low deep warm cold hot dark clear ' +
-  'quick slow simple special common north south east west between together always often never after before ' +
-  'during toward against through under above near about because while until since every several enough many').split(' ');
-function words(n, seed) {
-  let a = (seed >>> 0) ^ 0x9e3779b9;
-  const w = [];
-  for (let i = 0; i < n; i++) {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    w.push(WORDS[Math.floor((((t ^ (t >>> 14)) >>> 0) / 4294967296) * WORDS.length)]);
-  }
-  return w.join(' ');
-}
-
-async function label(url) {
-  try {
-    const p = await (await fetch(`${url}/props`)).json();
-    if (p.build_info) return p.kvstash ? `kvstash (${p.build_info})` : `llama-server ${p.build_info}`;
-  } catch {
-    /* no /props */
-  }
-  return url;
-}
-
-// One streamed chat completion: client TTFT and total, the server's token counts.
 async function chat(url, messages, maxTokens) {
-  const body = {
+  const { ttft, total, text: content, finish, usage, timings } = await streamChat(url, {
     messages,
     max_tokens: maxTokens,
     temperature: 0,
     cache_prompt: true,
-    stream: true,
-    stream_options: { include_usage: true },
-  };
-  const t0 = now();
-  const res = await fetch(`${url}/v1/chat/completions`, {
-    method: 'POST',
-    headers: { 'Content-Type': 'application/json' },
-    body: JSON.stringify(body),
   });
-  if (res.status !== 200) throw new Error(`${url}: HTTP ${res.status} ${await res.text()}`);
-  const reader = res.body.getReader();
-  const dec = new TextDecoder();
-  let buf = '', content = '', ttft = NaN, usage = null, timings = null, finish = null;
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) break;
-    const t = now();
-    buf += dec.decode(value, { stream: true });
-    let i;
-    while ((i = buf.indexOf('\n\n')) >= 0) {
-      const ev = buf.slice(0, i).trim();
-      buf = buf.slice(i + 2);
-      if (!ev.startsWith('data:')) continue;
-      const d = ev.slice(5).trim();
-      if (d === '[DONE]') continue;
-      const j = JSON.parse(d);
-      if (j.error) throw new Error(`${url}: stream error ${JSON.stringify(j.error)}`);
-      const c = j.choices && j.choices[0];
-      const piece = c && c.delta ? c.delta.content : null;
-      if (Number.isNaN(ttft) && (piece || (c && c.finish_reason))) ttft = t - t0;
-      if (piece) content += piece;
-      if (c && c.finish_reason) finish = c.finish_reason;
-      if (j.usage) usage = j.usage;
-      if (j.timings) timings = j.timings;
-    }
-  }
-  const total = now() - t0;
   const prompt = usage ? usage.prompt_tokens : NaN;
   const usageCached = usage && usage.prompt_tokens_details ? usage.prompt_tokens_details.cached_tokens : NaN;
   const cacheN = timings && Number.isFinite(timings.cache_n) ? timings.cache_n : NaN;
