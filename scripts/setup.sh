@@ -83,6 +83,28 @@ fetch_llama() { # the prebuilt libraries and the public headers
 }
 [ -f "$STAMP" ] || fetch_llama
 
+# pinned_source DIR PATH...: the given paths of the pinned llama.cpp source
+# (the git bundle inside the $SRC_PKG tarball, checked again and fetched anew
+# if absent or altered) extracted into DIR; sets SRC_COMMIT (short hash) and
+# SRC_N_COMMITS. Used by the stages that build parts of llama.cpp from source.
+pinned_source() {
+    local out=$1 x src_tgz=$DEPS/dl/node-llama-cpp-3.22.1.tgz
+    shift
+    if [ ! -f "$src_tgz" ] ||
+        [ "$(openssl dgst -sha512 -binary "$src_tgz" | base64 -w0)" != "$SRC_SHA512" ]; then
+        rm -f "$src_tgz"
+        src_tgz=$(fetch "$SRC_PKG" "$SRC_SHA512")
+    fi
+    x=$(mktemp -d "$DEPS/src.XXXXXX")
+    tar xzf "$src_tgz" -C "$x" package/llama/gitRelease.bundle
+    git clone -q --no-checkout "$x/package/llama/gitRelease.bundle" "$x/git"
+    mkdir -p "$out"
+    git -C "$x/git" archive HEAD "$@" | tar x -C "$out"
+    SRC_COMMIT=$(git -C "$x/git" rev-parse --short HEAD)
+    SRC_N_COMMITS=$(git -C "$x/git" rev-list --count HEAD)
+    rm -rf "$x"
+}
+
 # --- 3. llama.cpp's common library, from source ----------------------------
 # shellcheck source=scripts/setup_common.sh
 . "$top/scripts/setup_common.sh"

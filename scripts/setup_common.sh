@@ -1,6 +1,6 @@
 # shellcheck shell=bash
 # setup_common.sh — stage 3 of scripts/setup.sh, sourced by it (uses its say,
-# fetch, $DEPS, $SRC_PKG and $SRC_SHA512).
+# pinned_source and $DEPS).
 #
 # Builds llama.cpp's "common" library — Jinja chat templates, tool-call and
 # reasoning parsers, JSON schema → GBNF — from the pinned llama.cpp source (the
@@ -43,26 +43,14 @@ if [ ! -f "$COMMON_STAMP" ]; then
     t0=$(date +%s)
     say "building llama.cpp's common library (chat templates, tool calls, JSON schema; a few minutes)"
     tmp=$COMMON.tmp
-    rm -rf "$tmp" && mkdir -p "$tmp/x" "$tmp/out/lib" "$tmp/out/include" "$tmp/out/templates"
+    rm -rf "$tmp" && mkdir -p "$tmp/out/lib" "$tmp/out/include" "$tmp/out/templates"
 
-    # The source tarball stage 2 fetched, checked again; fetched anew if absent or altered.
-    src_tgz=$DEPS/dl/node-llama-cpp-3.22.1.tgz
-    if [ ! -f "$src_tgz" ] ||
-        [ "$(openssl dgst -sha512 -binary "$src_tgz" | base64 -w0)" != "$SRC_SHA512" ]; then
-        rm -f "$src_tgz"
-        src_tgz=$(fetch "$SRC_PKG" "$SRC_SHA512")
-    fi
-    tar xzf "$src_tgz" -C "$tmp/x" package/llama/gitRelease.bundle
-    git clone -q --no-checkout "$tmp/x/package/llama/gitRelease.bundle" "$tmp/x/git"
     tpl_paths=""
     for t in $COMMON_TEMPLATES; do tpl_paths="$tpl_paths models/templates/$t.jinja"; done
-    mkdir -p "$tmp/src"
     # shellcheck disable=SC2086 # word splitting of the path list is wanted
-    git -C "$tmp/x/git" archive HEAD common include ggml/include src/llama-ext.h \
-        vendor/nlohmann $tpl_paths | tar x -C "$tmp/src"
-    commit=$(git -C "$tmp/x/git" rev-parse --short HEAD)
-    n_commits=$(git -C "$tmp/x/git" rev-list --count HEAD)
-    rm -rf "$tmp/x"
+    pinned_source "$tmp/src" common include ggml/include src/llama-ext.h vendor/nlohmann $tpl_paths
+    commit=$SRC_COMMIT
+    n_commits=$SRC_N_COMMITS
 
     # build-info.cpp as upstream's build-info.cpp.in would produce it.
     sed -e "s|@LLAMA_BUILD_NUMBER@|$n_commits|" -e "s|@LLAMA_BUILD_COMMIT@|$commit|" \

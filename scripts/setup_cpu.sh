@@ -1,6 +1,6 @@
 # shellcheck shell=bash
 # setup_cpu.sh — stage 4 of scripts/setup.sh, sourced by it (uses its say,
-# fetch, $top, $DEPS, $LLAMA, $SRC_PKG and $SRC_SHA512).
+# pinned_source, $top, $DEPS and $LLAMA).
 #
 # Builds ggml's CPU backend from the pinned llama.cpp source with one small
 # patch, scripts/patches/ggml-cpu-batch-invariant.patch, and installs it next
@@ -84,19 +84,8 @@ if [ ! -f "$CPU_STAMP" ] && [ "$(uname -m)" = x86_64 ]; then
     vname=${variant%%:*}
     say "building ggml's CPU backend ($vname) with the batch-invariant patch (about a minute)"
     tmp=$DEPS/ggml-cpu.tmp
-    rm -rf "$tmp" && mkdir -p "$tmp/x"
-
-    src_tgz=$DEPS/dl/node-llama-cpp-3.22.1.tgz
-    if [ ! -f "$src_tgz" ] ||
-        [ "$(openssl dgst -sha512 -binary "$src_tgz" | base64 -w0)" != "$SRC_SHA512" ]; then
-        rm -f "$src_tgz"
-        src_tgz=$(fetch "$SRC_PKG" "$SRC_SHA512")
-    fi
-    tar xzf "$src_tgz" -C "$tmp/x" package/llama/gitRelease.bundle
-    git clone -q --no-checkout "$tmp/x/package/llama/gitRelease.bundle" "$tmp/x/git"
-    mkdir -p "$tmp/src"
-    git -C "$tmp/x/git" archive HEAD ggml | tar x -C "$tmp/src"
-    rm -rf "$tmp/x"
+    rm -rf "$tmp"
+    pinned_source "$tmp/src" ggml
     if ! (cd "$tmp/src" && patch -s -p1 <"$CPU_PATCH"); then
         say "the batch-invariant patch does not apply to this llama.cpp source"
         exit 1

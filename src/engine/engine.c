@@ -478,9 +478,9 @@ size_t ks_engine_state_bytes_max(const ks_engine *e) {
     int32_t n_layer = llama_model_n_layer(e->model), n_head = llama_model_n_head(e->model);
     int32_t n_head_kv = llama_model_n_head_kv(e->model), n_embd = llama_model_n_embd(e->model);
     if (n_layer <= 0 || n_head <= 0 || n_head_kv <= 0 || n_embd <= 0) return 0;
-    size_t kv = (size_t)(n_embd / n_head) * (size_t)n_head_kv;
-    size_t per_tok = (size_t)n_layer * kv * (ggml_type_size((enum ggml_type)e->type_k) +
-                                              ggml_type_size((enum ggml_type)e->type_v)) + 16;
+    int64_t kv = (int64_t)(n_embd / n_head) * n_head_kv;
+    size_t per_tok = (size_t)n_layer * (ggml_row_size((enum ggml_type)e->type_k, kv) +
+                                        ggml_row_size((enum ggml_type)e->type_v, kv)) + 16;
     return per_tok * (size_t)e->n_ctx_seq + 4096;
 }
 
