@@ -5,16 +5,8 @@
 # goes on), and bad usage (no model, a missing model file, a depth beyond the
 # context) with a message and a non-zero exit. Never asserts on time values
 # beyond "a positive number".
-set -uo pipefail
-BIN=${KS_BIN:?KS_BIN not set}
+. "$(dirname "$0")/lib.sh"
 MODEL=${KS_TINY_MODEL:?KS_TINY_MODEL not set}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-check() { # name, condition...
-    local name=$1; shift
-    if "$@"; then echo "ok   - $name"; else echo "FAIL - $name"; fails=$((fails + 1)); fi
-}
 positive() { awk -v x="$1" 'BEGIN { exit !(x + 0 > 0) }'; }
 
 # one-shot, with restore: two numbers per repetition, both positive

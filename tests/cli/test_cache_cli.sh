@@ -6,21 +6,8 @@
 # the shm tier is acted on only when --shm-dir names it. Every directory is
 # inside our own temp dir (--cache-dir is always given, and without --shm-dir
 # only read-only commands run: ~/.cache and /dev/shm are never used).
-set -uo pipefail
-BIN=${KS_BIN:?KS_BIN not set}
+. "$(dirname "$0")/lib.sh"
 MODEL=${KS_TINY_MODEL:?KS_TINY_MODEL not set}
-tmp=$(mktemp -d)
-spid=
-cleanup() {
-    if [ -n "$spid" ]; then kill -KILL "$spid" 2>/dev/null; wait "$spid" 2>/dev/null; fi
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
-fails=0
-check() { # name, condition...
-    local name=$1; shift
-    if "$@"; then echo "ok   - $name"; else echo "FAIL - $name"; fails=$((fails + 1)); fi
-}
 
 disk=$tmp/disk
 shm=$tmp/shm

@@ -1,16 +1,8 @@
 #!/usr/bin/env bash
 # CLI tests of `kvstash chat`: a piped session prints the stats lines and
 # reuses the history; bad input gives a clear message and a non-zero exit.
-set -uo pipefail
-BIN=${KS_BIN:?KS_BIN not set}
+. "$(dirname "$0")/lib.sh"
 MODEL=${KS_TINY_MODEL:?KS_TINY_MODEL not set}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-check() { # name, condition...
-    local name=$1; shift
-    if "$@"; then echo "ok   - $name"; else echo "FAIL - $name"; fails=$((fails + 1)); fi
-}
 
 # 1. A 3-turn piped session: exit 0, 3 stats lines, turn 2 and 3 cached > 0.
 printf 'hello there\nhow are you\ntell me more\n' | "$BIN" chat --threads 1 -m "$MODEL" --max-tokens 8 --system "Be brief." \

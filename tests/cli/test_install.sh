@@ -13,18 +13,10 @@
 # sanitizer build (KS_SANITIZE=ON: the example is compiled and linked with the
 # same -fsanitize flags as libkvstash, by the same compiler) and whether
 # llama.cpp is a system package (KS_SYSTEM_LLAMA=ON: nothing private to install).
-set -uo pipefail
-BIN=${KS_BIN:?KS_BIN not set}
+. "$(dirname "$0")/lib.sh"
 MODEL=${KS_TINY_MODEL:?KS_TINY_MODEL not set}
 SRC=${KS_SRC:?KS_SRC not set}
 build=$(cd "$(dirname "$BIN")" && pwd)
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-check() { # name, condition...
-    local name=$1; shift
-    if "$@"; then echo "ok   - $name"; else echo "FAIL - $name"; fails=$((fails + 1)); fi
-}
 cache_var() { sed -n "s/^$1:[A-Z]*=//p" "$build/CMakeCache.txt"; }
 
 [ -f "$build/CMakeCache.txt" ] || { echo "no CMakeCache.txt in $build"; exit 1; }

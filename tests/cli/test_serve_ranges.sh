@@ -6,15 +6,7 @@
 #
 # No model is loaded: without -m, an accepted value gets as far as "no model"
 # (exit 2), a refused one stops at its range error (exit 2, another message).
-set -uo pipefail
-BIN=${KS_BIN:?KS_BIN not set}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-check() { # name, condition...
-    local name=$1; shift
-    if "$@"; then echo "ok   - $name"; else echo "FAIL - $name"; fails=$((fails + 1)); fi
-}
+. "$(dirname "$0")/lib.sh"
 
 # run KIND ARG: `kvstash serve` with the flag ARG (KIND flag, "--x=V") or
 # with a --config file holding ARG (KIND yaml); its stderr in $tmp/e.

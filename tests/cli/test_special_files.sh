@@ -7,21 +7,8 @@
 # blocking open: the server starts and serves, the cache commands finish.
 # Every wait is bounded (curl -m, timeout), so a hang fails the test instead
 # of hanging CI. Directories are inside our own temp dir.
-set -uo pipefail
-BIN=${KS_BIN:?KS_BIN not set}
+. "$(dirname "$0")/lib.sh"
 MODEL=${KS_TINY_MODEL:?KS_TINY_MODEL not set}
-tmp=$(mktemp -d)
-spid=
-cleanup() {
-    if [ -n "$spid" ]; then kill -KILL "$spid" 2>/dev/null; wait "$spid" 2>/dev/null; fi
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
-fails=0
-check() { # name, condition...
-    local name=$1; shift
-    if "$@"; then echo "ok   - $name"; else echo "FAIL - $name"; fails=$((fails + 1)); fi
-}
 
 disk=$tmp/disk
 shm=$tmp/shm
