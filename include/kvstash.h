@@ -4,7 +4,7 @@
  * kvstash keeps the KV state of a conversation between calls so that no
  * prompt token is prefilled twice, and never changes the output by caching:
  * with greedy sampling, a cached turn produces exactly the tokens and logits
- * of an uncached one (flash attention is off by default for that reason).
+ * of an uncached one.
  *
  * Objects are opaque and come in create/free pairs; free(NULL) is a no-op.
  * Functions return 0 on success or a negative KS_E* code; ks_strerror()
@@ -102,17 +102,20 @@ typedef struct ks_turn_stats {
 /* A single conversation on one model with its KV kept between turns. */
 typedef struct ks_chat ks_chat;
 
+enum { KS_FLASH_ATTN_AUTO = 0, KS_FLASH_ATTN_ON = 1, KS_FLASH_ATTN_OFF = 2 };
+
 typedef struct ks_chat_params {
     const char *model_path; /* GGUF file (required) */
     int n_ctx;              /* context size in tokens (default 4096; capped at the model's) */
     int n_batch;            /* prefill chunk (default 512) */
     int n_threads;          /* 0 = number of online CPUs */
     bool cache;             /* keep and reuse the KV between turns (default true) */
-    bool flash_attn;        /* default false: with it on, cached output can differ */
-    bool exact;             /* default true: decode lone tokens with a throwaway companion row
-                               so cached and uncached output are bit-identical (see
-                               docs/LLAMA_FACTS.md); false decodes about 1.7x faster on one
-                               stream (docs/BENCHMARKS.md) but loses that guarantee */
+    int flash_attn;         /* KS_FLASH_ATTN_AUTO (0, default): on where it is exact (setup's
+                               patched CPU backend) or exact is false; _ON; _OFF */
+    bool exact;             /* default true: cached and uncached output are bit-identical
+                               (docs/LLAMA_FACTS.md). Free with setup's patched CPU backend;
+                               on the prebuilt one lone tokens are decoded with a throwaway
+                               companion row, which halves decode speed. */
     const char *system;     /* system prompt, may be NULL */
 } ks_chat_params;
 

@@ -99,6 +99,23 @@ int ks_cli_parse_log(const char *cmd, const char *s, int *out) {
     *out = lv;
     return 0;
 }
+int ks_cli_parse_flash_attn(const char *cmd, const char *optarg, int argc, char **argv, int *optind, int *out) {
+    /* "--flash-attn off" as two words too: getopt gives an optional argument
+     * only when it is glued ("--flash-attn=off"). */
+    const char *v = optarg;
+    if (!v && *optind < argc &&
+        (!strcmp(argv[*optind], "on") || !strcmp(argv[*optind], "off") || !strcmp(argv[*optind], "auto")))
+        v = argv[(*optind)++];
+    if (!v || !strcmp(v, "on")) *out = 1;
+    else if (!strcmp(v, "off")) *out = 0;
+    else if (!strcmp(v, "auto")) *out = -1;
+    else {
+        fprintf(stderr, "%s: --flash-attn: '%s' is not on, off or auto\n", cmd, v);
+        return KS_EINVAL;
+    }
+    return 0;
+}
+
 /* Reads the template file into *out (owned: free()). Returns 0, 1 (cannot
  * open or read it) or 2 (not acceptable text); the message is printed. */
 int ks_cli_read_template(const char *cmd, const char *path, char **out) {

@@ -44,6 +44,12 @@ int ks_cli_parse_size(const char *cmd, const char *flag, const char *s, int64_t 
  * the same contract as the parsers above. */
 int ks_cli_parse_log(const char *cmd, const char *s, int *out);
 
+/* --flash-attn [on|off|auto] (getopt optional_argument): the value glued
+ * (optarg) or as the next word, which it then consumes (*optind); alone it
+ * means on. *out = 1 on, 0 off, -1 auto (engine.h's KS_FA_*). 0 or KS_EINVAL
+ * with the message printed. */
+int ks_cli_parse_flash_attn(const char *cmd, const char *optarg, int argc, char **argv, int *optind, int *out);
+
 /* Reads a --chat-template FILE into *out (owned: free()): at most
  * KS_MKMODEL_TMPL_MAX bytes of text without NUL. Returns 0, 1 (cannot open or
  * read it) or 2 (not acceptable text); the message, prefixed with cmd, is

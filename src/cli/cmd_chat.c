@@ -34,8 +34,8 @@ static void usage(FILE *f) {
             "  --ctx N               context size in tokens (default 4096)\n"
             "  --batch N             prefill chunk (default 512)\n"
             "  --threads N           CPU threads (default: all)\n"
-            "  --flash-attn          enable flash attention (faster on some hardware, output may\n"
-            "                        then differ in the last bits between cached and uncached turns)\n"
+            "  --flash-attn [on|off|auto]  flash attention (default auto: on where it is exact, with\n"
+            "                        setup's patched CPU backend; see kvstash serve --help)\n"
             "  --log LEVEL           debug|info|warn|error|off (default warn)\n"
             "Reads one message per line. Commands: /clear /stats /system TEXT /quit\n");
 }
@@ -82,7 +82,7 @@ int ks_cmd_chat(int argc, char **argv) {
         {"ctx", required_argument, 0, O_CTX},   {"threads", required_argument, 0, O_THREADS},
         {"batch", required_argument, 0, O_BATCH}, {"top-k", required_argument, 0, O_TOPK},
         {"top-p", required_argument, 0, O_TOPP}, {"min-p", required_argument, 0, O_MINP},
-        {"flash-attn", no_argument, 0, O_FA},   {"log", required_argument, 0, O_LOG},
+        {"flash-attn", optional_argument, 0, O_FA},   {"log", required_argument, 0, O_LOG},
         {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
     ks_log_set_level(KS_LOG_WARN);
     optind = 1;
@@ -118,7 +118,12 @@ int ks_cmd_chat(int argc, char **argv) {
             if (ks_cli_parse_double(CMD, "--min-p", optarg, 0, 1, &d)) return 2;
             gp.sample.min_p = (float)d;
             break;
-        case O_FA: cp.flash_attn = true; break;
+        case O_FA: {
+            int fa;
+            if (ks_cli_parse_flash_attn(CMD, optarg, argc, argv, &optind, &fa)) return 2;
+            cp.flash_attn = fa == 1 ? KS_FLASH_ATTN_ON : fa == 0 ? KS_FLASH_ATTN_OFF : KS_FLASH_ATTN_AUTO;
+            break;
+        }
         case O_LOG: {
             int lv;
             if (ks_cli_parse_log("kvstash chat", optarg, &lv)) return 2;

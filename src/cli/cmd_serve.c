@@ -93,10 +93,10 @@ static void usage(FILE *f) {
             "                            --max-connections; beyond, a new one is closed at once;\n"
             "                            0: half of --max-connections (default 0)\n"
             "  --shutdown-timeout MS     on SIGTERM, wait this long for running requests (default 10000)\n"
-            "  --flash-attn [on|off|auto]  flash attention (default auto = off for now). On with setup's\n"
-            "                            patched CPU backend it is exact and prefills faster at depth but\n"
-            "                            decodes slower; on the prebuilt one cached and uncached output\n"
-            "                            could differ in the last bits. --flash-attn alone means on\n"
+            "  --flash-attn [on|off|auto]  flash attention (default auto: on with setup's patched CPU\n"
+            "                            backend, where it is exact, or with --no-exact; off on the\n"
+            "                            prebuilt one, where cached and uncached output could differ in\n"
+            "                            the last bits). --flash-attn alone means on\n"
             "  --config FILE             YAML settings (see docs/SERVER.md); flags override it\n"
             "  --log LEVEL               debug|info|warn|error|off (default info)\n");
 }
@@ -197,22 +197,9 @@ static int parse_flags(int argc, char **argv, flags *f) {
                                  &f->max_conns_client))
                 return 2;
             break;
-        case O_FA: {
-            /* "--flash-attn off" as two words too: getopt gives an optional
-             * argument only when it is glued ("--flash-attn=off"). */
-            const char *v = optarg;
-            if (!v && optind < argc && (!strcmp(argv[optind], "on") || !strcmp(argv[optind], "off") ||
-                                        !strcmp(argv[optind], "auto")))
-                v = argv[optind++];
-            if (!v || !strcmp(v, "on")) f->flash_attn = KS_FA_ON;
-            else if (!strcmp(v, "off")) f->flash_attn = KS_FA_OFF;
-            else if (!strcmp(v, "auto")) f->flash_attn = KS_FA_AUTO;
-            else {
-                fprintf(stderr, CMD ": --flash-attn: '%s' is not on, off or auto\n", v);
-                return 2;
-            }
+        case O_FA:
+            if (ks_cli_parse_flash_attn(CMD, optarg, argc, argv, &optind, &f->flash_attn)) return 2;
             break;
-        }
         case O_IMC: f->imc = true; break;
         case O_SPC: f->spc = true; break;
         case O_CACHEDIR: f->cache_dir = optarg; break;

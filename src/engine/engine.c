@@ -93,7 +93,8 @@ static pthread_once_t g_backend_once = PTHREAD_ONCE_INIT;
 static int g_backend_count;
 static char g_cpu_backend[64] = "prebuilt";
 static bool g_patched; /* libks-ggml-cpu.so is the CPU backend */
-static int g_patch_rev; /* its patch revision: 1 matrix products, 2 also flash attention */
+static int g_patch_rev; /* its patch revision: 1 matrix products, 2 also flash attention,
+                         * 3 its decode grouped by K/V head */
 
 /* The CPU backend: setup builds ggml's CPU backend from the pinned source with
  * the batch-invariant patch (scripts/setup_cpu.sh) as libks-ggml-cpu.so next
@@ -169,6 +170,14 @@ const char *ks_engine_cpu_backend(void) {
  * attention counts as invariant only with the patch's revision 2: the stock
  * CPU kernel changes its tiling with the number of rows, the KV length and
  * the thread count, in ways 32 tokens would not show (docs/LLAMA_FACTS.md). */
+/* Whether the K/V types take the patched tiled flash-attention kernel (F16 or
+ * F32, both the same); quantized ones take the stock per-row path, which
+ * splits a decoded row's KV among the threads. */
+static bool kv_tiled(const ks_engine_params *p) {
+    int k = p->type_k < 0 ? GGML_TYPE_F16 : p->type_k, v = p->type_v < 0 ? GGML_TYPE_F16 : p->type_v;
+    return k == v && (k == GGML_TYPE_F16 || k == GGML_TYPE_F32);
+}
+
 #define PROBE_N 32
 #define PROBE_PRE 16
 static void probe(ks_engine *e) {
@@ -218,7 +227,8 @@ static void probe(ks_engine *e) {
     }
     if (ok) ok = (l = llama_get_logits_ith(e->ctx, 0)) != NULL && llama_state_seq_get_size(e->ctx, 0) == sz &&
                  llama_state_seq_get_data(e->ctx, sb, sz, 0) == sz;
-    bool kernels_ok = g_patched && (!e->flash_attn || g_patch_rev >= 2);
+    bool kernels_ok = g_patched && (!e->flash_attn || (g_patch_rev >= 2 && e->type_k == e->type_v &&
+                                                        (e->type_k == GGML_TYPE_F16 || e->type_k == GGML_TYPE_F32)));
     if (ok)
         e->invariant = kernels_ok && memcmp(la, l, sizeof(float) * (size_t)e->n_vocab) == 0 && memcmp(sa, sb, sz) == 0;
     if (ok && kernels_ok && !e->invariant)
@@ -293,10 +303,13 @@ int ks_engine_open(const ks_engine_params *p, ks_engine **out, char *err, size_t
     ks_engine *e = calloc(1, sizeof *e);
     if (!e) return KS_ENOMEM;
     e->path = strdup(p->model_path);
-    /* auto is off for now: the patched tiled kernel is exact but repacks K for
-     * every head of every decoded token, so decode loses more than prefill
-     * gains (docs/LLAMA_FACTS.md, flash attention) */
-    e->flash_attn = p->flash_attn == KS_FA_ON;
+    /* auto is on where it keeps the promise: with setup's patched CPU backend
+     * from revision 3 (exact, and its decode packs K and V once per K/V head,
+     * docs/LLAMA_FACTS.md, flash attention), or when exactness is not asked
+     * for (as llama-server's auto on a CPU). On the prebuilt backend in exact
+     * mode it stays off: its kernel tiles by the batch and the KV length. */
+    if (p->flash_attn == KS_FA_AUTO) e->flash_attn = (g_patched && g_patch_rev >= 3 && kv_tiled(p)) || !p->exact;
+    else e->flash_attn = p->flash_attn == KS_FA_ON;
 
     struct llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = 0;

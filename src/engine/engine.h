@@ -9,16 +9,19 @@
  * that a rename in llama.cpp's API touches one file.
  *
  * Design notes
- *  0. Warm start and batch invariance: ks_engine_open runs a short probe (16
- *     tokens as one batch, and as 15 + 1) that pages the model in and finds
+ *  0. Warm start and batch invariance: ks_engine_open runs a short probe (32
+ *     tokens as one batch, and as 16 + 16 lone rows) that pages the model in and finds
  *     whether this build's kernels give a lone token the bits of a batch
  *     (ks_engine_batch_invariant).
  *  1. Exactness: the prebuilt CPU backend's flash attention changes its
  *     tiling with the number of query rows, the KV length and the thread
  *     count; setup's patched build (revision 2) runs every row through one
- *     tiled kernel, so flash attention asked for there is exact too. It stays
- *     off by default: that kernel re-packs K for every head of every decoded
- *     token, and decode loses more than prefill gains (docs/LLAMA_FACTS.md).
+ *     tiled kernel, so flash attention asked for there is exact too, and
+ *     from revision 3 a decoded token's heads that share a K/V head share
+ *     one tile, so it decodes about as fast as attention without it and
+ *     prefills faster at depth (docs/LLAMA_FACTS.md). Auto turns it on there,
+ *     and wherever exactness is not asked for; off on the prebuilt backend
+ *     in exact mode.
  *     Either way a prefix kept in the KV (or restored from a state blob)
  *     followed by a partial decode gives bit-identical logits to a full
  *     prefill. kv_unified is false so that every sequence owns
@@ -52,7 +55,7 @@ typedef struct ks_engine_params {
     int n_seq;       /* sequences (>= 1) */
     int n_batch;     /* logical batch = max tokens in one decode (0: 512) */
     int n_threads;   /* 0: online CPUs */
-    int flash_attn;  /* KS_FA_AUTO (default; off for now — see note 1), KS_FA_ON, KS_FA_OFF */
+    int flash_attn;  /* KS_FA_AUTO (default; see note 1), KS_FA_ON, KS_FA_OFF */
     int type_k;      /* ggml_type of K/V cache; -1: default (F16) */
     int type_v;
     bool exact;      /* default true: when the probe finds the model's repacked weights

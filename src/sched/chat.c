@@ -89,7 +89,7 @@ int ks_chat_create(const ks_chat_params *p, ks_chat **out, char *err, size_t err
     ep.n_batch = p->n_batch > 0 ? p->n_batch : 512;
     ep.n_threads = p->n_threads;
     ep.n_seq = 1;
-    ep.flash_attn = p->flash_attn ? KS_FA_ON : KS_FA_OFF;
+    ep.flash_attn = p->flash_attn == KS_FLASH_ATTN_ON ? KS_FA_ON : p->flash_attn == KS_FLASH_ATTN_OFF ? KS_FA_OFF : KS_FA_AUTO;
     ep.exact = p->exact;
     int rc = ks_engine_open(&ep, &c->e, err, errlen);
     if (rc) goto fail;

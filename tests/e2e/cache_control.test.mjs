@@ -13,7 +13,7 @@ import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { startServer, stopOk, postJSON, importClient, metrics, metric, templateModel } from './lib.mjs';
+import { startServer, stopOk, postJSON, importClient, metrics, metric, templateModel, settleStore } from './lib.mjs';
 
 let srv, dir, client, Anthropic;
 
@@ -46,6 +46,9 @@ async function others(tag, n = 3) {
       system: `Other ${tag}${i}. ${rules(`o${tag}${i}x`, 90)}`, messages: [{ role: 'user', content: 'go' }] });
     assert.ok(m.usage.cache_read_input_tokens < 20, `shares only the template's opening: ${m.usage.cache_read_input_tokens}`);
   }
+  // Their saves (and the evictions they cause) are written by the store's
+  // writer thread: wait for it, or a loaded machine would still find the rest.
+  await settleStore(srv);
 }
 
 const total = (u) => u.input_tokens + u.cache_read_input_tokens + u.cache_creation_input_tokens;

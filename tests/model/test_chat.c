@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "kvstash.h"
+#include "fa_util.h"
 
 static const char *model(void) {
     const char *m = getenv("KS_TINY_MODEL");
@@ -34,7 +35,7 @@ static const char *USER_MSGS[10] = {
 
 static ks_chat *open_chat(bool cache, int n_ctx, const char *system) {
     ks_chat_params p = ks_chat_params_default();
-    p.flash_attn = getenv("KS_TEST_FLASH_ATTN") != NULL; /* ctest's *_flash_attn run */
+    p.flash_attn = test_flash_attn_chat(); /* ctest's *_no_flash_attn run */
     p.model_path = model();
     p.cache = cache;
     p.n_ctx = n_ctx;
@@ -203,7 +204,7 @@ static void test_caller_stop_is_not_eog(void **st) {
 static void test_open_errors(void **st) {
     (void)st;
     ks_chat_params p = ks_chat_params_default();
-    p.flash_attn = getenv("KS_TEST_FLASH_ATTN") != NULL; /* ctest's *_flash_attn run */
+    p.flash_attn = test_flash_attn_chat(); /* ctest's *_no_flash_attn run */
     char err[256] = "";
     ks_chat *c = (ks_chat *)1;
     p.model_path = "/nonexistent/model.gguf";

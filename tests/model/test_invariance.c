@@ -40,7 +40,8 @@ static ks_engine *open_engine(int n_seq, int n_threads, int fa) {
 
 static bool patched(void) { return strncmp(ks_engine_cpu_backend(), "kvstash-", 8) == 0; }
 
-/* The patch's revision (2: flash attention too), 0 for the prebuilt. */
+/* The patch's revision (2: flash attention too, 3: its decode grouped by K/V
+ * head, on by default), 0 for the prebuilt. */
 static int patch_rev(void) {
     int rev = 0;
     if (sscanf(ks_engine_cpu_backend(), "kvstash-ggml-cpu-r%d", &rev) != 1) rev = 0;
@@ -78,11 +79,23 @@ static void test_probe_matches_backend(void **st) {
     assert_int_equal(ks_engine_batch_invariant(e), patched());
     assert_true(ks_engine_warm_ms(e) > 0);
     ks_engine_free(e);
-    /* Flash attention is off by default (its exact kernel decodes slower). */
+    /* Flash attention is on by default where it is exact (the patch from
+     * revision 3, whose decode is as fast), off on the prebuilt in exact mode,
+     * on there when exactness is not asked for. */
     e = open_engine(1, 2, KS_FA_AUTO);
-    assert_false(ks_engine_flash_attn(e));
+    assert_int_equal(ks_engine_flash_attn(e), patch_rev() >= 3);
     assert_int_equal(ks_engine_batch_invariant(e), patched());
     ks_engine_free(e);
+    {
+        ks_engine_params ep = ks_engine_params_default();
+        ep.model_path = getenv("KS_TINY_MODEL");
+        ep.n_ctx_seq = 256;
+        ep.exact = false;
+        char err[256] = "";
+        assert_int_equal(ks_engine_open(&ep, &e, err, sizeof err), 0);
+        assert_true(ks_engine_flash_attn(e));
+        ks_engine_free(e);
+    }
     /* Asked for on the prebuilt, it is on and not invariant. */
     e = open_engine(1, 2, KS_FA_ON);
     assert_true(ks_engine_flash_attn(e));

@@ -18,6 +18,7 @@
 #include "engine/engine.h"
 #include "sched/sched.h"
 #include "run_util.h"
+#include "fa_util.h"
 
 static void submit(ks_sched *s, const ks_tokens *prompt, bool cache, int max_tokens, run *x) {
     ks_req_params p = {0};
@@ -47,8 +48,9 @@ static ks_engine *open_engine(int n_seq) {
     ep.n_seq = n_seq;
     ep.n_ctx_seq = 2048;
     ep.n_threads = 1;
-    /* ctest runs this file again with flash attention (issue 16: exact too) */
-    if (getenv("KS_TEST_FLASH_ATTN")) ep.flash_attn = KS_FA_ON;
+    /* ctest runs this file with flash attention at its default (on with the
+     * patched backend: exact too) and again with KS_TEST_FLASH_ATTN=off|on */
+    ep.flash_attn = test_flash_attn();
     ks_engine *e = NULL;
     char err[256] = "";
     int rc = ks_engine_open(&ep, &e, err, sizeof err);

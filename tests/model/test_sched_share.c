@@ -25,6 +25,7 @@
 #include "engine/engine.h"
 #include "sched/sched.h"
 #include "run_util.h"
+#include "fa_util.h"
 
 enum { N_SLOTS = 3, MAX_TOKENS = 24 };
 
@@ -435,8 +436,9 @@ static int setup(void **st) {
     ep.n_seq = N_SLOTS;
     ep.n_ctx_seq = 2048;
     ep.n_threads = 1;
-    /* ctest runs this file again with flash attention (issue 16: exact too) */
-    if (getenv("KS_TEST_FLASH_ATTN")) ep.flash_attn = KS_FA_ON;
+    /* ctest runs this file with flash attention at its default (on with the
+     * patched backend: exact too) and again with KS_TEST_FLASH_ATTN=off|on */
+    ep.flash_attn = test_flash_attn();
     char err[256] = "";
     int rc = ks_engine_open(&ep, &g_e, err, sizeof err);
     if (rc) fprintf(stderr, "%s\n", err);
