@@ -22,7 +22,7 @@
 
 static void mkmodel_usage(FILE *f) {
     fprintf(f,
-            "usage: kvstash mkmodel --preset tiny|bench [--seed N] [--chat-template FILE] OUT.gguf\n"
+            "usage: kvstash mkmodel --preset NAME [--seed N] [--chat-template FILE] OUT.gguf\n"
             "\n"
             "Writes a random-weight GGUF model of architecture `llama` with a ChatML\n"
             "template, for tests, demos and benchmarks. The file is a pure function of\n"
@@ -33,6 +33,8 @@ static void mkmodel_usage(FILE *f) {
             "                         ~1000 tokens, F16, context 8192 (< 1 MiB)\n"
             "                  bench: 24 layers, n_embd 896, 14 heads (2 KV), ffn 4864,\n"
             "                         32000 tokens, Q8_0, context 32768 (~421 MiB)\n"
+            "                  bench-q4k: bench in Q4_K_M with n_embd 1024, 16 heads\n"
+            "                  tiny-q4k: tiny in Q4_K_M with n_embd 256, ffn 512 (< 1 MiB)\n"
             "  --seed N        weights seed, an unsigned 64-bit integer (default 1)\n"
             "  --chat-template FILE\n"
             "                  a Jinja chat template (UTF-8, at most 1 MiB) to write\n"

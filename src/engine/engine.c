@@ -401,10 +401,10 @@ int ks_engine_open(const ks_engine_params *p, ks_engine **out, char *err, size_t
     if (p->exact && g_patched && (!e->flash_attn || g_patch_rev >= 2) && !e->invariant && e->probe_ran) {
         /* ggml repacks some weight types (Q4_0, Q4_K, IQ4_NL on x86) into
          * interleaved blocks and multiplies groups of four rows with one kernel
-         * and the rest with another, which sum in different orders: measured on
-         * a Q4_K model, 131,124 of 1.5 MB state bytes drift even with the
-         * patched backend (docs/LLAMA_FACTS.md). Without repacking every row
-         * takes ggml's vec_dot, whatever the batch: exact. */
+         * and the rest with another, which sum in different orders. Patch
+         * revision 4 makes the Q4_K pair agree; the others still drift
+         * (docs/LLAMA_FACTS.md). Without repacking every row takes ggml's
+         * vec_dot, whatever the batch: exact. */
         KS_INFO(MOD, "repacked weights are not batch-invariant on this model: loading it again without "
                      "repacking to keep cached output exact");
         llama_free(e->ctx);
@@ -484,6 +484,7 @@ char *ks_engine_meta_dump(const ks_engine *e) {
 
 bool ks_engine_batch_invariant(const ks_engine *e) { return e->invariant; }
 bool ks_engine_flash_attn(const ks_engine *e) { return e->flash_attn; }
+bool ks_engine_repacked(const ks_engine *e) { return e->repack; }
 
 size_t ks_engine_state_bytes_max(const ks_engine *e) {
     /* K and V of every layer for every cell of a sequence, plus the blob's

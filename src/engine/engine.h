@@ -93,6 +93,10 @@ char *ks_engine_meta_dump(const ks_engine *e);
  * prebuilt CPU backend (one-row F16 products sum in another order), with flash
  * attention on a backend older than revision 2, or when the probe could not run. */
 bool ks_engine_batch_invariant(const ks_engine *e);
+/* Whether the model's weights were loaded with ggml's repacking (llama's
+ * use_extra_bufts): false when exact mode loaded them again without it. */
+bool ks_engine_repacked(const ks_engine *e);
+
 /* Whether flash attention is on (KS_FA_AUTO resolved). */
 bool ks_engine_flash_attn(const ks_engine *e);
 /* How a scheduler asked for exactness keeps it on this engine, for logs and

@@ -41,6 +41,9 @@ static const preset k_presets[] = {
      * most local models are run in; ggml's CPU
      * backend repacks it (docs/LLAMA_FACTS.md, batch invariance) */
     {"bench-q4k", 1024, 24, 16, 2, 4864, 32768, 32000, true, true, GGML_TYPE_Q4_K, FTYPE_Q4_K_M},
+    /* tiny in Q4_K (n_embd 256, a multiple of the K-quant row): repacked like
+     * bench-q4k, for the exactness tests of the repacked kernels */
+    {"tiny-q4k", 256, 2, 4, 2, 512, 8192, 1000, false, false, GGML_TYPE_Q4_K, FTYPE_Q4_K_M},
 };
 
 const char *ks_mkmodel_presets(void) { return "tiny|bench|bench-q4k"; }
