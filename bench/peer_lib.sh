@@ -15,9 +15,9 @@
 # Logs: $OUT/PREFIX-SERVER.log. Reads (defaults in brackets):
 #   SERVERS [kvstash,llama-server]  kvstash (default flags), kvstash-no-exact
 #            (--no-exact), kvstash-prebuilt (KS_GGML_CPU=prebuilt: the npm CPU
-#            variants, so exactness by pair decoding), llama-server (its defaults:
-#            flash attention auto = on for the CPU), llama-server-fa-off
-#            (--flash-attn off, as kvstash's default)
+#            variants, so exactness by pair decoding), kvstash-fa-off (--flash-attn
+#            off), llama-server (its defaults: flash attention auto = on for the
+#            CPU, as kvstash's default), llama-server-fa-off (--flash-attn off)
 #   THREADS [2]  SLOTS [2]  CTX [4096] (context per slot; llama-server gets
 #            -c SLOTS*CTX with -np SLOTS, i.e. CTX per slot too: bench/peer.sh)
 #   KS_ARGS []  more `kvstash serve` flags    PEER_ARGS []  more llama-server flags
@@ -48,9 +48,10 @@ peer_start_servers() { # $1 = script name (for messages), $2 = log prefix
     for s in "${want[@]}"; do
         log=$OUT/$prefix-$s.log
         case $s in
-        kvstash | kvstash-no-exact | kvstash-prebuilt)
+        kvstash | kvstash-no-exact | kvstash-prebuilt | kvstash-fa-off)
             args=$KS_ARGS envs=()
             [ "$s" = kvstash-no-exact ] && args="${args:+$args }--no-exact"
+            [ "$s" = kvstash-fa-off ] && args="${args:+$args }--flash-attn off"
             # the npm prebuilt CPU variants: not batch-invariant, so exact means pairs
             [ "$s" = kvstash-prebuilt ] && envs=(KS_GGML_CPU=prebuilt)
             # shellcheck disable=SC2086 # args is a list of flags
@@ -76,7 +77,7 @@ peer_start_servers() { # $1 = script name (for messages), $2 = log prefix
             pids+=($!)
             names+=(--name "llama-server $("$ROOT/bench/peer.sh" version | sed -n 's/.*build \([0-9]*\), commit \([0-9a-f]*\).*/b\1-\2/p')${peer_args:+ $peer_args}")
             ;;
-        *) echo "$me: unknown server '$s' (kvstash, kvstash-no-exact, kvstash-prebuilt, llama-server, llama-server-fa-off)" >&2; exit 2 ;;
+        *) echo "$me: unknown server '$s' (kvstash, kvstash-no-exact, kvstash-prebuilt, kvstash-fa-off, llama-server, llama-server-fa-off)" >&2; exit 2 ;;
         esac
         keys+=("$s")
         urls+=("http://127.0.0.1:$port")
