@@ -401,9 +401,9 @@ int ks_engine_open(const ks_engine_params *p, ks_engine **out, char *err, size_t
     if (p->exact && g_patched && (!e->flash_attn || g_patch_rev >= 2) && !e->invariant && e->probe_ran) {
         /* ggml repacks some weight types (Q4_0, Q4_K, IQ4_NL on x86) into
          * interleaved blocks and multiplies groups of four rows with one kernel
-         * and the rest with another, which sum in different orders. Patch
-         * revision 4 makes the Q4_K pair agree; the others still drift
-         * (docs/LLAMA_FACTS.md). Without repacking every row takes ggml's
+         * and the rest with another, which may sum in different orders. Patch
+         * revision 4 makes the Q4_K pair agree (Q4_0 and IQ4_NL agree as
+         * shipped; docs/LLAMA_FACTS.md); anything else that drifts lands here. Without repacking every row takes ggml's
          * vec_dot, whatever the batch: exact. */
         KS_INFO(MOD, "repacked weights are not batch-invariant on this model: loading it again without "
                      "repacking to keep cached output exact");
