@@ -1,8 +1,8 @@
 /*
- * cmd_mkmodel.c — `kvstash mkmodel --preset tiny|bench [--seed N]
+ * cmd_mkmodel.c — `kvstash mkmodel --preset NAME [--seed N]
  * [--chat-template FILE] OUT.gguf`.
  *
- * Writes a random-weight `llama` GGUF model (engine/mkmodel.h). Exit codes:
+ * Writes a random-weight GGUF model (engine/mkmodel.h). Exit codes:
  * 0 written, 1 I/O or memory error (also: the template file cannot be
  * opened or read), 2 usage error (unknown option or preset, missing or extra
  * OUT, bad seed, a template file that is empty, larger than 1 MiB, not UTF-8
@@ -24,7 +24,8 @@ static void mkmodel_usage(FILE *f) {
     fprintf(f,
             "usage: kvstash mkmodel --preset NAME [--seed N] [--chat-template FILE] OUT.gguf\n"
             "\n"
-            "Writes a random-weight GGUF model of architecture `llama` with a ChatML\n"
+            "Writes a random-weight GGUF model (architecture `llama`, or `lfm2` and\n"
+            "`gemma3` for the hybrid and sliding-window presets) with a ChatML\n"
             "template, for tests, demos and benchmarks. The file is a pure function of\n"
             "the preset, the seed and the template, and is written atomically (temp\n"
             "file + rename).\n"
@@ -35,6 +36,12 @@ static void mkmodel_usage(FILE *f) {
             "                         32000 tokens, Q8_0, context 32768 (~421 MiB)\n"
             "                  bench-q4k: bench in Q4_K_M with n_embd 1024, 16 heads\n"
             "                  tiny-q4k: tiny in Q4_K_M with n_embd 256, ffn 512 (< 1 MiB)\n"
+            "                  tiny-hybrid:  `lfm2`, the tiny shape in 4 layers: short\n"
+            "                         convolutions in 0 and 2, attention in 1 and 3\n"
+            "                  bench-hybrid: `lfm2` at the bench shape: 16 convolution\n"
+            "                         and 8 attention layers (~444 MiB)\n"
+            "                  tiny-swa:  `gemma3`, the tiny shape in 4 layers: a 32-token\n"
+            "                         sliding window in 0 and 2, global attention in 1 and 3\n"
             "  --seed N        weights seed, an unsigned 64-bit integer (default 1)\n"
             "  --chat-template FILE\n"
             "                  a Jinja chat template (UTF-8, at most 1 MiB) to write\n"

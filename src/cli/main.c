@@ -14,7 +14,7 @@ static void usage(FILE *f) {
             "usage: kvstash <command> [options]\n"
             "  chat     -m MODEL   interactive multi-turn chat with the KV kept between turns\n"
             "  serve    -m MODEL   OpenAI-compatible HTTP server with slots and caches\n"
-            "  mkmodel  --preset tiny|bench OUT.gguf   write a random-weight test model\n"
+            "  mkmodel  --preset tiny|bench|... OUT.gguf   write a random-weight test model\n"
             "  cache    ls|stats|verify|gc|rm --cache-dir DIR   inspect the persistent store\n"
             "  bench    chat|decode -m MODEL   measure the multi-turn cache and pair decoding\n"
             "  version\n"

@@ -35,18 +35,47 @@
 enum { FTYPE_F16 = 1, FTYPE_Q8_0 = 7, FTYPE_Q4_K_M = 15 };
 
 static const preset k_presets[] = {
-    {"tiny", 64, 2, 4, 2, 128, 8192, 1000, false, false, GGML_TYPE_F16, FTYPE_F16},
-    {"bench", 896, 24, 14, 2, 4864, 32768, 32000, true, true, GGML_TYPE_Q8_0, FTYPE_Q8_0},
+    {.name = "tiny", .n_embd = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 128,
+     .n_ctx_train = 8192, .n_vocab_max = 1000, .wtype = GGML_TYPE_F16, .ftype = FTYPE_F16},
+    {.name = "bench", .n_embd = 896, .n_layer = 24, .n_head = 14, .n_head_kv = 2, .n_ff = 4864,
+     .n_ctx_train = 32768, .n_vocab_max = 32000, .rich_vocab = true, .pad_vocab = true,
+     .wtype = GGML_TYPE_Q8_0, .ftype = FTYPE_Q8_0},
     /* the bench model in Q4_K (n_embd 1024: K-quant rows are multiples of 256), the type
      * most local models are run in; ggml's CPU
      * backend repacks it (docs/LLAMA_FACTS.md, batch invariance) */
-    {"bench-q4k", 1024, 24, 16, 2, 4864, 32768, 32000, true, true, GGML_TYPE_Q4_K, FTYPE_Q4_K_M},
+    {.name = "bench-q4k", .n_embd = 1024, .n_layer = 24, .n_head = 16, .n_head_kv = 2, .n_ff = 4864,
+     .n_ctx_train = 32768, .n_vocab_max = 32000, .rich_vocab = true, .pad_vocab = true,
+     .wtype = GGML_TYPE_Q4_K, .ftype = FTYPE_Q4_K_M},
     /* tiny in Q4_K (n_embd 256, a multiple of the K-quant row): repacked like
      * bench-q4k, for the exactness tests of the repacked kernels */
-    {"tiny-q4k", 256, 2, 4, 2, 512, 8192, 1000, false, false, GGML_TYPE_Q4_K, FTYPE_Q4_K_M},
+    {.name = "tiny-q4k", .n_embd = 256, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 512,
+     .n_ctx_train = 8192, .n_vocab_max = 1000, .wtype = GGML_TYPE_Q4_K, .ftype = FTYPE_Q4_K_M},
+    /* hybrid (design note 7): LFM2, short convolutions with attention in every
+     * other layer; the bench one has LFM2's own ratio, attention in one layer of three */
+    {.name = "tiny-hybrid", .n_embd = 64, .n_layer = 4, .n_head = 4, .n_head_kv = 2, .n_ff = 128,
+     .n_ctx_train = 8192, .n_vocab_max = 1000, .wtype = GGML_TYPE_F16, .ftype = FTYPE_F16,
+     .arch = MK_ARCH_LFM2, .attn_period = 2, .conv_l_cache = 3},
+    {.name = "bench-hybrid", .n_embd = 896, .n_layer = 24, .n_head = 14, .n_head_kv = 2, .n_ff = 4864,
+     .n_ctx_train = 32768, .n_vocab_max = 32000, .rich_vocab = true, .pad_vocab = true,
+     .wtype = GGML_TYPE_Q8_0, .ftype = FTYPE_Q8_0, .arch = MK_ARCH_LFM2, .attn_period = 3, .conv_l_cache = 3},
+    /* sliding-window attention: Gemma 3, sliding and global layers alternating */
+    {.name = "tiny-swa", .n_embd = 64, .n_layer = 4, .n_head = 4, .n_head_kv = 2, .n_ff = 128,
+     .n_ctx_train = 8192, .n_vocab_max = 1000, .wtype = GGML_TYPE_F16, .ftype = FTYPE_F16,
+     .arch = MK_ARCH_GEMMA3, .n_swa = 32, .swa_pattern = 2},
 };
 
-const char *ks_mkmodel_presets(void) { return "tiny|bench|bench-q4k"; }
+const char *ks_mkmodel_presets(void) { return "tiny|bench|bench-q4k|tiny-q4k|tiny-hybrid|bench-hybrid|tiny-swa"; }
+
+static const char *arch_name(const preset *p) {
+    switch (p->arch) {
+    case MK_ARCH_LFM2: return "lfm2";
+    case MK_ARCH_GEMMA3: return "gemma3";
+    default: return "llama";
+    }
+}
+
+/* lfm2: whether layer il is an attention layer (the others are convolutions). */
+static bool lfm2_is_attn(const preset *p, int il) { return il % p->attn_period == p->attn_period - 1; }
 
 static const preset *find_preset(const char *name) {
     if (!name) return NULL;
@@ -74,6 +103,22 @@ static const preset *find_preset(const char *name) {
 static float resid_gain(const preset *p) {
     float g = 1.5f / sqrtf((float)p->n_layer);
     return g < 1.0f ? g : 1.0f;
+}
+
+/* Weights of gemma3's post-norms (post_attention_norm, post_ffw_norm). They
+ * scale each block's output after an RMS norm, so the residual gain above
+ * cannot: with 1.0 every block adds a vector as large as the embedding and
+ * greedy output settles on one word ("state state state ..."); measured on
+ * tiny-swa, 0.5 still did on most prompts, 0.3 read varied on one-turn
+ * prompts but fell back into one word 150 tokens into a chat, 0.2 reads
+ * varied through a 300-token chat and ends replies. */
+#define POST_NORM_GAIN 0.2f
+
+/* Standard deviation of the token embeddings as stored. Gemma multiplies
+ * them by sqrt(n_embd) in the graph; dividing here gives the residual
+ * stream the scale EMBD_STD gives `llama`. */
+static float embd_std(const preset *p) {
+    return p->arch == MK_ARCH_GEMMA3 ? EMBD_STD / sqrtf((float)p->n_embd) : EMBD_STD;
 }
 
 static const char k_chatml[] =
@@ -131,8 +176,9 @@ static inline float rng_tri(rng *r) {
 
 /* ------------------------------------------------------------------ tensors */
 /* TK_RESID: the projections that write into the residual stream
- * (attn_output, ffn_down), scaled by resid_gain(). */
-enum tkind { TK_NORM, TK_EMBD, TK_OUTPUT, TK_WEIGHT, TK_RESID };
+ * (attn_output, ffn_down, shortconv.out_proj), scaled by resid_gain().
+ * TK_POST_NORM: gemma3's norms of a block's output, POST_NORM_GAIN. */
+enum tkind { TK_NORM, TK_EMBD, TK_OUTPUT, TK_WEIGHT, TK_RESID, TK_POST_NORM };
 
 typedef struct tspec {
     char name[64];
@@ -141,39 +187,56 @@ typedef struct tspec {
     enum tkind kind;
 } tspec;
 
-/* The tensors of a `llama` model in file order (shapes: docs/LLAMA_FACTS.md). */
+/* The tensors of a model in file order (shapes: docs/LLAMA_FACTS.md; for
+ * lfm2 and gemma3, design note 7 in mkmodel.h). */
 static int make_specs(const preset *p, int n_vocab, tspec **out, int *n_out) {
-    int n = 3 + 9 * p->n_layer;
+    int n = 3 + 13 * p->n_layer; /* at most: gemma3's 13 tensors per layer */
     tspec *t = calloc((size_t)n, sizeof *t);
     if (!t) return KS_ENOMEM;
     int64_t E = p->n_embd, V = n_vocab, F = p->n_ff;
     int64_t d = p->n_embd / p->n_head;
     int64_t Hd = d * p->n_head, Hkvd = d * p->n_head_kv;
     int k = 0;
-#define SPEC(nm, a, b, ty, kd) do { snprintf(t[k].name, sizeof t[k].name, "%s", nm); \
+#define SPEC(nm, a, b, ty, kd) do { assert(k < n); snprintf(t[k].name, sizeof t[k].name, "%s", nm); \
         t[k].ne0 = (a); t[k].ne1 = (b); t[k].type = (ty); t[k].kind = (kd); k++; } while (0)
     SPEC("token_embd.weight", E, V, p->wtype, TK_EMBD);
-    SPEC("output_norm.weight", E, 1, GGML_TYPE_F32, TK_NORM);
+    /* lfm2's final norm has the name of an embedding norm (a converter's
+     * mistake llama.cpp keeps: LLM_TENSOR_OUTPUT_NORM_LFM2) */
+    SPEC(p->arch == MK_ARCH_LFM2 ? "token_embd_norm.weight" : "output_norm.weight", E, 1, GGML_TYPE_F32, TK_NORM);
     SPEC("output.weight", E, V, p->wtype, TK_OUTPUT);
     for (int l = 0; l < p->n_layer; l++) {
         char nm[64];
 #define LSPEC(suffix, a, b, ty, kd) do { snprintf(nm, sizeof nm, "blk.%d.%s", l, suffix); \
         SPEC(nm, a, b, ty, kd); } while (0)
         LSPEC("attn_norm.weight", E, 1, GGML_TYPE_F32, TK_NORM);
-        LSPEC("attn_q.weight", E, Hd, p->wtype, TK_WEIGHT);
-        LSPEC("attn_k.weight", E, Hkvd, p->wtype, TK_WEIGHT);
-        LSPEC("attn_v.weight", E, Hkvd, p->wtype, TK_WEIGHT);
-        LSPEC("attn_output.weight", Hd, E, p->wtype, TK_RESID);
+        if (p->arch == MK_ARCH_LFM2 && !lfm2_is_attn(p, l)) {
+            /* depthwise causal convolution over conv_l_cache taps, gated:
+             * in_proj makes (b, c, x), out = out_proj(c * conv(b * x)) */
+            LSPEC("shortconv.conv.weight", p->conv_l_cache, E, GGML_TYPE_F32, TK_WEIGHT);
+            LSPEC("shortconv.in_proj.weight", E, 3 * E, p->wtype, TK_WEIGHT);
+            LSPEC("shortconv.out_proj.weight", E, E, p->wtype, TK_RESID);
+        } else {
+            LSPEC("attn_q.weight", E, Hd, p->wtype, TK_WEIGHT);
+            LSPEC("attn_k.weight", E, Hkvd, p->wtype, TK_WEIGHT);
+            LSPEC("attn_v.weight", E, Hkvd, p->wtype, TK_WEIGHT);
+            LSPEC("attn_output.weight", Hd, E, p->wtype, TK_RESID);
+            if (p->arch != MK_ARCH_LLAMA) {
+                LSPEC("attn_q_norm.weight", d, 1, GGML_TYPE_F32, TK_NORM);
+                LSPEC("attn_k_norm.weight", d, 1, GGML_TYPE_F32, TK_NORM);
+            }
+            if (p->arch == MK_ARCH_GEMMA3)
+                LSPEC("post_attention_norm.weight", E, 1, GGML_TYPE_F32, TK_POST_NORM);
+        }
         LSPEC("ffn_norm.weight", E, 1, GGML_TYPE_F32, TK_NORM);
         LSPEC("ffn_gate.weight", E, F, p->wtype, TK_WEIGHT);
         LSPEC("ffn_up.weight", E, F, p->wtype, TK_WEIGHT);
         LSPEC("ffn_down.weight", F, E, p->wtype, TK_RESID);
+        if (p->arch == MK_ARCH_GEMMA3) LSPEC("post_ffw_norm.weight", E, 1, GGML_TYPE_F32, TK_POST_NORM);
 #undef LSPEC
     }
 #undef SPEC
-    assert(k == n);
     *out = t;
-    *n_out = n;
+    *n_out = k;
     return 0;
 }
 
@@ -231,14 +294,14 @@ static bool w_write(writer *w, const void *buf, size_t n) {
 }
 
 /* Generates tensor t row chunk by row chunk and writes its bytes. */
-static bool write_tensor(writer *w, const tspec *t, uint64_t seed, const vocab *v, float gain,
+static bool write_tensor(writer *w, const tspec *t, uint64_t seed, const vocab *v, float gain, float e_std,
                          float *fbuf, void *qbuf, int64_t chunk_elems) {
     rng r;
     rng_seed(&r, seed, t->name);
     int64_t rows_per_chunk = chunk_elems / t->ne0;
     if (rows_per_chunk < 1) rows_per_chunk = 1;
     float std = 1.0f / sqrtf((float)t->ne0); /* 1/sqrt(fan_in) keeps activations O(1) */
-    if (t->kind == TK_EMBD) std = EMBD_STD;
+    if (t->kind == TK_EMBD) std = e_std;
     if (t->kind == TK_RESID) std *= gain;
     for (int64_t r0 = 0; r0 < t->ne1; r0 += rows_per_chunk) {
         int64_t nr = t->ne1 - r0 < rows_per_chunk ? t->ne1 - r0 : rows_per_chunk;
@@ -247,7 +310,7 @@ static bool write_tensor(writer *w, const tspec *t, uint64_t seed, const vocab *
             float s = std;
             if (t->kind == TK_OUTPUT) s *= v->out_scale[r0 + i];
             for (int64_t j = 0; j < t->ne0; j++)
-                row[j] = t->kind == TK_NORM ? 1.0f : rng_tri(&r) * s;
+                row[j] = t->kind == TK_NORM ? 1.0f : t->kind == TK_POST_NORM ? POST_NORM_GAIN : rng_tri(&r) * s;
         }
         int64_t ne = nr * t->ne0;
         size_t nbytes;
@@ -323,20 +386,37 @@ static struct gguf_context *build_gguf(const preset *p, const vocab *v, const tm
     if (!g) return NULL;
     char name[64];
     snprintf(name, sizeof name, "kvstash-%s", p->name);
-    gguf_set_val_str(g, "general.architecture", "llama");
+    const char *arch = arch_name(p);
+    char key[96];
+#define AKEY(suffix) (snprintf(key, sizeof key, "%s.%s", arch, suffix), key)
+    gguf_set_val_str(g, "general.architecture", arch);
     gguf_set_val_str(g, "general.name", name);
     gguf_set_val_u32(g, "general.file_type", p->ftype);
     gguf_set_val_u32(g, "general.quantization_version", GGML_QNT_VERSION);
-    gguf_set_val_u32(g, "llama.vocab_size", (uint32_t)v->n);
-    gguf_set_val_u32(g, "llama.context_length", (uint32_t)p->n_ctx_train);
-    gguf_set_val_u32(g, "llama.embedding_length", (uint32_t)p->n_embd);
-    gguf_set_val_u32(g, "llama.block_count", (uint32_t)p->n_layer);
-    gguf_set_val_u32(g, "llama.feed_forward_length", (uint32_t)p->n_ff);
-    gguf_set_val_u32(g, "llama.attention.head_count", (uint32_t)p->n_head);
-    gguf_set_val_u32(g, "llama.attention.head_count_kv", (uint32_t)p->n_head_kv);
-    gguf_set_val_f32(g, "llama.attention.layer_norm_rms_epsilon", 1e-6f);
-    gguf_set_val_u32(g, "llama.rope.dimension_count", (uint32_t)(p->n_embd / p->n_head));
-    gguf_set_val_f32(g, "llama.rope.freq_base", 10000.0f);
+    gguf_set_val_u32(g, AKEY("vocab_size"), (uint32_t)v->n);
+    gguf_set_val_u32(g, AKEY("context_length"), (uint32_t)p->n_ctx_train);
+    gguf_set_val_u32(g, AKEY("embedding_length"), (uint32_t)p->n_embd);
+    gguf_set_val_u32(g, AKEY("block_count"), (uint32_t)p->n_layer);
+    gguf_set_val_u32(g, AKEY("feed_forward_length"), (uint32_t)p->n_ff);
+    gguf_set_val_u32(g, AKEY("attention.head_count"), (uint32_t)p->n_head);
+    if (p->arch == MK_ARCH_LFM2) {
+        /* lfm2 tells a convolution layer by its zero KV heads (is_recr) */
+        uint32_t kv[256];
+        assert(p->n_layer <= 256);
+        for (int l = 0; l < p->n_layer; l++) kv[l] = lfm2_is_attn(p, l) ? (uint32_t)p->n_head_kv : 0;
+        gguf_set_arr_data(g, AKEY("attention.head_count_kv"), GGUF_TYPE_UINT32, kv, (size_t)p->n_layer);
+        gguf_set_val_u32(g, AKEY("shortconv.l_cache"), (uint32_t)p->conv_l_cache);
+    } else {
+        gguf_set_val_u32(g, AKEY("attention.head_count_kv"), (uint32_t)p->n_head_kv);
+    }
+    gguf_set_val_f32(g, AKEY("attention.layer_norm_rms_epsilon"), 1e-6f);
+    gguf_set_val_u32(g, AKEY("rope.dimension_count"), (uint32_t)(p->n_embd / p->n_head));
+    gguf_set_val_f32(g, AKEY("rope.freq_base"), 10000.0f);
+    if (p->arch == MK_ARCH_GEMMA3) {
+        gguf_set_val_u32(g, AKEY("attention.sliding_window"), (uint32_t)p->n_swa);
+        gguf_set_val_u32(g, AKEY("attention.sliding_window_pattern"), (uint32_t)p->swa_pattern);
+    }
+#undef AKEY
 
     gguf_set_val_str(g, "tokenizer.ggml.model", "llama");
     gguf_set_arr_str(g, "tokenizer.ggml.tokens", (const char **)v->text, (size_t)v->n);
@@ -471,7 +551,7 @@ int ks_mkmodel_write(const ks_mkmodel_params *mp, const char *out_path, ks_mkmod
             goto done;
         }
         size_t nbytes = gguf_get_tensor_size(g, i);
-        if (!write_tensor(&w, &t[i], seed, &v, resid_gain(p), fbuf, qbuf, chunk)) break;
+        if (!write_tensor(&w, &t[i], seed, &v, resid_gain(p), embd_std(p), fbuf, qbuf, chunk)) break;
         size_t pad = GGML_PAD(nbytes, align) - nbytes;
         w_write(&w, zeros, pad);
     }

@@ -1,5 +1,7 @@
 /*
- * mkmodel.h — writes random-weight GGUF models of architecture `llama`.
+ * mkmodel.h — writes random-weight GGUF models of architecture `llama`, and
+ * of `lfm2` (hybrid) and `gemma3` (sliding window) for the memories that are
+ * not a plain KV cache (note 7).
  *
  * No weights can be downloaded where kvstash is built and tested, so every
  * test, demo and benchmark runs on a model this module makes. It uses ggml's
@@ -77,6 +79,29 @@
  *     - The end-of-turn token gets the output scale of note 4 (1.6);
  *       <|im_end|> then gets 0.05 unless it is the end of turn.
  *
+ *  7. Architectures beyond `llama` (the tensors' names and shapes are read from
+ *     the pinned llama.cpp's src/models/lfm2.cpp and gemma3.cpp; why these two:
+ *     docs/LLAMA_FACTS.md, "Hybrid, recurrent and sliding-window models"). The
+ *     vocabulary, template, output scales and generator are those of `llama`.
+ *     - tiny-hybrid, bench-hybrid: `lfm2` (Liquid's LFM2), llama.cpp's hybrid
+ *       memory: layer il is attention when il % attn_period == attn_period - 1
+ *       (tiny: 1 and 3 of 4; bench: 8 of 24, LFM2's own ratio), the others
+ *       gated short convolutions whose last conv_l_cache - 1 inputs are the
+ *       recurrent state. Keys: lfm2.attention.head_count_kv is a per-layer
+ *       array, 0 marking a convolution layer; lfm2.shortconv.l_cache (3).
+ *       Tensors: token_embd, token_embd_norm (lfm2's final norm has that
+ *       name), output; per layer attn_norm, then either attn_q/k/v/output and
+ *       attn_q_norm/attn_k_norm {head_dim}, or shortconv.conv {l_cache, E}
+ *       (F32), shortconv.in_proj {E, 3E}, shortconv.out_proj {E, E}; then
+ *       ffn_norm, ffn_gate/up/down.
+ *     - tiny-swa: `gemma3` with gemma3.attention.sliding_window 32 and
+ *       sliding_window_pattern 2: layers 0 and 2 attend to the last 32
+ *       positions, 1 and 3 to all (llama.cpp's iSWA KV cache). Tensors as
+ *       `llama` plus attn_q_norm/attn_k_norm {head_dim} and the norms of the
+ *       blocks' outputs post_attention_norm, post_ffw_norm (weights 0.2, see
+ *       POST_NORM_GAIN in mkmodel.c); embeddings stored at 1/sqrt(n_embd) of
+ *       `llama`'s, since gemma scales them up by sqrt(n_embd).
+ *
  * Thread model: ks_mkmodel and ks_mkmodel_shape_of are reentrant (no global
  * state of their own); ggml's quantizer is thread-safe.
  */
@@ -122,21 +147,21 @@ typedef struct ks_mkmodel_shape {
 
 /* What to make. Filled by ks_mkmodel_params_default(): tiny, seed 1, no template. */
 typedef struct ks_mkmodel_params {
-    const char *preset;        /* "tiny" or "bench" */
+    const char *preset;        /* one of ks_mkmodel_presets() */
     uint64_t seed;
     const char *chat_template; /* Jinja text (borrowed for the call); NULL: the preset's ChatML */
 } ks_mkmodel_params;
 
 ks_mkmodel_params ks_mkmodel_params_default(void);
 
-/* Names of the presets, "tiny|bench" — static. */
+/* Names of the presets, "tiny|bench|..." — static. */
 const char *ks_mkmodel_presets(void);
 
 /* Fills *out with the shape of preset (builds the vocabulary to count it).
  * Returns 0, KS_EINVAL for an unknown preset or NULL arguments, KS_ENOMEM. */
 int ks_mkmodel_shape_of(const char *preset, ks_mkmodel_shape *out);
 
-/* Writes the random-weight model `preset` ("tiny" or "bench") made from
+/* Writes the random-weight model `preset` (one of ks_mkmodel_presets()) made from
  * `seed` to out_path, atomically (note 2). Missing parent directories are
  * created. An existing file at out_path is replaced.
  * Returns 0 or: KS_EINVAL (unknown preset, empty path), KS_ENOMEM,

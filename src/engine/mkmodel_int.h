@@ -11,6 +11,13 @@
 
 #include "ggml.h"
 
+/* The architectures mkmodel writes (design note 7 in mkmodel.h). */
+enum mk_arch {
+    MK_ARCH_LLAMA, /* "llama": attention in every layer */
+    MK_ARCH_LFM2,  /* "lfm2": short-convolution layers and attention layers (hybrid memory) */
+    MK_ARCH_GEMMA3 /* "gemma3": sliding-window and global attention layers (iSWA KV cache) */
+};
+
 typedef struct preset {
     const char *name;
     int n_embd, n_layer, n_head, n_head_kv, n_ff, n_ctx_train;
@@ -19,6 +26,14 @@ typedef struct preset {
     bool pad_vocab;    /* fill up to n_vocab_max with synthetic "▁w<id>" pieces */
     enum ggml_type wtype;
     uint32_t ftype;    /* general.file_type (llama_ftype: 1 mostly F16, 7 mostly Q8_0) */
+    /* Beyond `llama` (zero for it): */
+    enum mk_arch arch;
+    int attn_period;   /* lfm2: layer il is attention when il % attn_period == attn_period - 1,
+                        * the others short convolutions */
+    int conv_l_cache;  /* lfm2: taps of the short convolution (lfm2.shortconv.l_cache) */
+    int n_swa;         /* gemma3: sliding window in tokens (attention.sliding_window) */
+    int swa_pattern;   /* gemma3: layer il is global when il % swa_pattern == swa_pattern - 1,
+                        * the others sliding-window (attention.sliding_window_pattern) */
 } preset;
 
 /* Output-row scales (design note 4 in mkmodel.h). */
