@@ -509,6 +509,9 @@ double ks_engine_warm_ms(const ks_engine *e) { return e->warm_ms; }
 bool ks_engine_partial_rm_ok(const ks_engine *e) {
     return !llama_model_is_recurrent(e->model) && !llama_model_is_hybrid(e->model);
 }
+bool ks_engine_is_hybrid(const ks_engine *e) { return llama_model_is_hybrid(e->model); }
+bool ks_engine_is_recurrent(const ks_engine *e) { return llama_model_is_recurrent(e->model); }
+int ks_engine_n_swa(const ks_engine *e) { return (int)llama_model_n_swa(e->model); }
 
 /* -------------------------------------------------------------- tokenizer */
 int ks_engine_tokenize(const ks_engine *e, const char *text, size_t len, bool add_special,
@@ -929,6 +932,9 @@ void ks_engine_seq_clear(ks_engine *e, int seq) {
 int ks_engine_seq_pos_max(ks_engine *e, int seq) {
     return llama_memory_seq_pos_max(llama_get_memory(e->ctx), seq);
 }
+int ks_engine_seq_pos_min(ks_engine *e, int seq) {
+    return llama_memory_seq_pos_min(llama_get_memory(e->ctx), seq);
+}
 
 size_t ks_engine_state_size(ks_engine *e, int seq) { return llama_state_seq_get_size(e->ctx, seq); }
 
@@ -939,6 +945,24 @@ size_t ks_engine_state_get(ks_engine *e, int seq, uint8_t *buf, size_t n) {
 int ks_engine_state_set(ks_engine *e, int seq, const uint8_t *buf, size_t n) {
     size_t r = llama_state_seq_set_data(e->ctx, buf, n, seq);
     if (r == 0) {
+        ks_engine_seq_clear(e, seq);
+        return KS_EMISMATCH;
+    }
+    return 0;
+}
+
+size_t ks_engine_state_size_partial(ks_engine *e, int seq) {
+    return llama_state_seq_get_size_ext(e->ctx, seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
+}
+
+size_t ks_engine_state_get_partial(ks_engine *e, int seq, uint8_t *buf, size_t n) {
+    return llama_state_seq_get_data_ext(e->ctx, buf, n, seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
+}
+
+int ks_engine_state_set_partial(ks_engine *e, int seq, const uint8_t *buf, size_t n) {
+    size_t r = llama_state_seq_set_data_ext(e->ctx, buf, n, seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
+    if (r == 0) {
+        /* the partial memory may be half-read: nothing of the sequence is trustworthy */
         ks_engine_seq_clear(e, seq);
         return KS_EMISMATCH;
     }

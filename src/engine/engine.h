@@ -114,6 +114,17 @@ const char *ks_engine_cpu_backend(void);
 /* true when the memory can remove a partial range of a sequence; false for
  * recurrent and hybrid models, whose state cannot be trimmed. */
 bool ks_engine_partial_rm_ok(const ks_engine *e);
+/* What kind of memory the model has (llama_model_is_hybrid / _is_recurrent):
+ * hybrid models mix attention layers with recurrent or convolution layers
+ * (LFM2, Granite 4, Qwen3-Next...), recurrent ones have no attention (Mamba,
+ * RWKV). Either way the recurrent part is one fixed-size state per sequence
+ * that cannot go back to an earlier position (docs/LLAMA_FACTS.md, "Hybrid,
+ * recurrent and sliding-window models"). */
+bool ks_engine_is_hybrid(const ks_engine *e);
+bool ks_engine_is_recurrent(const ks_engine *e);
+/* The sliding window of the model's SWA layers in tokens (llama_model_n_swa),
+ * 0 when it has none (Gemma 2/3, gpt-oss have one). */
+int ks_engine_n_swa(const ks_engine *e);
 
 /* -------------------------------------------------------------- tokenizer */
 /* Tokenizes text. add_special: BOS as the model wants; parse_special: treat
@@ -272,6 +283,11 @@ bool ks_engine_seq_rm(ks_engine *e, int seq, int p0, int p1);
 void ks_engine_seq_clear(ks_engine *e, int seq);
 /* Highest position in seq, -1 when empty. */
 int ks_engine_seq_pos_max(ks_engine *e, int seq);
+/* Lowest position the memory still holds for seq, -1 when empty. Above 0 when
+ * cells left the sliding window and were dropped (never with the engine's
+ * full-size SWA cache, but after restoring a state saved past the window:
+ * a state carries only the cells inside the window). */
+int ks_engine_seq_pos_min(ks_engine *e, int seq);
 
 /* Sequence state (the seq's KV as bytes): ask the size, then fill.
  * get returns bytes written (0 on failure); set returns KS_EMISMATCH when
@@ -279,5 +295,21 @@ int ks_engine_seq_pos_max(ks_engine *e, int seq);
 size_t ks_engine_state_size(ks_engine *e, int seq);
 size_t ks_engine_state_get(ks_engine *e, int seq, uint8_t *buf, size_t n);
 int ks_engine_state_set(ks_engine *e, int seq, const uint8_t *buf, size_t n);
+
+/* The partial state of a sequence (llama's LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY):
+ * only the part a trim cannot rebuild — the recurrent state of a hybrid or
+ * recurrent model (a fixed size, whatever the sequence's length), the cells of
+ * the sliding-window layers of an SWA model — without the attention KV of the
+ * other layers. A checkpoint: restored over a live sequence whose attention
+ * KV still holds the checkpoint's tokens, followed by ks_engine_seq_rm of
+ * everything after them, it puts the sequence back at the checkpoint
+ * (docs/LLAMA_FACTS.md, "Hybrid, recurrent and sliding-window models").
+ * On a model with neither part (a plain KV cache) llama ignores the flag: the
+ * blob is the full state, as large as ks_engine_state_get's. Same conventions as
+ * ks_engine_state_size / _get / _set; set_partial leaves the attention KV as
+ * it was and clears the whole sequence only when llama refuses the blob. */
+size_t ks_engine_state_size_partial(ks_engine *e, int seq);
+size_t ks_engine_state_get_partial(ks_engine *e, int seq, uint8_t *buf, size_t n);
+int ks_engine_state_set_partial(ks_engine *e, int seq, const uint8_t *buf, size_t n);
 
 #endif
