@@ -72,6 +72,7 @@
  *  P2. The counters (s->cst) are the inference thread's own; sched.c
  *      publishes them under mu. No restore or copy runs under mu.
  */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -167,6 +168,18 @@ static void spc_capture(ks_sched *s, slot *sl) {
 }
 
 /* ------------------------------------------------------------- restores */
+/* The longest state that may be set into a slot. On a sliding-window model
+ * llama's state of a sequence past the window keeps only the window's cells
+ * of the sliding layers, and they come back in other cells, so attention
+ * sums them in another order: not the bits of the uncached run
+ * (docs/LLAMA_FACTS.md, "Hybrid, recurrent and sliding-window models").
+ * Restores (store, SPC, slot copies, pin rewinds) stop at the window until
+ * checkpoints that keep every cell exist; live reuse in the slot is exact. */
+static int restore_cap(const ks_sched *s) {
+    int w = ks_engine_n_swa(s->e);
+    return w > 0 ? w : INT_MAX;
+}
+
 /* Replaces the slot's sequence with a state standing for tokens[0, n).
  * Returns 0; KS_EMISMATCH when llama rejects the state (the slot is then
  * empty and consistent); KS_ENOMEM when the token list cannot hold the
@@ -174,6 +187,7 @@ static void spc_capture(ks_sched *s, slot *sl) {
 static int restore_state(ks_sched *s, slot *sl, const uint8_t *state, size_t len, const int32_t *tokens, int n) {
     ks_engine_seq_clear(s->e, sl->id);
     ks_tokens_truncate(&sl->tokens, 0);
+    if (n > restore_cap(s)) return KS_EMISMATCH; /* callers stop short of it; a safety net */
     int rc = ks_engine_state_set(s->e, sl->id, state, len);
     if (rc == 0 && (rc = ks_tokens_assign(&sl->tokens, tokens, n)) != 0) ks_engine_seq_clear(s->e, sl->id);
     return rc;
@@ -189,6 +203,7 @@ static int store_restore(ks_sched *s, slot *sl, sreq *r, int *n_reuse, int beat,
     ks_store_hit hit;
     if (beat < *n_reuse) beat = *n_reuse;
     if (max > r->prompt.n - 1) max = r->prompt.n - 1;
+    if (max > restore_cap(s)) max = restore_cap(s);
     if (beat + 1 > max) return 0;
     if (ks_store_lookup_range(s->p.store, r->prompt.v, r->prompt.n, beat + 1, max, &hit) != 0) return 0;
     int ret = 0;
@@ -223,6 +238,7 @@ done:
  * is restored (spc.h, invariant 5). Returns as store_restore. */
 static int spc_restore(ks_sched *s, slot *sl, sreq *r, int *n_reuse) {
     int n_sys = r->p.n_sys_tokens;
+    if (n_sys > restore_cap(s)) return 0;
     const ks_spc_entry *e = ks_spc_acquire(s->p.spc, r->p.sys_key);
     int ret = 0;
     if (!e) {
@@ -318,7 +334,7 @@ static int copy_source(ks_sched *s, const slot *dst, const sreq *r, int need, in
     *n_out = 0;
     for (int i = 0; i < s->n_slots; i++) {
         const slot *o = &s->slots[i];
-        if (o == dst || o->tokens.n < need) continue;
+        if (o == dst || o->tokens.n < need || o->tokens.n > restore_cap(s)) continue;
         int n = ks_prefix_reuse(ks_prefix_common(o->tokens.v, o->tokens.n, r->prompt.v, r->prompt.n), r->prompt.n);
         if (n < need || (n < o->tokens.n && !trims)) continue;
         if (best < 0 || n > *n_out || (n == *n_out && o->tokens.n < s->slots[best].tokens.n)) {
@@ -451,7 +467,7 @@ static int pins_plan(ks_sched *s, slot *sl, sreq *r, int *n_reuse) {
     int n_full = sl->tokens.n;
     size_t len = 0;
     bool trims = !s->p.simulate_no_partial_rm && ks_engine_partial_rm_ok(s->e);
-    uint8_t *full = trims ? snapshot(s, sl, &len) : NULL;
+    uint8_t *full = trims && n_full <= restore_cap(s) ? snapshot(s, sl, &len) : NULL;
     if (full) {
         /* Rewind: deepest first, each cut from the previous one. */
         for (int k = n_cov - 1; k >= 0; k--) {
@@ -604,6 +620,17 @@ int ks__policy_chunk(ks_sched *s, slot *sl, int take, int budget) {
     if (cut > 0 && take > cut - sl->n_past) take = cut - sl->n_past;
     if (!cold_saves(s, sl)) return take;
     ks_savepoint_cfg c = {.stride = s->p.store_stride, .min_tokens = s->p.store_min_tokens};
+    int cap = restore_cap(s);
+    if (cap < INT_MAX) {
+        /* Sliding window: a state past it cannot be restored (restore_cap),
+         * so a cold prefill saves at the last stride boundary within it. */
+        int b = (cap < r->prompt.n ? cap : r->prompt.n) / c.stride * c.stride;
+        if (r->res.n_cached < c.stride && b > sl->n_past && b >= c.min_tokens && b - sl->n_past <= take) {
+            sl->snap_store = b;
+            return b - sl->n_past;
+        }
+        return take;
+    }
     if (take < remaining)
         return ks_savepoint_cut(&c, sl->n_past, take, r->prompt.n, cut, budget, r->res.n_cached, &sl->snap_store);
     return ks_savepoint_cut_last(&c, sl->n_past, take, r->res.n_cached, r->prompt.n, &sl->snap_store);

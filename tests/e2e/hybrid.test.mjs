@@ -10,7 +10,10 @@
 // "partial-rm-unsupported" (until the checkpoints of issue 15).
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { startServer, stopOk, chat, replyOf } from './lib.mjs';
+import { mkdtempSync, rmSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { startServer, stopOk, chat, replyOf, writeStoreConfig } from './lib.mjs';
 
 const MODELS = {
   'tiny-hybrid': process.env.KS_TINY_HYBRID_MODEL,
@@ -72,3 +75,49 @@ for (const [name, model] of Object.entries(MODELS)) {
     servers.length = 0;
   });
 }
+
+// A sliding-window model's state past the window does not restore bit for bit
+// (llama keeps only the window's cells and sets them into other cells), so
+// restores from the store, SPC or another slot stop at the window (32 tokens
+// on tiny-swa): two conversations taking turns on one slot, each turn after
+// the other's, restore at most that much, and every reply equals the uncached
+// one.
+test('tiny-swa: restores stop at the sliding window, replies equal --no-cache-prompt', async () => {
+  const model = MODELS['tiny-swa'];
+  assert.ok(model, 'the tiny-swa model path is not set (run through ctest)');
+  const args = ['-m', model, '--ctx', '1024', '--slots', '1'];
+  const dir = mkdtempSync(path.join(os.tmpdir(), 'ks-swa-'));
+  const cfg = await writeStoreConfig(path.join(dir, 'store.yaml'),
+    { cacheDir: path.join(dir, 'disk'), shmDir: path.join(dir, 'shm'), minTokens: 16, stride: 16 });
+  const cached = await startServer([...args, '--config', cfg]);
+  servers.push(cached);
+  const uncached = await startServer([...args, '--no-cache-prompt']);
+  servers.push(uncached);
+  let windowed = 0;
+  const convs = [[{ role: 'system', content: 'You answer about rivers.' }],
+    [{ role: 'system', content: 'You answer about dogs and their stories.' }]];
+  for (let turn = 0; turn < 3; turn++) {
+    for (let k = 0; k < convs.length; k++) {
+      const msgs = convs[k];
+      msgs.push({ role: 'user', content: `${questions[turn]} (conversation ${k})` });
+      const a = await chat(cached, msgs, { max_tokens: 16, temperature: 0 });
+      const b = await chat(uncached, msgs, { max_tokens: 16, temperature: 0 });
+      const what = `conversation ${k} turn ${turn + 1}`;
+      assert.equal(replyOf(a), replyOf(b), `${what}: text differs from --no-cache-prompt`);
+      const c = a.usage.prompt_tokens_details.cached_tokens;
+      if (a.cache.mode === 'store' || a.cache.mode === 'spc' || a.cache.mode === 'copy') {
+        assert.ok(c <= 32, `${what}: ${c} tokens restored (${a.cache.mode}) past the 32-token window`);
+        windowed++;
+      }
+      msgs.push({ role: 'assistant', content: replyOf(b) });
+    }
+  }
+  // The store was asked: each conversation's turns after the first found a
+  // stored state of its own (the other conversation held the slot), cut to
+  // the window.
+  assert.ok(windowed > 0, 'no restore at all: the test did not reach the store');
+  await stopOk(cached);
+  await stopOk(uncached);
+  servers.length = 0;
+  rmSync(dir, { recursive: true, force: true });
+});
