@@ -1,10 +1,14 @@
 # kvstash — thin wrapper over CMake. The two commands a newcomer needs:
 #   make run    set up what is missing, build, and run the demo (MODEL=path.gguf to use yours)
 #   make test   set up, build, and run every test (make test-asan: the same under ASan+UBSan)
-.PHONY: all setup clients build run test test-asan bench clean demo-model install
+# make fuzz runs each fuzz target for FUZZ_SECONDS (60) under ASan+UBSan (tests/fuzz/run.sh);
+# make test-tsan runs the scheduler, store and server tests under ThreadSanitizer.
+.PHONY: all setup clients build run test test-asan fuzz test-tsan bench clean demo-model install
 
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
+FUZZ_BUILD ?= build-fuzz
+TSAN_BUILD ?= build-tsan
 JOBS       ?= $(shell nproc)
 DEPS       := $(CURDIR)/build/deps
 DEMO_MODEL := $(BUILD)/models/demo.gguf
@@ -50,6 +54,15 @@ test-asan: setup clients $(ASAN_BUILD)/CMakeCache.txt
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  ctest --output-on-failure --no-tests=error -j 2 $(CTEST_ARGS)
 
+# libFuzzer needs clang (setup installs it); -O1 with asserts on, as libFuzzer advises.
+$(FUZZ_BUILD)/CMakeCache.txt:
+	CC=clang CXX=clang++ cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS_DEBUG="-O1 -g" \
+	  -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" -DKS_SANITIZE=ON -DKS_FUZZ=ON -DKS_DEPS_DIR=$(DEPS) >/dev/null
+
+fuzz: setup $(FUZZ_BUILD)/CMakeCache.txt
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzzers
+	bash tests/fuzz/run.sh $(FUZZ_BUILD)
+
 # make install [PREFIX=/usr/local] [DESTDIR=/staging/root]: bin/kvstash, the header,
 # libkvstash.{a,so}, kvstash.pc and kvstash's private llama.cpp libraries (the layout
 # is described in CMakeLists.txt). The installed tree needs no LD_LIBRARY_PATH.
@@ -60,4 +73,4 @@ bench: build
 	@bash bench/run_all.sh
 
 clean:
-	rm -rf $(BUILD)/CMakeFiles $(BUILD)/kvstash $(ASAN_BUILD)
+	rm -rf $(BUILD)/CMakeFiles $(BUILD)/kvstash $(ASAN_BUILD) $(FUZZ_BUILD) $(TSAN_BUILD)
