@@ -23,7 +23,9 @@
 
 typedef struct ks_textstream ks_textstream;
 
-/* stops: up to 16 non-empty strings, copied. NULL on ENOMEM. */
+/* stops: up to 16 strings, copied; an empty one, or one that is not valid
+ * UTF-8 (it could only match inside a character), is ignored. NULL on
+ * ENOMEM. */
 ks_textstream *ks_textstream_create(const char *const *stops, int n_stops);
 void ks_textstream_free(ks_textstream *ts);
 /* Feeds one piece; appends the text that is safe to emit to out.
