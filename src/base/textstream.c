@@ -96,6 +96,23 @@ static bool utf8_valid(const char *s, size_t n) {
     return true;
 }
 
+size_t ks_utf8_scrub(char *s, size_t n) {
+    unsigned char *p = (unsigned char *)s;
+    size_t w = 0;
+    for (size_t i = 0; i < n;) {
+        int len = utf8_seq(p + i, n - i);
+        if (len == 0) {
+            i++;
+            continue;
+        }
+        memmove(p + w, p + i, (size_t)len);
+        w += (size_t)len;
+        i += (size_t)len;
+    }
+    p[w] = '\0';
+    return w;
+}
+
 static int emit(ks_textstream *ts, const char *s, size_t n, ks_buf *out) {
     if (!n) return 0;
     int rc = ks_buf_append(out, s, n);

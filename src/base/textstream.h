@@ -42,4 +42,11 @@ bool ks_textstream_stopped(const ks_textstream *ts);
  * the earliest in the text (the first given on a tie); -1: none. */
 int ks_textstream_stop_index(const ks_textstream *ts);
 
+/* Removes, in place, every byte of s[0, n) that is not part of a valid
+ * UTF-8 sequence (RFC 3629: no overlong forms, surrogates or values past
+ * U+10FFFF) and writes a NUL at the new end (s must have room for n + 1
+ * bytes). Returns the new length. For text cut at a byte limit, which may
+ * end inside a character. Reentrant. */
+size_t ks_utf8_scrub(char *s, size_t n);
+
 #endif

@@ -89,6 +89,19 @@ static void test_invalid_utf8_stop_ignored(void **st) {
     ks_textstream_free(ts);
 }
 
+/* ks_utf8_scrub keeps every valid character and drops the rest. */
+static void test_utf8_scrub(void **st) {
+    (void)st;
+    char a[] = "caf\xc3\xa9 \xe2\x82"; /* a cut euro sign at the end */
+    assert_int_equal(ks_utf8_scrub(a, strlen(a)), 6);
+    assert_string_equal(a, "caf\xc3\xa9 ");
+    char b[] = "x\xffy\xc0\xafz\xed\xa0\x80w\xf0\x9f\x98\x80"; /* invalid, overlong, surrogate, emoji */
+    assert_int_equal(ks_utf8_scrub(b, strlen(b)), 8);
+    assert_string_equal(b, "xyzw\xf0\x9f\x98\x80");
+    char c[] = "";
+    assert_int_equal(ks_utf8_scrub(c, 0), 0);
+}
+
 static void test_partial_stop_released(void **st) {
     (void)st;
     const char *stops[] = {"STOP"};
@@ -125,6 +138,7 @@ int main(void) {
         cmocka_unit_test(test_stop_across_pieces),
         cmocka_unit_test(test_partial_stop_released),
         cmocka_unit_test(test_invalid_utf8_stop_ignored),
+        cmocka_unit_test(test_utf8_scrub),
         cmocka_unit_test(test_stop_earliest_wins),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
