@@ -14,6 +14,9 @@ DEPS       := $(CURDIR)/build/deps
 DEMO_MODEL := $(BUILD)/models/demo.gguf
 MODEL      ?=
 CTEST_ARGS ?=
+# No suppressions: llama.cpp and ggml are not instrumented (ThreadSanitizer sees
+# none of their accesses), and every report so far was a real race (docs/RELIABILITY.md).
+TSAN_OPTIONS_KS = log_path=$(CURDIR)/$(TSAN_BUILD)/tsan/report second_deadlock_stack=1
 PREFIX     ?= /usr/local
 DESTDIR    ?=
 
@@ -53,6 +56,21 @@ test-asan: setup clients $(ASAN_BUILD)/CMakeCache.txt
 	  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp:print_suppressions=0 \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  ctest --output-on-failure --no-tests=error -j 2 $(CTEST_ARGS)
+
+# The tests labelled tsan (CMakeLists.txt) under ThreadSanitizer. Every process writes
+# its reports to $(TSAN_BUILD)/tsan/ (the servers of the e2e tests too, whose exit
+# codes not every test checks): any report there fails the target.
+$(TSAN_BUILD)/CMakeCache.txt:
+	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS_DEBUG="-O1 -g" \
+	  -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" -DKS_TSAN=ON -DKS_DEPS_DIR=$(DEPS) >/dev/null
+
+test-tsan: setup clients $(TSAN_BUILD)/CMakeCache.txt
+	cmake --build $(TSAN_BUILD) -j $(JOBS)
+	rm -rf $(TSAN_BUILD)/tsan && mkdir -p $(TSAN_BUILD)/tsan
+	cd $(TSAN_BUILD) && TSAN_OPTIONS="$(TSAN_OPTIONS_KS)" ctest --output-on-failure --no-tests=error -j 2 -L tsan \
+	  $(CTEST_ARGS); rc=$$?; \
+	  if ls tsan/report.* >/dev/null 2>&1; then cat tsan/report.*; \
+	    echo "make test-tsan: ThreadSanitizer reports in $(TSAN_BUILD)/tsan/ (above)"; rc=1; fi; exit $$rc
 
 # libFuzzer needs clang (setup installs it); -O1 with asserts on, as libFuzzer advises.
 $(FUZZ_BUILD)/CMakeCache.txt:
