@@ -3,7 +3,7 @@
 #   make test   set up, build, and run every test (make test-asan: the same under ASan+UBSan)
 # make fuzz runs each fuzz target for FUZZ_SECONDS (60) under ASan+UBSan (tests/fuzz/run.sh);
 # make test-tsan runs the scheduler, store and server tests under ThreadSanitizer.
-.PHONY: all setup clients build run test test-asan fuzz test-tsan bench clean demo-model install
+.PHONY: all setup clients build run test test-asan fuzz test-tsan bench soak clean demo-model install
 
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
@@ -79,7 +79,7 @@ $(FUZZ_BUILD)/CMakeCache.txt:
 
 fuzz: setup $(FUZZ_BUILD)/CMakeCache.txt
 	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzzers
-	bash tests/fuzz/run.sh $(FUZZ_BUILD)
+	KS_TEMPLATES_DIR=$(DEPS)/common/templates bash tests/fuzz/run.sh $(FUZZ_BUILD)
 
 # make install [PREFIX=/usr/local] [DESTDIR=/staging/root]: bin/kvstash, the header,
 # libkvstash.{a,so}, kvstash.pc and kvstash's private llama.cpp libraries (the layout
@@ -89,6 +89,10 @@ install: build
 
 bench: build
 	@bash bench/run_all.sh
+
+# 64 streaming clients for 5 minutes on the tiny model (bench/soak/soak.mjs; SOAK_ARGS=--duration 60 ...).
+soak: build
+	@bash bench/soak/soak.sh $(SOAK_ARGS)
 
 clean:
 	rm -rf $(BUILD)/CMakeFiles $(BUILD)/kvstash $(ASAN_BUILD) $(FUZZ_BUILD) $(TSAN_BUILD)
