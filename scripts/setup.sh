@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # setup.sh — install what kvstash needs to build, only what is missing.
 #
-#   1. Debian -dev packages (apt-get), only when a package is not installed.
+#   1. Debian -dev packages (apt-get), only when a package is not installed;
+#      clang with libFuzzer for make fuzz.
 #   2. llama.cpp v0.5.0 from two npm registry packages, fetched with `npm pack`,
 #      checked against pinned sha512 integrity hashes and laid out as a prefix:
 #        $DEPS/llama/lib      prebuilt shared libraries (+ link-time symlinks)
@@ -20,8 +21,9 @@ DEPS=${1:-$top/build/deps}
 LLAMA=$DEPS/llama
 STAMP=$LLAMA/.ok-v0.5.0
 
+# clang and its runtime libraries (libFuzzer, the sanitizers' runtimes) are for make fuzz.
 DEB_PKGS="libmicrohttpd-dev libjansson-dev libyaml-dev libssl-dev libxxhash-dev libcmocka-dev pkg-config
-    cmake make g++ git openssl"
+    cmake make g++ git openssl clang libclang-rt-dev"
 BIN_PKG=@node-llama-cpp/linux-x64@3.22.1
 BIN_SHA512=5uCCDNqWCNfaAm8aR/Uzxbo4HBpKgNF91kCHPepKhgMgV2OAmatoefbOlMihsqCiH2Od35E/eUHQCFbfRBJuOg==
 SRC_PKG=node-llama-cpp@3.22.1

@@ -11,6 +11,8 @@
 #                                          jinja/*.h, ...) and llama-cpp.h
 #   $DEPS/common/templates                 some of llama.cpp's models/templates,
 #                                          for the tests (KS_TEMPLATES_DIR)
+# One patch is applied, scripts/patches/llama-common-localtime.patch (thread
+# safety of the date templates may show; see below).
 # Only the library is compiled here: libllama and ggml stay the prebuilt ones
 # (their headers are used at compile time; kvstash's link resolves the rest
 # against the prebuilt .so files). The CMake project is generated into the
@@ -18,7 +20,9 @@
 # Idempotent: with the stamp present it does nothing and prints nothing.
 
 COMMON=$DEPS/common
-COMMON_STAMP=$COMMON/.ok-v0.5.0-r1 # bump the suffix when this recipe changes
+COMMON_STAMP=$COMMON/.ok-v0.5.0-r2 # bump the suffix when this recipe changes
+# r2: scripts/patches/llama-common-localtime.patch (see below)
+COMMON_PATCH=$top/scripts/patches/llama-common-localtime.patch
 
 # Templates from the bundle's models/templates/ (file names without .jinja).
 COMMON_TEMPLATES="Qwen-Qwen2.5-7B-Instruct Qwen-Qwen3-0.6B Qwen3-Coder
@@ -51,6 +55,14 @@ if [ ! -f "$COMMON_STAMP" ]; then
     pinned_source "$tmp/src" common include ggml/include src/llama-ext.h vendor/nlohmann $tpl_paths
     commit=$SRC_COMMIT
     n_commits=$SRC_N_COMMITS
+    # One fix: the date a template may show (common_chat_extra_context,
+    # jinja's strftime_now) came from std::localtime, whose result is one
+    # static buffer, while the server renders on several HTTP threads at
+    # once (ThreadSanitizer's report in make test-tsan). localtime_r instead.
+    if ! (cd "$tmp/src" && patch -s -p1 <"$COMMON_PATCH"); then
+        say "the localtime patch does not apply to this llama.cpp source"
+        exit 1
+    fi
 
     # build-info.cpp as upstream's build-info.cpp.in would produce it.
     sed -e "s|@LLAMA_BUILD_NUMBER@|$n_commits|" -e "s|@LLAMA_BUILD_COMMIT@|$commit|" \

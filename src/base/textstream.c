@@ -26,12 +26,18 @@ struct ks_textstream {
 
 static const char REPLACEMENT[] = "\xEF\xBF\xBD"; /* U+FFFD */
 
+static bool utf8_valid(const char *s, size_t n);
+
 ks_textstream *ks_textstream_create(const char *const *stops, int n_stops) {
     ks_textstream *ts = calloc(1, sizeof *ts);
     if (!ts) return NULL;
     ts->stop_index = -1;
     for (int i = 0; i < n_stops && ts->n_stops < MAX_STOPS; i++) {
         if (!stops[i] || !stops[i][0]) continue;
+        /* The text is valid UTF-8: a stop string that is not could only
+         * match, or start to match, inside a character, and the text before
+         * it would end with a cut one (found by tests/fuzz/fuzz_textstream). */
+        if (!utf8_valid(stops[i], strlen(stops[i]))) continue;
         ts->stops[ts->n_stops] = strdup(stops[i]);
         if (!ts->stops[ts->n_stops]) { ks_textstream_free(ts); return NULL; }
         ts->stop_len[ts->n_stops] = strlen(stops[i]);
@@ -72,6 +78,39 @@ static bool utf8_ok_prefix(const unsigned char *s, int n) {
     for (int i = 2; i < n; i++)
         if ((s[i] & 0xC0) != 0x80) return false;
     return true;
+}
+
+/* The length of the valid UTF-8 sequence at p[0, n), 0 when there is none. */
+static int utf8_seq(const unsigned char *p, size_t n) {
+    int len = utf8_len(p[0]);
+    return len == 0 || (size_t)len > n || !utf8_ok_prefix(p, len) ? 0 : len;
+}
+
+static bool utf8_valid(const char *s, size_t n) {
+    const unsigned char *p = (const unsigned char *)s;
+    for (size_t i = 0; i < n;) {
+        int len = utf8_seq(p + i, n - i);
+        if (len == 0) return false;
+        i += (size_t)len;
+    }
+    return true;
+}
+
+size_t ks_utf8_scrub(char *s, size_t n) {
+    unsigned char *p = (unsigned char *)s;
+    size_t w = 0;
+    for (size_t i = 0; i < n;) {
+        int len = utf8_seq(p + i, n - i);
+        if (len == 0) {
+            i++;
+            continue;
+        }
+        memmove(p + w, p + i, (size_t)len);
+        w += (size_t)len;
+        i += (size_t)len;
+    }
+    p[w] = '\0';
+    return w;
 }
 
 static int emit(ks_textstream *ts, const char *s, size_t n, ks_buf *out) {

@@ -23,7 +23,9 @@
 
 typedef struct ks_textstream ks_textstream;
 
-/* stops: up to 16 non-empty strings, copied. NULL on ENOMEM. */
+/* stops: up to 16 strings, copied; an empty one, or one that is not valid
+ * UTF-8 (it could only match inside a character), is ignored. NULL on
+ * ENOMEM. */
 ks_textstream *ks_textstream_create(const char *const *stops, int n_stops);
 void ks_textstream_free(ks_textstream *ts);
 /* Feeds one piece; appends the text that is safe to emit to out.
@@ -39,5 +41,12 @@ bool ks_textstream_stopped(const ks_textstream *ts);
 /* The index (in create's stops) of the stop string that ended the stream,
  * the earliest in the text (the first given on a tie); -1: none. */
 int ks_textstream_stop_index(const ks_textstream *ts);
+
+/* Removes, in place, every byte of s[0, n) that is not part of a valid
+ * UTF-8 sequence (RFC 3629: no overlong forms, surrogates or values past
+ * U+10FFFF) and writes a NUL at the new end (s must have room for n + 1
+ * bytes). Returns the new length. For text cut at a byte limit, which may
+ * end inside a character. Reentrant. */
+size_t ks_utf8_scrub(char *s, size_t n);
 
 #endif

@@ -481,8 +481,12 @@ int ks_sched_submit(ks_sched *s, const ks_req_params *p, uint64_t *id) {
         sreq_free(r);
         return KS_ESHUTDOWN;
     }
-    int idle = 0;
-    for (int i = 0; i < s->n_slots; i++) idle += s->slots[i].state == ST_IDLE;
+    /* Idle slots from n_active, not from the slots' states: a slot's state
+     * belongs to the inference thread, which moves it from prefill to
+     * generation without mu (a data race ThreadSanitizer found). Idle <->
+     * assigned changes happen under mu together with n_active, so this
+     * count is exact. */
+    int idle = s->n_slots - s->n_active;
     if (s->q_n >= s->p.max_queue && idle <= s->q_n) {
         s->st.requests_rejected++;
         pthread_mutex_unlock(&s->mu);

@@ -92,7 +92,7 @@ struct ks_sched {
     /* under mu */
     sreq *q_head, *q_tail;
     int q_n;
-    int n_active;           /* assigned, not finished */
+    int n_active;           /* assigned, not finished: the slots not idle */
     bool stop;
     uint64_t next_id;
     int *clear_pending;     /* per slot: a clear was asked */

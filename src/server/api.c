@@ -4,6 +4,8 @@
 #include "server/api.h"
 #include "server/api_int.h"
 
+#include "base/textstream.h"
+
 #include <math.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -26,11 +28,18 @@ void ks_api_error_set(ks_api_error *e, int status, const char *type, const char 
     va_start(ap, fmt);
     vsnprintf(e->message, sizeof e->message, fmt, ap);
     va_end(ap);
+    /* Both quote the client's strings cut at byte limits ("%.80s", and the
+     * buffers' sizes), which can end inside a character: JSON refuses
+     * invalid UTF-8, and the error body itself would fail (a 500 "out of
+     * memory" for a bad field name; found by tests/fuzz/fuzz_api). */
+    ks_utf8_scrub(e->param, strlen(e->param));
+    ks_utf8_scrub(e->message, strlen(e->message));
 }
 
 json_t *ks_api_error_json(const ks_api_error *e) {
-    /* The message may quote user input cut at a byte limit: json_string
-     * refuses invalid UTF-8, so fall back to a generic message then. */
+    /* ks_api_error_set scrubs the message; one filled in another way may
+     * still not be UTF-8: json_string refuses that, so fall back to a
+     * generic message then. */
     json_t *msg = json_string(e->message);
     if (!msg) msg = json_string("invalid request");
     return json_pack("{s:{s:o, s:s, s:o, s:o}}", "error",

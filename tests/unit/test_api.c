@@ -454,6 +454,40 @@ static void test_long_role(void **state) {
     expect_bad(KS_API_CHAT, body, 400, "invalid_value", "messages[0].role");
 }
 
+/* Regression (found by tests/fuzz/fuzz_api): an unknown field whose name
+ * is 27 x U+20AC (81 bytes) was quoted as its first 80 bytes, cut inside
+ * the 27th character; json_string refused the param, the error body could
+ * not be built and the client got a 500 "out of memory" instead of the 400.
+ * The cut character is now dropped, in the param and the message alike,
+ * and the error renders in both shapes (OpenAI, Anthropic). */
+static void test_cut_field_name(void **state) {
+    (void)state;
+    char name[128] = "", want[128] = "", body[256];
+    for (int i = 0; i < 27; i++) strcat(name, "\xe2\x82\xac");
+    for (int i = 0; i < 26; i++) strcat(want, "\xe2\x82\xac");
+    snprintf(body, sizeof body, CHAT(",\"%s\":1"), name);
+    expect_bad(KS_API_CHAT, body, 400, "unsupported_parameter", want);
+
+    ks_api_request r;
+    ks_api_error e;
+    assert_int_equal(ks_api_parse(KS_API_CHAT, body, strlen(body), &r, &e), KS_EINVAL);
+    json_t *o = ks_api_error_json(&e);
+    assert_non_null(o);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(o, "error"), "param")), want);
+    assert_non_null(strstr(json_string_value(json_object_get(json_object_get(o, "error"), "message")), want));
+    json_decref(o);
+    o = ks_api_messages_error_json(&e);
+    assert_non_null(o);
+    json_decref(o);
+
+    /* A message cut inside a character keeps the text around the cut. */
+    ks_api_error_set(&e, 400, "invalid_request_error", "x", NULL, "'%.4s' is bad", "caf\xc3\xa9");
+    assert_string_equal(e.message, "'caf' is bad");
+    o = ks_api_messages_error_json(&e);
+    assert_non_null(o);
+    json_decref(o);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_json),      cmocka_unit_test(test_bad_messages),
@@ -462,7 +496,7 @@ int main(void) {
         cmocka_unit_test(test_chat_fields),   cmocka_unit_test(test_content_parts),
         cmocka_unit_test(test_stop_parsing),  cmocka_unit_test(test_agent_fields), cmocka_unit_test(test_prompt_forms),
         cmocka_unit_test(test_body_length),   cmocka_unit_test(test_error_json),
-        cmocka_unit_test(test_long_role),
+        cmocka_unit_test(test_long_role),     cmocka_unit_test(test_cut_field_name),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

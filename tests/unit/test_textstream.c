@@ -69,6 +69,39 @@ static void test_stop_across_pieces(void **st) {
     ks_textstream_free(ts);
 }
 
+/* Regression (found by tests/fuzz/fuzz_textstream): a stop string that is
+ * not valid UTF-8 ("\xBF\xBDs", the tail of U+FFFD and an "s") matched, and
+ * was held as a partial match, inside a character, so the text emitted
+ * before it ended with a cut U+FFFD. Such a stop is now ignored. */
+static void test_invalid_utf8_stop_ignored(void **st) {
+    (void)st;
+    const char *stops[] = {"\xBF\xBDs", "END"};
+    ks_textstream *ts = ks_textstream_create(stops, 2);
+    ks_buf out = {0};
+    assert_int_equal(ks_textstream_feed(ts, "ok\xFF", 3, &out), 0); /* "ok" U+FFFD */
+    assert_string_equal(out.s, "ok\xEF\xBF\xBD");
+    assert_int_equal(ks_textstream_feed(ts, "s", 1, &out), 0);
+    assert_false(ks_textstream_stopped(ts));
+    assert_int_equal(ks_textstream_feed(ts, " END", 4, &out), 1);
+    assert_int_equal(ks_textstream_stop_index(ts), 1);
+    assert_string_equal(out.s, "ok\xEF\xBF\xBDs ");
+    ks_buf_free(&out);
+    ks_textstream_free(ts);
+}
+
+/* ks_utf8_scrub keeps every valid character and drops the rest. */
+static void test_utf8_scrub(void **st) {
+    (void)st;
+    char a[] = "caf\xc3\xa9 \xe2\x82"; /* a cut euro sign at the end */
+    assert_int_equal(ks_utf8_scrub(a, strlen(a)), 6);
+    assert_string_equal(a, "caf\xc3\xa9 ");
+    char b[] = "x\xffy\xc0\xafz\xed\xa0\x80w\xf0\x9f\x98\x80"; /* invalid, overlong, surrogate, emoji */
+    assert_int_equal(ks_utf8_scrub(b, strlen(b)), 8);
+    assert_string_equal(b, "xyzw\xf0\x9f\x98\x80");
+    char c[] = "";
+    assert_int_equal(ks_utf8_scrub(c, 0), 0);
+}
+
 static void test_partial_stop_released(void **st) {
     (void)st;
     const char *stops[] = {"STOP"};
@@ -104,6 +137,8 @@ int main(void) {
         cmocka_unit_test(test_invalid_bytes_replaced),
         cmocka_unit_test(test_stop_across_pieces),
         cmocka_unit_test(test_partial_stop_released),
+        cmocka_unit_test(test_invalid_utf8_stop_ignored),
+        cmocka_unit_test(test_utf8_scrub),
         cmocka_unit_test(test_stop_earliest_wins),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
