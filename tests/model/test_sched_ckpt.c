@@ -154,12 +154,16 @@ static void chat6(ks_engine *e, ks_sched *cached, ks_sched *plain, chat_report *
         print_message("turn %d: prompt %d, common %d, cached %d (%s), reply %d tokens\n", t + 1, prompt.n,
                       rep->n_common[t], a.r.res.n_cached, a.r.res.cache_reason, a.r.out.n);
         assert_int_equal(b.r.res.n_cached, 0);
+        /* Exact only where a lone row computes a batch's bits (the patched
+         * CPU backend): a hybrid memory cannot take step.c's pairs. */
+        if (!ks_engine_batch_invariant(e)) goto next;
         if (a.r.out.n != b.r.out.n || memcmp(a.r.out.v, b.r.out.v, sizeof(int32_t) * (size_t)b.r.out.n) != 0)
             fail_msg("turn %d: cached reply differs from the uncached one (%d vs %d tokens)", t + 1, a.r.out.n,
                      b.r.out.n);
         if (memcmp(a.lg, b.lg, sizeof(float) * (size_t)nv) != 0)
             fail_msg("turn %d: first logits differ from the uncached run (cached %d tokens, %s)", t + 1,
                      a.r.res.n_cached, a.r.res.cache_reason);
+    next:
         assert_true(a.r.out.n >= 1);
         /* What the slot holds: the prompt and the decoded reply. */
         int kv = ks_prefix_kv_after(prompt.n, a.r.res.n_generated, a.r.res.eog);
@@ -313,8 +317,10 @@ static void test_earlier_checkpoints(void **st) {
     once(s, &p3, true, sys_t.n, &a3);
     assert_int_equal(a3.res.n_cached, p1.n);
     once(u, &p3, false, sys_t.n, &b);
-    assert_int_equal(a3.out.n, b.out.n);
-    assert_memory_equal(a3.out.v, b.out.v, sizeof(int32_t) * (size_t)b.out.n);
+    if (ks_engine_batch_invariant(e)) { /* see chat6 */
+        assert_int_equal(a3.out.n, b.out.n);
+        assert_memory_equal(a3.out.v, b.out.v, sizeof(int32_t) * (size_t)b.out.n);
+    }
     run_free(&b);
     /* another conversation with the same system prompt: its checkpoint */
     p1.n = sys_t.n;
@@ -327,8 +333,10 @@ static void test_earlier_checkpoints(void **st) {
     snprintf(want, sizeof want, "checkpoint-at-token-%d", sys_t.n);
     assert_string_equal(a4.res.cache_reason, want);
     once(u, &p1, false, sys_t.n, &b);
-    assert_int_equal(a4.out.n, b.out.n);
-    assert_memory_equal(a4.out.v, b.out.v, sizeof(int32_t) * (size_t)b.out.n);
+    if (ks_engine_batch_invariant(e)) { /* see chat6 */
+        assert_int_equal(a4.out.n, b.out.n);
+        assert_memory_equal(a4.out.v, b.out.v, sizeof(int32_t) * (size_t)b.out.n);
+    }
     run_free(&b);
     ks_sched_stats stt;
     ks_sched_stats_get(s, &stt);
