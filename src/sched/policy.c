@@ -65,12 +65,38 @@
  * A save copies the sequence state here and hands the bytes to the store's
  * writer thread (sync only for evict and shutdown).
  *
+ * Checkpoints (hybrid models: s->ckpt_on). Their memory cannot drop a
+ * suffix (llama_memory_seq_rm refuses: the recurrent part holds one state,
+ * the latest), so a trim would rebuild the whole sequence. A checkpoint is
+ * the sequence's partial state (the recurrent part alone: 1.1 KB on
+ * tiny-hybrid, 115 KB on bench-hybrid, whatever the length) taken when the
+ * sequence held exactly tokens[0, k): at the end of a prefill chunk or of a
+ * generated token's decode, never inside a batch. Set again over the live
+ * sequence, whose attention KV still holds tokens[0, k), it puts the
+ * recurrent part back at k, and seq_rm(k, -1) then drops the rest: the
+ * sequence is tokens[0, k) exactly, and decoding on is bit-identical to a
+ * prefill (docs/LLAMA_FACTS.md, "Partial states as checkpoints"). Taken at
+ * the system prompt's end (a chunk ends there, like the SPC capture), at the
+ * prompt's end (free: the last chunk ends there; the next turn of a chat
+ * diverges inside this reply, whose rendered form differs from the
+ * generated one in its last tokens) and every ckpt_gen_interval generated
+ * tokens (a reply keeps its last two, so a divergence a few tokens before
+ * the reply's end re-prefills at most about two intervals). trim() restores
+ * the latest at or before the divergence; only when none fits (or llama
+ * refuses) is the sequence rebuilt. Restores of whole states (store, SPC,
+ * slot copies) replace the sequence and drop the checkpoints; they are
+ * exact on hybrid models as they are (fact (b)).
+ *
  * Invariants
  *  P1. The slot's token list is exactly its sequence after every function
  *      here returns (S1 in sched.c): a token list that cannot be updated
  *      (ENOMEM) is reported to the caller, which fails the slot.
  *  P2. The counters (s->cst) are the inference thread's own; sched.c
  *      publishes them under mu. No restore or copy runs under mu.
+ *  P3. A slot's checkpoints stand for prefixes of its token list: each
+ *      ckpt.n_tokens <= tokens.n, ascending, and the tokens below it have
+ *      not changed since it was taken. Whatever cuts or replaces the token
+ *      list drops the checkpoints beyond the cut (ks__policy_ckpt_drop).
  */
 #include <limits.h>
 #include <stdio.h>
@@ -167,6 +193,98 @@ static void spc_capture(ks_sched *s, slot *sl) {
     }
 }
 
+/* ---------------------------------------------------------- checkpoints */
+/* Removes checkpoint i, returning its buffer (owned: the caller frees or reuses it). */
+static uint8_t *ckpt_remove(slot *sl, int i) {
+    uint8_t *blob = sl->ckpts[i].blob;
+    sl->ckpt_bytes -= sl->ckpts[i].len;
+    memmove(&sl->ckpts[i], &sl->ckpts[i + 1], sizeof sl->ckpts[0] * (size_t)(sl->n_ckpts - i - 1));
+    sl->n_ckpts--;
+    return blob;
+}
+
+void ks__policy_ckpt_drop(slot *sl, int n) {
+    while (sl->n_ckpts > 0 && sl->ckpts[sl->n_ckpts - 1].n_tokens > n) free(ckpt_remove(sl, sl->n_ckpts - 1));
+}
+
+/* Takes a checkpoint of the slot's sequence, which holds exactly its token
+ * list now (a chunk or a generated token was just decoded). `gen`: taken
+ * while generating; the reply's older generation checkpoints beyond its
+ * last two go first. Out of memory or budget: no checkpoint (a later trim
+ * uses an earlier one or rebuilds). */
+static void ckpt_take(ks_sched *s, slot *sl, bool gen) {
+    int n = sl->tokens.n;
+    if (!s->ckpt_on || n <= 0) return;
+    if (sl->n_ckpts > 0 && sl->ckpts[sl->n_ckpts - 1].n_tokens >= n) return; /* held already (P3: not above) */
+    double t0 = ks_now_ms();
+    size_t need = ks_engine_state_size_partial(s->e, sl->id);
+    if (need == 0 || need > s->p.ckpt_bytes) return;
+    /* A removed checkpoint's buffer is reused: partial states have one size,
+     * so it fits, and a multi-megabyte state every interval needs no fresh
+     * pages. */
+    uint8_t *buf = NULL;
+    size_t cap = 0;
+    if (gen && sl->r) {
+        /* Thinning: a reply keeps its last two generation checkpoints. */
+        int n_gen = 0, first = -1;
+        for (int i = 0; i < sl->n_ckpts; i++)
+            if (sl->ckpts[i].gen && sl->ckpts[i].n_tokens > sl->r->prompt.n && n_gen++ == 0) first = i;
+        if (n_gen >= 2) {
+            cap = sl->ckpts[first].len;
+            buf = ckpt_remove(sl, first);
+        }
+    }
+    while (sl->n_ckpts > 0 && (sl->n_ckpts >= s->p.ckpt_max || sl->ckpt_bytes + need > s->p.ckpt_bytes)) {
+        free(buf);
+        cap = sl->ckpts[0].len;
+        buf = ckpt_remove(sl, 0); /* the lowest goes first */
+        s->cst.ckpt_drops++;
+    }
+    if (buf && cap < need) {
+        free(buf);
+        buf = NULL;
+    }
+    if (!buf && !(buf = malloc(need))) return;
+    size_t len = ks_engine_state_get_partial(s->e, sl->id, buf, need);
+    if (len == 0) {
+        free(buf);
+        return;
+    }
+    sl->ckpts[sl->n_ckpts++] = (ckpt){.n_tokens = n, .gen = gen, .blob = buf, .len = len};
+    sl->ckpt_bytes += len;
+    s->cst.ckpt_saves++;
+    s->cst.ckpt_ms_total += ks_now_ms() - t0;
+    KS_DEBUG(MOD, "slot[%d] checkpoint at %d tokens (%zu bytes; %d held)", sl->id, n, len, sl->n_ckpts);
+}
+
+/* The slot's sequence cannot drop the suffix after n: puts it back at the
+ * latest checkpoint at or before n. Returns the tokens it keeps (> 0), or 0
+ * when no checkpoint fits or llama refused (the sequence may be cleared
+ * then: the caller clears and rebuilds). The token list is the caller's. */
+static int ckpt_restore(ks_sched *s, slot *sl, int n) {
+    int i = sl->n_ckpts - 1;
+    while (i >= 0 && sl->ckpts[i].n_tokens > n) i--;
+    if (i < 0) return 0;
+    double t0 = ks_now_ms();
+    const ckpt *c = &sl->ckpts[i];
+    if (ks_engine_state_set_partial(s->e, sl->id, c->blob, c->len) != 0) {
+        KS_WARN(MOD, "slot[%d] checkpoint at %d tokens rejected by llama; rebuilding", sl->id, c->n_tokens);
+        return 0;
+    }
+    if (!ks_engine_seq_rm(s->e, sl->id, c->n_tokens, -1)) {
+        /* The recurrent part is at the checkpoint, the attention KV is not:
+         * the caller clears the sequence (P1). */
+        KS_WARN(MOD, "slot[%d] trim after the checkpoint at %d tokens refused; rebuilding", sl->id, c->n_tokens);
+        return 0;
+    }
+    s->cst.ckpt_restores++;
+    s->cst.ckpt_restored_tokens += (uint64_t)c->n_tokens;
+    s->cst.ckpt_ms_total += ks_now_ms() - t0;
+    KS_DEBUG(MOD, "slot[%d] checkpoint-restore at %d tokens (wanted %d of %d)", sl->id, c->n_tokens, n,
+             sl->tokens.n);
+    return c->n_tokens;
+}
+
 /* ------------------------------------------------------------- restores */
 /* The longest state that may be set into a slot. On a sliding-window model
  * llama's state of a sequence past the window keeps only the window's cells
@@ -187,6 +305,7 @@ static int restore_cap(const ks_sched *s) {
 static int restore_state(ks_sched *s, slot *sl, const uint8_t *state, size_t len, const int32_t *tokens, int n) {
     ks_engine_seq_clear(s->e, sl->id);
     ks_tokens_truncate(&sl->tokens, 0);
+    ks__policy_ckpt_drop(sl, 0);
     if (n > restore_cap(s)) return KS_EMISMATCH; /* callers stop short of it; a safety net */
     int rc = ks_engine_state_set(s->e, sl->id, state, len);
     if (rc == 0 && (rc = ks_tokens_assign(&sl->tokens, tokens, n)) != 0) ks_engine_seq_clear(s->e, sl->id);
@@ -291,28 +410,38 @@ static void count_mode(ks_sched *s, slot *sl, sreq *r, bool restored, int n_reus
     }
 }
 
-/* Keeps [0, n_reuse) of the slot's sequence; returns what it really kept
- * (0 after a rebuild where the memory cannot drop a suffix). */
+/* Keeps [0, n_reuse) of the slot's sequence; returns what it really kept:
+ * less at a checkpoint, 0 after a rebuild, where the memory cannot drop a
+ * suffix. */
 static int trim(ks_sched *s, slot *sl, int n_reuse) {
     ks_route *rt = &sl->route;
     if (n_reuse == 0) {
         if (sl->tokens.n > 0 || ks_engine_seq_pos_max(s->e, sl->id) >= 0) ks_engine_seq_clear(s->e, sl->id);
         ks_tokens_truncate(&sl->tokens, 0);
+        ks__policy_ckpt_drop(sl, 0);
         return 0;
     }
     if (n_reuse == sl->tokens.n) return n_reuse;
     if (rt->mode == KS_ROUTE_IMC_TOKEN_PREFIX)
         KS_DEBUG("imc", "imc-trim-prefix slot[%d]: cached_tokens=%d trim_pos=%d", sl->id, sl->tokens.n, n_reuse);
     if (s->p.simulate_no_partial_rm || !ks_engine_seq_rm(s->e, sl->id, n_reuse, -1)) {
-        /* Recurrent/hybrid memory cannot drop a suffix: rebuild. */
-        KS_DEBUG(MOD, "slot[%d] partial removal unsupported, rebuilding", sl->id);
-        ks_engine_seq_clear(s->e, sl->id);
-        n_reuse = 0;
-        rt->mode = KS_ROUTE_MISS;
-        snprintf(rt->reason, sizeof rt->reason, "partial-rm-unsupported");
-        s->cst.partial_rm_rebuilds++;
+        /* Recurrent/hybrid memory cannot drop a suffix: back to a checkpoint,
+         * else rebuild. */
+        int k = s->p.simulate_no_partial_rm ? 0 : ckpt_restore(s, sl, n_reuse);
+        if (k > 0) {
+            n_reuse = k;
+            snprintf(rt->reason, sizeof rt->reason, "checkpoint-at-token-%d", k);
+        } else {
+            KS_DEBUG(MOD, "slot[%d] partial removal unsupported, rebuilding", sl->id);
+            ks_engine_seq_clear(s->e, sl->id);
+            n_reuse = 0;
+            rt->mode = KS_ROUTE_MISS;
+            snprintf(rt->reason, sizeof rt->reason, "partial-rm-unsupported");
+            s->cst.partial_rm_rebuilds++;
+        }
     }
     ks_tokens_truncate(&sl->tokens, n_reuse);
+    ks__policy_ckpt_drop(sl, n_reuse);
     return n_reuse;
 }
 
@@ -538,6 +667,7 @@ int ks__policy_plan(ks_sched *s, slot *sl) {
     sl->i_logits = -1;
     sl->snap_sys = -1;
     sl->snap_store = -1;
+    sl->snap_ckpt = -1;
     /* The sampler first: a grammar llama.cpp refuses fails the request
      * before the slot's KV is touched (KS_EINVAL, sched_int.h). The
      * penalties look back on the prompt as llama-server's do. */
@@ -586,6 +716,10 @@ int ks__policy_plan(ks_sched *s, slot *sl) {
         if (prc) return prc;
     }
     count_mode(s, sl, r, copied || spc_hit || store_hit, n_reuse, took_over);
+    /* A checkpoint at the system prompt's end, where conversations that
+     * share it part (the SPC minimum applies). */
+    if (s->ckpt_on && r->p.sys_key && n_sys >= s->p.cache_min_tokens && n_sys > n_reuse && n_sys < r->prompt.n)
+        sl->snap_ckpt = n_sys;
 
     sl->n_past = n_reuse;
     r->res.n_cached = n_reuse;
@@ -617,6 +751,7 @@ int ks__policy_chunk(ks_sched *s, slot *sl, int take, int budget) {
     int cut = sl->snap_sys > sl->n_past ? sl->snap_sys : -1;
     int pin = pin_next(r, sl->n_past);
     if (pin > 0 && (cut < 0 || pin < cut)) cut = pin;
+    if (sl->snap_ckpt > sl->n_past && (cut < 0 || sl->snap_ckpt < cut)) cut = sl->snap_ckpt;
     if (cut > 0 && take > cut - sl->n_past) take = cut - sl->n_past;
     if (!cold_saves(s, sl)) return take;
     ks_savepoint_cfg c = {.stride = s->p.store_stride, .min_tokens = s->p.store_min_tokens};
@@ -647,10 +782,16 @@ void ks__policy_chunk_done(ks_sched *s, slot *sl) {
     /* After a pin at the same point the cold save is a dedup of it. */
     if (sl->n_past == sl->snap_store) ks__policy_save(s, sl, KS_REASON_COLD, false);
     sl->snap_store = -1;
+    /* Checkpoints: the system prompt's end, and the prompt's end (the next
+     * turn of a chat diverges inside this reply). */
+    if (sl->n_past == sl->snap_ckpt || sl->n_past == r->prompt.n) ckpt_take(s, sl, false);
+    if (sl->n_past >= sl->snap_ckpt) sl->snap_ckpt = -1;
 }
 
 void ks__policy_token_done(ks_sched *s, slot *sl) {
     if (s->p.store && s->p.continued_interval > 0 && sl->n_generated % s->p.continued_interval == 0 &&
         !sl->no_store)
         ks__policy_save(s, sl, KS_REASON_CONTINUED, false);
+    if (s->ckpt_on && s->p.ckpt_gen_interval > 0 && sl->n_generated % s->p.ckpt_gen_interval == 0)
+        ckpt_take(s, sl, true);
 }

@@ -72,6 +72,9 @@ ks_sched_params ks_sched_params_default(void) {
     p.continued_interval = 512;
     p.store_min_tokens = 256;
     p.save_on_shutdown = true;
+    p.ckpt_max = 8;
+    p.ckpt_bytes = (size_t)32 << 20;
+    p.ckpt_gen_interval = 16;
     return p;
 }
 
@@ -258,6 +261,7 @@ static void assign_locked(ks_sched *s, sreq **dead) {
 void ks__sched_fail(ks_sched *s, slot *sl, int err) {
     ks_engine_seq_clear(s->e, sl->id);
     ks_tokens_truncate(&sl->tokens, 0);
+    ks__policy_ckpt_drop(sl, 0);
     sl->msg_hash = 0;
     sl->n_msgs_cached = 0;
     ks__sched_finish(s, sl, KS_FINISH_ERROR, err, false);
@@ -295,6 +299,7 @@ static void *run(void *arg) {
             if (s->clear_pending[i] && s->slots[i].state == ST_IDLE) {
                 ks_engine_seq_clear(s->e, i);
                 ks_tokens_truncate(&s->slots[i].tokens, 0);
+                ks__policy_ckpt_drop(&s->slots[i], 0);
                 s->slots[i].msg_hash = 0;
                 s->slots[i].n_msgs_cached = 0;
                 s->clear_pending[i] = 0;
@@ -381,6 +386,7 @@ static void free_all(ks_sched *s) {
     for (int i = 0; s->slots && i < s->n_slots; i++) {
         ks_tokens_free(&s->slots[i].tokens);
         ks_sampler_free(s->slots[i].smpl);
+        ks__policy_ckpt_drop(&s->slots[i], 0);
     }
     ks_batch_free(s->batch);
     free(s->copy_buf);
@@ -393,7 +399,8 @@ static void free_all(ks_sched *s) {
 
 int ks_sched_create(const ks_sched_params *p, ks_sched **out) {
     *out = NULL;
-    if (!p || !p->engine || p->cache_min_tokens < 0 || p->copy_min_tokens < 0 || p->max_queue < 1)
+    if (!p || !p->engine || p->cache_min_tokens < 0 || p->copy_min_tokens < 0 || p->max_queue < 1 ||
+        p->ckpt_max < 0 || p->ckpt_max > KS_SCHED_CKPT_MAX || p->ckpt_gen_interval < 0)
         return KS_EINVAL;
     int n_slots = p->n_slots > 0 ? p->n_slots : ks_engine_n_seq(p->engine);
     if (n_slots > ks_engine_n_seq(p->engine) || n_slots > KS_MAX_SLOTS) return KS_EINVAL;
@@ -408,6 +415,8 @@ int ks_sched_create(const ks_sched_params *p, ks_sched **out) {
     /* Pairs only where they are needed: a batch-invariant build (the engine's
      * probe) already gives a lone row the bits of a batch (step.c). */
     s->pairs = p->exact && ks_engine_partial_rm_ok(s->e) && !ks_engine_batch_invariant(s->e);
+    /* Checkpoints where a trim needs them (policy.c "Checkpoints"). */
+    s->ckpt_on = ks_engine_is_hybrid(s->e) && p->ckpt_max > 0 && p->ckpt_bytes > 0;
     s->slots = calloc((size_t)s->n_slots, sizeof *s->slots);
     s->clear_pending = calloc((size_t)s->n_slots, sizeof *s->clear_pending);
     s->batch = ks_batch_create(s->n_batch);
@@ -417,7 +426,7 @@ int ks_sched_create(const ks_sched_params *p, ks_sched **out) {
     if (!s->slots || !s->clear_pending || !s->batch || !s->logits_copy || !s->piece) goto nomem;
     for (int i = 0; i < s->n_slots; i++) {
         s->slots[i].id = i;
-        s->slots[i].snap_sys = s->slots[i].snap_store = -1;
+        s->slots[i].snap_sys = s->slots[i].snap_store = s->slots[i].snap_ckpt = -1;
     }
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);

@@ -39,6 +39,8 @@ typedef struct ks_sched ks_sched;
 
 /* Slots a scheduler can drive (the router's table is on the stack). */
 #define KS_MAX_SLOTS 256
+/* Checkpoints a slot can hold (ks_sched_params.ckpt_max). */
+#define KS_SCHED_CKPT_MAX 32
 
 typedef struct ks_sched_params {
     ks_engine *engine;     /* borrowed; must outlive the scheduler */
@@ -81,6 +83,22 @@ typedef struct ks_sched_params {
     int continued_interval;    /* 0: no continued saves (default 512) */
     int store_min_tokens;      /* no save below this (default 256) */
     bool save_on_shutdown;     /* default true */
+    /* Checkpoints (hybrid models only, ks_engine_is_hybrid: a memory that
+     * cannot drop a suffix). Per slot, in RAM: the sequence's partial state
+     * (ks_engine_state_get_partial: the recurrent part alone, a fixed size
+     * whatever the length) at the end of the system prompt (when it has at
+     * least cache_min_tokens), at the end of each prompt and every
+     * ckpt_gen_interval generated tokens (the last two of a reply kept). A
+     * request whose common prefix ends inside the slot's tokens restores the
+     * latest checkpoint at or before it and prefills from there
+     * (cache_reason "checkpoint-at-token-K") instead of rebuilding the whole
+     * sequence ("partial-rm-unsupported", what remains when none fits).
+     * Beyond ckpt_max checkpoints or ckpt_bytes bytes per slot the lowest go
+     * first; a state larger than ckpt_bytes is never taken. 0 for either:
+     * no checkpoints. Ignored on other models (they trim in place). */
+    int ckpt_max;              /* default 8, at most KS_SCHED_CKPT_MAX */
+    size_t ckpt_bytes;         /* default 32 MiB */
+    int ckpt_gen_interval;     /* default 16; 0: none while generating */
     /* Tests only: behave as if the memory could not remove a partial range
      * (recurrent/hybrid models), to exercise the full-rebuild fallback on
      * models that can. */
@@ -120,8 +138,9 @@ const char *ks_finish_name(ks_finish f); /* "stop", "length", "cancel", "error" 
  *    twice. Where the memory cannot drop a suffix (recurrent models), or
  *    there is no memory for the copy, the reuse is cut back to the pin
  *    instead and the prompt prefilled from there (cache_reason
- *    "pin-at-token-N"; such a memory rebuilds the whole sequence on any cut:
- *    "partial-rm-unsupported", n_cached 0).
+ *    "pin-at-token-N"; such a memory goes back to its latest checkpoint at
+ *    or before the pin, "checkpoint-at-token-K" (ckpt_max), or without one
+ *    rebuilds the whole sequence: "partial-rm-unsupported", n_cached 0).
  * The save is asynchronous: "saved" means handed to the store's writer,
  * which may still fail to write it (store stats count that). */
 #define KS_MAX_CACHE_PINS 8
@@ -217,7 +236,8 @@ typedef struct ks_req_params {
 
 /* Starts the inference thread. Errors: KS_EINVAL (no engine, more slots than
  * the engine's sequences or KS_MAX_SLOTS, max_queue < 1, cache_min_tokens <
- * 0, copy_min_tokens < 0), KS_ENOMEM. */
+ * 0, copy_min_tokens < 0, ckpt_max outside 0..KS_SCHED_CKPT_MAX,
+ * ckpt_gen_interval < 0), KS_ENOMEM. */
 int ks_sched_create(const ks_sched_params *p, ks_sched **out);
 /* Stops accepting, cancels queued requests, lets running ones finish their
  * current step and cancels them, joins the thread, frees. NULL is a no-op. */
@@ -287,6 +307,12 @@ typedef struct ks_sched_cache_stats {
                                        (queue full, no tier for pins), or the request ended first */
     uint64_t pin_written_tokens;    /* sum of the requests' n_cache_written */
     double snapshot_ms_total;       /* time the inference thread spent copying states */
+    /* Checkpoints (hybrid models, ks_sched_params.ckpt_max) */
+    uint64_t ckpt_saves;            /* partial states taken */
+    uint64_t ckpt_drops;            /* dropped for the count or byte budget (not for a trim) */
+    uint64_t ckpt_restores;         /* trims served by a checkpoint instead of a rebuild */
+    uint64_t ckpt_restored_tokens;  /* tokens those trims kept */
+    double ckpt_ms_total;           /* partial state get + set time */
 } ks_sched_cache_stats;
 
 typedef struct ks_sched_stats {

@@ -48,6 +48,15 @@ typedef struct sreq {
 
 typedef enum { ST_IDLE = 0, ST_PREFILL, ST_GEN } slot_state;
 
+/* A checkpoint (policy.c "Checkpoints"): the partial state of the slot's
+ * sequence when it held exactly tokens[0, n_tokens). */
+typedef struct ckpt {
+    int n_tokens;
+    bool gen;            /* taken while generating (thinned: a reply keeps its last two) */
+    uint8_t *blob;       /* owned */
+    size_t len;
+} ckpt;
+
 typedef struct slot {
     int id;
     slot_state state;
@@ -73,6 +82,10 @@ typedef struct slot {
     int snap_sys;        /* SPC: capture the state when n_past reaches this, -1: no */
     int snap_store;      /* store: cold save when n_past reaches this at the end of the
                             current chunk, -1: no (set per step by ks__policy_chunk) */
+    int snap_ckpt;       /* checkpoint when n_past reaches this (the system prompt's end), -1: no */
+    ckpt ckpts[KS_SCHED_CKPT_MAX]; /* ascending n_tokens, all within tokens (P3 in policy.c) */
+    int n_ckpts;
+    size_t ckpt_bytes;   /* sum of their lengths */
     /* published (under mu) */
     ks_slot_info info;
 } slot;
@@ -110,6 +123,7 @@ struct ks_sched {
                                since a fresh multi-megabyte buffer costs more in page faults
                                than the copy itself; freed when the scheduler goes idle */
     size_t copy_cap;
+    bool ckpt_on;           /* checkpoints: a hybrid model and a budget (sched.h) */
 };
 
 /* sched.c */
@@ -146,6 +160,9 @@ void ks__policy_save(ks_sched *s, slot *sl, ks_reason why, bool sync);
 /* No request is active: frees what the policy keeps only for busy periods
  * (the copy scratch). */
 void ks__policy_idle(ks_sched *s);
+/* Drops the slot's checkpoints beyond n tokens (all of them for 0): call
+ * wherever the token list is cut or replaced. */
+void ks__policy_ckpt_drop(slot *sl, int n);
 
 /* step.c */
 /* One decode step over the busy slots (planned). */

@@ -155,6 +155,16 @@ void ks_metrics_sched(ks_prom *p, const ks_sched_stats *st) {
                     (double)c->sys_prompt_prefills);
     ks_prom_counter(p, "kvstash_partial_rm_rebuilds_total",
                     "Sequences rebuilt because the memory could not drop a suffix.", (double)c->partial_rm_rebuilds);
+    ks_prom_counter(p, "kvstash_checkpoint_saves_total", "Hybrid models: partial states taken as checkpoints.",
+                    (double)c->ckpt_saves);
+    ks_prom_counter(p, "kvstash_checkpoint_drops_total", "Checkpoints dropped for a slot's count or byte budget.",
+                    (double)c->ckpt_drops);
+    ks_prom_counter(p, "kvstash_checkpoint_restores_total", "Trims served by a checkpoint instead of a rebuild.",
+                    (double)c->ckpt_restores);
+    ks_prom_counter(p, "kvstash_checkpoint_restored_tokens_total", "Tokens kept by checkpoint restores.",
+                    (double)c->ckpt_restored_tokens);
+    ks_prom_counter(p, "kvstash_checkpoint_seconds_total", "Inference-thread time taking and setting checkpoints.",
+                    c->ckpt_ms_total / 1e3);
     ks_prom_counter(p, "kvstash_slot_copied_tokens_total", "Tokens copied from another slot's sequence.",
                     (double)c->slot_copied_tokens);
     ks_prom_counter(p, "kvstash_store_restored_tokens_total", "Tokens restored from the persistent store.",

@@ -3,17 +3,20 @@
 // starts, answers, and a multi-turn chat gives the greedy replies of
 // --no-cache-prompt, turn by turn.
 //
-// What the cache achieves on them today: tiny-swa trims like `llama` (the
-// engine's SWA cache is full-size), so every turn after the first reuses the
-// previous prompt. tiny-hybrid cannot trim: a turn whose common prefix ends
-// inside the slot's tokens is a full prefill with the reason
-// "partial-rm-unsupported" (until the checkpoints of issue 15).
+// What the cache achieves on them: tiny-swa trims like `llama` (the engine's
+// SWA cache is full-size), so every turn after the first reuses the previous
+// prompt. tiny-hybrid cannot trim in place: a turn whose common prefix ends
+// inside the slot's tokens goes back to the slot's latest checkpoint at or
+// before it (the previous prompt's end, or a point of the reply; reason
+// "checkpoint-at-token-K"), so it too reuses at least the previous prompt
+// (issue 15; without checkpoints every such turn was a full prefill,
+// "partial-rm-unsupported").
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { startServer, stopOk, chat, replyOf, writeStoreConfig } from './lib.mjs';
+import { startServer, stopOk, chat, replyOf, writeStoreConfig, metrics } from './lib.mjs';
 
 const MODELS = {
   'tiny-hybrid': process.env.KS_TINY_HYBRID_MODEL,
@@ -27,22 +30,36 @@ after(async () => {
 
 const system = { role: 'system', content: 'You are a helpful assistant who answers in short sentences.' };
 const questions = ['hello, what is the water like in the river?', 'tell me a story about a dog',
-  'why did the dog run to the river?'];
+  'why did the dog run to the river?', 'and then what happened', 'describe the river in three words',
+  'say something kind to the dog'];
 
+// Each reply goes back without its last character: the reply as rendered
+// then differs from the generated one in its last token (as real templates
+// and clients make it do; on tiny-hybrid the reply rendered whole matches the
+// generated tokens, an extension that needs no trim), so every turn after
+// the first must trim the slot inside the previous reply.
 async function converse(srv) {
   const msgs = [system];
   const out = [];
   for (const q of questions) {
     msgs.push({ role: 'user', content: q });
     const r = await chat(srv, msgs, { max_tokens: 24, temperature: 0 });
-    msgs.push({ role: 'assistant', content: replyOf(r) });
+    const text = replyOf(r);
+    msgs.push({ role: 'assistant', content: text.length > 1 ? text.slice(0, -1) : text });
     out.push(r);
   }
   return out;
 }
 
+// Forgets a test's servers once stopped (a failed test's stay for `after`).
+function forget(...done) {
+  const keep = servers.filter((s) => !done.includes(s));
+  servers.length = 0;
+  servers.push(...keep);
+}
+
 for (const [name, model] of Object.entries(MODELS)) {
-  test(`${name}: a 3-turn chat equals --no-cache-prompt, turn by turn`, async () => {
+  test(`${name}: a ${questions.length}-turn chat equals --no-cache-prompt, turn by turn`, async () => {
     assert.ok(model, `the ${name} model path is not set (run through ctest)`);
     const args = ['-m', model, '--ctx', '1024'];
     const cached = await startServer(args);
@@ -60,19 +77,37 @@ for (const [name, model] of Object.entries(MODELS)) {
       assert.equal(b[i].usage.prompt_tokens_details.cached_tokens, 0, `${what}: --no-cache-prompt cached`);
       if (i === 0) continue;
       const c = a[i].usage.prompt_tokens_details.cached_tokens;
-      if (name === 'tiny-swa') {
-        // A trim never loses more than the reply's last tokens as rendered.
-        assert.ok(c >= a[i - 1].usage.prompt_tokens - 1, `${what}: cached ${c} < previous prompt`);
-      } else if (c === 0) {
-        assert.equal(a[i].cache.reason, 'partial-rm-unsupported', `${what}: cache.reason`);
-      } else {
-        // The rendered reply matched the generated one to its end: an extension, no trim.
-        assert.ok(c >= a[i - 1].usage.prompt_tokens, `${what}: cached ${c} without a trim`);
+      // A trim never loses more than the reply's last tokens as rendered; on
+      // tiny-hybrid it goes back to a checkpoint, at worst the previous prompt's end.
+      assert.ok(c >= a[i - 1].usage.prompt_tokens - 1, `${what}: cached ${c} < previous prompt ` +
+        `${a[i - 1].usage.prompt_tokens} (${a[i].cache.reason})`);
+      assert.notEqual(a[i].cache.reason, 'partial-rm-unsupported', `${what}: rebuilt`);
+      if (name === 'tiny-swa') assert.doesNotMatch(a[i].cache.reason ?? '', /^checkpoint/, `${what}: cache.reason`);
+    }
+    const m = await metrics(cached);
+    const restores = m.get('kvstash_checkpoint_restores_total');
+    assert.equal(m.get('kvstash_partial_rm_rebuilds_total'), 0, `${name}: rebuilds`);
+    if (name === 'tiny-hybrid') {
+      // Every turn after the first trims inside the previous reply, unless
+      // that reply was cut by max_tokens: its last token, the one changed,
+      // was sampled but never decoded, so the next prompt extends the slot.
+      const trims = a.filter((r) => (r.cache.reason ?? '').startsWith('checkpoint-at-token-')).length;
+      for (let i = 1; i < questions.length; i++) {
+        const held = a[i - 1].usage.prompt_tokens + a[i - 1].usage.completion_tokens - 1;
+        const c = a[i].usage.prompt_tokens_details.cached_tokens;
+        assert.ok((a[i].cache.reason ?? '').startsWith('checkpoint-at-token-') || c >= held,
+          `tiny-hybrid turn ${i + 1}: cached ${c}, reason ${a[i].cache.reason}`);
       }
+      assert.ok(trims >= 2, `${name}: only ${trims} turns trimmed (the test does not reach the checkpoints)`);
+      assert.equal(restores, trims, `${name}: checkpoint restores`);
+      assert.ok(m.get('kvstash_checkpoint_saves_total') >= questions.length, `${name}: checkpoint saves`);
+    } else {
+      assert.equal(restores, 0, `${name}: checkpoint restores`);
+      assert.equal(m.get('kvstash_checkpoint_saves_total'), 0, `${name}: checkpoint saves`);
     }
     await stopOk(cached);
     await stopOk(uncached);
-    servers.length = 0;
+    forget(cached, uncached);
   });
 }
 
@@ -118,6 +153,6 @@ test('tiny-swa: restores stop at the sliding window, replies equal --no-cache-pr
   assert.ok(windowed > 0, 'no restore at all: the test did not reach the store');
   await stopOk(cached);
   await stopOk(uncached);
-  servers.length = 0;
+  forget(cached, uncached);
   rmSync(dir, { recursive: true, force: true });
 });
