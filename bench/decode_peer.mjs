@@ -34,22 +34,11 @@
 //  - Reported: the median over the rounds, with the min and max.
 import fs from 'node:fs';
 import path from 'node:path';
-import { median, words, label, streamChat } from './peer_lib.mjs';
+import { parseArgs, median, words, label, streamChat } from './peer_lib.mjs';
 
-const argv = process.argv.slice(2);
-const urls = [];
-const opt = {};
-const names0 = []; // --name, one per URL
-for (let i = 0; i < argv.length; i++) {
-  const m = /^--([\w-]+)(?:=(.*))?$/.exec(argv[i]);
-  if (m && m[1] === 'name') names0.push(m[2] !== undefined ? m[2] : argv[++i]);
-  else if (m) opt[m[1]] = m[2] !== undefined ? m[2] : argv[++i];
-  else urls.push(argv[i].replace(/\/+$/, ''));
-}
-function die(msg) {
-  process.stderr.write(`decode_peer: ${msg}\n`);
-  process.exit(2);
-}
+const { opt, lists, rest, die } = parseArgs('decode_peer', process.argv.slice(2), ['name']);
+const urls = rest.map((u) => u.replace(/\/+$/, ''));
+const names0 = lists.name; // --name, one per URL
 const num = (k, d) => {
   if (opt[k] === undefined) return d;
   const v = Number(opt[k]);

@@ -38,23 +38,14 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { parseArgs, words } from './peer_lib.mjs';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 
 // ---------------------------------------------------------------- arguments
-const argv = process.argv.slice(2);
-const WL = argv[0];
-const opt = {};
-for (let i = 1; i < argv.length; i++) {
-  const m = /^--([\w-]+)(?:=(.*))?$/.exec(argv[i]);
-  if (!m) die(`bad argument ${argv[i]}`);
-  opt[m[1]] = m[2] !== undefined ? m[2] : argv[++i];
-}
-function die(msg) {
-  process.stderr.write(`http_bench: ${msg}\n`);
-  process.exit(2);
-}
-const str = (k, d) => (opt[k] !== undefined ? String(opt[k]) : d);
+const { opt, rest, die, str } = parseArgs('http_bench', process.argv.slice(2));
+const WL = rest[0];
+if (rest.length > 1) die(`bad argument ${rest[1]}`);
 const num = (k, d) => {
   if (opt[k] === undefined) return d;
   const v = Number(opt[k]);
@@ -92,33 +83,6 @@ function table(headers, rows) {
   return out.join('\n');
 }
 
-// Deterministic words: mulberry32. Every word below is one token of the bench
-// model (mkmodel's word list; also the list of `kvstash bench chat`).
-const WORDS = ('water river mountain city tree house school music paper story friend family animal country ' +
-  'world people ocean island garden morning night light color sound road street town car boat plane ship ' +
-  'horse bird dog fish food book letter song game rock fire wind rain snow sun moon star earth field farm ' +
-  'plant wood stone gold king war money power machine system problem question answer example idea science ' +
-  'language number word sentence picture travel remember learn study teach listen watch build carry follow ' +
-  'change begin start open close walk run draw paint write read think feel talk sing play help small large ' +
-  'great little old young new good best better early late long short high low deep warm cold hot dark clear ' +
-  'quick slow simple special common north south east west between together always often never after before ' +
-  'during toward against through under above near about because while until since every several enough many').split(' ');
-function rng(seed) {
-  let a = (seed >>> 0) ^ 0x9e3779b9;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-function words(n, seed) {
-  const r = rng(seed);
-  const w = [];
-  for (let i = 0; i < n; i++) w.push(WORDS[Math.floor(r() * WORDS.length)]);
-  return w.join(' ');
-}
 let seedCounter = 1000;
 const freshSeed = () => ++seedCounter * 7919;
 
@@ -1162,7 +1126,7 @@ try {
   await WORKLOADS[WL]();
   stopDepthFloor();
   say();
-  say(`Command: \`${process.env.KS_BENCH_CMD || `node bench/http_bench.mjs ${argv.join(' ')}`}\``);
+  say(`Command: \`${process.env.KS_BENCH_CMD || `node bench/http_bench.mjs ${process.argv.slice(2).join(' ')}`}\``);
   footer();
 } catch (e) {
   process.stderr.write(`http_bench ${WL}: ${e.stack || e}\n`);

@@ -1,7 +1,31 @@
-// peer_lib.mjs — what bench/decode_peer.mjs and bench/turns_peer.mjs share:
-// medians, the seeded word generator, a server's label from /props, and one
-// streamed chat completion read chunk by chunk (any OpenAI-compatible server:
-// kvstash, llama-server).
+// peer_lib.mjs — what the node benchmarks (decode_peer, turns_peer,
+// http_bench, soak) share: the argument parser, medians, the seeded word
+// generator, a server's label from /props, and one streamed chat completion
+// read chunk by chunk (any OpenAI-compatible server: kvstash, llama-server).
+
+// --key value / --key=value options; keys listed in `repeated` collect every
+// value in lists[key]; other words go to rest, in order. die() prints
+// "NAME: msg" and exits 2; str() reads an option as a string with a default.
+export function parseArgs(name, argv, repeated = []) {
+  const opt = {}, lists = {}, rest = [];
+  for (const k of repeated) lists[k] = [];
+  for (let i = 0; i < argv.length; i++) {
+    const m = /^--([\w-]+)(?:=(.*))?$/.exec(argv[i]);
+    if (!m) {
+      rest.push(argv[i]);
+      continue;
+    }
+    const v = m[2] !== undefined ? m[2] : argv[++i];
+    if (m[1] in lists) lists[m[1]].push(v);
+    else opt[m[1]] = v;
+  }
+  const die = (msg) => {
+    process.stderr.write(`${name}: ${msg}\n`);
+    process.exit(2);
+  };
+  const str = (k, d) => (opt[k] !== undefined ? String(opt[k]) : d);
+  return { opt, lists, rest, die, str };
+}
 
 export const now = () => performance.now();
 
@@ -14,7 +38,7 @@ export function median(xs) {
 
 // Deterministic words (mulberry32): each one token of the bench model's
 // vocabulary (mkmodel's word list); any model takes them as plain English.
-const WORDS = ('water river mountain city tree house school music paper story friend family animal country ' +
+export const WORDS = ('water river mountain city tree house school music paper story friend family animal country ' +
   'world people ocean island garden morning night light color sound road street town car boat plane ship ' +
   'horse bird dog fish food book letter song game rock fire wind rain snow sun moon star earth field farm ' +
   'plant wood stone gold king war money power machine system problem question answer example idea science ' +
@@ -23,16 +47,23 @@ const WORDS = ('water river mountain city tree house school music paper story fr
   'great little old young new good best better early late long short high low deep warm cold hot dark clear ' +
   'quick slow simple special common north south east west between together always often never after before ' +
   'during toward against through under above near about because while until since every several enough many').split(' ');
-export function words(n, seed) {
+// A seeded uniform generator in [0, 1): mulberry32.
+export function rng(seed) {
   let a = (seed >>> 0) ^ 0x9e3779b9;
-  const w = [];
-  for (let i = 0; i < n; i++) {
-    a = (a + 0x6d2b79f5) >>> 0; // mulberry32
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
     let t = a;
     t = Math.imul(t ^ (t >>> 15), t | 1);
     t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    w.push(WORDS[Math.floor((((t ^ (t >>> 14)) >>> 0) / 4294967296) * WORDS.length)]);
-  }
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+// n words drawn from `list` (default WORDS) with rng(seed).
+export function words(n, seed, list = WORDS) {
+  const r = rng(seed);
+  const w = [];
+  for (let i = 0; i < n; i++) w.push(list[Math.floor(r() * list.length)]);
   return w.join(' ');
 }
 

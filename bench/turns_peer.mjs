@@ -50,25 +50,12 @@
 //    turns that can use the cache) and turn 1 (cold) on its own.
 import fs from 'node:fs';
 import path from 'node:path';
-import { median, words, label, streamChat } from './peer_lib.mjs';
+import { parseArgs, median, words, label, streamChat } from './peer_lib.mjs';
 
-const argv = process.argv.slice(2);
-const urls = [];
-const opt = {};
-const names0 = []; // --name, one per URL
-const shorts0 = []; // --short, one per URL
-for (let i = 0; i < argv.length; i++) {
-  const m = /^--([\w-]+)(?:=(.*))?$/.exec(argv[i]);
-  const v = () => (m[2] !== undefined ? m[2] : argv[++i]);
-  if (m && m[1] === 'name') names0.push(v());
-  else if (m && m[1] === 'short') shorts0.push(v());
-  else if (m) opt[m[1]] = v();
-  else urls.push(argv[i].replace(/\/+$/, ''));
-}
-function die(msg) {
-  process.stderr.write(`turns_peer: ${msg}\n`);
-  process.exit(2);
-}
+const { opt, lists, rest, die } = parseArgs('turns_peer', process.argv.slice(2), ['name', 'short']);
+const urls = rest.map((u) => u.replace(/\/+$/, ''));
+const names0 = lists.name; // --name, one per URL
+const shorts0 = lists.short; // --short, one per URL
 const num = (k, d, min = 1) => {
   if (opt[k] === undefined) return d;
   const v = Number(opt[k]);

@@ -40,19 +40,11 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { parseArgs, rng, WORDS } from '../peer_lib.mjs';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
-const argv = process.argv.slice(2);
-const opt = {};
-for (let i = 0; i < argv.length; i++) {
-  const m = /^--([\w-]+)(?:=(.*))?$/.exec(argv[i]);
-  if (!m) die(`bad argument ${argv[i]}`);
-  opt[m[1]] = m[2] !== undefined ? m[2] : argv[++i];
-}
-function die(msg) {
-  process.stderr.write(`soak: ${msg}\n`);
-  process.exit(2);
-}
+const { opt, rest, die } = parseArgs('soak', process.argv.slice(2));
+if (rest.length) die(`bad argument ${rest[0]}`);
 const num = (k, d) => (opt[k] === undefined ? d : Number(opt[k]));
 const BIN = path.resolve(opt.bin || process.env.KS_BIN || path.join(ROOT, 'build/kvstash'));
 const MODEL = path.resolve(opt.model || process.env.KS_MODEL || path.join(ROOT, 'build/models/tiny.gguf'));
@@ -70,21 +62,9 @@ const DOCUMENTED_503 = new Set(['queue_full', 'too_many_connections', 'shutting_
 fs.mkdirSync(OUT, { recursive: true });
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
-function rng(seed) {
-  let a = (seed >>> 0) ^ 0x9e3779b9;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-const WORDS = ('water river mountain city tree house school music paper story friend family animal country ' +
-  'world people ocean island garden morning night light color sound road street town car boat plane ship ' +
-  'horse bird dog fish food book letter song game rock fire wind rain snow sun moon star earth field farm ' +
-  'plant wood stone gold king war money power machine system problem question answer example idea science').split(' ');
-const words = (r, n) => Array.from({ length: n }, () => WORDS[Math.floor(r() * WORDS.length)]).join(' ');
+// The first 67 of the benchmarks' words (through "science"): the soak's vocabulary.
+const SOAK_WORDS = WORDS.slice(0, WORDS.indexOf('science') + 1);
+const words = (r, n) => Array.from({ length: n }, () => SOAK_WORDS[Math.floor(r() * SOAK_WORDS.length)]).join(' ');
 
 // ---------------------------------------------------------------- the server
 const live = new Set();
