@@ -173,8 +173,8 @@ const char *ks_engine_cpu_backend(void) {
 /* Whether the K/V types take the patched tiled flash-attention kernel (F16 or
  * F32, both the same); quantized ones take the stock per-row path, which
  * splits a decoded row's KV among the threads. */
-static bool kv_tiled(const ks_engine_params *p) {
-    int k = p->type_k < 0 ? GGML_TYPE_F16 : p->type_k, v = p->type_v < 0 ? GGML_TYPE_F16 : p->type_v;
+static bool kv_tiled(int type_k, int type_v) {
+    int k = type_k < 0 ? GGML_TYPE_F16 : type_k, v = type_v < 0 ? GGML_TYPE_F16 : type_v;
     return k == v && (k == GGML_TYPE_F16 || k == GGML_TYPE_F32);
 }
 
@@ -227,8 +227,7 @@ static void probe(ks_engine *e) {
     }
     if (ok) ok = (l = llama_get_logits_ith(e->ctx, 0)) != NULL && llama_state_seq_get_size(e->ctx, 0) == sz &&
                  llama_state_seq_get_data(e->ctx, sb, sz, 0) == sz;
-    bool kernels_ok = g_patched && (!e->flash_attn || (g_patch_rev >= 2 && e->type_k == e->type_v &&
-                                                        (e->type_k == GGML_TYPE_F16 || e->type_k == GGML_TYPE_F32)));
+    bool kernels_ok = g_patched && (!e->flash_attn || (g_patch_rev >= 2 && kv_tiled(e->type_k, e->type_v)));
     if (ok)
         e->invariant = kernels_ok && memcmp(la, l, sizeof(float) * (size_t)e->n_vocab) == 0 && memcmp(sa, sb, sz) == 0;
     if (ok && kernels_ok && !e->invariant)
@@ -308,7 +307,7 @@ int ks_engine_open(const ks_engine_params *p, ks_engine **out, char *err, size_t
      * docs/LLAMA_FACTS.md, flash attention), or when exactness is not asked
      * for (as llama-server's auto on a CPU). On the prebuilt backend in exact
      * mode it stays off: its kernel tiles by the batch and the KV length. */
-    if (p->flash_attn == KS_FA_AUTO) e->flash_attn = (g_patched && g_patch_rev >= 3 && kv_tiled(p)) || !p->exact;
+    if (p->flash_attn == KS_FA_AUTO) e->flash_attn = (g_patched && g_patch_rev >= 3 && kv_tiled(p->type_k, p->type_v)) || !p->exact;
     else e->flash_attn = p->flash_attn == KS_FA_ON;
 
     struct llama_model_params mp = llama_model_default_params();
