@@ -8,7 +8,8 @@
  *     the header fields are trusted to be what the writer wrote, so a flipped
  *     byte in the version field reads as ECORRUPT, not as a version bump;
  *  3. format version, then the v1 fields: reason range, flags (only
- *     KS_KVFILE_FLAG_PIN is known; it sets the trailer's length), lengths
+ *     KS_KVFILE_FLAG_PIN, which sets the trailer's length, and
+ *     KS_KVFILE_FLAG_REASON6 are known), lengths
  *     against the limits and against the file size (exact equality);
  *  4. state version, model fingerprint, params hash, key against `exp` —
  *     cheap rejections before any body byte is read;
@@ -46,7 +47,7 @@
 #define OFF_RESERVED 144
 #define OFF_HCHECK 152
 #define VERIFY_CHUNK (1u << 20)
-#define KNOWN_FLAGS KS_KVFILE_FLAG_PIN
+#define KNOWN_FLAGS (KS_KVFILE_FLAG_PIN | KS_KVFILE_FLAG_REASON6)
 
 /* ------------------------------------------------------- little-endian io */
 static void put32(uint8_t *p, uint32_t v) {
@@ -131,7 +132,7 @@ static void encode_header(uint8_t h[KS_KVFILE_HEADER_LEN], const ks_kvfile_meta 
     put32(h + OFF_STATE_VERSION, m->state_version);
     put32(h + OFF_REASON, m->reason);
     put32(h + OFF_N_TOKENS, n);
-    put32(h + OFF_FLAGS, KS_KVFILE_FLAG_PIN);
+    put32(h + OFF_FLAGS, KS_KVFILE_FLAG_PIN | (m->reason > KS_REASON_PIN ? KS_KVFILE_FLAG_REASON6 : 0));
     put64(h + OFF_PAYLOAD_LEN, len);
     put64(h + OFF_CREATED, (uint64_t)m->created_us);
     memcpy(h + OFF_FP, m->model_fp, 32);

@@ -60,6 +60,9 @@
 #define KS_KVFILE_HEADER_LEN 160u
 #define KS_KVFILE_HEADER_MAX 4096u          /* any version's header must fit */
 #define KS_KVFILE_FLAG_PIN 1u               /* header flag: the trailer holds a pin deadline */
+#define KS_KVFILE_FLAG_REASON6 2u           /* header flag: the reason is a value added after pins
+                                               (6, checkpoint): readers before it refuse the file
+                                               (KS_EVERSION) instead of taking it for corrupt */
 #define KS_KVFILE_TRAILER_LEN 32u           /* last hit, hits, pin, check (KS_KVFILE_FLAG_PIN) */
 #define KS_KVFILE_TRAILER_LEN_NOPIN 24u     /* last hit, hits, check (no flag: files before pins) */
 #define KS_KVFILE_TAIL_LEN 40u              /* checksum (8) + trailer (32), as written now */

@@ -5,8 +5,8 @@
 
 #include <string.h>
 
-static const char *const k_reason_names[KS_REASON__N] = {"cold",  "continued", "finish",
-                                                         "evict", "shutdown",  "pin"};
+static const char *const k_reason_names[KS_REASON__N] = {"cold",     "continued", "finish",    "evict",
+                                                         "shutdown", "pin",       "checkpoint"};
 static const char *const k_tier_names[KS_TIER__N] = {"ram", "shm", "disk"};
 
 const char *ks_reason_name(ks_reason r) {
@@ -51,5 +51,7 @@ void ks_store_cfg_defaults(ks_store_cfg *c) {
     /* A pin is a promise to a client that comes back: the disk tier also
      * serves other processes and restarts (the ram tier gets it too). */
     c->reason_tier[KS_REASON_PIN] = KS_TIER_DISK;
+    /* Like finish: the next turn, on this host, soon. */
+    c->reason_tier[KS_REASON_CHECKPOINT] = KS_TIER_SHM;
     c->pin_share = 0.5f;
 }

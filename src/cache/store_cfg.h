@@ -24,7 +24,10 @@
 
 /* Why a state is saved; each reason maps to a tier (ks_store_cfg.reason_tier).
  * KS_REASON_PIN: a client's cache breakpoint (store.h "Pins"), saved pinned
- * into the ram tier and into the tier of reason_tier[KS_REASON_PIN]. */
+ * into the ram tier and into the tier of reason_tier[KS_REASON_PIN].
+ * KS_REASON_CHECKPOINT: a hybrid model's whole state at a prompt's end
+ * (sched policy.c "Checkpoints"), where the next turn of its conversation
+ * will most likely diverge. */
 typedef enum {
     KS_REASON_COLD = 0,
     KS_REASON_CONTINUED,
@@ -32,12 +35,13 @@ typedef enum {
     KS_REASON_EVICT,
     KS_REASON_SHUTDOWN,
     KS_REASON_PIN,
+    KS_REASON_CHECKPOINT,
     KS_REASON__N
 } ks_reason;
 /* The tiers, fastest first; KS_TIER_NONE: "do not save". */
 typedef enum { KS_TIER_RAM = 0, KS_TIER_SHM, KS_TIER_DISK, KS_TIER__N, KS_TIER_NONE = -1 } ks_tier_id;
 
-/* "cold", "continued", "finish", "evict", "shutdown", "pin"; "?" for any other value. */
+/* "cold", "continued", "finish", "evict", "shutdown", "pin", "checkpoint"; "?" for any other value. */
 const char *ks_reason_name(ks_reason r);
 /* The reason named s, or -1 when s is NULL or unknown. */
 int ks_reason_parse(const char *s);
@@ -56,7 +60,7 @@ typedef struct ks_store_cfg {
     int shutdown_timeout_ms;              /* default 5000 */
     int64_t tier_max_bytes[KS_TIER__N];   /* ram 2 GiB, shm 1 GiB, disk 10 GiB; 0 disables the tier */
     int reason_tier[KS_REASON__N];        /* ks_tier_id; default cold=disk continued=shm finish=shm evict=disk
-                                             shutdown=disk pin=disk */
+                                             shutdown=disk pin=disk checkpoint=shm */
     float pin_share;                      /* 0..1, default 0.5: the share of each tier's budget that pinned
                                              entries may hold protected from eviction (store.h "Pins") */
 } ks_store_cfg;

@@ -43,6 +43,7 @@
 
 /* --slots and the YAML slots share one range (config.h); it is the scheduler's. */
 _Static_assert(KS_CONFIG_SLOTS_MAX == KS_MAX_SLOTS, "the slots range must be the scheduler's");
+_Static_assert(KS_CONFIG_CKPT_MAX == KS_SCHED_CKPT_MAX, "the ctx_checkpoints range must be the scheduler's");
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -97,6 +98,13 @@ static void usage(FILE *f) {
             "                            backend, where it is exact, or with --no-exact; off on the\n"
             "                            prebuilt one, where cached and uncached output could differ in\n"
             "                            the last bits). --flash-attn alone means on\n"
+            "  --ctx-checkpoints N       hybrid and recurrent models: state checkpoints kept per slot,\n"
+            "                            0..32, so a turn that diverges inside the slot goes back to one\n"
+            "                            instead of prefilling everything; 0: none (default 8;\n"
+            "                            --swa-checkpoints is the same flag, as in llama-server)\n"
+            "  --checkpoint-every N      ... one every N generated tokens; 0: none while generating\n"
+            "                            (default 16)\n"
+            "  --checkpoint-bytes SIZE   ... within SIZE per slot, e.g. 64M (default 32M)\n"
             "  --config FILE             YAML settings (see docs/SERVER.md); flags override it\n"
             "  --log LEVEL               debug|info|warn|error|off (default info)\n");
 }
@@ -114,12 +122,15 @@ typedef struct flags {
     const char *cors[KS_CONFIG_CORS_MAX]; /* --cors-origin, in order */
     int n_cors;
     int responses_ttl, responses_max; /* -1: not given */
+    int ctx_checkpoints, checkpoint_every; /* -1: not given */
+    long long checkpoint_bytes;            /* -1: not given */
 } flags;
 
 static int parse_flags(int argc, char **argv, flags *f) {
     enum { O_HOST = 256, O_PORT, O_SLOTS, O_CTX, O_BATCH, O_THREADS, O_NOCACHE, O_NOEXACT, O_KEY, O_QUEUE, O_BODY,
            O_MAXTOK, O_ALIAS, O_TIMEOUT, O_SHUTDOWN, O_FA, O_CONFIG, O_LOG, O_IMC, O_SPC, O_CACHEDIR, O_CACHERAM,
-           O_TEMPLATE, O_REASONING, O_CORS, O_RESP_TTL, O_RESP_MAX, O_HDR_TIMEOUT, O_MAXCONN, O_MAXCONN_CLIENT };
+           O_TEMPLATE, O_REASONING, O_CORS, O_RESP_TTL, O_RESP_MAX, O_HDR_TIMEOUT, O_MAXCONN, O_MAXCONN_CLIENT,
+           O_CKPT, O_CKPT_EVERY, O_CKPT_BYTES };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},          {"host", required_argument, 0, O_HOST},
         {"port", required_argument, 0, O_PORT},        {"slots", required_argument, 0, O_SLOTS},
@@ -138,6 +149,9 @@ static int parse_flags(int argc, char **argv, flags *f) {
         {"responses-ttl", required_argument, 0, O_RESP_TTL}, {"responses-max", required_argument, 0, O_RESP_MAX},
         {"header-timeout", required_argument, 0, O_HDR_TIMEOUT}, {"max-connections", required_argument, 0, O_MAXCONN},
         {"max-connections-per-client", required_argument, 0, O_MAXCONN_CLIENT},
+        {"ctx-checkpoints", required_argument, 0, O_CKPT}, {"swa-checkpoints", required_argument, 0, O_CKPT},
+        {"checkpoint-every", required_argument, 0, O_CKPT_EVERY},
+        {"checkpoint-bytes", required_argument, 0, O_CKPT_BYTES},
         {"help", no_argument, 0, 'h'},                 {0, 0, 0, 0}};
     memset(f, 0, sizeof *f);
     f->port = f->slots = f->ctx = f->batch = f->threads = f->max_queue = f->max_tokens = f->timeout = -1;
@@ -147,6 +161,8 @@ static int parse_flags(int argc, char **argv, flags *f) {
     f->cache_ram = -1;
     f->responses_ttl = f->responses_max = -1;
     f->header_timeout = f->max_conns = f->max_conns_client = -1;
+    f->ctx_checkpoints = f->checkpoint_every = -1;
+    f->checkpoint_bytes = -1;
     optind = 1;
     opterr = 0;
     int c;
@@ -228,6 +244,25 @@ static int parse_flags(int argc, char **argv, flags *f) {
         case O_RESP_MAX:
             if (ks_cli_parse_int(CMD, "--responses-max", optarg, 0, 1 << 20, &f->responses_max)) return 2;
             break;
+        case O_CKPT: /* the ranges of ctx_checkpoints, checkpoint_every and checkpoint_bytes (config.h) */
+            if (ks_cli_parse_int(CMD, "--ctx-checkpoints", optarg, 0, KS_CONFIG_CKPT_MAX, &f->ctx_checkpoints))
+                return 2;
+            break;
+        case O_CKPT_EVERY:
+            if (ks_cli_parse_int(CMD, "--checkpoint-every", optarg, 0, KS_CONFIG_CKPT_EVERY_MAX, &f->checkpoint_every))
+                return 2;
+            break;
+        case O_CKPT_BYTES:
+        {
+            int64_t v;
+            if (ks_cli_parse_size(CMD, "--checkpoint-bytes", optarg, &v)) return 2;
+            if (v > KS_STORE_BYTES_MAX) {
+                fprintf(stderr, CMD ": --checkpoint-bytes must be at most 1 PiB, got '%s'\n", optarg);
+                return 2;
+            }
+            f->checkpoint_bytes = v;
+            break;
+        }
         case O_REASONING:
             if (strcmp(optarg, "deepseek") && strcmp(optarg, "deepseek-legacy") && strcmp(optarg, "auto") &&
                 strcmp(optarg, "none")) {
@@ -290,6 +325,9 @@ static int apply_flags(const flags *f, ks_config *c) {
     if (f->max_body >= 0) c->max_body_bytes = f->max_body;
     if (f->no_cache) c->cache_prompt = false;
     if (f->no_exact) c->exact = false;
+    if (f->ctx_checkpoints >= 0) c->ctx_checkpoints = f->ctx_checkpoints;
+    if (f->checkpoint_every >= 0) c->checkpoint_every = f->checkpoint_every;
+    if (f->checkpoint_bytes >= 0) c->checkpoint_bytes = f->checkpoint_bytes;
     if (f->cache_dir) {
         COPY(c->store.cache_dir, f->cache_dir);
         c->store.enabled = true;
@@ -452,6 +490,9 @@ int ks_cmd_serve(int argc, char **argv) {
     sp.store_stride = store_cfg.stride;
     sp.continued_interval = store_cfg.continued_interval;
     sp.store_min_tokens = store_cfg.min_tokens;
+    sp.ckpt_max = cfg.ctx_checkpoints;
+    sp.ckpt_bytes = (size_t)cfg.checkpoint_bytes;
+    sp.ckpt_gen_interval = cfg.checkpoint_every;
     rc = ks_sched_create(&sp, &sched);
     if (rc) {
         fprintf(stderr, CMD ": cannot start the scheduler: %s\n", ks_strerror(rc));

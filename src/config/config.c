@@ -126,6 +126,9 @@ void ks_config_defaults(ks_config *c) {
     c->cache_prompt = true;
     c->exact = true;
     c->affinity_min = 0.05f;
+    c->ctx_checkpoints = 8;
+    c->checkpoint_bytes = 32LL << 20;
+    c->checkpoint_every = 16;
     c->max_queue = 64;
     c->max_body_bytes = 16777216;
     snprintf(c->log, sizeof c->log, "info");

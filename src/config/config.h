@@ -21,6 +21,9 @@
  *   cache_prompt: true       # same-slot prefix reuse
  *   exact: true              # decode lone tokens in pairs: cached == uncached, bit for bit
  *   affinity_min: 0.05       # min shared fraction to prefer a slot by prefix
+ *   ctx_checkpoints: 8       # hybrid models: checkpoints per slot, 0..32 (0: none)
+ *   checkpoint_bytes: 32MiB  # ... and their byte budget per slot
+ *   checkpoint_every: 16     # ... one every N generated tokens (0: none while generating)
  *   api_key: secret
  *   max_queue: 64            # requests waiting for a slot, 1..1000000
  *   max_body_bytes: 16777216 # 1KiB..1TiB
@@ -48,8 +51,10 @@
  *       ram:  { max_bytes: 2GiB }      # also the RAM-only store's budget (--cache-ram)
  *       shm:  { max_bytes: 1073741824 }
  *       disk: { max_bytes: 10737418240 }
- *     reasons: { cold: disk, continued: shm, finish: shm, evict: disk, shutdown: disk, pin: disk }
- *                                      # pin: pinned saves go to ram and to this tier
+ *     reasons: { cold: disk, continued: shm, finish: shm, evict: disk, shutdown: disk, pin: disk,
+ *                checkpoint: shm }
+ *                                      # pin: pinned saves go to ram and to this tier;
+ *                                      # checkpoint: a hybrid model's state at a prompt's end
  *
  * Store modes (ks_config_store_plan): `kvstash serve` opens
  *  - the full store (ram, shm and disk tiers, store.reasons as given) when
@@ -97,6 +102,8 @@ enum {
     KS_CONFIG_CTX_MIN = 64, KS_CONFIG_CTX_MAX = 1 << 24,
     KS_CONFIG_BATCH_MIN = 1, KS_CONFIG_BATCH_MAX = 1 << 20,
     KS_CONFIG_THREADS_MIN = 0, KS_CONFIG_THREADS_MAX = 4096,
+    KS_CONFIG_CKPT_MAX = 32, /* ctx_checkpoints (--ctx-checkpoints): KS_SCHED_CKPT_MAX */
+    KS_CONFIG_CKPT_EVERY_MAX = 1 << 20, /* checkpoint_every (--checkpoint-every) */
 };
 /* max_body_bytes (--max-body-bytes): 1 KiB..1 TiB. The server buffers up to
  * twice that plus 1 MiB before it stops reading a body: bounded here, that
@@ -140,6 +147,13 @@ typedef struct ks_config {
     ks_model_cache_cfg models[16];
     bool model_has_slots[16];
     bool exact;                 /* default true (see the note on exactness in sched.c) */
+    /* Checkpoints of hybrid models (sched.h ckpt_*): per slot at most
+     * ctx_checkpoints (0..KS_CONFIG_CKPT_MAX; 0: none), within
+     * checkpoint_bytes, one every checkpoint_every generated tokens (0: none
+     * while generating). */
+    int ctx_checkpoints;        /* default 8 */
+    int64_t checkpoint_bytes;   /* default 32 MiB */
+    int checkpoint_every;       /* default 16 */
     /* Browser origins allowed to call the server (CORS, docs/SERVER.md), each
      * checked by ks_config_check_origin; none (the default): CORS off. A later
      * file's list, or any --cors-origin flag, replaces the whole list. */

@@ -285,6 +285,19 @@ static int ckpt_restore(ks_sched *s, slot *sl, int n) {
     return c->n_tokens;
 }
 
+/* Copies src's checkpoints at or below n into dst, which holds none (its
+ * sequence was just replaced by a copy of src's). Out of memory: fewer. */
+static void ckpt_copy(slot *dst, const slot *src, int n) {
+    for (int i = 0; i < src->n_ckpts && src->ckpts[i].n_tokens <= n; i++) {
+        const ckpt *c = &src->ckpts[i];
+        uint8_t *blob = malloc(c->len);
+        if (!blob) return;
+        memcpy(blob, c->blob, c->len);
+        dst->ckpts[dst->n_ckpts++] = (ckpt){.n_tokens = c->n_tokens, .gen = c->gen, .blob = blob, .len = c->len};
+        dst->ckpt_bytes += c->len;
+    }
+}
+
 /* ------------------------------------------------------------- restores */
 /* The longest state that may be set into a slot. On a sliding-window model
  * llama's state of a sequence past the window keeps only the window's cells
@@ -452,11 +465,22 @@ void ks__policy_idle(ks_sched *s) {
     s->copy_cap = 0;
 }
 
+/* How much of a copy of slot o keeps n tokens of it at most: n where the
+ * memory can drop a suffix or o holds exactly n tokens; else (hybrid) the
+ * latest of o's checkpoints at or before n, which the copy takes along and
+ * goes back to (0: none). */
+static int copy_reach(const ks_sched *s, const slot *o, int n, bool trims) {
+    if (trims || n >= o->tokens.n) return n;
+    int i = o->n_ckpts - 1;
+    while (i >= 0 && o->ckpts[i].n_tokens > n) i--;
+    return i >= 0 ? o->ckpts[i].n_tokens : 0;
+}
+
 /* The slot other than dst whose tokens give r the longest reusable prefix
- * (ks_prefix_reuse), when it is at least `need` tokens; on equal lengths the
- * one with the fewest tokens (the smallest state to copy), then the lowest
- * id. A source holding more than the prefix qualifies only when the memory
- * can drop a suffix. Returns its index and *n_out the reusable length, or -1. */
+ * (ks_prefix_reuse, within copy_reach), when it is at least `need` tokens;
+ * on equal lengths the one with the fewest tokens (the smallest state to
+ * copy), then the lowest id. Returns its index and *n_out the reusable
+ * length, or -1. */
 static int copy_source(ks_sched *s, const slot *dst, const sreq *r, int need, int *n_out) {
     bool trims = !s->p.simulate_no_partial_rm && ks_engine_partial_rm_ok(s->e);
     int best = -1;
@@ -465,7 +489,8 @@ static int copy_source(ks_sched *s, const slot *dst, const sreq *r, int need, in
         const slot *o = &s->slots[i];
         if (o == dst || o->tokens.n < need || o->tokens.n > restore_cap(s)) continue;
         int n = ks_prefix_reuse(ks_prefix_common(o->tokens.v, o->tokens.n, r->prompt.v, r->prompt.n), r->prompt.n);
-        if (n < need || (n < o->tokens.n && !trims)) continue;
+        n = copy_reach(s, o, n, trims);
+        if (n < need) continue;
         if (best < 0 || n > *n_out || (n == *n_out && o->tokens.n < s->slots[best].tokens.n)) {
             best = i;
             *n_out = n;
@@ -510,6 +535,9 @@ static int slot_copy(ks_sched *s, slot *sl, sreq *r, int *n_reuse, int beat) {
         *n_reuse = 0;
         return rc == KS_ENOMEM ? rc : 0;
     }
+    /* Hybrid: the source's checkpoints come along (P3 holds: they stand for
+     * prefixes of the tokens just set), so trim() can go back to n_copy. */
+    ckpt_copy(sl, src, n_copy);
     *n_reuse = trim(s, sl, n_copy);
     if (*n_reuse < n_copy) return 0; /* the suffix could not be dropped: rebuilt (trim) */
     double ms = ks_now_ms() - t0;
@@ -783,8 +811,11 @@ void ks__policy_chunk_done(ks_sched *s, slot *sl) {
     if (sl->n_past == sl->snap_store) ks__policy_save(s, sl, KS_REASON_COLD, false);
     sl->snap_store = -1;
     /* Checkpoints: the system prompt's end, and the prompt's end (the next
-     * turn of a chat diverges inside this reply). */
+     * turn of a chat diverges inside this reply). The prompt's end goes to
+     * the store too (a whole state), for a slot, process or host that gets
+     * the next turn without this slot's checkpoints. */
     if (sl->n_past == sl->snap_ckpt || sl->n_past == r->prompt.n) ckpt_take(s, sl, false);
+    if (s->ckpt_on && sl->n_past == r->prompt.n && !sl->no_store) ks__policy_save(s, sl, KS_REASON_CHECKPOINT, false);
     if (sl->n_past >= sl->snap_ckpt) sl->snap_ckpt = -1;
 }
 

@@ -46,7 +46,18 @@ batch batch 1 1048576
 threads threads 0 4096
 max-queue max_queue 1 1000000
 max-body-bytes max_body_bytes 1024 1099511627776
+ctx-checkpoints ctx_checkpoints 0 32
+checkpoint-every checkpoint_every 0 1048576
+checkpoint-bytes checkpoint_bytes 0 1125899906842624
 EOF
+
+# --swa-checkpoints is llama-server's other name of --ctx-checkpoints.
+accepted flag "--swa-checkpoints=32"
+refused flag "--swa-checkpoints=33" "--ctx-checkpoints"
+# Checkpoint budgets take sizes, in both.
+accepted flag "--checkpoint-bytes=64M"
+accepted yaml "checkpoint_bytes: 64MiB"
+refused flag "--checkpoint-bytes=lots" "--checkpoint-bytes"
 
 # models.<name>.slots: the --slots range too.
 accepted yaml $'models:\n  default: { slots: 256 }'

@@ -16,7 +16,7 @@ import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { startServer, stopOk, chat, replyOf, writeStoreConfig, metrics } from './lib.mjs';
+import { startServer, stopOk, chat, replyOf, writeStoreConfig, metrics, settleStore } from './lib.mjs';
 
 const MODELS = {
   'tiny-hybrid': process.env.KS_TINY_HYBRID_MODEL,
@@ -156,3 +156,98 @@ test('tiny-swa: restores stop at the sliding window, replies equal --no-cache-pr
   forget(cached, uncached);
   rmSync(dir, { recursive: true, force: true });
 });
+
+// Sub-agents on fewer slots (issue 15): three conversations take turns on
+// two slots of tiny-hybrid, each turn diverging inside its previous reply.
+// A conversation that comes back to a slot that still holds it goes back to
+// a checkpoint; one whose slot was taken over is restored from the store
+// (its whole state at its previous prompt's end, reason `checkpoint`) or
+// copied from the slot that holds it, with that slot's checkpoints. Either
+// way every turn after the first keeps at least the previous prompt, and
+// every reply equals --no-cache-prompt's.
+test('tiny-hybrid: sub-agents on fewer slots keep their previous prompt, replies equal --no-cache-prompt', async () => {
+  const model = MODELS['tiny-hybrid'];
+  assert.ok(model, 'the tiny-hybrid model path is not set (run through ctest)');
+  const dir = mkdtempSync(path.join(os.tmpdir(), 'ks-hyb-sub-'));
+  const cfg = await writeStoreConfig(path.join(dir, 'store.yaml'),
+    { cacheDir: path.join(dir, 'disk'), shmDir: path.join(dir, 'shm'), minTokens: 16, stride: 16 });
+  const cached = await startServer(['-m', model, '--ctx', '1024', '--slots', '2', '--config', cfg]);
+  servers.push(cached);
+  const uncached = await startServer(['-m', model, '--ctx', '1024', '--no-cache-prompt']);
+  servers.push(uncached);
+  const convs = [0, 1, 2].map((k) => [{ role: 'system', content: `You are sub-agent ${k}; you answer in short sentences.` }]);
+  const prev = [0, 0, 0];
+  const modes = new Map();
+  for (let turn = 0; turn < 4; turn++) {
+    for (let k = 0; k < convs.length; k++) {
+      const msgs = convs[k];
+      msgs.push({ role: 'user', content: `${questions[(turn + k) % questions.length]} (agent ${k})` });
+      const a = await chat(cached, msgs, { max_tokens: 16, temperature: 0 });
+      const b = await chat(uncached, msgs, { max_tokens: 16, temperature: 0 });
+      const what = `agent ${k} turn ${turn + 1}`;
+      assert.equal(replyOf(a), replyOf(b), `${what}: text differs from --no-cache-prompt`);
+      const c = a.usage.prompt_tokens_details.cached_tokens;
+      if (turn > 0) {
+        assert.ok(c >= prev[k], `${what}: cached ${c} < previous prompt ${prev[k]} (${a.cache.mode}, ${a.cache.reason})`);
+        modes.set(a.cache.mode, (modes.get(a.cache.mode) ?? 0) + 1);
+      }
+      prev[k] = a.usage.prompt_tokens;
+      const text = replyOf(b);
+      msgs.push({ role: 'assistant', content: text.length > 1 ? text.slice(0, -1) : text });
+    }
+  }
+  // Three conversations on two slots: some turns found their slot taken.
+  assert.ok((modes.get('store') ?? 0) + (modes.get('copy') ?? 0) > 0,
+    `no turn restored from the store or a copy: ${JSON.stringify([...modes])}`);
+  const m = await settleStore(cached);
+  assert.ok(m.get('kvstash_store_saves_total{reason="checkpoint"}') > 0, 'no checkpoint saved in the store');
+  // (A slot taken over by another agent still counts a rebuild: the system
+  // prompts share their first tokens, which the slot cannot keep alone.)
+  await stopOk(cached);
+  await stopOk(uncached);
+  forget(cached, uncached);
+  rmSync(dir, { recursive: true, force: true });
+});
+
+// A restart (issue 15): the conversation's states are in the persistent
+// store (disk and shm tiers), so the first turn a new process serves is a
+// store hit: on tiny-hybrid the whole previous prompt (its checkpoint), on
+// tiny-swa at most the 32-token window (see above); replies equal
+// --no-cache-prompt's.
+for (const [name, model] of Object.entries(MODELS)) {
+  test(`${name}: a restarted server restores the conversation from the store`, async () => {
+    assert.ok(model, `the ${name} model path is not set (run through ctest)`);
+    const dir = mkdtempSync(path.join(os.tmpdir(), 'ks-hyb-restart-'));
+    const cfg = await writeStoreConfig(path.join(dir, 'store.yaml'),
+      { cacheDir: path.join(dir, 'disk'), shmDir: path.join(dir, 'shm'), minTokens: 16, stride: 16 });
+    const args = ['-m', model, '--ctx', '1024', '--slots', '1', '--config', cfg];
+    const uncached = await startServer(['-m', model, '--ctx', '1024', '--no-cache-prompt']);
+    servers.push(uncached);
+    const msgs = [system];
+    let prevPrompt = 0;
+    for (let turn = 0; turn < 3; turn++) {
+      const srv = await startServer(args); // a new process every turn
+      servers.push(srv);
+      msgs.push({ role: 'user', content: questions[turn] });
+      const a = await chat(srv, msgs, { max_tokens: 16, temperature: 0 });
+      const b = await chat(uncached, msgs, { max_tokens: 16, temperature: 0 });
+      const what = `${name} turn ${turn + 1}`;
+      assert.equal(replyOf(a), replyOf(b), `${what}: text differs from --no-cache-prompt`);
+      const c = a.usage.prompt_tokens_details.cached_tokens;
+      if (turn > 0) {
+        assert.equal(a.cache.mode, 'store', `${what}: cache.mode (${a.cache.reason})`);
+        if (name === 'tiny-hybrid') assert.ok(c >= prevPrompt, `${what}: cached ${c} < previous prompt ${prevPrompt}`);
+        else assert.ok(c > 0 && c <= 32, `${what}: cached ${c}, not within the 32-token window`);
+      }
+      prevPrompt = a.usage.prompt_tokens;
+      const text = replyOf(b);
+      msgs.push({ role: 'assistant', content: text.length > 1 ? text.slice(0, -1) : text });
+      await settleStore(srv);
+      await stopOk(srv);
+      forget(srv);
+    }
+    await stopOk(uncached);
+    forget(uncached);
+    rmSync(dir, { recursive: true, force: true });
+  });
+}

@@ -23,6 +23,7 @@
 #include <cmocka.h>
 
 #include "cache/prefix.h"
+#include "cache/store.h"
 #include "engine/engine.h"
 #include "sched/sched.h"
 #include "run_util.h"
@@ -30,12 +31,12 @@
 #define N_TURNS 6
 #define MAX_TOKENS 24
 
-static ks_engine *open_hybrid(void) {
+static ks_engine *open_hybrid_seqs(int n_seq) {
     const char *path = getenv("KS_TINY_HYBRID_MODEL");
     if (!path || !*path) fail_msg("KS_TINY_HYBRID_MODEL is not set (run through ctest)");
     ks_engine_params ep = ks_engine_params_default();
     ep.model_path = path;
-    ep.n_seq = 1;
+    ep.n_seq = n_seq;
     ep.n_ctx_seq = 2048;
     ep.n_threads = 1;
     ks_engine *e = NULL;
@@ -45,6 +46,8 @@ static ks_engine *open_hybrid(void) {
     assert_true(ks_engine_is_hybrid(e));
     return e;
 }
+
+static ks_engine *open_hybrid(void) { return open_hybrid_seqs(1); }
 
 static ks_sched *open_sched(ks_engine *e, int ckpt_max, size_t ckpt_bytes, int gen_interval) {
     ks_sched_params sp = ks_sched_params_default();
@@ -59,7 +62,7 @@ static ks_sched *open_sched(ks_engine *e, int ckpt_max, size_t ckpt_bytes, int g
     return s;
 }
 
-static void once(ks_sched *s, const ks_tokens *prompt, bool cache, int n_sys, run *x) {
+static void once_on(ks_sched *s, const ks_tokens *prompt, bool cache, int n_sys, int slot, run *x) {
     run_init(x);
     ks_req_params p = {0};
     p.tokens = prompt->v;
@@ -68,7 +71,7 @@ static void once(ks_sched *s, const ks_tokens *prompt, bool cache, int n_sys, ru
     p.sample = ks_sample_params_default(); /* greedy */
     p.cache_prompt = cache;
     p.want_logits = true;
-    p.preferred_slot = 0;
+    p.preferred_slot = slot;
     p.sys_key = n_sys > 0 ? 0x5eed : 0;
     p.n_sys_tokens = n_sys;
     p.on_token = run_on_token;
@@ -77,6 +80,10 @@ static void once(ks_sched *s, const ks_tokens *prompt, bool cache, int n_sys, ru
     assert_int_equal(ks_sched_submit(s, &p, NULL), 0);
     run_wait(x);
     assert_int_not_equal(x->res.finish, KS_FINISH_ERROR);
+}
+
+static void once(ks_sched *s, const ks_tokens *prompt, bool cache, int n_sys, run *x) {
+    once_on(s, prompt, cache, n_sys, 0, x);
 }
 
 /* The logits of the first sampled token, kept by on_done's caller. */
@@ -356,6 +363,138 @@ static void test_earlier_checkpoints(void **st) {
     ks_engine_free(e2);
 }
 
+/* The first two turns of a conversation: p1 (system + a question) and p2,
+ * which goes on from p1's reply less its last two tokens (so it diverges
+ * inside the reply); a1 is p1's run on s (on the given slot). */
+static void two_turns(ks_engine *e, ks_sched *s, int slot, const char *q, ks_tokens *sys_t, ks_tokens *p1,
+                      ks_tokens *p2, run *a1) {
+    ks_tokens t = {0};
+    char text[256];
+    tokenize(e, "<|im_start|>system\nYou answer about rivers and dogs.<|im_end|>\n", true, sys_t);
+    ks_tokens_assign(p1, sys_t->v, sys_t->n);
+    snprintf(text, sizeof text, "<|im_start|>user\n%s<|im_end|>\n<|im_start|>assistant\n", q);
+    tokenize(e, text, false, &t);
+    ks_tokens_append(p1, t.v, t.n);
+    once_on(s, p1, true, sys_t->n, slot, a1);
+    assert_true(a1->out.n > 2);
+    ks_tokens_assign(p2, p1->v, p1->n);
+    ks_tokens_append(p2, a1->out.v, a1->out.n - 2);
+    t.n = 0;
+    tokenize(e, "<|im_end|>\n<|im_start|>user\nand then what happened<|im_end|>\n<|im_start|>assistant\n", false, &t);
+    ks_tokens_append(p2, t.v, t.n);
+    ks_tokens_free(&t);
+}
+
+/* The same reply as an uncached run of prompt on u (where exact: see chat6). */
+static void same_as_uncached(ks_engine *e, ks_sched *u, const ks_tokens *prompt, const run *a) {
+    run b;
+    once(u, prompt, false, 0, &b);
+    if (ks_engine_batch_invariant(e)) {
+        assert_int_equal(a->out.n, b.out.n);
+        assert_memory_equal(a->out.v, b.out.v, sizeof(int32_t) * (size_t)b.out.n);
+    }
+    run_free(&b);
+}
+
+/* Sub-agents on another slot: turn 2 of a conversation whose turn 1 ran on
+ * slot 0 goes to slot 1, which copies slot 0's sequence and its
+ * checkpoints, and goes back to turn 1's prompt end (a copy used to need a
+ * source that was a prefix of the prompt, which a chat turn never is). */
+static void test_copy_takes_checkpoints(void **st) {
+    (void)st;
+    ks_engine *e = open_hybrid_seqs(2), *e2 = open_hybrid();
+    ks_sched_params sp = ks_sched_params_default();
+    sp.engine = e;
+    sp.n_slots = 2;
+    sp.ckpt_gen_interval = 0;
+    ks_sched *s = NULL, *u = open_sched(e2, 0, 0, 0);
+    assert_int_equal(ks_sched_create(&sp, &s), 0);
+    ks_tokens sys_t = {0}, p1 = {0}, p2 = {0};
+    run a1, a2;
+    two_turns(e, s, 0, "hello, what is the water like in the river?", &sys_t, &p1, &p2, &a1);
+    once_on(s, &p2, true, 0, 1, &a2);
+    assert_string_equal(a2.res.cache_mode, "copy");
+    assert_int_equal(a2.res.n_cached, p1.n);
+    same_as_uncached(e, u, &p2, &a2);
+    ks_sched_stats stt;
+    ks_sched_stats_get(s, &stt);
+    assert_int_equal((int)stt.cache.slot_copies, 1);
+    assert_int_equal((int)stt.cache.ckpt_restores, 1);
+    assert_int_equal((int)stt.cache.partial_rm_rebuilds, 0);
+    run_free(&a1);
+    run_free(&a2);
+    ks_tokens_free(&sys_t);
+    ks_tokens_free(&p1);
+    ks_tokens_free(&p2);
+    ks_sched_free(s);
+    ks_sched_free(u);
+    ks_engine_free(e);
+    ks_engine_free(e2);
+}
+
+/* Sub-agents on fewer slots, through the store: conversation A's turn 1,
+ * then B's on the same slot (A's KV leaves it), then A's turn 2, which
+ * diverges inside A's reply: the store holds A's whole state at turn 1's
+ * prompt end (reason checkpoint), so turn 2 restores all of turn 1's
+ * prompt, not only the last stride boundary of its cold prefill. */
+static void test_store_checkpoint(void **st) {
+    (void)st;
+    ks_engine *e = open_hybrid(), *e2 = open_hybrid();
+    ks_store_params p = ks_store_params_default();
+    for (int t = 0; t < KS_TIER__N; t++) p.cfg.tier_max_bytes[t] = 0;
+    p.cfg.tier_max_bytes[KS_TIER_RAM] = 64u << 20;
+    for (int r = 0; r < KS_REASON__N; r++) p.cfg.reason_tier[r] = KS_TIER_RAM;
+    p.cfg.reason_tier[KS_REASON_SHUTDOWN] = KS_TIER_NONE;
+    p.cfg.stride = 16;
+    p.cfg.min_tokens = 16;
+    char kv[256];
+    ks_engine_kv_params(e, kv, sizeof kv);
+    p.kv_params = kv;
+    p.kv_params_len = strlen(kv);
+    p.state_version = ks_engine_state_version();
+    ks_store *store = NULL;
+    char err[256] = "";
+    if (ks_store_open(&p, &store, err, sizeof err) != 0) fail_msg("ks_store_open: %s", err);
+    ks_sched_params sp = ks_sched_params_default();
+    sp.engine = e;
+    sp.n_slots = 1;
+    sp.store = store;
+    sp.store_stride = 16;
+    sp.store_min_tokens = 16;
+    sp.continued_interval = 0;
+    sp.ckpt_gen_interval = 0;
+    ks_sched *s = NULL, *u = open_sched(e2, 0, 0, 0);
+    assert_int_equal(ks_sched_create(&sp, &s), 0);
+
+    ks_tokens sys_a = {0}, a1p = {0}, a2p = {0}, sys_b = {0}, b1p = {0}, b2p = {0};
+    run a1, b1, a2;
+    two_turns(e, s, 0, "hello, what is the water like in the river?", &sys_a, &a1p, &a2p, &a1);
+    assert_true(a1p.n % 16 != 0); /* the prompt's end is not a stride boundary */
+    two_turns(e, s, 0, "tell me a story about a dog that swims", &sys_b, &b1p, &b2p, &b1);
+    once(s, &a2p, true, 0, &a2);
+    assert_string_equal(a2.res.cache_mode, "store");
+    assert_int_equal(a2.res.n_cached, a1p.n);
+    same_as_uncached(e, u, &a2p, &a2);
+    struct ks_store_stats ss;
+    ks_store_stats(store, &ss);
+    assert_true(ss.saves[KS_REASON_CHECKPOINT] >= 2); /* a1's and b1's prompt ends (a2's may be queued) */
+
+    run_free(&a1);
+    run_free(&b1);
+    run_free(&a2);
+    ks_tokens_free(&sys_a);
+    ks_tokens_free(&a1p);
+    ks_tokens_free(&a2p);
+    ks_tokens_free(&sys_b);
+    ks_tokens_free(&b1p);
+    ks_tokens_free(&b2p);
+    ks_sched_free(s);
+    ks_sched_free(u);
+    ks_store_close(store);
+    ks_engine_free(e);
+    ks_engine_free(e2);
+}
+
 int main(void) {
     if (getenv("KS_TEST_DEBUG")) ks_log_set_level(KS_LOG_DEBUG);
     const struct CMUnitTest tests[] = {
@@ -363,6 +502,8 @@ int main(void) {
         cmocka_unit_test(test_chat_keeps_reply),
         cmocka_unit_test(test_no_budget_rebuilds),
         cmocka_unit_test(test_earlier_checkpoints),
+        cmocka_unit_test(test_copy_takes_checkpoints),
+        cmocka_unit_test(test_store_checkpoint),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

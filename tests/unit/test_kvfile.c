@@ -174,6 +174,26 @@ static void test_round_trip(void **state) {
     assert_int_equal(m.n_tokens, 0);
     assert_int_equal(m.payload_len, 0);
     free(payload);
+    assert_int_equal(m.flags, KS_KVFILE_FLAG_PIN);
+}
+
+/* A reason added after pins (checkpoint) sets flag REASON6, so that a
+ * reader from before it refuses the file (another version) rather than
+ * quarantining it as corrupt; this reader takes it. */
+static void test_reason_after_pins(void **state) {
+    fx *f = *state;
+    f->meta.reason = KS_REASON_CHECKPOINT;
+    write_ok(f);
+    ks_kvfile_meta m;
+    assert_int_equal(ks_kvfile_read_meta(f->path, &m), 0);
+    assert_int_equal(m.reason, KS_REASON_CHECKPOINT);
+    assert_int_equal(m.flags, KS_KVFILE_FLAG_PIN | KS_KVFILE_FLAG_REASON6);
+    ks_kvfile_expect e = expect_all(f);
+    assert_int_equal(ks_kvfile_read(f->path, &e, NULL, NULL, NULL), 0);
+    assert_int_equal(ks_kvfile_touch(f->path, 5, 2, 0), 0);
+    assert_int_equal(ks_kvfile_read(f->path, &e, &m, NULL, NULL), 0);
+    assert_int_equal(m.hits, 2);
+    assert_int_equal(m.reason, KS_REASON_CHECKPOINT);
 }
 
 /* ks_kvfile_read_buf: the payload lands in the caller's buffer, reused when
@@ -335,8 +355,8 @@ static void test_versions_and_limits(void **state) {
     assert_int_equal(ks_kvfile_read_meta(f->path, &m), KS_EVERSION);
     assert_int_equal(m.version, 2);
 
-    /* unknown flags (KS_KVFILE_FLAG_PIN is the only known one) */
-    uint32_t unknown[] = {2, 0x80000000u, KS_KVFILE_FLAG_PIN | 4};
+    /* unknown flags (KS_KVFILE_FLAG_PIN and KS_KVFILE_FLAG_REASON6 are the known ones) */
+    uint32_t unknown[] = {4, 0x80000000u, KS_KVFILE_FLAG_PIN | 4, KS_KVFILE_FLAG_REASON6 | 8};
     for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++) {
         memcpy(b, orig, n);
         memcpy(b + 28, &unknown[i], 4);
@@ -650,6 +670,7 @@ int main(void) {
     ks_log_set_level(KS_LOG_ERROR);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_round_trip, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_reason_after_pins, setup, teardown),
         cmocka_unit_test_setup_teardown(test_read_into_buffer, setup, teardown),
         cmocka_unit_test(test_names),
         cmocka_unit_test_setup_teardown(test_flip_every_byte, setup, teardown),
