@@ -38,7 +38,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { parseArgs, words } from './peer_lib.mjs';
+import { parseArgs, words, floorProcess } from './peer_lib.mjs';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 
@@ -356,35 +356,15 @@ function fitLine() {
 let dproc = null;
 async function depthFloor(depth, n) {
   if (!dproc) {
-    const p = spawn(BIN, ['bench', 'floor', '-m', MODEL, '--threads', String(THREADS), '--ctx', '8192', '--stdin'],
-      { stdio: ['pipe', 'pipe', 'pipe'], env: { ...process.env, GGML_NO_BACKTRACE: '1' } });
-    live.add(p);
-    p.on('exit', () => live.delete(p));
-    dproc = { p, buf: '', waiting: [], err: '' };
-    p.stderr.on('data', (d) => { dproc.err += d; });
-    p.stdout.on('data', (d) => {
-      dproc.buf += d;
-      let i;
-      while ((i = dproc.buf.indexOf('\n')) >= 0) {
-        const line = dproc.buf.slice(0, i);
-        dproc.buf = dproc.buf.slice(i + 1);
-        const w = dproc.waiting.shift();
-        if (w) w(line);
-      }
-    });
-    const ready = await new Promise((res) => dproc.waiting.push(res));
-    if (!ready.startsWith('ready')) throw new Error(`bench floor did not start: ${ready} ${dproc.err}`);
+    dproc = floorProcess({ bin: BIN, model: MODEL, threads: THREADS, ctx: 8192, onSpawn: (p) => {
+      live.add(p);
+      p.on('exit', () => live.delete(p));
+    } });
   }
-  const line = await new Promise((res) => {
-    dproc.waiting.push(res);
-    dproc.p.stdin.write(`${depth} ${Math.max(1, n)} 1\n`);
-  });
-  const m = /^([\d.]+) ([\d.]+)$/.exec(line);
-  if (!m) throw new Error(`bench floor ${depth} ${n}: ${line} ${dproc.err}`);
-  return { prefill: Number(m[1]), restore: Number(m[2]), depth };
+  return dproc.measure(depth, n);
 }
 function stopDepthFloor() {
-  if (dproc) dproc.p.stdin.end();
+  if (dproc) dproc.stop();
   dproc = null;
 }
 // The floor@depth of request x (its depth measurement d): the prefill, plus

@@ -20,7 +20,10 @@ bench_prepare() {
     if [ ! -f "$MODEL" ]; then
         echo "$name: generating the bench model at $MODEL" >&2
         mkdir -p "$(dirname "$MODEL")"
-        "$BIN" mkmodel --preset bench --seed 1 "$MODEL"
+        # build/models/PRESET.gguf of a bench preset: that preset; else the bench model
+        local preset=bench
+        case $(basename "$MODEL" .gguf) in bench-hybrid | bench-q4k) preset=$(basename "$MODEL" .gguf) ;; esac
+        "$BIN" mkmodel --preset "$preset" --seed 1 "$MODEL"
     fi
     case $name in
     server_*) command -v node >/dev/null 2>&1 || { echo "$name: node is required" >&2; exit 1; } ;;

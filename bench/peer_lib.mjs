@@ -121,3 +121,50 @@ export async function streamChat(url, body) {
   }
   return { t0, times, ttft, total: now() - t0, text, finish, usage, timings };
 }
+
+// `kvstash bench floor --stdin` as a child process (the floor of a cached
+// request: the prefill of n new tokens after `depth` tokens of history, on
+// llama.cpp alone; shared/DESIGN.md). measure(depth, n) resolves to
+// { prefill, restore, depth } in ms (restore: setting the depth-token state
+// back); stop() ends the process. onSpawn(p) sees the child (for cleanup).
+export function floorProcess({ bin, model, threads, ctx = 8192, onSpawn }) {
+  let proc = null, starting = null;
+  async function start() {
+    const { spawn } = await import('node:child_process');
+    const p = spawn(bin, ['bench', 'floor', '-m', model, '--threads', String(threads), '--ctx', String(ctx), '--stdin'],
+      { stdio: ['pipe', 'pipe', 'pipe'], env: { ...process.env, GGML_NO_BACKTRACE: '1' } });
+    if (onSpawn) onSpawn(p);
+    proc = { p, buf: '', waiting: [], err: '' };
+    const me = proc;
+    p.stderr.on('data', (d) => { me.err += d; });
+    p.stdout.on('data', (d) => {
+      me.buf += d;
+      let i;
+      while ((i = me.buf.indexOf('\n')) >= 0) {
+        const line = me.buf.slice(0, i);
+        me.buf = me.buf.slice(i + 1);
+        const w = me.waiting.shift();
+        if (w) w(line);
+      }
+    });
+    const ready = await new Promise((res) => me.waiting.push(res));
+    if (!ready.startsWith('ready')) throw new Error(`bench floor did not start: ${ready} ${me.err}`);
+  }
+  return {
+    async measure(depth, n) {
+      if (!starting) starting = start();
+      await starting;
+      const line = await new Promise((res) => {
+        proc.waiting.push(res);
+        proc.p.stdin.write(`${depth} ${Math.max(1, n)} 1\n`);
+      });
+      const m = /^([\d.]+) ([\d.]+)$/.exec(line);
+      if (!m) throw new Error(`bench floor ${depth} ${n}: ${line} ${proc.err}`);
+      return { prefill: Number(m[1]), restore: Number(m[2]), depth };
+    },
+    stop() {
+      if (proc) proc.p.stdin.end();
+      proc = starting = null;
+    },
+  };
+}

@@ -16,7 +16,7 @@
 #   SERVERS [kvstash,llama-server]  kvstash (default flags), kvstash-no-exact
 #            (--no-exact), kvstash-prebuilt (KS_GGML_CPU=prebuilt: the npm CPU
 #            variants, so exactness by pair decoding), kvstash-fa-off (--flash-attn
-#            off), llama-server (its defaults: flash attention auto = on for the
+#            off), kvstash-no-ckpt (--ctx-checkpoints 0: hybrid models rebuild), llama-server (its defaults: flash attention auto = on for the
 #            CPU, as kvstash's default), llama-server-fa-off (--flash-attn off)
 #   THREADS [2]  SLOTS [2]  CTX [4096] (context per slot; llama-server gets
 #            -c SLOTS*CTX with -np SLOTS, i.e. CTX per slot too: bench/peer.sh)
@@ -48,10 +48,12 @@ peer_start_servers() { # $1 = script name (for messages), $2 = log prefix
     for s in "${want[@]}"; do
         log=$OUT/$prefix-$s.log
         case $s in
-        kvstash | kvstash-no-exact | kvstash-prebuilt | kvstash-fa-off)
+        kvstash | kvstash-no-exact | kvstash-prebuilt | kvstash-fa-off | kvstash-no-ckpt)
             args=$KS_ARGS envs=()
             [ "$s" = kvstash-no-exact ] && args="${args:+$args }--no-exact"
             [ "$s" = kvstash-fa-off ] && args="${args:+$args }--flash-attn off"
+            # hybrid models without checkpoints: every trim rebuilds (the old behaviour)
+            [ "$s" = kvstash-no-ckpt ] && args="${args:+$args }--ctx-checkpoints 0"
             # the npm prebuilt CPU variants: not batch-invariant, so exact means pairs
             [ "$s" = kvstash-prebuilt ] && envs=(KS_GGML_CPU=prebuilt)
             # shellcheck disable=SC2086 # args is a list of flags
@@ -77,7 +79,7 @@ peer_start_servers() { # $1 = script name (for messages), $2 = log prefix
             pids+=($!)
             names+=(--name "llama-server $("$ROOT/bench/peer.sh" version | sed -n 's/.*build \([0-9]*\), commit \([0-9a-f]*\).*/b\1-\2/p')${peer_args:+ $peer_args}")
             ;;
-        *) echo "$me: unknown server '$s' (kvstash, kvstash-no-exact, kvstash-prebuilt, kvstash-fa-off, llama-server, llama-server-fa-off)" >&2; exit 2 ;;
+        *) echo "$me: unknown server '$s' (kvstash, kvstash-no-exact, kvstash-prebuilt, kvstash-fa-off, kvstash-no-ckpt, llama-server, llama-server-fa-off)" >&2; exit 2 ;;
         esac
         keys+=("$s")
         urls+=("http://127.0.0.1:$port")

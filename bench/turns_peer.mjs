@@ -17,9 +17,22 @@
 //   --sys-words N    words of the system prompt (default 300)
 //   --msg-words N    words of every user message (default 60)
 //   --max-tokens N   reply length limit (default 32)
+//   --edit-replies K each reply goes back into the history without its last
+//                    K words (default 0), as a client that trims or a template
+//                    that strips part of a reply (reasoning) sends it: the next
+//                    prompt then diverges inside the reply the server holds, so
+//                    the server must cut its cache back into it (hybrid and
+//                    recurrent models: to a checkpoint)
+//   --floor-bin BIN --floor-model MODEL [--floor-threads N] [--floor-ctx N]
+//                    also measure the first server's floor per turn: the
+//                    prefill of the tokens it prefilled after the tokens it
+//                    reused, on llama.cpp alone (`BIN bench floor`), after all
+//                    turns (the servers idle); the table gets the floor and
+//                    TTFT / floor (what the cache adds to the work it cannot skip)
 //   --out DIR        write DIR/turns_peer.md, DIR/turns_peer.csv (one row per
 //                    turn and server) and DIR/turns_peer_ttft.csv (turn, then the
 //                    TTFT of every server: the plot's input) too
+//   --prefix NAME    those files' base name instead of turns_peer
 //
 // Method:
 //  - The conversation: a system prompt of --sys-words words, then --turns user
@@ -50,7 +63,7 @@
 //    turns that can use the cache) and turn 1 (cold) on its own.
 import fs from 'node:fs';
 import path from 'node:path';
-import { parseArgs, median, words, label, streamChat } from './peer_lib.mjs';
+import { parseArgs, median, words, label, streamChat, floorProcess } from './peer_lib.mjs';
 
 const { opt, lists, rest, die } = parseArgs('turns_peer', process.argv.slice(2), ['name', 'short']);
 const urls = rest.map((u) => u.replace(/\/+$/, ''));
@@ -66,6 +79,9 @@ if (!urls.length)
   die('usage: node bench/turns_peer.mjs URL [URL ...] [--name LABEL ...] [--short NAME ...] [--turns N] [--sys-words N] ' +
     '[--msg-words N] [--max-tokens N] [--out DIR]');
 const T = num('turns', 10), SW = num('sys-words', 300, 0), UW = num('msg-words', 60), MT = num('max-tokens', 32);
+const EDIT = num('edit-replies', 0, 0);
+// The reply as it goes back into the history: less its last EDIT words.
+const edited = (text) => (EDIT ? text.split(' ').slice(0, -EDIT).join(' ') : text);
 
 const f = (x, d = 0) => (Number.isFinite(x) ? x.toFixed(d) : '–');
 const fc = (x, d = 0) => (Number.isFinite(x) ? x.toFixed(d) : ''); // CSV: empty when missing
@@ -111,7 +127,7 @@ shorts.forEach((s, i) => {
 });
 const N = urls.length;
 process.stderr.write(`turns_peer: ${N} server(s) (${shorts.join(', ')}), ${T} turns, ${SW}-word system prompt, ` +
-  `${UW}-word messages, max_tokens ${MT}\n`);
+  `${UW}-word messages, max_tokens ${MT}${EDIT ? `, replies sent back less their last ${EDIT} word(s)` : ''}\n`);
 
 for (let s = 0; s < N; s++) await chat(urls[s], [{ role: 'user', content: words(40, 77) }], 2); // warm-up
 
@@ -136,7 +152,7 @@ for (let t = 1; t <= T; t++) {
     } catch (e) {
       die(`turn ${t}, ${names[s]}: ${e.message}\n(a context too small? the conversation is ${res[s].length ? res[s].at(-1).prompt + res[s].at(-1).completion : 0} tokens so far)`);
     }
-    convs[s].push({ role: 'assistant', content: x.content });
+    convs[s].push({ role: 'assistant', content: edited(x.content) });
     res[s].push(x);
     if (!x.has_usage) warn(`usage${s}`, `${names[s]} sent no usage (stream_options.include_usage ignored?)`);
     if (!x.has_timings) warn(`timings${s}`, `${names[s]} sent no timings: cached tokens from usage, new = prompt - cached`);
@@ -154,8 +170,23 @@ for (let t = 1; t <= T; t++) {
   }).join('; ')}${N > 1 ? (same ? '; same replies' : '; replies differ') : ''}\n`);
 }
 
+// ------------------------------------------------------------ the floor
+// The first server's turns: the prefill of its `new` tokens after its
+// `cached` ones (`kvstash bench floor --stdin`), measured now that every
+// server is idle. Turn 1 prefills everything: its floor is the same call.
+const floors = [];
+if (opt['floor-bin']) {
+  if (!opt['floor-model']) die('--floor-bin needs --floor-model');
+  const fp = floorProcess({ bin: String(opt['floor-bin']), model: String(opt['floor-model']),
+    threads: num('floor-threads', 2), ctx: num('floor-ctx', 8192) });
+  for (const x of res[0]) floors.push((await fp.measure(Math.max(0, x.cached), x.nnew)).prefill);
+  fp.stop();
+}
+const hasFloor = floors.length === T;
+
 // ---------------------------------------------------------------- report
 const hdr = ['turn', 'prompt tok'];
+if (hasFloor) hdr.push(`${shorts[0]} floor ms`, `${shorts[0]} TTFT/floor`);
 for (let s = 0; s < N; s++) {
   hdr.push(`${shorts[s]} TTFT ms`, `${shorts[s]} cached/new`);
   if (s > 0) hdr.push(`${shorts[0]}/${shorts[s]}`);
@@ -165,6 +196,7 @@ for (let t = 1; t <= T; t++) {
   const p0 = res[0][t - 1].prompt;
   const ps = urls.map((_, s) => res[s][t - 1].prompt);
   const row = [t, ps.every((p) => p === p0) ? f(p0) : ps.map((p) => f(p)).join(' / ')];
+  if (hasFloor) row.push(f(floors[t - 1]), fr(res[0][t - 1].ttft / floors[t - 1]));
   for (let s = 0; s < N; s++) {
     const x = res[s][t - 1];
     row.push(f(x.ttft), `${f(x.cached)}/${f(x.nnew)}`);
@@ -176,7 +208,7 @@ const md = [`| ${hdr.join(' | ')} |`, `|${hdr.map(() => '--:').join('|')}|`, ...
 const lines = [md.join('\n'), ''];
 const last = res[0][T - 1];
 lines.push(`One conversation of ${T} turns: a ${SW}-word system prompt, ${UW}-word user messages, replies of at most ` +
-  `${MT} tokens (greedy, streamed, cache_prompt), grown to ${f(last.prompt + last.completion)} tokens ` +
+  `${MT} tokens (greedy, streamed, cache_prompt)${EDIT ? `, each sent back in the history less its last ${EDIT} word(s)` : ''}, grown to ${f(last.prompt + last.completion)} tokens ` +
   `(${shorts[0]}'s). Every server keeps its own history (its own replies); turn t goes to every server before turn ` +
   `t+1, rotating who goes first. TTFT: client-side, to the first content chunk. cached/new: the prompt tokens the ` +
   `server reused / prefilled (timings.cache_n / timings.prompt_n, else usage.prompt_tokens_details.cached_tokens). ` +
@@ -194,6 +226,12 @@ for (let s = 1; s < N; s++) {
     `; turn 1 (cold) ${fr(res[0][0].ttft / res[s][0].ttft)}. Median TTFT over turns 2–${T}: ${shorts[0]} ` +
     `${f(median(res[0].slice(1).map((x) => x.ttft)))} ms, ${shorts[s]} ${f(median(res[s].slice(1).map((x) => x.ttft)))} ms.`);
 }
+if (hasFloor) {
+  const over = res[0].slice(1).map((x, i) => x.ttft / floors[i + 1]);
+  summary.push(`**${shorts[0]} TTFT / floor** (the prefill of the tokens it prefilled, after those it reused, on ` +
+    `llama.cpp alone): median over turns 2–${T} ${fr(median(over))} (best ${fr(Math.min(...over))}, worst ` +
+    `${fr(Math.max(...over))}); turn 1 ${fr(res[0][0].ttft / floors[0])}.`);
+}
 if (N === 1) summary.push(`Median TTFT over turns 2–${T}: ${f(median(res[0].slice(1).map((x) => x.ttft)))} ms; turn 1 ${f(res[0][0].ttft)} ms.`);
 lines.push('', ...summary);
 if (process.env.KS_BENCH_CMD) lines.push('', `Command: \`${process.env.KS_BENCH_CMD}\``);
@@ -203,15 +241,17 @@ process.stdout.write(text);
 if (opt.out) {
   const out = path.resolve(String(opt.out));
   fs.mkdirSync(out, { recursive: true });
-  fs.writeFileSync(path.join(out, 'turns_peer.md'), text);
+  const base = String(opt.prefix ?? 'turns_peer');
+  fs.writeFileSync(path.join(out, `${base}.md`), text);
   const q = (s) => `"${String(s).replace(/"/g, '""')}"`;
   const csv = ['server,name,turn,prompt_tokens,cached_tokens,new_tokens,usage_cached_tokens,timings_cache_n,timings_prompt_n,' +
-    'prompt_ms,ttft_ms,total_ms,completion_tokens,finish'];
+    'prompt_ms,ttft_ms,total_ms,completion_tokens,finish,floor_ms'];
   for (let s = 0; s < N; s++)
     res[s].forEach((x, i) => csv.push([q(shorts[s]), q(names[s]), i + 1, fc(x.prompt), fc(x.cached), fc(x.nnew), fc(x.usage_cached),
-      fc(x.cache_n), fc(x.prompt_n), fc(x.prompt_ms, 2), fc(x.ttft, 2), fc(x.total, 2), fc(x.completion), x.finish || ''].join(',')));
-  fs.writeFileSync(path.join(out, 'turns_peer.csv'), csv.join('\n') + '\n');
+      fc(x.cache_n), fc(x.prompt_n), fc(x.prompt_ms, 2), fc(x.ttft, 2), fc(x.total, 2), fc(x.completion), x.finish || '',
+      s === 0 && hasFloor ? fc(floors[i], 2) : ''].join(',')));
+  fs.writeFileSync(path.join(out, `${base}.csv`), csv.join('\n') + '\n');
   const wide = [['turn', ...shorts.map((s) => s.replace(/,/g, ' '))].join(',')];
   for (let t = 1; t <= T; t++) wide.push([t, ...urls.map((_, s) => fc(res[s][t - 1].ttft, 2))].join(','));
-  fs.writeFileSync(path.join(out, 'turns_peer_ttft.csv'), wide.join('\n') + '\n');
+  fs.writeFileSync(path.join(out, `${base}_ttft.csv`), wide.join('\n') + '\n');
 }

@@ -30,6 +30,7 @@
 #   SERVERS [kvstash,llama-server]  which servers to start when URLS is unset,
 #                in this order (the first is the reference: put kvstash first):
 #                kvstash (default flags), kvstash-no-exact (--no-exact),
+#                kvstash-no-ckpt (--ctx-checkpoints 0),
 #                kvstash-prebuilt (KS_GGML_CPU=prebuilt: the npm CPU variants, so
 #                exactness by pair decoding), llama-server (its defaults: flash
 #                attention auto = on for the CPU), llama-server-fa-off
@@ -38,30 +39,38 @@
 #                -c SLOTS*CTX with -np SLOTS) — of every server started; the
 #                whole conversation must fit in CTX (checked before starting)
 #   KS_ARGS []   more `kvstash serve` flags (e.g. --flash-attn)
+#   NAME [turns_peer]  the outputs' base name (e.g. turns_peer_hybrid)
+#   FLOOR [0]    1: also the first server's floor per turn (`kvstash bench floor`:
+#                the prefill of its new tokens after its reused ones, llama.cpp alone)
 #   PEER_ARGS []  more llama-server flags
 #   TURNS [10]  SYS_WORDS [300]  MSG_WORDS [60]  MAX_TOKENS [32]
-# Writes bench/out/turns_peer.{md,csv}, bench/out/turns_peer_ttft.csv, the
-# servers' logs bench/out/turns_peer-*.log and docs/img/turns_peer.png; prints
+#   EDIT_REPLIES [0]  replies go back into the history less their last N words,
+#                so every turn diverges inside the reply the server holds
+#                (turns_peer.mjs --edit-replies)
+# Writes bench/out/NAME.{md,csv}, bench/out/NAME_ttft.csv, the servers' logs
+# bench/out/NAME-*.log and docs/img/NAME.png; prints
 # the markdown table.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 TURNS=${TURNS:-10} SYS_WORDS=${SYS_WORDS:-300} MSG_WORDS=${MSG_WORDS:-60} MAX_TOKENS=${MAX_TOKENS:-32}
+EDIT_REPLIES=${EDIT_REPLIES:-0}
 THREADS=${THREADS:-2} SLOTS=${SLOTS:-2} CTX=${CTX:-4096}
 SERVERS=${SERVERS:-kvstash,llama-server}
-KS_ARGS=${KS_ARGS:-} PEER_ARGS=${PEER_ARGS:-}
+KS_ARGS=${KS_ARGS:-} PEER_ARGS=${PEER_ARGS:-} FLOOR=${FLOOR:-0} NAME=${NAME:-turns_peer}
 OUT=$ROOT/bench/out IMG=$ROOT/docs/img
 SETTINGS="TURNS=$TURNS SYS_WORDS=$SYS_WORDS MSG_WORDS=$MSG_WORDS MAX_TOKENS=$MAX_TOKENS"
+[ "$EDIT_REPLIES" != 0 ] && SETTINGS+=" EDIT_REPLIES=$EDIT_REPLIES"
 MEASURE=(node "$ROOT/bench/turns_peer.mjs" --turns "$TURNS" --sys-words "$SYS_WORDS" --msg-words "$MSG_WORDS"
-    --max-tokens "$MAX_TOKENS" --out "$OUT")
+    --max-tokens "$MAX_TOKENS" --edit-replies "$EDIT_REPLIES" --out "$OUT" --prefix "$NAME")
 command -v node >/dev/null 2>&1 || { echo "turns_peer.sh: node is required" >&2; exit 1; }
 mkdir -p "$OUT"
 
 plot() { # $1 = number of servers, $2 = subtitle
     command -v gnuplot >/dev/null 2>&1 || { echo "turns_peer.sh: no gnuplot: no plot" >&2; return 0; }
     mkdir -p "$IMG"
-    gnuplot -e "csv='$OUT/turns_peer_ttft.csv'; out='$IMG/turns_peer.png'; n=$1; subtitle='$2'" "$ROOT/bench/plot_turns_peer.gp"
-    echo >&2 "turns_peer.sh: table in $OUT/turns_peer.md, plot in $IMG/turns_peer.png"
+    gnuplot -e "csv='$OUT/${NAME}_ttft.csv'; out='$IMG/$NAME.png'; n=$1; subtitle='$2'" "$ROOT/bench/plot_turns_peer.gp"
+    echo >&2 "turns_peer.sh: table in $OUT/$NAME.md, plot in $IMG/$NAME.png"
 }
 
 if [ -n "${URLS:-}" ]; then
@@ -86,14 +95,17 @@ fi
 bench_prepare turns_peer.sh "$@"
 # shellcheck source=bench/peer_lib.sh
 . "$ROOT/bench/peer_lib.sh"
-peer_start_servers turns_peer.sh turns_peer # sets urls, names (--name LABEL pairs), keys
+peer_start_servers turns_peer.sh "$NAME" # sets urls, names (--name LABEL pairs), keys
 
 shorts=()
 for k in "${keys[@]}"; do shorts+=(--short "$k"); done
+[ "$FLOOR" = 1 ] && MEASURE+=(--floor-bin "$BIN" --floor-model "$MODEL" --floor-threads "$THREADS" --floor-ctx "$CTX")
 extra=
 [ -n "$KS_ARGS" ] && extra+=" KS_ARGS=\"$KS_ARGS\""
 [ -n "$PEER_ARGS" ] && extra+=" PEER_ARGS=\"$PEER_ARGS\""
-export KS_BENCH_CMD="THREADS=$THREADS SLOTS=$SLOTS CTX=$CTX SERVERS=$SERVERS$extra $SETTINGS bench/turns_peer.sh"
+[ "$FLOOR" = 1 ] && extra+=" FLOOR=1"
+[ "$NAME" != turns_peer ] && extra+=" NAME=$NAME"
+export KS_BENCH_CMD="THREADS=$THREADS SLOTS=$SLOTS CTX=$CTX SERVERS=$SERVERS$extra $SETTINGS bench/turns_peer.sh${*:+ $*}"
 echo "\$ ${MEASURE[*]} ${names[*]} ${shorts[*]} ${urls[*]}" >&2
 "${MEASURE[@]}" "${names[@]}" "${shorts[@]}" "${urls[@]}"
 plot "${#urls[@]}" "$(basename "$MODEL"), $TURNS turns, $SYS_WORDS-word system prompt, $MSG_WORDS-word messages, $MAX_TOKENS-token replies, $SLOTS slots x ctx $CTX, $THREADS threads"

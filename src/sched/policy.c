@@ -61,7 +61,8 @@
  * Saves, by reason: `cold` at a chunk end chosen by savepoint.c,
  * `continued` every continued_interval generated tokens, `finish` at the end
  * (sched.c), `evict` before KV is dropped, `shutdown` when the scheduler
- * stops, `pin` at a request's cache pins (not limited by store_min_tokens).
+ * stops, `pin` at a request's cache pins (not limited by store_min_tokens),
+ * `checkpoint` at a prompt's end on a hybrid model ("Checkpoints" below).
  * A save copies the sequence state here and hands the bytes to the store's
  * writer thread (sync only for evict and shutdown).
  *
@@ -85,7 +86,11 @@
  * the latest at or before the divergence; only when none fits (or llama
  * refuses) is the sequence rebuilt. Restores of whole states (store, SPC,
  * slot copies) replace the sequence and drop the checkpoints; they are
- * exact on hybrid models as they are (fact (b)).
+ * exact on hybrid models as they are (fact (b)). A slot copy takes the
+ * source's checkpoints along (ckpt_copy), so it can go back to one at or
+ * before the common prefix (copy_reach); and the prompt's end is saved to
+ * the store too, as a whole state (reason checkpoint), for the slot, process
+ * or host that gets the conversation's next turn without these checkpoints.
  *
  * Invariants
  *  P1. The slot's token list is exactly its sequence after every function
@@ -819,10 +824,9 @@ void ks__policy_chunk_done(ks_sched *s, slot *sl) {
     if (sl->n_past >= sl->snap_ckpt) sl->snap_ckpt = -1;
 }
 
-void ks__policy_token_done(ks_sched *s, slot *sl) {
-    if (s->p.store && s->p.continued_interval > 0 && sl->n_generated % s->p.continued_interval == 0 &&
-        !sl->no_store)
+void ks__policy_token_done(ks_sched *s, slot *sl, int n_decoded) {
+    if (s->p.store && s->p.continued_interval > 0 && n_decoded % s->p.continued_interval == 0 && !sl->no_store)
         ks__policy_save(s, sl, KS_REASON_CONTINUED, false);
-    if (s->ckpt_on && s->p.ckpt_gen_interval > 0 && sl->n_generated % s->p.ckpt_gen_interval == 0)
+    if (s->ckpt_on && s->p.ckpt_gen_interval > 0 && n_decoded % s->p.ckpt_gen_interval == 0)
         ckpt_take(s, sl, true);
 }

@@ -153,8 +153,10 @@ void ks__policy_chunk_done(ks_sched *s, slot *sl);
 /* The request ends: the pins it did not reach count as failed, and the
  * result gets n_cache_written (sched.h). */
 void ks__policy_pins_done(ks_sched *s, sreq *r);
-/* After a generated token was decoded and appended: the continued save. */
-void ks__policy_token_done(ks_sched *s, slot *sl);
+/* After a generated token was decoded and appended (the sequence holds
+ * n_decoded generated tokens; the next one may be sampled already): the
+ * continued save, the generation checkpoint. */
+void ks__policy_token_done(ks_sched *s, slot *sl, int n_decoded);
 /* Hands the slot's KV (all of slot->tokens) to the store for `why`. */
 void ks__policy_save(ks_sched *s, slot *sl, ks_reason why, bool sync);
 /* No request is active: frees what the policy keeps only for busy periods

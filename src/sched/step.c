@@ -58,7 +58,20 @@ static const char *token_text(ks_sched *s, int32_t tok, int *len) {
     return s->piece;
 }
 
-static void sample_slot(ks_sched *s, slot *sl) {
+/* How a sampled token ends the request, if it does (after_decode applies it). */
+typedef struct ending {
+    bool done;
+    ks_finish f;
+    int err;
+    bool eog;
+} ending;
+
+#define ENDS(...) ((ending){.done = true, __VA_ARGS__})
+
+/* Samples the slot's next token and hands it to the request (on_token):
+ * returns how the request ends, or done = false when it goes on (next_tok
+ * set). Nothing is decoded or saved here. */
+static ending sample_slot(ks_sched *s, slot *sl) {
     sreq *r = sl->r;
     int32_t tok = ks_sampler_sample(sl->smpl, s->e, sl->i_logits);
     if (sl->state == ST_PREFILL) {
@@ -75,13 +88,9 @@ static void sample_slot(ks_sched *s, slot *sl) {
     if (tok < 0) {
         /* The grammar allows no next token (engine.h): the request's error.
          * Nothing was decoded for it, so the slot stays exact. */
-        ks__sched_finish(s, sl, KS_FINISH_ERROR, KS_EINVAL, false);
-        return;
+        return ENDS(.f = KS_FINISH_ERROR, .err = KS_EINVAL);
     }
-    if (ks_engine_is_eog(s->e, tok)) {
-        ks__sched_finish(s, sl, KS_FINISH_STOP, 0, true);
-        return;
-    }
+    if (ks_engine_is_eog(s->e, tok)) return ENDS(.f = KS_FINISH_STOP, .eog = true);
     sl->n_generated++;
     int n = 0;
     const char *piece = token_text(s, tok, &n);
@@ -89,8 +98,7 @@ static void sample_slot(ks_sched *s, slot *sl) {
         /* The token is in no KV yet (it is decoded next step): the slot's
          * bookkeeping stays exact, only this request fails. */
         sl->n_generated--;
-        ks__sched_finish(s, sl, KS_FINISH_ERROR, KS_ENOMEM, false);
-        return;
+        return ENDS(.f = KS_FINISH_ERROR, .err = KS_ENOMEM);
     }
     if (r->p.ext && r->p.ext->n_probs > 0 && r->p.on_probs) {
         /* From the row's raw logits, still valid: nothing was decoded since. */
@@ -99,15 +107,11 @@ static void sample_slot(ks_sched *s, slot *sl) {
         r->p.on_probs(r->p.ud, &sampled, s->probs_top, n_top);
     }
     int stop = r->p.on_token ? r->p.on_token(r->p.ud, tok, piece, n) : 0;
-    if (stop) {
-        ks__sched_finish(s, sl, KS_FINISH_STOP, 0, false);
-    } else if (atomic_load(&r->cancel)) {
-        ks__sched_finish(s, sl, KS_FINISH_CANCEL, 0, false);
-    } else if (sl->n_generated >= r->p.max_tokens) {
-        ks__sched_finish(s, sl, KS_FINISH_LENGTH, 0, false);
-    } else {
-        sl->next_tok = tok;
-    }
+    if (stop) return ENDS(.f = KS_FINISH_STOP);
+    if (atomic_load(&r->cancel)) return ENDS(.f = KS_FINISH_CANCEL);
+    if (sl->n_generated >= r->p.max_tokens) return ENDS(.f = KS_FINISH_LENGTH);
+    sl->next_tok = tok;
+    return (ending){.done = false};
 }
 
 /* Adds tokens [pos0, pos0 + n) of the slot (prompt tokens, or for a
@@ -173,25 +177,35 @@ static void add_prefill(ks_sched *s, ks_batch *b, int n_gen) {
 }
 
 /* After a successful decode: the slot's token list takes what was decoded
- * (S1), then the save points and sampling. */
+ * (S1); then the token is sampled and handed to the client, and only then
+ * come the save points (snapshots, checkpoints: the sequence is still
+ * exactly the token list, sampling decodes nothing), so that they never
+ * delay a token — the first one included, after a prompt's last chunk; and
+ * last the request's end, if the token ended it (its finish save and pins
+ * come after the save points). */
 static void after_decode(ks_sched *s, slot *sl) {
-    if (sl->state == ST_GEN) {
+    bool gen = sl->state == ST_GEN;
+    int n_decoded = sl->n_generated; /* before the next token is sampled */
+    sreq *r = sl->r;
+    if (gen) {
         if (ks_tokens_push(&sl->tokens, sl->next_tok)) {
             ks__sched_fail(s, sl, KS_ENOMEM);
             return;
         }
-        ks__policy_token_done(s, sl);
     } else {
-        sreq *r = sl->r;
         if (ks_tokens_append(&sl->tokens, r->prompt.v + sl->n_past, sl->chunk)) {
             ks__sched_fail(s, sl, KS_ENOMEM);
             return;
         }
         sl->n_past += sl->chunk;
-        ks__policy_chunk_done(s, sl);
         if (r->p.on_progress) r->p.on_progress(r->p.ud, sl->n_past, r->prompt.n);
     }
-    if (sl->i_logits >= 0) sample_slot(s, sl);
+    ending e = sl->i_logits >= 0 ? sample_slot(s, sl) : (ending){.done = false};
+    if (gen)
+        ks__policy_token_done(s, sl, n_decoded);
+    else
+        ks__policy_chunk_done(s, sl);
+    if (e.done) ks__sched_finish(s, sl, e.f, e.err, e.eog);
 }
 
 void ks__step(ks_sched *s) {
