@@ -37,6 +37,7 @@ struct ks_engine {
     bool probe_ran; /* the probe's decodes all ran (its verdict means something) */
     bool repack;    /* weights may be repacked (llama's use_extra_bufts) */
     double warm_ms; /* what the probe (the warm-up) took */
+    size_t state_fixed, state_per_tok; /* a sequence state's bytes: fixed + per token (measured by the probe) */
 };
 
 struct ks_batch {
@@ -219,6 +220,13 @@ static void probe(ks_engine *e) {
         b.n_tokens = PROBE_PRE;
         b.logits[PROBE_N - 1] = 0;
         ok = llama_decode(e->ctx, b) == 0;
+    }
+    /* A state's size at PROBE_PRE and PROBE_N tokens: what it takes per
+     * token (KV) and apart from them (headers, a recurrent state). */
+    size_t sz_pre = ok ? llama_state_seq_get_size(e->ctx, 0) : 0;
+    if (ok && sz > sz_pre) {
+        e->state_per_tok = (sz - sz_pre) / (PROBE_N - PROBE_PRE);
+        e->state_fixed = sz > e->state_per_tok * PROBE_N ? sz - e->state_per_tok * PROBE_N : 0;
     }
     for (int i = PROBE_PRE; ok && i < PROBE_N; i++) {
         b.token[0] = tok[i]; b.pos[0] = i; b.logits[0] = i == PROBE_N - 1;
@@ -486,8 +494,11 @@ bool ks_engine_flash_attn(const ks_engine *e) { return e->flash_attn; }
 bool ks_engine_repacked(const ks_engine *e) { return e->repack; }
 
 size_t ks_engine_state_bytes_max(const ks_engine *e) {
-    /* K and V of every layer for every cell of a sequence, plus the blob's
-     * headers and token list: the bytes a full slot's state takes */
+    /* As the probe measured it (any memory: hybrid models' layer 0 may have
+     * no KV heads), for a full slot */
+    if (e->state_per_tok > 0) return e->state_fixed + e->state_per_tok * (size_t)e->n_ctx_seq + 4096;
+    /* Else K and V of every layer for every cell of a sequence, plus the
+     * blob's headers and token list: the bytes a full slot's state takes */
     int32_t n_layer = llama_model_n_layer(e->model), n_head = llama_model_n_head(e->model);
     int32_t n_head_kv = llama_model_n_head_kv(e->model), n_embd = llama_model_n_embd(e->model);
     if (n_layer <= 0 || n_head <= 0 || n_head_kv <= 0 || n_embd <= 0) return 0;

@@ -215,6 +215,7 @@ typedef struct ks_api_props {
     bool cache_prompt;
     bool exact;
     const char *exact_mode;    /* how exactness is kept: "batch-invariant", "pairs", "off"; NULL: not shown */
+    bool flash_attn;           /* flash attention in effect (after --flash-attn auto) */
     const char *cpu_backend;   /* ks_engine_cpu_backend(); NULL: not shown */
     const char *store;         /* "off", "ram-only", "full"; NULL: not shown */
 } ks_api_props;

@@ -157,6 +157,7 @@ enum MHD_Result ks__util_props(ks_server *s, struct MHD_Connection *c, conn *cn)
             .cache_prompt = s->cache_prompt,
             .exact = s->exact,
             .exact_mode = ks_engine_exact_mode(s->engine, s->exact),
+            .flash_attn = ks_engine_flash_attn(s->engine),
             .cpu_backend = ks_engine_cpu_backend(),
             .store = s->store_mode[0] ? s->store_mode : NULL,
         };

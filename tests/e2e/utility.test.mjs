@@ -107,11 +107,23 @@ test('GET /props', async () => {
   assert.equal(p.kvstash.cache_prompt, true);
   assert.equal(p.kvstash.exact, true);
   assert.equal(p.kvstash.exact_mode, 'batch-invariant');
+  assert.equal(p.kvstash.flash_attn, true); // --flash-attn auto, on the patched backend
   assert.match(p.kvstash.cpu_backend, /^kvstash-ggml-cpu-r\d+-/);
   assert.equal(p.kvstash.store, 'ram-only');
   assert.equal(p.build_info.split(' ')[0], `kvstash-${p.kvstash.version}`);
   const h = await fetch(srv.base + '/props', { method: 'HEAD' });
   assert.equal(h.status, 200);
+});
+
+test('GET /props: kvstash.flash_attn is the setting in effect', async () => {
+  const off = await startServer(['--ctx', '256', '--flash-attn', 'off']);
+  try {
+    const p = await getJSON(off, '/props');
+    assert.equal(p.status, 200);
+    assert.equal(p.json.kvstash.flash_attn, false);
+  } finally {
+    await stopOk(off);
+  }
 });
 
 test('every bad input gets its 4xx, and the server still answers', async () => {

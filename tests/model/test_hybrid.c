@@ -180,6 +180,15 @@ static void test_hybrid_reports(void **st) {
     /* the probe's decodes ran on the convolution layers too */
     bool patched = strncmp(ks_engine_cpu_backend(), "kvstash-", 8) == 0;
     assert_int_equal(ks_engine_batch_invariant(f.e), patched);
+    /* A full slot's state size (warm-start buffers), measured by the probe:
+     * the model's shape alone says 0 here (layer 0 has no KV heads). It is
+     * at least what 200 tokens take, and about 1024/200 times their KV. */
+    size_t max = ks_engine_state_bytes_max(f.e);
+    dec(&f, f.t, 0, 200, false);
+    size_t sz200 = ks_engine_state_size(f.e, 0), part = ks_engine_state_size_partial(f.e, 0);
+    assert_true(max > sz200);
+    double per_tok = (double)(sz200 - part) / 200;
+    assert_true(max > part + per_tok * 1024 * 0.9 && max < part + per_tok * 1024 * 1.1 + 65536);
     fx_close(&f);
 }
 
