@@ -16,7 +16,7 @@ import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { startServer, stopOk, chat, replyOf, writeStoreConfig, metrics, settleStore } from './lib.mjs';
+import { startServer, stopOk, chat, replyOf, writeStoreConfig, writeConfig, metrics, settleStore } from './lib.mjs';
 
 const MODELS = {
   'tiny-hybrid': process.env.KS_TINY_HYBRID_MODEL,
@@ -251,3 +251,89 @@ for (const [name, model] of Object.entries(MODELS)) {
     rmSync(dir, { recursive: true, force: true });
   });
 }
+
+// IMC and SPC on tiny-hybrid (issue 15: "everything else works on these
+// models"): three sub-agents share a long system prompt on three slots. The
+// first agent prefills it and SPC captures it; the two others restore it
+// (spc); from round 2 on each agent is routed to its own slot by its message
+// hashes (imc-hash), which goes back to a checkpoint inside its reply (sent
+// back less its last two words, so the decoded reply must be cut). Every
+// reply equals --no-cache-prompt's.
+test('tiny-hybrid: IMC and SPC with sub-agents, replies equal --no-cache-prompt', async () => {
+  const model = MODELS['tiny-hybrid'];
+  assert.ok(model, 'the tiny-hybrid model path is not set (run through ctest)');
+  const cfg = writeConfig('models:\n  default: { incremental_cache: true, system_prompt_cache: true, cache_min_tokens: 16 }\n');
+  const cached = await startServer(['-m', model, '--ctx', '1024', '--slots', '3', '--config', cfg]);
+  servers.push(cached);
+  const uncached = await startServer(['-m', model, '--ctx', '1024', '--no-cache-prompt']);
+  servers.push(uncached);
+  const sys = { role: 'system', content: `${system.content} ${'You help three agents who work on the river and the dog. '.repeat(4)}` };
+  const convs = [0, 1, 2].map(() => [sys]);
+  const prev = [0, 0, 0];
+  const modes = [];
+  for (let round = 0; round < 3; round++) {
+    for (let k = 0; k < convs.length; k++) {
+      const msgs = convs[k];
+      msgs.push({ role: 'user', content: `${questions[(round + k) % questions.length]} (agent ${k})` });
+      const a = await chat(cached, msgs, { max_tokens: 16, temperature: 0 });
+      const b = await chat(uncached, msgs, { max_tokens: 16, temperature: 0 });
+      const what = `agent ${k} round ${round + 1}`;
+      assert.equal(replyOf(a), replyOf(b), `${what}: text differs from --no-cache-prompt`);
+      const c = a.usage.prompt_tokens_details.cached_tokens;
+      if (round === 0 && k > 0) assert.equal(a.cache.mode, 'spc', `${what}: ${JSON.stringify(a.cache)}`);
+      if (round > 0) {
+        assert.equal(a.cache.mode, 'imc-hash', `${what}: ${JSON.stringify(a.cache)}`);
+        assert.ok(c >= prev[k], `${what}: cached ${c} < previous prompt ${prev[k]} (${a.cache.reason})`);
+      }
+      modes.push(a.cache.mode);
+      prev[k] = a.usage.prompt_tokens;
+      // Less its last two words: the slot's decoded reply must be cut.
+      msgs.push({ role: 'assistant', content: replyOf(b).split(' ').slice(0, -2).join(' ') });
+    }
+  }
+  const m = await metrics(cached);
+  assert.ok(m.get('kvstash_checkpoint_restores_total') > 0, 'no turn went back to a checkpoint');
+  await stopOk(cached);
+  await stopOk(uncached);
+  forget(cached, uncached);
+});
+
+// Another process (issue 15): two servers on the same store directories, as
+// two processes of one host; each turn of a conversation goes to the other
+// one, which restores the whole previous prompt from the store (the
+// checkpoint the first saved at its prompt's end) while the first still
+// runs. Replies equal --no-cache-prompt's.
+test('tiny-hybrid: turns alternate between two processes sharing the store', async () => {
+  const model = MODELS['tiny-hybrid'];
+  assert.ok(model, 'the tiny-hybrid model path is not set (run through ctest)');
+  const dir = mkdtempSync(path.join(os.tmpdir(), 'ks-hyb-2p-'));
+  const cfg = await writeStoreConfig(path.join(dir, 'store.yaml'),
+    { cacheDir: path.join(dir, 'disk'), shmDir: path.join(dir, 'shm'), minTokens: 16, stride: 16 });
+  const args = ['-m', model, '--ctx', '1024', '--slots', '1', '--config', cfg];
+  const pair = [await startServer(args), await startServer(args)];
+  servers.push(...pair);
+  const uncached = await startServer(['-m', model, '--ctx', '1024', '--no-cache-prompt']);
+  servers.push(uncached);
+  const msgs = [system];
+  let prevPrompt = 0;
+  for (let turn = 0; turn < 4; turn++) {
+    const srv = pair[turn % 2];
+    msgs.push({ role: 'user', content: questions[turn] });
+    const a = await chat(srv, msgs, { max_tokens: 16, temperature: 0 });
+    const b = await chat(uncached, msgs, { max_tokens: 16, temperature: 0 });
+    const what = `turn ${turn + 1} on process ${turn % 2}`;
+    assert.equal(replyOf(a), replyOf(b), `${what}: text differs from --no-cache-prompt`);
+    const c = a.usage.prompt_tokens_details.cached_tokens;
+    if (turn > 0) {
+      assert.equal(a.cache.mode, 'store', `${what}: ${JSON.stringify(a.cache)}`);
+      assert.ok(c >= prevPrompt, `${what}: cached ${c} < previous prompt ${prevPrompt}`);
+    }
+    prevPrompt = a.usage.prompt_tokens;
+    const text = replyOf(b);
+    msgs.push({ role: 'assistant', content: text.length > 1 ? text.slice(0, -1) : text });
+    await settleStore(srv); // the other process finds the file once written
+  }
+  for (const s of [...pair, uncached]) await stopOk(s);
+  forget(...pair, uncached);
+  rmSync(dir, { recursive: true, force: true });
+});
