@@ -42,6 +42,8 @@ static void mkmodel_usage(FILE *f) {
             "                         and 8 attention layers (~444 MiB)\n"
             "                  tiny-swa:  `gemma3`, the tiny shape in 4 layers: a 32-token\n"
             "                         sliding window in 0 and 2, global attention in 1 and 3\n"
+            "                  tiny-mamba: `mamba`, 2 state-space layers of 64 (a recurrent\n"
+            "                         memory: no KV cache at all)\n"
             "  --seed N        weights seed, an unsigned 64-bit integer (default 1)\n"
             "  --chat-template FILE\n"
             "                  a Jinja chat template (UTF-8, at most 1 MiB) to write\n"

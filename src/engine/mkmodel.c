@@ -62,14 +62,21 @@ static const preset k_presets[] = {
     {.name = "tiny-swa", .n_embd = 64, .n_layer = 4, .n_head = 4, .n_head_kv = 2, .n_ff = 128,
      .n_ctx_train = 8192, .n_vocab_max = 1000, .wtype = GGML_TYPE_F16, .ftype = FTYPE_F16,
      .arch = MK_ARCH_GEMMA3, .n_swa = 32, .swa_pattern = 2},
+    /* recurrent: Mamba, state-space layers only (no attention, no feed-forward) */
+    {.name = "tiny-mamba", .n_embd = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 128,
+     .n_ctx_train = 8192, .n_vocab_max = 1000, .wtype = GGML_TYPE_F16, .ftype = FTYPE_F16,
+     .arch = MK_ARCH_MAMBA, .ssm_d_state = 16, .ssm_d_conv = 4, .ssm_dt_rank = 4},
 };
 
-const char *ks_mkmodel_presets(void) { return "tiny|bench|bench-q4k|tiny-q4k|tiny-hybrid|bench-hybrid|tiny-swa"; }
+const char *ks_mkmodel_presets(void) {
+    return "tiny|bench|bench-q4k|tiny-q4k|tiny-hybrid|bench-hybrid|tiny-swa|tiny-mamba";
+}
 
 static const char *arch_name(const preset *p) {
     switch (p->arch) {
     case MK_ARCH_LFM2: return "lfm2";
     case MK_ARCH_GEMMA3: return "gemma3";
+    case MK_ARCH_MAMBA: return "mamba";
     default: return "llama";
     }
 }
@@ -177,8 +184,11 @@ static inline float rng_tri(rng *r) {
 /* ------------------------------------------------------------------ tensors */
 /* TK_RESID: the projections that write into the residual stream
  * (attn_output, ffn_down, shortconv.out_proj), scaled by resid_gain().
- * TK_POST_NORM: gemma3's norms of a block's output, POST_NORM_GAIN. */
-enum tkind { TK_NORM, TK_EMBD, TK_OUTPUT, TK_WEIGHT, TK_RESID, TK_POST_NORM };
+ * TK_POST_NORM: gemma3's norms of a block's output, POST_NORM_GAIN.
+ * TK_SSM_A: mamba's A (negative: the state decays, exp(dt A) < 1, as
+ * trained models' -exp(A_log) do; positive would grow it without bound).
+ * TK_ONE: ones (mamba's skip D). */
+enum tkind { TK_NORM, TK_EMBD, TK_OUTPUT, TK_WEIGHT, TK_RESID, TK_POST_NORM, TK_SSM_A, TK_ONE };
 
 typedef struct tspec {
     char name[64];
@@ -209,6 +219,21 @@ static int make_specs(const preset *p, int n_vocab, tspec **out, int *n_out) {
 #define LSPEC(suffix, a, b, ty, kd) do { snprintf(nm, sizeof nm, "blk.%d.%s", l, suffix); \
         SPEC(nm, a, b, ty, kd); } while (0)
         LSPEC("attn_norm.weight", E, 1, GGML_TYPE_F32, TK_NORM);
+        if (p->arch == MK_ARCH_MAMBA) {
+            /* llama.cpp's mamba: in -> (x, z), causal conv of x, selective
+             * scan (dt, B, C from x), gated by z, out (llama_model_mamba) */
+            int64_t Di = 2 * E, S = p->ssm_d_state, R = p->ssm_dt_rank;
+            LSPEC("ssm_in.weight", E, 2 * Di, p->wtype, TK_WEIGHT);
+            LSPEC("ssm_conv1d.weight", p->ssm_d_conv, Di, GGML_TYPE_F32, TK_WEIGHT);
+            LSPEC("ssm_conv1d.bias", Di, 1, GGML_TYPE_F32, TK_WEIGHT);
+            LSPEC("ssm_x.weight", Di, R + 2 * S, p->wtype, TK_WEIGHT);
+            LSPEC("ssm_dt.weight", R, Di, GGML_TYPE_F32, TK_WEIGHT);
+            LSPEC("ssm_dt.bias", Di, 1, GGML_TYPE_F32, TK_WEIGHT);
+            LSPEC("ssm_a", S, Di, GGML_TYPE_F32, TK_SSM_A);
+            LSPEC("ssm_d", Di, 1, GGML_TYPE_F32, TK_ONE);
+            LSPEC("ssm_out.weight", Di, E, p->wtype, TK_RESID);
+            continue; /* no feed-forward block */
+        }
         if (p->arch == MK_ARCH_LFM2 && !lfm2_is_attn(p, l)) {
             /* depthwise causal convolution over conv_l_cache taps, gated:
              * in_proj makes (b, c, x), out = out_proj(c * conv(b * x)) */
@@ -310,7 +335,10 @@ static bool write_tensor(writer *w, const tspec *t, uint64_t seed, const vocab *
             float s = std;
             if (t->kind == TK_OUTPUT) s *= v->out_scale[r0 + i];
             for (int64_t j = 0; j < t->ne0; j++)
-                row[j] = t->kind == TK_NORM ? 1.0f : t->kind == TK_POST_NORM ? POST_NORM_GAIN : rng_tri(&r) * s;
+                row[j] = t->kind == TK_NORM || t->kind == TK_ONE ? 1.0f
+                         : t->kind == TK_POST_NORM              ? POST_NORM_GAIN
+                         : t->kind == TK_SSM_A                  ? -(1.0f + (float)(j + 1) * 0.25f) - 0.1f * fabsf(rng_tri(&r))
+                                                                : rng_tri(&r) * s;
         }
         int64_t ne = nr * t->ne0;
         size_t nbytes;
@@ -412,6 +440,12 @@ static struct gguf_context *build_gguf(const preset *p, const vocab *v, const tm
     gguf_set_val_f32(g, AKEY("attention.layer_norm_rms_epsilon"), 1e-6f);
     gguf_set_val_u32(g, AKEY("rope.dimension_count"), (uint32_t)(p->n_embd / p->n_head));
     gguf_set_val_f32(g, AKEY("rope.freq_base"), 10000.0f);
+    if (p->arch == MK_ARCH_MAMBA) {
+        gguf_set_val_u32(g, AKEY("ssm.conv_kernel"), (uint32_t)p->ssm_d_conv);
+        gguf_set_val_u32(g, AKEY("ssm.inner_size"), (uint32_t)(2 * p->n_embd));
+        gguf_set_val_u32(g, AKEY("ssm.state_size"), (uint32_t)p->ssm_d_state);
+        gguf_set_val_u32(g, AKEY("ssm.time_step_rank"), (uint32_t)p->ssm_dt_rank);
+    }
     if (p->arch == MK_ARCH_GEMMA3) {
         gguf_set_val_u32(g, AKEY("attention.sliding_window"), (uint32_t)p->n_swa);
         gguf_set_val_u32(g, AKEY("attention.sliding_window_pattern"), (uint32_t)p->swa_pattern);

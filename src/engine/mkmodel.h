@@ -101,6 +101,14 @@
  *       blocks' outputs post_attention_norm, post_ffw_norm (weights 0.2, see
  *       POST_NORM_GAIN in mkmodel.c); embeddings stored at 1/sqrt(n_embd) of
  *       `llama`'s, since gemma scales them up by sqrt(n_embd).
+ *     - tiny-mamba: `mamba` (src/models/mamba.cpp), llama.cpp's recurrent
+ *       memory alone: per layer attn_norm, ssm_in {E, 2 Di}, ssm_conv1d
+ *       {d_conv, Di} and its bias, ssm_x {Di, R + 2 S}, ssm_dt {R, Di} and
+ *       its bias, ssm_a {S, Di} (negative, so the state decays: -(1 + j/4)
+ *       for state j, a little noise), ssm_d {Di} (ones), ssm_out {Di, E}; no
+ *       feed-forward. Di = 2E (the only expansion llama.cpp loads), S 16,
+ *       d_conv 4, R 4. Keys mamba.ssm.{conv_kernel, inner_size, state_size,
+ *       time_step_rank}.
  *
  * Thread model: ks_mkmodel and ks_mkmodel_shape_of are reentrant (no global
  * state of their own); ggml's quantizer is thread-safe.

@@ -15,7 +15,8 @@
 enum mk_arch {
     MK_ARCH_LLAMA, /* "llama": attention in every layer */
     MK_ARCH_LFM2,  /* "lfm2": short-convolution layers and attention layers (hybrid memory) */
-    MK_ARCH_GEMMA3 /* "gemma3": sliding-window and global attention layers (iSWA KV cache) */
+    MK_ARCH_GEMMA3, /* "gemma3": sliding-window and global attention layers (iSWA KV cache) */
+    MK_ARCH_MAMBA   /* "mamba": selective state-space layers only (recurrent memory, no KV) */
 };
 
 typedef struct preset {
@@ -34,6 +35,8 @@ typedef struct preset {
     int n_swa;         /* gemma3: sliding window in tokens (attention.sliding_window) */
     int swa_pattern;   /* gemma3: layer il is global when il % swa_pattern == swa_pattern - 1,
                         * the others sliding-window (attention.sliding_window_pattern) */
+    int ssm_d_state, ssm_d_conv, ssm_dt_rank; /* mamba: state size, conv taps, dt rank (inner size
+                                               * is 2 n_embd, the only one llama.cpp loads) */
 } preset;
 
 /* Output-row scales (design note 4 in mkmodel.h). */

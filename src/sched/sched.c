@@ -416,7 +416,7 @@ int ks_sched_create(const ks_sched_params *p, ks_sched **out) {
      * probe) already gives a lone row the bits of a batch (step.c). */
     s->pairs = p->exact && ks_engine_partial_rm_ok(s->e) && !ks_engine_batch_invariant(s->e);
     /* Checkpoints where a trim needs them (policy.c "Checkpoints"). */
-    s->ckpt_on = ks_engine_is_hybrid(s->e) && p->ckpt_max > 0 && p->ckpt_bytes > 0;
+    s->ckpt_on = (ks_engine_is_hybrid(s->e) || ks_engine_is_recurrent(s->e)) && p->ckpt_max > 0 && p->ckpt_bytes > 0;
     s->slots = calloc((size_t)s->n_slots, sizeof *s->slots);
     s->clear_pending = calloc((size_t)s->n_slots, sizeof *s->clear_pending);
     s->batch = ks_batch_create(s->n_batch);

@@ -42,6 +42,7 @@ static const char *model_env(const char *var) {
 }
 static const char *hybrid_model(void) { return model_env("KS_TINY_HYBRID_MODEL"); }
 static const char *swa_model(void) { return model_env("KS_TINY_SWA_MODEL"); }
+static const char *mamba_model(void) { return model_env("KS_TINY_MAMBA_MODEL"); }
 
 /* A test's engine and scratch: one sequence of 1024 tokens, one thread (the
  * test machine has 2 shared cores). */
@@ -156,9 +157,9 @@ static void test_deterministic(void **st) {
     (void)st;
     char dir[] = "/tmp/ks_test_hybrid.XXXXXX";
     assert_non_null(mkdtemp(dir));
-    const char *presets[] = {"tiny-hybrid", "tiny-swa"};
-    const char *fixtures[] = {hybrid_model(), swa_model()};
-    for (int i = 0; i < 2; i++) {
+    const char *presets[] = {"tiny-hybrid", "tiny-swa", "tiny-mamba"};
+    const char *fixtures[] = {hybrid_model(), swa_model(), mamba_model()};
+    for (int i = 0; i < 3; i++) {
         char path[512], err[256] = "";
         snprintf(path, sizeof path, "%s/%s.gguf", dir, presets[i]);
         assert_int_equal(ks_mkmodel(presets[i], 1, path, err, sizeof err), 0);
@@ -420,6 +421,76 @@ static void test_greedy_varied(void **st) {
     (void)st;
     greedy_varied(hybrid_model());
     greedy_varied(swa_model());
+    greedy_varied(mamba_model());
+}
+
+/* tiny-mamba (a recurrent memory, no KV at all): llama.cpp reports it
+ * recurrent, refuses to drop a suffix, and the probe's decodes run on it. */
+static void test_mamba_reports(void **st) {
+    (void)st;
+    fx f;
+    fx_open(&f, mamba_model());
+    assert_true(ks_engine_is_recurrent(f.e));
+    assert_false(ks_engine_is_hybrid(f.e));
+    assert_false(ks_engine_partial_rm_ok(f.e));
+    assert_int_equal(strncmp(ks_engine_model_desc(f.e), "mamba", 5), 0);
+    bool patched = strncmp(ks_engine_cpu_backend(), "kvstash-", 8) == 0;
+    assert_int_equal(ks_engine_batch_invariant(f.e), patched);
+    fx_close(&f);
+}
+
+static void test_mamba_state_roundtrip(void **st) {
+    (void)st;
+    const int cuts[] = {1, 16, 40, 100, 200};
+    roundtrip(mamba_model(), cuts, 5);
+}
+
+/* A recurrent memory's partial state is its whole state (one size at every
+ * length: the last token's), and a checkpoint works as on the hybrid model:
+ * set over the live sequence, the suffix removal it refused before is a
+ * no-op the memory accepts, and decoding on gives a plain prefill's bits. */
+static void test_mamba_checkpoint(void **st) {
+    (void)st;
+    fx f;
+    fx_open(&f, mamba_model());
+    size_t fixed = 0;
+    for (int n = 1; n <= 257; n += 64) {
+        ks_engine_seq_clear(f.e, 0);
+        dec(&f, f.t, 0, n, false);
+        size_t p = ks_engine_state_size_partial(f.e, 0);
+        if (!fixed) fixed = p;
+        assert_int_equal(p, fixed);
+        assert_int_equal(ks_engine_state_size(f.e, 0), p);
+    }
+    const int ks[] = {1, 20, 150};
+    for (int c = 0; c < 3; c++) {
+        int k = ks[c], n = 200, m = k + 40;
+        int32_t other[1024];
+        memcpy(other, f.t, sizeof other);
+        for (int i = k; i < m; i++) other[i] = (int32_t)(10 + (f.t[i] * 7 + 3) % (f.nv - 10));
+        plain(&f, other, m);
+        ks_engine_seq_clear(f.e, 0);
+        dec(&f, f.t, 0, k, false);
+        size_t sz = ks_engine_state_size_partial(f.e, 0);
+        uint8_t *s = malloc(sz);
+        assert_non_null(s);
+        assert_int_equal(ks_engine_state_get_partial(f.e, 0, s, sz), sz);
+        dec(&f, f.t, k, n, false);
+        assert_false(ks_engine_seq_rm(f.e, 0, k, -1)); /* without the checkpoint: refused */
+        assert_int_equal(ks_engine_state_set_partial(f.e, 0, s, sz), 0);
+        assert_true(ks_engine_seq_rm(f.e, 0, k, -1));
+        assert_int_equal(ks_engine_seq_pos_max(f.e, 0), k - 1);
+        dec(&f, other, k, m - 10, false);
+        dec(&f, other, m - 10, m, true);
+        keep(&f, f.got);
+        if (exact_here(&f)) {
+            char what[64];
+            snprintf(what, sizeof what, "mamba checkpoint at %d", k);
+            assert_same_logits(&f, what);
+        }
+        free(s);
+    }
+    fx_close(&f);
 }
 
 int main(void) {
@@ -435,6 +506,9 @@ int main(void) {
         cmocka_unit_test(test_swa_trim_before_window),
         cmocka_unit_test(test_swa_restored_state_holds_the_window),
         cmocka_unit_test(test_greedy_varied),
+        cmocka_unit_test(test_mamba_reports),
+        cmocka_unit_test(test_mamba_state_roundtrip),
+        cmocka_unit_test(test_mamba_checkpoint),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -11,7 +11,8 @@
  * tokens (the rendered reply differs from the generated one in its last
  * tokens, as measured on the bench model), and the next user turn.
  *
- * Env: KS_TINY_HYBRID_MODEL (the CTest fixture `hybrid_models`).
+ * Env: KS_TINY_HYBRID_MODEL, KS_TINY_MAMBA_MODEL (the CTest fixture
+ * `hybrid_models`).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -31,9 +32,9 @@
 #define N_TURNS 6
 #define MAX_TOKENS 24
 
-static ks_engine *open_hybrid_seqs(int n_seq) {
-    const char *path = getenv("KS_TINY_HYBRID_MODEL");
-    if (!path || !*path) fail_msg("KS_TINY_HYBRID_MODEL is not set (run through ctest)");
+static ks_engine *open_model(const char *env, int n_seq) {
+    const char *path = getenv(env);
+    if (!path || !*path) fail_msg("%s is not set (run through ctest)", env);
     ks_engine_params ep = ks_engine_params_default();
     ep.model_path = path;
     ep.n_seq = n_seq;
@@ -43,6 +44,11 @@ static ks_engine *open_hybrid_seqs(int n_seq) {
     char err[256] = "";
     int rc = ks_engine_open(&ep, &e, err, sizeof err);
     if (rc) fail_msg("ks_engine_open %s: %s (%s)", path, ks_strerror(rc), err);
+    return e;
+}
+
+static ks_engine *open_hybrid_seqs(int n_seq) {
+    ks_engine *e = open_model("KS_TINY_HYBRID_MODEL", n_seq);
     assert_true(ks_engine_is_hybrid(e));
     return e;
 }
@@ -257,6 +263,33 @@ static void test_chat_keeps_reply(void **st) {
         beyond += rep.n_cached[t] > rep.n_prev_prompt[t];
     }
     assert_true(beyond >= 1); /* some reply was long enough for a generation checkpoint */
+    ks_sched_stats stt;
+    ks_sched_stats_get(s, &stt);
+    assert_int_equal((int)stt.cache.ckpt_restores, N_TURNS - 1);
+    assert_int_equal((int)stt.cache.partial_rm_rebuilds, 0);
+    ks_sched_free(s);
+    ks_sched_free(u);
+    ks_engine_free(e);
+    ks_engine_free(e2);
+}
+
+/* A recurrent model (tiny-mamba, no KV at all): the same checkpoints serve
+ * it, its partial state being its whole state (test_hybrid.c). */
+static void test_recurrent_chat(void **st) {
+    (void)st;
+    ks_engine *e = open_model("KS_TINY_MAMBA_MODEL", 1), *e2 = open_model("KS_TINY_MAMBA_MODEL", 1);
+    assert_true(ks_engine_is_recurrent(e));
+    ks_sched_params d = ks_sched_params_default();
+    ks_sched *s = open_sched(e, d.ckpt_max, d.ckpt_bytes, 4);
+    ks_sched *u = open_sched(e2, d.ckpt_max, d.ckpt_bytes, 4);
+    chat_report rep;
+    chat6(e, s, u, &rep);
+    for (int t = 1; t < N_TURNS; t++) {
+        if (rep.n_cached[t] < rep.n_prev_prompt[t])
+            fail_msg("turn %d: cached %d < previous prompt %d (%s)", t + 1, rep.n_cached[t], rep.n_prev_prompt[t],
+                     rep.reason[t]);
+        assert_int_equal(strncmp(rep.reason[t], "checkpoint-at-token-", 20), 0);
+    }
     ks_sched_stats stt;
     ks_sched_stats_get(s, &stt);
     assert_int_equal((int)stt.cache.ckpt_restores, N_TURNS - 1);
@@ -502,6 +535,7 @@ int main(void) {
         cmocka_unit_test(test_chat_keeps_previous_prompt),
         cmocka_unit_test(test_chat_keeps_reply),
         cmocka_unit_test(test_no_budget_rebuilds),
+        cmocka_unit_test(test_recurrent_chat),
         cmocka_unit_test(test_earlier_checkpoints),
         cmocka_unit_test(test_copy_takes_checkpoints),
         cmocka_unit_test(test_store_checkpoint),
