@@ -277,6 +277,40 @@ static void test_swa_state_roundtrip(void **st) {
     roundtrip(swa_model(), cuts, 3);
 }
 
+/* The partial state after t[0, k) is taken, t goes on to 205 tokens, the
+ * removal of the suffix after k is refused; with the checkpoint set over
+ * the live sequence it is accepted, the sequence is t[0, k), and other
+ * tokens from there decode to a plain prefill's bits. */
+static void checkpoint_then_other(fx *f, int k) {
+    int n = 200, m = k + 40;
+    int32_t other[1024];
+    memcpy(other, f->t, sizeof other);
+    for (int i = k; i < m; i++) other[i] = (int32_t)(10 + (f->t[i] * 7 + 3) % (f->nv - 10));
+    plain(f, other, m);
+
+    ks_engine_seq_clear(f->e, 0);
+    dec(f, f->t, 0, k, false);
+    size_t sz = ks_engine_state_size_partial(f->e, 0);
+    uint8_t *s = malloc(sz);
+    assert_non_null(s);
+    assert_int_equal(ks_engine_state_get_partial(f->e, 0, s, sz), sz);
+    dec(f, f->t, k, n, false);
+    dec(f, f->t, n, n + 5, true);
+    assert_false(ks_engine_seq_rm(f->e, 0, k, -1)); /* without the checkpoint: refused */
+    assert_int_equal(ks_engine_state_set_partial(f->e, 0, s, sz), 0);
+    assert_true(ks_engine_seq_rm(f->e, 0, k, -1));
+    assert_int_equal(ks_engine_seq_pos_max(f->e, 0), k - 1);
+    dec(f, other, k, m - 10, false);
+    dec(f, other, m - 10, m, true);
+    keep(f, f->got);
+    if (exact_here(f)) {
+        char what[64];
+        snprintf(what, sizeof what, "checkpoint at %d", k);
+        assert_same_logits(f, what);
+    }
+    free(s);
+}
+
 /* Fact (d) and the checkpoint: the partial state of a hybrid sequence is the
  * recurrent part alone, one size at every length and far smaller than the
  * full state; restored over the live sequence, then the attention KV trimmed
@@ -299,35 +333,7 @@ static void test_hybrid_partial_checkpoint(void **st) {
     assert_true(fixed >= 2 * 2 * 64 * sizeof(float) && fixed < 2 * 2 * 64 * sizeof(float) + 256);
 
     const int ks[] = {1, 20, 80, 150};
-    for (int c = 0; c < 4; c++) {
-        int k = ks[c], n = 200, m = k + 40;
-        int32_t other[1024];
-        memcpy(other, f.t, sizeof other);
-        for (int i = k; i < m; i++) other[i] = (int32_t)(10 + (f.t[i] * 7 + 3) % (f.nv - 10));
-        plain(&f, other, m);
-
-        ks_engine_seq_clear(f.e, 0);
-        dec(&f, f.t, 0, k, false);
-        size_t sz = ks_engine_state_size_partial(f.e, 0);
-        uint8_t *s = malloc(sz);
-        assert_non_null(s);
-        assert_int_equal(ks_engine_state_get_partial(f.e, 0, s, sz), sz);
-        dec(&f, f.t, k, n, false);
-        dec(&f, f.t, n, n + 5, true);
-        assert_false(ks_engine_seq_rm(f.e, 0, k, -1)); /* without the checkpoint: refused */
-        assert_int_equal(ks_engine_state_set_partial(f.e, 0, s, sz), 0);
-        assert_true(ks_engine_seq_rm(f.e, 0, k, -1));
-        assert_int_equal(ks_engine_seq_pos_max(f.e, 0), k - 1);
-        dec(&f, other, k, m - 10, false);
-        dec(&f, other, m - 10, m, true);
-        keep(&f, f.got);
-        if (exact_here(&f)) {
-            char what[64];
-            snprintf(what, sizeof what, "checkpoint at %d", k);
-            assert_same_logits(&f, what);
-        }
-        free(s);
-    }
+    for (int c = 0; c < 4; c++) checkpoint_then_other(&f, ks[c]);
     fx_close(&f);
 }
 
@@ -463,33 +469,7 @@ static void test_mamba_checkpoint(void **st) {
         assert_int_equal(ks_engine_state_size(f.e, 0), p);
     }
     const int ks[] = {1, 20, 150};
-    for (int c = 0; c < 3; c++) {
-        int k = ks[c], n = 200, m = k + 40;
-        int32_t other[1024];
-        memcpy(other, f.t, sizeof other);
-        for (int i = k; i < m; i++) other[i] = (int32_t)(10 + (f.t[i] * 7 + 3) % (f.nv - 10));
-        plain(&f, other, m);
-        ks_engine_seq_clear(f.e, 0);
-        dec(&f, f.t, 0, k, false);
-        size_t sz = ks_engine_state_size_partial(f.e, 0);
-        uint8_t *s = malloc(sz);
-        assert_non_null(s);
-        assert_int_equal(ks_engine_state_get_partial(f.e, 0, s, sz), sz);
-        dec(&f, f.t, k, n, false);
-        assert_false(ks_engine_seq_rm(f.e, 0, k, -1)); /* without the checkpoint: refused */
-        assert_int_equal(ks_engine_state_set_partial(f.e, 0, s, sz), 0);
-        assert_true(ks_engine_seq_rm(f.e, 0, k, -1));
-        assert_int_equal(ks_engine_seq_pos_max(f.e, 0), k - 1);
-        dec(&f, other, k, m - 10, false);
-        dec(&f, other, m - 10, m, true);
-        keep(&f, f.got);
-        if (exact_here(&f)) {
-            char what[64];
-            snprintf(what, sizeof what, "mamba checkpoint at %d", k);
-            assert_same_logits(&f, what);
-        }
-        free(s);
-    }
+    for (int c = 0; c < 3; c++) checkpoint_then_other(&f, ks[c]);
     fx_close(&f);
 }
 
