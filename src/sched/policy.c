@@ -470,10 +470,10 @@ void ks__policy_idle(ks_sched *s) {
     s->copy_cap = 0;
 }
 
-/* How much of a copy of slot o keeps n tokens of it at most: n where the
- * memory can drop a suffix or o holds exactly n tokens; else (hybrid) the
- * latest of o's checkpoints at or before n, which the copy takes along and
- * goes back to (0: none). */
+/* What a copy of slot o can keep of o's first n tokens: all n where the
+ * memory can drop a suffix or o holds exactly n tokens; else (hybrid,
+ * recurrent) the tokens up to o's latest checkpoint at or before n, which
+ * the copy takes along and goes back to (0: none). */
 static int copy_reach(const ks_sched *s, const slot *o, int n, bool trims) {
     if (trims || n >= o->tokens.n) return n;
     int i = o->n_ckpts - 1;
