@@ -3,11 +3,12 @@
  */
 #include "cache/store_cfg.h"
 
+#include <stdio.h>
 #include <string.h>
 
 static const char *const k_reason_names[KS_REASON__N] = {"cold",  "continued", "finish",
                                                          "evict", "shutdown",  "pin"};
-static const char *const k_tier_names[KS_TIER__N] = {"ram", "shm", "disk"};
+static const char *const k_tier_names[KS_TIER__N] = {"ram", "shm", "disk", "redis"};
 
 const char *ks_reason_name(ks_reason r) {
     return (r >= 0 && r < KS_REASON__N) ? k_reason_names[r] : "?";
@@ -52,4 +53,11 @@ void ks_store_cfg_defaults(ks_store_cfg *c) {
      * serves other processes and restarts (the ram tier gets it too). */
     c->reason_tier[KS_REASON_PIN] = KS_TIER_DISK;
     c->pin_share = 0.5f;
+    c->tier_max_bytes[KS_TIER_REDIS] = 4LL << 30;
+    snprintf(c->redis.key_prefix, sizeof c->redis.key_prefix, "kvstash");
+    c->redis.chunk_bytes = 4LL << 20;
+    c->redis.timeout_ms = 250;
+    c->redis.breaker_errors = 3;
+    c->redis.breaker_ms = 5000;
+    c->redis.reasons = 1u << KS_REASON_FINISH | 1u << KS_REASON_EVICT | 1u << KS_REASON_SHUTDOWN;
 }
