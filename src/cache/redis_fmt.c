@@ -245,6 +245,11 @@ int ks_redis_manifest_decode(const char *s, size_t len, ks_redis_manifest *m) {
         m->total > ks_kvfile_size((int)m->n_tokens, 0) + KS_KVFILE_MAX_PAYLOAD ||
         m->n_chunks != ks_redis_n_chunks(m->total, m->chunk_bytes))
         return KS_ECORRUPT;
+    /* Only the canonical line: no leading zeros, no short hex, nothing a
+     * reader could take two ways. */
+    char again[256];
+    int n = ks_redis_manifest_encode(m, again, sizeof again);
+    if (n < 0 || (size_t)n != len || memcmp(again, buf, len) != 0) return KS_ECORRUPT;
     return 0;
 }
 
