@@ -331,7 +331,7 @@ bool ks_store_wants(ks_store *s, ks_reason reason, const int32_t *tokens, int n)
 int ks_store_save(ks_store *s, ks_reason reason, const int32_t *tokens, int n, uint8_t *payload,
                   size_t len, bool sync) {
     int rc = 0;
-    job *j = NULL;
+    job *j = NULL, *rj = NULL;
     ks_key key;
     if (!s || (int)reason < 0 || reason >= KS_REASON__N || n < 0 || (n > 0 && !tokens) ||
         (len && !payload) || (uint64_t)n > KS_KVFILE_MAX_TOKENS) {
@@ -340,6 +340,38 @@ int ks_store_save(ks_store *s, ks_reason reason, const int32_t *tokens, int n, u
     }
     unsigned tiers;
     if ((rc = save_check(s, reason, tokens, n, &key, &tiers)) != 0 || !tiers) goto done;
+    /* A caller that waits (evict, shutdown: the inference thread) waits for
+     * its local tier only: Redis's latency must never become its own. The
+     * copy for Redis goes as a job of its own, never waited for, with a copy
+     * of the payload (or, with no local tier, the save is not waited for). */
+    const unsigned redis_bit = 1u << KS_TIER_REDIS;
+    if (sync && (tiers & redis_bit)) {
+        if (tiers == redis_bit) {
+            sync = false;
+        } else {
+            tiers &= ~redis_bit;
+            if (!(rj = calloc(1, sizeof *rj)) || !(rj->tokens = malloc((size_t)n * sizeof *tokens)) ||
+                !(rj->payload = malloc(len ? len : 1))) {
+                ks__store_job_free(rj);
+                rj = NULL;
+                ks_tier_redis_note_dropped(s->tiers[KS_TIER_REDIS]);
+            } else {
+                memcpy(rj->tokens, tokens, (size_t)n * sizeof *tokens);
+                memcpy(rj->payload, payload, len);
+                rj->kind = JOB_SAVE;
+                rj->tier = KS_TIER_REDIS;
+                rj->tiers = redis_bit;
+                rj->key = key;
+                rj->reason = reason;
+                rj->n = n;
+                rj->len = len;
+                rj->created_us = ks__store_wall_us();
+                rj->async = true;
+                rj->refs = 1;
+                rj->uncounted = true;
+            }
+        }
+    }
     if (!(j = calloc(1, sizeof *j)) || !(j->tokens = malloc((size_t)n * sizeof *tokens))) {
         rc = KS_ENOMEM;
         goto done;
@@ -379,12 +411,22 @@ int ks_store_save(ks_store *s, ks_reason reason, const int32_t *tokens, int n, u
             s->async_bytes += len;
         }
         ks__store_enqueue_locked(s, j);
+        if (rj && s->n_async < s->queue_max && s->async_bytes + len <= s->queue_max_bytes) {
+            /* After the local save in the FIFO: the caller's wait ends before it. */
+            s->n_async++;
+            s->async_bytes += len;
+            ks__store_enqueue_locked(s, rj);
+            rj = NULL;
+        } else if (rj) {
+            ks_tier_redis_note_dropped(s->tiers[KS_TIER_REDIS]);
+        }
         if (sync) rc = ks__store_wait_job_locked(s, j, s->cfg.shutdown_timeout_ms);
         j = NULL;
     }
     pthread_mutex_unlock(&s->mu);
 done:
     ks__store_job_free(j);
+    ks__store_job_free(rj);
     free(payload);
     return rc;
 }

@@ -219,7 +219,7 @@ static int do_save(ks_store *s, job *j) {
     if ((tiers & (1u << KS_TIER_REDIS)) && ks_tier_has(s->tiers[KS_TIER_REDIS], &j->key, NULL))
         tiers &= ~(1u << KS_TIER_REDIS);
     if (!tiers) {
-        atomic_fetch_add(&s->dedup_saves, 1);
+        if (!j->uncounted) atomic_fetch_add(&s->dedup_saves, 1);
         return 0;
     }
     /* Redis and the file tiers first: the ram tier keeps the buffer (tiers
@@ -241,6 +241,7 @@ static int do_save(ks_store *s, job *j) {
             for (int t = 0; t < KS_TIER__N; t++)
                 if ((j->tiers & (1u << t)) && s->tiers[t]) ks_tier_pin(s->tiers[t], &j->key, later);
     }
+    if (j->uncounted) return rc;
     switch (best) {
     case SAVE_WROTE: break;
     case SAVE_EXISTED: atomic_fetch_add(&s->dedup_saves, 1); return 0;
