@@ -328,6 +328,27 @@ bool ks_store_wants(ks_store *s, ks_reason reason, const int32_t *tokens, int n)
     return !queued;
 }
 
+job *ks__store_save_job(ks_tier_id tier, unsigned tiers, const ks_key *key, ks_reason reason, const int32_t *tokens,
+                     int n, size_t len, bool async) {
+    job *j = calloc(1, sizeof *j);
+    if (!j || !(j->tokens = malloc(n ? (size_t)n * sizeof *tokens : 1))) {
+        free(j);
+        return NULL;
+    }
+    memcpy(j->tokens, tokens, (size_t)n * sizeof *tokens);
+    j->kind = JOB_SAVE;
+    j->tier = tier;
+    j->tiers = tiers;
+    j->key = *key;
+    j->reason = reason;
+    j->n = n;
+    j->len = len;
+    j->created_us = ks__store_wall_us();
+    j->async = async;
+    j->refs = async ? 1 : 2;
+    return j;
+}
+
 int ks_store_save(ks_store *s, ks_reason reason, const int32_t *tokens, int n, uint8_t *payload,
                   size_t len, bool sync) {
     int rc = 0;
@@ -350,46 +371,25 @@ int ks_store_save(ks_store *s, ks_reason reason, const int32_t *tokens, int n, u
             sync = false;
         } else {
             tiers &= ~redis_bit;
-            if (!(rj = calloc(1, sizeof *rj)) || !(rj->tokens = malloc((size_t)n * sizeof *tokens)) ||
-                !(rj->payload = malloc(len ? len : 1))) {
+            rj = ks__store_save_job(KS_TIER_REDIS, redis_bit, &key, reason, tokens, n, len, true);
+            if (rj && (rj->payload = malloc(len ? len : 1))) {
+                memcpy(rj->payload, payload, len);
+                rj->uncounted = true;
+            } else {
                 ks__store_job_free(rj);
                 rj = NULL;
                 ks_tier_redis_note_dropped(s->tiers[KS_TIER_REDIS]);
-            } else {
-                memcpy(rj->tokens, tokens, (size_t)n * sizeof *tokens);
-                memcpy(rj->payload, payload, len);
-                rj->kind = JOB_SAVE;
-                rj->tier = KS_TIER_REDIS;
-                rj->tiers = redis_bit;
-                rj->key = key;
-                rj->reason = reason;
-                rj->n = n;
-                rj->len = len;
-                rj->created_us = ks__store_wall_us();
-                rj->async = true;
-                rj->refs = 1;
-                rj->uncounted = true;
             }
         }
     }
-    if (!(j = calloc(1, sizeof *j)) || !(j->tokens = malloc((size_t)n * sizeof *tokens))) {
+    /* The tier a lookup of the queued save names: the local one, if any. */
+    ks_tier_id first = KS_TIER_REDIS;
+    for (int t = KS_TIER__LOCAL - 1; t >= 0; t--)
+        if (tiers & (1u << t)) first = (ks_tier_id)t;
+    if (!(j = ks__store_save_job(first, tiers, &key, reason, tokens, n, len, !sync))) {
         rc = KS_ENOMEM;
         goto done;
     }
-    memcpy(j->tokens, tokens, (size_t)n * sizeof *tokens);
-    j->kind = JOB_SAVE;
-    /* The tier a lookup of the queued save names: the local one, if any. */
-    j->tier = KS_TIER_REDIS;
-    for (int t = KS_TIER__LOCAL - 1; t >= 0; t--)
-        if (tiers & (1u << t)) j->tier = (ks_tier_id)t;
-    j->tiers = tiers;
-    j->key = key;
-    j->reason = reason;
-    j->n = n;
-    j->len = len;
-    j->created_us = ks__store_wall_us();
-    j->async = !sync;
-    j->refs = sync ? 2 : 1;
 
     pthread_mutex_lock(&s->mu);
     if (s->stopping) {
@@ -469,22 +469,12 @@ int ks_store_save_pinned(ks_store *s, const int32_t *tokens, int n, uint8_t *pay
         atomic_fetch_add(&s->pin_refreshes, 1);
         goto done; /* 0: held, its pin extended */
     }
-    if (!(j = calloc(1, sizeof *j)) || !(j->tokens = malloc((size_t)n * sizeof *tokens))) {
+    ks_tier_id first = (tiers & (1u << KS_TIER_RAM)) ? KS_TIER_RAM : (ks_tier_id)pt;
+    if (!(j = ks__store_save_job(first, tiers, &key, KS_REASON_PIN, tokens, n, len, true))) {
         rc = KS_ENOMEM;
         goto done;
     }
-    memcpy(j->tokens, tokens, (size_t)n * sizeof *tokens);
-    j->kind = JOB_SAVE;
-    j->tiers = tiers;
-    j->tier = (tiers & (1u << KS_TIER_RAM)) ? KS_TIER_RAM : (ks_tier_id)pt;
-    j->key = key;
-    j->reason = KS_REASON_PIN;
     j->pin_until_us = until_us;
-    j->n = n;
-    j->len = len;
-    j->created_us = ks__store_wall_us();
-    j->async = true;
-    j->refs = 1;
 
     pthread_mutex_lock(&s->mu);
     job *q = ks_keymap_get(&s->pending, &key);

@@ -27,6 +27,14 @@
  *    or queued); the rest goes to the writer thread through a bounded queue.
  *  - Hit statistics are kept in memory and written back to the files'
  *    trailers by the writer thread about once a second and at close.
+ *  - The redis tier (tier.h, tier_redis.c), when configured, is shared with
+ *    the servers of other hosts: a lookup asks it only for the lengths
+ *    longer than what a local tier or the save queue holds (one pipelined
+ *    round trip for every candidate's manifest, one for the chunks), and a
+ *    state restored from it is also kept in the ram tier. Saves of the
+ *    reasons in cfg.redis.reasons go to it besides their local tier, on the
+ *    writer thread; a save the caller waits for waits for its local tier
+ *    only. While Redis is down (circuit breaker open) it is skipped.
  *
  * Pins (a client's cache breakpoints, Anthropic's `cache_control`)
  *  - An entry pinned until T (wall clock, µs) is not evicted by the LRU
