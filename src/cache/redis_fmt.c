@@ -240,7 +240,8 @@ int ks_redis_manifest_decode(const char *s, size_t len, ks_redis_manifest *m) {
         buf[consumed + tail] != '\0')
         return KS_ECORRUPT;
     if (m->n_tokens > KS_KVFILE_MAX_TOKENS || m->reason >= KS_REASON__N ||
-        m->chunk_bytes < (uint64_t)KS_REDIS_CHUNK_MIN || m->chunk_bytes > (uint64_t)KS_REDIS_CHUNK_MAX ||
+        m->chunk_bytes < (uint64_t)(KS_REDIS_CHUNK_MIN - KS_REDIS_CHUNK_SLACK) ||
+        m->chunk_bytes > (uint64_t)KS_REDIS_CHUNK_MAX ||
         m->total < ks_kvfile_size((int)m->n_tokens, 0) ||
         m->total > ks_kvfile_size((int)m->n_tokens, 0) + KS_KVFILE_MAX_PAYLOAD ||
         m->n_chunks != ks_redis_n_chunks(m->total, m->chunk_bytes))

@@ -412,8 +412,8 @@ static int rt_put(ks_tier *t, const ks_kvfile_meta *meta, const int32_t *tokens,
         .reason = meta->reason,
         .created_us = meta->created_us,
         .total = total,
-        .chunk_bytes = (uint64_t)r->cfg.chunk_bytes,
-        .n_chunks = ks_redis_n_chunks(total, (uint64_t)r->cfg.chunk_bytes),
+        .chunk_bytes = (uint64_t)(r->cfg.chunk_bytes - KS_REDIS_CHUNK_SLACK),
+        .n_chunks = ks_redis_n_chunks(total, (uint64_t)(r->cfg.chunk_bytes - KS_REDIS_CHUNK_SLACK)),
         .csum = XXH3_64bits(buf, total),
     };
     if (getrandom(&m.nonce, sizeof m.nonce, 0) != (ssize_t)sizeof m.nonce) m.nonce = (uint64_t)wall_ms() ^ XXH3_64bits(&rep, sizeof rep);
