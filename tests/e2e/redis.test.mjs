@@ -11,7 +11,7 @@ import { mkdtempSync, rmSync, mkdirSync, writeFileSync, existsSync } from 'node:
 import { spawn, spawnSync } from 'node:child_process';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import { startServer, stopOk, chat, metrics, sleep, settleStore, until, BIN, MODEL } from './lib.mjs';
+import { startServer, stopOk, chat, metrics, sleep, settleStore, until, BIN, MODEL, makeSay } from './lib.mjs';
 
 const MAX_TOKENS = 8;
 let root;
@@ -88,12 +88,8 @@ async function turn(srv, msgs, what) {
   return r;
 }
 
-async function say(srv, msgs, user, what) {
-  msgs.push({ role: 'user', content: user });
-  const r = await turn(srv, msgs, what);
-  msgs.push({ role: 'assistant', content: r.choices[0].message.content });
-  return r;
-}
+// Appends a user message, runs the turn, appends the reply.
+const say = makeSay(turn);
 
 function assertRedisHit(r, atLeast, what) {
   assert.equal(r.cache.mode, 'store', `${what}: cache ${JSON.stringify(r.cache)}`);
@@ -211,7 +207,7 @@ test('a state larger than one chunk round-trips; a chunk deleted makes a miss, n
 });
 
 // ------------------------------------------------------------------------ 3
-test('Redis killed mid-run: requests succeed as misses; hits come back after it restarts', async () => {
+test('Redis paused, then killed mid-run: requests succeed as misses; hits come back after it restarts', async () => {
   const dir = path.join(root, 'r3');
   let redis = await startRedis(dir);
   const url = `unix://${redis.sock}`;
@@ -221,6 +217,14 @@ test('Redis killed mid-run: requests succeed as misses; hits come back after it 
     const msgs = [sys('Outage')];
     await say(a, msgs, 'Hello there.', 'A turn 1');
     await settleStore(a);
+    // Slow: Redis answers nothing for 1.5 s (CLIENT PAUSE). B's turn still succeeds, as a miss.
+    const s0 = await metrics(b);
+    redis.cli('CLIENT', 'PAUSE', '1500', 'ALL');
+    const rs = await turn(b, [...msgs, { role: 'user', content: 'Quick question.' }], 'B while Redis is paused');
+    assert.notEqual(rs.cache.tier, 'redis');
+    assert.ok((await metrics(b)).get('kvstash_store_redis_errors_total') > s0.get('kvstash_store_redis_errors_total'),
+      'the timeouts were counted');
+    await sleep(1600);
     await redis.stop();
     // Down: B cannot reach A's state; every request still answers, correctly.
     for (const [i, u] of ['Still there?', 'Are you sure?', 'Fine.'].entries()) {
