@@ -7,6 +7,7 @@
 //   --bin B --model M --out D --threads N (every server)   --hosts N [2]
 //   --convs N [20] --turns N [5] --sys-words N [400] --msg-words N [40] --max-tokens N [16]
 //   --redis-server PATH [redis-server]
+//   --rows FILE   no run: the floors and tables again from an earlier run's multihost_rows.json
 //
 // Setups, one after the other, each on fresh directories and a fresh Redis:
 //   redis   N servers, each with its own store (ram, shm, disk in its own
@@ -81,7 +82,7 @@ async function startRedis(name) {
 }
 
 async function startServer(name, args) {
-  const full = ['serve', '-m', MODEL, '--port', '0', '--log', 'info', '--threads', String(THREADS), '--slots', '2',
+  const full = ['serve', '-m', MODEL, '--port', '0', '--log', process.env.MH_LOG || 'info', '--threads', String(THREADS), '--slots', '2',
     '--ctx', '4096', ...args];
   const proc = spawn(BIN, full, { stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, GGML_NO_BACKTRACE: '1' } });
   live.add(proc);
@@ -178,35 +179,92 @@ async function run() {
     if (redis) redis.stop();
   }
   await off.stop();
-  return { rows, mismatches, off };
+  return { rows, mismatches };
 }
 
-const { rows, mismatches } = await run();
+// ------------------------------------------------------------ floor at depth
+// The new tokens of a turn attend to the whole history before them: their
+// prefill is measured on llama.cpp alone at that depth (`kvstash bench floor
+// --stdin`, as bench/http_bench.mjs does), with the time to set the restored
+// state back. No kvstash code runs in the timed part.
+async function depthFloors(rows) {
+  const p = spawn(BIN, ['bench', 'floor', '-m', MODEL, '--threads', String(THREADS), '--ctx', '8192', '--stdin'],
+    { stdio: ['pipe', 'pipe', 'ignore'], env: { ...process.env, GGML_NO_BACKTRACE: '1' } });
+  live.add(p);
+  let buf = '';
+  const waiting = [];
+  p.stdout.on('data', (d) => {
+    buf += d;
+    let i;
+    while ((i = buf.indexOf('\n')) >= 0) {
+      const line = buf.slice(0, i);
+      buf = buf.slice(i + 1);
+      const w = waiting.shift();
+      if (w) w(line);
+    }
+  });
+  const ready = await new Promise((res) => waiting.push(res));
+  if (!ready.startsWith('ready')) die(`bench floor did not start: ${ready}`);
+  for (const r of rows) {
+    if (r.setup !== 'redis' || r.turn === 1 || !(r.cached > 0)) continue;
+    const line = await new Promise((res) => {
+      waiting.push(res);
+      p.stdin.write(`${r.cached} ${Math.max(1, r.prompt - r.cached)} 1\n`);
+    });
+    const m = /^([\d.]+) ([\d.]+)$/.exec(line);
+    if (m) { r.prefill_depth = Number(m[1]); r.state_set = Number(m[2]); }
+  }
+  p.stdin.end();
+  await new Promise((res) => p.on('exit', res));
+  live.delete(p);
+}
+
+let rows, mismatches;
+if (opt.rows) {
+  // The rows of an earlier run (its multihost_rows.json): only the floors and tables are made again.
+  const saved = JSON.parse(fs.readFileSync(opt.rows, 'utf8'));
+  ({ rows, mismatches } = Array.isArray(saved) ? { rows: saved, mismatches: num('mismatches', NaN) } : saved);
+} else {
+  ({ rows, mismatches } = await run());
+  fs.writeFileSync(path.join(OUT, 'multihost_rows.json'), JSON.stringify({ rows, mismatches }));
+}
+await depthFloors(rows);
 const by = (setup, turn) => rows.filter((r) => r.setup === setup && r.turn === turn);
+const ratio = (a, b) => (Number.isFinite(a) && Number.isFinite(b) && b > 0 ? (a / b).toFixed(2) + '×' : '–');
+const f0 = (x) => (Number.isFinite(x) ? x.toFixed(0) : '–');
 const lines = [];
 lines.push(`Hosts ${HOSTS}, ${CONVS} conversations × ${TURNS} turns, system ${SYS_WORDS} words, messages ${MSG_WORDS} words, ` +
-  `${MAX_TOKENS} tokens per reply, --threads ${THREADS}; median TTFT per turn (ms). Replies that differ from the cache-off server: ${mismatches}.`);
+  `${MAX_TOKENS} tokens per reply, --threads ${THREADS}; medians per turn (ms). Replies that differ from the cache-off server: ${mismatches}.`);
 lines.push('');
-lines.push('| turn | prompt tokens | cache off (cold) | redis tier, other host | no redis, other host | single host | new tokens | floor: new tokens fresh + restore | redis / floor | redis / cold |');
-lines.push('|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|');
+lines.push('| turn | prompt tok | new tok | cache off (cold) | redis, other host | no redis, other host | one host | restore_ms (redis) | floor@0 | floor@depth | redis / floor@depth | redis / cold |');
+lines.push('|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|');
 const csv = ['turn,prompt,cold,redis,local,single,floor'];
 for (let t = 1; t <= TURNS; t++) {
   const R = by('redis', t), L = by('local', t), S = by('single', t);
-  const floorRow = R.map((r) => r.fresh_new + (Number.isFinite(r.restore_ms) ? r.restore_ms : 0));
-  const mr = median(R.map((r) => r.ttft)), mf = median(floorRow), mc = median(R.map((r) => r.cold));
-  const ratio = (a, b) => (Number.isFinite(a) && Number.isFinite(b) && b > 0 ? (a / b).toFixed(2) + '×' : '–');
-  const f0 = (x) => (Number.isFinite(x) ? x.toFixed(0) : '–');
-  lines.push(`| ${t} | ${f0(median(R.map((r) => r.prompt)))} | ${f0(mc)} | ${f0(mr)} | ${f0(median(L.map((r) => r.ttft)))} | ` +
-    `${f0(median(S.map((r) => r.ttft)))} | ${f0(median(R.map((r) => r.prompt - r.cached)))} | ${f0(mf)} | ${t === 1 ? '–' : ratio(mr, mf)} | ${ratio(mr, mc)} |`);
-  csv.push([t, median(R.map((r) => r.prompt)), mc, mr, median(L.map((r) => r.ttft)), median(S.map((r) => r.ttft)), mf].map((x) => (Number.isFinite(x) ? x.toFixed(1) : '')).join(','));
+  const rest = (r) => (Number.isFinite(r.restore_ms) ? r.restore_ms : 0);
+  // floor@0: the new tokens prefilled fresh + the restore (lookup, transfer, state set);
+  // floor@depth: the new tokens prefilled after the restored ones + the same restore.
+  const f0s = R.map((r) => r.fresh_new + rest(r));
+  const fds = R.map((r) => (Number.isFinite(r.prefill_depth) ? r.prefill_depth + rest(r) : NaN));
+  const mr = median(R.map((r) => r.ttft)), mc = median(R.map((r) => r.cold)), mfd = median(fds);
+  lines.push(`| ${t} | ${f0(median(R.map((r) => r.prompt)))} | ${f0(median(R.map((r) => r.prompt - r.cached)))} | ${f0(mc)} | ${f0(mr)} | ` +
+    `${f0(median(L.map((r) => r.ttft)))} | ${f0(median(S.map((r) => r.ttft)))} | ${t === 1 ? '–' : median(R.map((r) => r.restore_ms)).toFixed(1)} | ` +
+    `${f0(median(f0s))} | ${t === 1 ? '–' : f0(mfd)} | ${t === 1 ? '–' : ratio(median(R.map((r, i) => r.ttft / fds[i])), 1)} | ${ratio(mr, mc)} |`);
+  csv.push([t, median(R.map((r) => r.prompt)), mc, mr, median(L.map((r) => r.ttft)), median(S.map((r) => r.ttft)),
+    t === 1 ? mc : mfd].map((x) => (Number.isFinite(x) ? x.toFixed(1) : '')).join(','));
 }
 const cross = rows.filter((r) => r.setup === 'redis' && r.turn > 1);
 const tiers = {};
 for (const r of cross) tiers[r.tier || 'none'] = (tiers[r.tier || 'none'] || 0) + 1;
+const perReq = cross.filter((r) => Number.isFinite(r.prefill_depth));
+const within = perReq.filter((r) => r.ttft <= 1.2 * (r.prefill_depth + r.restore_ms)).length;
+const cold15 = cross.filter((r) => r.ttft <= 0.15 * r.cold).length;
 lines.push('');
-lines.push(`Turns 2–${TURNS} of the redis setup (all on another host than the turn before): restored from ` +
-  Object.entries(tiers).map(([k, v]) => `${k} ${v}`).join(', ') + `; median restore_ms ${median(cross.map((r) => r.restore_ms)).toFixed(1)}.`);
+lines.push(`Turns 2–${TURNS} of the redis setup (each on another host than the turn before): restored from ` +
+  Object.entries(tiers).map(([k, v]) => `${k} ${v}`).join(', ') + `; median restore_ms ${median(cross.map((r) => r.restore_ms)).toFixed(1)} ` +
+  `(lookup + Redis round trips + transfer + checks + llama state set), of which llama's state set ${median(perReq.map((r) => r.state_set)).toFixed(1)} ms. ` +
+  `TTFT ≤ 1.2× floor@depth: ${within} of ${perReq.length}; TTFT ≤ 0.15× cold: ${cold15} of ${cross.length}; ` +
+  `median TTFT / cold ${ratio(median(cross.map((r) => r.ttft / r.cold)), 1)}.`);
 fs.writeFileSync(path.join(OUT, 'multihost.md'), lines.join('\n') + '\n');
 fs.writeFileSync(path.join(OUT, 'multihost.csv'), csv.join('\n') + '\n');
-fs.writeFileSync(path.join(OUT, 'multihost_rows.json'), JSON.stringify(rows, null, 1));
 console.log(lines.join('\n'));

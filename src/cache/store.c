@@ -328,7 +328,10 @@ bool ks_store_wants(ks_store *s, ks_reason reason, const int32_t *tokens, int n)
     return !queued;
 }
 
-job *ks__store_save_job(ks_tier_id tier, unsigned tiers, const ks_key *key, ks_reason reason, const int32_t *tokens,
+/* A new save job for tiers (tier: the one a lookup of the queued save
+ * names) with a copy of tokens[0, n) and no payload yet, waited for unless
+ * async; NULL when out of memory. */
+static job *save_job(ks_tier_id tier, unsigned tiers, const ks_key *key, ks_reason reason, const int32_t *tokens,
                      int n, size_t len, bool async) {
     job *j = calloc(1, sizeof *j);
     if (!j || !(j->tokens = malloc(n ? (size_t)n * sizeof *tokens : 1))) {
@@ -371,7 +374,7 @@ int ks_store_save(ks_store *s, ks_reason reason, const int32_t *tokens, int n, u
             sync = false;
         } else {
             tiers &= ~redis_bit;
-            rj = ks__store_save_job(KS_TIER_REDIS, redis_bit, &key, reason, tokens, n, len, true);
+            rj = save_job(KS_TIER_REDIS, redis_bit, &key, reason, tokens, n, len, true);
             if (rj && (rj->payload = malloc(len ? len : 1))) {
                 memcpy(rj->payload, payload, len);
                 rj->uncounted = true;
@@ -386,7 +389,7 @@ int ks_store_save(ks_store *s, ks_reason reason, const int32_t *tokens, int n, u
     ks_tier_id first = KS_TIER_REDIS;
     for (int t = KS_TIER__LOCAL - 1; t >= 0; t--)
         if (tiers & (1u << t)) first = (ks_tier_id)t;
-    if (!(j = ks__store_save_job(first, tiers, &key, reason, tokens, n, len, !sync))) {
+    if (!(j = save_job(first, tiers, &key, reason, tokens, n, len, !sync))) {
         rc = KS_ENOMEM;
         goto done;
     }
@@ -470,7 +473,7 @@ int ks_store_save_pinned(ks_store *s, const int32_t *tokens, int n, uint8_t *pay
         goto done; /* 0: held, its pin extended */
     }
     ks_tier_id first = (tiers & (1u << KS_TIER_RAM)) ? KS_TIER_RAM : (ks_tier_id)pt;
-    if (!(j = ks__store_save_job(first, tiers, &key, KS_REASON_PIN, tokens, n, len, true))) {
+    if (!(j = save_job(first, tiers, &key, KS_REASON_PIN, tokens, n, len, true))) {
         rc = KS_ENOMEM;
         goto done;
     }

@@ -30,8 +30,10 @@
  *  - The redis tier (tier.h, tier_redis.c), when configured, is shared with
  *    the servers of other hosts: a lookup asks it only for the lengths
  *    longer than what a local tier or the save queue holds (one pipelined
- *    round trip for every candidate's manifest, one for the chunks), and a
- *    state restored from it is also kept in the ram tier. Saves of the
+ *    round trip for every candidate's manifest, one for the chunks). A state
+ *    restored from it is not copied into the ram tier: that copy, on the
+ *    inference thread, cost 5-20 ms per 6 MB state (first-touch page faults;
+ *    docs/BENCHMARKS.md), and the turn's own finish save lands locally. Saves of the
  *    reasons in cfg.redis.reasons go to it besides their local tier, on the
  *    writer thread; a save the caller waits for waits for its local tier
  *    only. While Redis is down (circuit breaker open) it is skipped.

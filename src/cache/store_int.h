@@ -90,11 +90,6 @@ bool ks__store_stored_anywhere(ks_store *s, const ks_key *key);
 /* Pins key until at least until_us wherever it is held: a queued save of it
  * (under s->mu) and every tier entry of it. Returns whether it is held. */
 bool ks__store_pin_held(ks_store *s, const ks_key *key, int64_t until_us);
-/* A new save job for tiers (tier: the one a lookup of the queued save
- * names) with a copy of tokens[0, n) and no payload yet, waited for unless
- * async; NULL when out of memory. */
-job *ks__store_save_job(ks_tier_id tier, unsigned tiers, const ks_key *key, ks_reason reason, const int32_t *tokens,
-                        int n, size_t len, bool async);
 /* Frees a job that nobody else references; NULL is a no-op. */
 void ks__store_job_free(job *j);
 /* Drops one reference of j (caller holds s->mu); frees it at zero. */

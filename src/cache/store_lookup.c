@@ -106,35 +106,6 @@ static int tiers_get(ks_store *s, const ks_key *key, const int32_t *tokens, int 
     return KS_ENOENT;
 }
 
-/* A state restored from Redis is kept in the ram tier too (a copy, written
- * by the writer like a save, not counted as one): the next lookup of that
- * prefix on this host — another conversation with the same system prompt,
- * the same conversation back here — costs no transfer. Dropped silently
- * when the ram tier is off or too small, or the queue is full. */
-static void keep_in_ram(ks_store *s, const ks_key *key, const int32_t *tokens, const ks_store_hit *hit) {
-    if (!s->tiers[KS_TIER_RAM] ||
-        ks_kvfile_size(hit->n_tokens, hit->payload_len) > (uint64_t)s->cfg.tier_max_bytes[KS_TIER_RAM])
-        return;
-    job *j = ks__store_save_job(KS_TIER_RAM, 1u << KS_TIER_RAM, key, hit->reason, tokens, hit->n_tokens,
-                                hit->payload_len, true);
-    if (!j || !(j->payload = malloc(hit->payload_len ? hit->payload_len : 1))) {
-        ks__store_job_free(j);
-        return;
-    }
-    memcpy(j->payload, hit->payload, hit->payload_len);
-    j->uncounted = true;
-    pthread_mutex_lock(&s->mu);
-    if (!s->stopping && !ks_keymap_get(&s->pending, key) && s->n_async < s->queue_max &&
-        s->async_bytes + j->len <= s->queue_max_bytes && ks_keymap_put(&s->pending, key, j) == 0) {
-        s->n_async++;
-        s->async_bytes += j->len;
-        ks__store_enqueue_locked(s, j);
-        j = NULL;
-    }
-    pthread_mutex_unlock(&s->mu);
-    ks__store_job_free(j);
-}
-
 /* The redis entry of key (tokens[0, n)) whose manifest a probe found: 0 and
  * hit filled, else KS_ENOENT. A broken entry (a chunk missing) or a bad one
  * is a miss and is deleted by the writer. */
@@ -147,7 +118,6 @@ static int redis_get(ks_store *s, const ks_key *key, const ks_redis_manifest *m,
     int r = ks_tier_redis_fetch(rt, key, m, &exp, &hit->blob_);
     if (r == 0) {
         fill_hit(s, hit, n, KS_TIER_REDIS, (int)m->reason, t0);
-        keep_in_ram(s, key, tokens, hit);
         return 0;
     }
     if (r == KS_ECORRUPT || r == KS_EVERSION || r == KS_EMISMATCH) {
