@@ -23,4 +23,4 @@ plot csv using 1:3 title 'cache off (cold prefill)' lc rgb '#d62728' pt 7, \
      '' using 1:5 title 'no redis: local tiers only' lc rgb '#ff7f0e' pt 5, \
      '' using 1:4 title 'redis tier, other host' lc rgb '#1f77b4' pt 9, \
      '' using 1:6 title 'one host (single-host store)' lc rgb '#2ca02c' pt 11, \
-     '' using 1:7 title 'floor: new tokens + restore' lc rgb '#7f7f7f' dt 2 pt 1
+     '' using 1:7 title 'floor: new tokens at depth + restore (turn 1: cold)' lc rgb '#7f7f7f' dt 2 pt 1
