@@ -8,6 +8,7 @@
 //   --convs N [20] --turns N [5] --sys-words N [400] --msg-words N [40] --max-tokens N [16]
 //   --redis-server PATH [redis-server]
 //   --rows FILE   no run: the floors and tables again from an earlier run's multihost_rows.json
+// Environment: MH_LOG=debug gives the servers --log debug (restore and chunk-read times).
 //
 // Setups, one after the other, each on fresh directories and a fresh Redis:
 //   redis   N servers, each with its own store (ram, shm, disk in its own
