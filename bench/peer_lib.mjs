@@ -80,7 +80,8 @@ export async function label(url) {
 // POSTs body (stream: true is added) to URL/v1/chat/completions and reads the
 // stream. Returns { t0, times (arrival of every content chunk), ttft (to the
 // first content or finish chunk), total, text, finish, usage, timings } —
-// usage and timings from whichever chunk carried them.
+// usage, timings and cache (kvstash's cache object, on the finish chunk) from
+// whichever chunk carried them.
 export async function streamChat(url, body) {
   const t0 = now();
   const res = await fetch(`${url}/v1/chat/completions`, {
@@ -91,7 +92,7 @@ export async function streamChat(url, body) {
   if (res.status !== 200) throw new Error(`${url}: HTTP ${res.status} ${await res.text()}`);
   const reader = res.body.getReader();
   const dec = new TextDecoder();
-  let buf = '', text = '', usage = null, timings = null, finish = null, ttft = NaN;
+  let buf = '', text = '', usage = null, timings = null, cache = null, finish = null, ttft = NaN;
   const times = [];
   for (;;) {
     const { value, done } = await reader.read();
@@ -117,9 +118,10 @@ export async function streamChat(url, body) {
       if (c && c.finish_reason) finish = c.finish_reason;
       if (j.usage) usage = j.usage;
       if (j.timings) timings = j.timings;
+      if (j.cache) cache = j.cache;
     }
   }
-  return { t0, times, ttft, total: now() - t0, text, finish, usage, timings };
+  return { t0, times, ttft, total: now() - t0, text, finish, usage, timings, cache };
 }
 
 // `kvstash bench floor --stdin` as a child process (the floor of a cached

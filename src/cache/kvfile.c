@@ -309,11 +309,57 @@ static int open_existing(const char *path, int flags, int *fd, struct stat *sb) 
     return rc;
 }
 
+/* Checks the first 16 bytes of a kvfile of fsize bytes (magic, header
+ * length): 0 and *hlen, or KS_ECORRUPT. */
+static int header_len(const uint8_t *h, uint64_t fsize, uint32_t *hlen) {
+    if (fsize < 16 + 8 || memcmp(h, KS_KVFILE_MAGIC, 8) != 0) return KS_ECORRUPT;
+    *hlen = get32(h + OFF_HEADER_LEN);
+    if (*hlen < 24 || *hlen > KS_KVFILE_HEADER_MAX || *hlen > fsize) return KS_ECORRUPT;
+    return 0;
+}
+
+/* Checks a whole header of hlen bytes (its own check, version, limits, and
+ * that its lengths add up to fsize) into *m: 0, KS_ECORRUPT or KS_EVERSION.
+ * Every file and every in-memory kvfile goes through here. */
+static int parse_header(const uint8_t *h, uint32_t hlen, uint64_t fsize, ks_kvfile_meta *m) {
+    if (get64(h + hlen - 8) != nonzero(XXH3_64bits(h, hlen - 8))) return KS_ECORRUPT;
+    m->version = get32(h + OFF_VERSION);
+    if (m->version != KS_KVFILE_VERSION) return KS_EVERSION;
+    if (hlen != KS_KVFILE_HEADER_LEN) return KS_ECORRUPT;
+    m->state_version = get32(h + OFF_STATE_VERSION);
+    m->reason = get32(h + OFF_REASON);
+    m->n_tokens = get32(h + OFF_N_TOKENS);
+    m->payload_len = get64(h + OFF_PAYLOAD_LEN);
+    m->created_us = (int64_t)get64(h + OFF_CREATED);
+    memcpy(m->model_fp, h + OFF_FP, 32);
+    memcpy(m->params_hash, h + OFF_PARAMS, 32);
+    memcpy(m->key.b, h + OFF_KEY, 32);
+    m->flags = get32(h + OFF_FLAGS);
+    if (m->flags & ~(uint32_t)KNOWN_FLAGS) return KS_EVERSION; /* a feature this reader does not know */
+    size_t tlen = trailer_len(m->flags);
+    if (m->reason >= KS_REASON__N || m->n_tokens > KS_KVFILE_MAX_TOKENS ||
+        m->payload_len > KS_KVFILE_MAX_PAYLOAD ||
+        fsize != (uint64_t)KS_KVFILE_HEADER_LEN + 4ull * m->n_tokens + m->payload_len + 8 + tlen)
+        return KS_ECORRUPT;
+    return 0;
+}
+
+/* The trailer t (got bytes of the tlen expected): advisory statistics and the
+ * pin, outside every check. */
+static void decode_trailer(const uint8_t *t, size_t got, ks_kvfile_meta *m) {
+    size_t tlen = trailer_len(m->flags);
+    m->trailer_ok = got == tlen && get64(t + tlen - 8) == trailer_check(t, tlen);
+    m->last_hit_us = m->trailer_ok ? (int64_t)get64(t) : m->created_us;
+    m->hits = m->trailer_ok ? get64(t + 8) : 0;
+    m->pin_until_us = m->trailer_ok && (m->flags & KS_KVFILE_FLAG_PIN) ? (int64_t)get64(t + 16) : 0;
+}
+
 /* Opens path and reads + checks its header. On success *fd is open. */
 static int open_header(const char *path, int *fd_out, ks_kvfile_meta *m) {
     int rc = 0, fd = -1;
     uint8_t h[KS_KVFILE_HEADER_MAX];
     struct stat sb;
+    uint32_t hlen = 0;
     memset(m, 0, sizeof *m);
     *fd_out = -1;
     if ((rc = open_existing(path, O_RDONLY, &fd, &sb)) != 0) goto done;
@@ -328,12 +374,7 @@ static int open_header(const char *path, int *fd_out, ks_kvfile_meta *m) {
         rc = KS_EIO;
         goto done;
     }
-    if (r < 16 || memcmp(h, KS_KVFILE_MAGIC, 8) != 0) {
-        rc = KS_ECORRUPT;
-        goto done;
-    }
-    uint32_t hlen = get32(h + OFF_HEADER_LEN);
-    if (hlen < 24 || hlen > KS_KVFILE_HEADER_MAX || hlen > fsize) {
+    if (r < 16 || (rc = header_len(h, fsize, &hlen)) != 0) {
         rc = KS_ECORRUPT;
         goto done;
     }
@@ -342,50 +383,19 @@ static int open_header(const char *path, int *fd_out, ks_kvfile_meta *m) {
         rc = KS_EIO;
         goto done;
     }
-    if ((uint32_t)r < hlen || get64(h + hlen - 8) != nonzero(XXH3_64bits(h, hlen - 8))) {
+    if ((uint32_t)r < hlen) {
         rc = KS_ECORRUPT;
         goto done;
     }
-    m->version = get32(h + OFF_VERSION);
-    if (m->version != KS_KVFILE_VERSION) {
-        rc = KS_EVERSION;
-        goto done;
-    }
-    if (hlen != KS_KVFILE_HEADER_LEN) {
-        rc = KS_ECORRUPT;
-        goto done;
-    }
-    m->state_version = get32(h + OFF_STATE_VERSION);
-    m->reason = get32(h + OFF_REASON);
-    m->n_tokens = get32(h + OFF_N_TOKENS);
-    m->payload_len = get64(h + OFF_PAYLOAD_LEN);
-    m->created_us = (int64_t)get64(h + OFF_CREATED);
-    memcpy(m->model_fp, h + OFF_FP, 32);
-    memcpy(m->params_hash, h + OFF_PARAMS, 32);
-    memcpy(m->key.b, h + OFF_KEY, 32);
-    m->flags = get32(h + OFF_FLAGS);
-    if (m->flags & ~(uint32_t)KNOWN_FLAGS) {
-        rc = KS_EVERSION; /* a feature this reader does not know */
-        goto done;
-    }
+    if ((rc = parse_header(h, hlen, fsize, m)) != 0) goto done;
     size_t tlen = trailer_len(m->flags);
-    if (m->reason >= KS_REASON__N || m->n_tokens > KS_KVFILE_MAX_TOKENS ||
-        m->payload_len > KS_KVFILE_MAX_PAYLOAD ||
-        fsize != (uint64_t)KS_KVFILE_HEADER_LEN + 4ull * m->n_tokens + m->payload_len + 8 + tlen) {
-        rc = KS_ECORRUPT;
-        goto done;
-    }
-    /* The trailer: advisory statistics and the pin, outside every check. */
     uint8_t t[KS_KVFILE_TRAILER_LEN];
     r = ks_sysio_pread_all(fd, t, tlen, (off_t)(fsize - tlen));
     if (r < 0) {
         rc = KS_EIO;
         goto done;
     }
-    m->trailer_ok = (size_t)r == tlen && get64(t + tlen - 8) == trailer_check(t, tlen);
-    m->last_hit_us = m->trailer_ok ? (int64_t)get64(t) : m->created_us;
-    m->hits = m->trailer_ok ? get64(t + 8) : 0;
-    m->pin_until_us = m->trailer_ok && (m->flags & KS_KVFILE_FLAG_PIN) ? (int64_t)get64(t + 16) : 0;
+    decode_trailer(t, (size_t)r, m);
     *fd_out = fd;
     fd = -1;
 done:
@@ -559,5 +569,66 @@ int ks_kvfile_touch(const char *path, int64_t last_hit_us, uint64_t hits, int64_
     if (w != (ssize_t)tlen) rc = KS_EIO;
 done:
     if (fd >= 0) ks_sysio_close(fd);
+    return rc;
+}
+
+/* -------------------------------------------------------------- in memory */
+uint64_t ks_kvfile_size(int n, size_t len) {
+    return (uint64_t)KS_KVFILE_HEADER_LEN + 4ull * (uint64_t)(n > 0 ? n : 0) + (uint64_t)len + KS_KVFILE_TAIL_LEN;
+}
+
+int ks_kvfile_encode(const ks_kvfile_meta *meta, const int32_t *tokens, int n, const uint8_t *payload, size_t len,
+                     uint8_t **out, size_t *out_len) {
+    if (!meta || !out || !out_len || n < 0 || (uint64_t)n > KS_KVFILE_MAX_TOKENS || (n && !tokens) ||
+        (uint64_t)len > KS_KVFILE_MAX_PAYLOAD || (len && !payload))
+        return KS_EINVAL;
+    uint64_t total = ks_kvfile_size(n, len);
+    if (total > SIZE_MAX) return KS_EINVAL;
+    uint8_t *b = malloc((size_t)total);
+    if (!b) return KS_ENOMEM;
+    encode_header(b, meta, (uint32_t)n, (uint64_t)len);
+    uint8_t *p = b + KS_KVFILE_HEADER_LEN;
+    for (int i = 0; i < n; i++) put32(p + 4 * (size_t)i, (uint32_t)tokens[i]);
+    p += 4 * (size_t)n;
+    if (len) memcpy(p, payload, len);
+    p += len;
+    put64(p, nonzero(XXH3_64bits(b, (size_t)(p - b))));
+    encode_trailer(p + 8, KS_KVFILE_FLAG_PIN, meta->created_us, 0, meta->pin_until_us);
+    *out = b;
+    *out_len = (size_t)total;
+    return 0;
+}
+
+int ks_kvfile_decode(const uint8_t *buf, size_t len, const ks_kvfile_expect *exp, ks_kvfile_meta *meta,
+                     size_t *payload_off) {
+    ks_kvfile_meta m;
+    uint32_t hlen = 0;
+    int rc;
+    memset(&m, 0, sizeof m);
+    m.file_size = len;
+    if (!buf || len < 16 + 8) {
+        rc = KS_ECORRUPT;
+        goto done;
+    }
+    if ((rc = header_len(buf, len, &hlen)) != 0 || (rc = parse_header(buf, hlen, len, &m)) != 0) goto done;
+    if ((rc = check_expect_header(&m, exp)) != 0) goto done;
+    size_t tok_bytes = (size_t)m.n_tokens * 4;
+    size_t body = KS_KVFILE_HEADER_LEN + tok_bytes + (size_t)m.payload_len;
+    decode_trailer(buf + body + 8, trailer_len(m.flags), &m);
+    if (get64(buf + body) != nonzero(XXH3_64bits(buf, body))) {
+        rc = KS_ECORRUPT;
+        goto done;
+    }
+    if (exp && exp->tokens) {
+        const uint8_t *t = buf + KS_KVFILE_HEADER_LEN;
+        for (uint32_t i = 0; i < m.n_tokens; i++)
+            if ((int32_t)get32(t + 4 * (size_t)i) != exp->tokens[i]) {
+                rc = KS_EMISMATCH;
+                goto done;
+            }
+    }
+    if (payload_off) *payload_off = KS_KVFILE_HEADER_LEN + tok_bytes;
+done:
+    if (meta) *meta = m;
     return rc;
 }

@@ -167,4 +167,21 @@ int ks_kvfile_read_buf(const char *path, const ks_kvfile_expect *exp, ks_kvfile_
  * (the entry is then evictable earlier; the file stays valid). */
 int ks_kvfile_touch(const char *path, int64_t last_hit_us, uint64_t hits, int64_t pin_until_us);
 
+/* In memory (the redis tier, tier_redis.c): the exact bytes of the file
+ * ks_kvfile_write would write, and their reader.
+ *
+ * ks_kvfile_size: the size of the kvfile of n tokens and len payload bytes.
+ * ks_kvfile_encode: *out receives a malloc'd buffer (caller frees) of
+ * *out_len bytes. 0, KS_EINVAL (limits), KS_ENOMEM.
+ * ks_kvfile_decode: checks buf (len bytes: header, lengths against len,
+ * checksum, exp as ks_kvfile_read) without copying; *payload_off (may be
+ * NULL) receives where the payload starts in buf, meta (may be NULL) the
+ * header. 0, KS_ECORRUPT, KS_EVERSION, KS_EMISMATCH. Never reads outside
+ * [buf, buf + len). Reentrant. */
+uint64_t ks_kvfile_size(int n, size_t len);
+int ks_kvfile_encode(const ks_kvfile_meta *meta, const int32_t *tokens, int n, const uint8_t *payload, size_t len,
+                     uint8_t **out, size_t *out_len);
+int ks_kvfile_decode(const uint8_t *buf, size_t len, const ks_kvfile_expect *exp, ks_kvfile_meta *meta,
+                     size_t *payload_off);
+
 #endif

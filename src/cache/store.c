@@ -57,6 +57,7 @@
 
 #include "base/base.h"
 #include "cache/key.h"
+#include "cache/redis_fmt.h"
 #include "cache/store_int.h"
 
 int64_t ks__store_wall_us(void) {
@@ -113,7 +114,7 @@ int ks_store_open(const ks_store_params *p, ks_store **out, char *err, size_t er
     }
     for (int r = 0; r < KS_REASON__N; r++) {
         int t = p->cfg.reason_tier[r];
-        if (t != KS_TIER_NONE && (t < 0 || t >= KS_TIER__N)) {
+        if (t != KS_TIER_NONE && (t < 0 || t >= KS_TIER__LOCAL)) {
             ks_set_err(err, errlen, "invalid tier %d for reason %s", t, ks_reason_name(r));
             return KS_EINVAL;
         }
@@ -163,6 +164,13 @@ int ks_store_open(const ks_store_params *p, ks_store **out, char *err, size_t er
             goto done;
         }
     }
+    if (s->cfg.redis.url[0] && s->cfg.tier_max_bytes[KS_TIER_REDIS] > 0) {
+        rc = ks_tier_redis_open(&s->cfg.redis, (uint64_t)s->cfg.tier_max_bytes[KS_TIER_REDIS], &ident,
+                                &s->tiers[KS_TIER_REDIS], err, errlen);
+        if (rc != 0) goto done;
+    }
+    /* The tier keeps what it needs; no copy of a credential stays here. */
+    memset(s->cfg.redis.password, 0, sizeof s->cfg.redis.password);
     if (pthread_create(&s->writer, NULL, ks__store_writer_main, s) != 0) {
         ks_set_err(err, errlen, "store: cannot start the writer thread");
         rc = KS_ENOMEM;
@@ -181,8 +189,17 @@ int ks_store_open(const ks_store_params *p, ks_store **out, char *err, size_t er
     for (int t = 0; t < KS_TIER__N; t++) {
         uint64_t b = 0, e = 0;
         if (!s->tiers[t]) {
+            if (t == KS_TIER_REDIS) continue; /* not configured: nothing to say */
             /* A disabled tier: its directory, if any is named, is not used. */
             KS_INFO("store", "%-4s tier: off", ks_tier_name(t));
+            continue;
+        }
+        if (t == KS_TIER_REDIS) {
+            char where[KS_REDIS_URL_MAX];
+            ks_redis_url_redact(s->cfg.redis.url, where, sizeof where);
+            KS_INFO("store", "redis tier: %s, prefix %s, chunks of %.1f MiB, budget %.1f MiB", where,
+                    s->cfg.redis.key_prefix, (double)s->cfg.redis.chunk_bytes / 1048576.0,
+                    (double)s->cfg.tier_max_bytes[t] / 1048576.0);
             continue;
         }
         ks_tier_usage(s->tiers[t], &b, &e);
@@ -203,7 +220,7 @@ done:
 void ks_store_prewarm(ks_store *s, size_t bytes) {
     if (!s) return;
     for (int t = 0; t < KS_TIER__N; t++)
-        if (t != KS_TIER_RAM && s->tiers[t]) ks_tier_file_prewarm(s->tiers[t], bytes);
+        if (t != KS_TIER_RAM && t < KS_TIER__LOCAL && s->tiers[t]) ks_tier_file_prewarm(s->tiers[t], bytes);
 }
 
 void ks_store_close(ks_store *s) {
@@ -227,7 +244,7 @@ void ks_store_close(ks_store *s) {
 
 /* ------------------------------------------------------------------- save */
 bool ks__store_stored_anywhere(ks_store *s, const ks_key *key) {
-    for (int t = 0; t < KS_TIER__N; t++) {
+    for (int t = 0; t < KS_TIER__LOCAL; t++) {
         ks_tier_entry e;
         if (s->tiers[t] && ks_tier_has(s->tiers[t], key, &e) && e.cls == KS_ENTRY_OWN) return true;
     }
@@ -243,36 +260,57 @@ bool ks__store_pin_held(ks_store *s, const ks_key *key, int64_t until_us) {
         held = true;
     }
     pthread_mutex_unlock(&s->mu);
-    /* After the queue: a job that completed meanwhile put its entries first. */
-    for (int t = 0; t < KS_TIER__N; t++)
+    /* After the queue: a job that completed meanwhile put its entries first.
+     * Pins are local: Redis keeps no pins. */
+    for (int t = 0; t < KS_TIER__LOCAL; t++)
         if (s->tiers[t] && ks_tier_pin(s->tiers[t], key, until_us)) held = true;
     return held;
 }
 
-/* The checks every save goes through before it is queued: *tier is the
- * tier it goes to, or -1 when it is not written — too small, a reason mapped
- * to no (enabled) tier, or the state is stored already — each counted as
- * such; *key is computed when the key was needed. Returns 0 or the error of
- * computing the key. (Whether the state is queued already is checked by the
- * callers, under s->mu.) */
-static int save_check(ks_store *s, ks_reason reason, const int32_t *tokens, int n, ks_key *key, int *tier) {
-    *tier = -1;
+/* The checks every save goes through before it is queued: *tiers is the
+ * set of tiers it goes to (1 << ks_tier_id: the reason's local tier and, for
+ * the reasons of cfg.redis.reasons, the redis tier), 0 when it is not
+ * written — too small, a reason mapped to no (enabled) tier, the state is
+ * stored already, or Redis is down — each counted as such; *key is computed
+ * when the key was needed. Returns 0 or the error of computing the key.
+ * (Whether the state is queued already is checked by the callers, under
+ * s->mu.) */
+static int save_check(ks_store *s, ks_reason reason, const int32_t *tokens, int n, ks_key *key, unsigned *tiers) {
+    *tiers = 0;
     if (n < s->cfg.min_tokens || n == 0) {
         atomic_fetch_add(&s->small_saves, 1);
         return 0;
     }
     int t = s->cfg.reason_tier[reason];
-    if (t == KS_TIER_NONE || !s->tiers[t]) {
+    ks_tier *rt = s->tiers[KS_TIER_REDIS];
+    bool local = t != KS_TIER_NONE && s->tiers[t];
+    bool remote = rt && (s->cfg.redis.reasons & (1u << reason));
+    if (!local && !remote) {
         atomic_fetch_add(&s->dropped_saves, 1);
         return 0;
     }
     int rc = ks_key_compute(s->fp, s->kv_params, s->kv_len, tokens, n, key);
     if (rc != 0) return rc;
-    if (ks__store_stored_anywhere(s, key)) {
+    bool stored = ks__store_stored_anywhere(s, key);
+    if (stored) local = false;
+    if (remote && ks_tier_has(rt, key, NULL)) {
+        stored = true;
+        remote = false;
+    }
+    if (remote && !ks_tier_redis_up(rt)) {
+        /* Down: not even copied for it (the breaker retries later). */
+        ks_tier_redis_note_dropped(rt);
+        remote = false;
+        if (!local && !stored) {
+            atomic_fetch_add(&s->dropped_saves, 1);
+            return 0;
+        }
+    }
+    if (!local && !remote) {
         atomic_fetch_add(&s->dedup_saves, 1);
         return 0;
     }
-    *tier = t;
+    *tiers = (local ? 1u << t : 0) | (remote ? 1u << KS_TIER_REDIS : 0);
     return 0;
 }
 
@@ -280,9 +318,9 @@ bool ks_store_wants(ks_store *s, ks_reason reason, const int32_t *tokens, int n)
     if (!s || (int)reason < 0 || reason >= KS_REASON__N || n <= 0 || !tokens) return false;
     /* A "no" is accounted as the save would have been: small, dropped or dedup. */
     ks_key key;
-    int t;
-    if (save_check(s, reason, tokens, n, &key, &t) != 0) return true; /* the save will report it */
-    if (t < 0) return false;
+    unsigned tiers;
+    if (save_check(s, reason, tokens, n, &key, &tiers) != 0) return true; /* the save will report it */
+    if (!tiers) return false;
     pthread_mutex_lock(&s->mu);
     bool queued = ks_keymap_get(&s->pending, &key) != NULL;
     pthread_mutex_unlock(&s->mu);
@@ -290,33 +328,71 @@ bool ks_store_wants(ks_store *s, ks_reason reason, const int32_t *tokens, int n)
     return !queued;
 }
 
+/* A new save job for tiers (tier: the one a lookup of the queued save
+ * names) with a copy of tokens[0, n) and no payload yet, waited for unless
+ * async; NULL when out of memory. */
+static job *save_job(ks_tier_id tier, unsigned tiers, const ks_key *key, ks_reason reason, const int32_t *tokens,
+                     int n, size_t len, bool async) {
+    job *j = calloc(1, sizeof *j);
+    if (!j || !(j->tokens = malloc(n ? (size_t)n * sizeof *tokens : 1))) {
+        free(j);
+        return NULL;
+    }
+    memcpy(j->tokens, tokens, (size_t)n * sizeof *tokens);
+    j->kind = JOB_SAVE;
+    j->tier = tier;
+    j->tiers = tiers;
+    j->key = *key;
+    j->reason = reason;
+    j->n = n;
+    j->len = len;
+    j->created_us = ks__store_wall_us();
+    j->async = async;
+    j->refs = async ? 1 : 2;
+    return j;
+}
+
 int ks_store_save(ks_store *s, ks_reason reason, const int32_t *tokens, int n, uint8_t *payload,
                   size_t len, bool sync) {
     int rc = 0;
-    job *j = NULL;
+    job *j = NULL, *rj = NULL;
     ks_key key;
     if (!s || (int)reason < 0 || reason >= KS_REASON__N || n < 0 || (n > 0 && !tokens) ||
         (len && !payload) || (uint64_t)n > KS_KVFILE_MAX_TOKENS) {
         rc = KS_EINVAL;
         goto done;
     }
-    int t;
-    if ((rc = save_check(s, reason, tokens, n, &key, &t)) != 0 || t < 0) goto done;
-    if (!(j = calloc(1, sizeof *j)) || !(j->tokens = malloc((size_t)n * sizeof *tokens))) {
+    unsigned tiers;
+    if ((rc = save_check(s, reason, tokens, n, &key, &tiers)) != 0 || !tiers) goto done;
+    /* A caller that waits (evict, shutdown: the inference thread) waits for
+     * its local tier only: Redis's latency must never become its own. The
+     * copy for Redis goes as a job of its own, never waited for, with a copy
+     * of the payload (or, with no local tier, the save is not waited for). */
+    const unsigned redis_bit = 1u << KS_TIER_REDIS;
+    if (sync && (tiers & redis_bit)) {
+        if (tiers == redis_bit) {
+            sync = false;
+        } else {
+            tiers &= ~redis_bit;
+            rj = save_job(KS_TIER_REDIS, redis_bit, &key, reason, tokens, n, len, true);
+            if (rj && (rj->payload = malloc(len ? len : 1))) {
+                memcpy(rj->payload, payload, len);
+                rj->uncounted = true;
+            } else {
+                ks__store_job_free(rj);
+                rj = NULL;
+                ks_tier_redis_note_dropped(s->tiers[KS_TIER_REDIS]);
+            }
+        }
+    }
+    /* The tier a lookup of the queued save names: the local one, if any. */
+    ks_tier_id first = KS_TIER_REDIS;
+    for (int t = KS_TIER__LOCAL - 1; t >= 0; t--)
+        if (tiers & (1u << t)) first = (ks_tier_id)t;
+    if (!(j = save_job(first, tiers, &key, reason, tokens, n, len, !sync))) {
         rc = KS_ENOMEM;
         goto done;
     }
-    memcpy(j->tokens, tokens, (size_t)n * sizeof *tokens);
-    j->kind = JOB_SAVE;
-    j->tier = (ks_tier_id)t;
-    j->tiers = 1u << t;
-    j->key = key;
-    j->reason = reason;
-    j->n = n;
-    j->len = len;
-    j->created_us = ks__store_wall_us();
-    j->async = !sync;
-    j->refs = sync ? 2 : 1;
 
     pthread_mutex_lock(&s->mu);
     if (s->stopping) {
@@ -338,12 +414,22 @@ int ks_store_save(ks_store *s, ks_reason reason, const int32_t *tokens, int n, u
             s->async_bytes += len;
         }
         ks__store_enqueue_locked(s, j);
+        if (rj && s->n_async < s->queue_max && s->async_bytes + len <= s->queue_max_bytes) {
+            /* After the local save in the FIFO: the caller's wait ends before it. */
+            s->n_async++;
+            s->async_bytes += len;
+            ks__store_enqueue_locked(s, rj);
+            rj = NULL;
+        } else if (rj) {
+            ks_tier_redis_note_dropped(s->tiers[KS_TIER_REDIS]);
+        }
         if (sync) rc = ks__store_wait_job_locked(s, j, s->cfg.shutdown_timeout_ms);
         j = NULL;
     }
     pthread_mutex_unlock(&s->mu);
 done:
     ks__store_job_free(j);
+    ks__store_job_free(rj);
     free(payload);
     return rc;
 }
@@ -386,22 +472,12 @@ int ks_store_save_pinned(ks_store *s, const int32_t *tokens, int n, uint8_t *pay
         atomic_fetch_add(&s->pin_refreshes, 1);
         goto done; /* 0: held, its pin extended */
     }
-    if (!(j = calloc(1, sizeof *j)) || !(j->tokens = malloc((size_t)n * sizeof *tokens))) {
+    ks_tier_id first = (tiers & (1u << KS_TIER_RAM)) ? KS_TIER_RAM : (ks_tier_id)pt;
+    if (!(j = save_job(first, tiers, &key, KS_REASON_PIN, tokens, n, len, true))) {
         rc = KS_ENOMEM;
         goto done;
     }
-    memcpy(j->tokens, tokens, (size_t)n * sizeof *tokens);
-    j->kind = JOB_SAVE;
-    j->tiers = tiers;
-    j->tier = (tiers & (1u << KS_TIER_RAM)) ? KS_TIER_RAM : (ks_tier_id)pt;
-    j->key = key;
-    j->reason = KS_REASON_PIN;
     j->pin_until_us = until_us;
-    j->n = n;
-    j->len = len;
-    j->created_us = ks__store_wall_us();
-    j->async = true;
-    j->refs = 1;
 
     pthread_mutex_lock(&s->mu);
     job *q = ks_keymap_get(&s->pending, &key);
@@ -462,7 +538,14 @@ void ks_store_stats(ks_store *s, struct ks_store_stats *o) {
         o->tier_misses[t] = atomic_load(&s->tier_misses[t]);
         o->tier_evictions[t] = atomic_load(&s->tier_evictions[t]);
         o->tier_pin_drops[t] = atomic_load(&s->tier_pin_drops[t]);
-        if (s->tiers[t]) {
+        if (t == KS_TIER_REDIS && s->tiers[t]) {
+            /* Redis's own accounting, shared by every host, as last seen. */
+            ks_tier_redis_stats_get(s->tiers[t], &o->redis);
+            o->has_redis = true;
+            o->tier_bytes[t] = o->redis.bytes;
+            o->tier_entries[t] = o->redis.entries;
+            o->tier_max_bytes[t] = (uint64_t)s->cfg.tier_max_bytes[t];
+        } else if (s->tiers[t]) {
             ks_tier_usage(s->tiers[t], &o->tier_bytes[t], &o->tier_entries[t]);
             o->tier_max_bytes[t] = (uint64_t)s->cfg.tier_max_bytes[t];
             o->tier_pinned_bytes[t] = ks_tier_pinned_bytes(s->tiers[t], now, &o->tier_pinned_entries[t]);

@@ -27,6 +27,16 @@
  *    or queued); the rest goes to the writer thread through a bounded queue.
  *  - Hit statistics are kept in memory and written back to the files'
  *    trailers by the writer thread about once a second and at close.
+ *  - The redis tier (tier.h, tier_redis.c), when configured, is shared with
+ *    the servers of other hosts: a lookup asks it only for the lengths
+ *    longer than what a local tier or the save queue holds (one pipelined
+ *    round trip for every candidate's manifest, one for the chunks). A state
+ *    restored from it is not copied into the ram tier: that copy, on the
+ *    inference thread, cost 5-20 ms per 6 MB state (first-touch page faults;
+ *    docs/BENCHMARKS.md), and the turn's own finish save lands locally. Saves of the
+ *    reasons in cfg.redis.reasons go to it besides their local tier, on the
+ *    writer thread; a save the caller waits for waits for its local tier
+ *    only. While Redis is down (circuit breaker open) it is skipped.
  *
  * Pins (a client's cache breakpoints, Anthropic's `cache_control`)
  *  - An entry pinned until T (wall clock, µs) is not evicted by the LRU
@@ -250,6 +260,8 @@ struct ks_store_stats {
     uint64_t tier_pinned_entries[KS_TIER__N];
     uint64_t tier_pin_drops[KS_TIER__N];   /* pinned entries evicted before their deadline because
                                               the pins exceeded cfg.pin_share of the budget */
+    bool has_redis;                        /* the redis tier is configured: redis below is set */
+    ks_tier_redis_stats redis;             /* errors, dropped saves, broken entries, breaker (tier.h) */
     double load_ms_total;                  /* reading + verifying hits */
     double save_ms_total;                  /* writing saves (writer thread) */
     double restore_ms_total;               /* ks_store_note_restore() */

@@ -3,11 +3,12 @@
  */
 #include "cache/store_cfg.h"
 
+#include <stdio.h>
 #include <string.h>
 
 static const char *const k_reason_names[KS_REASON__N] = {"cold",     "continued", "finish",    "evict",
                                                          "shutdown", "pin",       "checkpoint"};
-static const char *const k_tier_names[KS_TIER__N] = {"ram", "shm", "disk"};
+static const char *const k_tier_names[KS_TIER__N] = {"ram", "shm", "disk", "redis"};
 
 const char *ks_reason_name(ks_reason r) {
     return (r >= 0 && r < KS_REASON__N) ? k_reason_names[r] : "?";
@@ -54,4 +55,13 @@ void ks_store_cfg_defaults(ks_store_cfg *c) {
     /* Like finish: the next turn, on this host, soon. */
     c->reason_tier[KS_REASON_CHECKPOINT] = KS_TIER_SHM;
     c->pin_share = 0.5f;
+    c->tier_max_bytes[KS_TIER_REDIS] = 4LL << 30;
+    snprintf(c->redis.key_prefix, sizeof c->redis.key_prefix, "kvstash");
+    c->redis.chunk_bytes = 4LL << 20;
+    c->redis.timeout_ms = 250;
+    c->redis.breaker_errors = 3;
+    c->redis.breaker_ms = 5000;
+    /* checkpoint: a hybrid model's prompt end, what the next turn restores on another host */
+    c->redis.reasons = 1u << KS_REASON_FINISH | 1u << KS_REASON_EVICT | 1u << KS_REASON_SHUTDOWN |
+                       1u << KS_REASON_CHECKPOINT;
 }

@@ -38,17 +38,40 @@ typedef enum {
     KS_REASON_CHECKPOINT,
     KS_REASON__N
 } ks_reason;
-/* The tiers, fastest first; KS_TIER_NONE: "do not save". */
-typedef enum { KS_TIER_RAM = 0, KS_TIER_SHM, KS_TIER_DISK, KS_TIER__N, KS_TIER_NONE = -1 } ks_tier_id;
+/* The tiers, fastest first; KS_TIER_NONE: "do not save". KS_TIER_REDIS is the
+ * remote tier shared by the servers of several hosts (tier_redis.c): it takes
+ * the saves of the reasons in ks_redis_cfg.reasons besides their local tier,
+ * and is never a reason's tier in reason_tier. */
+typedef enum {
+    KS_TIER_RAM = 0, KS_TIER_SHM, KS_TIER_DISK, KS_TIER_REDIS, KS_TIER__N, KS_TIER_NONE = -1
+} ks_tier_id;
+/* The local tiers are [0, KS_TIER__LOCAL). */
+#define KS_TIER__LOCAL KS_TIER_REDIS
 
 /* "cold", "continued", "finish", "evict", "shutdown", "pin", "checkpoint"; "?" for any other value. */
 const char *ks_reason_name(ks_reason r);
 /* The reason named s, or -1 when s is NULL or unknown. */
 int ks_reason_parse(const char *s);
-/* "ram", "shm", "disk", "none" (KS_TIER_NONE); "?" for any other value. */
+/* "ram", "shm", "disk", "redis", "none" (KS_TIER_NONE); "?" for any other value. */
 const char *ks_tier_name(ks_tier_id t);
 /* The tier named s, KS_TIER_NONE for "none", or -2 when s is NULL or unknown. */
 int ks_tier_parse(const char *s);
+
+/* The redis tier (tier_redis.c, docs/DEPLOY.md). Off while url is "". */
+#define KS_REDIS_URL_MAX 512
+#define KS_REDIS_PREFIX_MAX 64
+typedef struct ks_redis_cfg {
+    char url[KS_REDIS_URL_MAX];     /* redis://[user:pass@]host[:port][/db], unix:///path, redis+unix:// */
+    char password[256];             /* used when the URL has none (KVSTASH_REDIS_PASSWORD); never logged */
+    char key_prefix[KS_REDIS_PREFIX_MAX]; /* default "kvstash": keys <prefix>:<fingerprint>:<key> */
+    int ttl;                        /* seconds; 0 (default): no expiry; else every key written expires
+                                       ttl s after its last use */
+    int64_t chunk_bytes;            /* default 4 MiB: the largest value written (64 KiB..512 MiB) */
+    int timeout_ms;                 /* default 250: connect and each command (10..60000) */
+    int breaker_errors;             /* default 3: consecutive errors that open the circuit breaker */
+    int breaker_ms;                 /* default 5000: how long the tier is skipped then */
+    unsigned reasons;               /* 1 << ks_reason saved to redis; default finish|evict|shutdown */
+} ks_redis_cfg;
 
 typedef struct ks_store_cfg {
     bool enabled;                         /* the full store; default false unless a store key/flag is given */
@@ -58,11 +81,13 @@ typedef struct ks_store_cfg {
     int continued_interval;               /* default 512 */
     int min_tokens;                       /* default 256 */
     int shutdown_timeout_ms;              /* default 5000 */
-    int64_t tier_max_bytes[KS_TIER__N];   /* ram 2 GiB, shm 1 GiB, disk 10 GiB; 0 disables the tier */
+    int64_t tier_max_bytes[KS_TIER__N];   /* ram 2 GiB, shm 1 GiB, disk 10 GiB, redis 4 GiB (kvstash's
+                                             share of the Redis memory); 0 disables the tier */
     int reason_tier[KS_REASON__N];        /* ks_tier_id; default cold=disk continued=shm finish=shm evict=disk
                                              shutdown=disk pin=disk checkpoint=shm */
     float pin_share;                      /* 0..1, default 0.5: the share of each tier's budget that pinned
                                              entries may hold protected from eviction (store.h "Pins") */
+    ks_redis_cfg redis;
 } ks_store_cfg;
 
 /* Zeroes *c and fills the documented defaults above, except enabled (false)

@@ -38,6 +38,8 @@ typedef struct job {
     size_t len;
     int64_t created_us;
     bool async;
+    bool uncounted;    /* the Redis copy of a waited-for save: its outcome is the redis
+                          tier's (dropped, errors), not one more save request's */
     /* completion (under s->mu) */
     int refs;          /* 1, or 2 while a caller waits */
     bool done;

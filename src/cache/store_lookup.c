@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "base/base.h"
+#include "cache/redis_fmt.h"
 #include "cache/store_int.h"
 
 /* ----------------------------------------------------------------- lookup */
@@ -26,14 +27,9 @@ static int int_cmp(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* Hides a bad entry and asks the writer to move its file aside. */
-static void report_bad(ks_store *s, int t, const ks_key *key, int L, int rc) {
-    if (!ks_tier_mark_bad(s->tiers[t], key)) return; /* someone else reported it */
-    atomic_fetch_add(&s->corrupt_files, 1);
-    char hex[KS_KEY_HEX_LEN + 1];
-    ks_key_to_hex(key, hex);
-    KS_WARN("store", "%s entry %.12s (%d tokens) failed to load: %s; treated as a miss", ks_tier_name(t),
-            hex, L, ks_strerror(rc));
+/* Asks the writer to move the storage of a bad entry of tier t aside (file
+ * tiers) or delete it (redis). */
+static void queue_quarantine(ks_store *s, int t, const ks_key *key) {
     job *j = calloc(1, sizeof *j);
     if (!j) return;
     j->kind = JOB_QUARANTINE;
@@ -48,32 +44,58 @@ static void report_bad(ks_store *s, int t, const ks_key *key, int L, int rc) {
     pthread_mutex_unlock(&s->mu);
 }
 
-/* The entry of key (tokens[0, n)) from the first tier that holds it and
- * verifies: 0 and hit filled, else KS_ENOENT (a bad entry is reported). */
+static void warn_bad(int t, const ks_key *key, int L, int rc) {
+    char hex[KS_KEY_HEX_LEN + 1];
+    ks_key_to_hex(key, hex);
+    KS_WARN("store", "%s entry %.12s (%d tokens) failed to load: %s; treated as a miss", ks_tier_name(t),
+            hex, L, ks_strerror(rc));
+}
+
+/* Hides a bad entry and asks the writer to move its file aside. */
+static void report_bad(ks_store *s, int t, const ks_key *key, int L, int rc) {
+    if (!ks_tier_mark_bad(s->tiers[t], key)) return; /* someone else reported it */
+    atomic_fetch_add(&s->corrupt_files, 1);
+    warn_bad(t, key, L, rc);
+    queue_quarantine(s, t, key);
+}
+
+/* What a stored state of key (tokens[0, n)) must match to be restored. */
+static ks_kvfile_expect expect_of(const ks_store *s, const ks_key *key, const int32_t *tokens, int n) {
+    ks_kvfile_expect exp = {
+        .model_fp = s->fp,
+        .params_hash = s->params_hash,
+        .check_state_version = true,
+        .state_version = s->state_version,
+        .key = key,
+        .tokens = tokens,
+        .n_tokens = n,
+    };
+    return exp;
+}
+
+/* Fills hit from its blob, loaded from tier t since t0. */
+static void fill_hit(ks_store *s, ks_store_hit *hit, int n, int t, int reason, double t0) {
+    hit->n_tokens = n;
+    hit->tier = (ks_tier_id)t;
+    hit->reason = (ks_reason)reason;
+    hit->payload = hit->blob_.payload;
+    hit->payload_len = hit->blob_.len;
+    hit->load_ms = ks_now_ms() - t0;
+    ks__store_add_ms(&s->load_us, hit->load_ms);
+}
+
+/* The entry of key (tokens[0, n)) from the first local tier that holds it
+ * and verifies: 0 and hit filled, else KS_ENOENT (a bad entry is reported). */
 static int tiers_get(ks_store *s, const ks_key *key, const int32_t *tokens, int n, ks_store_hit *hit) {
-    for (int t = 0; t < KS_TIER__N; t++) {
+    for (int t = 0; t < KS_TIER__LOCAL; t++) {
         ks_tier_entry e;
         if (!s->tiers[t] || !ks_tier_has(s->tiers[t], key, &e)) continue;
         if (e.cls == KS_ENTRY_FOREIGN) continue;
-        ks_kvfile_expect exp = {
-            .model_fp = s->fp,
-            .params_hash = s->params_hash,
-            .check_state_version = true,
-            .state_version = s->state_version,
-            .key = key,
-            .tokens = tokens,
-            .n_tokens = n,
-        };
+        ks_kvfile_expect exp = expect_of(s, key, tokens, n);
         double t0 = ks_now_ms();
         int r = ks_tier_get(s->tiers[t], key, &exp, &hit->blob_);
         if (r == 0) {
-            hit->n_tokens = n;
-            hit->tier = (ks_tier_id)t;
-            hit->reason = (ks_reason)e.reason;
-            hit->payload = hit->blob_.payload;
-            hit->payload_len = hit->blob_.len;
-            hit->load_ms = ks_now_ms() - t0;
-            ks__store_add_ms(&s->load_us, hit->load_ms);
+            fill_hit(s, hit, n, t, e.reason, t0);
             return 0;
         }
         if (r == KS_ECORRUPT || r == KS_EVERSION || r == KS_EMISMATCH)
@@ -82,6 +104,47 @@ static int tiers_get(ks_store *s, const ks_key *key, const int32_t *tokens, int 
             KS_WARN("store", "%s entry of %d tokens could not be read: %s", ks_tier_name(t), n, ks_strerror(r));
     }
     return KS_ENOENT;
+}
+
+/* The redis entry of key (tokens[0, n)) whose manifest a probe found: 0 and
+ * hit filled, else KS_ENOENT. A broken entry (a chunk missing) or a bad one
+ * is a miss and is deleted by the writer. */
+static int redis_get(ks_store *s, const ks_key *key, const ks_redis_manifest *m, const int32_t *tokens, int n,
+                     ks_store_hit *hit) {
+    ks_tier *rt = s->tiers[KS_TIER_REDIS];
+    if (m->n_tokens != (uint32_t)n) return KS_ENOENT;
+    ks_kvfile_expect exp = expect_of(s, key, tokens, n);
+    double t0 = ks_now_ms();
+    int r = ks_tier_redis_fetch(rt, key, m, &exp, &hit->blob_);
+    if (r == 0) {
+        fill_hit(s, hit, n, KS_TIER_REDIS, (int)m->reason, t0);
+        return 0;
+    }
+    if (r == KS_ECORRUPT || r == KS_EVERSION || r == KS_EMISMATCH) {
+        atomic_fetch_add(&s->corrupt_files, 1);
+        warn_bad(KS_TIER_REDIS, key, n, r);
+        queue_quarantine(s, KS_TIER_REDIS, key);
+    } else if (r == KS_ENOENT) {
+        KS_INFO("store", "redis entry of %d tokens has lost a chunk (evicted or expired): a miss", n);
+        queue_quarantine(s, KS_TIER_REDIS, key);
+    } else if (r != KS_EBUSY) {
+        KS_DEBUG("store", "redis entry of %d tokens could not be read: %s", n, ks_strerror(r));
+    }
+    return KS_ENOENT;
+}
+
+/* Whether a save not written yet or a local tier holds key: a lookup then
+ * needs nothing of Redis at that length or below. */
+static bool held_locally(ks_store *s, const ks_key *key) {
+    pthread_mutex_lock(&s->mu);
+    bool queued = ks_keymap_get(&s->pending, key) != NULL;
+    pthread_mutex_unlock(&s->mu);
+    if (queued) return true;
+    for (int t = 0; t < KS_TIER__LOCAL; t++) {
+        ks_tier_entry e;
+        if (s->tiers[t] && ks_tier_has(s->tiers[t], key, &e) && e.cls != KS_ENTRY_FOREIGN) return true;
+    }
+    return false;
 }
 
 /* A queued save of key (tokens[0, n)), also one the writer is writing right
@@ -122,10 +185,86 @@ static int pending_get(ks_store *s, const ks_key *key, const int32_t *tokens, in
     return rc;
 }
 
+/* The manifests Redis holds for the candidate lengths of a lookup. */
+typedef struct remote_found {
+    bool *found;               /* [k]: a manifest for lens[i] */
+    ks_redis_manifest *mans;   /* [k] */
+} remote_found;
+
+/* The longest length Redis may hold beyond what a local tier holds is worth
+ * asking about; one pipelined round trip asks for the manifests of every
+ * such candidate length, and for the lengths of the model's entries in
+ * Redis (states saved at any length by other hosts, e.g. `finish`). Lengths
+ * found that way, longer than every manifest found, get a second round trip
+ * and are tried here, longest first: 0 and *hit on a hit. Otherwise *rf
+ * holds the manifests for the caller's walk and KS_ENOENT is returned (or
+ * KS_ENOMEM). Redis unreachable: KS_ENOENT and nothing found. */
+static int redis_probe(ks_store *s, const int32_t *tokens, const int *lens, const ks_key *keys, int k, int min_len,
+                       int lim, remote_found *rf, ks_store_hit *hit) {
+    enum { XCAP = 4096 };
+    ks_tier *rt = s->tiers[KS_TIER_REDIS];
+    int rc = KS_ENOENT, above = 0, first = k, nx = 0;
+    int *xl = NULL;
+    ks_key *xkeys = NULL;
+    ks_redis_manifest *xmans = NULL;
+    bool *xfound = NULL;
+    for (int i = k - 1; i >= 0 && lens[i] >= min_len; i--)
+        if (held_locally(s, &keys[i])) {
+            above = lens[i];
+            break;
+        }
+    int lo = above + 1 > min_len ? above + 1 : min_len;
+    if (lo > lim) return KS_ENOENT;
+    while (first > 0 && lens[first - 1] >= lo) first--;
+    if (!(rf->found = calloc((size_t)k + 1, sizeof *rf->found)) || !(rf->mans = calloc((size_t)k + 1, sizeof *rf->mans)) ||
+        !(xl = malloc(XCAP * sizeof *xl))) {
+        rc = KS_ENOMEM;
+        goto done;
+    }
+    if (ks_tier_redis_probe(rt, keys + first, k - first, rf->mans + first, rf->found + first, lo, lim, xl, &nx,
+                            XCAP) != 0)
+        goto done;
+    int best = 0;
+    for (int i = k - 1; i >= first; i--)
+        if (rf->found[i] && rf->mans[i].n_tokens == (uint32_t)lens[i]) {
+            best = lens[i];
+            break;
+        }
+    /* The remote lengths longer than every manifest found and not asked yet. */
+    int u = 0;
+    qsort(xl, (size_t)nx, sizeof *xl, int_cmp);
+    for (int i = 0; i < nx; i++) {
+        if (xl[i] <= best || (u > 0 && xl[u - 1] == xl[i])) continue;
+        if (bsearch(&xl[i], lens, (size_t)k, sizeof *lens, int_cmp)) continue;
+        xl[u++] = xl[i];
+    }
+    if (u == 0) goto done;
+    if (!(xkeys = malloc((size_t)u * sizeof *xkeys)) || !(xmans = calloc((size_t)u, sizeof *xmans)) ||
+        !(xfound = calloc((size_t)u, sizeof *xfound))) {
+        rc = KS_ENOMEM;
+        goto done;
+    }
+    if (ks_key_prefixes(s->fp, s->kv_params, s->kv_len, tokens, lim, xl, u, xkeys) != 0 ||
+        ks_tier_redis_probe(rt, xkeys, u, xmans, xfound, 0, 0, NULL, NULL, 0) != 0)
+        goto done;
+    for (int i = u - 1; i >= 0; i--)
+        if (xfound[i] && redis_get(s, &xkeys[i], &xmans[i], tokens, xl[i], hit) == 0) {
+            rc = 0;
+            goto done;
+        }
+done:
+    free(xl);
+    free(xkeys);
+    free(xmans);
+    free(xfound);
+    return rc;
+}
+
 /* One walk over the candidate lengths, longest first. 0 with *hit filled, or
  * KS_ENOENT / KS_ENOMEM. */
 static int probe(ks_store *s, const int32_t *tokens, int min_len, int lim, ks_store_hit *hit) {
     int rc = KS_ENOENT, k = 0;
+    remote_found remote = {0};
     int *lens = NULL;
     ks_key *keys = NULL;
     uint64_t n_entries = 0;
@@ -171,18 +310,28 @@ static int probe(ks_store *s, const int32_t *tokens, int min_len, int lim, ks_st
         rc = kr;
         goto done;
     }
+    if (s->tiers[KS_TIER_REDIS] && ks_tier_redis_up(s->tiers[KS_TIER_REDIS])) {
+        int r = redis_probe(s, tokens, lens, keys, k, min_len, lim, &remote, hit);
+        if (r == 0 || r == KS_ENOMEM) {
+            rc = r;
+            goto done;
+        }
+    }
     for (int i = k - 1; i >= 0 && lens[i] >= min_len; i--) {
         /* A save not written yet first (read your own writes), then the
          * tiers: the writer puts an entry into its tier before the job
          * leaves `pending`, so a save completing between the two checks is
          * found by one of them (the other order could miss it in both). */
         if (pending_get(s, &keys[i], tokens, lens[i], hit) == 0 ||
-            tiers_get(s, &keys[i], tokens, lens[i], hit) == 0) {
+            tiers_get(s, &keys[i], tokens, lens[i], hit) == 0 ||
+            (remote.found && remote.found[i] && redis_get(s, &keys[i], &remote.mans[i], tokens, lens[i], hit) == 0)) {
             rc = 0;
             goto done;
         }
     }
 done:
+    free(remote.found);
+    free(remote.mans);
     free(keys);
     free(lens);
     return rc;

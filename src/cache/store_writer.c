@@ -109,6 +109,18 @@ static int evict_tier(ks_store *s, int t, uint64_t max_bytes, uint64_t incoming_
  * its tiers'. */
 enum { SAVE_FAILED = 0, SAVE_DROPPED, SAVE_EXISTED, SAVE_WROTE };
 
+/* A save to the shared (redis) tier that failed: Redis unreachable, slow or
+ * full costs that copy only — dropped and counted by the tier, never an
+ * error of the save (its local tier may have it). */
+static int remote_failed(ks_store *s, job *j, int t, int rc, int *out) {
+    (void)s;
+    KS_DEBUG("store", "save of %d tokens (%s) to %s dropped: %s", j->n, ks_reason_name(j->reason), ks_tier_name(t),
+             ks_strerror(rc));
+    ks_tier_redis_note_dropped(s->tiers[t]);
+    *out = SAVE_DROPPED;
+    return 0;
+}
+
 /* Puts job j into tier t, pinned until pin (0: not pinned). *out: what
  * happened (SAVE_*), counted by the caller: one outcome per job, whatever
  * the number of its tiers, so that every save request is accounted for
@@ -117,7 +129,7 @@ enum { SAVE_FAILED = 0, SAVE_DROPPED, SAVE_EXISTED, SAVE_WROTE };
 static int save_to(ks_store *s, job *j, int t, int64_t pin, int *out) {
     ks_tier *tier = s->tiers[t];
     uint64_t budget = (uint64_t)s->cfg.tier_max_bytes[t];
-    uint64_t need = (uint64_t)KS_KVFILE_HEADER_LEN + 4ull * (uint64_t)j->n + j->len + KS_KVFILE_TAIL_LEN;
+    uint64_t need = ks_kvfile_size(j->n, j->len);
     bool existed = false;
     *out = SAVE_DROPPED;
     if (!tier) return 0;
@@ -127,19 +139,26 @@ static int save_to(ks_store *s, job *j, int t, int64_t pin, int *out) {
                 (unsigned long long)budget);
         return KS_ENOSPC;
     }
-    /* Make room first, so that the tier never holds more than its budget.
-     * Another process may have saved into the same directory since we last
-     * looked (one stat tells): count its files too, or two writers would
-     * each fill the budget. */
-    ks_tier_rescan(tier, 0);
-    evict_tier(s, t, budget - need, pin ? need : 0, pin);
-    uint64_t used = 0;
-    ks_tier_usage(tier, &used, NULL);
-    if (used + need > budget) {
-        /* The pinned entries hold the room (at most pin_share of the budget). */
-        KS_INFO("store", "not saving %d tokens (%s) to %s: pinned entries hold the room", j->n,
-                ks_reason_name(j->reason), ks_tier_name(t));
-        return KS_ENOSPC;
+    if (tier->vt->make_room) {
+        /* A shared tier keeps its budget by its own accounting (redis). */
+        int r = tier->vt->make_room(tier, need, budget);
+        if (r < 0) return remote_failed(s, j, t, r, out);
+        if (r > 0) atomic_fetch_add(&s->tier_evictions[t], (uint64_t)r);
+    } else {
+        /* Make room first, so that the tier never holds more than its budget.
+         * Another process may have saved into the same directory since we last
+         * looked (one stat tells): count its files too, or two writers would
+         * each fill the budget. */
+        ks_tier_rescan(tier, 0);
+        evict_tier(s, t, budget - need, pin ? need : 0, pin);
+        uint64_t used = 0;
+        ks_tier_usage(tier, &used, NULL);
+        if (used + need > budget) {
+            /* The pinned entries hold the room (at most pin_share of the budget). */
+            KS_INFO("store", "not saving %d tokens (%s) to %s: pinned entries hold the room", j->n,
+                    ks_reason_name(j->reason), ks_tier_name(t));
+            return KS_ENOSPC;
+        }
     }
     ks_kvfile_meta m;
     memset(&m, 0, sizeof m);
@@ -165,6 +184,7 @@ static int save_to(ks_store *s, job *j, int t, int64_t pin, int *out) {
         pthread_mutex_unlock(&s->mu);
     }
     ks__store_add_ms(&s->save_us, ks_now_ms() - t0);
+    if (rc != 0 && tier->vt->make_room) return remote_failed(s, j, t, rc, out);
     if (rc != 0) {
         KS_WARN("store", "save of %d tokens (%s) to %s failed: %s; skipped", j->n,
                 ks_reason_name(j->reason), ks_tier_name(t), ks_strerror(rc));
@@ -180,7 +200,7 @@ static int save_to(ks_store *s, job *j, int t, int64_t pin, int *out) {
     *out = SAVE_WROTE;
     KS_DEBUG("store", "saved %d tokens (%s, %zu bytes) to %s in %.1f ms", j->n,
              ks_reason_name(j->reason), j->len, ks_tier_name(t), ks_now_ms() - t0);
-    evict_tier(s, t, budget, 0, 0);
+    if (!tier->vt->make_room) evict_tier(s, t, budget, 0, 0);
     return 0;
 }
 
@@ -189,17 +209,24 @@ static int do_save(ks_store *s, job *j) {
     int64_t pin = j->pin_until_us;
     pthread_mutex_unlock(&s->mu);
     /* Saved meanwhile (e.g. by another process, seen by a rescan): no need to
-     * make room for it; a pin goes to the entries that hold it. */
-    if (ks__store_stored_anywhere(s, &j->key)) {
-        atomic_fetch_add(&s->dedup_saves, 1);
+     * make room for it; a pin goes to the entries that hold it. The redis
+     * tier is asked on its own: a state held here may still be new there. */
+    unsigned tiers = j->tiers, local = (1u << KS_TIER__LOCAL) - 1;
+    if ((tiers & local) && ks__store_stored_anywhere(s, &j->key)) {
+        tiers &= ~local;
         if (pin) ks__store_pin_held(s, &j->key, pin);
+    }
+    if ((tiers & (1u << KS_TIER_REDIS)) && ks_tier_has(s->tiers[KS_TIER_REDIS], &j->key, NULL))
+        tiers &= ~(1u << KS_TIER_REDIS);
+    if (!tiers) {
+        if (!j->uncounted) atomic_fetch_add(&s->dedup_saves, 1);
         return 0;
     }
-    /* The file tiers first: the ram tier keeps the buffer (tiers are ordered
-     * fastest first, so backwards). */
+    /* Redis and the file tiers first: the ram tier keeps the buffer (tiers
+     * are ordered fastest first, so backwards). */
     int rc = 0, best = -1;
     for (int t = KS_TIER__N - 1; t >= 0; t--) {
-        if (!(j->tiers & (1u << t))) continue;
+        if (!(tiers & (1u << t))) continue;
         int out = SAVE_DROPPED;
         int r = save_to(s, j, t, pin, &out);
         if (r != 0 && rc == 0) rc = r;
@@ -214,6 +241,7 @@ static int do_save(ks_store *s, job *j) {
             for (int t = 0; t < KS_TIER__N; t++)
                 if ((j->tiers & (1u << t)) && s->tiers[t]) ks_tier_pin(s->tiers[t], &j->key, later);
     }
+    if (j->uncounted) return rc;
     switch (best) {
     case SAVE_WROTE: break;
     case SAVE_EXISTED: atomic_fetch_add(&s->dedup_saves, 1); return 0;
@@ -230,6 +258,14 @@ static int do_gc(ks_store *s) {
     int n = 0;
     for (int t = 0; t < KS_TIER__N; t++) {
         if (!s->tiers[t]) continue;
+        if (s->tiers[t]->vt->make_room) {
+            int r = s->tiers[t]->vt->make_room(s->tiers[t], 0, (uint64_t)s->cfg.tier_max_bytes[t]);
+            if (r > 0) {
+                atomic_fetch_add(&s->tier_evictions[t], (uint64_t)r);
+                n += r;
+            }
+            continue;
+        }
         ks_tier_rescan(s->tiers[t], KS_RESCAN_FORCE | KS_RESCAN_CLEANUP);
         n += evict_tier(s, t, (uint64_t)s->cfg.tier_max_bytes[t], 0, 0);
     }

@@ -5,6 +5,8 @@
  *   ram   tier_ram.c   in-process map key -> reference-counted blob
  *   shm   tier_file.c  a directory of kvfiles under /dev/shm/kvstash-<uid>/
  *   disk  tier_file.c  a directory of kvfiles under the cache dir
+ *   redis tier_redis.c a Redis (or Valkey) server shared by the kvstash
+ *                      servers of several hosts: chunks + manifest
  *
  * The entry table and the generic operations below (has, list, evict,
  * remove...) are tier.c's, shared by both implementations, which depend
@@ -146,6 +148,12 @@ typedef struct ks_tier_vt {
      * error (the file vanished or cannot be read: the caller keeps what it
      * knows). NULL for a tier only this process writes (ram). */
     int (*reload_pin)(ks_tier *t, const ks_key *key, int64_t *pin_until_us);
+    /* A tier whose storage is shared beyond this process and accounted there
+     * (redis): evicts by its own rules until need more bytes fit in budget.
+     * Returns the number evicted (>= 0), or KS_ENOSPC (no room can be made)
+     * or KS_EIO (the tier cannot be reached). NULL: the table's own eviction
+     * (ks_tier_evict) and usage keep the budget. Writer thread. */
+    int (*make_room)(ks_tier *t, uint64_t need, uint64_t budget);
     void (*close)(ks_tier *t);
 } ks_tier_vt;
 
@@ -189,6 +197,56 @@ enum {
  * user), KS_EIO, KS_ENOMEM; message in err. */
 int ks_tier_file_open(ks_tier_id id, const char *dir, unsigned flags, const ks_tier_ident *ident,
                       ks_tier **out, char *err, size_t errlen);
+
+/* The redis tier (tier_redis.c; redis_fmt.h for the key layout). Its table
+ * holds the entries this process knows to be in Redis (it wrote them, or a
+ * lookup met them); the truth is in Redis, shared with other hosts. cfg is
+ * copied; max_bytes is kvstash's share of Redis (the sum over every host
+ * writing under cfg->key_prefix). An unreachable server is not an error here:
+ * the tier opens with its circuit breaker open and connects later (WARN).
+ * Errors: KS_EINVAL (bad URL; rediss:// without TLS support in this build),
+ * KS_ENOMEM; the message in err never holds a password. */
+struct ks_redis_cfg;
+int ks_tier_redis_open(const struct ks_redis_cfg *cfg, uint64_t max_bytes, const ks_tier_ident *ident,
+                       ks_tier **out, char *err, size_t errlen);
+
+/* The manifests of keys[0, k) in one pipelined round trip: found[i] and
+ * mans[i] (a ks_redis_manifest each, redis_fmt.h) for those present, of this
+ * model and not malformed. With lens (cap entries), also the n_tokens in
+ * [lens_lo, lens_hi] of the model's entries (*n_lens). Lookup threads;
+ * bounded by cfg.timeout_ms. 0, KS_EBUSY (breaker open: nothing asked),
+ * KS_EIO, KS_ENOMEM. */
+struct ks_redis_manifest;
+int ks_tier_redis_probe(ks_tier *t, const ks_key *keys, int k, struct ks_redis_manifest *mans, bool *found,
+                        int lens_lo, int lens_hi, int *lens, int *n_lens, int cap);
+/* Reads the chunks of the entry a probe found (one pipeline), checks the
+ * manifest's checksum, then the kvfile against exp as a file tier does:
+ * 0 and *out (a plain buffer), KS_ENOENT (a chunk is missing: evicted or
+ * expired — counted as broken), KS_ECORRUPT / KS_EVERSION / KS_EMISMATCH,
+ * KS_EBUSY (breaker open), KS_EIO, KS_ENOMEM. Records the hit (LRU). */
+int ks_tier_redis_fetch(ks_tier *t, const ks_key *key, const struct ks_redis_manifest *m,
+                        const ks_kvfile_expect *exp, ks_tier_blob *out);
+/* Whether the breaker lets operations through now (closed, or half-open:
+ * its backoff is over and the next operation tries again). */
+bool ks_tier_redis_up(ks_tier *t);
+/* Counts a save not sent to Redis because the tier was down. */
+void ks_tier_redis_note_dropped(ks_tier *t);
+
+typedef enum { KS_BREAKER_CLOSED = 0, KS_BREAKER_OPEN, KS_BREAKER_HALF_OPEN } ks_breaker_state;
+typedef struct ks_tier_redis_stats {
+    uint64_t bytes;          /* <prefix>:bytes as last seen (every host's entries) */
+    uint64_t entries;        /* members of <prefix>:lru as last seen */
+    uint64_t errors;         /* failed operations (connect, timeout, protocol) */
+    uint64_t dropped_saves;  /* saves not sent: breaker open */
+    uint64_t broken;         /* entries with a missing chunk (a miss) */
+    uint64_t ops;            /* round trips */
+    double op_ms_total;      /* their time */
+    uint64_t bytes_read, bytes_written;
+    uint64_t breaker_opens;
+    ks_breaker_state breaker;
+} ks_tier_redis_stats;
+/* Thread-safe. */
+void ks_tier_redis_stats_get(ks_tier *t, ks_tier_redis_stats *out);
 
 /* --------------------------------------------------- generic operations */
 static inline int ks_tier_put(ks_tier *t, const ks_kvfile_meta *m, const int32_t *tok, int n,

@@ -30,6 +30,7 @@
 #include <time.h>
 
 #include "base/base.h"
+#include "cache/redis_fmt.h"
 #include "config/config.h"
 #include "cache/spc.h"
 #include "cache/store.h"
@@ -68,6 +69,10 @@ static void usage(FILE *f) {
             "                            0 turns it off\n"
             "  --cache-dir DIR           enable the full persistent KV store (ram, shm and disk tiers)\n"
             "                            with its disk tier in DIR (store.enabled, store.cache_dir)\n"
+            "  --cache-redis URL         share KV states with the servers of other hosts through Redis or\n"
+            "                            Valkey (store.tiers.redis.url): redis://[user:pass@]host:port/db,\n"
+            "                            unix:///path; password also from $KVSTASH_REDIS_PASSWORD\n"
+            "                            (docs/DEPLOY.md)\n"
             "  --api-key KEY             require 'Authorization: Bearer KEY' (also $KVSTASH_API_KEY)\n"
             "  --responses-ttl S         keep Responses API conversations for previous_response_id this\n"
             "                            long, seconds (default 3600; 0: keep none)\n"
@@ -118,7 +123,7 @@ typedef struct flags {
     int cache_ram; /* MiB, -1: not given */
     bool no_cache, no_exact, imc, spc;
     int flash_attn; /* KS_FA_* */
-    const char *cache_dir;
+    const char *cache_dir, *cache_redis;
     const char *cors[KS_CONFIG_CORS_MAX]; /* --cors-origin, in order */
     int n_cors;
     int responses_ttl, responses_max; /* -1: not given */
@@ -130,7 +135,7 @@ static int parse_flags(int argc, char **argv, flags *f) {
     enum { O_HOST = 256, O_PORT, O_SLOTS, O_CTX, O_BATCH, O_THREADS, O_NOCACHE, O_NOEXACT, O_KEY, O_QUEUE, O_BODY,
            O_MAXTOK, O_ALIAS, O_TIMEOUT, O_SHUTDOWN, O_FA, O_CONFIG, O_LOG, O_IMC, O_SPC, O_CACHEDIR, O_CACHERAM,
            O_TEMPLATE, O_REASONING, O_CORS, O_RESP_TTL, O_RESP_MAX, O_HDR_TIMEOUT, O_MAXCONN, O_MAXCONN_CLIENT,
-           O_CKPT, O_CKPT_EVERY, O_CKPT_BYTES };
+           O_CKPT, O_CKPT_EVERY, O_CKPT_BYTES, O_CACHEREDIS };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},          {"host", required_argument, 0, O_HOST},
         {"port", required_argument, 0, O_PORT},        {"slots", required_argument, 0, O_SLOTS},
@@ -144,6 +149,7 @@ static int parse_flags(int argc, char **argv, flags *f) {
         {"config", required_argument, 0, O_CONFIG},    {"log", required_argument, 0, O_LOG},
         {"imc", no_argument, 0, O_IMC},                {"spc", no_argument, 0, O_SPC},
         {"cache-dir", required_argument, 0, O_CACHEDIR}, {"cache-ram", required_argument, 0, O_CACHERAM},
+        {"cache-redis", required_argument, 0, O_CACHEREDIS},
         {"chat-template", required_argument, 0, O_TEMPLATE}, {"reasoning-format", required_argument, 0, O_REASONING},
         {"cors-origin", required_argument, 0, O_CORS},
         {"responses-ttl", required_argument, 0, O_RESP_TTL}, {"responses-max", required_argument, 0, O_RESP_MAX},
@@ -219,6 +225,17 @@ static int parse_flags(int argc, char **argv, flags *f) {
         case O_IMC: f->imc = true; break;
         case O_SPC: f->spc = true; break;
         case O_CACHEDIR: f->cache_dir = optarg; break;
+        case O_CACHEREDIS: {
+            ks_redis_url u;
+            char why[256];
+            if (strlen(optarg) >= KS_REDIS_URL_MAX || ks_redis_url_parse(optarg, &u, why, sizeof why) != 0) {
+                fprintf(stderr, CMD ": --cache-redis: %s\n", strlen(optarg) >= KS_REDIS_URL_MAX ? "too long" : why);
+                return 2;
+            }
+            memset(&u, 0, sizeof u);
+            f->cache_redis = optarg;
+            break;
+        }
         case O_CACHERAM: /* MiB: the range of store.tiers.ram.max_bytes */
             if (ks_cli_parse_int(CMD, "--cache-ram", optarg, 0, (int)(KS_STORE_BYTES_MAX >> 20), &f->cache_ram))
                 return 2;
@@ -333,6 +350,10 @@ static int apply_flags(const flags *f, ks_config *c) {
         c->store.enabled = true;
     }
     if (f->cache_ram >= 0) c->store.tier_max_bytes[KS_TIER_RAM] = (int64_t)f->cache_ram << 20;
+    if (f->cache_redis) COPY(c->store.redis.url, f->cache_redis);
+    /* A password kept out of the URL (and so out of ps and shell histories). */
+    const char *pw = getenv("KVSTASH_REDIS_PASSWORD");
+    if (pw && strlen(pw) < sizeof c->store.redis.password) COPY(c->store.redis.password, pw);
     /* The flags' origins replace the file's (parse_flags checked them). */
     if (f->n_cors) {
         memset(c->cors_origins, 0, sizeof c->cors_origins);
@@ -556,6 +577,12 @@ int ks_cmd_serve(int argc, char **argv) {
                  (double)store_cfg.tier_max_bytes[KS_TIER_RAM] / 1048576.0);
     else if (store)
         snprintf(store_desc, sizeof store_desc, "on at %s", store_cfg.cache_dir);
+    if (store && store_cfg.redis.url[0] && store_cfg.tier_max_bytes[KS_TIER_REDIS] > 0) {
+        char where[KS_REDIS_URL_MAX];
+        ks_redis_url_redact(store_cfg.redis.url, where, sizeof where);
+        size_t l = strlen(store_desc);
+        snprintf(store_desc + l, sizeof store_desc - l, " + redis %.200s", where);
+    }
     KS_INFO("serve", "cache: prompt %s, imc %s, spc %s, store %s", cfg.cache_prompt ? "on" : "off",
             sp.imc ? "on" : "off", spc ? "on" : "off", store_desc);
     if (cfg.api_key[0] == '\0' && strcmp(cfg.host, "127.0.0.1") && strcmp(cfg.host, "localhost") &&

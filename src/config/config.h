@@ -51,6 +51,16 @@
  *       ram:  { max_bytes: 2GiB }      # also the RAM-only store's budget (--cache-ram)
  *       shm:  { max_bytes: 1073741824 }
  *       disk: { max_bytes: 10737418240 }
+ *       redis:                         # shared by the servers of several hosts (docs/DEPLOY.md)
+ *         url: redis://[user:pass@]host:port/db   # or unix:///path, redis+unix://; --cache-redis
+ *         max_bytes: 4GiB              # kvstash's share of Redis, every host together
+ *         key_prefix: kvstash
+ *         ttl: 0                       # seconds since last use; 0: none
+ *         chunk_bytes: 4MiB            # 64KiB..512MiB
+ *         timeout_ms: 250              # 10..60000
+ *         breaker_errors: 3            # 1..1000
+ *         breaker_ms: 5000             # 0..3600000
+ *         reasons: [finish, evict, shutdown, checkpoint]   # copied to Redis besides their local tier
  *     reasons: { cold: disk, continued: shm, finish: shm, evict: disk, shutdown: disk, pin: disk,
  *                checkpoint: shm }
  *                                      # pin: pinned saves go to ram and to this tier;
@@ -70,6 +80,9 @@
  *    it without turning on the full store;
  *  - no store when the ram budget is 0 and store.enabled is false, and never
  *    when cache_prompt is false (no reuse at all: no lookups, no saves).
+ *
+ * The redis tier is kept in both store modes; its password may also come
+ * from $KVSTASH_REDIS_PASSWORD (cmd_serve.c), never from a log.
  *
  * An unknown key, a wrong type or an out-of-range value fails with a message
  * that names the key path ("models.default.cache_min_tokens: expected an integer").

@@ -31,6 +31,7 @@
 #include <yaml.h>
 
 #include "base/base.h"
+#include "cache/redis_fmt.h"
 #include "config/config_int.h"
 
 #define MAX_FILE_BYTES (1 << 20)
@@ -255,6 +256,16 @@ static const field k_store_fields[] = {
     FF(ks_store_cfg, pin_share, 0, 1),
 };
 
+static const field k_redis_fields[] = {
+    FS(ks_redis_cfg, url, F_STR),
+    FS(ks_redis_cfg, key_prefix, F_STR),
+    FI(ks_redis_cfg, ttl, 0, 2147483647),
+    FY(ks_redis_cfg, chunk_bytes, KS_REDIS_CHUNK_MIN, KS_REDIS_CHUNK_MAX),
+    FI(ks_redis_cfg, timeout_ms, 10, 60000),
+    FI(ks_redis_cfg, breaker_errors, 1, 1000),
+    FI(ks_redis_cfg, breaker_ms, 0, 3600000),
+};
+
 #define N_FIELDS(t) (sizeof(t) / sizeof((t)[0]))
 
 static const field *find_field(const field *t, size_t n, const char *key) {
@@ -388,6 +399,49 @@ static int tier_pair(walk *w, const char *path, const char *key, yaml_node_t *kn
     return set_field(w, full, &f, vn, max_bytes);
 }
 
+/* store.tiers.redis.reasons: a list of reason names (or one as a scalar),
+ * replacing the default set. */
+static int redis_reasons(walk *w, const char *path, yaml_node_t *vn, unsigned *mask) {
+    bool seq = vn->type == YAML_SEQUENCE_NODE;
+    if (!seq && !scalar_of(vn)) return type_error(w, path, vn, "a list of save reasons");
+    ptrdiff_t n = seq ? vn->data.sequence.items.top - vn->data.sequence.items.start : 1;
+    unsigned m = 0;
+    for (ptrdiff_t i = 0; i < n; i++) {
+        yaml_node_t *item = seq ? yaml_document_get_node(w->doc, vn->data.sequence.items.start[i]) : vn;
+        const char *s = item ? scalar_of(item) : NULL;
+        int r = ks_reason_parse(s);
+        if (r < 0 || r == KS_REASON_PIN)
+            return type_error(w, path, item ? item : vn, "reasons among cold|continued|finish|evict|shutdown");
+        m |= 1u << r;
+    }
+    *mask = m;
+    return 0;
+}
+
+static int redis_pair(walk *w, const char *path, const char *key, yaml_node_t *kn, yaml_node_t *vn, void *ud) {
+    ks_store_cfg *s = ud;
+    char full[512];
+    join(full, sizeof full, path, key);
+    if (strcmp(key, "max_bytes") == 0) return tier_pair(w, path, key, kn, vn, &s->tier_max_bytes[KS_TIER_REDIS]);
+    if (strcmp(key, "reasons") == 0) return redis_reasons(w, full, vn, &s->redis.reasons);
+    const field *f = find_field(k_redis_fields, N_FIELDS(k_redis_fields), key);
+    if (!f) return fail_unknown(w, path, key, kn);
+    int rc = set_field(w, full, f, vn, &s->redis);
+    if (rc) return rc;
+    if (strcmp(key, "url") == 0 && s->redis.url[0]) {
+        ks_redis_url u;
+        char why[256];
+        if (ks_redis_url_parse(s->redis.url, &u, why, sizeof why) != 0) {
+            ks_set_err(w->err, w->errlen, "'%s' at line %d: %s", full, line_of(vn), why);
+            return KS_EINVAL;
+        }
+        memset(&u, 0, sizeof u); /* no copy of a password left behind */
+    }
+    if (strcmp(key, "key_prefix") == 0 && (!s->redis.key_prefix[0] || strpbrk(s->redis.key_prefix, " \t\r\n")))
+        return type_error(w, full, vn, "a non-empty prefix without spaces");
+    return 0;
+}
+
 static int tiers_pair(walk *w, const char *path, const char *key, yaml_node_t *kn, yaml_node_t *vn,
                       void *ud) {
     ks_store_cfg *s = ud;
@@ -395,6 +449,7 @@ static int tiers_pair(walk *w, const char *path, const char *key, yaml_node_t *k
     if (t < 0) return fail_unknown(w, path, key, kn);
     char full[512];
     join(full, sizeof full, path, key);
+    if (t == KS_TIER_REDIS) return each_pair(w, full, vn, redis_pair, s);
     return each_pair(w, full, vn, tier_pair, &s->tier_max_bytes[t]);
 }
 
@@ -407,7 +462,8 @@ static int reasons_pair(walk *w, const char *path, const char *key, yaml_node_t 
     join(full, sizeof full, path, key);
     const char *v = scalar_of(vn);
     int t = ks_tier_parse(v);
-    if (t == -2) return type_error(w, full, vn, "one of ram|shm|disk|none");
+    /* Redis takes saves besides a local tier: store.tiers.redis.reasons. */
+    if (t == -2 || t == KS_TIER_REDIS) return type_error(w, full, vn, "one of ram|shm|disk|none");
     s->reason_tier[r] = t;
     return 0;
 }

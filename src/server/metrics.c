@@ -251,6 +251,28 @@ void ks_metrics_store(void *ud, ks_prom *p) {
     ks_prom_gauge(p, "kvstash_store_queued_saves", "Saves waiting for the writer thread.", (double)st.queued);
     ks_prom_counter(p, "kvstash_store_load_seconds_total", "Reading and verifying hits.", st.load_ms_total / 1e3);
     ks_prom_counter(p, "kvstash_store_save_seconds_total", "Writing saves (writer thread).", st.save_ms_total / 1e3);
+    if (!st.has_redis) return;
+    /* The redis tier (tier.h): what a shared, remote tier adds to the per-tier families above. */
+    const ks_tier_redis_stats *r = &st.redis;
+    const struct {
+        const char *name, *help;
+        double v;
+    } rc[] = {
+        {"kvstash_store_redis_errors_total", "Failed Redis operations (connect, timeout, protocol).", (double)r->errors},
+        {"kvstash_store_redis_dropped_saves_total",
+         "Saves not sent to Redis: the tier was down (circuit breaker open), the queue full, or a failure.",
+         (double)r->dropped_saves},
+        {"kvstash_store_redis_broken_total",
+         "Redis entries met with a missing chunk or a malformed manifest (a miss, never a restore).", (double)r->broken},
+        {"kvstash_store_redis_round_trips_total", "Redis round trips (pipelines).", (double)r->ops},
+        {"kvstash_store_redis_seconds_total", "Time spent in Redis round trips.", r->op_ms_total / 1e3},
+        {"kvstash_store_redis_read_bytes_total", "kvfile bytes read from Redis (hits).", (double)r->bytes_read},
+        {"kvstash_store_redis_written_bytes_total", "kvfile bytes written to Redis.", (double)r->bytes_written},
+        {"kvstash_store_redis_breaker_opens_total", "Times the circuit breaker opened.", (double)r->breaker_opens},
+    };
+    for (size_t i = 0; i < sizeof rc / sizeof rc[0]; i++) ks_prom_counter(p, rc[i].name, rc[i].help, rc[i].v);
+    ks_prom_gauge(p, "kvstash_store_redis_breaker_state", "Circuit breaker: 0 closed, 1 open (tier skipped), 2 half-open.",
+                  (double)r->breaker);
 }
 
 void ks_http_count(ks_http_counters *c, int status) {

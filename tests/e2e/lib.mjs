@@ -466,6 +466,16 @@ export function writeConfig(yaml) {
 // The reply text of a chat completion.
 export const replyOf = (r) => r.choices[0].message.content;
 
+// say(srv, msgs, user, what): appends a user message to msgs, runs it with
+// turn(srv, msgs, what) (a test's own turn, which compares with its reference
+// server), appends the reply and returns turn's result.
+export const makeSay = (turn) => async (srv, msgs, user, what) => {
+  msgs.push({ role: 'user', content: user });
+  const r = await turn(srv, msgs, what);
+  msgs.push({ role: 'assistant', content: r.choices[0].message.content });
+  return r;
+};
+
 // Asserts a cached reply equals the reference server's reply to the same request.
 export function assertSameReply(got, ref, what) {
   assert.equal(replyOf(got), replyOf(ref), `${what}: text differs from the uncached reference`);

@@ -18,6 +18,7 @@ import path from 'node:path';
 import {
   startServer, stopOk, chat, postJSON, metrics, sleep, writeStoreConfig, settleStore, metricSum,
   kvFiles, tempFiles, kvHeader, xxh3_64, kvNonzero, runBin,
+  makeSay,
 } from './lib.mjs';
 
 const STRIDE = 16;
@@ -69,12 +70,7 @@ async function turn(srv, msgs, what) {
 }
 
 // Appends a user message, runs the turn, appends the reply.
-async function say(srv, msgs, user, what) {
-  msgs.push({ role: 'user', content: user });
-  const r = await turn(srv, msgs, what);
-  msgs.push({ role: 'assistant', content: r.choices[0].message.content });
-  return r;
-}
+const say = makeSay(turn);
 
 // Asserts a restore from the store covering at least `atLeast` tokens.
 function assertStoreHit(r, atLeast, what) {

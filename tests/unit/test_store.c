@@ -321,7 +321,7 @@ static void test_save_filters(void **state) {
 /* Each tier keeps under its budget, evicting the least recently hit. */
 static void test_lru_budget_per_tier(void **state) {
     fx *f = *state;
-    for (int tier = 0; tier < KS_TIER__N; tier++) {
+    for (int tier = 0; tier < KS_TIER__LOCAL; tier++) {
         ks_store_params p = params_for(f, 1, 1);
         p.cfg.reason_tier[KS_REASON_COLD] = tier;
         /* room for two entries of 1000 payload bytes + 8 tokens, not three */

@@ -1,0 +1,354 @@
+// redis.test.mjs — the redis tier end to end (issue 14): two kvstash servers
+// with separate store directories (as on two hosts) share conversations
+// through one real redis-server, started by this test on a unix socket in its
+// own temp directory (never the system's). Every reply is compared with a
+// --no-cache-prompt server's (temperature 0): Redis may only make prefill
+// cheaper, never change an output — also when Redis dies, comes back, loses
+// chunks or refuses the password.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { mkdtempSync, rmSync, mkdirSync, writeFileSync, existsSync } from 'node:fs';
+import { spawn, spawnSync } from 'node:child_process';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { startServer, stopOk, chat, metrics, sleep, settleStore, until, BIN, MODEL, makeSay } from './lib.mjs';
+
+const MAX_TOKENS = 8;
+let root;
+let plain; // --no-cache-prompt: the reference outputs
+const redises = new Set();
+
+before(async () => {
+  root = mkdtempSync(path.join(tmpdir(), 'kvstash-e2e-redis-'));
+  const which = spawnSync('redis-server', ['--version']);
+  assert.equal(which.status, 0, 'redis-server is needed (scripts/setup.sh installs it)');
+  plain = await startServer(['--no-cache-prompt', '--ctx', '1024']);
+});
+after(async () => {
+  if (plain) await stopOk(plain);
+  for (const r of redises) r.kill9();
+  if (root) rmSync(root, { recursive: true, force: true });
+});
+
+// A redis-server on <dir>/r.sock (no TCP, no persistence), killed by its pid.
+async function startRedis(dir, { password } = {}) {
+  mkdirSync(dir, { recursive: true });
+  const sock = path.join(dir, 'r.sock');
+  const args = ['--port', '0', '--unixsocket', sock, '--unixsocketperm', '700', '--dir', dir,
+    '--save', '', '--appendonly', 'no', '--daemonize', 'no'];
+  if (password) args.push('--requirepass', password);
+  const proc = spawn('redis-server', args, { stdio: 'ignore' });
+  const r = {
+    proc, sock, password,
+    cli(...a) {
+      const out = spawnSync('redis-cli', ['-s', sock, ...a],
+        { encoding: 'utf8', env: { ...process.env, ...(password ? { REDISCLI_AUTH: password } : {}) } });
+      assert.equal(out.status, 0, `redis-cli ${a.join(' ')}: ${out.stderr}`);
+      return out.stdout.trim();
+    },
+    kill9() { if (proc.exitCode === null && proc.signalCode === null) proc.kill('SIGKILL'); redises.delete(r); },
+    async stop() {
+      r.kill9();
+      if (proc.exitCode === null && proc.signalCode === null) await new Promise((res) => proc.on('exit', res));
+    },
+  };
+  redises.add(r);
+  await until(() => existsSync(sock) && spawnSync('redis-cli', ['-s', sock, 'ping'],
+    { encoding: 'utf8', env: { ...process.env, ...(password ? { REDISCLI_AUTH: password } : {}) } }).stdout?.trim() === 'PONG',
+  'redis-server to answer', 10000);
+  return r;
+}
+
+// The config of a server with its own store directories (one "host") and the redis tier.
+function hostConfig(name, url, redis = {}) {
+  const d = path.join(root, name);
+  mkdirSync(d, { recursive: true });
+  const lines = ['store:', '  enabled: true', `  cache_dir: ${d}/disk`, `  shm_dir: ${d}/shm`, '  stride: 16',
+    '  min_tokens: 32', '  tiers:', '    redis:'];
+  if (url) lines.push(`      url: "${url}"`);
+  for (const [k, v] of Object.entries({ key_prefix: 'kvs-test', breaker_ms: 300, ...redis })) {
+    lines.push(`      ${k}: ${Array.isArray(v) ? `[${v.join(', ')}]` : v}`);
+  }
+  const cfg = path.join(d, 'kvstash.yaml');
+  writeFileSync(cfg, lines.join('\n') + '\n');
+  return cfg;
+}
+const host = (name, url, redis = {}, opts = {}) =>
+  startServer(['--config', hostConfig(name, url, redis), '--ctx', '1024'], opts);
+
+const sys = (topic) => ({ role: 'system', content: `${topic}: you are a careful assistant who answers briefly. `.repeat(3) });
+
+// One turn on srv and on the reference server; asserts equal outputs.
+async function turn(srv, msgs, what) {
+  const r = await chat(srv, msgs, { max_tokens: MAX_TOKENS });
+  const p = await chat(plain, msgs, { max_tokens: MAX_TOKENS });
+  assert.equal(r.choices[0].message.content, p.choices[0].message.content, `${what}: output differs from --no-cache-prompt`);
+  assert.equal(r.usage.completion_tokens, p.usage.completion_tokens, `${what}: completion_tokens`);
+  assert.equal(r.usage.prompt_tokens, p.usage.prompt_tokens, `${what}: prompt_tokens`);
+  return r;
+}
+
+// Appends a user message, runs the turn, appends the reply.
+const say = makeSay(turn);
+
+function assertRedisHit(r, atLeast, what) {
+  assert.equal(r.cache.mode, 'store', `${what}: cache ${JSON.stringify(r.cache)}`);
+  assert.equal(r.cache.tier, 'redis', `${what}: cache ${JSON.stringify(r.cache)}`);
+  assert.ok(r.cache.cached_tokens >= atLeast, `${what}: cached ${r.cache.cached_tokens} < ${atLeast}`);
+}
+
+// The manifests (kvstash-redis lines) under a prefix, by key.
+function manifests(redis, prefix) {
+  const keys = redis.cli('--scan', '--pattern', `${prefix}:*`).split('\n').filter(Boolean);
+  const out = new Map();
+  for (const k of keys) {
+    if (k.split(':').length !== 3 || k.endsWith(':lens')) continue;
+    const v = redis.cli('GET', k);
+    if (v.startsWith('kvstash-redis ')) out.set(k, v.split(' '));
+  }
+  return out;
+}
+// Field i of a manifest line: magic version n_tokens reason created total chunk_bytes n_chunks csum nonce.
+const M = { n_tokens: 2, total: 5, chunk_bytes: 6, n_chunks: 7, nonce: 9 };
+
+// ------------------------------------------------------------------------ 1
+test('a conversation begun on host A continues on host B from Redis, with the same output', async () => {
+  const redis = await startRedis(path.join(root, 'r1'));
+  const url = `unix://${redis.sock}`;
+  const a = await host('a1', url);
+  const b = await host('b1', url);
+  try {
+    const msgs = [sys('Shared')];
+    const t1 = await say(a, msgs, 'Hello there, tell me a story.', 'A turn 1');
+    await settleStore(a);
+    const t2 = await say(b, msgs, 'And another one, please.', 'B turn 2');
+    assertRedisHit(t2, t1.usage.prompt_tokens, 'B turn 2');
+    await settleStore(b);
+    // Back on A: B's finish save (longer than anything A holds) comes from Redis.
+    const t3 = await say(a, msgs, 'Thanks. One more?', 'A turn 3');
+    assertRedisHit(t3, t2.usage.prompt_tokens, 'A turn 3');
+    const mb = await metrics(b);
+    assert.ok(mb.get('kvstash_store_tier_hits_total{tier="redis"}') >= 1);
+    assert.ok(mb.get('kvstash_store_redis_read_bytes_total') > 0);
+    assert.equal(mb.get('kvstash_store_redis_errors_total'), 0);
+    assert.equal(mb.get('kvstash_store_redis_breaker_state'), 0);
+    assert.equal(mb.get('kvstash_store_corrupt_files_total'), 0);
+    // The accounting in Redis matches the entries there.
+    const ms = manifests(redis, 'kvs-test');
+    assert.ok(ms.size >= 2, `manifests in Redis: ${ms.size}`);
+    const sum = [...ms.values()].reduce((s, f) => s + Number(f[M.total]), 0);
+    assert.equal(Number(redis.cli('GET', 'kvs-test:bytes')), sum, 'kvs-test:bytes is the sum of the entries');
+    assert.equal(Number(redis.cli('ZCARD', 'kvs-test:lru')), ms.size);
+  } finally {
+    await stopOk(a);
+    await stopOk(b);
+    await redis.stop();
+  }
+});
+
+// ------------------------------------------------------------------------ 2
+test('a state larger than one chunk round-trips; a chunk deleted makes a miss, never a wrong state', async () => {
+  const redis = await startRedis(path.join(root, 'r2'));
+  const url = `redis+unix://${redis.sock}`;
+  // 64 KiB chunks (the smallest allowed): a state of a few hundred tokens of the tiny model spans several.
+  const a = await host('a2', url, { chunk_bytes: '64KiB' });
+  const b = await host('b2', url, { chunk_bytes: '64KiB' });
+  const c = await host('c2', url, { chunk_bytes: '64KiB' });
+  try {
+    const long = (t) => ({ role: 'system', content: `${t}: you answer with care and in few words. `.repeat(30) });
+    const msgs = [long('Chunky')];
+    const t1 = await say(a, msgs, 'Hello, how are you?', 'A turn 1');
+    assert.ok(t1.usage.prompt_tokens > 300, `prompt of ${t1.usage.prompt_tokens} tokens`);
+    await settleStore(a);
+    const ms = manifests(redis, 'kvs-test');
+    assert.ok([...ms.values()].some((f) => Number(f[M.n_chunks]) >= 2), 'an entry of two chunks or more');
+    const t2 = await say(b, msgs, 'Tell me something else.', 'B turn 2');
+    assertRedisHit(t2, t1.usage.prompt_tokens, 'B turn 2 (multi-chunk)');
+
+    // Delete chunk 1 of every multi-chunk entry: a third host must miss them.
+    await settleStore(b);
+    const deleted = [];
+    for (const [k, f] of manifests(redis, 'kvs-test')) {
+      if (Number(f[M.n_chunks]) < 2) continue;
+      assert.equal(redis.cli('DEL', `${k}:${f[M.nonce]}:1`), '1');
+      deleted.push(k);
+    }
+    assert.ok(deleted.length >= 1);
+    const m0 = await metrics(c);
+    msgs.push({ role: 'user', content: 'And now?' });
+    const t3 = await turn(c, msgs, 'C turn 3');
+    assert.ok(!(t3.cache.mode === 'store' && t3.cache.tier === 'redis' && t3.cache.cached_tokens > 300),
+      `C restored a state with a missing chunk: ${JSON.stringify(t3.cache)}`);
+    const m1 = await metrics(c);
+    assert.ok(m1.get('kvstash_store_redis_broken_total') - (m0.get('kvstash_store_redis_broken_total') ?? 0) >= 1,
+      'the broken entry was counted');
+    assert.equal(m1.get('kvstash_store_corrupt_files_total'), 0, 'a missing chunk is a miss, not corruption');
+    // The writer deletes what is left of the entry it met broken (the longest).
+    await until(() => deleted.some((k) => redis.cli('EXISTS', k) === '0'), 'the broken entry to be deleted', 5000);
+
+    // A damaged chunk (same length, one byte changed) is refused by the checksum.
+    await settleStore(c);
+    for (const [k, f] of manifests(redis, 'kvs-test')) redis.cli('SETRANGE', `${k}:${f[M.nonce]}:0`, '300', 'X');
+    const d = await host('d2', url, { chunk_bytes: '64KiB' });
+    try {
+      msgs.push({ role: 'assistant', content: t3.choices[0].message.content });
+      const t4 = await say(d, msgs, 'Go on.', 'D turn 4');
+      assert.notEqual(t4.cache.tier, 'redis', `D restored a damaged entry: ${JSON.stringify(t4.cache)}`);
+      assert.ok((await metrics(d)).get('kvstash_store_corrupt_files_total') >= 1, 'the damaged entry was counted');
+    } finally {
+      await stopOk(d);
+    }
+  } finally {
+    await stopOk(a);
+    await stopOk(b);
+    await stopOk(c);
+    await redis.stop();
+  }
+});
+
+// ------------------------------------------------------------------------ 3
+test('Redis paused, then killed mid-run: requests succeed as misses; hits come back after it restarts', async () => {
+  const dir = path.join(root, 'r3');
+  let redis = await startRedis(dir);
+  const url = `unix://${redis.sock}`;
+  const a = await host('a3', url, { timeout_ms: 200, breaker_errors: 2, breaker_ms: 300 });
+  const b = await host('b3', url, { timeout_ms: 200, breaker_errors: 2, breaker_ms: 300 });
+  try {
+    const msgs = [sys('Outage')];
+    await say(a, msgs, 'Hello there.', 'A turn 1');
+    await settleStore(a);
+    // Slow: Redis answers nothing for 1.5 s (CLIENT PAUSE). B's turn still succeeds, as a miss.
+    const s0 = await metrics(b);
+    redis.cli('CLIENT', 'PAUSE', '1500', 'ALL');
+    const rs = await turn(b, [...msgs, { role: 'user', content: 'Quick question.' }], 'B while Redis is paused');
+    assert.notEqual(rs.cache.tier, 'redis');
+    assert.ok((await metrics(b)).get('kvstash_store_redis_errors_total') > s0.get('kvstash_store_redis_errors_total'),
+      'the timeouts were counted');
+    await sleep(1600);
+    await redis.stop();
+    // Down: B cannot reach A's state; every request still answers, correctly.
+    for (const [i, u] of ['Still there?', 'Are you sure?', 'Fine.'].entries()) {
+      const r = await say(b, msgs, u, `B turn ${i + 2} (Redis down)`);
+      assert.notEqual(r.cache.tier, 'redis');
+    }
+    await settleStore(b);
+    const m = await metrics(b);
+    assert.ok(m.get('kvstash_store_redis_errors_total') >= 1, 'errors counted');
+    assert.ok(m.get('kvstash_store_redis_breaker_opens_total') >= 1, 'the breaker opened');
+    assert.ok(m.get('kvstash_store_redis_dropped_saves_total') >= 1, 'saves dropped and counted');
+    // Back (empty: no persistence). A new conversation on A is found by B again.
+    redis = await startRedis(dir);
+    await sleep(400); // breaker_ms
+    const msgs2 = [sys('Recovery')];
+    let t1;
+    await until(async () => {
+      // The first save after the outage may be dropped while the breaker is still open.
+      const q = [...msgs2, { role: 'user', content: 'Hello again.' }];
+      t1 = await turn(a, q, 'A after restart');
+      await settleStore(a);
+      return manifests(redis, 'kvs-test').size > 0;
+    }, 'A to save into the restarted Redis', 10000, 300);
+    msgs2.push({ role: 'user', content: 'Hello again.' }, { role: 'assistant', content: t1.choices[0].message.content });
+    const t2 = await say(b, msgs2, 'Welcome back.', 'B after restart');
+    assertRedisHit(t2, t1.usage.prompt_tokens, 'B after restart');
+    assert.equal((await metrics(b)).get('kvstash_store_redis_breaker_state'), 0, 'breaker closed again');
+  } finally {
+    await stopOk(a);
+    await stopOk(b);
+    await redis.stop();
+  }
+});
+
+// ------------------------------------------------------------------------ 4
+test('credentials from the URL or KVSTASH_REDIS_PASSWORD work and are never shown', async () => {
+  const pw = 'hunter2-secret';
+  const redis = await startRedis(path.join(root, 'r4'), { password: pw });
+  const a = await host('a4', `redis+unix://:${pw}@${redis.sock}`);
+  const b2 = await host('b4', `unix://${redis.sock}`, {}, { env: { KVSTASH_REDIS_PASSWORD: pw } });
+  const bad = await host('x4', `redis+unix://:wrong-password@${redis.sock}`);
+  try {
+    const msgs = [sys('Secret')];
+    const t1 = await say(a, msgs, 'Hello there.', 'A turn 1');
+    await settleStore(a);
+    const t2 = await say(b2, msgs, 'Again.', 'B turn 2');
+    assertRedisHit(t2, t1.usage.prompt_tokens, 'B turn 2 (password from the environment)');
+    // A wrong password: a warning, and the server serves without the tier.
+    const t3 = await turn(bad, msgs, 'wrong password');
+    assert.notEqual(t3.cache.tier, 'redis');
+    assert.match(bad.stderr, /refused the credentials|AUTH/);
+    for (const s of [a, b2, bad]) {
+      assert.ok(!s.stderr.includes(pw), 'the password is in the log');
+      const text = await (await fetch(s.base + '/metrics')).text();
+      assert.ok(!text.includes(pw), 'the password is in /metrics');
+      const props = await (await fetch(s.base + '/props')).text();
+      assert.ok(!props.includes(pw), 'the password is in /props');
+    }
+    assert.match(a.stderr, /redis\+unix:\/\/:\*\*\*@/);
+  } finally {
+    await stopOk(a);
+    await stopOk(b2);
+    await stopOk(bad);
+    await redis.stop();
+  }
+});
+
+// ------------------------------------------------------------------------ 5
+test('bad input: an invalid URL or rediss:// is refused at start; an unreachable Redis is a warning', async () => {
+  for (const [url, re] of [['http://h:1', /expected redis:\/\//], ['redis://h:99999', /bad port/]]) {
+    const r = spawnSync(BIN, ['serve', '-m', MODEL, '--port', '0', '--cache-redis', url], { encoding: 'utf8' });
+    assert.equal(r.status, 2, `--cache-redis ${url}: exit ${r.status}\n${r.stderr}`);
+    assert.match(r.stderr, re);
+  }
+  // TLS: this build's hiredis has none: a clear error, never a plain-text connection.
+  const tls = spawnSync(BIN, ['serve', '-m', MODEL, '--port', '0', '--threads', '1', '--cache-redis',
+    'rediss://u:pw-not-shown@127.0.0.1:1'], { encoding: 'utf8', timeout: 60000 });
+  assert.notEqual(tls.status, 0);
+  assert.match(tls.stderr, /rediss:\/\/ \(TLS\) is not supported/);
+  assert.ok(!tls.stderr.includes('pw-not-shown'));
+  // YAML: an unknown key and a bad URL name the key.
+  const d = path.join(root, 'bad5');
+  mkdirSync(d, { recursive: true });
+  for (const [body, re] of [['url: "nope://x"', /store\.tiers\.redis\.url/], ['chunk_bytes: 1', /chunk_bytes/],
+    ['colour: red', /colour/], ['reasons: [pin]', /reasons/]]) {
+    const f = path.join(d, 'k.yaml');
+    writeFileSync(f, `store:\n  tiers:\n    redis:\n      ${body}\n`);
+    const r = spawnSync(BIN, ['serve', '-m', MODEL, '--port', '0', '--config', f], { encoding: 'utf8' });
+    assert.notEqual(r.status, 0, `${body} accepted`);
+    assert.match(r.stderr, re);
+  }
+  // Unreachable: the server starts, warns, answers (as misses), and reports the breaker open.
+  const s = await host('u5', `unix://${path.join(root, 'no-such.sock')}`);
+  try {
+    assert.match(s.stderr, /does not answer; serving without it/);
+    const msgs = [sys('Nowhere')];
+    await say(s, msgs, 'Hello?', 'unreachable turn 1');
+    const m = await settleStore(s);
+    assert.ok(m.get('kvstash_store_redis_errors_total') >= 1);
+    assert.ok(m.get('kvstash_store_saves_total{reason="finish"}') >= 1, 'the local tiers still save');
+  } finally {
+    await stopOk(s);
+  }
+});
+
+// ------------------------------------------------------------------------ 6
+test('the budget: kvstash never grows Redis past max_bytes, evicting its least recently used', async () => {
+  const redis = await startRedis(path.join(root, 'r6'));
+  const max = 160 * 1024;
+  const a = await host('a6', `unix://${redis.sock}`, { max_bytes: max });
+  try {
+    for (let i = 0; i < 6; i++) {
+      const msgs = [sys(`Budget ${i}`)];
+      await say(a, msgs, `Conversation number ${i}, hello.`, `conversation ${i}`);
+      await settleStore(a);
+      const used = Number(redis.cli('GET', 'kvs-test:bytes'));
+      const sum = [...manifests(redis, 'kvs-test').values()].reduce((s, f) => s + Number(f[M.total]), 0);
+      assert.ok(used <= max, `kvs-test:bytes ${used} > max_bytes ${max}`);
+      assert.ok(sum <= max, `entries of ${sum} bytes > max_bytes ${max}`);
+    }
+    const m = await metrics(a);
+    assert.ok(m.get('kvstash_store_tier_evictions_total{tier="redis"}') >= 1, 'evictions counted');
+  } finally {
+    await stopOk(a);
+    await redis.stop();
+  }
+});
