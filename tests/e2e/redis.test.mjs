@@ -352,3 +352,39 @@ test('the budget: kvstash never grows Redis past max_bytes, evicting its least r
     await redis.stop();
   }
 });
+
+// ------------------------------------------------------------------------ 7
+// A hybrid model (tiny-hybrid, issue 15): its memory cannot be cut back, so
+// when the reply sent back differs from the one generated (here: less its
+// last two words), only a state at the previous prompt's end serves the next
+// turn. Host A saves it (reason checkpoint) to Redis too; host B, which never
+// saw the conversation, restores all of the previous prompt from Redis.
+test('hybrid model: the next turn on host B restores the previous prompt from the checkpoint in Redis', async () => {
+  const hybrid = process.env.KS_TINY_HYBRID_MODEL;
+  assert.ok(hybrid, 'KS_TINY_HYBRID_MODEL is not set (run through ctest)');
+  const redis = await startRedis(path.join(root, 'r7'));
+  const url = `unix://${redis.sock}`;
+  const start = (name) => startServer(['-m', hybrid, '--config', hostConfig(name, url), '--ctx', '1024']);
+  const a = await start('a7');
+  const b = await start('b7');
+  const ref = await startServer(['-m', hybrid, '--ctx', '1024', '--no-cache-prompt']);
+  try {
+    const msgs = [sys('Rivers and dogs'), { role: 'user', content: 'Tell me about the river and the dog.' }];
+    const opts = { max_tokens: 16, temperature: 0 };
+    const r1 = await chat(a, msgs, opts);
+    assert.equal(r1.choices[0].message.content, (await chat(ref, msgs, opts)).choices[0].message.content, 'turn 1');
+    await settleStore(a);
+    msgs.push({ role: 'assistant', content: r1.choices[0].message.content.split(' ').slice(0, -2).join(' ') });
+    msgs.push({ role: 'user', content: 'And what happened then?' });
+    const r2 = await chat(b, msgs, opts);
+    assert.equal(r2.choices[0].message.content, (await chat(ref, msgs, opts)).choices[0].message.content, 'turn 2');
+    assertRedisHit(r2, r1.usage.prompt_tokens, 'turn 2 on host B');
+    const m = await metrics(a);
+    assert.ok(m.get('kvstash_store_saves_total{reason="checkpoint"}') >= 1, 'host A saved no checkpoint');
+  } finally {
+    await stopOk(a);
+    await stopOk(b);
+    await stopOk(ref);
+    await redis.stop();
+  }
+});
