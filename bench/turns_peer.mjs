@@ -29,6 +29,10 @@
 //                    reused, on llama.cpp alone (`BIN bench floor`), after all
 //                    turns (the servers idle); the table gets the floor and
 //                    TTFT / floor (what the cache adds to the work it cannot skip)
+//   --gap-ms N       wait N ms before each measured request (default 0): a
+//                    server's CPU threads may keep polling for work a while
+//                    after its request, taking the cores from the next server's
+//                    request (the side-by-side artefact in docs/BENCHMARKS.md)
 //   --out DIR        write DIR/turns_peer.md, DIR/turns_peer.csv (one row per
 //                    turn and server) and DIR/turns_peer_ttft.csv (turn, then the
 //                    TTFT of every server: the plot's input) too
@@ -80,6 +84,7 @@ if (!urls.length)
     '[--msg-words N] [--max-tokens N] [--out DIR]');
 const T = num('turns', 10), SW = num('sys-words', 300, 0), UW = num('msg-words', 60), MT = num('max-tokens', 32);
 const EDIT = num('edit-replies', 0, 0);
+const GAP = num('gap-ms', 0, 0);
 // The reply as it goes back into the history: less its last EDIT words.
 const edited = (text) => (EDIT ? text.split(' ').slice(0, -EDIT).join(' ') : text);
 
@@ -146,6 +151,7 @@ for (let t = 1; t <= T; t++) {
   for (let k = 0; k < N; k++) {
     const s = (t - 1 + k) % N; // rotate who goes first
     convs[s].push({ role: 'user', content: user });
+    if (GAP) await new Promise((res) => setTimeout(res, GAP));
     let x;
     try {
       x = await chat(urls[s], convs[s], MT);
@@ -208,7 +214,7 @@ const md = [`| ${hdr.join(' | ')} |`, `|${hdr.map(() => '--:').join('|')}|`, ...
 const lines = [md.join('\n'), ''];
 const last = res[0][T - 1];
 lines.push(`One conversation of ${T} turns: a ${SW}-word system prompt, ${UW}-word user messages, replies of at most ` +
-  `${MT} tokens (greedy, streamed, cache_prompt)${EDIT ? `, each sent back in the history less its last ${EDIT} word(s)` : ''}, grown to ${f(last.prompt + last.completion)} tokens ` +
+  `${MT} tokens (greedy, streamed, cache_prompt)${EDIT ? `, each sent back in the history less its last ${EDIT} word(s)` : ''}${GAP ? `, ${GAP} ms between requests` : ''}, grown to ${f(last.prompt + last.completion)} tokens ` +
   `(${shorts[0]}'s). Every server keeps its own history (its own replies); turn t goes to every server before turn ` +
   `t+1, rotating who goes first. TTFT: client-side, to the first content chunk. cached/new: the prompt tokens the ` +
   `server reused / prefilled (timings.cache_n / timings.prompt_n, else usage.prompt_tokens_details.cached_tokens). ` +

@@ -47,6 +47,8 @@
 #   EDIT_REPLIES [0]  replies go back into the history less their last N words,
 #                so every turn diverges inside the reply the server holds
 #                (turns_peer.mjs --edit-replies)
+#   GAP_MS [0]   wait before each request, so that no server's polling threads
+#                still hold the cores (turns_peer.mjs --gap-ms)
 # Writes bench/out/NAME.{md,csv}, bench/out/NAME_ttft.csv, the servers' logs
 # bench/out/NAME-*.log and docs/img/NAME.png; prints
 # the markdown table.
@@ -54,15 +56,16 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 TURNS=${TURNS:-10} SYS_WORDS=${SYS_WORDS:-300} MSG_WORDS=${MSG_WORDS:-60} MAX_TOKENS=${MAX_TOKENS:-32}
-EDIT_REPLIES=${EDIT_REPLIES:-0}
+EDIT_REPLIES=${EDIT_REPLIES:-0} GAP_MS=${GAP_MS:-0}
 THREADS=${THREADS:-2} SLOTS=${SLOTS:-2} CTX=${CTX:-4096}
 SERVERS=${SERVERS:-kvstash,llama-server}
 KS_ARGS=${KS_ARGS:-} PEER_ARGS=${PEER_ARGS:-} FLOOR=${FLOOR:-0} NAME=${NAME:-turns_peer}
 OUT=$ROOT/bench/out IMG=$ROOT/docs/img
 SETTINGS="TURNS=$TURNS SYS_WORDS=$SYS_WORDS MSG_WORDS=$MSG_WORDS MAX_TOKENS=$MAX_TOKENS"
 [ "$EDIT_REPLIES" != 0 ] && SETTINGS+=" EDIT_REPLIES=$EDIT_REPLIES"
+[ "$GAP_MS" != 0 ] && SETTINGS+=" GAP_MS=$GAP_MS"
 MEASURE=(node "$ROOT/bench/turns_peer.mjs" --turns "$TURNS" --sys-words "$SYS_WORDS" --msg-words "$MSG_WORDS"
-    --max-tokens "$MAX_TOKENS" --edit-replies "$EDIT_REPLIES" --out "$OUT" --prefix "$NAME")
+    --max-tokens "$MAX_TOKENS" --edit-replies "$EDIT_REPLIES" --gap-ms "$GAP_MS" --out "$OUT" --prefix "$NAME")
 command -v node >/dev/null 2>&1 || { echo "turns_peer.sh: node is required" >&2; exit 1; }
 mkdir -p "$OUT"
 
