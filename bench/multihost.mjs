@@ -7,6 +7,10 @@
 //   --bin B --model M --out D --threads N (every server)   --hosts N [2]
 //   --convs N [20] --turns N [5] --sys-words N [400] --msg-words N [40] --max-tokens N [16]
 //   --redis-server PATH [redis-server]
+//   --gap-ms N [500]  pause before each measured request: a server's CPU threads
+//                 keep polling for work a while after its request (the cache-off
+//                 server's, right before each turn of the redis setup), taking the
+//                 cores from the next request (docs/BENCHMARKS.md, side-by-side artefact)
 //   --rows FILE   no run: the floors and tables again from an earlier run's multihost_rows.json
 // Environment: MH_LOG=debug gives the servers --log debug (restore and chunk-read times).
 //
@@ -43,6 +47,7 @@ const OUT = path.resolve(str('out', path.join(ROOT, 'bench/out')));
 const REDIS = str('redis-server', 'redis-server');
 const THREADS = num('threads', 2), HOSTS = num('hosts', 2), CONVS = num('convs', 20), TURNS = num('turns', 5);
 const SYS_WORDS = num('sys-words', 400), MSG_WORDS = num('msg-words', 40), MAX_TOKENS = num('max-tokens', 16);
+const GAP_MS = num('gap-ms', 500);
 fs.mkdirSync(OUT, { recursive: true });
 const TMP = fs.mkdtempSync(path.join(os.tmpdir(), 'kvstash-multihost-'));
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
@@ -151,6 +156,7 @@ async function run() {
       for (let c = 0; c < CONVS; c++) {
         const msgs = history[c].slice(0, 1 + 2 * t).concat([{ role: 'user', content: userMsg(c, t) }]);
         const host = hosts[(c + t) % n];
+        if (GAP_MS) await sleep(GAP_MS);
         const r = await streamChat(host.url, body(msgs));
         await settle(host);
         const row = { setup, conv: c, turn: t + 1, host: (c + t) % n, prompt: r.usage.prompt_tokens,
@@ -162,9 +168,11 @@ async function run() {
         let ref;
         if (setup === 'redis') {
           // The reference (cache-off) reply, its cold TTFT, and the new tokens' fresh prefill.
+          if (GAP_MS) await sleep(GAP_MS);
           ref = await streamChat(off.url, body(msgs));
           row.cold = ref.ttft;
           const nNew = Math.max(1, row.prompt - row.cached);
+          if (GAP_MS) await sleep(GAP_MS);
           const fresh = await streamChat(off.url, body([{ role: 'user', content: words(Math.max(1, nNew - 9), 777 + t * 97 + c) }], 1));
           row.fresh_new = fresh.ttft;
           row.fresh_tokens = fresh.usage.prompt_tokens;
