@@ -337,7 +337,10 @@ static int parse_header(const uint8_t *h, uint32_t hlen, uint64_t fsize, ks_kvfi
     m->flags = get32(h + OFF_FLAGS);
     if (m->flags & ~(uint32_t)KNOWN_FLAGS) return KS_EVERSION; /* a feature this reader does not know */
     size_t tlen = trailer_len(m->flags);
-    if (m->reason >= KS_REASON__N || m->n_tokens > KS_KVFILE_MAX_TOKENS ||
+    /* REASON6 is set exactly when the reason is one added after pins (the
+     * writer's rule): a file that says otherwise was not written by kvstash */
+    if (m->reason >= KS_REASON__N || (m->reason > KS_REASON_PIN) != !!(m->flags & KS_KVFILE_FLAG_REASON6) ||
+        m->n_tokens > KS_KVFILE_MAX_TOKENS ||
         m->payload_len > KS_KVFILE_MAX_PAYLOAD ||
         fsize != (uint64_t)KS_KVFILE_HEADER_LEN + 4ull * m->n_tokens + m->payload_len + 8 + tlen)
         return KS_ECORRUPT;

@@ -102,7 +102,8 @@ static bool read_whole(const char *path, uint8_t **out, size_t *n) {
 static void check_rewrite(const uint8_t *d, size_t n, const ks_kvfile_meta *m, const int32_t *toks,
                           const uint8_t *payload) {
     static const uint8_t zero[8];
-    if (m->flags != KS_KVFILE_FLAG_PIN || memcmp(d + 144, zero, 8) != 0) return;
+    uint32_t flags = KS_KVFILE_FLAG_PIN | (m->reason > KS_REASON_PIN ? KS_KVFILE_FLAG_REASON6 : 0);
+    if (m->flags != flags || memcmp(d + 144, zero, 8) != 0) return; /* as every writer since pins writes */
     bool existed = true;
     uint64_t bytes = 0;
     char orphan[PATH_MAX];
@@ -218,14 +219,19 @@ static bool repair(uint8_t *c, size_t n) {
         if (n_tokens > room / 4) n_tokens = (uint32_t)(room / 4);
         put32(c + 24, n_tokens);
         put64(c + 32, room - 4ull * n_tokens);
-        put32(c + 20, get32(c + 20) % KS_REASON__N);
+        uint32_t reason = get32(c + 20) % KS_REASON__N;
+        put32(c + 20, reason);
+        /* REASON6 exactly with a reason added after pins (kvfile.h) */
+        flags = (flags & ~(uint32_t)KS_KVFILE_FLAG_REASON6) | (reason > KS_REASON_PIN ? KS_KVFILE_FLAG_REASON6 : 0);
+        put32(c + 28, flags);
         sizes = true;
     }
     put64(c + hlen - 8, nonzero(XXH3_64bits(c, hlen - 8)));
     if (!sizes) return false;
     put64(c + n - tlen - 8, nonzero(XXH3_64bits(c, n - tlen - 8)));
     put64(c + n - 8, nonzero(XXH3_64bits(c + n - tlen, tlen - 8)));
-    return get32(c + 8) == KS_KVFILE_VERSION && (flags & ~(uint32_t)KS_KVFILE_FLAG_PIN) == 0;
+    return get32(c + 8) == KS_KVFILE_VERSION &&
+           (flags & ~(uint32_t)(KS_KVFILE_FLAG_PIN | KS_KVFILE_FLAG_REASON6)) == 0;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

@@ -177,6 +177,8 @@ static void test_round_trip(void **state) {
     assert_int_equal(m.flags, KS_KVFILE_FLAG_PIN);
 }
 
+static void reseal(uint8_t *b);
+
 /* A reason added after pins (checkpoint) sets flag REASON6, so that a
  * reader from before it refuses the file (another version) rather than
  * quarantining it as corrupt; this reader takes it. */
@@ -194,6 +196,25 @@ static void test_reason_after_pins(void **state) {
     assert_int_equal(ks_kvfile_read(f->path, &e, &m, NULL, NULL), 0);
     assert_int_equal(m.hits, 2);
     assert_int_equal(m.reason, KS_REASON_CHECKPOINT);
+
+    /* The flag without such a reason, or such a reason without the flag: no
+     * kvstash wrote that file (a rewrite would differ); corrupt (found by
+     * fuzz_kvfile). */
+    uint8_t b[4096];
+    FILE *fp = fopen(f->path, "rb");
+    assert_non_null(fp);
+    size_t n = fread(b, 1, sizeof b, fp);
+    fclose(fp);
+    uint32_t finish = KS_REASON_FINISH, pin_only = KS_KVFILE_FLAG_PIN;
+    for (int k = 0; k < 2; k++) {
+        uint8_t c[4096];
+        memcpy(c, b, n);
+        if (k == 0) memcpy(c + 20, &finish, 4);   /* reason finish, flag REASON6 */
+        else memcpy(c + 28, &pin_only, 4);        /* reason checkpoint, no REASON6 */
+        reseal(c);
+        spit(f->path, c, n);
+        assert_int_equal(ks_kvfile_read_meta(f->path, &m), KS_ECORRUPT);
+    }
 }
 
 /* ks_kvfile_read_buf: the payload lands in the caller's buffer, reused when
