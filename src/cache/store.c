@@ -572,7 +572,7 @@ void ks_store_stats(ks_store *s, struct ks_store_stats *o) {
     o->save_ms_total = (double)atomic_load(&s->save_us) / 1000.0;
     o->restore_ms_total = (double)atomic_load(&s->restore_us) / 1000.0;
     pthread_mutex_lock(&s->mu);
-    o->queued = (uint64_t)s->n_queued;
+    o->queued = (uint64_t)(s->n_queued + s->n_writing);
     pthread_mutex_unlock(&s->mu);
 }
 

@@ -252,7 +252,8 @@ struct ks_store_stats {
     uint64_t skipped_files;                /* store file names that were not regular files (a
                                               FIFO, socket, directory, symlink...): skipped, never
                                               read, counted once per appearance (tier_file.c) */
-    uint64_t queued;                       /* saves waiting now */
+    uint64_t queued;                       /* jobs waiting now, or being written (all their tiers,
+                                              Redis included) */
     uint64_t pending_hits;                 /* hits served from a save not written yet */
     uint64_t pin_saves;                    /* pinned saves written (also in saves[KS_REASON_PIN]) */
     uint64_t pin_refreshes;                /* pins extended on states held already */

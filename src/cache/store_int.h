@@ -67,6 +67,7 @@ struct ks_store {
     int n_async;
     uint64_t async_bytes;
     int n_queued;
+    int n_writing;            /* 1 while the writer works on a job it took off the queue */
     bool stopping;
     double stop_deadline_ms;
 

@@ -303,6 +303,7 @@ void *ks__store_writer_main(void *arg) {
             s->head = j->next;
             if (!s->head) s->tail = NULL;
             s->n_queued--;
+            s->n_writing = 1;
             if (j->kind == JOB_SAVE && j->async) {
                 s->n_async--;
                 s->async_bytes -= j->len;
@@ -337,6 +338,7 @@ void *ks__store_writer_main(void *arg) {
         }
 
         pthread_mutex_lock(&s->mu);
+        s->n_writing = 0;
         if (j) {
             if (j->kind == JOB_SAVE) {
                 if (ks_keymap_get(&s->pending, &j->key) == j) ks_keymap_del(&s->pending, &j->key);

@@ -248,7 +248,7 @@ void ks_metrics_store(void *ud, ks_prom *p) {
     ks_prom_counter(p, "kvstash_store_pending_hits_total",
                     "Hits served from a save the writer had not written yet (read your own writes).",
                     (double)st.pending_hits);
-    ks_prom_gauge(p, "kvstash_store_queued_saves", "Saves waiting for the writer thread.", (double)st.queued);
+    ks_prom_gauge(p, "kvstash_store_queued_saves", "Saves waiting for the writer thread or being written.", (double)st.queued);
     ks_prom_counter(p, "kvstash_store_load_seconds_total", "Reading and verifying hits.", st.load_ms_total / 1e3);
     ks_prom_counter(p, "kvstash_store_save_seconds_total", "Writing saves (writer thread).", st.save_ms_total / 1e3);
     if (!st.has_redis) return;

@@ -133,10 +133,17 @@ test('a conversation begun on host A continues on host B from Redis, with the sa
     assert.equal(mb.get('kvstash_store_redis_errors_total'), 0);
     assert.equal(mb.get('kvstash_store_redis_breaker_state'), 0);
     assert.equal(mb.get('kvstash_store_corrupt_files_total'), 0);
-    // The accounting in Redis matches the entries there.
-    const ms = manifests(redis, 'kvs-test');
+    // The accounting in Redis matches the entries there, once A's last save
+    // (turn 3's finish, written after the reply) is complete: a save counts its
+    // bytes before its manifest is written (too high meanwhile, never too low).
+    await settleStore(a);
+    let ms, sum;
+    await until(() => {
+      ms = manifests(redis, 'kvs-test');
+      sum = [...ms.values()].reduce((s, f) => s + Number(f[M.total]), 0);
+      return Number(redis.cli('GET', 'kvs-test:bytes')) === sum;
+    }, 'the writers to finish their Redis saves', 10000);
     assert.ok(ms.size >= 2, `manifests in Redis: ${ms.size}`);
-    const sum = [...ms.values()].reduce((s, f) => s + Number(f[M.total]), 0);
     assert.equal(Number(redis.cli('GET', 'kvs-test:bytes')), sum, 'kvs-test:bytes is the sum of the entries');
     assert.equal(Number(redis.cli('ZCARD', 'kvs-test:lru')), ms.size);
   } finally {
