@@ -820,7 +820,7 @@ void ks__policy_chunk_done(ks_sched *s, slot *sl) {
      * the store too (a whole state), for a slot, process or host that gets
      * the next turn without this slot's checkpoints. */
     if (sl->n_past == sl->snap_ckpt || sl->n_past == r->prompt.n) ckpt_take(s, sl, false);
-    if (s->ckpt_on && sl->n_past == r->prompt.n && !sl->no_store) ks__policy_save(s, sl, KS_REASON_CHECKPOINT, false);
+    if (s->ckpt_on && sl->n_past == r->prompt.n) ks__policy_save(s, sl, KS_REASON_CHECKPOINT, false);
     if (sl->n_past >= sl->snap_ckpt) sl->snap_ckpt = -1;
 }
 

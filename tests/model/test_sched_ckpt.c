@@ -68,8 +68,10 @@ static ks_sched *open_sched(ks_engine *e, int ckpt_max, size_t ckpt_bytes, int g
     return s;
 }
 
-static void once_on(ks_sched *s, const ks_tokens *prompt, bool cache, int n_sys, int slot, run *x) {
-    run_init(x);
+/* Submits a greedy request for prompt on the slot and waits for it; its
+ * result lands in x (on_done gets ud = the struct that starts with x). */
+static void submit_wait(ks_sched *s, const ks_tokens *prompt, bool cache, int n_sys, int slot, run *x,
+                        void (*on_done)(void *, const ks_req_result *), void *ud) {
     ks_req_params p = {0};
     p.tokens = prompt->v;
     p.n_tokens = prompt->n;
@@ -81,11 +83,16 @@ static void once_on(ks_sched *s, const ks_tokens *prompt, bool cache, int n_sys,
     p.sys_key = n_sys > 0 ? 0x5eed : 0;
     p.n_sys_tokens = n_sys;
     p.on_token = run_on_token;
-    p.on_done = run_on_done;
-    p.ud = x;
+    p.on_done = on_done;
+    p.ud = ud;
     assert_int_equal(ks_sched_submit(s, &p, NULL), 0);
     run_wait(x);
     assert_int_not_equal(x->res.finish, KS_FINISH_ERROR);
+}
+
+static void once_on(ks_sched *s, const ks_tokens *prompt, bool cache, int n_sys, int slot, run *x) {
+    run_init(x);
+    submit_wait(s, prompt, cache, n_sys, slot, x, run_on_done, x);
 }
 
 static void once(ks_sched *s, const ks_tokens *prompt, bool cache, int n_sys, run *x) {
@@ -110,27 +117,27 @@ static void on_done_logits(void *ud, const ks_req_result *res) {
 static void once_logits(ks_sched *s, const ks_tokens *prompt, bool cache, int n_sys, logit_run *x) {
     x->lg = NULL;
     run_init(&x->r);
-    ks_req_params p = {0};
-    p.tokens = prompt->v;
-    p.n_tokens = prompt->n;
-    p.max_tokens = MAX_TOKENS;
-    p.sample = ks_sample_params_default();
-    p.cache_prompt = cache;
-    p.want_logits = true;
-    p.preferred_slot = 0;
-    p.sys_key = n_sys > 0 ? 0x5eed : 0;
-    p.n_sys_tokens = n_sys;
-    p.on_token = run_on_token;
-    p.on_done = on_done_logits;
-    p.ud = x;
-    assert_int_equal(ks_sched_submit(s, &p, NULL), 0);
-    run_wait(&x->r);
-    assert_int_not_equal(x->r.res.finish, KS_FINISH_ERROR);
+    submit_wait(s, prompt, cache, n_sys, 0, &x->r, on_done_logits, x);
     assert_non_null(x->lg);
 }
 
 static void tokenize(ks_engine *e, const char *text, bool add_special, ks_tokens *out) {
     assert_int_equal(ks_engine_tokenize(e, text, strlen(text), add_special, true, out), 0);
+}
+
+static void free_pair(ks_sched *s, ks_sched *u, ks_engine *e, ks_engine *e2) {
+    ks_sched_free(s);
+    ks_sched_free(u);
+    ks_engine_free(e);
+    ks_engine_free(e2);
+}
+
+/* Every turn after the first went back to a checkpoint; none was rebuilt. */
+static void assert_every_turn_restored(ks_sched *s) {
+    ks_sched_stats stt;
+    ks_sched_stats_get(s, &stt);
+    assert_int_equal((int)stt.cache.ckpt_restores, N_TURNS - 1);
+    assert_int_equal((int)stt.cache.partial_rm_rebuilds, 0);
 }
 
 typedef struct chat_report {
@@ -226,19 +233,15 @@ static void test_chat_keeps_previous_prompt(void **st) {
         snprintf(want, sizeof want, "checkpoint-at-token-%d", rep.n_prev_prompt[t]);
         assert_string_equal(rep.reason[t], want);
     }
+    assert_every_turn_restored(s);
     ks_sched_stats stt;
     ks_sched_stats_get(s, &stt);
-    assert_int_equal((int)stt.cache.ckpt_restores, N_TURNS - 1);
-    assert_int_equal((int)stt.cache.partial_rm_rebuilds, 0);
     /* the system prompt's and each prompt end's; 3 kept */
     assert_int_equal((int)stt.cache.ckpt_saves, N_TURNS + 1);
     assert_int_equal((int)stt.cache.ckpt_drops, N_TURNS + 1 - 3);
     ks_sched_stats_get(u, &stt);
     assert_int_equal((int)stt.cache.ckpt_restores, 0);
-    ks_sched_free(s);
-    ks_sched_free(u);
-    ks_engine_free(e);
-    ks_engine_free(e2);
+    free_pair(s, u, e, e2);
 }
 
 /* The defaults (generation checkpoints every 16 tokens, a reply keeps its
@@ -263,14 +266,8 @@ static void test_chat_keeps_reply(void **st) {
         beyond += rep.n_cached[t] > rep.n_prev_prompt[t];
     }
     assert_true(beyond >= 1); /* some reply was long enough for a generation checkpoint */
-    ks_sched_stats stt;
-    ks_sched_stats_get(s, &stt);
-    assert_int_equal((int)stt.cache.ckpt_restores, N_TURNS - 1);
-    assert_int_equal((int)stt.cache.partial_rm_rebuilds, 0);
-    ks_sched_free(s);
-    ks_sched_free(u);
-    ks_engine_free(e);
-    ks_engine_free(e2);
+    assert_every_turn_restored(s);
+    free_pair(s, u, e, e2);
 }
 
 /* A recurrent model (tiny-mamba, no KV at all): the same checkpoints serve
@@ -290,14 +287,8 @@ static void test_recurrent_chat(void **st) {
                      rep.reason[t]);
         assert_int_equal(strncmp(rep.reason[t], "checkpoint-at-token-", 20), 0);
     }
-    ks_sched_stats stt;
-    ks_sched_stats_get(s, &stt);
-    assert_int_equal((int)stt.cache.ckpt_restores, N_TURNS - 1);
-    assert_int_equal((int)stt.cache.partial_rm_rebuilds, 0);
-    ks_sched_free(s);
-    ks_sched_free(u);
-    ks_engine_free(e);
-    ks_engine_free(e2);
+    assert_every_turn_restored(s);
+    free_pair(s, u, e, e2);
 }
 
 /* A budget of 0 (or a count of 0) is today's rebuild: every turn after the
@@ -317,10 +308,7 @@ static void test_no_budget_rebuilds(void **st) {
     ks_sched_stats_get(s, &stt);
     assert_int_equal((int)stt.cache.ckpt_saves, 0);
     assert_int_equal((int)stt.cache.partial_rm_rebuilds, N_TURNS - 1);
-    ks_sched_free(s);
-    ks_sched_free(u);
-    ks_engine_free(e);
-    ks_engine_free(e2);
+    free_pair(s, u, e, e2);
 }
 
 /* A conversation that changes its last user message goes back to the
@@ -390,10 +378,7 @@ static void test_earlier_checkpoints(void **st) {
     ks_tokens_free(&p2);
     ks_tokens_free(&p3);
     ks_tokens_free(&t);
-    ks_sched_free(s);
-    ks_sched_free(u);
-    ks_engine_free(e);
-    ks_engine_free(e2);
+    free_pair(s, u, e, e2);
 }
 
 /* The first two turns of a conversation: p1 (system + a question) and p2,
@@ -459,10 +444,7 @@ static void test_copy_takes_checkpoints(void **st) {
     ks_tokens_free(&sys_t);
     ks_tokens_free(&p1);
     ks_tokens_free(&p2);
-    ks_sched_free(s);
-    ks_sched_free(u);
-    ks_engine_free(e);
-    ks_engine_free(e2);
+    free_pair(s, u, e, e2);
 }
 
 /* Sub-agents on fewer slots, through the store: conversation A's turn 1,
