@@ -233,6 +233,7 @@ void ks_store_close(ks_store *s) {
         pthread_mutex_unlock(&s->mu);
         pthread_join(s->writer, NULL);
     }
+    ks__store_prefetch_clear(s);
     for (int t = 0; t < KS_TIER__N; t++) ks_tier_close(s->tiers[t]);
     ks_keymap_free(&s->pending);
     pthread_cond_destroy(&s->done_cv);
@@ -563,6 +564,10 @@ void ks_store_stats(ks_store *s, struct ks_store_stats *o) {
     /* Bad files met by lookups, plus those the tiers' scans and saves moved aside. */
     o->corrupt_files = atomic_load(&s->corrupt_files);
     o->pending_hits = atomic_load(&s->pending_hits);
+    o->prefetches = atomic_load(&s->prefetches);
+    o->prefetch_fetched = atomic_load(&s->prefetch_fetched);
+    o->prefetch_used = atomic_load(&s->prefetch_used);
+    o->prefetch_dropped = atomic_load(&s->prefetch_dropped);
     for (int t = 0; t < KS_TIER__N; t++)
         if (s->tiers[t]) {
             o->corrupt_files += atomic_load(&s->tiers[t]->n_bad);

@@ -28,11 +28,15 @@
  *  - Hit statistics are kept in memory and written back to the files'
  *    trailers by the writer thread about once a second and at close.
  *  - The redis tier (tier.h, tier_redis.c), when configured, is shared with
- *    the servers of other hosts: a lookup asks it only for the lengths
- *    longer than what a local tier or the save queue holds (one pipelined
- *    round trip for every candidate's manifest, one for the chunks). A state
- *    restored from it is not copied into the ram tier: that copy, on the
- *    inference thread, cost 5-20 ms per 6 MB state (first-touch page faults;
+ *    the servers of other hosts: it is asked only for the lengths longer
+ *    than what a local tier, the save queue or a prefetched state holds (one
+ *    pipelined round trip for every candidate's manifest, one for the
+ *    chunks). Who asks: ks_store_prefetch, on the thread that submits a
+ *    request, which keeps the state it fetched for the lookup that comes for
+ *    it; a lookup asks Redis itself only when prefetching is off
+ *    (ks_store_set_remote_prefetch), so a slow Redis never holds up the
+ *    inference thread. A state restored from it is not copied into the ram
+ *    tier: that copy cost 5-20 ms per 6 MB state (first-touch page faults;
  *    docs/BENCHMARKS.md), and the turn's own finish save lands locally. Saves of the
  *    reasons in cfg.redis.reasons go to it besides their local tier, on the
  *    writer thread; a save the caller waits for waits for its local tier
@@ -149,6 +153,8 @@ typedef struct ks_store_hit {
     const uint8_t *payload; /* the llama sequence state */
     size_t payload_len;
     double load_ms;         /* reading and verifying it */
+    double prefetch_ms;     /* a prefetched state: what its fetch took on the submitting
+                               thread (load_ms is then ~0) */
     ks_tier_blob blob_;     /* internal */
 } ks_store_hit;
 
@@ -173,6 +179,25 @@ int ks_store_lookup(ks_store *s, const int32_t *tokens, int n, int max_len, ks_s
  * state it would not use. */
 int ks_store_lookup_range(ks_store *s, const int32_t *tokens, int n, int min_len, int max_len,
                           ks_store_hit *hit);
+
+/* Remote prefetch (the redis tier). ks_store_prefetch asks Redis, on the
+ * calling thread, for the longest stored prefix of tokens[0, min(n,
+ * max_len)) (max_len < 0: no cap) longer than what the local tiers, the save
+ * queue and the states prefetched before hold; fetches and verifies it (as a
+ * lookup would) and keeps it for the next lookup that reaches its length,
+ * which takes it. At most KS_PREFETCH_MAX states wait, within the queue's
+ * byte budget, for at most two minutes (store_int.h); one never taken is
+ * dropped (counted). Bounded by the tier's timeouts and skipped while its
+ * breaker is open. Returns 1 when a state was fetched, 0 when none was (no
+ * redis tier, Redis down, nothing longer there), KS_EINVAL, KS_ENOMEM.
+ * Thread-safe; a lookup never waits for it.
+ * ks_store_set_remote_prefetch(s, true): lookups stop asking Redis
+ * themselves and only take prefetched states (the scheduler sets it and
+ * prefetches at submit). Off by default. */
+int ks_store_prefetch(ks_store *s, const int32_t *tokens, int n, int max_len);
+void ks_store_set_remote_prefetch(ks_store *s, bool on);
+/* Whether ks_store_prefetch can do anything: a redis tier is configured. */
+bool ks_store_has_remote(const ks_store *s);
 
 /* Saves the state of tokens[0, n) for reason into cfg.reason_tier[reason].
  * Takes ownership of payload (malloc'd; freed by the store on every path,
@@ -255,6 +280,11 @@ struct ks_store_stats {
     uint64_t queued;                       /* jobs waiting now, or being written (all their tiers,
                                               Redis included) */
     uint64_t pending_hits;                 /* hits served from a save not written yet */
+    uint64_t prefetches;                   /* ks_store_prefetch calls that asked Redis */
+    uint64_t prefetch_fetched;             /* states they fetched */
+    uint64_t prefetch_used;                /* of those, taken by a lookup */
+    uint64_t prefetch_dropped;             /* of those, dropped unused (old, over the cap, or a
+                                              lookup that needed less) */
     uint64_t pin_saves;                    /* pinned saves written (also in saves[KS_REASON_PIN]) */
     uint64_t pin_refreshes;                /* pins extended on states held already */
     uint64_t tier_pinned_bytes[KS_TIER__N];   /* current: entries pinned now (of this process's view) */

@@ -46,6 +46,24 @@ typedef struct job {
     int result;
 } job;
 
+/* A state fetched from Redis by ks_store_prefetch, kept for the lookup that
+ * comes for it (store_lookup.c). */
+typedef struct prefetched {
+    ks_key key;
+    int n;
+    int32_t *tokens;       /* [0, n): compared again at the lookup */
+    ks_tier_blob blob;     /* the verified payload */
+    ks_reason reason;
+    double t_ms;           /* when it was fetched (ks_now_ms) */
+    double fetch_ms;       /* how long the fetch took */
+} prefetched;
+
+/* At most this many states wait for their lookup, and at most
+ * queue_max_bytes of them (the newest always fits); one not taken within
+ * KS_PREFETCH_AGE_MS is dropped. */
+#define KS_PREFETCH_MAX 8
+#define KS_PREFETCH_AGE_MS 120000.0
+
 struct ks_store {
     ks_store_cfg cfg;
     uint8_t fp[32];
@@ -70,6 +88,11 @@ struct ks_store {
     int n_writing;            /* 1 while the writer works on a job it took off the queue */
     bool stopping;
     double stop_deadline_ms;
+    /* prefetched states (under mu), oldest first */
+    prefetched pf[KS_PREFETCH_MAX];
+    int n_pf;
+    uint64_t pf_bytes;
+    _Atomic bool remote_prefetch; /* lookups leave Redis to ks_store_prefetch */
 
     /* counters */
     _Atomic uint64_t lookups, hits, misses;
@@ -78,6 +101,7 @@ struct ks_store {
     _Atomic uint64_t dedup_saves, small_saves, dropped_saves, skipped_saves, failed_saves;
     _Atomic uint64_t corrupt_files;
     _Atomic uint64_t pending_hits;
+    _Atomic uint64_t prefetches, prefetch_fetched, prefetch_used, prefetch_dropped;
     _Atomic uint64_t pin_saves, pin_refreshes, tier_pin_drops[KS_TIER__N];
     _Atomic uint64_t load_us, save_us, restore_us;
 };
@@ -102,6 +126,8 @@ void ks__store_enqueue_locked(ks_store *s, job *j);
 int ks__store_wait_job_locked(ks_store *s, job *j, int timeout_ms);
 /* Queues a barrier-like job (GC/FLUSH) and waits for it. */
 int ks__store_run_waited(ks_store *s, job_kind kind, int timeout_ms);
+/* Frees every prefetched state (store_lookup.c; close). */
+void ks__store_prefetch_clear(ks_store *s);
 /* The writer thread (store_writer.c). */
 void *ks__store_writer_main(void *arg);
 

@@ -133,11 +133,12 @@ static int redis_get(ks_store *s, const ks_key *key, const ks_redis_manifest *m,
     return KS_ENOENT;
 }
 
-/* Whether a save not written yet or a local tier holds key: a lookup then
- * needs nothing of Redis at that length or below. */
+/* Whether a save not written yet, a prefetched state or a local tier holds
+ * key: a lookup then needs nothing of Redis at that length or below. */
 static bool held_locally(ks_store *s, const ks_key *key) {
     pthread_mutex_lock(&s->mu);
     bool queued = ks_keymap_get(&s->pending, key) != NULL;
+    for (int i = 0; i < s->n_pf && !queued; i++) queued = ks_key_eq(&s->pf[i].key, key);
     pthread_mutex_unlock(&s->mu);
     if (queued) return true;
     for (int t = 0; t < KS_TIER__LOCAL; t++) {
@@ -185,6 +186,102 @@ static int pending_get(ks_store *s, const ks_key *key, const int32_t *tokens, in
     return rc;
 }
 
+/* ------------------------------------------------------------- prefetch */
+/* Removes pf[i] (mu held); its memory goes to the caller's *out or is freed. */
+static void pf_remove_locked(ks_store *s, int i, prefetched *out) {
+    prefetched e = s->pf[i];
+    memmove(&s->pf[i], &s->pf[i + 1], (size_t)(s->n_pf - i - 1) * sizeof *s->pf);
+    s->n_pf--;
+    s->pf_bytes -= e.blob.len;
+    if (out) {
+        *out = e;
+        return;
+    }
+    ks_tier_blob_release(&e.blob);
+    free(e.tokens);
+}
+
+/* Drops the states older than KS_PREFETCH_AGE_MS (mu held). */
+static void pf_expire_locked(ks_store *s, double now) {
+    while (s->n_pf > 0 && now - s->pf[0].t_ms > KS_PREFETCH_AGE_MS) {
+        pf_remove_locked(s, 0, NULL);
+        atomic_fetch_add(&s->prefetch_dropped, 1);
+    }
+}
+
+void ks__store_prefetch_clear(ks_store *s) {
+    pthread_mutex_lock(&s->mu);
+    while (s->n_pf > 0) pf_remove_locked(s, 0, NULL);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Keeps hit (of key) for a lookup: takes its blob (hit is zeroed). Oldest
+ * states make room; the newest always stays. */
+static void pf_keep(ks_store *s, const ks_key *key, const int32_t *tokens, ks_store_hit *hit, double fetch_ms) {
+    int32_t *tk = malloc((size_t)hit->n_tokens * sizeof *tk);
+    if (!tk) {
+        ks_store_hit_free(hit);
+        atomic_fetch_add(&s->prefetch_dropped, 1);
+        return;
+    }
+    memcpy(tk, tokens, (size_t)hit->n_tokens * sizeof *tk);
+    prefetched e = {.key = *key, .n = hit->n_tokens, .tokens = tk, .blob = hit->blob_, .reason = hit->reason,
+                    .t_ms = ks_now_ms(), .fetch_ms = fetch_ms};
+    memset(hit, 0, sizeof *hit);
+    hit->tier = KS_TIER_NONE;
+    pthread_mutex_lock(&s->mu);
+    pf_expire_locked(s, e.t_ms);
+    for (int i = 0; i < s->n_pf; i++)
+        if (ks_key_eq(&s->pf[i].key, key)) { /* another request fetched it meanwhile */
+            pthread_mutex_unlock(&s->mu);
+            ks_tier_blob_release(&e.blob);
+            free(tk);
+            atomic_fetch_add(&s->prefetch_dropped, 1);
+            return;
+        }
+    while (s->n_pf > 0 && (s->n_pf == KS_PREFETCH_MAX || s->pf_bytes + e.blob.len > s->queue_max_bytes)) {
+        pf_remove_locked(s, 0, NULL);
+        atomic_fetch_add(&s->prefetch_dropped, 1);
+    }
+    s->pf[s->n_pf++] = e;
+    s->pf_bytes += e.blob.len;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* The prefetched state of key (tokens[0, n)): moved into hit (0), else
+ * KS_ENOENT. */
+static int pf_take(ks_store *s, const ks_key *key, const int32_t *tokens, int n, ks_store_hit *hit) {
+    prefetched e;
+    bool got = false;
+    pthread_mutex_lock(&s->mu);
+    for (int i = 0; i < s->n_pf; i++)
+        if (ks_key_eq(&s->pf[i].key, key) && s->pf[i].n == n &&
+            memcmp(s->pf[i].tokens, tokens, (size_t)n * sizeof *tokens) == 0) {
+            pf_remove_locked(s, i, &e);
+            got = true;
+            break;
+        }
+    pthread_mutex_unlock(&s->mu);
+    if (!got) return KS_ENOENT;
+    free(e.tokens);
+    hit->blob_ = e.blob;
+    hit->n_tokens = n;
+    hit->tier = KS_TIER_REDIS;
+    hit->reason = e.reason;
+    hit->payload = e.blob.payload;
+    hit->payload_len = e.blob.len;
+    hit->load_ms = 0;
+    hit->prefetch_ms = e.fetch_ms;
+    atomic_fetch_add(&s->prefetch_used, 1);
+    return 0;
+}
+
+void ks_store_set_remote_prefetch(ks_store *s, bool on) {
+    if (s) atomic_store(&s->remote_prefetch, on);
+}
+
+bool ks_store_has_remote(const ks_store *s) { return s && s->tiers[KS_TIER_REDIS]; }
+
 /* The manifests Redis holds for the candidate lengths of a lookup. */
 typedef struct remote_found {
     bool *found;               /* [k]: a manifest for lens[i] */
@@ -196,11 +293,11 @@ typedef struct remote_found {
  * such candidate length, and for the lengths of the model's entries in
  * Redis (states saved at any length by other hosts, e.g. `finish`). Lengths
  * found that way, longer than every manifest found, get a second round trip
- * and are tried here, longest first: 0 and *hit on a hit. Otherwise *rf
+ * and are tried here, longest first: 0 and *hit (of *hit_key) on a hit. Otherwise *rf
  * holds the manifests for the caller's walk and KS_ENOENT is returned (or
  * KS_ENOMEM). Redis unreachable: KS_ENOENT and nothing found. */
 static int redis_probe(ks_store *s, const int32_t *tokens, const int *lens, const ks_key *keys, int k, int min_len,
-                       int lim, remote_found *rf, ks_store_hit *hit) {
+                       int lim, remote_found *rf, ks_store_hit *hit, ks_key *hit_key) {
     enum { XCAP = 4096 };
     ks_tier *rt = s->tiers[KS_TIER_REDIS];
     int rc = KS_ENOENT, above = 0, first = k, nx = 0;
@@ -249,6 +346,7 @@ static int redis_probe(ks_store *s, const int32_t *tokens, const int *lens, cons
         goto done;
     for (int i = u - 1; i >= 0; i--)
         if (xfound[i] && redis_get(s, &xkeys[i], &xmans[i], tokens, xl[i], hit) == 0) {
+            *hit_key = xkeys[i];
             rc = 0;
             goto done;
         }
@@ -260,13 +358,17 @@ done:
     return rc;
 }
 
-/* One walk over the candidate lengths, longest first. 0 with *hit filled, or
- * KS_ENOENT / KS_ENOMEM. */
-static int probe(ks_store *s, const int32_t *tokens, int min_len, int lim, ks_store_hit *hit) {
-    int rc = KS_ENOENT, k = 0;
-    remote_found remote = {0};
+/* The candidate lengths of a lookup of tokens[0, lim), ascending, and their
+ * keys: every stride multiple, every length a tier holds, of the saves not
+ * written yet and of the prefetched states. 0 with *lens, *keys (malloc'd;
+ * both NULL when *k is 0), or KS_ENOMEM. */
+static int candidates(ks_store *s, const int32_t *tokens, int lim, int **lens_out, ks_key **keys_out, int *k_out) {
+    int k = 0;
     int *lens = NULL;
     ks_key *keys = NULL;
+    *lens_out = NULL;
+    *keys_out = NULL;
+    *k_out = 0;
     uint64_t n_entries = 0;
     for (int t = 0; t < KS_TIER__N; t++) {
         uint64_t e = 0;
@@ -275,54 +377,76 @@ static int probe(ks_store *s, const int32_t *tokens, int min_len, int lim, ks_st
     }
     int n_stride = s->cfg.stride > 0 ? lim / s->cfg.stride : 0;
     pthread_mutex_lock(&s->mu);
-    int n_queued = (int)s->pending.n;
+    int n_queued = (int)s->pending.n + s->n_pf;
     pthread_mutex_unlock(&s->mu);
     /* Entries may be added while we collect: the cap just truncates. */
     int cap = n_stride + (int)(n_entries < (uint64_t)INT_MAX / 2 ? n_entries : (uint64_t)INT_MAX / 2) + n_queued + 16;
-    if (!(lens = malloc((size_t)cap * sizeof *lens))) {
-        rc = KS_ENOMEM;
-        goto done;
-    }
+    if (!(lens = malloc((size_t)cap * sizeof *lens))) return KS_ENOMEM;
     for (int i = 1; i <= n_stride; i++) lens[k++] = i * s->cfg.stride;
     for (int t = 0; t < KS_TIER__N; t++)
         if (s->tiers[t]) ks_tier_lengths(s->tiers[t], lim, lens, &k, cap);
     /* The lengths of saves not written yet too: queued, or being written
-     * (out of the queue already, still in `pending` until they complete). */
+     * (out of the queue already, still in `pending` until they complete);
+     * and of the prefetched states. */
     pthread_mutex_lock(&s->mu);
     for (size_t i = 0; i < s->pending.cap && k < cap; i++) {
         if (!ks_keymap_live(&s->pending, i)) continue;
         const job *q = s->pending.vals[i];
         if (q->kind == JOB_SAVE && q->n <= lim) lens[k++] = q->n;
     }
+    for (int i = 0; i < s->n_pf && k < cap; i++)
+        if (s->pf[i].n <= lim) lens[k++] = s->pf[i].n;
     pthread_mutex_unlock(&s->mu);
-    if (k == 0) goto done;
+    if (k == 0) {
+        free(lens);
+        return 0;
+    }
     qsort(lens, (size_t)k, sizeof *lens, int_cmp);
     int u = 0;
     for (int i = 0; i < k; i++)
         if (u == 0 || lens[i] != lens[u - 1]) lens[u++] = lens[i];
     k = u;
     if (!(keys = malloc((size_t)k * sizeof *keys))) {
-        rc = KS_ENOMEM;
-        goto done;
+        free(lens);
+        return KS_ENOMEM;
     }
     int kr = ks_key_prefixes(s->fp, s->kv_params, s->kv_len, tokens, lim, lens, k, keys);
     if (kr != 0) {
-        rc = kr;
-        goto done;
+        free(lens);
+        free(keys);
+        return kr;
     }
-    if (s->tiers[KS_TIER_REDIS] && ks_tier_redis_up(s->tiers[KS_TIER_REDIS])) {
-        int r = redis_probe(s, tokens, lens, keys, k, min_len, lim, &remote, hit);
+    *lens_out = lens;
+    *keys_out = keys;
+    *k_out = k;
+    return 0;
+}
+
+/* One walk over the candidate lengths, longest first. 0 with *hit filled, or
+ * KS_ENOENT / KS_ENOMEM. Redis is asked here only when prefetching is off. */
+static int probe(ks_store *s, const int32_t *tokens, int min_len, int lim, ks_store_hit *hit) {
+    int rc = KS_ENOENT, k = 0;
+    remote_found remote = {0};
+    int *lens = NULL;
+    ks_key *keys = NULL;
+    int cr = candidates(s, tokens, lim, &lens, &keys, &k);
+    if (cr != 0 || k == 0) return cr ? cr : KS_ENOENT;
+    ks_tier *rt = s->tiers[KS_TIER_REDIS];
+    if (rt && !atomic_load(&s->remote_prefetch) && ks_tier_redis_up(rt)) {
+        ks_key hk;
+        int r = redis_probe(s, tokens, lens, keys, k, min_len, lim, &remote, hit, &hk);
         if (r == 0 || r == KS_ENOMEM) {
             rc = r;
             goto done;
         }
     }
     for (int i = k - 1; i >= 0 && lens[i] >= min_len; i--) {
-        /* A save not written yet first (read your own writes), then the
-         * tiers: the writer puts an entry into its tier before the job
-         * leaves `pending`, so a save completing between the two checks is
-         * found by one of them (the other order could miss it in both). */
-        if (pending_get(s, &keys[i], tokens, lens[i], hit) == 0 ||
+        /* A prefetched state or a save not written yet first (read your own
+         * writes), then the tiers: the writer puts an entry into its tier
+         * before the job leaves `pending`, so a save completing between the
+         * two checks is found by one of them (the other order could miss it
+         * in both). */
+        if (pf_take(s, &keys[i], tokens, lens[i], hit) == 0 || pending_get(s, &keys[i], tokens, lens[i], hit) == 0 ||
             tiers_get(s, &keys[i], tokens, lens[i], hit) == 0 ||
             (remote.found && remote.found[i] && redis_get(s, &keys[i], &remote.mans[i], tokens, lens[i], hit) == 0)) {
             rc = 0;
@@ -330,6 +454,46 @@ static int probe(ks_store *s, const int32_t *tokens, int min_len, int lim, ks_st
         }
     }
 done:
+    free(remote.found);
+    free(remote.mans);
+    free(keys);
+    free(lens);
+    return rc;
+}
+
+int ks_store_prefetch(ks_store *s, const int32_t *tokens, int n, int max_len) {
+    if (!s || n < 0 || (n > 0 && !tokens)) return KS_EINVAL;
+    ks_tier *rt = s->tiers[KS_TIER_REDIS];
+    int lim = (max_len < 0 || max_len > n) ? n : max_len;
+    if (!rt || lim < 1 || !ks_tier_redis_up(rt)) return 0;
+    double t0 = ks_now_ms();
+    atomic_fetch_add(&s->prefetches, 1);
+    /* What the other processes of this host saved counts as local. */
+    for (int t = 0; t < KS_TIER__LOCAL; t++)
+        if (s->tiers[t]) ks_tier_rescan(s->tiers[t], 0);
+    int k = 0, rc = 0;
+    int *lens = NULL;
+    ks_key *keys = NULL, hk;
+    remote_found remote = {0};
+    ks_store_hit hit;
+    memset(&hit, 0, sizeof hit);
+    hit.tier = KS_TIER_NONE;
+    if ((rc = candidates(s, tokens, lim, &lens, &keys, &k)) != 0) return rc;
+    int r = k > 0 ? redis_probe(s, tokens, lens, keys, k, 1, lim, &remote, &hit, &hk) : KS_ENOENT;
+    for (int i = k - 1; r == KS_ENOENT && remote.found && i >= 0; i--)
+        if (remote.found[i] && redis_get(s, &keys[i], &remote.mans[i], tokens, lens[i], &hit) == 0) {
+            hk = keys[i];
+            r = 0;
+        }
+    if (r == 0) {
+        double ms = ks_now_ms() - t0;
+        atomic_fetch_add(&s->prefetch_fetched, 1);
+        KS_DEBUG("store", "prefetch: %d tokens from redis (%zu bytes, %.2f ms)", hit.n_tokens, hit.payload_len, ms);
+        pf_keep(s, &hk, tokens, &hit, ms);
+        rc = 1;
+    } else {
+        rc = r == KS_ENOMEM ? r : 0;
+    }
     free(remote.found);
     free(remote.mans);
     free(keys);

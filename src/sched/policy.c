@@ -358,7 +358,7 @@ static int store_restore(ks_sched *s, slot *sl, sreq *r, int *n_reuse, int beat,
     double ms = ks_now_ms() - t0;
     ks_store_note_restore(s->p.store, ms);
     snprintf(r->res.cache_tier, sizeof r->res.cache_tier, "%s", ks_tier_name(hit.tier));
-    r->res.restore_ms += ms; /* after a copy's, if any */
+    r->res.restore_ms += ms + hit.prefetch_ms; /* after a copy's, if any; a Redis fetch at submit too */
     s->cst.store_hits++;
     s->cst.store_restored_tokens += (uint64_t)hit.n_tokens;
     s->cst.store_restore_ms_total += ms;

@@ -417,6 +417,8 @@ int ks_sched_create(const ks_sched_params *p, ks_sched **out) {
     s->pairs = p->exact && ks_engine_partial_rm_ok(s->e) && !ks_engine_batch_invariant(s->e);
     /* Checkpoints where a trim needs them (policy.c "Checkpoints"). */
     s->ckpt_on = (ks_engine_is_hybrid(s->e) || ks_engine_is_recurrent(s->e)) && p->ckpt_max > 0 && p->ckpt_bytes > 0;
+    /* Lookups on the inference thread leave Redis to the prefetch at submit. */
+    if (p->store) ks_store_set_remote_prefetch(p->store, true);
     s->slots = calloc((size_t)s->n_slots, sizeof *s->slots);
     s->clear_pending = calloc((size_t)s->n_slots, sizeof *s->clear_pending);
     s->batch = ks_batch_create(s->n_batch);
@@ -484,6 +486,14 @@ int ks_sched_submit(ks_sched *s, const ks_req_params *p, uint64_t *id) {
         memcpy(r->hashes, p->msg_prefix_hash, sizeof(uint64_t) * (size_t)(p->n_msgs + 1));
     }
     r->t_submit = ks_now_ms();
+    /* Redis is asked here, on the submitting thread, never on the inference
+     * thread: the state it holds waits in the store for this request's
+     * lookup (store.h, ks_store_prefetch). The first token's time counts it. */
+    if (s->p.store && r->p.cache_prompt && s->p.cache_prompt && ks_store_has_remote(s->p.store)) {
+        int cap = r->prompt.n - 1, w = ks_engine_n_swa(s->e);
+        if (w > 0 && cap > w) cap = w; /* restore_cap (policy.c) */
+        ks_store_prefetch(s->p.store, r->prompt.v, r->prompt.n, cap);
+    }
     pthread_mutex_lock(&s->mu);
     if (s->stop) {
         pthread_mutex_unlock(&s->mu);

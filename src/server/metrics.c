@@ -269,6 +269,16 @@ void ks_metrics_store(void *ud, ks_prom *p) {
         {"kvstash_store_redis_read_bytes_total", "kvfile bytes read from Redis (hits).", (double)r->bytes_read},
         {"kvstash_store_redis_written_bytes_total", "kvfile bytes written to Redis.", (double)r->bytes_written},
         {"kvstash_store_redis_breaker_opens_total", "Times the circuit breaker opened.", (double)r->breaker_opens},
+        {"kvstash_store_redis_prefetches_total",
+         "Requests whose submitting thread asked Redis for a longer prefix than the local tiers hold.",
+         (double)st.prefetches},
+        {"kvstash_store_redis_prefetched_total", "States those prefetches fetched from Redis.",
+         (double)st.prefetch_fetched},
+        {"kvstash_store_redis_prefetch_used_total", "Prefetched states a lookup took (restored).",
+         (double)st.prefetch_used},
+        {"kvstash_store_redis_prefetch_dropped_total",
+         "Prefetched states dropped unused (too old, over the cap, or the slot held more).",
+         (double)st.prefetch_dropped},
     };
     for (size_t i = 0; i < sizeof rc / sizeof rc[0]; i++) ks_prom_counter(p, rc[i].name, rc[i].help, rc[i].v);
     ks_prom_gauge(p, "kvstash_store_redis_breaker_state", "Circuit breaker: 0 closed, 1 open (tier skipped), 2 half-open.",

@@ -130,6 +130,9 @@ test('a conversation begun on host A continues on host B from Redis, with the sa
     const mb = await metrics(b);
     assert.ok(mb.get('kvstash_store_tier_hits_total{tier="redis"}') >= 1);
     assert.ok(mb.get('kvstash_store_redis_read_bytes_total') > 0);
+    // B's submitting thread fetched it (the inference thread never asks Redis).
+    assert.ok(mb.get('kvstash_store_redis_prefetch_used_total') >= 1, 'B restored a prefetched state');
+    assert.ok(mb.get('kvstash_store_redis_prefetches_total') >= 1);
     assert.equal(mb.get('kvstash_store_redis_errors_total'), 0);
     assert.equal(mb.get('kvstash_store_redis_breaker_state'), 0);
     assert.equal(mb.get('kvstash_store_corrupt_files_total'), 0);
@@ -392,6 +395,41 @@ test('hybrid model: the next turn on host B restores the previous prompt from th
     await stopOk(a);
     await stopOk(b);
     await stopOk(ref);
+    await redis.stop();
+  }
+});
+
+// ------------------------------------------------------------------------ 8
+test('a Redis that does not answer holds up only the request that asks it, never the others', async () => {
+  const redis = await startRedis(path.join(root, 'r8'));
+  const url = `unix://${redis.sock}`;
+  // A long timeout: a lookup on the inference thread would stall every slot for 3 s.
+  const a = await host('a8', url, { timeout_ms: 3000, breaker_errors: 1, breaker_ms: 10000 });
+  try {
+    const order = [];
+    const m0 = await metrics(a);
+    // Redis stops answering; B (a new conversation) asks it for a prefix.
+    redis.cli('CLIENT', 'PAUSE', '8000', 'ALL');
+    const b = chat(a, [sys('Blocked'), { role: 'user', content: 'Hello?' }], { max_tokens: 2 })
+      .then((r) => { order.push('B'); return r; });
+    // B is in its lookup once its prefetch was counted.
+    await until(async () => (await metrics(a)).get('kvstash_store_redis_prefetches_total') >
+      (m0.get('kvstash_store_redis_prefetches_total') ?? 0), 'B to ask Redis', 2500, 20);
+    // C asks nothing of Redis (cache_prompt false) and must not wait for B's
+    // lookup: with lookups on the inference thread it would, and B (2 tokens)
+    // would end first.
+    const c = await chat(a, [sys('Free'), { role: 'user', content: 'Go.' }],
+      { max_tokens: 32, ignore_eos: true, cache_prompt: false });
+    order.push('C');
+    assert.equal(c.usage.completion_tokens, 32);
+    const br = await b;
+    assert.deepEqual(order, ['C', 'B'], 'C was held up by B\'s Redis lookup');
+    assert.equal(br.choices[0].finish_reason, 'length', 'B succeeded (a miss)');
+    const m = await metrics(a);
+    assert.ok(m.get('kvstash_store_redis_errors_total') >= 1, 'the timeout was counted');
+  } finally {
+    redis.kill9();
+    await stopOk(a);
     await redis.stop();
   }
 });
