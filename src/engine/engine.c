@@ -38,6 +38,8 @@ struct ks_engine {
     bool repack;    /* weights may be repacked (llama's use_extra_bufts) */
     double warm_ms; /* what the probe (the warm-up) took */
     size_t state_fixed, state_per_tok; /* a sequence state's bytes: fixed + per token (measured by the probe) */
+    struct ggml_threadpool *tp;        /* the context's persistent CPU thread pool (NULL: ggml's per-graph one) */
+    void (*tp_free)(struct ggml_threadpool *);
 };
 
 struct ks_batch {
@@ -289,6 +291,34 @@ static int check_gguf_file(const char *path, char *err, size_t errlen) {
     return 0;
 }
 
+/* The context's CPU thread pool, made once per engine, as llama-server's
+ * common_init does. Without one, ggml makes a pool for every graph: it
+ * starts n_threads - 1 threads and joins them again for each decoded token
+ * (docs/LLAMA_FACTS.md). Its workers poll for the next graph a while before
+ * they sleep (ggml's default level, 50): a token's graph starts without a
+ * wake-up. The CPU backend's functions come through its registry (it is
+ * loaded at run time). No pool (e.tp NULL) leaves ggml's default. */
+static void thread_pool(ks_engine *e, int n_threads) {
+    if (e->tp || n_threads < 2) return;
+    ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+    ggml_backend_reg_t reg = cpu ? ggml_backend_dev_backend_reg(cpu) : NULL;
+    if (!reg) return;
+    struct ggml_threadpool *(*tp_new)(struct ggml_threadpool_params *) =
+        (struct ggml_threadpool *(*)(struct ggml_threadpool_params *))ggml_backend_reg_get_proc_address(
+            reg, "ggml_threadpool_new");
+    void (*tp_free)(struct ggml_threadpool *) =
+        (void (*)(struct ggml_threadpool *))ggml_backend_reg_get_proc_address(reg, "ggml_threadpool_free");
+    if (!tp_new || !tp_free) {
+        KS_WARN(MOD, "the CPU backend exports no thread pool: ggml starts its threads for every graph");
+        return;
+    }
+    struct ggml_threadpool_params tpp;
+    ggml_threadpool_params_init(&tpp, n_threads);
+    e->tp = tp_new(&tpp);
+    e->tp_free = tp_free;
+    if (!e->tp) KS_WARN(MOD, "could not create a thread pool of %d threads: ggml starts them for every graph", n_threads);
+}
+
 int ks_engine_open(const ks_engine_params *p, ks_engine **out, char *err, size_t errlen) {
     *out = NULL;
     if (!p || !p->model_path || !p->model_path[0]) {
@@ -393,7 +423,9 @@ int ks_engine_open(const ks_engine_params *p, ks_engine **out, char *err, size_t
     if (p->type_v >= 0) cp.type_v = (enum ggml_type)p->type_v;
     e->type_k = cp.type_k;
     e->type_v = cp.type_v;
+    thread_pool(e, n_threads);
     e->ctx = llama_init_from_model(e->model, cp);
+    if (e->ctx && e->tp) llama_attach_threadpool(e->ctx, e->tp, NULL);
     if (!e->ctx) {
         ks_set_err(err, errlen, "could not create a context of %d tokens x %d sequences (out of memory?)",
                    n_ctx_seq, p->n_seq);
@@ -420,6 +452,7 @@ int ks_engine_open(const ks_engine_params *p, ks_engine **out, char *err, size_t
         mp.use_extra_bufts = false;
         e->model = llama_model_load_from_file(p->model_path, mp);
         e->ctx = e->model ? llama_init_from_model(e->model, cp) : NULL;
+        if (e->ctx && e->tp) llama_attach_threadpool(e->ctx, e->tp, NULL);
         if (!e->ctx) {
             ks_set_err(err, errlen, "model file '%s' could not be loaded again without weight repacking",
                        p->model_path);
@@ -445,6 +478,7 @@ fail:
 void ks_engine_free(ks_engine *e) {
     if (!e) return;
     if (e->ctx) llama_free(e->ctx);
+    if (e->tp) e->tp_free(e->tp); /* after the context that used it */
     if (e->model) llama_model_free(e->model);
     free(e->eog);
     free(e->path);
