@@ -4,11 +4,15 @@
 // own temp directory (never the system's). Every reply is compared with a
 // --no-cache-prompt server's (temperature 0): Redis may only make prefill
 // cheaper, never change an output — also when Redis dies, comes back, loses
-// chunks or refuses the password.
+// chunks or refuses the password. The TLS tests (rediss://) give redis-server
+// a TLS port on 127.0.0.1 with certificates made here by the openssl CLI: a
+// CA, a server certificate for localhost and 127.0.0.1, a client
+// certificate, and a second CA that signed none of them.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync, mkdirSync, writeFileSync, existsSync } from 'node:fs';
 import { spawn, spawnSync } from 'node:child_process';
+import net from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { startServer, stopOk, chat, metrics, sleep, settleStore, until, BIN, MODEL, makeSay } from './lib.mjs';
@@ -30,16 +34,64 @@ after(async () => {
   if (root) rmSync(root, { recursive: true, force: true });
 });
 
+// A free TCP port on 127.0.0.1 (for redis-server's TLS port).
+function freePort() {
+  return new Promise((resolve, reject) => {
+    const s = net.createServer();
+    s.on('error', reject);
+    s.listen(0, '127.0.0.1', () => { const { port } = s.address(); s.close(() => resolve(port)); });
+  });
+}
+
+// The certificates of the TLS tests, made once by the openssl CLI (P-256 keys: quick).
+let certsMemo;
+function certs() {
+  if (certsMemo) return certsMemo;
+  const dir = path.join(root, 'certs');
+  mkdirSync(dir, { recursive: true });
+  const ssl = (...a) => {
+    const r = spawnSync('openssl', a, { cwd: dir, encoding: 'utf8' });
+    assert.equal(r.status, 0, `openssl ${a.join(' ')}: ${r.stderr}`);
+  };
+  const ec = ['-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-days', '2'];
+  const ca = (name, cn) => ssl('req', '-x509', ...ec, '-keyout', `${name}.key`, '-out', `${name}.pem`, '-subj', `/CN=${cn}`,
+    '-addext', 'basicConstraints=critical,CA:TRUE', '-addext', 'keyUsage=critical,keyCertSign,cRLSign');
+  const leaf = (name, cn, ext) => {
+    writeFileSync(path.join(dir, `${name}.ext`), ext);
+    ssl('req', ...ec, '-keyout', `${name}.key`, '-out', `${name}.csr`, '-subj', `/CN=${cn}`);
+    ssl('x509', '-req', '-in', `${name}.csr`, '-CA', 'ca.pem', '-CAkey', 'ca.key', '-CAcreateserial', '-days', '2',
+      '-out', `${name}.pem`, '-extfile', `${name}.ext`);
+  };
+  ca('ca', 'kvstash test CA');
+  ca('other-ca', 'another CA');
+  leaf('server', 'localhost', 'subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n');
+  leaf('client', 'kvstash client', 'extendedKeyUsage=clientAuth\n');
+  const f = (n) => path.join(dir, n);
+  certsMemo = { ca: f('ca.pem'), otherCa: f('other-ca.pem'), serverCert: f('server.pem'), serverKey: f('server.key'),
+    clientCert: f('client.pem'), clientKey: f('client.key') };
+  return certsMemo;
+}
+
 // A redis-server on <dir>/r.sock (no TCP, no persistence), killed by its pid.
-async function startRedis(dir, { password } = {}) {
+// With tls: also a TLS port on 127.0.0.1 (r.port) with the test certificates;
+// authClients: it requires a client certificate (mutual TLS). The unix socket
+// stays, for redis-cli.
+async function startRedis(dir, { password, tls } = {}) {
   mkdirSync(dir, { recursive: true });
   const sock = path.join(dir, 'r.sock');
   const args = ['--port', '0', '--unixsocket', sock, '--unixsocketperm', '700', '--dir', dir,
     '--save', '', '--appendonly', 'no', '--daemonize', 'no'];
   if (password) args.push('--requirepass', password);
+  let port;
+  if (tls) {
+    const c = certs();
+    port = await freePort();
+    args.push('--bind', '127.0.0.1', '--tls-port', String(port), '--tls-cert-file', c.serverCert,
+      '--tls-key-file', c.serverKey, '--tls-ca-cert-file', c.ca, '--tls-auth-clients', tls.authClients ? 'yes' : 'no');
+  }
   const proc = spawn('redis-server', args, { stdio: 'ignore' });
   const r = {
-    proc, sock, password,
+    proc, sock, password, port,
     cli(...a) {
       const out = spawnSync('redis-cli', ['-s', sock, ...a],
         { encoding: 'utf8', env: { ...process.env, ...(password ? { REDISCLI_AUTH: password } : {}) } });
@@ -60,6 +112,7 @@ async function startRedis(dir, { password } = {}) {
 }
 
 // The config of a server with its own store directories (one "host") and the redis tier.
+// redis.tls (an object): the store.tiers.redis.tls mapping.
 function hostConfig(name, url, redis = {}) {
   const d = path.join(root, name);
   mkdirSync(d, { recursive: true });
@@ -67,14 +120,19 @@ function hostConfig(name, url, redis = {}) {
     '  min_tokens: 32', '  tiers:', '    redis:'];
   if (url) lines.push(`      url: "${url}"`);
   for (const [k, v] of Object.entries({ key_prefix: 'kvs-test', breaker_ms: 300, ...redis })) {
+    if (k === 'tls') {
+      lines.push('      tls:', ...Object.entries(v).map(([tk, tv]) => `        ${tk}: ${tv}`));
+      continue;
+    }
     lines.push(`      ${k}: ${Array.isArray(v) ? `[${v.join(', ')}]` : v}`);
   }
   const cfg = path.join(d, 'kvstash.yaml');
   writeFileSync(cfg, lines.join('\n') + '\n');
   return cfg;
 }
-const host = (name, url, redis = {}, opts = {}) =>
-  startServer(['--config', hostConfig(name, url, redis), '--ctx', '1024'], opts);
+// opts.args: more flags for `kvstash serve`.
+const host = (name, url, redis = {}, { args = [], ...opts } = {}) =>
+  startServer(['--config', hostConfig(name, url, redis), '--ctx', '1024', ...args], opts);
 
 const sys = (topic) => ({ role: 'system', content: `${topic}: you are a careful assistant who answers briefly. `.repeat(3) });
 
@@ -300,18 +358,27 @@ test('credentials from the URL or KVSTASH_REDIS_PASSWORD work and are never show
 });
 
 // ------------------------------------------------------------------------ 5
-test('bad input: an invalid URL or rediss:// is refused at start; an unreachable Redis is a warning', async () => {
+test('bad input: an invalid URL or TLS setting is refused at start; an unreachable Redis is a warning', async () => {
   for (const [url, re] of [['http://h:1', /expected redis:\/\//], ['redis://h:99999', /bad port/]]) {
     const r = spawnSync(BIN, ['serve', '-m', MODEL, '--port', '0', '--cache-redis', url], { encoding: 'utf8' });
     assert.equal(r.status, 2, `--cache-redis ${url}: exit ${r.status}\n${r.stderr}`);
     assert.match(r.stderr, re);
   }
-  // TLS: this build's hiredis has none: a clear error, never a plain-text connection.
-  const tls = spawnSync(BIN, ['serve', '-m', MODEL, '--port', '0', '--threads', '1', '--cache-redis',
-    'rediss://u:pw-not-shown@127.0.0.1:1'], { encoding: 'utf8', timeout: 60000 });
-  assert.notEqual(tls.status, 0);
-  assert.match(tls.stderr, /rediss:\/\/ \(TLS\) is not supported/);
-  assert.ok(!tls.stderr.includes('pw-not-shown'));
+  // TLS settings that cannot work stop the server before the model loads, naming the
+  // problem (tests/cli/test_serve_ranges.sh has those that need no certificate).
+  const c = certs();
+  const tlsUrl = 'rediss://u:pw-not-shown@127.0.0.1:1';
+  for (const [args, re] of [
+    [['--cache-redis-tls-cert', c.clientCert, '--cache-redis-tls-key', c.serverKey], /does not match cert_file/],
+    [['--cache-redis-tls-ca', c.clientKey], /cannot load the CA certificates of ca_file/],
+    [['--cache-redis-tls-cert', c.clientKey, '--cache-redis-tls-key', c.clientKey], /cert_file '.*client\.key'/],
+  ]) {
+    const r = spawnSync(BIN, ['serve', '-m', MODEL, '--port', '0', '--cache-redis', tlsUrl, ...args],
+      { encoding: 'utf8', timeout: 60000 });
+    assert.equal(r.status, 2, `${args.join(' ')}: exit ${r.status}\n${r.stderr}`);
+    assert.match(r.stderr, re);
+    assert.doesNotMatch(r.stderr, /listening on|pw-not-shown/);
+  }
   // YAML: an unknown key and a bad URL name the key.
   const d = path.join(root, 'bad5');
   mkdirSync(d, { recursive: true });
@@ -392,6 +459,134 @@ test('hybrid model: the next turn on host B restores the previous prompt from th
     await stopOk(a);
     await stopOk(b);
     await stopOk(ref);
+    await redis.stop();
+  }
+});
+
+// ------------------------------------------------------------------------ 8
+// TLS (rediss://): the same shared cache through a redis-server that speaks
+// only TLS, with a password. Host A is configured in its YAML file
+// (store.tiers.redis.tls), host B by flags and by the server's name rather
+// than its address (SNI and host name verification).
+test('TLS: a conversation begun on host A continues on host B through rediss://, with the same output', async () => {
+  const pw = 'tls-secret-pw';
+  const redis = await startRedis(path.join(root, 'r8'), { password: pw, tls: {} });
+  const c = certs();
+  const a = await host('a8', `rediss://:${pw}@127.0.0.1:${redis.port}`, { tls: { ca_file: c.ca } });
+  const b = await host('b8', `rediss://localhost:${redis.port}`, {},
+    { args: ['--cache-redis-tls-ca', c.ca], env: { KVSTASH_REDIS_PASSWORD: pw } });
+  try {
+    const msgs = [sys('Encrypted')];
+    const t1 = await say(a, msgs, 'Hello there, tell me a story.', 'A turn 1');
+    await settleStore(a);
+    assert.ok(manifests(redis, 'kvs-test').size >= 1, 'A saved nothing to Redis over TLS');
+    const t2 = await say(b, msgs, 'And another one, please.', 'B turn 2');
+    assertRedisHit(t2, t1.usage.prompt_tokens, 'B turn 2 (TLS)');
+    await settleStore(b);
+    const t3 = await say(a, msgs, 'Thanks. One more?', 'A turn 3');
+    assertRedisHit(t3, t2.usage.prompt_tokens, 'A turn 3 (TLS)');
+    for (const s of [a, b]) {
+      const m = await metrics(s);
+      assert.equal(m.get('kvstash_store_redis_errors_total'), 0, 'no Redis error over TLS');
+      assert.equal(m.get('kvstash_store_corrupt_files_total'), 0);
+      assert.ok(!s.stderr.includes(pw), 'the password is in the log');
+    }
+    assert.ok((await metrics(b)).get('kvstash_store_redis_read_bytes_total') > 0);
+    assert.match(a.stderr, /redis rediss:\/\/:\*\*\*@127\.0\.0\.1/, 'the start line names the redacted URL');
+  } finally {
+    await stopOk(a);
+    await stopOk(b);
+    await redis.stop();
+  }
+});
+
+// ------------------------------------------------------------------------ 9
+test('mutual TLS: with the client certificate the tier works; without it the tier is down and requests succeed', async () => {
+  const redis = await startRedis(path.join(root, 'r9'), { tls: { authClients: true } });
+  const c = certs();
+  const url = `rediss://127.0.0.1:${redis.port}`;
+  const withCert = { tls: { ca_file: c.ca, cert_file: c.clientCert, key_file: c.clientKey } };
+  const a = await host('a9', url, withCert);
+  const b = await host('b9', url, {}, { args: ['--cache-redis-tls-ca', c.ca, '--cache-redis-tls-cert', c.clientCert,
+    '--cache-redis-tls-key', c.clientKey] });
+  const x = await host('x9', url, { tls: { ca_file: c.ca } });
+  try {
+    const msgs = [sys('Mutual')];
+    const t1 = await say(a, msgs, 'Hello there.', 'A turn 1');
+    await settleStore(a);
+    const t2 = await turn(b, [...msgs, { role: 'user', content: 'Again.' }], 'B turn 2 (client certificate)');
+    assertRedisHit(t2, t1.usage.prompt_tokens, 'B turn 2 (mutual TLS)');
+    // No client certificate: the server refuses the connection; X serves from its own tiers.
+    assert.match(x.stderr, /does not answer; serving without it.*certificate required/,
+      'the warning gives the TLS reason');
+    const m0 = await metrics(x);
+    for (const [i, u] of ['Again.', 'Once more.', 'And again.'].entries()) {
+      await sleep(350); // past breaker_ms: each turn tries again
+      const r = await turn(x, [...msgs, { role: 'user', content: u }], `X turn ${i + 2} (no client certificate)`);
+      assert.notEqual(r.cache.tier, 'redis');
+    }
+    await settleStore(x);
+    const m1 = await metrics(x);
+    assert.ok(m1.get('kvstash_store_redis_errors_total') > m0.get('kvstash_store_redis_errors_total'),
+      'the refused connections were counted');
+    assert.ok(m1.get('kvstash_store_redis_breaker_opens_total') >= 1, 'the breaker opened');
+    assert.equal(m1.get('kvstash_store_redis_read_bytes_total'), 0, 'nothing was read from Redis');
+    assert.equal((await metrics(a)).get('kvstash_store_redis_errors_total'), 0);
+  } finally {
+    await stopOk(a);
+    await stopOk(b);
+    await stopOk(x);
+    await redis.stop();
+  }
+});
+
+// ----------------------------------------------------------------------- 10
+// A server that cannot be verified — signed by another CA, or not carrying the
+// name asked for — is treated as Redis down: a warning with the redacted URL
+// and the TLS reason, every request answered, errors counted, the breaker
+// retrying, nothing restored. --cache-redis-tls-insecure (verify: false)
+// connects anyway.
+test('TLS: a server that cannot be verified is Redis down: warnings, misses, the breaker; insecure connects', async () => {
+  const redis = await startRedis(path.join(root, 'r10'), { tls: {} });
+  const c = certs();
+  const port = redis.port;
+  const a = await host('a10', `rediss://127.0.0.1:${port}`, { tls: { ca_file: c.ca } });
+  const wrongCa = await host('w10', `rediss://kvstash:pw-hidden@127.0.0.1:${port}`, { tls: { ca_file: c.otherCa } });
+  const wrongName = await host('n10', `rediss://127.0.0.1:${port}`,
+    { tls: { ca_file: c.ca, server_name: 'redis.example.org' } });
+  const insecure = await host('i10', `rediss://127.0.0.1:${port}`, {}, { args: ['--cache-redis-tls-insecure'] });
+  try {
+    const msgs = [sys('Unverified')];
+    const t1 = await say(a, msgs, 'Hello there.', 'A turn 1');
+    await settleStore(a);
+    assert.ok(manifests(redis, 'kvs-test').size >= 1, 'A saved nothing to Redis');
+    const q = [...msgs, { role: 'user', content: 'Go on.' }];
+    for (const [s, reason] of [[wrongCa, /certificate verify failed/], [wrongName, /certificate verify failed: hostname mismatch/]]) {
+      assert.match(s.stderr, /redis tier: rediss:\/\/[^ ]*127\.0\.0\.1:\d+ does not answer; serving without it/);
+      assert.match(s.stderr, reason);
+      const m0 = await metrics(s);
+      // Past the breaker's 300 ms, each turn tries again and fails again.
+      for (let i = 0; i < 2; i++) {
+        await sleep(350);
+        const r = await turn(s, q, 'turn on an unverified server');
+        assert.notEqual(r.cache.tier, 'redis', `restored from an unverified server: ${JSON.stringify(r.cache)}`);
+      }
+      await settleStore(s);
+      const m1 = await metrics(s);
+      assert.ok(m1.get('kvstash_store_redis_errors_total') > m0.get('kvstash_store_redis_errors_total'), 'errors counted');
+      assert.ok(m1.get('kvstash_store_redis_breaker_opens_total') >= 1, 'the breaker opened');
+      assert.equal(m1.get('kvstash_store_redis_read_bytes_total'), 0, 'nothing was read from Redis');
+    }
+    assert.match(wrongCa.stderr, /rediss:\/\/kvstash:\*\*\*@127\.0\.0\.1/, 'the URL is redacted');
+    assert.ok(!wrongCa.stderr.includes('pw-hidden'), 'the password is in the log');
+    // verify: false trusts any server: the state A saved is restored.
+    const r = await turn(insecure, q, 'insecure turn');
+    assertRedisHit(r, t1.usage.prompt_tokens, 'insecure');
+  } finally {
+    await stopOk(a);
+    await stopOk(wrongCa);
+    await stopOk(wrongName);
+    await stopOk(insecure);
     await redis.stop();
   }
 });
