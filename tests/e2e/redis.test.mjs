@@ -493,6 +493,11 @@ test('TLS: a conversation begun on host A continues on host B through rediss://,
     }
     assert.ok((await metrics(b)).get('kvstash_store_redis_read_bytes_total') > 0);
     assert.match(a.stderr, /redis rediss:\/\/:\*\*\*@127\.0\.0\.1/, 'the start line names the redacted URL');
+    // `kvstash cache` over TLS too, with serve's settings (--redis-tls-* for --cache-redis-tls-*).
+    const ls = spawnSync(BIN, ['cache', 'ls', '--redis', `rediss://localhost:${redis.port}`, '--redis-tls-ca', c.ca,
+      '--redis-prefix', 'kvs-test'], { encoding: 'utf8', env: { ...process.env, KVSTASH_REDIS_PASSWORD: pw } });
+    assert.equal(ls.status, 0, ls.stderr);
+    assert.equal(ls.stdout.split('\n').filter((l) => / redis /.test(l)).length, manifests(redis, 'kvs-test').size);
   } finally {
     await stopOk(a);
     await stopOk(b);
@@ -589,4 +594,105 @@ test('TLS: a server that cannot be verified is Redis down: warnings, misses, the
     await stopOk(insecure);
     await redis.stop();
   }
+});
+
+// ----------------------------------------------------------------------- 11
+// `kvstash cache --redis` (src/cli/cache_redis.c) on what a server saved.
+test('kvstash cache --redis: ls, stats, verify, gc and rm see the entries in Redis; a damaged chunk is named', async () => {
+  const redis = await startRedis(path.join(root, 'r11'));
+  const url = `unix://${redis.sock}`;
+  const a = await host('a11', url);
+  const kc = (...args) => spawnSync(BIN, ['cache', ...args, '--redis', url, '--redis-prefix', 'kvs-test'],
+    { encoding: 'utf8', timeout: 60000 });
+  const rowsOf = (out) => out.split('\n').filter((l) => / redis /.test(l)).map((l) => l.trim().split(/\s+/));
+  const conv = [[sys('Listing one')], [sys('Listing two')]];
+  let b;
+  try {
+    for (const [i, msgs] of conv.entries()) await say(a, msgs, `Hello, conversation ${i}.`, `A conversation ${i}`);
+    await settleStore(a);
+    let ms, sum;
+    await until(() => {
+      ms = manifests(redis, 'kvs-test');
+      sum = [...ms.values()].reduce((s, f) => s + Number(f[M.total]), 0);
+      return ms.size >= 2 && Number(redis.cli('GET', 'kvs-test:bytes')) === sum;
+    }, 'the saves to Redis to complete', 10000);
+    const keyOf = (k) => k.split(':')[2];
+
+    // ls: one row per manifest, with its token count; a key prefix selects.
+    const ls = kc('ls');
+    assert.equal(ls.status, 0, ls.stderr);
+    const rows = rowsOf(ls.stdout);
+    assert.equal(rows.length, ms.size, ls.stdout);
+    for (const [k, f] of ms) {
+      const row = rows.find((r) => keyOf(k).startsWith(r[0]));
+      assert.ok(row, `${k} is not listed:\n${ls.stdout}`);
+      assert.equal(row[1], f[M.n_tokens], `tokens of ${k}`);
+    }
+    const [k0, f0] = [...ms][0];
+    const one = kc('ls', keyOf(k0).slice(0, 10));
+    assert.equal(rowsOf(one.stdout).length, 1, one.stdout);
+    // With the host's directories named, its local entries are listed beside.
+    const both = spawnSync(BIN, ['cache', 'ls', '--cache-dir', path.join(root, 'a11', 'disk'), '--shm-dir',
+      path.join(root, 'a11', 'shm'), '--redis', url, '--redis-prefix', 'kvs-test'], { encoding: 'utf8' });
+    assert.equal(both.status, 0, both.stderr);
+    assert.equal(rowsOf(both.stdout).length, ms.size);
+    assert.match(both.stdout, / (shm|disk) /, 'local entries listed too');
+
+    // stats: the accounting.
+    const st = kc('stats');
+    assert.equal(st.status, 0, st.stderr);
+    assert.equal(Number(/^redis\s+(\d+)\s/m.exec(st.stdout)?.[1]), ms.size, st.stdout);
+    assert.match(st.stdout, new RegExp(`manifests ${ms.size}\\b`));
+
+    // verify: every entry good; then one byte of one chunk changed: exit 1 naming that entry.
+    const v0 = kc('verify');
+    assert.equal(v0.status, 0, v0.stdout + v0.stderr);
+    assert.match(v0.stdout, new RegExp(`${ms.size} redis entries checked: ${ms.size} good, 0 bad`));
+    redis.cli('SETRANGE', `${k0}:${f0[M.nonce]}:0`, '300', 'X');
+    const v1 = kc('verify');
+    assert.equal(v1.status, 1, v1.stdout + v1.stderr);
+    assert.match(v1.stdout, new RegExp(`bad: redis ${k0}: ECORRUPT`));
+    assert.equal(v1.stdout.split('\n').filter((l) => l.startsWith('bad:')).length, 1, v1.stdout);
+
+    // rm KEYPREFIX: that entry, with its accounting.
+    const rm1 = kc('rm', keyOf(k0).slice(0, 12));
+    assert.equal(rm1.status, 0, rm1.stderr);
+    assert.match(rm1.stdout, new RegExp(`removed ${keyOf(k0)} \\(redis, ${f0[M.n_tokens]} tokens\\)`));
+    assert.equal(redis.cli('EXISTS', k0), '0');
+    assert.equal(redis.cli('EXISTS', `${k0}:${f0[M.nonce]}:0`), '0', 'its chunks are gone');
+    assert.equal(Number(redis.cli('GET', 'kvs-test:bytes')), sum - Number(f0[M.total]), 'its bytes left the sum');
+    assert.equal(Number(redis.cli('ZCARD', 'kvs-test:lru')), ms.size - 1);
+    assert.equal(kc('verify').status, 0, 'the damaged entry is gone');
+
+    // gc --max-bytes: the least recently used go until the rest fits.
+    const left = [...manifests(redis, 'kvs-test').values()].map((f) => Number(f[M.total]));
+    const budget = left.reduce((s, t) => s + t, 0) - 1;
+    const gc = kc('gc', '--max-bytes', String(budget));
+    assert.equal(gc.status, 0, gc.stderr);
+    assert.match(gc.stdout, /redis: evicted [1-9]\d* entries/);
+    assert.ok(Number(redis.cli('GET', 'kvs-test:bytes')) <= budget, 'within the budget');
+
+    // rm --all: nothing of kvstash's is left but the zeroed sum; a new host misses.
+    const all = kc('rm', '--all');
+    assert.equal(all.status, 0, all.stderr);
+    assert.equal(manifests(redis, 'kvs-test').size, 0);
+    assert.equal(Number(redis.cli('GET', 'kvs-test:bytes')), 0);
+    assert.equal(Number(redis.cli('ZCARD', 'kvs-test:lru')), 0);
+    const keys = redis.cli('--scan', '--pattern', 'kvs-test:*').split('\n').filter(Boolean);
+    assert.deepEqual(keys.filter((k) => k !== 'kvs-test:bytes'), [], 'keys left behind');
+    assert.equal(rowsOf(kc('ls').stdout).length, 0);
+    b = await host('b11', url);
+    const t = await turn(b, [...conv[1], { role: 'user', content: 'Hello, conversation 1.' }], 'B after rm --all');
+    assert.notEqual(t.cache.tier, 'redis', `restored after rm --all: ${JSON.stringify(t.cache)}`);
+  } finally {
+    await stopOk(a);
+    if (b) await stopOk(b);
+    await redis.stop();
+  }
+  // Unreachable: exit 1, the URL named without its password.
+  const r = spawnSync(BIN, ['cache', 'ls', '--redis', `redis+unix://:pw-hidden@${path.join(root, 'no-such.sock')}`],
+    { encoding: 'utf8' });
+  assert.equal(r.status, 1, r.stderr);
+  assert.match(r.stderr, /kvstash cache ls: redis redis\+unix:\/\/:\*\*\*@.*no-such\.sock: .*No such file/);
+  assert.ok(!r.stderr.includes('pw-hidden'));
 });
