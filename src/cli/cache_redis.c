@@ -190,8 +190,7 @@ static int scan_entries(ks_cache_redis *r, const char *keyprefix, ents *e) {
     size_t plen = strlen(r->nm.prefix);
     scan_pattern(r->nm.prefix, pattern, sizeof pattern);
     memset(e, 0, sizeof *e);
-    ks_redis_member_str *batch = calloc(SCAN_COUNT * 2, sizeof *batch);
-    if (!batch) return oom(r);
+    ks_redis_member_str *batch = NULL;
     int rc = 0;
     do {
         redisReply *rep = ks_redis_conn_command(r->c, "SCAN %s MATCH %s COUNT %d", cursor, pattern, SCAN_COUNT);
@@ -208,7 +207,14 @@ static int scan_entries(ks_cache_redis *r, const char *keyprefix, ents *e) {
         memcpy(cursor, rep->element[0]->str, rep->element[0]->len + 1);
         int nb = 0;
         const redisReply *keys = rep->element[1];
-        for (size_t i = 0; i < keys->elements && nb < SCAN_COUNT * 2; i++) {
+        /* COUNT is a hint: a reply may hold more keys. */
+        free(batch);
+        if (!(batch = calloc(keys->elements + 1, sizeof *batch))) {
+            freeReplyObject(rep);
+            rc = oom(r);
+            break;
+        }
+        for (size_t i = 0; i < keys->elements; i++) {
             const redisReply *k = keys->element[i];
             if (k->type != REDIS_REPLY_STRING || k->len <= plen + 1 || memcmp(k->str, r->nm.prefix, plen) != 0 ||
                 k->str[plen] != ':')
