@@ -41,7 +41,7 @@ typedef struct ent {
 typedef struct ents {
     ent *v;
     size_t n, cap;
-    ks_redis_member_str *lens; /* <prefix>:<fp>:lens keys' fp-hex (rm --all) */
+    ks_key *lens;              /* the fingerprints of the <prefix>:<fp>:lens keys (rm --all) */
     size_t n_lens, cap_lens;
 } ents;
 
@@ -228,9 +228,13 @@ static int scan_entries(ks_cache_redis *r, const char *keyprefix, ents *e) {
                 batch[nb][rlen] = '\0';
                 if (member_matches(batch[nb], keyprefix)) nb++;
             } else if (rlen == KS_KEY_HEX_LEN + 5 && memcmp(rest + KS_KEY_HEX_LEN, ":lens", 5) == 0) {
+                char hex[KS_KEY_HEX_LEN + 1];
+                memcpy(hex, rest, KS_KEY_HEX_LEN);
+                hex[KS_KEY_HEX_LEN] = '\0';
+                if (ks_key_from_hex(hex, &key) != 0) continue;
                 if (e->n_lens == e->cap_lens) {
                     size_t ncap = e->cap_lens ? e->cap_lens * 2 : 8;
-                    ks_redis_member_str *nl = realloc(e->lens, ncap * sizeof *nl);
+                    ks_key *nl = realloc(e->lens, ncap * sizeof *nl);
                     if (!nl) {
                         rc = oom(r);
                         break;
@@ -238,8 +242,7 @@ static int scan_entries(ks_cache_redis *r, const char *keyprefix, ents *e) {
                     e->lens = nl;
                     e->cap_lens = ncap;
                 }
-                memcpy(e->lens[e->n_lens], rest, KS_KEY_HEX_LEN);
-                e->lens[e->n_lens++][KS_KEY_HEX_LEN] = '\0';
+                e->lens[e->n_lens++] = key;
             }
         }
         freeReplyObject(rep);
@@ -426,7 +429,7 @@ int ks_cache_redis_rm(ks_cache_redis *r, const char *keyprefix, bool print, int 
          * save), as a server's eviction would with a budget of 0. */
         char key[KS_REDIS_KEY_MAX];
         for (size_t i = 0; i < e.n_lens; i++) {
-            snprintf(key, sizeof key, "%s:%s:lens", r->nm.prefix, e.lens[i]);
+            ks_redis_key_lens(&r->nm, e.lens[i].b, key);
             redisReply *rep = ks_redis_conn_command(r->c, "DEL %s", key);
             if (!rep) {
                 rc = conn_failed(r);
