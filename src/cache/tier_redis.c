@@ -66,7 +66,7 @@
 typedef struct rconn {
     pthread_mutex_t mu;
     ks_redis_conn *c;
-    char why[320]; /* the last failure, for the warning at open */
+    char why[512]; /* the last failure, for the warning at open */
 } rconn;
 
 typedef struct redis_tier {
@@ -109,11 +109,13 @@ static void op_ok(redis_tier *r) {
     if (atomic_exchange(&r->open_until_ms, 0) != 0) KS_INFO("store", "redis tier: %s answers again", r->where);
 }
 
-/* Closes cn's connection and counts a failure of what, for the reason msg
+/* Closes cn's connection and counts a failure of what, for the reason why
  * (NULL: the connection's own; cn->mu held). */
-static void op_fail(redis_tier *r, rconn *cn, const char *what, const char *msg) {
-    if (!msg) msg = cn->c ? ks_redis_conn_error(cn->c) : "";
-    if (!msg[0] && cn->c) msg = "unexpected reply";
+static void op_fail(redis_tier *r, rconn *cn, const char *what, const char *why) {
+    /* A copy: the connection's own message goes with the connection. */
+    char msg[320];
+    if (!why) why = cn->c ? ks_redis_conn_error(cn->c) : "";
+    snprintf(msg, sizeof msg, "%s", why[0] || !cn->c ? why : "unexpected reply");
     snprintf(cn->why, sizeof cn->why, "%s%s%s", what, msg[0] ? ": " : "", msg);
     ks_redis_conn_free(cn->c);
     cn->c = NULL;
