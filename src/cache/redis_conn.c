@@ -133,6 +133,26 @@ static void tls_why(ks_redis_conn *c, int ret, int e, int saved_errno, char *out
     }
 }
 
+/* After a failed TLS write: whether the server had sent an alert saying why
+ * it closed the connection (reason in out). In TLS 1.3 the client's side of
+ * the handshake ends before the server has checked the client's
+ * certificate, so a server that requires one ("certificate required") says
+ * so only after; its alert may still be waiting in the socket when the
+ * write meets the reset that followed it. */
+static bool tls_alert(ks_redis_conn *c, char *out, size_t n) {
+    char b[256], reason[256];
+    ERR_clear_error();
+    int r = SSL_read(c->ssl, b, sizeof b);
+    if (r <= 0 && SSL_get_error(c->ssl, r) == SSL_ERROR_SSL) {
+        ssl_reason(reason, sizeof reason);
+        if (!strstr(reason, "alert")) return false;
+        snprintf(out, n, "%s", reason);
+        return true;
+    }
+    ERR_clear_error();
+    return false;
+}
+
 static bool is_ip_literal(const char *s) {
     unsigned char b[sizeof(struct in6_addr)];
     return inet_pton(AF_INET, s, b) == 1 || inet_pton(AF_INET6, s, b) == 1;
@@ -593,6 +613,7 @@ static int flush(ks_redis_conn *c) {
                 continue;
             }
             tls_why(c, w, e, saved, why, sizeof why);
+            if (e == SSL_ERROR_SYSCALL) tls_alert(c, why, sizeof why);
             return fail(c, "write to %s: %s", c->where, why);
         }
         struct iovec iov[IOV_BATCH];
