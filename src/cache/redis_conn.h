@@ -95,9 +95,10 @@ void ks_redis_conn_free(ks_redis_conn *c);
 
 /* Appends one command, formatted as hiredis's redisCommand does (%s a C
  * string, %b a pointer and a size_t length, %d %lld %u... numbers), to the
- * output. 0, KS_EIO (the connection has failed), KS_EINVAL (a bad format:
- * nothing appended), KS_ENOMEM (the connection is then failed: a pipeline
- * with a command missing must not go on). */
+ * output. 0, KS_EIO (the connection has failed), KS_EINVAL (a bad format)
+ * or KS_ENOMEM; either of the last two fails the connection too: a
+ * pipeline with a command missing would pair replies with the wrong
+ * commands. */
 int ks_redis_conn_append(ks_redis_conn *c, const char *fmt, ...);
 /* The same with argc arguments argv[i] of argvlen[i] bytes (argvlen NULL:
  * NUL-terminated strings). */
