@@ -275,3 +275,32 @@ int ks_redis_member_parse(const char *s, size_t len, uint8_t fp[32], ks_key *key
     memcpy(fp, fk.b, 32);
     return 0;
 }
+
+/* ----------------------------------------------------------------- names */
+int ks_redis_names_init(ks_redis_names *n, const char *prefix) {
+    memset(n, 0, sizeof *n);
+    if (!prefix || strlen(prefix) >= KS_REDIS_PREFIX_MAX) return KS_EINVAL;
+    snprintf(n->prefix, sizeof n->prefix, "%s", prefix);
+    snprintf(n->lru, sizeof n->lru, "%s:lru", prefix);
+    snprintf(n->sizes, sizeof n->sizes, "%s:sizes", prefix);
+    snprintf(n->bytes, sizeof n->bytes, "%s:bytes", prefix);
+    return 0;
+}
+
+/* Every name fits: the prefix is shorter than KS_REDIS_PREFIX_MAX (64), a
+ * member is 129 bytes and a chunk's suffix at most 28. */
+void ks_redis_key_manifest(const ks_redis_names *n, const char *member, char out[KS_REDIS_KEY_MAX]) {
+    if (snprintf(out, KS_REDIS_KEY_MAX, "%s:%s", n->prefix, member) >= KS_REDIS_KEY_MAX) abort();
+}
+
+void ks_redis_key_chunk(const char *mkey, uint64_t nonce, uint32_t i, char out[KS_REDIS_KEY_MAX]) {
+    if (snprintf(out, KS_REDIS_KEY_MAX, "%s:%016" PRIx64 ":%" PRIu32, mkey, nonce, i) >= KS_REDIS_KEY_MAX) abort();
+}
+
+void ks_redis_key_lens(const ks_redis_names *n, const uint8_t fp[32], char out[KS_REDIS_KEY_MAX]) {
+    ks_key fk;
+    char hex[KS_KEY_HEX_LEN + 1];
+    memcpy(fk.b, fp, 32);
+    ks_key_to_hex(&fk, hex);
+    if (snprintf(out, KS_REDIS_KEY_MAX, "%s:%s:lens", n->prefix, hex) >= KS_REDIS_KEY_MAX) abort();
+}

@@ -95,4 +95,21 @@ void ks_redis_member(const uint8_t fp[32], const ks_key *key, char out[KS_REDIS_
 /* Parses a member back; 0 or KS_EINVAL. */
 int ks_redis_member_parse(const char *s, size_t len, uint8_t fp[32], ks_key *key);
 
+/* The key names under a prefix (shorter than KS_REDIS_PREFIX_MAX, store_cfg.h:
+ * then every name fits in KS_REDIS_KEY_MAX). */
+typedef struct ks_redis_names {
+    char prefix[KS_REDIS_KEY_MAX];
+    char lru[KS_REDIS_KEY_MAX], sizes[KS_REDIS_KEY_MAX], bytes[KS_REDIS_KEY_MAX];
+} ks_redis_names;
+/* Fills n for prefix. KS_EINVAL when the prefix is too long (n is then
+ * unusable). */
+int ks_redis_names_init(ks_redis_names *n, const char *prefix);
+/* <prefix>:<member>, the manifest's key. */
+void ks_redis_key_manifest(const ks_redis_names *n, const char *member, char out[KS_REDIS_KEY_MAX]);
+/* <mkey>:<nonce>:<i>, chunk i of the copy named nonce of the entry whose
+ * manifest key is mkey (from ks_redis_key_manifest). */
+void ks_redis_key_chunk(const char *mkey, uint64_t nonce, uint32_t i, char out[KS_REDIS_KEY_MAX]);
+/* <prefix>:<fp-hex>:lens, the token counts of a model's entries. */
+void ks_redis_key_lens(const ks_redis_names *n, const uint8_t fp[32], char out[KS_REDIS_KEY_MAX]);
+
 #endif

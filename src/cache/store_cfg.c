@@ -61,6 +61,7 @@ void ks_store_cfg_defaults(ks_store_cfg *c) {
     c->redis.timeout_ms = 250;
     c->redis.breaker_errors = 3;
     c->redis.breaker_ms = 5000;
+    c->redis.tls.verify = true;
     /* checkpoint: a hybrid model's prompt end, what the next turn restores on another host */
     c->redis.reasons = 1u << KS_REASON_FINISH | 1u << KS_REASON_EVICT | 1u << KS_REASON_SHUTDOWN |
                        1u << KS_REASON_CHECKPOINT;

@@ -60,8 +60,22 @@ int ks_tier_parse(const char *s);
 /* The redis tier (tier_redis.c, docs/DEPLOY.md). Off while url is "". */
 #define KS_REDIS_URL_MAX 512
 #define KS_REDIS_PREFIX_MAX 64
+/* TLS to Redis (a rediss:// URL; redis_conn.h). Every file is PEM. Any of
+ * these set (a file, a name, or verify false) with a URL that is not
+ * rediss:// is a configuration error (ks_redis_cfg_prepare), never a
+ * plain-text connection. */
+typedef struct ks_redis_tls_cfg {
+    char ca_file[KS_MAX_PATH];      /* CA certificates to verify the server with; "" (and no ca_dir):
+                                       the system's default CA paths */
+    char ca_dir[KS_MAX_PATH];       /* a directory of hashed CA certificates (c_rehash / openssl rehash) */
+    char cert_file[KS_MAX_PATH];    /* client certificate (chain) for mutual TLS; needs key_file */
+    char key_file[KS_MAX_PATH];     /* its private key, unencrypted */
+    char server_name[256];          /* the name the certificate must carry, sent as SNI; "": the URL's host */
+    bool verify;                    /* default true; false: no verification of the server at all */
+} ks_redis_tls_cfg;
 typedef struct ks_redis_cfg {
-    char url[KS_REDIS_URL_MAX];     /* redis://[user:pass@]host[:port][/db], unix:///path, redis+unix:// */
+    char url[KS_REDIS_URL_MAX];     /* redis://[user:pass@]host[:port][/db], rediss:// (TLS),
+                                       unix:///path, redis+unix:// */
     char password[256];             /* used when the URL has none (KVSTASH_REDIS_PASSWORD); never logged */
     char key_prefix[KS_REDIS_PREFIX_MAX]; /* default "kvstash": keys <prefix>:<fingerprint>:<key> */
     int ttl;                        /* seconds; 0 (default): no expiry; else every key written expires
@@ -71,6 +85,7 @@ typedef struct ks_redis_cfg {
     int breaker_errors;             /* default 3: consecutive errors that open the circuit breaker */
     int breaker_ms;                 /* default 5000: how long the tier is skipped then */
     unsigned reasons;               /* 1 << ks_reason saved to redis; default finish|evict|shutdown */
+    ks_redis_tls_cfg tls;           /* rediss:// only */
 } ks_redis_cfg;
 
 typedef struct ks_store_cfg {

@@ -204,8 +204,9 @@ int ks_tier_file_open(ks_tier_id id, const char *dir, unsigned flags, const ks_t
  * copied; max_bytes is kvstash's share of Redis (the sum over every host
  * writing under cfg->key_prefix). An unreachable server is not an error here:
  * the tier opens with its circuit breaker open and connects later (WARN).
- * Errors: KS_EINVAL (bad URL; rediss:// without TLS support in this build),
- * KS_ENOMEM; the message in err never holds a password. */
+ * Errors: KS_EINVAL (a bad URL or TLS settings that cannot work:
+ * ks_redis_cfg_prepare, redis_conn.h), KS_ENOMEM; the message in err never
+ * holds a password. */
 struct ks_redis_cfg;
 int ks_tier_redis_open(const struct ks_redis_cfg *cfg, uint64_t max_bytes, const ks_tier_ident *ident,
                        ks_tier **out, char *err, size_t errlen);

@@ -1,7 +1,10 @@
 /*
  * tier_redis.c — the redis tier: kvfiles in a Redis (or Valkey) server that
  * the kvstash servers of several hosts share (tier.h; key layout and
- * manifest in redis_fmt.h; operations in docs/DEPLOY.md).
+ * manifest in redis_fmt.h; operations in docs/DEPLOY.md). It talks to Redis
+ * through redis_conn.h (TCP, unix socket or TLS: one code path) and shares
+ * its deletions, evictions and entry checks with `kvstash cache --redis`
+ * (redis_ops.h).
  *
  * An entry is the exact bytes of the kvfile a file tier would write, split
  * into chunks of at most cfg.chunk_bytes (Redis caps a value at 512 MiB, and
@@ -23,25 +26,26 @@
  * never too low, so kvstash's share never exceeds max_bytes by more than the
  * saves in flight of the other hosts.
  *
- * Faults. Every connect and command is bounded by cfg.timeout_ms (socket
- * timeouts). A failure closes the connection; cfg.breaker_errors failures
- * in a row open the circuit breaker: for cfg.breaker_ms the tier is skipped
- * (lookups go on without it, saves are dropped and counted), then the next
- * operation tries again (half-open): success closes the breaker, failure
- * opens it again at once.
+ * Faults. Every connect, TLS handshake, read and write waits at most
+ * cfg.timeout_ms (redis_conn.h contract 1). A failure — no answer, a TLS
+ * server that cannot be verified, refused credentials — closes the
+ * connection; cfg.breaker_errors failures in a row open the circuit
+ * breaker: for cfg.breaker_ms the tier is skipped (lookups go on without
+ * it, saves are dropped and counted), then the next operation tries again
+ * (half-open): success closes the breaker, failure opens it again at once.
  *
  * Invariants (in addition to tier.h's)
  *  1. A manifest names only chunks that were all written before it.
  *  2. Nothing from Redis is used before its length was checked against the
  *     manifest and the manifest against the limits (redis_fmt.h).
  *  3. The password is never logged: errors name the server by its redacted
- *     URL, and hiredis's messages never carry it.
+ *     URL, and redis_conn's messages never carry it.
  *
  * Thread model: two connections, each behind its own mutex — one for the
  * lookups (probe, fetch, get; any thread), one for the writer thread (put,
- * make_room, drop, quarantine). The breaker and counters are atomics.
+ * make_room, drop, quarantine) — and one TLS context both share (read-only
+ * once created). The breaker and counters are atomics.
  */
-#include <hiredis/hiredis.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -50,28 +54,31 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
-#include <sys/time.h>
 #include <time.h>
 #include <xxhash.h>
 
 #include "base/base.h"
+#include "cache/redis_conn.h"
 #include "cache/redis_fmt.h"
+#include "cache/redis_ops.h"
 #include "cache/tier.h"
 
 typedef struct rconn {
     pthread_mutex_t mu;
-    redisContext *c;
+    ks_redis_conn *c;
+    char why[512]; /* the last failure, for the warning at open */
 } rconn;
 
 typedef struct redis_tier {
     ks_tier base;
     ks_redis_url url;
+    ks_redis_tls *tls;            /* rediss://: shared by both connections; else NULL */
     ks_redis_cfg cfg;             /* password cleared: it lives in url only */
     char where[KS_REDIS_URL_MAX]; /* the redacted URL, for messages */
     uint64_t max_bytes;
     uint8_t fp[32];
-    char k_lru[KS_REDIS_KEY_MAX], k_sizes[KS_REDIS_KEY_MAX], k_bytes[KS_REDIS_KEY_MAX],
-        k_lens[KS_REDIS_KEY_MAX];
+    ks_redis_names nm;
+    char k_lens[KS_REDIS_KEY_MAX];
     rconn rd, wr;
     _Atomic int n_fail;
     _Atomic int64_t open_until_ms; /* 0: closed; else the monotonic time of the next try */
@@ -102,14 +109,16 @@ static void op_ok(redis_tier *r) {
     if (atomic_exchange(&r->open_until_ms, 0) != 0) KS_INFO("store", "redis tier: %s answers again", r->where);
 }
 
-/* Closes cn's connection and counts a failure of what (cn->mu held). */
-static void op_fail(redis_tier *r, rconn *cn, const char *what) {
-    char msg[160] = "";
-    if (cn->c) {
-        snprintf(msg, sizeof msg, "%s", cn->c->err ? cn->c->errstr : "unexpected reply");
-        redisFree(cn->c);
-        cn->c = NULL;
-    }
+/* Closes cn's connection and counts a failure of what, for the reason why
+ * (NULL: the connection's own; cn->mu held). */
+static void op_fail(redis_tier *r, rconn *cn, const char *what, const char *why) {
+    /* A copy: the connection's own message goes with the connection. */
+    char msg[320];
+    if (!why) why = cn->c ? ks_redis_conn_error(cn->c) : "";
+    snprintf(msg, sizeof msg, "%s", why[0] || !cn->c ? why : "unexpected reply");
+    snprintf(cn->why, sizeof cn->why, "%s%s%s", what, msg[0] ? ": " : "", msg);
+    ks_redis_conn_free(cn->c);
+    cn->c = NULL;
     atomic_fetch_add(&r->errors, 1);
     /* Half-open (a backoff had been set): one failure opens it again. */
     bool was_open = atomic_load(&r->open_until_ms) != 0;
@@ -124,60 +133,25 @@ static void op_fail(redis_tier *r, rconn *cn, const char *what) {
     }
 }
 
-static struct timeval tv_of(int ms) {
-    struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
-    return tv;
+static void add_trips(redis_tier *r, const ks_redis_trips *tr) {
+    atomic_fetch_add(&r->ops, tr->n);
+    atomic_fetch_add(&r->op_us, tr->us);
 }
 
-/* A reply of type want (REDIS_REPLY_STATUS: "OK"), else false. */
-static bool reply_is(const redisReply *rep, int want) {
-    if (!rep || rep->type != want) return false;
-    return want != REDIS_REPLY_STATUS || strcmp(rep->str, "OK") == 0;
-}
-
-/* The connection of cn, connected (and authenticated) when it was not.
- * NULL when the tier is skipped or the connection failed (counted). cn->mu
- * is held. */
-static redisContext *conn(redis_tier *r, rconn *cn) {
-    if (cn->c && !cn->c->err) return cn->c;
+/* The connection of cn, connected (TLS handshake, AUTH, SELECT) when it was
+ * not. NULL when the tier is skipped or the connection failed (counted).
+ * cn->mu is held. */
+static ks_redis_conn *conn(redis_tier *r, rconn *cn) {
+    if (cn->c && !ks_redis_conn_failed(cn->c)) return cn->c;
     if (!ks_tier_redis_up(&r->base)) return NULL;
-    if (cn->c) {
-        redisFree(cn->c);
-        cn->c = NULL;
-    }
-    struct timeval tv = tv_of(r->cfg.timeout_ms);
-    cn->c = r->url.unix_socket ? redisConnectUnixWithTimeout(r->url.path, tv)
-                               : redisConnectWithTimeout(r->url.host, r->url.port, tv);
-    if (!cn->c || cn->c->err || redisSetTimeout(cn->c, tv) != REDIS_OK) {
-        op_fail(r, cn, "connect");
+    ks_redis_conn_free(cn->c);
+    cn->c = NULL;
+    char err[320] = "";
+    int rc = ks_redis_conn_open(&r->url, r->tls, r->cfg.timeout_ms, &cn->c, err, sizeof err);
+    if (rc != 0) {
+        if (rc == KS_EINVAL) KS_WARN("store", "redis tier: %s: %s", r->where, err);
+        op_fail(r, cn, rc == KS_EINVAL ? "AUTH" : "connect", err[0] ? err : ks_strerror(rc));
         return NULL;
-    }
-    /* hiredis frees its read buffer whenever it is empty and larger than
-     * 16 KiB, so every chunk would be read into fresh pages (page faults
-     * cost more than the copy itself); keep it, as the file tiers keep
-     * their read buffer: at most about one chunk per connection. */
-    cn->c->reader->maxbuf = 0;
-    redisReply *rep = NULL;
-    if (r->url.password[0]) {
-        rep = r->url.user[0] ? redisCommand(cn->c, "AUTH %s %s", r->url.user, r->url.password)
-                             : redisCommand(cn->c, "AUTH %s", r->url.password);
-        bool good = reply_is(rep, REDIS_REPLY_STATUS);
-        if (rep && rep->type == REDIS_REPLY_ERROR)
-            KS_WARN("store", "redis tier: %s refused the credentials: %s", r->where, rep->str);
-        freeReplyObject(rep);
-        if (!good) {
-            op_fail(r, cn, "AUTH");
-            return NULL;
-        }
-    }
-    if (r->url.db) {
-        rep = redisCommand(cn->c, "SELECT %d", r->url.db);
-        bool good = reply_is(rep, REDIS_REPLY_STATUS);
-        freeReplyObject(rep);
-        if (!good) {
-            op_fail(r, cn, "SELECT");
-            return NULL;
-        }
     }
     return cn->c;
 }
@@ -185,27 +159,19 @@ static redisContext *conn(redis_tier *r, rconn *cn) {
 /* Reads the n replies of a pipeline into rep[] (one round trip, timed).
  * 0, or KS_EIO (every reply freed, the failure counted). cn->mu is held. */
 static int collect(redis_tier *r, rconn *cn, int n, redisReply **rep, const char *what) {
-    double t0 = ks_now_ms();
-    int i = 0;
-    for (; i < n; i++) {
-        void *x = NULL;
-        if (redisGetReply(cn->c, &x) != REDIS_OK || !x) break;
-        rep[i] = x;
+    ks_redis_trips tr = {0, 0};
+    int rc = ks_redis_conn_get_replies(cn->c, n, rep, &tr);
+    add_trips(r, &tr);
+    if (rc != 0) {
+        op_fail(r, cn, what, NULL);
+        return KS_EIO;
+    }
+    for (int i = 0; i < n; i++)
         if (rep[i]->type == REDIS_REPLY_ERROR) {
             /* A server error (OOM under maxmemory, a wrong type): the
              * connection is fine but the operation failed. */
             KS_DEBUG("store", "redis tier: %s: %s", what, rep[i]->str);
         }
-    }
-    atomic_fetch_add(&r->ops, 1);
-    double ms = ks_now_ms() - t0;
-    if (ms > 0) atomic_fetch_add(&r->op_us, (uint64_t)(ms * 1000.0));
-    if (i < n) {
-        for (int j = 0; j < i; j++) freeReplyObject(rep[j]);
-        memset(rep, 0, (size_t)n * sizeof *rep);
-        op_fail(r, cn, what);
-        return KS_EIO;
-    }
     op_ok(r);
     return 0;
 }
@@ -214,22 +180,9 @@ static void free_replies(redisReply **rep, int n) {
     for (int i = 0; rep && i < n; i++) freeReplyObject(rep[i]);
 }
 
-static int64_t reply_int(const redisReply *rep) {
-    if (!rep) return 0;
-    if (rep->type == REDIS_REPLY_INTEGER) return (int64_t)rep->integer;
-    if (rep->type == REDIS_REPLY_STRING) return strtoll(rep->str, NULL, 10);
-    return 0;
-}
-
 /* ============================================================== names */
-/* Both fit: the prefix is shorter than KS_REDIS_PREFIX_MAX (64), a member is
- * 129 bytes and a chunk's suffix at most 28. */
 static void key_manifest(const redis_tier *r, const char *member, char out[KS_REDIS_KEY_MAX]) {
-    if (snprintf(out, KS_REDIS_KEY_MAX, "%s:%s", r->cfg.key_prefix, member) >= KS_REDIS_KEY_MAX) abort();
-}
-
-static void key_chunk(const char *mkey, uint64_t nonce, uint32_t i, char out[KS_REDIS_KEY_MAX]) {
-    if (snprintf(out, KS_REDIS_KEY_MAX, "%s:%016" PRIx64 ":%" PRIu32, mkey, nonce, i) >= KS_REDIS_KEY_MAX) abort();
+    ks_redis_key_manifest(&r->nm, member, out);
 }
 
 /* ======================================================= known entries */
@@ -256,90 +209,44 @@ static void known_del(redis_tier *r, const ks_key *key) {
     pthread_rwlock_unlock(&r->base.lock);
 }
 
-/* ========================================================== removal */
-/* Deletes the entries of members[0, n) (manifest, chunks, accounting) on the
- * writer's connection (wr.mu held). Returns how many this call removed from
- * the accounting (another host may have removed some first), or KS_EIO. */
-static int delete_members(redis_tier *r, redisContext *c, char (*members)[KS_REDIS_MEMBER_LEN + 1], int n) {
-    int rc = 0, removed = 0;
-    redisReply **rep = calloc((size_t)n * 3 + 1, sizeof *rep);
-    uint64_t *sizes = calloc((size_t)n + 1, sizeof *sizes);
-    if (!rep || !sizes) {
-        free(rep);
-        free(sizes);
-        return KS_ENOMEM;
-    }
-    char mkey[KS_REDIS_KEY_MAX];
-    for (int i = 0; i < n; i++) {
-        key_manifest(r, members[i], mkey);
-        redisAppendCommand(c, "GET %s", mkey);
-        redisAppendCommand(c, "HGET %s %s", r->k_sizes, members[i]);
-    }
-    if ((rc = collect(r, &r->wr, 2 * n, rep, "eviction (read)")) != 0) goto done;
-    for (int i = 0; i < n; i++) {
-        redisReply *man = rep[2 * i];
-        sizes[i] = (uint64_t)reply_int(rep[2 * i + 1]);
-        ks_redis_manifest m;
-        bool have = man && man->type == REDIS_REPLY_STRING && ks_redis_manifest_decode(man->str, man->len, &m) == 0;
-        key_manifest(r, members[i], mkey);
-        /* DEL manifest chunk... in one command: the manifest goes with its chunks. */
-        uint32_t nc = have ? m.n_chunks : 0;
-        const char **argv = malloc(((size_t)nc + 2) * sizeof *argv);
-        char (*names)[KS_REDIS_KEY_MAX] = malloc(((size_t)nc + 1) * KS_REDIS_KEY_MAX);
-        if (!argv || !names) {
-            free(argv);
-            free(names);
-            redisAppendCommand(c, "DEL %s", mkey);
-        } else {
-            argv[0] = "DEL";
-            argv[1] = mkey;
-            for (uint32_t k = 0; k < nc; k++) {
-                key_chunk(mkey, m.nonce, k, names[k]);
-                argv[k + 2] = names[k];
-            }
-            redisAppendCommandArgv(c, (int)nc + 2, argv, NULL);
-            free(argv);
-            free(names);
-        }
-        redisAppendCommand(c, "ZREM %s %s", r->k_lru, members[i]);
-        redisAppendCommand(c, "HDEL %s %s", r->k_sizes, members[i]);
-    }
-    free_replies(rep, 2 * n);
-    memset(rep, 0, ((size_t)n * 3 + 1) * sizeof *rep);
-    if ((rc = collect(r, &r->wr, 3 * n, rep, "eviction (delete)")) != 0) goto done;
-    /* Only the host whose HDEL removed the size takes it off the sum. */
-    int nd = 0;
-    for (int i = 0; i < n; i++)
-        if (reply_int(rep[3 * i + 2]) == 1 && sizes[i] > 0) {
-            redisAppendCommand(c, "DECRBY %s %" PRIu64, r->k_bytes, sizes[i]);
-            nd++;
-            removed++;
-        }
+/* Forgets the members of this model among members[0, n). */
+static void known_del_members(void *ud, const ks_redis_member_str *members, int n) {
+    redis_tier *r = ud;
     for (int i = 0; i < n; i++) {
         uint8_t fp[32];
         ks_key key;
         if (ks_redis_member_parse(members[i], strlen(members[i]), fp, &key) == 0 && memcmp(fp, r->fp, 32) == 0)
             known_del(r, &key);
     }
-    free_replies(rep, 3 * n);
-    memset(rep, 0, ((size_t)n * 3 + 1) * sizeof *rep);
-    if (nd && (rc = collect(r, &r->wr, nd, rep, "eviction (account)")) == 0) {
-        int64_t left = reply_int(rep[nd - 1]);
-        atomic_store(&r->bytes, left > 0 ? (uint64_t)left : 0);
-        free_replies(rep, nd);
+}
+
+/* ========================================================== removal */
+/* Deletes the entries of members[0, n) with their accounting
+ * (ks_redis_ops_delete) on the writer's connection c (wr.mu held). Returns
+ * how many this call removed from the accounting, or KS_EIO (counted),
+ * KS_ENOMEM. */
+static int delete_members(redis_tier *r, ks_redis_conn *c, const ks_redis_member_str *members, int n) {
+    ks_redis_trips tr = {0, 0};
+    int64_t left = -1;
+    int rc = ks_redis_ops_delete(c, &r->nm, members, n, &left, &tr);
+    add_trips(r, &tr);
+    if (rc == KS_EIO) {
+        op_fail(r, &r->wr, "eviction", NULL);
+        return rc;
     }
-done:
-    free(rep);
-    free(sizes);
-    return rc ? rc : removed;
+    if (rc < 0) return rc;
+    op_ok(r);
+    if (left >= 0) atomic_store(&r->bytes, left > 0 ? (uint64_t)left : 0);
+    known_del_members(r, members, n);
+    return rc;
 }
 
 static int rt_make_room(ks_tier *t, uint64_t need, uint64_t budget) {
     redis_tier *r = (redis_tier *)t;
-    int rc = 0, evicted = 0;
+    int rc = 0;
     if (need > budget) return KS_ENOSPC;
     pthread_mutex_lock(&r->wr.mu);
-    redisContext *c = conn(r, &r->wr);
+    ks_redis_conn *c = conn(r, &r->wr);
     if (!c) {
         rc = KS_EIO;
         goto done;
@@ -347,57 +254,17 @@ static int rt_make_room(ks_tier *t, uint64_t need, uint64_t budget) {
     /* Bounded: each round frees up to 16 entries; a budget far over its
      * limit (a smaller max_bytes than before) is brought down over a few
      * saves rather than in one long pause of the writer. */
-    for (int round = 0; round < 16; round++) {
-        redisReply *rep[2] = {0};
-        redisAppendCommand(c, "GET %s", r->k_bytes);
-        redisAppendCommand(c, "ZRANGE %s 0 15", r->k_lru);
-        if ((rc = collect(r, &r->wr, 2, rep, "eviction (list)")) != 0) goto done;
-        int64_t used = reply_int(rep[0]);
-        atomic_store(&r->bytes, used > 0 ? (uint64_t)used : 0);
-        if (used < 0 || (uint64_t)used + need <= budget) {
-            free_replies(rep, 2);
-            break;
-        }
-        size_t nm = rep[1]->type == REDIS_REPLY_ARRAY ? rep[1]->elements : 0;
-        if (nm == 0) {
-            /* The sum counts entries that are gone (a host died between
-             * steps): nothing is left to evict, so it restarts from zero. */
-            free_replies(rep, 2);
-            redisReply *z = redisCommand(c, "SET %s 0", r->k_bytes);
-            freeReplyObject(z);
-            atomic_store(&r->bytes, 0);
-            break;
-        }
-        char (*members)[KS_REDIS_MEMBER_LEN + 1] = calloc(nm, sizeof *members);
-        int k = 0;
-        for (size_t i = 0; members && i < nm; i++) {
-            redisReply *e = rep[1]->element[i];
-            if (e->type == REDIS_REPLY_STRING && e->len <= KS_REDIS_MEMBER_LEN) {
-                memcpy(members[k], e->str, e->len);
-                members[k++][e->len] = '\0';
-            }
-        }
-        free_replies(rep, 2);
-        if (!members) {
-            rc = KS_ENOMEM;
-            goto done;
-        }
-        int d = delete_members(r, c, members, k);
-        free(members);
-        if (d < 0) {
-            rc = d;
-            goto done;
-        }
-        evicted += d;
-        if (!(c = conn(r, &r->wr))) {
-            rc = KS_EIO;
-            goto done;
-        }
-    }
+    ks_redis_trips tr = {0, 0};
+    int64_t used = -1;
+    rc = ks_redis_ops_evict(c, &r->nm, need, budget, 16, known_del_members, r, &used, &tr);
+    add_trips(r, &tr);
+    if (used >= 0) atomic_store(&r->bytes, (uint64_t)used);
+    if (rc == KS_EIO) op_fail(r, &r->wr, "eviction", NULL);
+    else if (rc >= 0) op_ok(r);
 done:
     pthread_mutex_unlock(&r->wr.mu);
-    if (evicted) KS_DEBUG("store", "redis tier: evicted %d entries to stay within %" PRIu64 " bytes", evicted, budget);
-    return rc ? rc : evicted;
+    if (rc > 0) KS_DEBUG("store", "redis tier: evicted %d entries to stay within %" PRIu64 " bytes", rc, budget);
+    return rc;
 }
 
 /* ============================================================== put */
@@ -430,14 +297,14 @@ static int rt_put(ks_tier *t, const ks_kvfile_meta *meta, const int32_t *tokens,
         return KS_ENOMEM;
     }
     pthread_mutex_lock(&r->wr.mu);
-    redisContext *c = conn(r, &r->wr);
+    ks_redis_conn *c = conn(r, &r->wr);
     if (!c) {
         rc = KS_EIO;
         goto done;
     }
-    redisAppendCommand(c, "EXISTS %s", mkey);
+    ks_redis_conn_append(c, "EXISTS %s", mkey);
     if ((rc = collect(r, &r->wr, 1, rep, "save (exists)")) != 0) goto done;
-    bool there = reply_int(rep[0]) == 1;
+    bool there = ks_redis_reply_int(rep[0]) == 1;
     free_replies(rep, 1);
     rep[0] = NULL;
     if (there) {
@@ -449,15 +316,15 @@ static int rt_put(ks_tier *t, const ks_kvfile_meta *meta, const int32_t *tokens,
     for (uint32_t i = 0; i < m.n_chunks; i++) {
         uint64_t off, cl;
         ks_redis_chunk_range(total, m.chunk_bytes, i, &off, &cl);
-        key_chunk(mkey, m.nonce, i, ck);
+        ks_redis_key_chunk(mkey, m.nonce, i, ck);
         if (r->cfg.ttl > 0)
-            redisAppendCommand(c, "SET %s %b EX %lld", ck, buf + off, (size_t)cl, (long long)r->cfg.ttl);
+            ks_redis_conn_append(c, "SET %s %b EX %lld", ck, buf + off, (size_t)cl, (long long)r->cfg.ttl);
         else
-            redisAppendCommand(c, "SET %s %b", ck, buf + off, (size_t)cl);
+            ks_redis_conn_append(c, "SET %s %b", ck, buf + off, (size_t)cl);
     }
     if ((rc = collect(r, &r->wr, (int)m.n_chunks, rep, "save (chunks)")) != 0) goto done;
     bool all = true;
-    for (uint32_t i = 0; i < m.n_chunks; i++) all = all && reply_is(rep[i], REDIS_REPLY_STATUS);
+    for (uint32_t i = 0; i < m.n_chunks; i++) all = all && ks_redis_reply_is(rep[i], REDIS_REPLY_STATUS);
     if (!all) {
         /* Refused by the server (maxmemory with noeviction): what was written goes. */
         KS_WARN("store", "redis tier: %s refused a chunk (%s); the save of %d tokens is dropped", r->where,
@@ -469,11 +336,11 @@ static int rt_put(ks_tier *t, const ks_kvfile_meta *meta, const int32_t *tokens,
     bool published = false;
     if (all) {
         if (r->cfg.ttl > 0)
-            redisAppendCommand(c, "SET %s %b NX EX %lld", mkey, line, (size_t)ml, (long long)r->cfg.ttl);
+            ks_redis_conn_append(c, "SET %s %b NX EX %lld", mkey, line, (size_t)ml, (long long)r->cfg.ttl);
         else
-            redisAppendCommand(c, "SET %s %b NX", mkey, line, (size_t)ml);
+            ks_redis_conn_append(c, "SET %s %b NX", mkey, line, (size_t)ml);
         if ((rc = collect(r, &r->wr, 1, rep, "save (manifest)")) != 0) goto done;
-        published = reply_is(rep[0], REDIS_REPLY_STATUS);
+        published = ks_redis_reply_is(rep[0], REDIS_REPLY_STATUS);
         if (!published && rep[0] && rep[0]->type == REDIS_REPLY_NIL && existed) *existed = true;
         free_replies(rep, 1);
         rep[0] = NULL;
@@ -485,10 +352,10 @@ static int rt_put(ks_tier *t, const ks_kvfile_meta *meta, const int32_t *tokens,
         if (argv && names && m.n_chunks) {
             argv[0] = "DEL";
             for (uint32_t i = 0; i < m.n_chunks; i++) {
-                key_chunk(mkey, m.nonce, i, names[i]);
+                ks_redis_key_chunk(mkey, m.nonce, i, names[i]);
                 argv[i + 1] = names[i];
             }
-            redisAppendCommandArgv(c, (int)m.n_chunks + 1, argv, NULL);
+            ks_redis_conn_append_argv(c, (int)m.n_chunks + 1, argv, NULL);
             if (collect(r, &r->wr, 1, rep, "save (undo)") == 0) free_replies(rep, 1);
             rep[0] = NULL;
         }
@@ -499,13 +366,13 @@ static int rt_put(ks_tier *t, const ks_kvfile_meta *meta, const int32_t *tokens,
         goto done;
     }
     /* Visible: account for it. */
-    redisAppendCommand(c, "HSET %s %s %llu", r->k_sizes, member, (unsigned long long)total);
-    redisAppendCommand(c, "INCRBY %s %llu", r->k_bytes, (unsigned long long)total);
-    redisAppendCommand(c, "ZADD %s %lld %s", r->k_lru, (long long)wall_ms(), member);
-    redisAppendCommand(c, "ZADD %s %u %u", r->k_lens, m.n_tokens, m.n_tokens);
-    redisAppendCommand(c, "ZCARD %s", r->k_lru);
+    ks_redis_conn_append(c, "HSET %s %s %llu", r->nm.sizes, member, (unsigned long long)total);
+    ks_redis_conn_append(c, "INCRBY %s %llu", r->nm.bytes, (unsigned long long)total);
+    ks_redis_conn_append(c, "ZADD %s %lld %s", r->nm.lru, (long long)wall_ms(), member);
+    ks_redis_conn_append(c, "ZADD %s %u %u", r->k_lens, m.n_tokens, m.n_tokens);
+    ks_redis_conn_append(c, "ZCARD %s", r->nm.lru);
     if ((rc = collect(r, &r->wr, 5, rep, "save (account)")) != 0) goto done;
-    int64_t b = reply_int(rep[1]), e = reply_int(rep[4]);
+    int64_t b = ks_redis_reply_int(rep[1]), e = ks_redis_reply_int(rep[4]);
     atomic_store(&r->bytes, b > 0 ? (uint64_t)b : 0);
     atomic_store(&r->entries, e > 0 ? (uint64_t)e : 0);
     free_replies(rep, 5);
@@ -533,7 +400,7 @@ int ks_tier_redis_probe(ks_tier *t, const ks_key *keys, int k, struct ks_redis_m
     if (!rep) return KS_ENOMEM;
     char member[KS_REDIS_MEMBER_LEN + 1], mkey[KS_REDIS_KEY_MAX];
     pthread_mutex_lock(&r->rd.mu);
-    redisContext *c = conn(r, &r->rd);
+    ks_redis_conn *c = conn(r, &r->rd);
     if (!c) {
         rc = KS_EIO;
         goto done;
@@ -541,9 +408,9 @@ int ks_tier_redis_probe(ks_tier *t, const ks_key *keys, int k, struct ks_redis_m
     for (int i = 0; i < k; i++) {
         ks_redis_member(r->fp, &keys[i], member);
         key_manifest(r, member, mkey);
-        redisAppendCommand(c, "GET %s", mkey);
+        ks_redis_conn_append(c, "GET %s", mkey);
     }
-    if (lens) redisAppendCommand(c, "ZRANGEBYSCORE %s %d %d", r->k_lens, lens_lo, lens_hi);
+    if (lens) ks_redis_conn_append(c, "ZRANGEBYSCORE %s %d %d", r->k_lens, lens_lo, lens_hi);
     if ((rc = collect(r, &r->rd, nq, rep, "lookup (manifests)")) != 0) goto done;
     for (int i = 0; i < k; i++) {
         if (rep[i]->type == REDIS_REPLY_STRING) {
@@ -586,23 +453,20 @@ int ks_tier_redis_fetch(ks_tier *t, const ks_key *key, const struct ks_redis_man
     ks_redis_member(r->fp, key, member);
     key_manifest(r, member, mkey);
     pthread_mutex_lock(&r->rd.mu);
-    redisContext *c = conn(r, &r->rd);
+    ks_redis_conn *c = conn(r, &r->rd);
     if (!c) {
         rc = KS_EIO;
         goto unlock;
     }
-    for (uint32_t i = 0; i < m->n_chunks; i++) {
-        key_chunk(mkey, m->nonce, i, ck);
-        redisAppendCommand(c, "GET %s", ck);
-    }
+    ks_redis_ops_append_chunks(c, mkey, m);
     /* The hit: most recently used now (XX: only while the entry is accounted). */
-    redisAppendCommand(c, "ZADD %s XX %lld %s", r->k_lru, (long long)wall_ms(), member);
+    ks_redis_conn_append(c, "ZADD %s XX %lld %s", r->nm.lru, (long long)wall_ms(), member);
     if (r->cfg.ttl > 0) {
         /* A TTL counts from the last use, as the LRU does. */
-        redisAppendCommand(c, "EXPIRE %s %lld", mkey, (long long)r->cfg.ttl);
+        ks_redis_conn_append(c, "EXPIRE %s %lld", mkey, (long long)r->cfg.ttl);
         for (uint32_t i = 0; i < m->n_chunks; i++) {
-            key_chunk(mkey, m->nonce, i, ck);
-            redisAppendCommand(c, "EXPIRE %s %lld", ck, (long long)r->cfg.ttl);
+            ks_redis_key_chunk(mkey, m->nonce, i, ck);
+            ks_redis_conn_append(c, "EXPIRE %s %lld", ck, (long long)r->cfg.ttl);
         }
     }
     double tq = ks_now_ms();
@@ -612,36 +476,16 @@ int ks_tier_redis_fetch(ks_tier *t, const ks_key *key, const struct ks_redis_man
 unlock:
     pthread_mutex_unlock(&r->rd.mu);
     if (rc != 0) goto done;
-    for (uint32_t i = 0; i < m->n_chunks; i++) {
-        uint64_t off, cl;
-        ks_redis_chunk_range(m->total, m->chunk_bytes, i, &off, &cl);
-        if (rep[i]->type != REDIS_REPLY_STRING) {
-            rc = KS_ENOENT; /* evicted or expired under the manifest */
-            break;
-        }
-        if ((uint64_t)rep[i]->len != cl) {
-            rc = KS_ECORRUPT;
-            break;
-        }
-        memcpy(buf + off, rep[i]->str, (size_t)cl);
-    }
+    rc = ks_redis_ops_take_chunks(rep, m, buf);
     free_replies(rep, nq);
     if (rc == KS_ENOENT) {
-        atomic_fetch_add(&r->broken, 1);
+        atomic_fetch_add(&r->broken, 1); /* evicted or expired under the manifest */
         goto done;
     }
     if (rc != 0) goto done;
-    if (XXH3_64bits(buf, (size_t)m->total) != m->csum) {
-        rc = KS_ECORRUPT;
-        goto done;
-    }
     ks_kvfile_meta km;
     size_t off = 0;
-    if ((rc = ks_kvfile_decode(buf, (size_t)m->total, exp, &km, &off)) != 0) goto done;
-    if (km.n_tokens != m->n_tokens || !ks_key_eq(&km.key, key)) {
-        rc = KS_EMISMATCH;
-        goto done;
-    }
+    if ((rc = ks_redis_ops_check(buf, m, key, exp, &km, &off)) != 0) goto done;
     atomic_fetch_add(&r->bytes_read, m->total);
     known_add(r, key, m->n_tokens, km.reason, km.created_us, m->total);
     ks__tier_touch(t, key);
@@ -668,10 +512,10 @@ static int rt_get(ks_tier *t, const ks_key *key, const ks_kvfile_expect *exp, ks
 
 /* ============================================================ removal */
 static int remove_key(redis_tier *r, const ks_key *key) {
-    char members[1][KS_REDIS_MEMBER_LEN + 1];
+    ks_redis_member_str members[1];
     ks_redis_member(r->fp, key, members[0]);
     pthread_mutex_lock(&r->wr.mu);
-    redisContext *c = conn(r, &r->wr);
+    ks_redis_conn *c = conn(r, &r->wr);
     int rc = c ? delete_members(r, c, members, 1) : KS_EIO;
     pthread_mutex_unlock(&r->wr.mu);
     known_del(r, key);
@@ -699,8 +543,9 @@ static void rt_persist(ks_tier *t) { (void)t; }
 
 static void rt_close(ks_tier *t) {
     redis_tier *r = (redis_tier *)t;
-    if (r->rd.c) redisFree(r->rd.c);
-    if (r->wr.c) redisFree(r->wr.c);
+    ks_redis_conn_free(r->rd.c);
+    ks_redis_conn_free(r->wr.c);
+    ks_redis_tls_free(r->tls);
     pthread_mutex_destroy(&r->rd.mu);
     pthread_mutex_destroy(&r->wr.mu);
     ks__tier_fini(t);
@@ -745,19 +590,11 @@ int ks_tier_redis_open(const struct ks_redis_cfg *cfg, uint64_t max_bytes, const
     *out = NULL;
     redis_tier *r = calloc(1, sizeof *r);
     if (!r) return KS_ENOMEM;
-    int rc = ks_redis_url_parse(cfg->url, &r->url, err, errlen);
+    /* The URL, the password (from cfg when the URL has none) and, for
+     * rediss://, the TLS context: every setting checked here. */
+    int rc = ks_redis_cfg_prepare(cfg, &r->url, &r->tls, err, errlen);
     if (rc) goto fail;
     ks_redis_url_redact(cfg->url, r->where, sizeof r->where);
-    if (r->url.tls) {
-        ks_set_err(err, errlen,
-                   "redis tier: %s: rediss:// (TLS) is not supported by this build (hiredis without TLS); "
-                   "use a TLS tunnel to a redis:// or unix:// address (docs/DEPLOY.md)",
-                   r->where);
-        rc = KS_EINVAL;
-        goto fail;
-    }
-    if (!r->url.password[0] && cfg->password[0])
-        snprintf(r->url.password, sizeof r->url.password, "%s", cfg->password);
     r->cfg = *cfg;
     memset(r->cfg.password, 0, sizeof r->cfg.password);
     if (!r->cfg.key_prefix[0] || strchr(r->cfg.key_prefix, ' ') || r->cfg.chunk_bytes < KS_REDIS_CHUNK_MIN ||
@@ -769,14 +606,12 @@ int ks_tier_redis_open(const struct ks_redis_cfg *cfg, uint64_t max_bytes, const
     }
     r->max_bytes = max_bytes;
     if (ident && ident->model_fp) memcpy(r->fp, ident->model_fp, 32);
-    ks_key fk;
-    char fphex[KS_KEY_HEX_LEN + 1];
-    memcpy(fk.b, r->fp, 32);
-    ks_key_to_hex(&fk, fphex);
-    snprintf(r->k_lru, sizeof r->k_lru, "%s:lru", r->cfg.key_prefix);
-    snprintf(r->k_sizes, sizeof r->k_sizes, "%s:sizes", r->cfg.key_prefix);
-    snprintf(r->k_bytes, sizeof r->k_bytes, "%s:bytes", r->cfg.key_prefix);
-    snprintf(r->k_lens, sizeof r->k_lens, "%s:%s:lens", r->cfg.key_prefix, fphex);
+    if (ks_redis_names_init(&r->nm, r->cfg.key_prefix) != 0) {
+        ks_set_err(err, errlen, "redis tier: key_prefix longer than %d bytes", KS_REDIS_PREFIX_MAX - 1);
+        rc = KS_EINVAL;
+        goto fail;
+    }
+    ks_redis_key_lens(&r->nm, r->fp, r->k_lens);
     pthread_mutex_init(&r->rd.mu, NULL);
     pthread_mutex_init(&r->wr.mu, NULL);
     if ((rc = ks__tier_init(&r->base, &k_redis_vt, KS_TIER_REDIS, ident)) != 0) {
@@ -787,13 +622,13 @@ int ks_tier_redis_open(const struct ks_redis_cfg *cfg, uint64_t max_bytes, const
     /* A first contact tells the operator at start whether Redis answers; a
      * server that does not is no reason not to serve (the breaker retries). */
     pthread_mutex_lock(&r->wr.mu);
-    redisContext *c = conn(r, &r->wr);
+    ks_redis_conn *c = conn(r, &r->wr);
     redisReply *rep[2] = {0};
     if (c) {
-        redisAppendCommand(c, "GET %s", r->k_bytes);
-        redisAppendCommand(c, "ZCARD %s", r->k_lru);
+        ks_redis_conn_append(c, "GET %s", r->nm.bytes);
+        ks_redis_conn_append(c, "ZCARD %s", r->nm.lru);
         if (collect(r, &r->wr, 2, rep, "first contact") == 0) {
-            int64_t b = reply_int(rep[0]), e = reply_int(rep[1]);
+            int64_t b = ks_redis_reply_int(rep[0]), e = ks_redis_reply_int(rep[1]);
             atomic_store(&r->bytes, b > 0 ? (uint64_t)b : 0);
             atomic_store(&r->entries, e > 0 ? (uint64_t)e : 0);
             free_replies(rep, 2);
@@ -805,12 +640,13 @@ int ks_tier_redis_open(const struct ks_redis_cfg *cfg, uint64_t max_bytes, const
         /* Open the breaker at once: the first lookups must not each wait for
          * a connect timeout. */
         atomic_store(&r->open_until_ms, mono_ms() + r->cfg.breaker_ms);
-        KS_WARN("store", "redis tier: %s does not answer; serving without it, retrying every %d ms", r->where,
-                r->cfg.breaker_ms);
+        KS_WARN("store", "redis tier: %s does not answer; serving without it, retrying every %d ms (%s)", r->where,
+                r->cfg.breaker_ms, r->wr.why[0] ? r->wr.why : "no reason given");
     }
     *out = &r->base;
     return 0;
 fail:
+    ks_redis_tls_free(r->tls);
     memset(&r->url, 0, sizeof r->url);
     free(r);
     return rc;

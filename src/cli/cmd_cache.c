@@ -1,6 +1,7 @@
 /*
  * cmd_cache.c — `kvstash cache ls|stats|verify|gc|rm`: inspect and maintain
- * the persistent store's directories without a model.
+ * the persistent store's directories, and the entries of a redis tier
+ * (--redis URL, cache_redis.c), without a model.
  *
  * Every subcommand works on the disk tier directory (--cache-dir; default as
  * in the server: $XDG_CACHE_HOME/kvstash or ~/.cache/kvstash) and, only when
@@ -15,12 +16,21 @@
  * next to a server: files are only ever replaced atomically, and a server
  * that finds a file gone treats it as a miss.
  *
- * Exit codes: 0 ok, 1 runtime error (verify: a bad file), 2 usage error (a
- * missing directory included).
+ * With --redis URL, the entries under --redis-prefix (default kvstash) in
+ * that Redis are acted on too (tier "redis"); the directories are then acted
+ * on only when --cache-dir or --shm-dir names them, so that a host with no
+ * disk tier can inspect Redis alone. The password comes from the URL or
+ * $KVSTASH_REDIS_PASSWORD, the TLS settings from --redis-tls-* (as serve's
+ * --cache-redis-tls-*). A Redis that cannot be reached is exit 1 naming the
+ * URL (redacted).
+ *
+ * Exit codes: 0 ok, 1 runtime error (verify: a bad file or entry; Redis
+ * unreachable), 2 usage error (a missing directory included).
  */
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,9 +41,11 @@
 #include "base/base.h"
 #include "cache/key.h"
 #include "cache/kvfile.h"
+#include "cache/redis_conn.h"
 #include "cache/store.h"
 #include "cache/store_cfg.h"
 #include "cache/tier.h"
+#include "cli/cache_redis.h"
 #include "cli/cli.h"
 
 #define CMD "kvstash cache"
@@ -45,6 +57,8 @@ typedef struct opts {
     bool all;
     const char *prefix;
     int64_t max_bytes;                   /* -1: the defaults */
+    bool use_redis;                      /* --redis */
+    ks_redis_cfg redis;                  /* url, key_prefix, password, tls */
 } opts;
 
 static void usage(FILE *f) {
@@ -64,11 +78,20 @@ static void usage(FILE *f) {
             "  --shm-dir DIR     also act on this shm tier. Without it no shm directory is touched:\n"
             "                    the servers' default, /dev/shm/kvstash-<uid>, is shared by every\n"
             "                    server of the user whatever their --cache-dir, so name it to include it\n"
+            "  --redis URL       also act on the entries of a redis tier (tier 'redis'): redis://,\n"
+            "                    rediss:// (TLS), unix://; password also from $KVSTASH_REDIS_PASSWORD.\n"
+            "                    With --redis, the disk tier is acted on only when --cache-dir names it.\n"
+            "                    gc evicts from Redis only with --max-bytes (the servers' budget,\n"
+            "                    store.tiers.redis.max_bytes, is not known here)\n"
+            "  --redis-prefix P  the servers' store.tiers.redis.key_prefix (default kvstash)\n"
+            "  --redis-tls-ca FILE, --redis-tls-ca-dir DIR, --redis-tls-cert FILE, --redis-tls-key FILE,\n"
+            "  --redis-tls-server-name NAME, --redis-tls-insecure\n"
+            "                    TLS settings for a rediss:// URL, as serve's --cache-redis-tls-*\n"
             "A directory given (or the default --cache-dir) that does not exist or is not a\n"
-            "directory is an error (exit 2).\n");
+            "directory is an error (exit 2); a Redis that cannot be reached is exit 1.\n");
 }
 
-static const char *tier_str(int t) { return t == KS_TIER_SHM ? "shm" : t == KS_TIER_DISK ? "disk" : "ram"; }
+static const char *tier_str(int t) { return ks_tier_name((ks_tier_id)t); }
 
 static const char *reason_str(int r) { return ks_reason_name((ks_reason)r); }
 
@@ -124,12 +147,33 @@ static bool key_matches(const ks_key *k, const char *prefix) {
     return true;
 }
 
+/* The options that take a value; their index in parse. */
+enum { O_CACHE_DIR, O_SHM_DIR, O_MAX_BYTES, O_REDIS, O_REDIS_PREFIX, O_TLS_CA, O_TLS_CA_DIR, O_TLS_CERT, O_TLS_KEY,
+       O_TLS_NAME, O__N };
+static const char *const k_valued[O__N] = {"--cache-dir", "--shm-dir", "--max-bytes", "--redis", "--redis-prefix",
+                                           "--redis-tls-ca", "--redis-tls-ca-dir", "--redis-tls-cert",
+                                           "--redis-tls-key", "--redis-tls-server-name"};
+
+/* Copies val into dst (n bytes) for flag; 0 or 2 (message printed). */
+static int copy_arg(char *dst, size_t n, const char *flag, const char *val) {
+    if (!val[0] || strlen(val) >= n) {
+        fprintf(stderr, CMD ": %s: %s value\n", flag, val[0] ? "too long a" : "an empty");
+        return 2;
+    }
+    snprintf(dst, n, "%s", val);
+    return 0;
+}
+
 /* Returns 0 or 2 (usage error, message printed). */
 static int parse(int argc, char **argv, opts *o) {
     memset(o, 0, sizeof *o);
     o->max_bytes = -1;
     ks_store_default_dirs(o->dirs[KS_TIER_DISK], NULL);
     o->use[KS_TIER_DISK] = true;
+    bool cache_dir_given = false;
+    ks_store_cfg sc;
+    ks_store_cfg_defaults(&sc);
+    o->redis = sc.redis; /* key_prefix kvstash, verify on */
     if (argc < 2) {
         usage(stderr);
         return 2;
@@ -137,30 +181,39 @@ static int parse(int argc, char **argv, opts *o) {
     o->sub = argv[1];
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *val = NULL;
-        const char *names[] = {"--cache-dir", "--shm-dir", "--max-bytes"};
         int which = -1;
-        for (int k = 0; k < 3; k++) {
-            size_t l = strlen(names[k]);
-            if (strcmp(a, names[k]) == 0) {
+        for (int k = 0; k < O__N; k++) {
+            size_t l = strlen(k_valued[k]);
+            if (strcmp(a, k_valued[k]) == 0) {
                 if (i + 1 >= argc) {
                     fprintf(stderr, CMD ": %s needs a value\n", a);
                     return 2;
                 }
                 which = k;
                 val = argv[++i];
-            } else if (strncmp(a, names[k], l) == 0 && a[l] == '=') {
+            } else if (strncmp(a, k_valued[k], l) == 0 && a[l] == '=') {
                 which = k;
                 val = a + l + 1;
             }
         }
-        if (which == 0 || which == 1) {
+        ks_redis_tls_cfg *tls = &o->redis.tls;
+        char *dst = NULL;
+        size_t dst_n = 0;
+        int rc;
+        switch (which) {
+        case O_CACHE_DIR:
+        case O_SHM_DIR: {
             if (!val[0] || strlen(val) >= KS_MAX_PATH) {
-                fprintf(stderr, CMD ": %s: invalid directory\n", names[which]);
+                fprintf(stderr, CMD ": %s: invalid directory\n", k_valued[which]);
                 return 2;
             }
-            snprintf(o->dirs[which == 0 ? KS_TIER_DISK : KS_TIER_SHM], KS_MAX_PATH, "%s", val);
-            if (which == 1) o->use[KS_TIER_SHM] = true;
-        } else if (which == 2) {
+            int t = which == O_CACHE_DIR ? KS_TIER_DISK : KS_TIER_SHM;
+            snprintf(o->dirs[t], KS_MAX_PATH, "%s", val);
+            o->use[t] = true;
+            if (t == KS_TIER_DISK) cache_dir_given = true;
+            continue;
+        }
+        case O_MAX_BYTES:
             if (ks_cli_parse_size(CMD, "--max-bytes", val, &o->max_bytes)) return 2;
             /* A tier's budget: the range of store.tiers.<tier>.max_bytes. */
             if (o->max_bytes > KS_STORE_BYTES_MAX) {
@@ -168,8 +221,22 @@ static int parse(int argc, char **argv, opts *o) {
                         (long long)(KS_STORE_BYTES_MAX >> 40), val);
                 return 2;
             }
-        } else if (strcmp(a, "--all") == 0) {
+            continue;
+        case O_REDIS: o->use_redis = true; dst = o->redis.url; dst_n = sizeof o->redis.url; break;
+        case O_REDIS_PREFIX: dst = o->redis.key_prefix; dst_n = sizeof o->redis.key_prefix; break;
+        case O_TLS_CA: dst = tls->ca_file; dst_n = sizeof tls->ca_file; break;
+        case O_TLS_CA_DIR: dst = tls->ca_dir; dst_n = sizeof tls->ca_dir; break;
+        case O_TLS_CERT: dst = tls->cert_file; dst_n = sizeof tls->cert_file; break;
+        case O_TLS_KEY: dst = tls->key_file; dst_n = sizeof tls->key_file; break;
+        case O_TLS_NAME: dst = tls->server_name; dst_n = sizeof tls->server_name; break;
+        default: break;
+        }
+        if (dst && (rc = copy_arg(dst, dst_n, k_valued[which], val)) != 0) return rc;
+        if (which >= 0) continue;
+        if (strcmp(a, "--all") == 0) {
             o->all = true;
+        } else if (strcmp(a, "--redis-tls-insecure") == 0) {
+            o->redis.tls.verify = false;
         } else if (a[0] == '-') {
             fprintf(stderr, CMD " %s: unknown option '%s'\n", o->sub, a);
             return 2;
@@ -184,7 +251,23 @@ static int parse(int argc, char **argv, opts *o) {
             return 2;
         }
     }
+    if (!o->use_redis && (strcmp(o->redis.key_prefix, "kvstash") != 0 || ks_redis_tls_cfg_given(&o->redis.tls))) {
+        fprintf(stderr, CMD " %s: --redis-prefix and --redis-tls-* need --redis URL\n", o->sub);
+        return 2;
+    }
+    /* Redis alone unless a directory is named: a host with Redis only has no disk tier. */
+    if (o->use_redis && !cache_dir_given) o->use[KS_TIER_DISK] = false;
+    const char *pw = getenv("KVSTASH_REDIS_PASSWORD");
+    if (o->use_redis && pw && strlen(pw) < sizeof o->redis.password)
+        snprintf(o->redis.password, sizeof o->redis.password, "%s", pw);
     return 0;
+}
+
+/* Connects to the Redis of --redis (NULL *r without it). 0, 1 or 2 (message printed). */
+static int open_redis(const opts *o, ks_cache_redis **r) {
+    *r = NULL;
+    if (!o->use_redis) return 0;
+    return ks_cache_redis_open(o->sub, &o->redis, r);
 }
 
 /* Checks that every directory acted on exists and is a directory. Returns 0,
@@ -291,27 +374,47 @@ static int cmd_ls(const opts *o) {
     }
     int rc = check_dirs(o);
     if (rc) return rc;
+    ks_cache_redis *redis = NULL;
+    if ((rc = open_redis(o, &redis)) != 0) return rc;
     if (collect_all(o, &r, 0) != 0) {
         free(r.v);
+        ks_cache_redis_close(redis);
         return 1;
+    }
+    if (redis) {
+        r.tier = KS_TIER_REDIS;
+        r.prefix = o->prefix;
+        rc = ks_cache_redis_list(redis, o->prefix, collect, &r);
+        ks_cache_redis_close(redis);
+        if (rc == 0 && r.oom) rc = 1, fprintf(stderr, CMD " ls: out of memory\n");
+        if (rc) {
+            free(r.v);
+            return rc;
+        }
     }
     if (r.n) qsort(r.v, r.n, sizeof *r.v, row_cmp); /* r.v is NULL when empty: UB for qsort */
     int64_t now = now_us();
-    printf("%-12s %8s %9s %-4s %-9s %6s %6s %6s %-8s\n", "KEY", "TOKENS", "BYTES", "TIER", "REASON", "AGE",
+    printf("%-12s %8s %9s %-5s %-9s %6s %6s %6s %-8s\n", "KEY", "TOKENS", "BYTES", "TIER", "REASON", "AGE",
            "IDLE", "HITS", "MODEL");
     for (size_t i = 0; i < r.n; i++) {
         const ks_tier_entry *e = &r.v[i].e;
-        char hex[KS_KEY_HEX_LEN + 1], fp[9], sz[16], age[16], idle[16];
+        bool remote = r.v[i].tier == KS_TIER_REDIS;
+        char hex[KS_KEY_HEX_LEN + 1], fp[9], sz[16], age[16], idle[16], hits[24];
         ks_key_to_hex(&e->key, hex);
         ks_hex_encode(e->model_fp, 4, fp);
         fmt_bytes(e->bytes, sz, sizeof sz);
         fmt_age(now - e->created_us, age, sizeof age);
-        if (e->hits)
+        /* Redis keeps every server's last use of an entry (its LRU), not a hit count. */
+        if (e->hits || remote)
             fmt_age(now - e->last_hit_us, idle, sizeof idle);
         else
             snprintf(idle, sizeof idle, "-");
-        printf("%.12s %8d %9s %-4s %-9s %6s %6s %6llu %-8s\n", hex, e->n_tokens, sz, tier_str(r.v[i].tier),
-               reason_str(e->reason), age, idle, (unsigned long long)e->hits, fp);
+        if (remote)
+            snprintf(hits, sizeof hits, "-");
+        else
+            snprintf(hits, sizeof hits, "%llu", (unsigned long long)e->hits);
+        printf("%.12s %8d %9s %-5s %-9s %6s %6s %6s %-8s\n", hex, e->n_tokens, sz, tier_str(r.v[i].tier),
+               reason_str(e->reason), age, idle, hits, fp);
     }
     if (r.n == 0) fprintf(stderr, o->prefix ? "no entry matches %s\n" : "the cache is empty\n", o->prefix);
     free(r.v);
@@ -338,6 +441,51 @@ static void count_dir(const char *dir, int *temps, int *quarantined) {
     }
 }
 
+/* The detail line of a tier's stats: tokens, hits and reasons of its entries. */
+static void print_reasons(const rows *r, bool with_hits) {
+    uint64_t by_reason[KS_REASON__N] = {0}, hits = 0, tokens = 0;
+    for (size_t i = 0; i < r->n; i++) {
+        if (r->v[i].e.reason >= 0 && r->v[i].e.reason < KS_REASON__N) by_reason[r->v[i].e.reason]++;
+        hits += r->v[i].e.hits;
+        tokens += (uint64_t)r->v[i].e.n_tokens;
+    }
+    printf("%-5s %8s %10s  tokens %llu", "", "", "", (unsigned long long)tokens);
+    if (with_hits) printf(", hits %llu", (unsigned long long)hits);
+    printf("; cold %llu, continued %llu, finish %llu, evict %llu, shutdown %llu",
+           (unsigned long long)by_reason[0], (unsigned long long)by_reason[1], (unsigned long long)by_reason[2],
+           (unsigned long long)by_reason[3], (unsigned long long)by_reason[4]);
+}
+
+/* The redis line of stats: the accounting, and what a scan finds. */
+static int stats_redis(const opts *o, uint64_t *tot_b, uint64_t *tot_e) {
+    ks_cache_redis *redis = NULL;
+    int rc = open_redis(o, &redis);
+    if (rc || !redis) return rc;
+    uint64_t e = 0, b = 0;
+    rows r = {0};
+    if ((rc = ks_cache_redis_usage(redis, &e, &b)) == 0) {
+        r.tier = KS_TIER_REDIS;
+        rc = ks_cache_redis_list(redis, NULL, collect, &r);
+        if (rc == 0 && r.oom) rc = 1, fprintf(stderr, CMD " stats: out of memory\n");
+    }
+    if (rc == 0) {
+        char sz[16];
+        fmt_bytes(b, sz, sizeof sz);
+        printf("%-5s %8llu %10s  %s prefix %s (budget: the servers' store.tiers.redis.max_bytes)\n", "redis",
+               (unsigned long long)e, sz, ks_cache_redis_where(redis), ks_cache_redis_prefix(redis));
+        print_reasons(&r, false);
+        printf("; manifests %zu", r.n);
+        if (r.n != e) printf(" (the accounting counts %llu: saves in flight, or left by a server that died)",
+                             (unsigned long long)e);
+        printf("\n");
+        *tot_b += b;
+        *tot_e += e;
+    }
+    free(r.v);
+    ks_cache_redis_close(redis);
+    return rc;
+}
+
 static int cmd_stats(const opts *o) {
     uint64_t tot_b = 0, tot_e = 0;
     int rc = check_dirs(o);
@@ -347,7 +495,8 @@ static int cmd_stats(const opts *o) {
         ks_tier *tier = NULL;
         rows r = {0};
         if (!o->use[t]) {
-            printf("%-5s %8s %10s  not included (give --shm-dir DIR)\n", tier_str(t), "-", "-");
+            printf("%-5s %8s %10s  not included (give %s DIR)\n", tier_str(t), "-", "-",
+                   t == KS_TIER_SHM ? "--shm-dir" : "--cache-dir");
             continue;
         }
         if (open_tier(o, t, 0, &tier) != 0) return 1;
@@ -360,29 +509,20 @@ static int cmd_stats(const opts *o) {
         uint64_t b = 0, e = 0, skipped = atomic_load(&tier->n_skipped);
         ks_tier_usage(tier, &b, &e);
         ks_tier_close(tier);
-        uint64_t by_reason[KS_REASON__N] = {0}, hits = 0, tokens = 0;
-        for (size_t i = 0; i < r.n; i++) {
-            if (r.v[i].e.reason >= 0 && r.v[i].e.reason < KS_REASON__N) by_reason[r.v[i].e.reason]++;
-            hits += r.v[i].e.hits;
-            tokens += (uint64_t)r.v[i].e.n_tokens;
-        }
-        free(r.v);
         int temps, quar;
         count_dir(o->dirs[t], &temps, &quar);
         char sz[16];
         fmt_bytes(b, sz, sizeof sz);
         printf("%-5s %8llu %10s  %s\n", tier_str(t), (unsigned long long)e, sz, o->dirs[t]);
-        printf("%-5s %8s %10s  tokens %llu, hits %llu; cold %llu, continued %llu, finish %llu, evict %llu, "
-               "shutdown %llu; temp files %d, quarantined %d",
-               "", "", "", (unsigned long long)tokens, (unsigned long long)hits,
-               (unsigned long long)by_reason[0], (unsigned long long)by_reason[1],
-               (unsigned long long)by_reason[2], (unsigned long long)by_reason[3],
-               (unsigned long long)by_reason[4], temps, quar);
+        print_reasons(&r, true);
+        free(r.v);
+        printf("; temp files %d, quarantined %d", temps, quar);
         if (skipped) printf("; skipped %llu (not regular files)", (unsigned long long)skipped);
         printf("\n");
         tot_b += b;
         tot_e += e;
     }
+    if ((rc = stats_redis(o, &tot_b, &tot_e)) != 0) return rc;
     char sz[16];
     fmt_bytes(tot_b, sz, sizeof sz);
     printf("%-5s %8llu %10s\n", "total", (unsigned long long)tot_e, sz);
@@ -412,6 +552,9 @@ static int cmd_verify(const opts *o) {
     vstate v = {0, 0, 0};
     int crc = check_dirs(o);
     if (crc) return crc;
+    /* Connected before anything is read: an unreachable Redis fails fast. */
+    ks_cache_redis *redis = NULL;
+    if ((crc = open_redis(o, &redis)) != 0) return crc;
     for (int t = KS_TIER_SHM; t <= KS_TIER_DISK; t++) {
         if (!o->use[t]) continue;
         int rc = ks_store_verify_dir(o->dirs[t], verify_cb, &v);
@@ -419,12 +562,23 @@ static int cmd_verify(const opts *o) {
         if (rc < 0) {
             fprintf(stderr, CMD " verify: %s: %s\n", o->dirs[t],
                     rc == KS_EINVAL ? "not a directory" : ks_strerror(rc));
+            ks_cache_redis_close(redis);
             return rc == KS_EINVAL ? 2 : 1;
         }
     }
-    printf("%d files checked: %d good, %d bad", v.good + v.bad, v.good, v.bad);
-    if (v.skipped) printf("; %d skipped (not regular files)", v.skipped);
-    printf("\n");
+    if (o->use[KS_TIER_SHM] || o->use[KS_TIER_DISK]) {
+        printf("%d files checked: %d good, %d bad", v.good + v.bad, v.good, v.bad);
+        if (v.skipped) printf("; %d skipped (not regular files)", v.skipped);
+        printf("\n");
+    }
+    if (redis) {
+        int good = 0, bad = 0;
+        crc = ks_cache_redis_verify(redis, &good, &bad);
+        ks_cache_redis_close(redis);
+        if (crc) return crc;
+        printf("%d redis entries checked: %d good, %d bad\n", good + bad, good, bad);
+        v.bad += bad;
+    }
     return v.bad ? 1 : 0;
 }
 
@@ -479,7 +633,26 @@ static int cmd_gc(const opts *o) {
                "quarantined files removed\n",
                tier_str(t), n, freed, (unsigned long long)e1, now, lim, (unsigned long long)bad, purged);
     }
-    return 0;
+    ks_cache_redis *redis = NULL;
+    if ((rc = open_redis(o, &redis)) != 0 || !redis) return rc;
+    if (o->max_bytes < 0) {
+        printf("redis: nothing evicted: give --max-bytes N (the servers keep Redis within their "
+               "store.tiers.redis.max_bytes, which is not known here)\n");
+    } else {
+        int n = 0;
+        uint64_t b0 = 0, b1 = 0;
+        rc = ks_cache_redis_gc(redis, (uint64_t)o->max_bytes, &n, &b0, &b1);
+        if (rc == 0) {
+            char freed[16], now[16], lim[16];
+            fmt_bytes(b0 > b1 ? b0 - b1 : 0, freed, sizeof freed);
+            fmt_bytes(b1, now, sizeof now);
+            fmt_bytes((uint64_t)o->max_bytes, lim, sizeof lim);
+            printf("redis: evicted %d entries (%s), now %s (budget %s)%s\n", n, freed, now, lim,
+                   b1 > (uint64_t)o->max_bytes ? "; still over: servers are saving, run it again" : "");
+        }
+    }
+    ks_cache_redis_close(redis);
+    return rc;
 }
 
 /* ------------------------------------------------------------------- rm */
@@ -491,10 +664,15 @@ static int cmd_rm(const opts *o) {
     int crc = check_dirs(o);
     if (crc) return crc;
     int removed = 0, failed = 0;
+    ks_cache_redis *redis = NULL;
+    if ((crc = open_redis(o, &redis)) != 0) return crc;
     for (int t = KS_TIER_SHM; t <= KS_TIER_DISK; t++) {
         ks_tier *tier = NULL;
         rows r = {0};
-        if (open_tier(o, t, 0, &tier) != 0) return 1;
+        if (open_tier(o, t, 0, &tier) != 0) {
+            ks_cache_redis_close(redis);
+            return 1;
+        }
         if (!tier) continue;
         r.tier = t;
         r.prefix = o->prefix;
@@ -513,6 +691,13 @@ static int cmd_rm(const opts *o) {
         }
         free(r.v);
         ks_tier_close(tier);
+    }
+    if (redis) {
+        int n = 0;
+        crc = ks_cache_redis_rm(redis, o->prefix, !o->all, &n);
+        ks_cache_redis_close(redis);
+        if (crc) return crc;
+        removed += n;
     }
     if (o->all) printf("removed %d entries\n", removed);
     if (!o->all && removed == 0 && failed == 0) {
@@ -537,6 +722,8 @@ int ks_cmd_cache(int argc, char **argv) {
     }
     /* Warnings (a file moved to quarantine...) are worth seeing; chatter is not. */
     if (ks_log_get_level() < KS_LOG_WARN) ks_log_set_level(KS_LOG_WARN);
+    /* A Redis that closes the connection fails a write, not the process (TLS writes with write(2)). */
+    if (o.use_redis) signal(SIGPIPE, SIG_IGN);
     if (!strcmp(o.sub, "ls")) return cmd_ls(&o);
     if (!strcmp(o.sub, "stats")) return cmd_stats(&o);
     if (!strcmp(o.sub, "verify")) return cmd_verify(&o);

@@ -30,6 +30,7 @@
 #include <time.h>
 
 #include "base/base.h"
+#include "cache/redis_conn.h"
 #include "cache/redis_fmt.h"
 #include "config/config.h"
 #include "cache/spc.h"
@@ -71,8 +72,17 @@ static void usage(FILE *f) {
             "                            with its disk tier in DIR (store.enabled, store.cache_dir)\n"
             "  --cache-redis URL         share KV states with the servers of other hosts through Redis or\n"
             "                            Valkey (store.tiers.redis.url): redis://[user:pass@]host:port/db,\n"
-            "                            unix:///path; password also from $KVSTASH_REDIS_PASSWORD\n"
-            "                            (docs/DEPLOY.md)\n"
+            "                            rediss:// (TLS), unix:///path; password also from\n"
+            "                            $KVSTASH_REDIS_PASSWORD (docs/DEPLOY.md)\n"
+            "  --cache-redis-tls-ca FILE CA certificates (PEM) that sign the rediss:// server's certificate\n"
+            "                            (store.tiers.redis.tls.ca_file; default: the system's)\n"
+            "  --cache-redis-tls-ca-dir DIR  a hashed directory of CA certificates (tls.ca_dir)\n"
+            "  --cache-redis-tls-cert FILE   client certificate for mutual TLS (tls.cert_file), with\n"
+            "  --cache-redis-tls-key FILE    its unencrypted private key (tls.key_file)\n"
+            "  --cache-redis-tls-server-name NAME  the name the server's certificate must carry, sent as\n"
+            "                            SNI (tls.server_name; default: the URL's host)\n"
+            "  --cache-redis-tls-insecure  do not verify the server's certificate (tls.verify: false;\n"
+            "                            testing only)\n"
             "  --api-key KEY             require 'Authorization: Bearer KEY' (also $KVSTASH_API_KEY)\n"
             "  --responses-ttl S         keep Responses API conversations for previous_response_id this\n"
             "                            long, seconds (default 3600; 0: keep none)\n"
@@ -124,6 +134,8 @@ typedef struct flags {
     bool no_cache, no_exact, imc, spc;
     int flash_attn; /* KS_FA_* */
     const char *cache_dir, *cache_redis;
+    const char *tls_ca, *tls_ca_dir, *tls_cert, *tls_key, *tls_name; /* --cache-redis-tls-* */
+    bool tls_insecure;
     const char *cors[KS_CONFIG_CORS_MAX]; /* --cors-origin, in order */
     int n_cors;
     int responses_ttl, responses_max; /* -1: not given */
@@ -135,7 +147,8 @@ static int parse_flags(int argc, char **argv, flags *f) {
     enum { O_HOST = 256, O_PORT, O_SLOTS, O_CTX, O_BATCH, O_THREADS, O_NOCACHE, O_NOEXACT, O_KEY, O_QUEUE, O_BODY,
            O_MAXTOK, O_ALIAS, O_TIMEOUT, O_SHUTDOWN, O_FA, O_CONFIG, O_LOG, O_IMC, O_SPC, O_CACHEDIR, O_CACHERAM,
            O_TEMPLATE, O_REASONING, O_CORS, O_RESP_TTL, O_RESP_MAX, O_HDR_TIMEOUT, O_MAXCONN, O_MAXCONN_CLIENT,
-           O_CKPT, O_CKPT_EVERY, O_CKPT_BYTES, O_CACHEREDIS };
+           O_CKPT, O_CKPT_EVERY, O_CKPT_BYTES, O_CACHEREDIS, O_TLS_CA, O_TLS_CA_DIR, O_TLS_CERT, O_TLS_KEY,
+           O_TLS_NAME, O_TLS_INSECURE };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},          {"host", required_argument, 0, O_HOST},
         {"port", required_argument, 0, O_PORT},        {"slots", required_argument, 0, O_SLOTS},
@@ -150,6 +163,12 @@ static int parse_flags(int argc, char **argv, flags *f) {
         {"imc", no_argument, 0, O_IMC},                {"spc", no_argument, 0, O_SPC},
         {"cache-dir", required_argument, 0, O_CACHEDIR}, {"cache-ram", required_argument, 0, O_CACHERAM},
         {"cache-redis", required_argument, 0, O_CACHEREDIS},
+        {"cache-redis-tls-ca", required_argument, 0, O_TLS_CA},
+        {"cache-redis-tls-ca-dir", required_argument, 0, O_TLS_CA_DIR},
+        {"cache-redis-tls-cert", required_argument, 0, O_TLS_CERT},
+        {"cache-redis-tls-key", required_argument, 0, O_TLS_KEY},
+        {"cache-redis-tls-server-name", required_argument, 0, O_TLS_NAME},
+        {"cache-redis-tls-insecure", no_argument, 0, O_TLS_INSECURE},
         {"chat-template", required_argument, 0, O_TEMPLATE}, {"reasoning-format", required_argument, 0, O_REASONING},
         {"cors-origin", required_argument, 0, O_CORS},
         {"responses-ttl", required_argument, 0, O_RESP_TTL}, {"responses-max", required_argument, 0, O_RESP_MAX},
@@ -236,6 +255,13 @@ static int parse_flags(int argc, char **argv, flags *f) {
             f->cache_redis = optarg;
             break;
         }
+        /* Checked with the URL once every setting is known (check_redis). */
+        case O_TLS_CA: f->tls_ca = optarg; break;
+        case O_TLS_CA_DIR: f->tls_ca_dir = optarg; break;
+        case O_TLS_CERT: f->tls_cert = optarg; break;
+        case O_TLS_KEY: f->tls_key = optarg; break;
+        case O_TLS_NAME: f->tls_name = optarg; break;
+        case O_TLS_INSECURE: f->tls_insecure = true; break;
         case O_CACHERAM: /* MiB: the range of store.tiers.ram.max_bytes */
             if (ks_cli_parse_int(CMD, "--cache-ram", optarg, 0, (int)(KS_STORE_BYTES_MAX >> 20), &f->cache_ram))
                 return 2;
@@ -351,6 +377,12 @@ static int apply_flags(const flags *f, ks_config *c) {
     }
     if (f->cache_ram >= 0) c->store.tier_max_bytes[KS_TIER_RAM] = (int64_t)f->cache_ram << 20;
     if (f->cache_redis) COPY(c->store.redis.url, f->cache_redis);
+    if (f->tls_ca) COPY(c->store.redis.tls.ca_file, f->tls_ca);
+    if (f->tls_ca_dir) COPY(c->store.redis.tls.ca_dir, f->tls_ca_dir);
+    if (f->tls_cert) COPY(c->store.redis.tls.cert_file, f->tls_cert);
+    if (f->tls_key) COPY(c->store.redis.tls.key_file, f->tls_key);
+    if (f->tls_name) COPY(c->store.redis.tls.server_name, f->tls_name);
+    if (f->tls_insecure) c->store.redis.tls.verify = false;
     /* A password kept out of the URL (and so out of ps and shell histories). */
     const char *pw = getenv("KVSTASH_REDIS_PASSWORD");
     if (pw && strlen(pw) < sizeof c->store.redis.password) COPY(c->store.redis.password, pw);
@@ -360,6 +392,29 @@ static int apply_flags(const flags *f, ks_config *c) {
         for (int i = 0; i < f->n_cors; i++) COPY(c->cors_origins[i], f->cors[i]);
         c->n_cors_origins = f->n_cors;
     }
+    return 0;
+}
+
+/* The redis tier's settings as a whole, once the file and the flags are
+ * applied: the URL, TLS settings only with rediss://, and the TLS files
+ * (read and loaded now, so that a mistake stops the server before the model
+ * loads rather than showing later as a tier that never connects). Returns
+ * 0 or 2 (message printed). */
+static int check_redis(const ks_config *c) {
+    const ks_redis_cfg *rc = &c->store.redis;
+    if (!rc->url[0]) {
+        if (!ks_redis_tls_cfg_given(&rc->tls)) return 0;
+        fprintf(stderr, CMD ": redis TLS settings (--cache-redis-tls-*, store.tiers.redis.tls) without a Redis "
+                        "URL: give --cache-redis rediss://...\n");
+        return 2;
+    }
+    ks_redis_url u;
+    char err[512] = "";
+    if (ks_redis_cfg_prepare(rc, &u, NULL, err, sizeof err) != 0) {
+        fprintf(stderr, CMD ": %s\n", err);
+        return 2;
+    }
+    memset(&u, 0, sizeof u); /* no copy of a password left behind */
     return 0;
 }
 
@@ -424,6 +479,7 @@ int ks_cmd_serve(int argc, char **argv) {
         }
     }
     if ((rc = apply_flags(&f, &cfg))) return rc;
+    if ((rc = check_redis(&cfg))) return rc;
     int lv = ks_log_parse_level(cfg.log);
     ks_log_set_level(lv < 0 ? KS_LOG_INFO : (ks_log_level)lv);
     if (!cfg.model[0]) {

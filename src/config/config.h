@@ -61,6 +61,13 @@
  *         breaker_errors: 3            # 1..1000
  *         breaker_ms: 5000             # 0..3600000
  *         reasons: [finish, evict, shutdown, checkpoint]   # copied to Redis besides their local tier
+ *         tls:                         # rediss:// only (any of these with another URL: an error)
+ *           ca_file: /etc/kvstash/redis-ca.pem   # default: the system's CA certificates
+ *           ca_dir: /etc/ssl/certs               # hashed CA directory, instead of or with ca_file
+ *           cert_file: client.pem      # mutual TLS: client certificate, with key_file
+ *           key_file: client.key       # unencrypted PEM
+ *           server_name: redis.internal          # default: the URL's host
+ *           verify: true               # false: no verification of the server (testing only)
  *     reasons: { cold: disk, continued: shm, finish: shm, evict: disk, shutdown: disk, pin: disk,
  *                checkpoint: shm }
  *                                      # pin: pinned saves go to ram and to this tier;
@@ -82,7 +89,10 @@
  *    when cache_prompt is false (no reuse at all: no lookups, no saves).
  *
  * The redis tier is kept in both store modes; its password may also come
- * from $KVSTASH_REDIS_PASSWORD (cmd_serve.c), never from a log.
+ * from $KVSTASH_REDIS_PASSWORD (cmd_serve.c), never from a log. Its
+ * settings as a whole (the URL with the flags applied, the TLS files) are
+ * checked by `kvstash serve` before the model loads (ks_redis_cfg_prepare,
+ * cache/redis_conn.h): a bad one is exit 2.
  *
  * An unknown key, a wrong type or an out-of-range value fails with a message
  * that names the key path ("models.default.cache_min_tokens: expected an integer").

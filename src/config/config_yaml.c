@@ -266,6 +266,17 @@ static const field k_redis_fields[] = {
     FI(ks_redis_cfg, breaker_ms, 0, 3600000),
 };
 
+/* store.tiers.redis.tls (rediss:// only: cmd_serve.c checks the whole with
+ * ks_redis_cfg_prepare once the flags are applied). */
+static const field k_redis_tls_fields[] = {
+    FS(ks_redis_tls_cfg, ca_file, F_PATH),
+    FS(ks_redis_tls_cfg, ca_dir, F_PATH),
+    FS(ks_redis_tls_cfg, cert_file, F_PATH),
+    FS(ks_redis_tls_cfg, key_file, F_PATH),
+    FS(ks_redis_tls_cfg, server_name, F_STR),
+    FB(ks_redis_tls_cfg, verify),
+};
+
 #define N_FIELDS(t) (sizeof(t) / sizeof((t)[0]))
 
 static const field *find_field(const field *t, size_t n, const char *key) {
@@ -418,10 +429,19 @@ static int redis_reasons(walk *w, const char *path, yaml_node_t *vn, unsigned *m
     return 0;
 }
 
+static int redis_tls_pair(walk *w, const char *path, const char *key, yaml_node_t *kn, yaml_node_t *vn, void *ud) {
+    const field *f = find_field(k_redis_tls_fields, N_FIELDS(k_redis_tls_fields), key);
+    if (!f) return fail_unknown(w, path, key, kn);
+    char full[512];
+    join(full, sizeof full, path, key);
+    return set_field(w, full, f, vn, ud);
+}
+
 static int redis_pair(walk *w, const char *path, const char *key, yaml_node_t *kn, yaml_node_t *vn, void *ud) {
     ks_store_cfg *s = ud;
     char full[512];
     join(full, sizeof full, path, key);
+    if (strcmp(key, "tls") == 0) return each_pair(w, full, vn, redis_tls_pair, &s->redis.tls);
     if (strcmp(key, "max_bytes") == 0) return tier_pair(w, path, key, kn, vn, &s->tier_max_bytes[KS_TIER_REDIS]);
     if (strcmp(key, "reasons") == 0) return redis_reasons(w, full, vn, &s->redis.reasons);
     const field *f = find_field(k_redis_fields, N_FIELDS(k_redis_fields), key);

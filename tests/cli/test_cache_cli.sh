@@ -2,7 +2,8 @@
 # CLI tests of `kvstash cache ls|stats|verify|gc|rm` on store directories filled
 # by real server runs (tiny model): listings match the files, verify names a
 # corrupted file and exits 1, gc enforces a budget and cleans up, rm removes,
-# bad usage exits 2 with a message, a missing directory exits 2 naming it,
+# bad usage exits 2 with a message (--redis settings included; Redis itself is
+# in tests/e2e/redis.test.mjs), a missing directory exits 2 naming it,
 # the shm tier is acted on only when --shm-dir names it. Every directory is
 # inside our own temp dir (--cache-dir is always given, and without --shm-dir
 # only read-only commands run: ~/.cache and /dev/shm are never used).
@@ -245,6 +246,17 @@ usage_case "--max-bytes nan" "--max-bytes must be a size" gc --max-bytes nan "${
 usage_case "--max-bytes beyond 1024T" "--max-bytes must be a size in \[0, 1024T\]" gc --max-bytes 1025T "${D[@]}"
 usage_case "missing value" "--cache-dir needs a value" ls --shm-dir "$shm" --cache-dir
 usage_case "empty directory" "--cache-dir: invalid directory" ls --cache-dir= --shm-dir "$shm"
+# --redis (tests/e2e/redis.test.mjs runs it against a real redis-server): its
+# settings are checked before anything is read or connected.
+usage_case "--redis-prefix alone" "need --redis URL" ls --redis-prefix p "${D[@]}"
+usage_case "--redis-tls-* alone" "need --redis URL" ls --redis-tls-insecure "${D[@]}"
+usage_case "bad --redis URL" "expected redis://" ls --redis http://h:1
+usage_case "TLS with redis://" "need a rediss:// URL, not redis://u:[*][*][*]@h:1" ls --redis redis://u:pw@h:1 --redis-tls-insecure
+usage_case "a missing CA file" "ca_file '$tmp/none.pem'" ls --redis rediss://h:1 --redis-tls-ca "$tmp/none.pem"
+usage_case "a prefix with a space" "--redis-prefix" ls --redis redis://h:1 --redis-prefix "a b"
+"$BIN" cache stats --redis "unix://$tmp/none.sock" >/dev/null 2>"$tmp/e"; rc=$?
+check "an unreachable Redis: exit 1 ($rc)" test $rc -eq 1
+check "an unreachable Redis: named" grep -q "redis unix://$tmp/none.sock: connect to" "$tmp/e"
 "$BIN" cache --help >"$tmp/o" 2>"$tmp/e"; rc=$?
 check "--help: exit 0 with usage on stdout ($rc)" test $rc -eq 0 -a -n "$(grep 'usage: kvstash cache' "$tmp/o")"
 

@@ -75,5 +75,46 @@ refused yaml "max_body_bytes: 8EiB" "'max_body_bytes'"
 refused flag "--max-body-bytes=9223372036854775807" "--max-body-bytes"
 refused yaml $'store:\n  tiers: { disk: { max_bytes: 9223372036854775807 } }' "'store.tiers.disk.max_bytes'"
 
+# The redis tier's TLS settings (cache/redis_conn.h ks_redis_cfg_prepare): a
+# combination that cannot work is refused before the model loads (exit 2,
+# the problem named), whether it comes from flags or from the file; the
+# checks that need real certificates are in tests/e2e/redis.test.mjs.
+run_args() { timeout 20 "$BIN" serve "$@" >/dev/null 2>"$tmp/e"; }
+refused_args() { # what the message must name, args...
+    local want=$1; shift
+    run_args "$@"; local rc=$?
+    check "'$*' refused naming '$want' (rc $rc: $(head -1 "$tmp/e"))" \
+        test $rc -eq 2 -a -n "$(grep -F -- "$want" "$tmp/e")" -a -z "$(grep 'no model' "$tmp/e")"
+}
+accepted_args() {
+    run_args "$@"; local rc=$?
+    check "'$*' accepted (rc $rc: $(head -1 "$tmp/e"))" grep -q "no model" "$tmp/e"
+}
+: >"$tmp/empty.pem"
+tls=rediss://127.0.0.1:1
+refused_args "ca_file '$tmp/missing.pem': No such file" --cache-redis $tls --cache-redis-tls-ca "$tmp/missing.pem"
+refused_args "ca_dir '$tmp/empty.pem': not a directory" --cache-redis $tls --cache-redis-tls-ca-dir "$tmp/empty.pem"
+refused_args "cannot load the CA certificates of ca_file" --cache-redis $tls --cache-redis-tls-ca "$tmp/empty.pem"
+refused_args "and its key (key_file) go together" --cache-redis $tls --cache-redis-tls-cert "$tmp/empty.pem"
+refused_args "and its key (key_file) go together" --cache-redis $tls --cache-redis-tls-key "$tmp/empty.pem"
+refused_args "need a rediss:// URL, not redis://127.0.0.1:1" --cache-redis redis://127.0.0.1:1 --cache-redis-tls-insecure
+refused_args "need a rediss:// URL, not unix:///x.sock" --cache-redis unix:///x.sock --cache-redis-tls-server-name r.example
+refused_args "without a Redis URL" --cache-redis-tls-ca "$tmp/empty.pem"
+# The password stays out of the message.
+refused_args "need a rediss:// URL, not redis://u:***@h:1" --cache-redis redis://u:pw-hidden@h:1 --cache-redis-tls-insecure
+check "the password is not in the message" test -z "$(grep pw-hidden "$tmp/e")"
+# The same from the YAML file, and a flag's URL meeting the file's TLS settings.
+printf 'store:\n  tiers:\n    redis:\n      url: redis://127.0.0.1:1\n      tls: { verify: false }\n' >"$tmp/t.yaml"
+refused_args "need a rediss:// URL" --config "$tmp/t.yaml"
+refused_args "need a rediss:// URL" --config "$tmp/t.yaml" --cache-redis unix:///x.sock
+accepted_args --config "$tmp/t.yaml" --cache-redis $tls
+printf 'store:\n  tiers:\n    redis:\n      tls: { ca_file: %s }\n' "$tmp/missing.pem" >"$tmp/t.yaml"
+refused_args "ca_file '$tmp/missing.pem'" --config "$tmp/t.yaml" --cache-redis $tls
+refused yaml $'store:\n  tiers:\n    redis:\n      tls: { colour: red }' "'store.tiers.redis.tls.colour'"
+refused yaml $'store:\n  tiers:\n    redis:\n      tls: { verify: maybe }' "'store.tiers.redis.tls.verify'"
+# Without a file or name, rediss:// uses the system's CA certificates.
+accepted_args --cache-redis $tls
+accepted_args --cache-redis $tls --cache-redis-tls-insecure
+
 if [ $fails -ne 0 ]; then echo "$fails check(s) failed"; exit 1; fi
 echo "all checks passed"

@@ -27,6 +27,8 @@ const BAD = [
   { what: 'a boolean that is not one', yaml: 'models:\n  default:\n    incremental_cache: maybe\n', key: 'models.default.incremental_cache' },
   { what: 'a bad tier name', yaml: 'store:\n  reasons:\n    cold: tape\n', key: 'store.reasons.cold' },
   { what: 'an unknown save reason', yaml: 'store:\n  reasons:\n    lukewarm: disk\n', key: 'store.reasons.lukewarm' },
+  { what: 'a redis TLS setting of the wrong type', yaml: 'store:\n  tiers:\n    redis:\n      tls:\n        verify: maybe\n',
+    key: 'store.tiers.redis.tls.verify' },
 ];
 
 for (const { what, yaml, key } of BAD) {

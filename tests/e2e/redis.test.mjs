@@ -4,11 +4,15 @@
 // own temp directory (never the system's). Every reply is compared with a
 // --no-cache-prompt server's (temperature 0): Redis may only make prefill
 // cheaper, never change an output — also when Redis dies, comes back, loses
-// chunks or refuses the password.
+// chunks or refuses the password. The TLS tests (rediss://) give redis-server
+// a TLS port on 127.0.0.1 with certificates made here by the openssl CLI: a
+// CA, a server certificate for localhost and 127.0.0.1, a client
+// certificate, and a second CA that signed none of them.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync, mkdirSync, writeFileSync, existsSync } from 'node:fs';
 import { spawn, spawnSync } from 'node:child_process';
+import net from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { startServer, stopOk, chat, metrics, sleep, settleStore, until, BIN, MODEL, makeSay } from './lib.mjs';
@@ -30,16 +34,64 @@ after(async () => {
   if (root) rmSync(root, { recursive: true, force: true });
 });
 
+// A free TCP port on 127.0.0.1 (for redis-server's TLS port).
+function freePort() {
+  return new Promise((resolve, reject) => {
+    const s = net.createServer();
+    s.on('error', reject);
+    s.listen(0, '127.0.0.1', () => { const { port } = s.address(); s.close(() => resolve(port)); });
+  });
+}
+
+// The certificates of the TLS tests, made once by the openssl CLI (P-256 keys: quick).
+let certsMemo;
+function certs() {
+  if (certsMemo) return certsMemo;
+  const dir = path.join(root, 'certs');
+  mkdirSync(dir, { recursive: true });
+  const ssl = (...a) => {
+    const r = spawnSync('openssl', a, { cwd: dir, encoding: 'utf8' });
+    assert.equal(r.status, 0, `openssl ${a.join(' ')}: ${r.stderr}`);
+  };
+  const ec = ['-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-days', '2'];
+  const ca = (name, cn) => ssl('req', '-x509', ...ec, '-keyout', `${name}.key`, '-out', `${name}.pem`, '-subj', `/CN=${cn}`,
+    '-addext', 'basicConstraints=critical,CA:TRUE', '-addext', 'keyUsage=critical,keyCertSign,cRLSign');
+  const leaf = (name, cn, ext) => {
+    writeFileSync(path.join(dir, `${name}.ext`), ext);
+    ssl('req', ...ec, '-keyout', `${name}.key`, '-out', `${name}.csr`, '-subj', `/CN=${cn}`);
+    ssl('x509', '-req', '-in', `${name}.csr`, '-CA', 'ca.pem', '-CAkey', 'ca.key', '-CAcreateserial', '-days', '2',
+      '-out', `${name}.pem`, '-extfile', `${name}.ext`);
+  };
+  ca('ca', 'kvstash test CA');
+  ca('other-ca', 'another CA');
+  leaf('server', 'localhost', 'subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n');
+  leaf('client', 'kvstash client', 'extendedKeyUsage=clientAuth\n');
+  const f = (n) => path.join(dir, n);
+  certsMemo = { ca: f('ca.pem'), otherCa: f('other-ca.pem'), serverCert: f('server.pem'), serverKey: f('server.key'),
+    clientCert: f('client.pem'), clientKey: f('client.key') };
+  return certsMemo;
+}
+
 // A redis-server on <dir>/r.sock (no TCP, no persistence), killed by its pid.
-async function startRedis(dir, { password } = {}) {
+// With tls: also a TLS port on 127.0.0.1 (r.port) with the test certificates;
+// authClients: it requires a client certificate (mutual TLS). The unix socket
+// stays, for redis-cli.
+async function startRedis(dir, { password, tls } = {}) {
   mkdirSync(dir, { recursive: true });
   const sock = path.join(dir, 'r.sock');
   const args = ['--port', '0', '--unixsocket', sock, '--unixsocketperm', '700', '--dir', dir,
     '--save', '', '--appendonly', 'no', '--daemonize', 'no'];
   if (password) args.push('--requirepass', password);
+  let port;
+  if (tls) {
+    const c = certs();
+    port = await freePort();
+    args.push('--bind', '127.0.0.1', '--tls-port', String(port), '--tls-cert-file', c.serverCert,
+      '--tls-key-file', c.serverKey, '--tls-ca-cert-file', c.ca, '--tls-auth-clients', tls.authClients ? 'yes' : 'no');
+  }
   const proc = spawn('redis-server', args, { stdio: 'ignore' });
   const r = {
-    proc, sock, password,
+    proc, sock, password, port,
     cli(...a) {
       const out = spawnSync('redis-cli', ['-s', sock, ...a],
         { encoding: 'utf8', env: { ...process.env, ...(password ? { REDISCLI_AUTH: password } : {}) } });
@@ -60,6 +112,7 @@ async function startRedis(dir, { password } = {}) {
 }
 
 // The config of a server with its own store directories (one "host") and the redis tier.
+// redis.tls (an object): the store.tiers.redis.tls mapping.
 function hostConfig(name, url, redis = {}) {
   const d = path.join(root, name);
   mkdirSync(d, { recursive: true });
@@ -67,14 +120,19 @@ function hostConfig(name, url, redis = {}) {
     '  min_tokens: 32', '  tiers:', '    redis:'];
   if (url) lines.push(`      url: "${url}"`);
   for (const [k, v] of Object.entries({ key_prefix: 'kvs-test', breaker_ms: 300, ...redis })) {
+    if (k === 'tls') {
+      lines.push('      tls:', ...Object.entries(v).map(([tk, tv]) => `        ${tk}: ${tv}`));
+      continue;
+    }
     lines.push(`      ${k}: ${Array.isArray(v) ? `[${v.join(', ')}]` : v}`);
   }
   const cfg = path.join(d, 'kvstash.yaml');
   writeFileSync(cfg, lines.join('\n') + '\n');
   return cfg;
 }
-const host = (name, url, redis = {}, opts = {}) =>
-  startServer(['--config', hostConfig(name, url, redis), '--ctx', '1024'], opts);
+// opts.args: more flags for `kvstash serve`.
+const host = (name, url, redis = {}, { args = [], ...opts } = {}) =>
+  startServer(['--config', hostConfig(name, url, redis), '--ctx', '1024', ...args], opts);
 
 const sys = (topic) => ({ role: 'system', content: `${topic}: you are a careful assistant who answers briefly. `.repeat(3) });
 
@@ -303,18 +361,27 @@ test('credentials from the URL or KVSTASH_REDIS_PASSWORD work and are never show
 });
 
 // ------------------------------------------------------------------------ 5
-test('bad input: an invalid URL or rediss:// is refused at start; an unreachable Redis is a warning', async () => {
+test('bad input: an invalid URL or TLS setting is refused at start; an unreachable Redis is a warning', async () => {
   for (const [url, re] of [['http://h:1', /expected redis:\/\//], ['redis://h:99999', /bad port/]]) {
     const r = spawnSync(BIN, ['serve', '-m', MODEL, '--port', '0', '--cache-redis', url], { encoding: 'utf8' });
     assert.equal(r.status, 2, `--cache-redis ${url}: exit ${r.status}\n${r.stderr}`);
     assert.match(r.stderr, re);
   }
-  // TLS: this build's hiredis has none: a clear error, never a plain-text connection.
-  const tls = spawnSync(BIN, ['serve', '-m', MODEL, '--port', '0', '--threads', '1', '--cache-redis',
-    'rediss://u:pw-not-shown@127.0.0.1:1'], { encoding: 'utf8', timeout: 60000 });
-  assert.notEqual(tls.status, 0);
-  assert.match(tls.stderr, /rediss:\/\/ \(TLS\) is not supported/);
-  assert.ok(!tls.stderr.includes('pw-not-shown'));
+  // TLS settings that cannot work stop the server before the model loads, naming the
+  // problem (tests/cli/test_serve_ranges.sh has those that need no certificate).
+  const c = certs();
+  const tlsUrl = 'rediss://u:pw-not-shown@127.0.0.1:1';
+  for (const [args, re] of [
+    [['--cache-redis-tls-cert', c.clientCert, '--cache-redis-tls-key', c.serverKey], /does not match cert_file/],
+    [['--cache-redis-tls-ca', c.clientKey], /cannot load the CA certificates of ca_file/],
+    [['--cache-redis-tls-cert', c.clientKey, '--cache-redis-tls-key', c.clientKey], /cert_file '.*client\.key'/],
+  ]) {
+    const r = spawnSync(BIN, ['serve', '-m', MODEL, '--port', '0', '--cache-redis', tlsUrl, ...args],
+      { encoding: 'utf8', timeout: 60000 });
+    assert.equal(r.status, 2, `${args.join(' ')}: exit ${r.status}\n${r.stderr}`);
+    assert.match(r.stderr, re);
+    assert.doesNotMatch(r.stderr, /listening on|pw-not-shown/);
+  }
   // YAML: an unknown key and a bad URL name the key.
   const d = path.join(root, 'bad5');
   mkdirSync(d, { recursive: true });
@@ -399,7 +466,7 @@ test('hybrid model: the next turn on host B restores the previous prompt from th
   }
 });
 
-// ------------------------------------------------------------------------ 8
+// ------------------------------------------------------------------------ 7b
 test('a Redis that does not answer holds up only the request that asks it, never the others', async () => {
   const redis = await startRedis(path.join(root, 'r8'));
   const url = `unix://${redis.sock}`;
@@ -432,4 +499,237 @@ test('a Redis that does not answer holds up only the request that asks it, never
     await stopOk(a);
     await redis.stop();
   }
+});
+
+// TLS (rediss://): the same shared cache through a redis-server that speaks
+// only TLS, with a password. Host A is configured in its YAML file
+// (store.tiers.redis.tls), host B by flags and by the server's name rather
+// than its address (SNI and host name verification).
+test('TLS: a conversation begun on host A continues on host B through rediss://, with the same output', async () => {
+  const pw = 'tls-secret-pw';
+  const redis = await startRedis(path.join(root, 'r8'), { password: pw, tls: {} });
+  const c = certs();
+  const a = await host('a8', `rediss://:${pw}@127.0.0.1:${redis.port}`, { tls: { ca_file: c.ca } });
+  const b = await host('b8', `rediss://localhost:${redis.port}`, {},
+    { args: ['--cache-redis-tls-ca', c.ca], env: { KVSTASH_REDIS_PASSWORD: pw } });
+  try {
+    const msgs = [sys('Encrypted')];
+    const t1 = await say(a, msgs, 'Hello there, tell me a story.', 'A turn 1');
+    await settleStore(a);
+    assert.ok(manifests(redis, 'kvs-test').size >= 1, 'A saved nothing to Redis over TLS');
+    const t2 = await say(b, msgs, 'And another one, please.', 'B turn 2');
+    assertRedisHit(t2, t1.usage.prompt_tokens, 'B turn 2 (TLS)');
+    await settleStore(b);
+    const t3 = await say(a, msgs, 'Thanks. One more?', 'A turn 3');
+    assertRedisHit(t3, t2.usage.prompt_tokens, 'A turn 3 (TLS)');
+    for (const s of [a, b]) {
+      const m = await metrics(s);
+      assert.equal(m.get('kvstash_store_redis_errors_total'), 0, 'no Redis error over TLS');
+      assert.equal(m.get('kvstash_store_corrupt_files_total'), 0);
+      assert.ok(!s.stderr.includes(pw), 'the password is in the log');
+    }
+    assert.ok((await metrics(b)).get('kvstash_store_redis_read_bytes_total') > 0);
+    assert.match(a.stderr, /redis rediss:\/\/:\*\*\*@127\.0\.0\.1/, 'the start line names the redacted URL');
+    // `kvstash cache` over TLS too, with serve's settings (--redis-tls-* for --cache-redis-tls-*).
+    const ls = spawnSync(BIN, ['cache', 'ls', '--redis', `rediss://localhost:${redis.port}`, '--redis-tls-ca', c.ca,
+      '--redis-prefix', 'kvs-test'], { encoding: 'utf8', env: { ...process.env, KVSTASH_REDIS_PASSWORD: pw } });
+    assert.equal(ls.status, 0, ls.stderr);
+    assert.equal(ls.stdout.split('\n').filter((l) => / redis /.test(l)).length, manifests(redis, 'kvs-test').size);
+  } finally {
+    await stopOk(a);
+    await stopOk(b);
+    await redis.stop();
+  }
+});
+
+// ------------------------------------------------------------------------ 9
+test('mutual TLS: with the client certificate the tier works; without it the tier is down and requests succeed', async () => {
+  const redis = await startRedis(path.join(root, 'r9'), { tls: { authClients: true } });
+  const c = certs();
+  const url = `rediss://127.0.0.1:${redis.port}`;
+  const withCert = { tls: { ca_file: c.ca, cert_file: c.clientCert, key_file: c.clientKey } };
+  const a = await host('a9', url, withCert);
+  const b = await host('b9', url, {}, { args: ['--cache-redis-tls-ca', c.ca, '--cache-redis-tls-cert', c.clientCert,
+    '--cache-redis-tls-key', c.clientKey] });
+  const x = await host('x9', url, { tls: { ca_file: c.ca } });
+  try {
+    const msgs = [sys('Mutual')];
+    const t1 = await say(a, msgs, 'Hello there.', 'A turn 1');
+    await settleStore(a);
+    const t2 = await turn(b, [...msgs, { role: 'user', content: 'Again.' }], 'B turn 2 (client certificate)');
+    assertRedisHit(t2, t1.usage.prompt_tokens, 'B turn 2 (mutual TLS)');
+    // No client certificate: the server refuses the connection; X serves from its own tiers.
+    assert.match(x.stderr, /does not answer; serving without it.*certificate required/,
+      'the warning gives the TLS reason');
+    const m0 = await metrics(x);
+    for (const [i, u] of ['Again.', 'Once more.', 'And again.'].entries()) {
+      await sleep(350); // past breaker_ms: each turn tries again
+      const r = await turn(x, [...msgs, { role: 'user', content: u }], `X turn ${i + 2} (no client certificate)`);
+      assert.notEqual(r.cache.tier, 'redis');
+    }
+    await settleStore(x);
+    const m1 = await metrics(x);
+    assert.ok(m1.get('kvstash_store_redis_errors_total') > m0.get('kvstash_store_redis_errors_total'),
+      'the refused connections were counted');
+    assert.ok(m1.get('kvstash_store_redis_breaker_opens_total') >= 1, 'the breaker opened');
+    assert.equal(m1.get('kvstash_store_redis_read_bytes_total'), 0, 'nothing was read from Redis');
+    assert.equal((await metrics(a)).get('kvstash_store_redis_errors_total'), 0);
+  } finally {
+    await stopOk(a);
+    await stopOk(b);
+    await stopOk(x);
+    await redis.stop();
+  }
+});
+
+// ----------------------------------------------------------------------- 10
+// A server that cannot be verified — signed by another CA, or not carrying the
+// name asked for — is treated as Redis down: a warning with the redacted URL
+// and the TLS reason, every request answered, errors counted, the breaker
+// retrying, nothing restored. --cache-redis-tls-insecure (verify: false)
+// connects anyway.
+test('TLS: a server that cannot be verified is Redis down: warnings, misses, the breaker; insecure connects', async () => {
+  const redis = await startRedis(path.join(root, 'r10'), { tls: {} });
+  const c = certs();
+  const port = redis.port;
+  const a = await host('a10', `rediss://127.0.0.1:${port}`, { tls: { ca_file: c.ca } });
+  const wrongCa = await host('w10', `rediss://kvstash:pw-hidden@127.0.0.1:${port}`, { tls: { ca_file: c.otherCa } });
+  const wrongName = await host('n10', `rediss://127.0.0.1:${port}`,
+    { tls: { ca_file: c.ca, server_name: 'redis.example.org' } });
+  const insecure = await host('i10', `rediss://127.0.0.1:${port}`, {}, { args: ['--cache-redis-tls-insecure'] });
+  try {
+    const msgs = [sys('Unverified')];
+    const t1 = await say(a, msgs, 'Hello there.', 'A turn 1');
+    await settleStore(a);
+    assert.ok(manifests(redis, 'kvs-test').size >= 1, 'A saved nothing to Redis');
+    const q = [...msgs, { role: 'user', content: 'Go on.' }];
+    for (const [s, reason] of [[wrongCa, /certificate verify failed/], [wrongName, /certificate verify failed: hostname mismatch/]]) {
+      assert.match(s.stderr, /redis tier: rediss:\/\/[^ ]*127\.0\.0\.1:\d+ does not answer; serving without it/);
+      assert.match(s.stderr, reason);
+      const m0 = await metrics(s);
+      // Past the breaker's 300 ms, each turn tries again and fails again.
+      for (let i = 0; i < 2; i++) {
+        await sleep(350);
+        const r = await turn(s, q, 'turn on an unverified server');
+        assert.notEqual(r.cache.tier, 'redis', `restored from an unverified server: ${JSON.stringify(r.cache)}`);
+      }
+      await settleStore(s);
+      const m1 = await metrics(s);
+      assert.ok(m1.get('kvstash_store_redis_errors_total') > m0.get('kvstash_store_redis_errors_total'), 'errors counted');
+      assert.ok(m1.get('kvstash_store_redis_breaker_opens_total') >= 1, 'the breaker opened');
+      assert.equal(m1.get('kvstash_store_redis_read_bytes_total'), 0, 'nothing was read from Redis');
+    }
+    assert.match(wrongCa.stderr, /rediss:\/\/kvstash:\*\*\*@127\.0\.0\.1/, 'the URL is redacted');
+    assert.ok(!wrongCa.stderr.includes('pw-hidden'), 'the password is in the log');
+    // verify: false trusts any server: the state A saved is restored.
+    const r = await turn(insecure, q, 'insecure turn');
+    assertRedisHit(r, t1.usage.prompt_tokens, 'insecure');
+  } finally {
+    await stopOk(a);
+    await stopOk(wrongCa);
+    await stopOk(wrongName);
+    await stopOk(insecure);
+    await redis.stop();
+  }
+});
+
+// ----------------------------------------------------------------------- 11
+// `kvstash cache --redis` (src/cli/cache_redis.c) on what a server saved.
+test('kvstash cache --redis: ls, stats, verify, gc and rm see the entries in Redis; a damaged chunk is named', async () => {
+  const redis = await startRedis(path.join(root, 'r11'));
+  const url = `unix://${redis.sock}`;
+  const a = await host('a11', url);
+  const kc = (...args) => spawnSync(BIN, ['cache', ...args, '--redis', url, '--redis-prefix', 'kvs-test'],
+    { encoding: 'utf8', timeout: 60000 });
+  const rowsOf = (out) => out.split('\n').filter((l) => / redis /.test(l)).map((l) => l.trim().split(/\s+/));
+  const conv = [[sys('Listing one')], [sys('Listing two')]];
+  let b;
+  try {
+    for (const [i, msgs] of conv.entries()) await say(a, msgs, `Hello, conversation ${i}.`, `A conversation ${i}`);
+    await settleStore(a);
+    let ms, sum;
+    await until(() => {
+      ms = manifests(redis, 'kvs-test');
+      sum = [...ms.values()].reduce((s, f) => s + Number(f[M.total]), 0);
+      return ms.size >= 2 && Number(redis.cli('GET', 'kvs-test:bytes')) === sum;
+    }, 'the saves to Redis to complete', 10000);
+    const keyOf = (k) => k.split(':')[2];
+
+    // ls: one row per manifest, with its token count; a key prefix selects.
+    const ls = kc('ls');
+    assert.equal(ls.status, 0, ls.stderr);
+    const rows = rowsOf(ls.stdout);
+    assert.equal(rows.length, ms.size, ls.stdout);
+    for (const [k, f] of ms) {
+      const row = rows.find((r) => keyOf(k).startsWith(r[0]));
+      assert.ok(row, `${k} is not listed:\n${ls.stdout}`);
+      assert.equal(row[1], f[M.n_tokens], `tokens of ${k}`);
+    }
+    const [k0, f0] = [...ms][0];
+    const one = kc('ls', keyOf(k0).slice(0, 10));
+    assert.equal(rowsOf(one.stdout).length, 1, one.stdout);
+    // With the host's directories named, its local entries are listed beside.
+    const both = spawnSync(BIN, ['cache', 'ls', '--cache-dir', path.join(root, 'a11', 'disk'), '--shm-dir',
+      path.join(root, 'a11', 'shm'), '--redis', url, '--redis-prefix', 'kvs-test'], { encoding: 'utf8' });
+    assert.equal(both.status, 0, both.stderr);
+    assert.equal(rowsOf(both.stdout).length, ms.size);
+    assert.match(both.stdout, / (shm|disk) /, 'local entries listed too');
+
+    // stats: the accounting.
+    const st = kc('stats');
+    assert.equal(st.status, 0, st.stderr);
+    assert.equal(Number(/^redis\s+(\d+)\s/m.exec(st.stdout)?.[1]), ms.size, st.stdout);
+    assert.match(st.stdout, new RegExp(`manifests ${ms.size}\\b`));
+
+    // verify: every entry good; then one byte of one chunk changed: exit 1 naming that entry.
+    const v0 = kc('verify');
+    assert.equal(v0.status, 0, v0.stdout + v0.stderr);
+    assert.match(v0.stdout, new RegExp(`${ms.size} redis entries checked: ${ms.size} good, 0 bad`));
+    redis.cli('SETRANGE', `${k0}:${f0[M.nonce]}:0`, '300', 'X');
+    const v1 = kc('verify');
+    assert.equal(v1.status, 1, v1.stdout + v1.stderr);
+    assert.match(v1.stdout, new RegExp(`bad: redis ${k0}: ECORRUPT`));
+    assert.equal(v1.stdout.split('\n').filter((l) => l.startsWith('bad:')).length, 1, v1.stdout);
+
+    // rm KEYPREFIX: that entry, with its accounting.
+    const rm1 = kc('rm', keyOf(k0).slice(0, 12));
+    assert.equal(rm1.status, 0, rm1.stderr);
+    assert.match(rm1.stdout, new RegExp(`removed ${keyOf(k0)} \\(redis, ${f0[M.n_tokens]} tokens\\)`));
+    assert.equal(redis.cli('EXISTS', k0), '0');
+    assert.equal(redis.cli('EXISTS', `${k0}:${f0[M.nonce]}:0`), '0', 'its chunks are gone');
+    assert.equal(Number(redis.cli('GET', 'kvs-test:bytes')), sum - Number(f0[M.total]), 'its bytes left the sum');
+    assert.equal(Number(redis.cli('ZCARD', 'kvs-test:lru')), ms.size - 1);
+    assert.equal(kc('verify').status, 0, 'the damaged entry is gone');
+
+    // gc --max-bytes: the least recently used go until the rest fits.
+    const left = [...manifests(redis, 'kvs-test').values()].map((f) => Number(f[M.total]));
+    const budget = left.reduce((s, t) => s + t, 0) - 1;
+    const gc = kc('gc', '--max-bytes', String(budget));
+    assert.equal(gc.status, 0, gc.stderr);
+    assert.match(gc.stdout, /redis: evicted [1-9]\d* entries/);
+    assert.ok(Number(redis.cli('GET', 'kvs-test:bytes')) <= budget, 'within the budget');
+
+    // rm --all: nothing of kvstash's is left but the zeroed sum; a new host misses.
+    const all = kc('rm', '--all');
+    assert.equal(all.status, 0, all.stderr);
+    assert.equal(manifests(redis, 'kvs-test').size, 0);
+    assert.equal(Number(redis.cli('GET', 'kvs-test:bytes')), 0);
+    assert.equal(Number(redis.cli('ZCARD', 'kvs-test:lru')), 0);
+    const keys = redis.cli('--scan', '--pattern', 'kvs-test:*').split('\n').filter(Boolean);
+    assert.deepEqual(keys.filter((k) => k !== 'kvs-test:bytes'), [], 'keys left behind');
+    assert.equal(rowsOf(kc('ls').stdout).length, 0);
+    b = await host('b11', url);
+    const t = await turn(b, [...conv[1], { role: 'user', content: 'Hello, conversation 1.' }], 'B after rm --all');
+    assert.notEqual(t.cache.tier, 'redis', `restored after rm --all: ${JSON.stringify(t.cache)}`);
+  } finally {
+    await stopOk(a);
+    if (b) await stopOk(b);
+    await redis.stop();
+  }
+  // Unreachable: exit 1, the URL named without its password.
+  const r = spawnSync(BIN, ['cache', 'ls', '--redis', `redis+unix://:pw-hidden@${path.join(root, 'no-such.sock')}`],
+    { encoding: 'utf8' });
+  assert.equal(r.status, 1, r.stderr);
+  assert.match(r.stderr, /kvstash cache ls: redis redis\+unix:\/\/:\*\*\*@.*no-such\.sock: .*No such file/);
+  assert.ok(!r.stderr.includes('pw-hidden'));
 });

@@ -78,6 +78,10 @@ static void test_defaults(void **state) {
     assert_int_equal(c.store.reason_tier[KS_REASON_SHUTDOWN], KS_TIER_DISK);
     assert_int_equal(c.store.reason_tier[KS_REASON_PIN], KS_TIER_DISK);
     assert_true(c.store.pin_share == 0.5f);
+    assert_string_equal(c.store.redis.url, "");
+    assert_true(c.store.redis.tls.verify);
+    assert_string_equal(c.store.redis.tls.ca_file, "");
+    assert_string_equal(c.store.redis.tls.server_name, "");
     assert_int_equal(c.n_models, 0);
 
     setenv("XDG_CACHE_HOME", "/tmp/xdg", 1);
@@ -214,6 +218,43 @@ static void test_full_file(void **state) {
     rc = ks_config_load_file(&c, path, err, sizeof err);
     assert_int_equal(rc, KS_ENOENT);
     assert_non_null(strstr(err, path));
+}
+
+/* store.tiers.redis.tls: a nested mapping of paths (expanded), a name and
+ * verify; unknown keys and wrong types name the key path. Whether the
+ * settings fit together (rediss://, files) is checked above this layer
+ * (cmd_serve.c with ks_redis_cfg_prepare). */
+static void test_redis_tls(void **state) {
+    (void)state;
+    setenv("HOME", "/home/tester", 1);
+    ks_config c;
+    ks_config_defaults(&c);
+    load_ok(&c, "store:\n"
+                "  tiers:\n"
+                "    redis:\n"
+                "      url: rediss://:pw@redis.internal:6380/2\n"
+                "      tls:\n"
+                "        ca_file: ~/tls/ca.pem\n"
+                "        ca_dir: /etc/ssl/certs\n"
+                "        cert_file: $HOME/tls/client.pem\n"
+                "        key_file: /etc/kvstash/client.key\n"
+                "        server_name: redis.example.org\n"
+                "        verify: false\n");
+    assert_string_equal(c.store.redis.url, "rediss://:pw@redis.internal:6380/2");
+    assert_string_equal(c.store.redis.tls.ca_file, "/home/tester/tls/ca.pem");
+    assert_string_equal(c.store.redis.tls.ca_dir, "/etc/ssl/certs");
+    assert_string_equal(c.store.redis.tls.cert_file, "/home/tester/tls/client.pem");
+    assert_string_equal(c.store.redis.tls.key_file, "/etc/kvstash/client.key");
+    assert_string_equal(c.store.redis.tls.server_name, "redis.example.org");
+    assert_false(c.store.redis.tls.verify);
+    /* A later file changes only what it names. */
+    load_ok(&c, "store: { tiers: { redis: { tls: { verify: true } } } }\n");
+    assert_true(c.store.redis.tls.verify);
+    assert_string_equal(c.store.redis.tls.ca_file, "/home/tester/tls/ca.pem");
+    expect_error("store:\n  tiers:\n    redis:\n      tls: { cafile: x }\n", "unknown key 'store.tiers.redis.tls.cafile'");
+    expect_error("store:\n  tiers:\n    redis:\n      tls: { verify: 2 }\n", "'store.tiers.redis.tls.verify' at line 4");
+    expect_error("store:\n  tiers:\n    redis:\n      tls: { ca_file: \"\" }\n", "'store.tiers.redis.tls.ca_file'");
+    expect_error("store:\n  tiers:\n    redis:\n      tls: [ca.pem]\n", "'store.tiers.redis.tls' at line 4");
 }
 
 static void test_empty_and_layered_loads(void **state) {
@@ -609,6 +650,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_full_file),
+        cmocka_unit_test(test_redis_tls),
         cmocka_unit_test(test_empty_and_layered_loads),
         cmocka_unit_test(test_cors_origins),
         cmocka_unit_test(test_check_origin),
