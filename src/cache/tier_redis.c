@@ -41,10 +41,12 @@
  *  3. The password is never logged: errors name the server by its redacted
  *     URL, and redis_conn's messages never carry it.
  *
- * Thread model: two connections, each behind its own mutex — one for the
- * lookups (probe, fetch, get; any thread), one for the writer thread (put,
- * make_room, drop, quarantine) — and one TLS context both share (read-only
- * once created). The breaker and counters are atomics.
+ * Thread model: connections each behind its own mutex — up to
+ * KS_REDIS_LOOKUP_CONNS for the lookups (probe, fetch, get; any thread: a
+ * lookup takes a free one, so the prefetches of concurrent requests do not
+ * wait for each other), one for the writer thread (put, make_room, drop,
+ * quarantine) — and one TLS context they share (read-only once created).
+ * The breaker and counters are atomics.
  */
 #include <inttypes.h>
 #include <pthread.h>
@@ -63,6 +65,11 @@
 #include "cache/redis_ops.h"
 #include "cache/tier.h"
 
+/* Lookups (prefetches on HTTP threads) of concurrent requests each get a
+ * connection of their own, up to this many: one slow reply does not queue
+ * the others behind it. Opened on first use. */
+#define KS_REDIS_LOOKUP_CONNS 4
+
 typedef struct rconn {
     pthread_mutex_t mu;
     ks_redis_conn *c;
@@ -79,7 +86,8 @@ typedef struct redis_tier {
     uint8_t fp[32];
     ks_redis_names nm;
     char k_lens[KS_REDIS_KEY_MAX];
-    rconn rd, wr;
+    rconn rd[KS_REDIS_LOOKUP_CONNS], wr;
+    _Atomic unsigned rd_next;      /* where a lookup that finds every connection busy waits */
     _Atomic int n_fail;
     _Atomic int64_t open_until_ms; /* 0: closed; else the monotonic time of the next try */
     _Atomic uint64_t bytes, entries, errors, dropped, broken, ops, op_us, bytes_read, bytes_written, opens;
@@ -154,6 +162,16 @@ static ks_redis_conn *conn(redis_tier *r, rconn *cn) {
         return NULL;
     }
     return cn->c;
+}
+
+/* A lookup connection, locked: the first one free, else (all busy) one in
+ * turn, waited for. Unlock its mu when done. */
+static rconn *rd_take(redis_tier *r) {
+    for (int i = 0; i < KS_REDIS_LOOKUP_CONNS; i++)
+        if (pthread_mutex_trylock(&r->rd[i].mu) == 0) return &r->rd[i];
+    rconn *cn = &r->rd[atomic_fetch_add(&r->rd_next, 1) % KS_REDIS_LOOKUP_CONNS];
+    pthread_mutex_lock(&cn->mu);
+    return cn;
 }
 
 /* Reads the n replies of a pipeline into rep[] (one round trip, timed).
@@ -399,8 +417,8 @@ int ks_tier_redis_probe(ks_tier *t, const ks_key *keys, int k, struct ks_redis_m
     redisReply **rep = calloc((size_t)nq, sizeof *rep);
     if (!rep) return KS_ENOMEM;
     char member[KS_REDIS_MEMBER_LEN + 1], mkey[KS_REDIS_KEY_MAX];
-    pthread_mutex_lock(&r->rd.mu);
-    ks_redis_conn *c = conn(r, &r->rd);
+    rconn *cn = rd_take(r);
+    ks_redis_conn *c = conn(r, cn);
     if (!c) {
         rc = KS_EIO;
         goto done;
@@ -411,7 +429,7 @@ int ks_tier_redis_probe(ks_tier *t, const ks_key *keys, int k, struct ks_redis_m
         ks_redis_conn_append(c, "GET %s", mkey);
     }
     if (lens) ks_redis_conn_append(c, "ZRANGEBYSCORE %s %d %d", r->k_lens, lens_lo, lens_hi);
-    if ((rc = collect(r, &r->rd, nq, rep, "lookup (manifests)")) != 0) goto done;
+    if ((rc = collect(r, cn, nq, rep, "lookup (manifests)")) != 0) goto done;
     for (int i = 0; i < k; i++) {
         if (rep[i]->type == REDIS_REPLY_STRING) {
             found[i] = ks_redis_manifest_decode(rep[i]->str, rep[i]->len, &mans[i]) == 0;
@@ -428,7 +446,7 @@ int ks_tier_redis_probe(ks_tier *t, const ks_key *keys, int k, struct ks_redis_m
         }
     free_replies(rep, nq);
 done:
-    pthread_mutex_unlock(&r->rd.mu);
+    pthread_mutex_unlock(&cn->mu);
     free(rep);
     return rc;
 }
@@ -452,8 +470,8 @@ int ks_tier_redis_fetch(ks_tier *t, const ks_key *key, const struct ks_redis_man
     char member[KS_REDIS_MEMBER_LEN + 1], mkey[KS_REDIS_KEY_MAX], ck[KS_REDIS_KEY_MAX];
     ks_redis_member(r->fp, key, member);
     key_manifest(r, member, mkey);
-    pthread_mutex_lock(&r->rd.mu);
-    ks_redis_conn *c = conn(r, &r->rd);
+    rconn *cn = rd_take(r);
+    ks_redis_conn *c = conn(r, cn);
     if (!c) {
         rc = KS_EIO;
         goto unlock;
@@ -470,11 +488,11 @@ int ks_tier_redis_fetch(ks_tier *t, const ks_key *key, const struct ks_redis_man
         }
     }
     double tq = ks_now_ms();
-    rc = collect(r, &r->rd, nq, rep, "lookup (chunks)");
+    rc = collect(r, cn, nq, rep, "lookup (chunks)");
     double tc = ks_now_ms();
     KS_DEBUG("store", "redis tier: %" PRIu32 " chunks, %" PRIu64 " bytes read in %.2f ms", m->n_chunks, m->total, tc - tq);
 unlock:
-    pthread_mutex_unlock(&r->rd.mu);
+    pthread_mutex_unlock(&cn->mu);
     if (rc != 0) goto done;
     rc = ks_redis_ops_take_chunks(rep, m, buf);
     free_replies(rep, nq);
@@ -543,10 +561,12 @@ static void rt_persist(ks_tier *t) { (void)t; }
 
 static void rt_close(ks_tier *t) {
     redis_tier *r = (redis_tier *)t;
-    ks_redis_conn_free(r->rd.c);
+    for (int i = 0; i < KS_REDIS_LOOKUP_CONNS; i++) {
+        ks_redis_conn_free(r->rd[i].c);
+        pthread_mutex_destroy(&r->rd[i].mu);
+    }
     ks_redis_conn_free(r->wr.c);
     ks_redis_tls_free(r->tls);
-    pthread_mutex_destroy(&r->rd.mu);
     pthread_mutex_destroy(&r->wr.mu);
     ks__tier_fini(t);
     /* The password leaves memory with the tier. */
@@ -612,10 +632,10 @@ int ks_tier_redis_open(const struct ks_redis_cfg *cfg, uint64_t max_bytes, const
         goto fail;
     }
     ks_redis_key_lens(&r->nm, r->fp, r->k_lens);
-    pthread_mutex_init(&r->rd.mu, NULL);
+    for (int i = 0; i < KS_REDIS_LOOKUP_CONNS; i++) pthread_mutex_init(&r->rd[i].mu, NULL);
     pthread_mutex_init(&r->wr.mu, NULL);
     if ((rc = ks__tier_init(&r->base, &k_redis_vt, KS_TIER_REDIS, ident)) != 0) {
-        pthread_mutex_destroy(&r->rd.mu);
+        for (int i = 0; i < KS_REDIS_LOOKUP_CONNS; i++) pthread_mutex_destroy(&r->rd[i].mu);
         pthread_mutex_destroy(&r->wr.mu);
         goto fail;
     }

@@ -733,3 +733,31 @@ test('kvstash cache --redis: ls, stats, verify, gc and rm see the entries in Red
   assert.match(r.stderr, /kvstash cache ls: redis redis\+unix:\/\/:\*\*\*@.*no-such\.sock: .*No such file/);
   assert.ok(!r.stderr.includes('pw-hidden'));
 });
+
+// ----------------------------------------------------------------------- 12
+test('concurrent requests ask Redis on connections of their own: one slow reply does not queue the next', async () => {
+  const redis = await startRedis(path.join(root, 'r12'));
+  const url = `unix://${redis.sock}`;
+  const a = await host('a12', url, { timeout_ms: 3000, breaker_errors: 1000, breaker_ms: 0 });
+  try {
+    const m0 = await metrics(a);
+    const asked = async (n) => until(async () => (await metrics(a)).get('kvstash_store_redis_prefetches_total') -
+      (m0.get('kvstash_store_redis_prefetches_total') ?? 0) >= n, `${n} requests to ask Redis`, 2500, 20);
+    // Redis answers nothing for 4.5 s; each lookup gives up after 3 s.
+    redis.cli('CLIENT', 'PAUSE', '4500', 'ALL');
+    const b1 = chat(a, [sys('First'), { role: 'user', content: 'Hello?' }], { max_tokens: 2 });
+    await asked(1);
+    const b2 = chat(a, [sys('Second'), { role: 'user', content: 'Hello?' }], { max_tokens: 2 });
+    await asked(2);
+    await Promise.all([b1, b2]);
+    // Each waited on its own connection and timed out at 3 s (2 errors). Had
+    // B2 queued behind B1's connection, it would have asked at 3 s and been
+    // answered when the pause ended (1 error).
+    const m = await metrics(a);
+    assert.equal(m.get('kvstash_store_redis_errors_total') - (m0.get('kvstash_store_redis_errors_total') ?? 0), 2,
+      'the second lookup waited for the first one\'s connection');
+  } finally {
+    await stopOk(a);
+    await redis.stop();
+  }
+});
