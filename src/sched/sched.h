@@ -252,7 +252,11 @@ void ks_sched_free(ks_sched *s);
  * with a message): one llama.cpp refuses ends the request when it gets a slot,
  * with finish KS_FINISH_ERROR and error KS_EINVAL, before the slot's KV is
  * touched. So does a grammar that allows no next token while generating
- * (ks_sampler_sample returning -1), after the tokens generated so far. */
+ * (ks_sampler_sample returning -1), after the tokens generated so far.
+ * With a store that has a redis tier (and cache_prompt on), the calling
+ * thread first asks Redis for the prompt's longest stored prefix
+ * (ks_store_prefetch): the call may take up to about the tier's timeout, and
+ * the inference thread never waits for Redis. */
 int ks_sched_submit(ks_sched *s, const ks_req_params *r, uint64_t *id);
 /* Cancels a queued or running request; on_done follows with KS_FINISH_CANCEL
  * (unless it already finished). Unknown ids are ignored. */
