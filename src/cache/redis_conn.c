@@ -549,13 +549,10 @@ oom:
     return KS_ENOMEM;
 }
 
-int ks_redis_conn_append(ks_redis_conn *c, const char *fmt, ...) {
+static int vappend(ks_redis_conn *c, const char *fmt, va_list ap) {
     if (c->failed) return KS_EIO;
     char *cmd = NULL;
-    va_list ap;
-    va_start(ap, fmt);
     int len = redisvFormatCommand(&cmd, fmt, ap);
-    va_end(ap);
     if (len < 0 || !cmd) {
         /* A pipeline missing a command would pair replies with the wrong
          * commands: the connection is done. */
@@ -563,6 +560,14 @@ int ks_redis_conn_append(ks_redis_conn *c, const char *fmt, ...) {
         return len == -2 ? KS_EINVAL : KS_ENOMEM;
     }
     return push(c, cmd, (size_t)len);
+}
+
+int ks_redis_conn_append(ks_redis_conn *c, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = vappend(c, fmt, ap);
+    va_end(ap);
+    return rc;
 }
 
 int ks_redis_conn_append_argv(ks_redis_conn *c, int argc, const char **argv, const size_t *argvlen) {
@@ -716,18 +721,11 @@ int ks_redis_conn_get_replies(ks_redis_conn *c, int n, redisReply **rep, ks_redi
 }
 
 redisReply *ks_redis_conn_command(ks_redis_conn *c, const char *fmt, ...) {
-    if (c->failed) return NULL;
-    char *cmd = NULL;
     va_list ap;
     va_start(ap, fmt);
-    int len = redisvFormatCommand(&cmd, fmt, ap);
+    int rc = vappend(c, fmt, ap);
     va_end(ap);
-    if (len < 0 || !cmd) {
-        fail(c, "cannot format a command to %s", c->where);
-        return NULL;
-    }
     redisReply *rep = NULL;
-    if (push(c, cmd, (size_t)len) != 0) return NULL;
-    ks_redis_conn_get_reply(c, &rep);
+    if (rc == 0) ks_redis_conn_get_reply(c, &rep);
     return rep;
 }
