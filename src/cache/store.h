@@ -196,8 +196,6 @@ int ks_store_lookup_range(ks_store *s, const int32_t *tokens, int n, int min_len
  * prefetches at submit). Off by default. */
 int ks_store_prefetch(ks_store *s, const int32_t *tokens, int n, int max_len);
 void ks_store_set_remote_prefetch(ks_store *s, bool on);
-/* Whether ks_store_prefetch can do anything: a redis tier is configured. */
-bool ks_store_has_remote(const ks_store *s);
 
 /* Saves the state of tokens[0, n) for reason into cfg.reason_tier[reason].
  * Takes ownership of payload (malloc'd; freed by the store on every path,

@@ -265,12 +265,7 @@ static int pf_take(ks_store *s, const ks_key *key, const int32_t *tokens, int n,
     if (!got) return KS_ENOENT;
     free(e.tokens);
     hit->blob_ = e.blob;
-    hit->n_tokens = n;
-    hit->tier = KS_TIER_REDIS;
-    hit->reason = e.reason;
-    hit->payload = e.blob.payload;
-    hit->payload_len = e.blob.len;
-    hit->load_ms = 0;
+    fill_hit(s, hit, n, KS_TIER_REDIS, (int)e.reason, ks_now_ms());
     hit->prefetch_ms = e.fetch_ms;
     atomic_fetch_add(&s->prefetch_used, 1);
     return 0;
@@ -279,8 +274,6 @@ static int pf_take(ks_store *s, const ks_key *key, const int32_t *tokens, int n,
 void ks_store_set_remote_prefetch(ks_store *s, bool on) {
     if (s) atomic_store(&s->remote_prefetch, on);
 }
-
-bool ks_store_has_remote(const ks_store *s) { return s && s->tiers[KS_TIER_REDIS]; }
 
 /* The manifests Redis holds for the candidate lengths of a lookup. */
 typedef struct remote_found {

@@ -489,7 +489,7 @@ int ks_sched_submit(ks_sched *s, const ks_req_params *p, uint64_t *id) {
     /* Redis is asked here, on the submitting thread, never on the inference
      * thread: the state it holds waits in the store for this request's
      * lookup (store.h, ks_store_prefetch). The first token's time counts it. */
-    if (s->p.store && r->p.cache_prompt && s->p.cache_prompt && ks_store_has_remote(s->p.store)) {
+    if (s->p.store && r->p.cache_prompt && s->p.cache_prompt) { /* returns at once without a redis tier */
         int cap = r->prompt.n - 1, w = ks_engine_n_swa(s->e);
         if (w > 0 && cap > w) cap = w; /* restore_cap (policy.c) */
         ks_store_prefetch(s->p.store, r->prompt.v, r->prompt.n, cap);

@@ -166,6 +166,10 @@ function manifests(redis, prefix) {
   }
   return out;
 }
+// Waits until srv's submitting threads have asked Redis n times since the metrics m0.
+const untilAsked = (srv, m0, n) => until(async () => (await metrics(srv)).get('kvstash_store_redis_prefetches_total') -
+  (m0.get('kvstash_store_redis_prefetches_total') ?? 0) >= n, `${n} request(s) to ask Redis`, 2500, 20);
+
 // Field i of a manifest line: magic version n_tokens reason created total chunk_bytes n_chunks csum nonce.
 const M = { n_tokens: 2, total: 5, chunk_bytes: 6, n_chunks: 7, nonce: 9 };
 
@@ -480,8 +484,7 @@ test('a Redis that does not answer holds up only the request that asks it, never
     const b = chat(a, [sys('Blocked'), { role: 'user', content: 'Hello?' }], { max_tokens: 2 })
       .then((r) => { order.push('B'); return r; });
     // B is in its lookup once its prefetch was counted.
-    await until(async () => (await metrics(a)).get('kvstash_store_redis_prefetches_total') >
-      (m0.get('kvstash_store_redis_prefetches_total') ?? 0), 'B to ask Redis', 2500, 20);
+    await untilAsked(a, m0, 1);
     // C asks nothing of Redis (cache_prompt false) and must not wait for B's
     // lookup: with lookups on the inference thread it would, and B (2 tokens)
     // would end first.
@@ -741,14 +744,12 @@ test('concurrent requests ask Redis on connections of their own: one slow reply 
   const a = await host('a12', url, { timeout_ms: 3000, breaker_errors: 1000, breaker_ms: 0 });
   try {
     const m0 = await metrics(a);
-    const asked = async (n) => until(async () => (await metrics(a)).get('kvstash_store_redis_prefetches_total') -
-      (m0.get('kvstash_store_redis_prefetches_total') ?? 0) >= n, `${n} requests to ask Redis`, 2500, 20);
     // Redis answers nothing for 4.5 s; each lookup gives up after 3 s.
     redis.cli('CLIENT', 'PAUSE', '4500', 'ALL');
     const b1 = chat(a, [sys('First'), { role: 'user', content: 'Hello?' }], { max_tokens: 2 });
-    await asked(1);
+    await untilAsked(a, m0, 1);
     const b2 = chat(a, [sys('Second'), { role: 'user', content: 'Hello?' }], { max_tokens: 2 });
-    await asked(2);
+    await untilAsked(a, m0, 2);
     await Promise.all([b1, b2]);
     // Each waited on its own connection and timed out at 3 s (2 errors). Had
     // B2 queued behind B1's connection, it would have asked at 3 s and been
