@@ -1,6 +1,6 @@
 /*
  * cmd_mkmodel.c — `kvstash mkmodel --preset NAME [--seed N]
- * [--chat-template FILE] OUT.gguf`.
+ * [--chat-template FILE] [--ctx-train N] OUT.gguf`.
  *
  * Writes a random-weight GGUF model (engine/mkmodel.h). Exit codes:
  * 0 written, 1 I/O or memory error (also: the template file cannot be
@@ -22,7 +22,7 @@
 
 static void mkmodel_usage(FILE *f) {
     fprintf(f,
-            "usage: kvstash mkmodel --preset NAME [--seed N] [--chat-template FILE] OUT.gguf\n"
+            "usage: kvstash mkmodel --preset NAME [--seed N] [--chat-template FILE] [--ctx-train N] OUT.gguf\n"
             "\n"
             "Writes a random-weight GGUF model (architecture `llama`, or `lfm2` and\n"
             "`gemma3` for the hybrid and sliding-window presets) with a ChatML\n"
@@ -50,6 +50,8 @@ static void mkmodel_usage(FILE *f) {
             "                  instead of ChatML; the vocabulary gets its special\n"
             "                  tokens, BOS and end-of-turn token (Llama 3, Mistral,\n"
             "                  gpt-oss, ChatML families)\n"
+            "  --ctx-train N   the trained context written to the model (64..16777216;\n"
+            "                  default: the preset's), the most a server gives a slot\n"
             "  -h, --help      this help\n");
 }
 
@@ -69,6 +71,7 @@ int ks_cmd_mkmodel(int argc, char **argv) {
     const char *out = NULL;
     const char *tmpl_path = NULL;
     uint64_t seed = 1;
+    int ctx_train = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -95,6 +98,11 @@ int ks_cmd_mkmodel(int argc, char **argv) {
                 return 2;
             }
             tmpl_path = v;
+        } else if (!strcmp(a, "--ctx-train") || !strncmp(a, "--ctx-train=", 12)) {
+            const char *v = a[11] == '=' ? a + 12 : (i + 1 < argc ? argv[++i] : NULL);
+            if (ks_cli_parse_int("kvstash mkmodel", "--ctx-train", v, KS_MKMODEL_CTX_MIN, KS_MKMODEL_CTX_MAX,
+                                 &ctx_train))
+                return 2;
         } else if (a[0] == '-' && a[1] != '\0') {
             fprintf(stderr, "kvstash mkmodel: unknown option '%s'\n", a);
             mkmodel_usage(stderr);
@@ -134,6 +142,7 @@ int ks_cmd_mkmodel(int argc, char **argv) {
     mp.preset = preset;
     mp.seed = seed;
     mp.chat_template = tmpl;
+    mp.n_ctx_train = ctx_train;
     char err[512] = "";
     double t0 = ks_now_ms();
     rc = ks_mkmodel_write(&mp, out, &shape, err, sizeof err);

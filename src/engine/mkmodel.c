@@ -62,6 +62,12 @@ static const preset k_presets[] = {
     {.name = "tiny-swa", .n_embd = 64, .n_layer = 4, .n_head = 4, .n_head_kv = 2, .n_ff = 128,
      .n_ctx_train = 8192, .n_vocab_max = 1000, .wtype = GGML_TYPE_F16, .ftype = FTYPE_F16,
      .arch = MK_ARCH_GEMMA3, .n_swa = 32, .swa_pattern = 2},
+    /* the tiny shape with a vocabulary that tokenizes coding agents' prompts as
+     * densely as a real model's (about 4 bytes a token, mkmodel_agent_vocab.c)
+     * and a long trained context: an agent's 100 KB first request fits */
+    {.name = "tiny-agent", .n_embd = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 128,
+     .n_ctx_train = 131072, .n_vocab_max = 24000, .agent_vocab = true, .wtype = GGML_TYPE_F16,
+     .ftype = FTYPE_F16},
     /* recurrent: Mamba, state-space layers only (no attention, no feed-forward) */
     {.name = "tiny-mamba", .n_embd = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 128,
      .n_ctx_train = 8192, .n_vocab_max = 1000, .wtype = GGML_TYPE_F16, .ftype = FTYPE_F16,
@@ -69,7 +75,7 @@ static const preset k_presets[] = {
 };
 
 const char *ks_mkmodel_presets(void) {
-    return "tiny|bench|bench-q4k|tiny-q4k|tiny-hybrid|bench-hybrid|tiny-swa|tiny-mamba";
+    return "tiny|bench|bench-q4k|tiny-q4k|tiny-hybrid|bench-hybrid|tiny-swa|tiny-mamba|tiny-agent";
 }
 
 static const char *arch_name(const preset *p) {
@@ -509,12 +515,20 @@ int ks_mkmodel_write(const ks_mkmodel_params *mp, const char *out_path, ks_mkmod
     }
     const char *preset_name = mp->preset;
     const uint64_t seed = mp->seed;
-    const preset *p = find_preset(preset_name);
-    if (!p) {
+    const preset *pp = find_preset(preset_name);
+    if (!pp) {
         ks_set_err(err, errlen, "unknown preset '%s' (known: %s)", preset_name ? preset_name : "(null)",
                    ks_mkmodel_presets());
         return KS_EINVAL;
     }
+    if (mp->n_ctx_train && (mp->n_ctx_train < KS_MKMODEL_CTX_MIN || mp->n_ctx_train > KS_MKMODEL_CTX_MAX)) {
+        ks_set_err(err, errlen, "trained context %d out of range (%d..%d)", mp->n_ctx_train, KS_MKMODEL_CTX_MIN,
+                   KS_MKMODEL_CTX_MAX);
+        return KS_EINVAL;
+    }
+    preset pc = *pp; /* the preset as this call writes it */
+    if (mp->n_ctx_train) pc.n_ctx_train = mp->n_ctx_train;
+    const preset *p = &pc;
     if (!out_path || !out_path[0]) {
         ks_set_err(err, errlen, "no output path");
         return KS_EINVAL;

@@ -158,7 +158,13 @@ typedef struct ks_mkmodel_params {
     const char *preset;        /* one of ks_mkmodel_presets() */
     uint64_t seed;
     const char *chat_template; /* Jinja text (borrowed for the call); NULL: the preset's ChatML */
+    int n_ctx_train;           /* the trained context written to the file, KS_MKMODEL_CTX_MIN..MAX;
+                                  0: the preset's */
 } ks_mkmodel_params;
+
+/* The range of ks_mkmodel_params.n_ctx_train (as the server's --ctx). */
+#define KS_MKMODEL_CTX_MIN 64
+#define KS_MKMODEL_CTX_MAX 16777216
 
 ks_mkmodel_params ks_mkmodel_params_default(void);
 

@@ -25,6 +25,8 @@ typedef struct preset {
     int n_vocab_max;   /* tiny: stop adding words before this; bench: pad to it */
     bool rich_vocab;   /* capitalised and unprefixed word variants */
     bool pad_vocab;    /* fill up to n_vocab_max with synthetic "▁w<id>" pieces */
+    bool agent_vocab;  /* add the words and punctuation runs of coding agents' prompts
+                        * (mkmodel_agent_vocab.c): a real tokenizer's density on them */
     enum ggml_type wtype;
     uint32_t ftype;    /* general.file_type (llama_ftype: 1 mostly F16, 7 mostly Q8_0) */
     /* Beyond `llama` (zero for it): */
@@ -90,6 +92,10 @@ typedef struct tmpl_info {
 int ks__mkmodel_tmpl_analyse(const char *text, tmpl_info *ti, char *err, size_t errlen);
 /* Frees what ks__mkmodel_tmpl_analyse allocated; zeroes *ti. */
 void ks__mkmodel_tmpl_free(tmpl_info *ti);
+
+/* mkmodel_agent_vocab.c (generated): NULL-terminated lists. */
+extern const char *const ks__mkmodel_agent_words[];
+extern const char *const ks__mkmodel_agent_runs[];
 
 /* The vocabulary of a preset (mkmodel_vocab.c), with the template's specials
  * when ti is not NULL (their ids go into ti). 0 or KS_ENOMEM. */

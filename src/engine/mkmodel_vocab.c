@@ -187,6 +187,43 @@ static int add_word(vocab *v, const char *word, void *ud) {
     return chain_add(v, text, skip, scale);
 }
 
+/* Adds every prefix of text that ends at a character boundary and is at
+ * least two characters long (its first character is always a token). */
+static int chain_add_chars(vocab *v, const char *text, float full_scale) {
+    char buf[128];
+    size_t len = strlen(text);
+    if (len >= sizeof buf) return 0;
+    int n_chars = 0;
+    for (size_t i = 1; i <= len; i++) {
+        if (i < len && ((unsigned char)text[i] & 0xC0) == 0x80) continue; /* inside a character */
+        if (++n_chars < 2) continue;
+        memcpy(buf, text, i);
+        buf[i] = '\0';
+        int id = vocab_add(v, buf, TT_NORMAL, i == len ? full_scale : SCALE_PIECE);
+        if (id < 0) return id;
+        if (i == len && v->out_scale[id] < full_scale) v->out_scale[id] = full_scale;
+    }
+    return 0;
+}
+
+/* The agent vocabulary (preset.agent_vocab): the generated words, after a
+ * space ("▁word") and glued ("word", as in "additionalProperties" or after a
+ * quote), and the punctuation runs, each with its chain of prefixes; a
+ * newline token so that line breaks are not byte tokens. */
+static int add_agent_vocab(vocab *v) {
+    int rc = vocab_add(v, "\n", TT_NORMAL, SCALE_PUNCT);
+    if (rc < 0) return rc;
+    for (const char *const *w = ks__mkmodel_agent_words; *w; w++) {
+        char text[80];
+        snprintf(text, sizeof text, SPACE_UTF8 "%s", *w);
+        if ((rc = chain_add(v, text, strlen(SPACE_UTF8), SCALE_WORD)) < 0) return rc;
+        if ((rc = chain_add(v, *w, 0, SCALE_GLUED_WORD)) < 0) return rc;
+    }
+    for (const char *const *r = ks__mkmodel_agent_runs; *r; r++)
+        if ((rc = chain_add_chars(v, *r, SCALE_PUNCT)) < 0) return rc;
+    return 0;
+}
+
 int ks__mkmodel_build_vocab(const preset *p, tmpl_info *ti, vocab *v) {
     int rc = vocab_init(v, p->n_vocab_max + (ti ? ti->n : 0));
     if (rc) return rc;
@@ -223,6 +260,8 @@ int ks__mkmodel_build_vocab(const preset *p, tmpl_info *ti, vocab *v) {
         if (rc < 0) goto fail;
         if (rc > 0) break; /* full */
     }
+
+    if (p->agent_vocab && (rc = add_agent_vocab(v)) < 0) goto fail;
 
     if (p->pad_vocab) {
         while (v->n < p->n_vocab_max) {
