@@ -457,6 +457,11 @@ static int open_engine(const ks_config *c, int flash_attn, ks_engine **e) {
     char err[512] = "";
     int rc = ks_engine_open(&ep, e, err, sizeof err);
     if (rc) fprintf(stderr, CMD ": %s\n", err[0] ? err : ks_strerror(rc));
+    /* A silently smaller context turns a client's long prompt into a refusal
+     * it cannot explain: say so at the default level. */
+    else if (c->ctx > ks_engine_n_ctx_seq(*e))
+        KS_WARN("serve", "--ctx %d is more than this model takes: each slot gets %d tokens (the model's trained "
+                         "context)", c->ctx, ks_engine_n_ctx_seq(*e));
     return rc;
 }
 
