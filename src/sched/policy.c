@@ -678,6 +678,17 @@ static int pin_next(const sreq *r, int pos) {
     return -1;
 }
 
+/* What the request's pins will write beyond the n_reuse tokens it reuses:
+ * the deepest pin saved in the plan or left for the prefill. The first
+ * stream event reports it (Anthropic's cache_creation_input_tokens) before
+ * the saves happen; ks__policy_pins_done replaces it with what was written. */
+static int pins_planned(const sreq *r, int n_reuse) {
+    int deepest = r->pin_saved_max;
+    for (int i = 0; i < r->n_pins; i++)
+        if (r->pin_st[i] == PIN_PENDING && r->pins[i].n_tokens > deepest) deepest = r->pins[i].n_tokens;
+    return deepest > n_reuse ? deepest - n_reuse : 0;
+}
+
 void ks__policy_pins_done(ks_sched *s, sreq *r) {
     for (int i = 0; i < r->n_pins; i++)
         if (r->pin_st[i] == PIN_PENDING) {
@@ -756,6 +767,7 @@ int ks__policy_plan(ks_sched *s, slot *sl) {
 
     sl->n_past = n_reuse;
     r->res.n_cached = n_reuse;
+    r->res.n_cache_written = pins_planned(r, n_reuse);
     snprintf(r->res.cache_mode, sizeof r->res.cache_mode, "%s",
              store_hit ? "store" : spc_hit ? "spc" : copied ? "copy" : ks_route_mode_name(rt->mode));
     snprintf(r->res.cache_reason, sizeof r->res.cache_reason, "%s", rt->reason);

@@ -279,8 +279,10 @@ static void publish_locked(ks_sched *s) {
         in->last_used_us = sl->last_used_us;
         if (sl->r) {
             in->req_id = sl->r->id;
+            in->shown_req_id = sl->r->id;
             in->n_prompt = sl->r->prompt.n;
             in->n_cached = sl->r->res.n_cached;
+            in->n_cache_written = sl->r->res.n_cache_written;
             in->n_generated = sl->n_generated;
         } else {
             in->req_id = 0; /* n_prompt/n_cached/n_generated: of the last request */
@@ -333,11 +335,13 @@ static void *run(void *arg) {
         bool stopping = s->stop;
         pthread_mutex_unlock(&s->mu);
 
+        bool planned = false;
         for (int i = 0; i < s->n_slots; i++) {
             slot *sl = &s->slots[i];
             if (sl->state == ST_IDLE) continue;
             if (stopping) atomic_store(&sl->r->cancel, 1);
             if (sl->planned) continue;
+            planned = true;
             int rc = ks__policy_plan(s, sl);
             if (rc == KS_EINVAL) {
                 /* The request's own sampling (its grammar): the slot is untouched. */
@@ -348,6 +352,14 @@ static void *run(void *arg) {
                          (unsigned long long)sl->r->id, ks_strerror(rc));
                 ks__sched_fail(s, sl, rc);
             }
+        }
+        if (planned) {
+            /* A plan's cached and breakpoint counts are what a stream's
+             * first event reports (its first token may come in this step):
+             * publish them before stepping. */
+            pthread_mutex_lock(&s->mu);
+            publish_locked(s);
+            pthread_mutex_unlock(&s->mu);
         }
         ks__step(s);
         pthread_mutex_lock(&s->mu);

@@ -270,9 +270,11 @@ typedef struct ks_slot_info {
     int id;
     bool busy;
     uint64_t req_id;       /* 0 when idle */
+    uint64_t shown_req_id; /* the request n_prompt ... n_generated are of (the current or the last one) */
     int n_tokens;          /* tokens in the slot's KV */
     int n_prompt;          /* of the current/last request */
     int n_cached;
+    int n_cache_written;   /* the request's breakpoint writes as planned (ks_req_result's, final at the end) */
     int n_generated;
     int64_t last_used_us;  /* monotonic */
 } ks_slot_info;

@@ -36,6 +36,17 @@ void ks_api_error_set(ks_api_error *e, int status, const char *type, const char 
     ks_utf8_scrub(e->message, strlen(e->message));
 }
 
+void ks_api_note(ks_api_notes *n, const char *field, const char *what) {
+    if (!n) return;
+    n->n_total++;
+    if (n->n >= KS_API_MAX_NOTES) return;
+    snprintf(n->v[n->n].field, sizeof n->v[n->n].field, "%s", field);
+    snprintf(n->v[n->n].what, sizeof n->v[n->n].what, "%s", what);
+    ks_utf8_scrub(n->v[n->n].field, strlen(n->v[n->n].field)); /* a client's name, cut at a byte limit */
+    ks_utf8_scrub(n->v[n->n].what, strlen(n->v[n->n].what));
+    n->n++;
+}
+
 json_t *ks_api_error_json(const ks_api_error *e) {
     /* ks_api_error_set scrubs the message; one filled in another way may
      * still not be UTF-8: json_string refuses that, so fall back to a
@@ -342,7 +353,7 @@ int ks_api_parse_root(ks_api_kind kind, json_t *root, ks_api_request *out, ks_ap
     if (rc) goto fail;
     rc = ks__api_parse_sampling(out->root, out, err);
     if (rc) goto fail;
-    rc = ks__api_check_fields(out->root, kind, err);
+    rc = ks__api_check_fields(out->root, kind, &out->notes, err);
     if (rc) goto fail;
     return 0;
 fail:

@@ -84,6 +84,23 @@ typedef struct ks_api_prompt {
 /* A cache breakpoint (Anthropic's cache_control, also taken on chat
  * messages and tools): the prompt up to the end of a message is a prefix
  * the client will send again, to be kept in the store for ttl_s seconds. */
+/* What a request carried that the server does not act on and went on without
+ * (docs/SERVER.md, "Request fields"): fields it does not know (ignored, as
+ * llama-server ignores them), hosted tools (dropped). The server logs each
+ * one once (refusals.h); nothing here is an error. */
+#define KS_API_MAX_NOTES 8
+typedef struct ks_api_notes {
+    int n;                 /* kept in v, at most KS_API_MAX_NOTES */
+    int n_total;           /* all of them */
+    struct {
+        char field[64];    /* "frobnicate", "tools[3]" (cut at a character boundary) */
+        char what[64];     /* "an unknown field", "a hosted tool (web_search)" */
+    } v[KS_API_MAX_NOTES];
+} ks_api_notes;
+
+/* Adds one to n (NULL: nothing). */
+void ks_api_note(ks_api_notes *n, const char *field, const char *what);
+
 #define KS_API_MAX_BREAKPOINTS 4
 typedef struct ks_api_breakpoint {
     int msg;              /* the prefix ends after tmpl_req's messages[msg]; -1: a breakpoint
@@ -138,6 +155,7 @@ typedef struct ks_api_request {
     bool stream;
     bool include_usage;    /* stream_options.include_usage */
     bool cache_prompt;     /* extension; default true (the server switch still applies) */
+    ks_api_notes notes;    /* fields ignored (unknown), tools dropped */
     ks_api_breakpoint bps[KS_API_MAX_BREAKPOINTS]; /* chat: cache_control breakpoints, in the
                                                       order given */
     int n_bps;
@@ -299,6 +317,14 @@ typedef struct ks_api_resp_req {
                                 history, the input; tools, text.format, sampling renamed */
     json_t *input;           /* this request's input as chat messages (kept with the response) */
     bool store;              /* keep the conversation for previous_response_id (default true) */
+    ks_api_notes notes;      /* fields ignored, tools dropped */
+    /* The chat tools that are not plain function tools, by their chat name:
+     * {"ns__tool": {"namespace": "ns", "name": "tool"}} for the function tools
+     * of a namespace group, {"apply_patch": {"custom": true, "name": ...}} for
+     * a custom (freeform) tool, which the template sees as a function taking
+     * one string, "input". The output is rendered back through it
+     * (ks_api_responses_output, ks_api_rstream). NULL: none. */
+    json_t *tool_map;
 } ks_api_resp_req;
 
 /* previous_response_id of a request (borrowed), NULL: none; 400 on a wrong type. */
@@ -312,7 +338,7 @@ void ks_api_resp_req_free(ks_api_resp_req *r);
 
 /* Output items of a parsed chat message (reasoning, message, function
  * calls; text: the content when msg is NULL), each with a fresh id. */
-json_t *ks_api_responses_output(const json_t *msg, const char *text);
+json_t *ks_api_responses_output(const json_t *msg, const char *text, const json_t *tool_map);
 
 typedef struct ks_api_resp_out {
     const char *id;
@@ -338,8 +364,11 @@ typedef struct ks_api_rstream {
     int open;                  /* the open item's index, -1: none */
     int open_kind;
     int call_index;            /* the open function call's index in the chat deltas */
+    json_t *tool_map;          /* ks_api_resp_req's (owned reference), NULL: none */
+    ks_buf custom_args;        /* the open custom tool call's arguments so far */
 } ks_api_rstream;
-void ks_api_rstream_init(ks_api_rstream *st);
+/* tool_map: ks_api_resp_req.tool_map (a reference is taken), may be NULL. */
+void ks_api_rstream_init(ks_api_rstream *st, json_t *tool_map);
 void ks_api_rstream_free(ks_api_rstream *st);
 /* response.created, response.in_progress with resp (status in_progress). */
 int ks_api_rstream_start(ks_api_rstream *st, const json_t *resp, ks_buf *out);
@@ -354,6 +383,8 @@ int ks_api_rstream_error(ks_api_rstream *st, const ks_api_error *e, ks_buf *out)
 typedef struct ks_api_msg_req {
     json_t *chat;              /* the chat request */
     int n_user_stops;          /* stop_sequences given (the chat request's first stops) */
+    int mid_system;            /* the index in messages of the first system message there, -1: none */
+    ks_api_notes notes;        /* fields ignored, tools dropped */
 } ks_api_msg_req;
 /* Translates a Messages request (root borrowed). count: for count_tokens
  * (max_tokens not required, no sampling fields). */

@@ -51,18 +51,33 @@ int ks__api_want(json_t *v, json_type t, const char *what, const char *param, ks
     return 0;
 }
 
-int ks__api_check_fields(json_t *root, ks_api_kind kind, ks_api_error *err) {
+void ks__api_note_unknown(json_t *root, ks_api_notes *notes, const char *const *l1, const char *const *l2,
+                          const char *const *l3) {
     const char *k;
     json_t *v;
     json_object_foreach(root, k, v) {
-        if (ks__api_in_list(COMMON_FIELDS, k) || ks__api_in_list(IGNORED_FIELDS, k)) continue;
-        if (ks__api_in_list(kind == KS_API_CHAT ? CHAT_FIELDS : COMPLETION_FIELDS, k)) continue;
+        if ((l1 && ks__api_in_list(l1, k)) || (l2 && ks__api_in_list(l2, k)) || (l3 && ks__api_in_list(l3, k)))
+            continue;
+        ks_api_note(notes, k, "an unknown field");
+    }
+}
+
+int ks__api_check_fields(json_t *root, ks_api_kind kind, ks_api_notes *notes, ks_api_error *err) {
+    /* The other endpoint's own field would change what is generated if it
+     * were honoured here: a mistake worth a 400, not a silent default. */
+    const char *const *other = kind == KS_API_CHAT ? COMPLETION_FIELDS : CHAT_FIELDS;
+    const char *const *mine = kind == KS_API_CHAT ? CHAT_FIELDS : COMPLETION_FIELDS;
+    const char *k;
+    json_t *v;
+    json_object_foreach(root, k, v) {
+        if (ks__api_in_list(mine, k) || !ks__api_in_list(other, k)) continue;
         char param[96];
         snprintf(param, sizeof param, "%.80s", k);
         BAD("unsupported_parameter", param,
-            "Unsupported parameter: '%s' is not supported by this server (see docs/SERVER.md for the "
-            "fields it takes).", param);
+            "Unsupported parameter: '%s' belongs to %s, not to this endpoint.", param,
+            kind == KS_API_CHAT ? "/v1/completions" : "/v1/chat/completions");
     }
+    ks__api_note_unknown(root, notes, COMMON_FIELDS, IGNORED_FIELDS, mine);
     return 0;
 }
 

@@ -39,8 +39,15 @@ int ks__api_parse_content(json_t *m, size_t i, bool assistant, ks_api_request *r
 bool ks__api_in_list(const char *const *l, const char *k);
 /* 400 invalid_type unless v has type t (JSON_TRUE: a boolean); what: "a string"... */
 int ks__api_want(json_t *v, json_type t, const char *what, const char *param, ks_api_error *err);
-/* 400 unsupported_parameter for a field neither implemented nor ignored. */
-int ks__api_check_fields(json_t *root, ks_api_kind kind, ks_api_error *err);
+/* The request-field policy (docs/SERVER.md, "Request fields"): a field of the
+ * other endpoint (prompt on chat, messages on completions) is a 400
+ * unsupported_parameter; a field none of the lists knows is noted in notes
+ * and ignored. */
+int ks__api_check_fields(json_t *root, ks_api_kind kind, ks_api_notes *notes, ks_api_error *err);
+/* Notes every field of root that is in none of the NULL-terminated lists
+ * (the lists may be NULL-padded: a NULL list ends them). */
+void ks__api_note_unknown(json_t *root, ks_api_notes *notes, const char *const *l1, const char *const *l2,
+                          const char *const *l3);
 /* messages, tools, structured output and template options into r->msgs and r->tmpl_req. */
 int ks__api_parse_chat(json_t *root, ks_api_request *r, ks_api_error *err);
 /* prompt (one or several), grammar / json_schema, logprobs, echo, suffix, best_of. */

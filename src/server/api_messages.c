@@ -29,12 +29,20 @@
 
 static const char *const MSG_FIELDS[] = {
     "model", "messages", "system", "max_tokens", "stop_sequences", "temperature", "top_p", "top_k", "stream",
-    "tools", "tool_choice", "thinking", "metadata", "service_tier",
+    "tools", "tool_choice", "thinking", "output_config", "output_format",
     /* llama-server's extensions, as on chat */
     "seed", "min_p", "cache_prompt", "repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty",
     "ignore_eos", "chat_template_kwargs", "id_slot",
     NULL};
-static const char *const COUNT_FIELDS[] = {"model", "messages", "system", "tools", "tool_choice", "thinking", NULL};
+static const char *const COUNT_FIELDS[] = {"model", "messages", "system", "tools", "tool_choice", "thinking",
+                                           "output_config", "output_format", NULL};
+/* Accepted and ignored, silently (docs/SERVER.md): they steer Anthropic's
+ * service — accounting, regions, its server-side context editing (Claude
+ * Code's clear_thinking edits: which earlier thinking a local template renders
+ * is the template's business), its code-execution containers — and change
+ * nothing a local model generates. */
+static const char *const MSG_IGNORED[] = {"metadata", "service_tier", "context_management", "container",
+                                          "inference_geo", "mcp_servers", NULL};
 static const char *const PASS_FIELDS[] = {"model", "temperature", "top_p", "top_k", "stream", "seed", "min_p",
                                           "cache_prompt", "repeat_penalty", "repeat_last_n", "presence_penalty",
                                           "frequency_penalty", "ignore_eos", "id_slot", NULL};
@@ -240,7 +248,41 @@ static int assistant_to_chat(json_t *c, const char *p, json_t *msgs, ks_api_erro
     return rc;
 }
 
-static int messages_to_chat(json_t *root, json_t *msgs, ks_api_error *err) {
+/* A system message inside messages (Claude Code sends one for model names it
+ * does not know, after the first user message): text blocks, rendered as a
+ * system message where it stands. Whether the template takes a system
+ * message there is the template's call (ks_chat_tmpl refuses it with a
+ * message naming the role, answered as Anthropic's API would). */
+static int system_msg_to_chat(json_t *c, const char *p, json_t *msgs, ks_api_error *err) {
+    ks_buf text = {0};
+    json_t *cc = NULL;
+    size_t i;
+    json_t *blk;
+    json_array_foreach(c, i, blk) {
+        char q[96];
+        snprintf(q, sizeof q, "%s.content.%zu", p, i);
+        const char *ty = block_type(blk, q, err);
+        if (!ty) {
+            ks_buf_free(&text);
+            return KS_EINVAL;
+        }
+        if (strcmp(ty, "text") || !json_is_string(json_object_get(blk, "text"))) {
+            ks_buf_free(&text);
+            BAD("invalid_value", q, "%s: a system message takes text blocks only.", q);
+        }
+        if (join(&text, jstr(blk, "text"))) {
+            ks_buf_free(&text);
+            return ks__api_oom(err);
+        }
+        if (json_object_get(blk, "cache_control")) cc = json_object_get(blk, "cache_control");
+    }
+    json_t *m = json_pack("{s:s, s:s%}", "role", "system", "content", text.s ? text.s : "", text.len);
+    ks_buf_free(&text);
+    if (m && cc) json_object_set(m, "cache_control", cc);
+    return !m || json_array_append_new(msgs, m) ? ks__api_oom(err) : 0;
+}
+
+static int messages_to_chat(json_t *root, json_t *msgs, int *mid_system, ks_api_error *err) {
     json_t *ms = ks__api_field(root, "messages");
     if (!ms) BAD("missing_required_parameter", "messages", "messages: Field required");
     int rc = ks__api_want(ms, JSON_ARRAY, "an array", "messages", err);
@@ -254,8 +296,9 @@ static int messages_to_chat(json_t *root, json_t *msgs, ks_api_error *err) {
         if ((rc = ks__api_want(m, JSON_OBJECT, "an object", p, err))) return rc;
         const char *role = json_string_value(json_object_get(m, "role"));
         snprintf(q, sizeof q, "%s.role", p);
-        if (!role || (strcmp(role, "user") && strcmp(role, "assistant")))
-            BAD("invalid_value", q, "%s: expected 'user' or 'assistant'.", q);
+        if (!role || (strcmp(role, "user") && strcmp(role, "assistant") && strcmp(role, "system")))
+            BAD("invalid_value", q, "%s: Input should be 'user', 'assistant' or 'system'", q);
+        if (!strcmp(role, "system") && *mid_system < 0) *mid_system = (int)i;
         json_t *c = json_object_get(m, "content");
         snprintf(q, sizeof q, "%s.content", p);
         if (!c) BAD("missing_required_parameter", q, "%s: Field required", q);
@@ -266,7 +309,9 @@ static int messages_to_chat(json_t *root, json_t *msgs, ks_api_error *err) {
             BAD("invalid_type", q, "%s: expected a string or an array of content blocks, but got %s instead.", q,
                 ks__api_json_type_name(c));
         }
-        rc = !strcmp(role, "user") ? user_to_chat(blocks, p, msgs, err) : assistant_to_chat(blocks, p, msgs, err);
+        rc = !strcmp(role, "user")     ? user_to_chat(blocks, p, msgs, err)
+             : !strcmp(role, "system") ? system_msg_to_chat(blocks, p, msgs, err)
+                                       : assistant_to_chat(blocks, p, msgs, err);
         json_decref(blocks);
         if (rc) return rc;
     }
@@ -274,7 +319,19 @@ static int messages_to_chat(json_t *root, json_t *msgs, ks_api_error *err) {
 }
 
 /* ------------------------------------------------------------ tools */
-static int tools_to_chat(json_t *root, json_t *chat, ks_api_error *err) {
+/* Anthropic's server tools run on Anthropic's side (the model calls them and
+ * Anthropic executes them): a local model cannot, so they are dropped from the
+ * request with a note rather than refusing it. The Anthropic-defined client
+ * tools (bash_*, text_editor_*, computer_*, memory_*) run on the client with
+ * schemas kvstash does not know: still a 400. */
+static bool server_tool(const char *type) {
+    static const char *const pfx[] = {"web_search_", "web_fetch_", "code_execution_", "tool_search_tool_", NULL};
+    for (const char *const *p = pfx; *p; p++)
+        if (!strncmp(type, *p, strlen(*p))) return true;
+    return false;
+}
+
+static int tools_to_chat(json_t *root, json_t *chat, ks_api_notes *notes, ks_api_error *err) {
     json_t *tools = ks__api_field(root, "tools");
     json_t *tc = ks__api_field(root, "tool_choice");
     int rc;
@@ -289,8 +346,14 @@ static int tools_to_chat(json_t *root, json_t *chat, ks_api_error *err) {
             snprintf(p, sizeof p, "tools.%zu", i);
             if ((rc = ks__api_want(t, JSON_OBJECT, "an object", p, err))) return rc;
             const char *ty = json_string_value(json_object_get(t, "type"));
+            if (ty && server_tool(ty)) {
+                char what[64];
+                snprintf(what, sizeof what, "a server tool (%.40s)", ty);
+                ks_api_note(notes, p, what);
+                continue;
+            }
             if (ty && strcmp(ty, "custom"))
-                BAD("invalid_value", p, "%s: '%.40s' tools run on Anthropic's side and are not supported; give "
+                BAD("invalid_value", p, "%s: '%.40s' tools are defined by Anthropic and not supported here; give "
                     "client tools (name, description, input_schema).", p, ty);
             json_t *name = json_object_get(t, "name"), *schema = json_object_get(t, "input_schema");
             if (!json_is_string(name)) BAD("invalid_value", p, "%s.name: Field required (a string)", p);
@@ -325,22 +388,50 @@ static int tools_to_chat(json_t *root, json_t *chat, ks_api_error *err) {
     return 0;
 }
 
+/* output_config: {effort, format}; output_format (the structured-outputs
+ * beta's name for format). effort becomes the chat request's
+ * reasoning_effort, a template variable (gpt-oss and others read it; "max",
+ * beyond what templates take, is "high"); format {type: "json_schema",
+ * schema} the response_format that constrains the output to the schema. */
+static int output_to_chat(json_t *root, json_t *chat, ks_api_error *err) {
+    json_t *oc = ks__api_field(root, "output_config");
+    int rc;
+    json_t *fmt = ks__api_field(root, "output_format");
+    if (oc) {
+        if ((rc = ks__api_want(oc, JSON_OBJECT, "an object", "output_config", err))) return rc;
+        json_t *effort = ks__api_field(oc, "effort");
+        if (effort) {
+            const char *e = json_string_value(effort);
+            if (!e || (strcmp(e, "low") && strcmp(e, "medium") && strcmp(e, "high") && strcmp(e, "max")))
+                BAD("invalid_value", "output_config.effort",
+                    "output_config.effort: Input should be 'low', 'medium', 'high' or 'max'");
+            if (json_object_set_new(chat, "reasoning_effort", json_string(strcmp(e, "max") ? e : "high")))
+                return ks__api_oom(err);
+        }
+        json_t *f = ks__api_field(oc, "format");
+        if (f) fmt = f;
+    }
+    if (!fmt) return 0;
+    const char *fp = oc && ks__api_field(oc, "format") ? "output_config.format" : "output_format";
+    if ((rc = ks__api_want(fmt, JSON_OBJECT, "an object", fp, err))) return rc;
+    const char *ty = jstr(fmt, "type");
+    json_t *schema = json_object_get(fmt, "schema");
+    if (strcmp(ty, "json_schema") || !json_is_object(schema))
+        BAD("invalid_value", fp, "%s: expected {\"type\": \"json_schema\", \"schema\": {...}}.", fp);
+    json_t *rf = json_pack("{s:s, s:{s:s, s:O}}", "type", "json_schema", "json_schema", "name", "output", "schema",
+                           schema);
+    return !rf || json_object_set_new(chat, "response_format", rf) ? ks__api_oom(err) : 0;
+}
+
 int ks_api_messages_to_chat(json_t *root, bool count, ks_api_msg_req *out, ks_api_error *err) {
     memset(out, 0, sizeof *out);
-    const char *k;
-    json_t *v;
+    out->mid_system = -1;
     int rc;
-    json_object_foreach(root, k, v) {
-        if (ks__api_in_list(count ? COUNT_FIELDS : MSG_FIELDS, k)) continue;
-        char param[96];
-        snprintf(param, sizeof param, "%.80s", k);
-        BAD("unsupported_parameter", param, "%s: Extra inputs are not permitted (see docs/SERVER.md for the fields "
-            "this server takes).", param);
-    }
+    ks__api_note_unknown(root, &out->notes, count ? COUNT_FIELDS : MSG_FIELDS, MSG_IGNORED, NULL);
     json_t *chat = json_object(), *msgs = json_array();
     if (!chat || !msgs || json_object_set(chat, "messages", msgs)) goto oom;
-    if ((rc = system_to_chat(root, msgs, err)) || (rc = messages_to_chat(root, msgs, err)) ||
-        (rc = tools_to_chat(root, chat, err)))
+    if ((rc = system_to_chat(root, msgs, err)) || (rc = messages_to_chat(root, msgs, &out->mid_system, err)) ||
+        (rc = tools_to_chat(root, chat, &out->notes, err)) || (rc = output_to_chat(root, chat, err)))
         goto fail;
     if (!count) {
         json_t *mt = ks__api_field(root, "max_tokens");
@@ -537,9 +628,16 @@ int ks_api_mstream_end(ks_api_mstream *st, const char *stop_reason, const char *
         if (!rc) rc = close_block(st, out);
     }
     if (rc) return rc;
-    rc = ev(out, "message_delta",
-            json_pack("{s:{s:s, s:o}, s:o}", "delta", "stop_reason", stop_reason, "stop_sequence",
-                      stop_sequence ? json_string(stop_sequence) : json_null(), "usage", ks_api_messages_usage(r)));
+    json_t *md = json_pack("{s:{s:s, s:o}, s:o}", "delta", "stop_reason", stop_reason, "stop_sequence",
+                           stop_sequence ? json_string(stop_sequence) : json_null(), "usage", ks_api_messages_usage(r));
+    /* kvstash's own objects, as in a whole reply: the SDKs keep fields they
+     * do not know (and clients ignore them). */
+    if (md && r) {
+        json_t *c = ks_api_cache_json(r), *t = ks_api_timings_json(r);
+        if (c) json_object_set_new(md, "cache", c);
+        if (t) json_object_set_new(md, "timings", t);
+    }
+    rc = ev(out, "message_delta", md);
     return rc ? rc : ev(out, "message_stop", json_object());
 }
 

@@ -28,13 +28,23 @@
 static const char *const RESP_FIELDS[] = {
     "model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "text",
     "max_output_tokens", "temperature", "top_p", "stream", "previous_response_id", "store", "reasoning",
-    "truncation", "include", "background", "stream_options",
+    "truncation", "background",
     /* llama-server's extensions, as on chat */
     "seed", "top_k", "min_p", "cache_prompt", "repeat_penalty", "repeat_last_n", "presence_penalty",
     "frequency_penalty", "ignore_eos", "chat_template_kwargs", "id_slot", "stop", "logit_bias",
-    /* accepted and ignored, as on chat */
-    "user", "metadata", "service_tier", "prompt_cache_key", "safety_identifier",
     NULL};
+/* Accepted and ignored, silently (docs/SERVER.md): they steer OpenAI's
+ * service (accounting, its prompt cache's routing and retention, which extra
+ * outputs its stored responses include, Codex's client_metadata) and change
+ * nothing a local model generates. */
+static const char *const RESP_IGNORED[] = {
+    "user", "metadata", "service_tier", "prompt_cache_key", "prompt_cache_retention", "safety_identifier",
+    "include", "stream_options", "client_metadata", "top_logprobs", "max_tool_calls",
+    NULL};
+/* Refused: honouring them would need what this server does not have (server-
+ * side conversations and prompt templates), and ignoring them would change
+ * what is generated. n: a chat field, several choices (not in Responses). */
+static const char *const RESP_REFUSED[] = {"n", "conversation", "prompt", NULL};
 /* Passed to the chat request as they are. */
 static const char *const PASS_FIELDS[] = {
     "model", "temperature", "top_p", "stream", "parallel_tool_calls", "seed", "top_k", "min_p", "cache_prompt",
@@ -165,8 +175,11 @@ static int item_message(tr *t, json_t *it, const char *p, ks_api_error *err) {
     return 0;
 }
 
-static int item_function_call(tr *t, json_t *it, const char *p, ks_api_error *err) {
-    static const char *const keys[] = {"call_id", "name", "arguments"};
+/* A function call, or a custom tool's call (custom: its input becomes the
+ * one-string arguments {"input": ...} the template saw the tool take); a
+ * function of a namespace group is called by its chat name, ns__name. */
+static int item_function_call(tr *t, json_t *it, const char *p, bool custom, ks_api_error *err) {
+    const char *const keys[] = {"call_id", "name", custom ? "input" : "arguments"};
     json_t *v[3];
     for (int k = 0; k < 3; k++) {
         char q[96];
@@ -178,12 +191,24 @@ static int item_function_call(tr *t, json_t *it, const char *p, ks_api_error *er
         t->calls = json_array();
         if (!t->calls || json_object_set_new(t->asst, "tool_calls", t->calls)) return ks__api_oom(err);
     }
-    json_t *tc = json_pack("{s:O, s:s, s:{s:O, s:O}}", "id", v[0], "type", "function", "function", "name", v[1],
-                           "arguments", v[2]);
+    const char *ns = json_string_value(json_object_get(it, "namespace"));
+    char name[256];
+    snprintf(name, sizeof name, "%s%s%s", ns ? ns : "", ns ? "__" : "", json_string_value(v[1]));
+    char *args = NULL;
+    if (custom) {
+        json_t *a = json_pack("{s:O}", "input", v[2]);
+        args = a ? json_dumps(a, JSON_COMPACT) : NULL;
+        json_decref(a);
+    }
+    json_t *tc = custom && !args ? NULL
+                                 : json_pack("{s:O, s:s, s:{s:s, s:s}}", "id", v[0], "type", "function", "function",
+                                             "name", name, "arguments", args ? args : json_string_value(v[2]));
+    free(args);
     if (!tc || json_array_append_new(t->calls, tc)) return ks__api_oom(err);
     return 0;
 }
 
+/* function_call_output and custom_tool_call_output alike. */
 static int item_function_output(tr *t, json_t *it, const char *p, ks_api_error *err) {
     char q[96];
     json_t *id, *out;
@@ -240,15 +265,18 @@ static int input_items(tr *t, json_t *input, ks_api_error *err) {
             BAD("invalid_type", q, "Invalid type for '%s': expected a string.", q);
         }
         if (!ty || !strcmp(ty, "message")) rc = item_message(t, it, p, err);
-        else if (!strcmp(ty, "function_call")) rc = item_function_call(t, it, p, err);
-        else if (!strcmp(ty, "function_call_output")) rc = item_function_output(t, it, p, err);
+        else if (!strcmp(ty, "function_call")) rc = item_function_call(t, it, p, false, err);
+        else if (!strcmp(ty, "custom_tool_call")) rc = item_function_call(t, it, p, true, err);
+        else if (!strcmp(ty, "function_call_output") || !strcmp(ty, "custom_tool_call_output"))
+            rc = item_function_output(t, it, p, err);
         else if (!strcmp(ty, "reasoning")) rc = item_reasoning(t, it, p, err);
         else {
             char q[64];
             snprintf(q, sizeof q, "%s.type", p);
             BAD("unsupported_value", q,
                 "Invalid value for '%s': '%.40s' items are not supported. Supported item types are: 'message', "
-                "'function_call', 'function_call_output' and 'reasoning'.", q, ty);
+                "'function_call', 'function_call_output', 'custom_tool_call', 'custom_tool_call_output' and "
+                "'reasoning'.", q, ty);
         }
         if (rc) return rc;
     }
@@ -257,7 +285,52 @@ static int input_items(tr *t, json_t *input, ks_api_error *err) {
 }
 
 /* ------------------------------------------------------------ tools, text */
-static int tools_to_chat(json_t *root, json_t *chat, ks_api_error *err) {
+/* A function tool t (Responses' flat shape) as a chat tool named name. */
+static int add_function(json_t *out, json_t *t, const char *p, const char *name, ks_api_error *err) {
+    char q[96];
+    snprintf(q, sizeof q, "%s.name", p);
+    if (!name) BAD("missing_required_parameter", q, "Missing required parameter: '%s'.", q);
+    json_t *fn = json_pack("{s:s}", "name", name);
+    if (!fn) return ks__api_oom(err);
+    static const char *const keys[] = {"description", "parameters", "strict"};
+    for (int k = 0; k < 3; k++) {
+        json_t *v = ks__api_field(t, keys[k]);
+        if (v) json_object_set(fn, keys[k], v);
+    }
+    json_t *o = json_pack("{s:s, s:o}", "type", "function", "function", fn);
+    json_t *cc = json_object_get(t, "cache_control");
+    if (o && cc) json_object_set(o, "cache_control", cc);
+    return !o || json_array_append_new(out, o) ? ks__api_oom(err) : 0;
+}
+
+/* A custom (freeform) tool: the model writes its input as plain text (Codex's
+ * apply_patch). The template sees a function of one string, "input"; the
+ * grammar of its format (a Lark grammar) is described, not enforced. */
+static int add_custom(json_t *out, json_t *t, const char *name, ks_api_error *err) {
+    const char *desc = json_string_value(json_object_get(t, "description"));
+    json_t *params = json_pack("{s:s, s:{s:{s:s, s:s}}, s:[s], s:b}", "type", "object", "properties", "input",
+                               "type", "string", "description", "the tool's input, as plain text", "required",
+                               "input", "additionalProperties", 0);
+    json_t *fn = params ? json_pack("{s:s, s:s, s:o}", "name", name, "description", desc ? desc : "", "parameters",
+                                    params)
+                        : NULL;
+    json_t *o = fn ? json_pack("{s:s, s:o}", "type", "function", "function", fn) : NULL;
+    return !o || json_array_append_new(out, o) ? ks__api_oom(err) : 0;
+}
+
+static int map_tool(json_t **map, const char *chat_name, json_t *entry, ks_api_error *err) {
+    if (!entry || (!*map && !(*map = json_object())) || json_object_set_new(*map, chat_name, entry))
+        return ks__api_oom(err);
+    return 0;
+}
+
+/* tools: function tools as they are; the function tools of a namespace group
+ * as "<namespace>__<name>" (names unique across groups, and what agents'
+ * MCP tools are often called); custom tools as functions of one string;
+ * OpenAI's hosted tools (web_search, file_search, code_interpreter, ...) and
+ * Codex's client-side tool_search (it searches tools this server never
+ * defers) dropped with a note. */
+static int tools_to_chat(json_t *root, json_t *chat, ks_api_resp_req *rr, ks_api_error *err) {
     json_t *tools = ks__api_field(root, "tools");
     if (!tools) return 0;
     int rc = ks__api_want(tools, JSON_ARRAY, "an array", "tools", err);
@@ -271,30 +344,51 @@ static int tools_to_chat(json_t *root, json_t *chat, ks_api_error *err) {
         snprintf(p, sizeof p, "tools[%zu]", i);
         if ((rc = ks__api_want(t, JSON_OBJECT, "an object", p, err))) return rc;
         const char *ty = json_string_value(json_object_get(t, "type"));
+        const char *name = json_string_value(json_object_get(t, "name"));
         snprintf(q, sizeof q, "%s.type", p);
-        if (!ty || strcmp(ty, "function"))
-            BAD("unsupported_value", q,
-                "Invalid value for '%s': only 'function' tools are supported (hosted tools run on OpenAI's side).", q);
-        json_t *name = json_object_get(t, "name");
-        snprintf(q, sizeof q, "%s.name", p);
-        if (!name) BAD("missing_required_parameter", q, "Missing required parameter: '%s'.", q);
-        json_t *fn = json_pack("{s:O}", "name", name);
-        if (!fn) return ks__api_oom(err);
-        static const char *const keys[] = {"description", "parameters", "strict"};
-        for (int k = 0; k < 3; k++) {
-            json_t *v = ks__api_field(t, keys[k]);
-            if (v) json_object_set(fn, keys[k], v);
+        if (!ty) BAD("missing_required_parameter", q, "Missing required parameter: '%s'.", q);
+        if (!strcmp(ty, "function")) {
+            if ((rc = add_function(out, t, p, name, err))) return rc;
+        } else if (!strcmp(ty, "custom")) {
+            snprintf(q, sizeof q, "%s.name", p);
+            if (!name) BAD("missing_required_parameter", q, "Missing required parameter: '%s'.", q);
+            if ((rc = add_custom(out, t, name, err)) ||
+                (rc = map_tool(&rr->tool_map, name, json_pack("{s:b, s:s}", "custom", 1, "name", name), err)))
+                return rc;
+        } else if (!strcmp(ty, "namespace")) {
+            json_t *inner = json_object_get(t, "tools");
+            snprintf(q, sizeof q, "%s.name", p);
+            if (!name) BAD("missing_required_parameter", q, "Missing required parameter: '%s'.", q);
+            snprintf(q, sizeof q, "%s.tools", p);
+            if (!inner) BAD("missing_required_parameter", q, "Missing required parameter: '%s'.", q);
+            if ((rc = ks__api_want(inner, JSON_ARRAY, "an array", q, err))) return rc;
+            size_t j;
+            json_t *u;
+            json_array_foreach(inner, j, u) {
+                char pj[96], full[160];
+                snprintf(pj, sizeof pj, "%s.tools[%zu]", p, j);
+                const char *uty = json_string_value(json_object_get(u, "type"));
+                const char *un = json_string_value(json_object_get(u, "name"));
+                if (!json_is_object(u) || (uty && strcmp(uty, "function"))) {
+                    ks_api_note(&rr->notes, pj, "a tool of a namespace that is not a function");
+                    continue;
+                }
+                snprintf(full, sizeof full, "%s__%s", name, un ? un : "");
+                if ((rc = add_function(out, u, pj, un ? full : NULL, err)) ||
+                    (rc = map_tool(&rr->tool_map, full, json_pack("{s:s, s:s}", "namespace", name, "name", un), err)))
+                    return rc;
+            }
+        } else {
+            char what[64];
+            snprintf(what, sizeof what, "a hosted tool (%.40s)", ty);
+            ks_api_note(&rr->notes, p, what);
         }
-        json_t *o = json_pack("{s:s, s:o}", "type", "function", "function", fn);
-        json_t *cc = json_object_get(t, "cache_control");
-        if (o && cc) json_object_set(o, "cache_control", cc);
-        if (!o || json_array_append_new(out, o)) return ks__api_oom(err);
     }
     json_t *tc = ks__api_field(root, "tool_choice");
     if (json_is_object(tc)) {
         const char *ty = json_string_value(json_object_get(tc, "type"));
         json_t *name = json_object_get(tc, "name");
-        if (!ty || strcmp(ty, "function") || !json_is_string(name))
+        if (!ty || (strcmp(ty, "function") && strcmp(ty, "custom")) || !json_is_string(name))
             BAD("unsupported_value", "tool_choice",
                 "Invalid 'tool_choice': supported values are 'auto', 'none', 'required' and {\"type\": "
                 "\"function\", \"name\": ...}.");
@@ -345,13 +439,13 @@ int ks_api_responses_to_chat(json_t *root, const json_t *history, ks_api_resp_re
     const char *k;
     json_t *v;
     json_object_foreach(root, k, v) {
-        if (ks__api_in_list(RESP_FIELDS, k)) continue;
-        char param[96];
-        snprintf(param, sizeof param, "%.80s", k);
-        BAD("unsupported_parameter", param,
-            "Unsupported parameter: '%s' is not supported by this server (see docs/SERVER.md for the fields it takes).",
-            param);
+        if (!ks__api_in_list(RESP_REFUSED, k) || !ks__api_field(root, k)) continue;
+        if (!strcmp(k, "n") && json_is_integer(v) && json_integer_value(v) == 1) continue; /* one output: as asked */
+        BAD("unsupported_parameter", k,
+            "Unsupported parameter: '%s' is not supported by this server (it keeps no server-side conversations "
+            "or prompts, and one response has one output; docs/SERVER.md).", k);
     }
+    ks__api_note_unknown(root, &out->notes, RESP_FIELDS, RESP_IGNORED, RESP_REFUSED);
     json_t *bg = ks__api_field(root, "background");
     if (bg && !json_is_false(bg))
         BAD("unsupported_value", "background", "Invalid 'background': background responses are not supported.");
@@ -396,7 +490,7 @@ int ks_api_responses_to_chat(json_t *root, const json_t *history, ks_api_resp_re
         json_t *effort = ks__api_field(reason, "effort");
         if (effort && json_object_set(chat, "reasoning_effort", effort)) goto oom;
     }
-    if ((rc = tools_to_chat(root, chat, err)) || (rc = text_to_chat(root, chat, err))) goto fail;
+    if ((rc = tools_to_chat(root, chat, out, err)) || (rc = text_to_chat(root, chat, err))) goto fail;
     out->chat = chat;
     out->input = t.msgs;
     json_decref(all);
@@ -408,6 +502,8 @@ fail:
     json_decref(chat);
     json_decref(t.msgs);
     json_decref(all);
+    json_decref(out->tool_map);
+    out->tool_map = NULL;
     free(t.reasoning);
     return rc;
 }
@@ -416,6 +512,7 @@ void ks_api_resp_req_free(ks_api_resp_req *r) {
     if (!r) return;
     json_decref(r->chat);
     json_decref(r->input);
+    json_decref(r->tool_map);
     memset(r, 0, sizeof *r);
 }
 
@@ -439,19 +536,46 @@ static json_t *reasoning_item(const char *text) {
     return json_pack("{s:s, s:s, s:[], s:o}", "id", id, "type", "reasoning", "summary", "content", content);
 }
 
-static json_t *call_item(const char *call_id, const char *name, const char *args, const char *status) {
-    char id[64];
-    ks_api_make_id(id, sizeof id, "fc_");
-    return json_pack("{s:s, s:s, s:s, s:s, s:s, s:s}", "id", id, "type", "function_call", "status", status, "call_id",
-                     call_id, "name", name, "arguments", args);
-}
-
 static const char *jstr(const json_t *o, const char *k) {
     const char *s = json_string_value(json_object_get(o, k));
     return s ? s : "";
 }
 
-json_t *ks_api_responses_output(const json_t *msg, const char *text) {
+/* A custom tool's input from the arguments the model wrote for it: their
+ * "input" string, else (the model did not follow the one-string shape) the
+ * arguments as written. Owned: free(). */
+static char *custom_input(const char *args) {
+    json_t *a = json_loads(args, JSON_DECODE_ANY, NULL);
+    const char *in = json_string_value(json_object_get(a, "input"));
+    char *r = strdup(in ? in : args);
+    json_decref(a);
+    return r;
+}
+
+/* The output item of a call to the chat tool `name` (tool_map: what it stands
+ * for, ks_api_resp_req): a function_call, with its namespace when it is one
+ * of a group's, or a custom_tool_call whose input is the arguments' string. */
+static json_t *call_item(const json_t *tool_map, const char *call_id, const char *name, const char *args,
+                         const char *status) {
+    char id[64];
+    json_t *m = json_object_get(tool_map, name);
+    if (json_is_true(json_object_get(m, "custom"))) {
+        ks_api_make_id(id, sizeof id, "ctc_");
+        char *in = custom_input(args);
+        json_t *it = in ? json_pack("{s:s, s:s, s:s, s:s, s:s, s:s}", "id", id, "type", "custom_tool_call", "status",
+                                    status, "call_id", call_id, "name", jstr(m, "name"), "input", in)
+                        : NULL;
+        free(in);
+        return it;
+    }
+    ks_api_make_id(id, sizeof id, "fc_");
+    json_t *it = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s}", "id", id, "type", "function_call", "status", status,
+                           "call_id", call_id, "name", m ? jstr(m, "name") : name, "arguments", args);
+    if (it && m) json_object_set(it, "namespace", json_object_get(m, "namespace"));
+    return it;
+}
+
+json_t *ks_api_responses_output(const json_t *msg, const char *text, const json_t *tool_map) {
     json_t *out = json_array();
     if (!out) return NULL;
     const char *content = msg ? jstr(msg, "content") : (text ? text : "");
@@ -463,7 +587,8 @@ json_t *ks_api_responses_output(const json_t *msg, const char *text) {
     json_t *tc;
     json_array_foreach(calls, i, tc) {
         json_t *fn = json_object_get(tc, "function");
-        json_array_append_new(out, call_item(jstr(tc, "id"), jstr(fn, "name"), jstr(fn, "arguments"), "completed"));
+        json_array_append_new(out, call_item(tool_map, jstr(tc, "id"), jstr(fn, "name"), jstr(fn, "arguments"),
+                                             "completed"));
     }
     return out;
 }
@@ -519,16 +644,19 @@ json_t *ks_api_responses_object(const ks_api_resp_out *o) {
 }
 
 /* ------------------------------------------------------------ stream */
-enum { OPEN_NONE = 0, OPEN_REASONING, OPEN_MESSAGE, OPEN_CALL };
+enum { OPEN_NONE = 0, OPEN_REASONING, OPEN_MESSAGE, OPEN_CALL, OPEN_CUSTOM };
 
-void ks_api_rstream_init(ks_api_rstream *st) {
+void ks_api_rstream_init(ks_api_rstream *st, json_t *tool_map) {
     memset(st, 0, sizeof *st);
     st->items = json_array();
     st->open = -1;
+    st->tool_map = json_incref(tool_map);
 }
 
 void ks_api_rstream_free(ks_api_rstream *st) {
     json_decref(st->items);
+    json_decref(st->tool_map);
+    ks_buf_free(&st->custom_args);
     memset(st, 0, sizeof *st);
 }
 
@@ -575,6 +703,16 @@ static int close_item(ks_api_rstream *st, ks_buf *out) {
         rc = event(st, out, "response.function_call_arguments.done",
                    json_pack("{s:s, s:i, s:O, s:O}", "item_id", id, "output_index", oi, "name",
                              json_object_get(it, "name"), "arguments", json_object_get(it, "arguments")));
+    } else if (st->open_kind == OPEN_CUSTOM) {
+        /* The input is known whole only now: the arguments were JSON around it. */
+        char *in = custom_input(st->custom_args.s ? st->custom_args.s : "");
+        ks_buf_free(&st->custom_args);
+        rc = in && !json_object_set_new(it, "input", json_string(in)) ? 0 : KS_ENOMEM;
+        if (!rc)
+            rc = event(st, out, "response.custom_tool_call_input.done",
+                       json_pack("{s:s, s:i, s:O}", "item_id", id, "output_index", oi, "input",
+                                 json_object_get(it, "input")));
+        free(in);
     }
     if (json_object_get(it, "status")) json_object_set_new(it, "status", json_string("completed"));
     if (!rc) rc = event(st, out, "response.output_item.done", json_pack("{s:i, s:O}", "output_index", oi, "item", it));
@@ -599,7 +737,7 @@ static int add_item(ks_api_rstream *st, ks_buf *out, json_t *it, int kind) {
     st->open = (int)json_array_size(st->items) - 1;
     st->open_kind = kind;
     rc = event(st, out, "response.output_item.added", json_pack("{s:i, s:o}", "output_index", st->open, "item", shown));
-    if (rc || kind == OPEN_CALL) return rc;
+    if (rc || kind == OPEN_CALL || kind == OPEN_CUSTOM) return rc;
     json_t *part = kind == OPEN_MESSAGE ? text_part("") : json_pack("{s:s, s:s}", "type", "reasoning_text", "text", "");
     json_t *content = json_object_get(it, "content");
     if (!part || json_array_append(content, part)) {
@@ -650,14 +788,17 @@ int ks_api_rstream_delta(ks_api_rstream *st, const json_t *d, ks_buf *out) {
     json_t *fn = json_object_get(tc, "function");
     int index = (int)json_integer_value(json_object_get(tc, "index"));
     if (json_object_get(fn, "name")) { /* a call's header */
-        if ((rc = add_item(st, out, call_item(jstr(tc, "id"), jstr(fn, "name"), "", "in_progress"), OPEN_CALL)))
-            return rc;
+        json_t *it = call_item(st->tool_map, jstr(tc, "id"), jstr(fn, "name"), "", "in_progress");
+        bool custom = it && !strcmp(jstr(it, "type"), "custom_tool_call");
+        if ((rc = add_item(st, out, it, custom ? OPEN_CUSTOM : OPEN_CALL))) return rc;
         st->call_index = index;
         s = jstr(fn, "arguments");
         if (!s[0]) return 0;
     } else {
         s = jstr(fn, "arguments");
     }
+    if (st->open_kind == OPEN_CUSTOM && st->call_index == index) /* its input comes at close_item */
+        return ks_buf_append(&st->custom_args, s, strlen(s)) ? KS_ENOMEM : 0;
     if (st->open_kind != OPEN_CALL || st->call_index != index || !s[0]) return 0;
     if ((rc = grow(open_item(st), "arguments", s))) return rc;
     return event(st, out, "response.function_call_arguments.delta",

@@ -197,7 +197,7 @@ static gen *gen_create(ks_server *s, ks_api_kind kind, ks_wire wire, const ks_ap
     g->fd = -1;
     g->refs = 1;
     g->wire = wire;
-    ks_api_rstream_init(&g->rs);
+    ks_api_rstream_init(&g->rs, NULL);
     if (!g->rs.items) goto fail;
     ks_api_make_id(g->id, sizeof g->id,
                    wire == KS_WIRE_RESPONSES  ? "resp_"
@@ -648,9 +648,12 @@ static void peek_result(gen *g, choice *c, ks_req_result *r) {
     if (!s->detached) n = ks_sched_slots(s->sched, info, KS_MAX_SLOTS);
     pthread_rwlock_unlock(&s->sched_lock);
     for (int i = 0; i < n && i < KS_MAX_SLOTS; i++)
-        if (info[i].busy && info[i].req_id == c->sched_id) {
+        /* shown_req_id: the request may have finished since (its slot idle),
+         * its numbers still shown until the slot's next request */
+        if (info[i].shown_req_id == c->sched_id) {
             r->n_prompt = info[i].n_prompt;
             r->n_cached = info[i].n_cached;
+            r->n_cache_written = info[i].n_cache_written;
             r->slot = info[i].id;
         }
     free(info);
@@ -1389,7 +1392,7 @@ static enum MHD_Result respond_whole(ks_server *s, struct MHD_Connection *c, con
     if (g->wire != KS_WIRE_OPENAI) { /* one choice */
         choice *ch = &g->ch[0];
         if (g->wire == KS_WIRE_RESPONSES) {
-            json_t *items = ks_api_responses_output(ch->msg, ags[0].text);
+            json_t *items = ks_api_responses_output(ch->msg, ags[0].text, g->rs.tool_map);
             o = items ? responses_object(g, ags[0].finish, items, &ch->res) : NULL;
             json_decref(items);
             if (o) keep_conversation(g, ch, ags[0].text);
@@ -1434,7 +1437,22 @@ typedef struct wire_req {
     json_t *wreq;                  /* the request (responses), stolen by run */
     json_t *conv;                  /* history + input (responses), stolen by run */
     bool store;
+    int mid_system;                /* messages: the first system message inside messages, -1: none */
+    json_t *tool_map;              /* responses: ks_api_resp_req's, stolen by run */
 } wire_req;
+
+/* Anthropic's answer to a system message its model does not take inside
+ * messages; Claude Code recognises these words and sends the message again
+ * as a <system-reminder> in a user turn. */
+static void mid_system_refused(const wire_req *w, ks_api_error *e) {
+    char param[48], why[300];
+    snprintf(param, sizeof param, "messages.%d.role", w->mid_system);
+    snprintf(why, sizeof why, "%.299s", e->message);
+    why[strcspn(why, "\n")] = '\0'; /* the template engine's first line says it */
+    ks_api_error_set(e, 400, T_INVALID, "invalid_value", param,
+                     "%s: role 'system' is not supported on this model (its chat template refused a system message "
+                     "there: %.200s)", param, why);
+}
 
 /* A parsed request (freed here) from prompt to reply. */
 static enum MHD_Result run(ks_server *s, struct MHD_Connection *c, conn *cn, ks_api_request *rqp, wire_req *w) {
@@ -1450,16 +1468,19 @@ static enum MHD_Result run(ks_server *s, struct MHD_Connection *c, conn *cn, ks_
         ks_api_error_set(&e, 503, "server_error", "shutting_down", NULL, "The server is shutting down.");
         goto fail;
     }
-    if (build_prompts(s, &rq, &pl, true, &e) || fit_context(s, &rq, &pl, &e) || build_bias(s, &rq, &pl, &e) ||
-        build_grammar(s, &rq, &pl, &e))
+    if (build_prompts(s, &rq, &pl, true, &e)) {
+        if (w && w->mid_system >= 0 && e.code && !strcmp(e.code, "template_error")) mid_system_refused(w, &e);
         goto fail;
+    }
+    if (fit_context(s, &rq, &pl, &e) || build_bias(s, &rq, &pl, &e) || build_grammar(s, &rq, &pl, &e)) goto fail;
     if (pl.templated) plan_pins(s, &rq, &pl);
     collect_stops(&rq, &pl);
     g = gen_create(s, kind, w ? w->wire : KS_WIRE_OPENAI, &rq, pl.n_prompts * rq.n, pl.stops, pl.n_stops);
     if (g && w) {
         g->wreq = w->wreq;
         g->conv = w->conv;
-        w->wreq = w->conv = NULL;
+        g->rs.tool_map = w->tool_map;
+        w->wreq = w->conv = w->tool_map = NULL;
         g->store = w->store;
         if (w->wire == KS_WIRE_MESSAGES && (g->user_stops = json_array()))
             for (int i = 0; i < rq.n_stops; i++) json_array_append_new(g->user_stops, json_string(rq.stops[i]));
@@ -1511,6 +1532,7 @@ out:
     if (w) {
         json_decref(w->wreq);
         json_decref(w->conv);
+        json_decref(w->tool_map);
     }
     return ret;
 }
@@ -1519,6 +1541,7 @@ enum MHD_Result ks__gen_handle(ks_server *s, struct MHD_Connection *c, conn *cn,
     ks_api_request rq;
     ks_api_error e;
     if (ks_api_parse(kind, cn->body.s, cn->body.len, &rq, &e)) return ks__reply_error(s, c, cn, &e, NULL);
+    ks__log_notes(s, cn, &rq.notes);
     return run(s, c, cn, &rq, NULL);
 }
 
@@ -1544,7 +1567,8 @@ enum MHD_Result ks__gen_handle_responses(ks_server *s, struct MHD_Connection *c,
         goto fail;
     }
     if (ks_api_parse_root(KS_API_CHAT, json_incref(rr.chat), &rq, &e)) goto fail;
-    wire_req w = {KS_WIRE_RESPONSES, root, conv, rr.store};
+    ks__log_notes(s, cn, &rr.notes);
+    wire_req w = {KS_WIRE_RESPONSES, root, conv, rr.store, -1, json_incref(rr.tool_map)};
     json_decref(hist);
     ks_api_resp_req_free(&rr);
     return run(s, c, cn, &rq, &w);
@@ -1568,8 +1592,9 @@ enum MHD_Result ks__gen_handle_messages(ks_server *s, struct MHD_Connection *c, 
         return ks__reply_error(s, c, cn, &e, NULL);
     }
     json_decref(root);
+    ks__log_notes(s, cn, &mr.notes);
+    wire_req w = {KS_WIRE_MESSAGES, NULL, NULL, false, mr.mid_system, NULL};
     ks_api_msg_req_free(&mr);
-    wire_req w = {KS_WIRE_MESSAGES, NULL, NULL, false};
     return run(s, c, cn, &rq, &w);
 }
 
@@ -1583,8 +1608,10 @@ enum MHD_Result ks__gen_count_tokens(ks_server *s, struct MHD_Connection *c, con
     if (ks__api_load_object(cn->body.s, cn->body.len, &root, &e) || ks_api_messages_to_chat(root, true, &mr, &e) ||
         ks_api_parse_root(KS_API_CHAT, json_incref(mr.chat), &rq, &e) || build_prompts(s, &rq, &pl, false, &e))
         ret = ks__reply_error(s, c, cn, &e, NULL);
-    else
+    else {
+        ks__log_notes(s, cn, &mr.notes);
         ret = ks__reply_json(s, c, cn, 200, json_pack("{s:i}", "input_tokens", pl.prompts[0].tokens.n), NULL);
+    }
     json_decref(root);
     ks_api_msg_req_free(&mr);
     ks_api_request_free(&rq);

@@ -46,6 +46,7 @@
 
 #include "engine/chat_tmpl.h"
 #include "server/convstore.h"
+#include "server/refusals.h"
 #include "server/server_int.h"
 
 #define MOD "http"
@@ -63,6 +64,9 @@ struct route {
 };
 
 static const route ROUTES[] = {
+    /* "/" answers as /health does: clients probe it (Claude Code sends HEAD /
+     * before its first request), and llama-server answers it. */
+    {"/", R_HEALTH, M_GET},
     {"/health", R_HEALTH, M_GET},           {"/v1/health", R_HEALTH, M_GET},
     {"/v1/models", R_MODELS, M_GET},        {"/models", R_MODELS, M_GET},
     {"/metrics", R_METRICS, M_GET},         {"/slots", R_SLOTS, M_GET},
@@ -121,9 +125,21 @@ enum MHD_Result ks__reply_json(ks_server *s, struct MHD_Connection *c, conn *cn,
 
 enum MHD_Result ks__reply_error(ks_server *s, struct MHD_Connection *c, conn *cn, const ks_api_error *e,
                                 const char *const *hdrs) {
+    /* A refusal is the client's problem, but the operator must be able to see
+     * it without debug logging (refusals.h: once per cause). */
+    if (e->status >= 400 && e->status < 500)
+        ks_refusals_note(s->refusals, cn ? cn->method : "?", cn ? cn->url : "?", e->status, e->code, e->param,
+                         e->message);
     /* Anthropic's routes answer in Anthropic's shape, with its overloaded status. */
     if (cn && cn->wire == KS_WIRE_MESSAGES) return ks__reply_json(s, c, cn, e->status, ks_api_messages_error_json(e), hdrs);
     return ks__reply_json(s, c, cn, e->status, ks_api_error_json(e), hdrs);
+}
+
+void ks__log_notes(ks_server *s, const conn *cn, const ks_api_notes *n) {
+    for (int i = 0; n && i < n->n; i++)
+        ks_refusals_ignored(s->refusals, cn ? cn->method : "?", cn ? cn->url : "?", n->v[i].field, n->v[i].what);
+    if (n && n->n_total > n->n)
+        KS_DEBUG(MOD, "%s %s: %d more fields ignored", cn ? cn->method : "?", cn ? cn->url : "?", n->n_total - n->n);
 }
 
 #define ERR(status, type, code, param, ...)                                              \
@@ -407,6 +423,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         bool post = !strcmp(method, "POST");
         bool given;
         cn->post = post;
+        snprintf(cn->method, sizeof cn->method, "%s", method);
+        /* the route's path when there is one: the log then names one cause per
+         * route, whatever query string came with it */
+        snprintf(cn->url, sizeof cn->url, "%s", cn->rt ? cn->rt->path : url);
         cn->http11 = !strcmp(version, MHD_HTTP_VERSION_1_1);
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
         const char *why = bad_framing(c, cn->http11);
@@ -618,7 +638,8 @@ int ks_server_start(const ks_server_params *p, ks_server **out, char *err, size_
     s->created = ks_wall_s();
     s->http.started_us = ks_now_us();
     snprintf(s->reasoning_format, sizeof s->reasoning_format, "%s", p->reasoning_format ? p->reasoning_format : "");
-    if (!(s->convs = ks_convstore_create(p->responses_max, p->responses_ttl_s))) {
+    if (!(s->convs = ks_convstore_create(p->responses_max, p->responses_ttl_s)) ||
+        !(s->refusals = ks_refusals_create())) {
         ks_server_free(s);
         freeaddrinfo(ai);
         return KS_ENOMEM;
@@ -717,6 +738,7 @@ void ks_server_free(ks_server *s) {
      * and only after the daemon stopped (its threads may still use it). */
     if (s->quiesced_fd != MHD_INVALID_SOCKET) close(s->quiesced_fd);
     if (s->own_metrics) ks_metrics_free(s->metrics);
+    ks_refusals_free(s->refusals);
     ks_chat_tmpl_free(s->tmpl);
     ks_convstore_free(s->convs);
     pthread_rwlock_destroy(&s->sched_lock);

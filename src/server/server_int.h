@@ -61,6 +61,7 @@ struct ks_server {
     struct ks_chat_tmpl *tmpl;
     char reasoning_format[24];  /* the requests' default, "" : the library's */
     struct ks_convstore *convs; /* Responses conversations, for previous_response_id */
+    struct ks_refusals *refusals; /* refused requests, logged once per cause (refusals.h) */
     /* CORS (server.h note 7): the allowed origins, none: off. */
     char cors_origins[KS_SERVER_CORS_MAX][KS_SERVER_ORIGIN_MAX];
     int n_cors_origins;
@@ -78,6 +79,8 @@ typedef struct route route;
 typedef struct conn {
     const route *rt;
     bool post;            /* the method is POST (routes may take GET and POST) */
+    char method[8];       /* as sent, truncated (for the log) */
+    char url[128];        /* as sent, truncated (for the log) */
     int early;            /* status decided when the headers came in, 0: none */
     bool key_given;       /* for the 401 message */
     bool options;         /* OPTIONS on a route with CORS on: reply_options answers */
@@ -101,6 +104,9 @@ enum MHD_Result ks__reply_json(ks_server *s, struct MHD_Connection *c, conn *cn,
                                const char *const *hdrs);
 enum MHD_Result ks__reply_error(ks_server *s, struct MHD_Connection *c, conn *cn, const ks_api_error *e,
                                 const char *const *hdrs);
+/* Logs what the request carried and the server went on without (api.h
+ * ks_api_notes), once per cause (refusals.h). n may be NULL. */
+void ks__log_notes(ks_server *s, const conn *cn, const ks_api_notes *n);
 /* Adds to r the CORS headers of a reply to c's request: nothing when CORS is
  * off; else Vary: Origin, and when the request's Origin is allowed,
  * Access-Control-Allow-Origin and Access-Control-Expose-Headers. Every

@@ -169,9 +169,9 @@ test('errors come in Anthropic\'s shape; the server stays up', async () => {
   (e) => e instanceof Anthropic.BadRequestError && /image/.test(e.message));
   await assert.rejects(client.messages.create({ model: 'x', max_tokens: 4, messages: [ASK], tools: [{ type: 'bash_20250124', name: 'bash' }] }),
     (e) => e.status === 400);
-  const r2 = await postJSON(srv, '/v1/messages', { model: 'x', max_tokens: 4, messages: [ASK], frobnicate: true });
+  const r2 = await postJSON(srv, '/v1/messages', { model: 'x', max_tokens: 4, messages: [{ role: 'tool', content: 'x' }] });
   assert.equal(r2.status, 400);
-  assert.match(r2.json.error.message, /frobnicate/);
+  assert.match(r2.json.error.message, /messages\.0\.role/);
   const r3 = await postJSON(srv, '/v1/messages', { model: 'x', max_tokens: 4, messages: [ASK],
     system: [{ type: 'text', text: 'x', cache_control: { type: 'ephemeral', ttl: '2d' } }] });
   assert.equal(r3.status, 400);

@@ -219,15 +219,15 @@ test('previous_response_id that the server does not hold, store: false: a 400 th
 });
 
 test('bad requests: a 400 naming the field, the server stays up', async () => {
-  assertError(await postJSON(srv, '/v1/responses', { input: 'x', frobnicate: 1 }), 400, 'unsupported_parameter',
-    'frobnicate');
+  assertError(await postJSON(srv, '/v1/responses', { input: 'x', conversation: 'conv_1' }), 400,
+    'unsupported_parameter', 'conversation');
   assertError(await postJSON(srv, '/v1/responses', {}), 400, 'missing_required_parameter', 'input');
   assertError(await postJSON(srv, '/v1/responses', { input: [{ type: 'input_image', image_url: 'x' }] }), 400,
     'unsupported_value', 'input[0].type');
   assertError(await postJSON(srv, '/v1/responses', { input: [{ role: 'user', content: [{ type: 'input_image' }] }] }),
     400, 'unsupported_value', 'input[0].content[0].type');
-  assertError(await postJSON(srv, '/v1/responses', { input: 'x', tools: [{ type: 'web_search' }] }), 400,
-    'unsupported_value', 'tools[0].type');
+  assertError(await postJSON(srv, '/v1/responses', { input: 'x', tools: [{ type: 'wizardry' , name: 'w' }, { name: 'f' }] }),
+    400, 'missing_required_parameter', 'tools[1].type');
   assertError(await postJSON(srv, '/v1/responses', { input: 'x', text: { format: { type: 'yaml' } } }), 400,
     'invalid_value', 'text.format.type');
   assertError(await postJSON(srv, '/v1/responses', { input: [{ type: 'function_call', name: 'f' }] }), 400,

@@ -93,7 +93,6 @@ static void test_bad_messages(void **state) {
                "missing_required_parameter", "tools[0].function.name");
     expect_bad(KS_API_CHAT, CHAT(",\"tools\":[{\"type\":\"retrieval\"}]"), 400, "invalid_value", "tools[0].type");
     expect_bad(KS_API_CHAT, CHAT(",\"tool_choice\":\"sometimes\""), 400, "invalid_value", "tool_choice");
-    expect_bad(KS_API_CHAT, CHAT(",\"frobnicate\":true"), 400, "unsupported_parameter", "frobnicate");
     expect_bad(KS_API_CHAT, CHAT(",\"response_format\":{\"type\":\"json_schema\"}"), 400,
                "missing_required_parameter", "response_format.json_schema");
     expect_bad(KS_API_CHAT, CHAT(",\"grammar\":\"root ::= x\",\"json_schema\":{}"), 400, "invalid_value", "grammar");
@@ -464,12 +463,25 @@ static void test_cut_field_name(void **state) {
     (void)state;
     char name[128] = "", want[128] = "", body[256];
     for (int i = 0; i < 27; i++) strcat(name, "\xe2\x82\xac");
-    for (int i = 0; i < 26; i++) strcat(want, "\xe2\x82\xac");
+    for (int i = 0; i < 21; i++) strcat(want, "\xe2\x82\xac");
+    /* An unknown field is ignored now (issue 25): its note keeps the name,
+     * cut at a character boundary (63 bytes of 81: 21 characters). */
     snprintf(body, sizeof body, CHAT(",\"%s\":1"), name);
-    expect_bad(KS_API_CHAT, body, 400, "unsupported_parameter", want);
-
     ks_api_request r;
     ks_api_error e;
+    parse_ok(KS_API_CHAT, body, &r);
+    assert_int_equal(r.notes.n, 1);
+    assert_string_equal(r.notes.v[0].field, want);
+    ks_api_request_free(&r);
+
+    /* A refused one quotes it cut too: a cache_control key (32 bytes of 33). */
+    name[0] = want[0] = '\0';
+    for (int i = 0; i < 11; i++) strcat(name, "\xe2\x82\xac");
+    strcpy(want, "messages[0].cache_control.");
+    for (int i = 0; i < 10; i++) strcat(want, "\xe2\x82\xac");
+    snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"cache_control\":"
+             "{\"type\":\"ephemeral\",\"%s\":1}}]}", name);
+    expect_bad(KS_API_CHAT, body, 400, "unsupported_parameter", want);
     assert_int_equal(ks_api_parse(KS_API_CHAT, body, strlen(body), &r, &e), KS_EINVAL);
     json_t *o = ks_api_error_json(&e);
     assert_non_null(o);
@@ -488,6 +500,32 @@ static void test_cut_field_name(void **state) {
     json_decref(o);
 }
 
+/* Issue 25's field policy on chat: a field no list knows is noted and
+ * ignored (as llama-server ignores it); the named hosted-service fields are
+ * ignored without a note; the other endpoint's own fields stay a 400. */
+static void test_unknown_fields(void **state) {
+    (void)state;
+    ks_api_request r;
+    parse_ok(KS_API_CHAT, CHAT(",\"frobnicate\":true,\"user\":\"u\",\"prompt_cache_key\":\"k\",\"verbosity\":\"low\""),
+             &r);
+    assert_int_equal(r.notes.n, 2);
+    assert_string_equal(r.notes.v[0].field, "frobnicate");
+    assert_string_equal(r.notes.v[0].what, "an unknown field");
+    assert_string_equal(r.notes.v[1].field, "verbosity");
+    ks_api_request_free(&r);
+    parse_ok(KS_API_COMPLETION, CMPL(",\"frobnicate\":true"), &r);
+    assert_int_equal(r.notes.n, 1);
+    ks_api_request_free(&r);
+    /* at most KS_API_MAX_NOTES kept, all counted */
+    char body[1024] = "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]";
+    for (int i = 0; i < KS_API_MAX_NOTES + 3; i++) snprintf(body + strlen(body), 32, ",\"f%d\":%d", i, i);
+    strcat(body, "}");
+    parse_ok(KS_API_CHAT, body, &r);
+    assert_int_equal(r.notes.n, KS_API_MAX_NOTES);
+    assert_int_equal(r.notes.n_total, KS_API_MAX_NOTES + 3);
+    ks_api_request_free(&r);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_json),      cmocka_unit_test(test_bad_messages),
@@ -497,6 +535,7 @@ int main(void) {
         cmocka_unit_test(test_stop_parsing),  cmocka_unit_test(test_agent_fields), cmocka_unit_test(test_prompt_forms),
         cmocka_unit_test(test_body_length),   cmocka_unit_test(test_error_json),
         cmocka_unit_test(test_long_role),     cmocka_unit_test(test_cut_field_name),
+        cmocka_unit_test(test_unknown_fields),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

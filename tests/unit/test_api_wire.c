@@ -107,7 +107,14 @@ static void test_responses_errors(void **state) {
     expect_resp_error("{\"input\":[{\"type\":\"item_reference\",\"id\":\"x\"}]}", "unsupported_value", "input[0].type");
     expect_resp_error("{\"input\":[{\"type\":\"function_call_output\",\"call_id\":\"a\"}]}", "missing_required_parameter",
                       "input[0].output");
-    expect_resp_error("{\"input\":\"x\",\"tools\":[{\"type\":\"file_search\"}]}", "unsupported_value", "tools[0].type");
+    expect_resp_error("{\"input\":\"x\",\"conversation\":\"conv_1\"}", "unsupported_parameter", "conversation");
+    expect_resp_error("{\"input\":\"x\",\"prompt\":{\"id\":\"pmpt_1\"}}", "unsupported_parameter", "prompt");
+    expect_resp_error("{\"input\":\"x\",\"tools\":[{\"name\":\"f\"}]}", "missing_required_parameter",
+                      "tools[0].type");
+    expect_resp_error("{\"input\":\"x\",\"tools\":[{\"type\":\"namespace\",\"name\":\"n\"}]}",
+                      "missing_required_parameter", "tools[0].tools");
+    expect_resp_error("{\"input\":\"x\",\"tools\":[{\"type\":\"namespace\",\"name\":\"n\",\"tools\":{}}]}",
+                      "invalid_type", "tools[0].tools");
     expect_resp_error("{\"input\":\"x\",\"tool_choice\":{\"type\":\"mcp\"},\"tools\":[]}", "unsupported_value",
                       "tool_choice");
     expect_resp_error("{\"input\":\"x\",\"text\":{\"format\":{\"type\":\"json_schema\"}}}", "missing_required_parameter",
@@ -132,7 +139,7 @@ static int count(const char *s, const char *needle) {
 static void test_responses_stream(void **state) {
     (void)state;
     ks_api_rstream st;
-    ks_api_rstream_init(&st);
+    ks_api_rstream_init(&st, NULL);
     ks_buf out = {0};
     json_t *resp = J("{\"id\":\"resp_1\",\"status\":\"in_progress\",\"output\":[]}");
     assert_int_equal(ks_api_rstream_start(&st, resp, &out), 0);
@@ -181,7 +188,7 @@ static void test_responses_output(void **state) {
     (void)state;
     json_t *msg = J("{\"content\":\"\",\"reasoning_content\":\"r\",\"tool_calls\":[{\"id\":\"k\",\"type\":\"function\","
                     "\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]}");
-    json_t *items = ks_api_responses_output(msg, NULL);
+    json_t *items = ks_api_responses_output(msg, NULL, NULL);
     assert_int_equal(json_array_size(items), 2); /* no empty message beside a call */
     assert_string_equal(json_string_value(json_object_get(json_array_get(items, 0), "type")), "reasoning");
     assert_string_equal(json_string_value(json_object_get(json_array_get(items, 1), "type")), "function_call");
@@ -261,21 +268,164 @@ static void expect_msg_error(const char *body, bool count, const char *param) {
     json_decref(root);
 }
 
+/* Issue 25's request-field policy on Responses (docs/SERVER.md, "Request
+ * fields"), with what Codex 0.169 sends: client_metadata, include,
+ * prompt_cache_key and text.verbosity ignored silently; an unknown field
+ * noted and ignored; web_search and tool_search dropped with a note;
+ * function tools of a namespace group named ns__name; a custom tool a
+ * function of one string; n: 1 taken. */
+static void test_responses_field_policy(void **state) {
+    (void)state;
+    json_t *root = J("{\"model\":\"gpt-5.5\",\"input\":\"x\",\"n\":1,\"store\":false,"
+                     "\"client_metadata\":{\"thread_id\":\"t\"},\"include\":[\"reasoning.encrypted_content\"],"
+                     "\"prompt_cache_key\":\"k\",\"text\":{\"verbosity\":\"low\"},\"frobnicate\":{},"
+                     "\"reasoning\":{\"effort\":\"medium\",\"summary\":\"auto\"},"
+                     "\"tools\":[{\"type\":\"function\",\"name\":\"exec_command\",\"strict\":false,"
+                     "\"parameters\":{\"type\":\"object\"}},"
+                     "{\"type\":\"custom\",\"name\":\"apply_patch\",\"description\":\"Edit files.\","
+                     "\"format\":{\"type\":\"grammar\",\"syntax\":\"lark\",\"definition\":\"start: x\"}},"
+                     "{\"type\":\"namespace\",\"name\":\"mcp\",\"tools\":[{\"type\":\"function\",\"name\":\"read\"},"
+                     "{\"type\":\"web_search\"}]},"
+                     "{\"type\":\"tool_search\",\"execution\":\"client\"},{\"type\":\"web_search\"}]}");
+    ks_api_resp_req rr;
+    ks_api_error err;
+    assert_int_equal(ks_api_responses_to_chat(root, NULL, &rr, &err), 0);
+    assert_int_equal(rr.notes.n, 4);
+    assert_string_equal(rr.notes.v[0].field, "frobnicate");
+    assert_string_equal(rr.notes.v[0].what, "an unknown field");
+    assert_string_equal(rr.notes.v[1].field, "tools[2].tools[1]");
+    assert_string_equal(rr.notes.v[2].field, "tools[3]");
+    assert_string_equal(rr.notes.v[2].what, "a hosted tool (tool_search)");
+    assert_string_equal(rr.notes.v[3].field, "tools[4]");
+    assert_string_equal(rr.notes.v[3].what, "a hosted tool (web_search)");
+    json_t *tools = json_object_get(rr.chat, "tools");
+    assert_int_equal(json_array_size(tools), 3);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(json_array_get(tools, 1), "function"), "name")),
+                        "apply_patch");
+    assert_json(json_object_get(json_object_get(json_object_get(json_array_get(tools, 1), "function"), "parameters"),
+                                "required"), "[\"input\"]");
+    assert_string_equal(json_string_value(json_object_get(json_object_get(json_array_get(tools, 2), "function"), "name")),
+                        "mcp__read");
+    assert_json(rr.tool_map, "{\"apply_patch\":{\"custom\":true,\"name\":\"apply_patch\"},"
+                             "\"mcp__read\":{\"namespace\":\"mcp\",\"name\":\"read\"}}");
+    assert_string_equal(json_string_value(json_object_get(rr.chat, "reasoning_effort")), "medium");
+
+    /* The output maps the calls back: a namespaced function call, a custom tool call. */
+    json_t *msg = J("{\"content\":\"\",\"tool_calls\":[{\"id\":\"c1\",\"function\":{\"name\":\"mcp__read\","
+                    "\"arguments\":\"{}\"}},{\"id\":\"c2\",\"function\":{\"name\":\"apply_patch\","
+                    "\"arguments\":\"{\\\"input\\\":\\\"*** Begin Patch\\\"}\"}}]}");
+    json_t *items = ks_api_responses_output(msg, NULL, rr.tool_map);
+    assert_int_equal(json_array_size(items), 2);
+    json_t *a = json_array_get(items, 0), *b = json_array_get(items, 1);
+    assert_string_equal(json_string_value(json_object_get(a, "type")), "function_call");
+    assert_string_equal(json_string_value(json_object_get(a, "name")), "read");
+    assert_string_equal(json_string_value(json_object_get(a, "namespace")), "mcp");
+    assert_string_equal(json_string_value(json_object_get(b, "type")), "custom_tool_call");
+    assert_string_equal(json_string_value(json_object_get(b, "name")), "apply_patch");
+    assert_string_equal(json_string_value(json_object_get(b, "input")), "*** Begin Patch");
+    assert_string_equal(json_string_value(json_object_get(b, "call_id")), "c2");
+
+    /* Streamed, the custom call's input comes whole in its .done events. */
+    ks_api_rstream st;
+    ks_api_rstream_init(&st, rr.tool_map);
+    ks_buf out = {0};
+    assert_int_equal(ks_api_rstream_delta(&st, J("{\"tool_calls\":[{\"index\":0,\"id\":\"c2\",\"function\":"
+                                                 "{\"name\":\"apply_patch\",\"arguments\":\"{\\\"inp\"}}]}"), &out),
+                     0);
+    assert_int_equal(ks_api_rstream_delta(&st, J("{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":"
+                                                 "\"ut\\\":\\\"p\\\"}\"}}]}"), &out),
+                     0);
+    json_t *resp = J("{\"status\":\"completed\"}");
+    assert_int_equal(ks_api_rstream_end(&st, resp, &out), 0);
+    assert_non_null(strstr(out.s, "event: response.custom_tool_call_input.done"));
+    assert_null(strstr(out.s, "function_call_arguments"));
+    assert_json(json_object_get(json_array_get(json_object_get(resp, "output"), 0), "input"), "\"p\"");
+    json_decref(resp);
+    ks_buf_free(&out);
+    ks_api_rstream_free(&st);
+    json_decref(items);
+    json_decref(msg);
+    ks_api_resp_req_free(&rr);
+    json_decref(root);
+
+    /* The next turn's input: the calls as Codex sends them back. */
+    root = J("{\"input\":[{\"role\":\"user\",\"content\":\"x\"},"
+             "{\"type\":\"function_call\",\"namespace\":\"mcp\",\"name\":\"read\",\"call_id\":\"c1\",\"arguments\":\"{}\"},"
+             "{\"type\":\"custom_tool_call\",\"name\":\"apply_patch\",\"call_id\":\"c2\",\"input\":\"p\"},"
+             "{\"type\":\"function_call_output\",\"call_id\":\"c1\",\"output\":\"r1\"},"
+             "{\"type\":\"custom_tool_call_output\",\"call_id\":\"c2\",\"output\":\"r2\"}]}");
+    assert_int_equal(ks_api_responses_to_chat(root, NULL, &rr, &err), 0);
+    assert_json(json_object_get(rr.chat, "messages"),
+                "[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\",\"content\":null,\"tool_calls\":["
+                "{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"mcp__read\",\"arguments\":\"{}\"}},"
+                "{\"id\":\"c2\",\"type\":\"function\",\"function\":{\"name\":\"apply_patch\","
+                "\"arguments\":\"{\\\"input\\\":\\\"p\\\"}\"}}]},"
+                "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"r1\"},"
+                "{\"role\":\"tool\",\"tool_call_id\":\"c2\",\"content\":\"r2\"}]");
+    ks_api_resp_req_free(&rr);
+    json_decref(root);
+}
+
+/* The same policy on Messages, with what Claude Code 2.1.197 sends:
+ * context_management and metadata ignored silently, output_config.effort as
+ * the reasoning effort ("max" is "high"), output_config.format as a JSON
+ * schema, a system message inside messages kept where it stands, a server
+ * tool dropped with a note, an unknown field noted. */
+static void test_messages_field_policy(void **state) {
+    (void)state;
+    json_t *root = J("{\"model\":\"qwen3-coder\",\"max_tokens\":8,\"metadata\":{\"user_id\":\"u\"},"
+                     "\"context_management\":{\"edits\":[{\"type\":\"clear_thinking_20251015\",\"keep\":\"all\"}]},"
+                     "\"output_config\":{\"effort\":\"max\",\"format\":{\"type\":\"json_schema\","
+                     "\"schema\":{\"type\":\"object\"}}},\"frobnicate\":1,"
+                     "\"tools\":[{\"type\":\"web_search_20250305\",\"name\":\"web_search\"},"
+                     "{\"name\":\"Bash\",\"input_schema\":{\"type\":\"object\"}}],"
+                     "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"system\",\"content\":\"agents\"},"
+                     "{\"role\":\"assistant\",\"content\":\"ok\"},{\"role\":\"user\",\"content\":\"go\"}]}");
+    ks_api_msg_req mr;
+    ks_api_error err;
+    assert_int_equal(ks_api_messages_to_chat(root, false, &mr, &err), 0);
+    assert_int_equal(mr.mid_system, 1);
+    assert_int_equal(mr.notes.n, 2);
+    assert_string_equal(mr.notes.v[0].field, "frobnicate");
+    assert_string_equal(mr.notes.v[1].field, "tools.0");
+    assert_string_equal(mr.notes.v[1].what, "a server tool (web_search_20250305)");
+    assert_json(json_object_get(mr.chat, "messages"),
+                "[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"system\",\"content\":\"agents\"},"
+                "{\"role\":\"assistant\",\"content\":\"ok\"},{\"role\":\"user\",\"content\":\"go\"}]");
+    assert_int_equal(json_array_size(json_object_get(mr.chat, "tools")), 1);
+    assert_string_equal(json_string_value(json_object_get(mr.chat, "reasoning_effort")), "high");
+    assert_json(json_object_get(mr.chat, "response_format"),
+                "{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"output\",\"schema\":{\"type\":\"object\"}}}");
+    ks_api_msg_req_free(&mr);
+    json_decref(root);
+    /* count_tokens: a sampling field it does not take is noted, not refused. */
+    root = J("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":1}");
+    assert_int_equal(ks_api_messages_to_chat(root, true, &mr, &err), 0);
+    assert_int_equal(mr.notes.n, 1);
+    assert_string_equal(mr.notes.v[0].field, "temperature");
+    assert_int_equal(mr.mid_system, -1);
+    ks_api_msg_req_free(&mr);
+    json_decref(root);
+}
+
 static void test_messages_errors(void **state) {
     (void)state;
     expect_msg_error("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", false, "max_tokens");
     expect_msg_error("{\"max_tokens\":1,\"messages\":[]}", false, "messages");
-    expect_msg_error("{\"max_tokens\":1,\"messages\":[{\"role\":\"system\",\"content\":\"x\"}]}", false,
+    expect_msg_error("{\"max_tokens\":1,\"messages\":[{\"role\":\"tool\",\"content\":\"x\"}]}", false,
                      "messages.0.role");
+    expect_msg_error("{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"system\","
+                     "\"content\":[{\"type\":\"image\"}]}]}", false, "messages.1.content.0");
+    expect_msg_error("{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"output_config\":"
+                     "{\"effort\":\"extreme\"}}", false, "output_config.effort");
+    expect_msg_error("{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"output_config\":"
+                     "{\"format\":{\"type\":\"json_schema\"}}}", false, "output_config.format");
     expect_msg_error("{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image\"}]}]}", false,
                      "messages.0.content.0");
     expect_msg_error("{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":"
-                     "\"web_search_20250305\",\"name\":\"w\"}]}", false, "tools.0");
+                     "\"bash_20250124\",\"name\":\"bash\"}]}", false, "tools.0");
     expect_msg_error("{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":{\"type\":"
                      "\"some\"}}", false, "tool_choice.type");
-    expect_msg_error("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":1,\"x\":1}", false, "x");
-    /* count_tokens takes no max_tokens, and no sampling fields. */
-    expect_msg_error("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":1}", true, "temperature");
     json_t *root = J("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}");
     ks_api_msg_req mr;
     ks_api_error err;
@@ -391,6 +541,7 @@ int main(void) {
         cmocka_unit_test(test_responses_stream),  cmocka_unit_test(test_responses_output),
         cmocka_unit_test(test_messages_translate), cmocka_unit_test(test_messages_errors),
         cmocka_unit_test(test_messages_output),   cmocka_unit_test(test_chat_breakpoints),
+        cmocka_unit_test(test_responses_field_policy), cmocka_unit_test(test_messages_field_policy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
