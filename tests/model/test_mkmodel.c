@@ -229,6 +229,50 @@ static void test_load_template_tokenize(void **st) {
     ks_engine_free(e);
 }
 
+/* tiny-agent (issue 25): a coding agent's prompt tokenizes about as densely
+ * as with a real tokenizer (the tiny vocabulary takes ~1.2 bytes a token),
+ * and --ctx-train / n_ctx_train is what the file says: the engine gives a
+ * slot that much and no more. */
+static void test_agent_preset_and_ctx_train(void **st) {
+    (void)st;
+    char p[512], err[256] = "";
+    path_in(p, sizeof p, "agent.gguf");
+    ks_mkmodel_params mp = ks_mkmodel_params_default();
+    mp.preset = "tiny-agent";
+    mp.n_ctx_train = 40960; /* a multiple of 256: llama.cpp pads a context to one */
+    ks_mkmodel_shape sh;
+    assert_int_equal(ks_mkmodel_write(&mp, p, &sh, err, sizeof err), 0);
+    assert_int_equal(sh.n_ctx_train, 40960);
+    assert_true(sh.n_vocab > 8000 && sh.n_vocab <= 24000);
+    ks_engine_params ep = ks_engine_params_default();
+    ep.model_path = p;
+    ep.n_ctx_seq = 65536;
+    ks_engine *e = NULL;
+    assert_int_equal(ks_engine_open(&ep, &e, err, sizeof err), 0);
+    assert_int_equal(ks_engine_n_ctx_seq(e), 40960); /* capped at the trained context */
+    /* A paragraph and a tool schema as the agents send them. */
+    static const char text[] =
+        "You are an interactive agent that helps users with software engineering tasks. Use the instructions "
+        "below and the tools available to you to assist the user.\n\n# Doing tasks\n - When the user asks you to "
+        "read a file, use the Read tool instead of running a command.\n"
+        "{\"type\": \"function\", \"function\": {\"name\": \"Bash\", \"description\": \"Executes a given bash "
+        "command and returns its output.\", \"parameters\": {\"type\": \"object\", \"properties\": {\"command\": "
+        "{\"type\": \"string\", \"description\": \"The command to execute\"}}, \"required\": [\"command\"], "
+        "\"additionalProperties\": false}}}";
+    ks_tokens t = {0};
+    assert_int_equal(ks_engine_tokenize(e, text, strlen(text), false, false, &t), 0);
+    double bpt = (double)strlen(text) / t.n;
+    if (bpt < 3.0) fail_msg("tiny-agent: %.2f bytes a token (%d tokens for %zu bytes), want >= 3", bpt, t.n, strlen(text));
+    ks_tokens_free(&t);
+    ks_engine_free(e);
+    /* Out of range: refused before anything is written. */
+    mp.n_ctx_train = 32;
+    path_in(p, sizeof p, "agent-bad.gguf");
+    assert_int_equal(ks_mkmodel_write(&mp, p, NULL, err, sizeof err), KS_EINVAL);
+    assert_non_null(strstr(err, "trained context"));
+    assert_int_equal(access(p, F_OK), -1);
+}
+
 static void test_decode_greedy(void **st) {
     (void)st;
     ks_engine *e = open_tiny();
@@ -271,6 +315,7 @@ int main(void) {
         cmocka_unit_test(test_cli_exit_codes),
         cmocka_unit_test(test_load_template_tokenize),
         cmocka_unit_test(test_decode_greedy),
+        cmocka_unit_test(test_agent_preset_and_ctx_train),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
