@@ -612,3 +612,28 @@ export function rawRequest(method, path, { headers = [], body = '' } = {}) {
     h.push(`Content-Length: ${b.length}`);
   return Buffer.concat([Buffer.from(`${method} ${path} HTTP/1.1\r\n${h.join('\r\n')}\r\n\r\n`), b]);
 }
+
+// The model the agent tests run: the tiny shape with a vocabulary as dense
+// as a real tokenizer's on coding agents' prompts and a 128K trained context
+// (mkmodel preset tiny-agent), with Qwen3-Coder's template, the template of a
+// model people run behind agents. Written to dir/agent.gguf.
+export function agentModel(dir, template = 'Qwen3-Coder.jinja') {
+  const templates = process.env.KS_TEMPLATES_DIR;
+  assert.ok(templates, 'KS_TEMPLATES_DIR is not set');
+  const out = path.join(dir, 'agent.gguf');
+  execFileSync(BIN, ['mkmodel', '--preset', 'tiny-agent', '--seed', '1', '--chat-template', path.join(templates, template),
+    out], { stdio: 'ignore' });
+  return out;
+}
+
+// The server's line for each finished generation since `from` (an offset
+// into its stderr): [{ id, prompt, cached }] in the order they finished.
+export function servedSince(srv, from = 0) {
+  const out = [];
+  const re = /I http +(\S+?)(?:\[\d+\])? slot \d+: prompt (\d+) tok, cached (\d+) /g;
+  for (const m of srv.stderr.slice(from).matchAll(re)) out.push({ id: m[1], prompt: +m[2], cached: +m[3] });
+  return out;
+}
+
+// The refusals (4xx) the server logged since `from`.
+export const refusedSince = (srv, from = 0) => srv.stderr.slice(from).split('\n').filter((l) => / -> 4\d\d /.test(l));
