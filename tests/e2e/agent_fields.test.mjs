@@ -241,3 +241,13 @@ test('an unknown field is ignored and logged once; a refusal is logged at the de
   assert.equal(refused.length, 1, log);
   assert.match(refused[0], / W http +POST \/v1\/chat\/completions -> 400 invalid_type \(temperature\): Invalid type for 'temperature'/);
 });
+
+test('--ctx beyond the model\'s trained context: the slot gets the trained context, and the log says so', async () => {
+  const s = await startServer(['--ctx', '20000', '--slots', '1']); // the tiny model: 8192
+  try {
+    assert.match(s.stderr, / W serve +--ctx 20000 is more than this model takes: each slot gets 8192 tokens/);
+    assert.match(s.stderr, /slots, ctx 8192,/);
+  } finally {
+    await stopOk(s);
+  }
+});
