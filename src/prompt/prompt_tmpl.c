@@ -4,9 +4,11 @@
 #include "prompt/prompt_tmpl.h"
 
 #include <ctype.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 #include "cache/msghash.h"
 
@@ -89,44 +91,171 @@ static int tokenize(const ks_engine *e, const char *text, ks_tokens *out) {
     return ks_engine_tokenize(e, text, strlen(text), true, true, out);
 }
 
+/* ------------------------------------------------------------ memo */
+typedef struct memo_ent {
+    uint64_t key;   /* XXH3 of the canonical JSON rendered; 0: free */
+    uint64_t toks;  /* XXH3 of the first n tokens of the prompt it was found in */
+    int n;          /* the token prefix the render shares with that prompt */
+    bool whole;     /* ... and the render is all of it */
+    uint64_t used;  /* the memo's clock when last found or stored */
+} memo_ent;
+
+struct ks_prompt_memo {
+    pthread_mutex_t mu;
+    memo_ent *v;
+    int n;
+    uint64_t clock, hits, misses;
+};
+
+ks_prompt_memo *ks_prompt_memo_create(int n) {
+    ks_prompt_memo *m = n > 0 ? calloc(1, sizeof *m) : NULL;
+    if (!m) return NULL;
+    if (!(m->v = calloc((size_t)n, sizeof *m->v))) {
+        free(m);
+        return NULL;
+    }
+    m->n = n;
+    pthread_mutex_init(&m->mu, NULL);
+    return m;
+}
+
+void ks_prompt_memo_free(ks_prompt_memo *m) {
+    if (!m) return;
+    pthread_mutex_destroy(&m->mu);
+    free(m->v);
+    free(m);
+}
+
+void ks_prompt_memo_stats(ks_prompt_memo *m, uint64_t *hits, uint64_t *misses) {
+    pthread_mutex_lock(&m->mu);
+    *hits = m->hits;
+    *misses = m->misses;
+    pthread_mutex_unlock(&m->mu);
+}
+
+static uint64_t toks_hash(const ks_tokens *t, int n) { return XXH3_64bits(t->v, sizeof(int32_t) * (size_t)n); }
+
+/* The entry of key when its tokens start full: 1 and *n, *whole; else 0. */
+static int memo_get(ks_prompt_memo *m, uint64_t key, const ks_tokens *full, int *n, bool *whole) {
+    int found = 0;
+    pthread_mutex_lock(&m->mu);
+    for (int i = 0; i < m->n; i++) {
+        memo_ent *x = &m->v[i];
+        if (x->key != key) continue;
+        if (x->n <= full->n && toks_hash(full, x->n) == x->toks) {
+            *n = x->n;
+            *whole = x->whole;
+            x->used = ++m->clock;
+            found = 1;
+        }
+        break;
+    }
+    if (found) m->hits++;
+    else m->misses++;
+    pthread_mutex_unlock(&m->mu);
+    return found;
+}
+
+static void memo_put(ks_prompt_memo *m, uint64_t key, const ks_tokens *full, int n, bool whole) {
+    uint64_t th = toks_hash(full, n);
+    pthread_mutex_lock(&m->mu);
+    int at = 0;
+    for (int i = 0; i < m->n; i++) {
+        if (m->v[i].key == key) {
+            at = i;
+            break;
+        }
+        if (m->v[i].used < m->v[at].used) at = i;
+    }
+    m->v[at] = (memo_ent){key, th, n, whole, ++m->clock};
+    pthread_mutex_unlock(&m->mu);
+}
+
+/* req with messages[0..upto] only, no generation prompt: what a cache
+ * breakpoint after messages[upto], or (upto 0) the system message alone,
+ * renders to. NULL on ENOMEM. */
+static json_t *head_request(const json_t *req, int upto) {
+    const json_t *msgs = json_object_get(req, "messages");
+    json_t *part = json_copy((json_t *)req);
+    json_t *head = json_array();
+    for (int i = 0; head && i <= upto; i++) json_array_append(head, json_array_get(msgs, (size_t)i));
+    if (!part || !head || json_object_set_new(part, "messages", head)) {
+        json_decref(part);
+        return NULL;
+    }
+    json_object_del(part, "continue_final_message");
+    json_object_set_new(part, "add_generation_prompt", json_false());
+    return part;
+}
+
+/* The longest token prefix full shares with req's head (head_request):
+ * *whole when all of the head's tokens are that prefix. From memo when it
+ * holds this very head for a prompt starting as full does, else one render
+ * and one tokenization (then remembered). 0 when the render fails. */
+static int head_len(const ks_engine *e, const ks_chat_tmpl *t, const json_t *req, int upto, const ks_tokens *full,
+                    ks_prompt_memo *memo, bool *whole) {
+    *whole = false;
+    json_t *part = head_request(req, upto);
+    char *c = part && memo ? canon(part) : NULL;
+    uint64_t key = c ? XXH3_64bits(c, strlen(c)) | 1 : 0;
+    free(c);
+    int n = 0;
+    if (key && memo_get(memo, key, full, &n, whole)) {
+        json_decref(part);
+        return n;
+    }
+    json_t *res = NULL;
+    ks_tokens tok = {0};
+    char err[64];
+    if (part && apply(t, part, &res, err, sizeof err) == 0) {
+        const char *text = json_string_value(json_object_get(res, "prompt"));
+        if (text && tokenize(e, text, &tok) == 0) {
+            while (n < tok.n && n < full->n && tok.v[n] == full->v[n]) n++;
+            *whole = n > 0 && n == tok.n;
+            if (key && n > 0) memo_put(memo, key, full, n, *whole);
+        }
+    }
+    json_decref(part);
+    json_decref(res);
+    ks_tokens_free(&tok);
+    return n;
+}
+
 /* SPC: the leading system message rendered alone, with the same options. */
 static void sys_key(const ks_engine *e, const ks_chat_tmpl *t, const json_t *req, const char *opts,
-                    const char *model_id, ks_prompt *p) {
+                    const char *model_id, ks_prompt_memo *memo, ks_prompt *p) {
     const json_t *msgs = json_object_get(req, "messages");
     json_t *m0 = json_array_get(msgs, 0);
     if (!m0 || strcmp(json_string_value(json_object_get(m0, "role")), "system") != 0) return;
     if (json_array_size(msgs) < 2) return;
-    json_t *alone = json_copy((json_t *)req);
-    json_t *one = json_pack("[O]", m0);
-    json_t *res = NULL;
-    ks_tokens sys = {0};
-    char err[64];
-    if (alone && one && !json_object_set_new(alone, "messages", one)) {
-        one = NULL;
-        json_object_del(alone, "continue_final_message");
-        json_object_set_new(alone, "add_generation_prompt", json_false());
-        if (apply(t, alone, &res, err, sizeof err) == 0) {
-            const char *text = json_string_value(json_object_get(res, "prompt"));
-            const ks_tokens *all = &p->tokens;
-            if (text && tokenize(e, text, &sys) == 0 && sys.n > 0 && sys.n < all->n &&
-                !memcmp(sys.v, all->v, sizeof(int32_t) * (size_t)sys.n)) {
-                char *c = canon(m0);
-                size_t n = (c ? strlen(c) : 0) + strlen(opts) + 2;
-                char *both = c ? malloc(n) : NULL;
-                if (both) {
-                    snprintf(both, n, "%s\n%s", c, opts);
-                    p->sys_key = ks_msghash_system("system", both, model_id);
-                    p->n_sys_tokens = sys.n;
-                }
-                free(both);
-                free(c);
-            }
-        }
+    bool whole;
+    int n_sys = head_len(e, t, req, 0, &p->tokens, memo, &whole);
+    if (!whole || n_sys >= p->tokens.n) return;
+    char *c = canon(m0);
+    size_t n = (c ? strlen(c) : 0) + strlen(opts) + 2;
+    char *both = c ? malloc(n) : NULL;
+    if (both) {
+        snprintf(both, n, "%s\n%s", c, opts);
+        p->sys_key = ks_msghash_system("system", both, model_id);
+        p->n_sys_tokens = n_sys;
     }
-    json_decref(one);
-    json_decref(alone);
-    json_decref(res);
-    ks_tokens_free(&sys);
+    free(both);
+    free(c);
+}
+
+/* How many tokens at the end of full are the generation prompt gp (parsed
+ * as the full prompt was: it starts at a special token in every template
+ * that has one, where tokenization starts afresh), 0 when full does not end
+ * with them. */
+static int gen_prompt_tokens(const ks_engine *e, const char *gp, const ks_tokens *full) {
+    if (!gp || !gp[0]) return 0;
+    ks_tokens g = {0};
+    int n = 0;
+    if (ks_engine_tokenize(e, gp, strlen(gp), false, true, &g) == 0 && g.n > 0 && g.n < full->n &&
+        !memcmp(g.v, full->v + (full->n - g.n), sizeof(int32_t) * (size_t)g.n))
+        n = g.n;
+    ks_tokens_free(&g);
+    return n;
 }
 
 static int cmp_tok(const void *a, const void *b) {
@@ -285,7 +414,7 @@ static int sampling_parts(const ks_engine *e, json_t *res, bool parallel, bool r
 }
 
 int ks_prompt_tmpl_chat(const ks_engine *e, const ks_chat_tmpl *t, const json_t *req, const ks_prompt_opts *o,
-                        ks_prompt_tmpl *out, char *err, size_t errlen) {
+                        ks_prompt_memo *memo, ks_prompt_tmpl *out, char *err, size_t errlen) {
     memset(out, 0, sizeof *out);
     json_t *res = NULL;
     char *opts = NULL;
@@ -304,11 +433,14 @@ int ks_prompt_tmpl_chat(const ks_engine *e, const ks_chat_tmpl *t, const json_t 
     json_t *ptc = json_object_get(req, "parallel_tool_calls");
     const char *choice = json_string_value(json_object_get(req, "tool_choice"));
     if ((rc = sampling_parts(e, res, !json_is_false(ptc), choice && !strcmp(choice, "required"), out))) goto fail;
+    if (!json_is_true(json_object_get(parse, "is_continuation")))
+        out->n_gen_prompt = gen_prompt_tokens(e, json_string_value(json_object_get(res, "generation_prompt")),
+                                              &out->p.tokens);
     if (o && o->hints) {
         opts = options_text(req);
         if (opts) {
             hints_hashes(json_object_get(req, "messages"), opts, &out->p);
-            sys_key(e, t, req, opts, o->model_id, &out->p);
+            sys_key(e, t, req, opts, o->model_id, memo, &out->p);
         }
     }
     free(opts);
@@ -322,30 +454,14 @@ fail:
 }
 
 int ks_prompt_tmpl_prefix_len(const ks_engine *e, const ks_chat_tmpl *t, const json_t *req, int upto,
-                              const ks_tokens *full) {
+                              const ks_tokens *full, int n_gen_prompt, ks_prompt_memo *memo) {
     const json_t *msgs = json_object_get(req, "messages");
     if (upto < 0 || (size_t)upto >= json_array_size(msgs)) return 0;
-    json_t *part = json_copy((json_t *)req);
-    json_t *head = json_array();
-    json_t *res = NULL;
-    ks_tokens tok = {0};
-    int n = 0;
-    char err[64];
-    for (int i = 0; head && i <= upto; i++) json_array_append(head, json_array_get(msgs, (size_t)i));
-    if (part && head && !json_object_set(part, "messages", head)) {
-        json_object_del(part, "continue_final_message");
-        json_object_set_new(part, "add_generation_prompt", json_false());
-        if (apply(t, part, &res, err, sizeof err) == 0) {
-            const char *text = json_string_value(json_object_get(res, "prompt"));
-            if (text && tokenize(e, text, &tok) == 0)
-                while (n < tok.n && n < full->n && tok.v[n] == full->v[n]) n++;
-        }
-    }
-    json_decref(head);
-    json_decref(part);
-    json_decref(res);
-    ks_tokens_free(&tok);
-    return n;
+    /* The last message: the prompt is that render plus the generation prompt. */
+    if ((size_t)upto + 1 == json_array_size(msgs) && n_gen_prompt > 0 && n_gen_prompt < full->n)
+        return full->n - n_gen_prompt;
+    bool whole;
+    return head_len(e, t, req, upto, full, memo, &whole);
 }
 
 bool ks_prompt_tmpl_preserved(const int32_t *preserved, int n, int32_t tok) {

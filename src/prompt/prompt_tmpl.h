@@ -18,7 +18,24 @@
  * rendered alone with the same tools and options, is a token prefix of the
  * prompt (with tools, most templates put them in that system block).
  *
- * Thread model: as prompt.h; the template is only read (chat_tmpl.h).
+ * Renders cost what the conversation weighs. A coding agent's request is
+ * 20-30K tokens, and the hints and breakpoints used to render and tokenize
+ * parts of it again (the system message with its tools for the SPC key, the
+ * conversation up to each cache breakpoint): about 0.45 s per request on two
+ * CPU cores for Claude Code's, more than the whole cached turn. Now:
+ *  - a breakpoint on the last message of a request that ends with the
+ *    generation prompt is the prompt without it (ks_prompt_tmpl.n_gen_prompt
+ *    trailing tokens): no render;
+ *  - what another render found (the system message alone, a breakpoint's
+ *    prefix) is remembered in a ks_prompt_memo by the canonical JSON of what
+ *    was rendered, with a hash of the tokens it found; a request whose prompt
+ *    starts with those very tokens takes the length from there.
+ * A length taken either way is a token prefix of this request's prompt,
+ * checked; whether it is the one the render would find again is what the
+ * memo's key (the same render input) and the generation prompt's tokens say.
+ *
+ * Thread model: as prompt.h; the template is only read (chat_tmpl.h). A
+ * ks_prompt_memo is shared by any number of threads (a mutex guards it).
  */
 #ifndef KS_PROMPT_TMPL_H
 #define KS_PROMPT_TMPL_H
@@ -48,7 +65,17 @@ typedef struct ks_prompt_tmpl {
     int n_stops;
     char *parse;               /* parse options for ks_chat_tmpl_parse (JSON text) */
     char *format;              /* the output format's name, for the logs */
+    int n_gen_prompt;          /* p.tokens ends with the generation prompt's this many tokens
+                                  (0: it does not, e.g. a continued final message) */
 } ks_prompt_tmpl;
+
+/* Render results remembered across requests (see above): at most n entries,
+ * the oldest replaced. NULL on ENOMEM; free(NULL) is a no-op. */
+typedef struct ks_prompt_memo ks_prompt_memo;
+ks_prompt_memo *ks_prompt_memo_create(int n);
+void ks_prompt_memo_free(ks_prompt_memo *m);
+/* Renders answered from the memo / done and remembered, since created. */
+void ks_prompt_memo_stats(ks_prompt_memo *m, uint64_t *hits, uint64_t *misses);
 
 /* Renders req (chat_tmpl.h's request object: messages, tools, ...) and
  * tokenizes it. out must be zeroed or freed. Errors: KS_EINVAL (the
@@ -56,15 +83,17 @@ typedef struct ks_prompt_tmpl {
  * KS_ETEMPLATE (the template raised), KS_ECTX (the rendered prompt is
  * longer than o->max_bytes: not tokenized), KS_ENOMEM; out is freed then. */
 int ks_prompt_tmpl_chat(const ks_engine *e, const ks_chat_tmpl *t, const json_t *req, const ks_prompt_opts *o,
-                        ks_prompt_tmpl *out, char *err, size_t errlen);
+                        ks_prompt_memo *memo, ks_prompt_tmpl *out, char *err, size_t errlen);
 
 /* Where a cache breakpoint after messages[upto] of req falls in the prompt
- * full (req's own tokens): the longest token prefix full shares with req
- * rendered with messages[0..upto] only and no generation prompt. 0 when that
- * render fails (a template may refuse a conversation ending there) or
- * shares nothing. Costs one render and one tokenization. */
+ * full (req's own tokens, from ks_prompt_tmpl_chat, whose n_gen_prompt is
+ * n_gen_prompt): the longest token prefix full shares with req rendered with
+ * messages[0..upto] only and no generation prompt. 0 when that render fails
+ * (a template may refuse a conversation ending there) or shares nothing.
+ * Costs one render and one tokenization unless the breakpoint is on the last
+ * message or memo (may be NULL) holds it. */
 int ks_prompt_tmpl_prefix_len(const ks_engine *e, const ks_chat_tmpl *t, const json_t *req, int upto,
-                              const ks_tokens *full);
+                              const ks_tokens *full, int n_gen_prompt, ks_prompt_memo *memo);
 
 /* true when tok is in preserved[0, n) (sorted, as ks_prompt_tmpl keeps it;
  * a caller may keep the array after the rest is freed). */

@@ -46,7 +46,12 @@
 
 #include "engine/chat_tmpl.h"
 #include "server/convstore.h"
+#include "prompt/prompt_tmpl.h"
 #include "server/refusals.h"
+
+/* Render results the server remembers (prompt_tmpl.h): a few per
+ * conversation (its system message, its breakpoints), for many at once. */
+#define KS_SERVER_MEMO 256
 #include "server/server_int.h"
 
 #define MOD "http"
@@ -639,7 +644,7 @@ int ks_server_start(const ks_server_params *p, ks_server **out, char *err, size_
     s->http.started_us = ks_now_us();
     snprintf(s->reasoning_format, sizeof s->reasoning_format, "%s", p->reasoning_format ? p->reasoning_format : "");
     if (!(s->convs = ks_convstore_create(p->responses_max, p->responses_ttl_s)) ||
-        !(s->refusals = ks_refusals_create())) {
+        !(s->refusals = ks_refusals_create()) || !(s->memo = ks_prompt_memo_create(KS_SERVER_MEMO))) {
         ks_server_free(s);
         freeaddrinfo(ai);
         return KS_ENOMEM;
@@ -739,6 +744,7 @@ void ks_server_free(ks_server *s) {
     if (s->quiesced_fd != MHD_INVALID_SOCKET) close(s->quiesced_fd);
     if (s->own_metrics) ks_metrics_free(s->metrics);
     ks_refusals_free(s->refusals);
+    ks_prompt_memo_free(s->memo);
     ks_chat_tmpl_free(s->tmpl);
     ks_convstore_free(s->convs);
     pthread_rwlock_destroy(&s->sched_lock);

@@ -62,6 +62,7 @@ struct ks_server {
     char reasoning_format[24];  /* the requests' default, "" : the library's */
     struct ks_convstore *convs; /* Responses conversations, for previous_response_id */
     struct ks_refusals *refusals; /* refused requests, logged once per cause (refusals.h) */
+    struct ks_prompt_memo *memo;  /* render results across requests (prompt_tmpl.h) */
     /* CORS (server.h note 7): the allowed origins, none: off. */
     char cors_origins[KS_SERVER_CORS_MAX][KS_SERVER_ORIGIN_MAX];
     int n_cors_origins;
