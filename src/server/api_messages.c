@@ -59,6 +59,30 @@ static int join(ks_buf *b, const char *text) {
 }
 
 /* ------------------------------------------------------------ system */
+/* Text blocks (the system field's, or a system message's content) joined
+ * with "\n" into b, the last block's cache_control into *cc. p: the path of
+ * the array ("system", "messages.3.content"). */
+static int text_blocks(json_t *blocks, const char *p, ks_buf *b, json_t **cc, ks_api_error *err) {
+    size_t i;
+    json_t *blk;
+    json_array_foreach(blocks, i, blk) {
+        char q[112];
+        snprintf(q, sizeof q, "%s.%zu", p, i);
+        if (!json_is_object(blk) || strcmp(jstr(blk, "type"), "text") || !json_is_string(json_object_get(blk, "text")))
+            BAD("invalid_value", q, "%s: expected a text block {\"type\": \"text\", \"text\": ...}.", q);
+        if (join(b, jstr(blk, "text"))) return ks__api_oom(err);
+        if (json_object_get(blk, "cache_control")) *cc = json_object_get(blk, "cache_control");
+    }
+    return 0;
+}
+
+/* A system message of text (joined blocks) and their cache_control, appended to msgs. */
+static int push_system(json_t *msgs, const ks_buf *b, json_t *cc, ks_api_error *err) {
+    json_t *m = json_pack("{s:s, s:s%}", "role", "system", "content", b->s ? b->s : "", b->len);
+    if (m && cc) json_object_set(m, "cache_control", cc);
+    return !m || json_array_append_new(msgs, m) ? ks__api_oom(err) : 0;
+}
+
 static int system_to_chat(json_t *root, json_t *msgs, ks_api_error *err) {
     json_t *sys = ks__api_field(root, "system");
     if (!sys) return 0;
@@ -72,30 +96,10 @@ static int system_to_chat(json_t *root, json_t *msgs, ks_api_error *err) {
             ks__api_json_type_name(sys));
     ks_buf b = {0};
     json_t *cc = NULL;
-    size_t i;
-    json_t *blk;
-    json_array_foreach(sys, i, blk) {
-        char p[48];
-        snprintf(p, sizeof p, "system.%zu", i);
-        if (!json_is_object(blk) || strcmp(jstr(blk, "type"), "text") || !json_is_string(json_object_get(blk, "text"))) {
-            ks_buf_free(&b);
-            BAD("invalid_value", p, "%s: system blocks must be {\"type\": \"text\", \"text\": ...}.", p);
-        }
-        if (join(&b, jstr(blk, "text"))) {
-            ks_buf_free(&b);
-            return ks__api_oom(err);
-        }
-        if (json_object_get(blk, "cache_control")) cc = json_object_get(blk, "cache_control");
-    }
-    if (!b.len) { /* only empty blocks: no system message */
-        ks_buf_free(&b);
-        return 0;
-    }
-    json_t *m = json_pack("{s:s, s:s%}", "role", "system", "content", b.s, b.len);
+    int rc = text_blocks(sys, "system", &b, &cc, err);
+    if (!rc && b.len) rc = push_system(msgs, &b, cc, err); /* only empty blocks: no system message */
     ks_buf_free(&b);
-    if (!m) return ks__api_oom(err);
-    if (cc) json_object_set(m, "cache_control", cc);
-    return json_array_append_new(msgs, m) ? ks__api_oom(err) : 0;
+    return rc;
 }
 
 /* ------------------------------------------------------------ messages */
@@ -251,35 +255,17 @@ static int assistant_to_chat(json_t *c, const char *p, json_t *msgs, ks_api_erro
 /* A system message inside messages (Claude Code sends one for model names it
  * does not know, after the first user message): text blocks, rendered as a
  * system message where it stands. Whether the template takes a system
- * message there is the template's call (ks_chat_tmpl refuses it with a
- * message naming the role, answered as Anthropic's API would). */
+ * message there is the template's call; gen.c answers a refusal in
+ * Anthropic's words (ks_api_msg_req.mid_system). */
 static int system_msg_to_chat(json_t *c, const char *p, json_t *msgs, ks_api_error *err) {
-    ks_buf text = {0};
+    char q[96];
+    snprintf(q, sizeof q, "%s.content", p);
+    ks_buf b = {0};
     json_t *cc = NULL;
-    size_t i;
-    json_t *blk;
-    json_array_foreach(c, i, blk) {
-        char q[96];
-        snprintf(q, sizeof q, "%s.content.%zu", p, i);
-        const char *ty = block_type(blk, q, err);
-        if (!ty) {
-            ks_buf_free(&text);
-            return KS_EINVAL;
-        }
-        if (strcmp(ty, "text") || !json_is_string(json_object_get(blk, "text"))) {
-            ks_buf_free(&text);
-            BAD("invalid_value", q, "%s: a system message takes text blocks only.", q);
-        }
-        if (join(&text, jstr(blk, "text"))) {
-            ks_buf_free(&text);
-            return ks__api_oom(err);
-        }
-        if (json_object_get(blk, "cache_control")) cc = json_object_get(blk, "cache_control");
-    }
-    json_t *m = json_pack("{s:s, s:s%}", "role", "system", "content", text.s ? text.s : "", text.len);
-    ks_buf_free(&text);
-    if (m && cc) json_object_set(m, "cache_control", cc);
-    return !m || json_array_append_new(msgs, m) ? ks__api_oom(err) : 0;
+    int rc = text_blocks(c, q, &b, &cc, err);
+    if (!rc) rc = push_system(msgs, &b, cc, err);
+    ks_buf_free(&b);
+    return rc;
 }
 
 static int messages_to_chat(json_t *root, json_t *msgs, int *mid_system, ks_api_error *err) {
