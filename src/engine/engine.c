@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "engine/devices.h"
 #include "engine/grammar.h"
 #include "ggml-backend.h"
 #include "llama.h"
@@ -40,6 +41,10 @@ struct ks_engine {
     size_t state_fixed, state_per_tok; /* a sequence state's bytes: fixed + per token (measured by the probe) */
     struct ggml_threadpool *tp;        /* the context's persistent CPU thread pool (NULL: ggml's per-graph one) */
     void (*tp_free)(struct ggml_threadpool *);
+    ks_engine_offload off;             /* where the model runs (devices.h) */
+    bool gpu;                          /* a GPU computes some of it (off.n_devices > 0) */
+    size_t probe_diff, probe_size;     /* state bytes the probe found differing, of how many */
+    char exact_reason[256];            /* why exactness is unavailable ("" when it is not) */
 };
 
 struct ks_batch {
@@ -57,6 +62,8 @@ struct ks_sampler {
 };
 
 #define MOD "engine"
+
+static void exact_reason(ks_engine *e);
 
 /* ------------------------------------------------------------- backends */
 /* While a thread creates a grammar, llama.cpp's error lines go to its
@@ -145,9 +152,17 @@ static void backend_init(void) {
     if (!getenv("GGML_NO_BACKTRACE")) setenv("GGML_NO_BACKTRACE", "1", 0);
     g_patched = load_patched_cpu(dir);
     if (!g_patched) ggml_backend_load_all_from_path(dir[0] ? dir : NULL);
+    /* The GPU modules besides the CPU backend (devices.h note 1). */
+    ks_devices_load_modules(dir);
     llama_backend_init();
     g_backend_count = (int)ggml_backend_dev_count();
-    KS_DEBUG(MOD, "backends loaded from %s: %d device(s), CPU backend %s", dir, g_backend_count, g_cpu_backend);
+    KS_DEBUG(MOD, "backends loaded from %s: %d device(s), CPU backend %s, GPU backends %s", dir, g_backend_count,
+             g_cpu_backend, ks_devices_modules()[0] ? ks_devices_modules() : "none");
+}
+
+const char *ks_engine_gpu_backends(void) {
+    pthread_once(&g_backend_once, backend_init);
+    return ks_devices_modules();
 }
 
 const char *ks_engine_cpu_backend(void) {
@@ -237,9 +252,20 @@ static void probe(ks_engine *e) {
     }
     if (ok) ok = (l = llama_get_logits_ith(e->ctx, 0)) != NULL && llama_state_seq_get_size(e->ctx, 0) == sz &&
                  llama_state_seq_get_data(e->ctx, sb, sz, 0) == sz;
-    bool kernels_ok = g_patched && (!e->flash_attn || (g_patch_rev >= 2 && kv_tiled(e->type_k, e->type_v)));
-    if (ok)
-        e->invariant = kernels_ok && memcmp(la, l, sizeof(float) * (size_t)e->n_vocab) == 0 && memcmp(sa, sb, sz) == 0;
+    /* Only the patched CPU backend's kernels are known to be invariant: with
+     * a GPU computing any part of the model the probe still runs there (it
+     * reports what it sees), but nothing is called invariant (note 3). */
+    bool kernels_ok = g_patched && !e->gpu && (!e->flash_attn || (g_patch_rev >= 2 && kv_tiled(e->type_k, e->type_v)));
+    if (ok) {
+        e->probe_size = sz;
+        e->probe_diff = 0;
+        for (size_t k = 0; k < sz; k++) e->probe_diff += sa[k] != sb[k];
+        bool same_logits = memcmp(la, l, sizeof(float) * (size_t)e->n_vocab) == 0;
+        e->invariant = kernels_ok && same_logits && e->probe_diff == 0;
+        if (e->gpu)
+            KS_DEBUG(MOD, "probe on %s: %zu of %zu state bytes differ, logits %s", e->off.dev[0].name, e->probe_diff,
+                     sz, same_logits ? "identical" : "differ");
+    }
     if (ok && kernels_ok && !e->invariant)
         KS_WARN(MOD, "this model's kernels are not batch-invariant even in the patched CPU backend "
                      "(a lone token drifted from its prefill); decoding in pairs to stay exact");
@@ -263,6 +289,7 @@ ks_engine_params ks_engine_params_default(void) {
     p.type_v = -1;
     p.exact = true;
     p.flash_attn = KS_FA_AUTO;
+    ks_offload_defaults(&p.offload);
     return p;
 }
 
@@ -340,16 +367,53 @@ int ks_engine_open(const ks_engine_params *p, ks_engine **out, char *err, size_t
     ks_engine *e = calloc(1, sizeof *e);
     if (!e) return KS_ENOMEM;
     e->path = strdup(p->model_path);
+
+    /* Devices (note 3): the settings checked against the devices found and
+     * the model's layers before any weight is loaded. */
+    struct llama_context_params cp = llama_context_default_params();
+    if (p->type_k >= 0) cp.type_k = (enum ggml_type)p->type_k;
+    if (p->type_v >= 0) cp.type_v = (enum ggml_type)p->type_v;
+    ggml_backend_dev_t devs[KS_OFFLOAD_DEVICES_MAX + 1];
+    int n_gpu_layers = 0;
+    {
+        int n_ctx_req = p->n_ctx_seq > 0 ? p->n_ctx_seq : 4096;
+        ks_devices_req dr = {
+            .model_path = p->model_path,
+            .offload = &p->offload,
+            .exact = p->exact,
+            .n_ctx_total = (long long)n_ctx_req * p->n_seq,
+            .type_k = cp.type_k,
+            .type_v = cp.type_v,
+            .n_batch = p->n_batch > 0 ? p->n_batch : 512,
+        };
+        rc = ks_devices_resolve(&dr, &e->off, (void **)devs, &n_gpu_layers, err, errlen);
+        if (rc) goto fail;
+        e->gpu = e->off.n_devices > 0;
+    }
+
     /* auto is on where it keeps the promise: with setup's patched CPU backend
      * from revision 3 (exact, and its decode packs K and V once per K/V head,
      * docs/LLAMA_FACTS.md, flash attention), or when exactness is not asked
      * for (as llama-server's auto on a CPU). On the prebuilt backend in exact
-     * mode it stays off: its kernel tiles by the batch and the KV length. */
-    if (p->flash_attn == KS_FA_AUTO) e->flash_attn = (g_patched && g_patch_rev >= 3 && kv_tiled(p->type_k, p->type_v)) || !p->exact;
+     * mode it stays off: its kernel tiles by the batch and the KV length.
+     * With a GPU in use it is on, as llama-server's auto: exactness is not
+     * kept there anyway (note 3). */
+    if (p->flash_attn == KS_FA_AUTO)
+        e->flash_attn = (g_patched && g_patch_rev >= 3 && kv_tiled(p->type_k, p->type_v)) || !p->exact || e->gpu;
     else e->flash_attn = p->flash_attn == KS_FA_ON;
 
     struct llama_model_params mp = llama_model_default_params();
-    mp.n_gpu_layers = 0;
+    /* Always an explicit device list: the one resolved, empty for the CPU
+     * alone (llama.cpp's NULL would mean every GPU it finds). */
+    mp.devices = devs;
+    mp.n_gpu_layers = n_gpu_layers;
+    mp.split_mode = (enum llama_split_mode)p->offload.split_mode;
+    mp.main_gpu = p->offload.main_gpu;
+    float tsplit[KS_OFFLOAD_DEVICES_MAX] = {0};
+    if (p->offload.n_tensor_split > 0 && llama_max_devices() >= KS_OFFLOAD_DEVICES_MAX) {
+        memcpy(tsplit, p->offload.tensor_split, sizeof tsplit);
+        mp.tensor_split = tsplit;
+    }
     e->model = llama_model_load_from_file(p->model_path, mp);
     if (!e->model) {
         ks_set_err(err, errlen,
@@ -409,7 +473,6 @@ int ks_engine_open(const ks_engine_params *p, ks_engine **out, char *err, size_t
         rc = KS_EINVAL;
         goto fail;
     }
-    struct llama_context_params cp = llama_context_default_params();
     cp.n_ctx = (uint32_t)n_ctx_seq * (uint32_t)p->n_seq;
     cp.n_batch = (uint32_t)n_batch;
     cp.n_ubatch = (uint32_t)n_batch;
@@ -419,8 +482,8 @@ int ks_engine_open(const ks_engine_params *p, ks_engine **out, char *err, size_t
     cp.flash_attn_type = e->flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
     cp.kv_unified = false;
     cp.no_perf = true;
-    if (p->type_k >= 0) cp.type_k = (enum ggml_type)p->type_k;
-    if (p->type_v >= 0) cp.type_v = (enum ggml_type)p->type_v;
+    cp.offload_kqv = p->offload.kv_offload;
+    cp.op_offload = e->off.op_offload;
     e->type_k = cp.type_k;
     e->type_v = cp.type_v;
     thread_pool(e, n_threads);
@@ -437,7 +500,7 @@ int ks_engine_open(const ks_engine_params *p, ks_engine **out, char *err, size_t
     e->n_batch = (int)llama_n_batch(e->ctx);
     e->repack = mp.use_extra_bufts;
     probe(e);
-    if (p->exact && g_patched && (!e->flash_attn || g_patch_rev >= 2) && !e->invariant && e->probe_ran) {
+    if (p->exact && g_patched && !e->gpu && (!e->flash_attn || g_patch_rev >= 2) && !e->invariant && e->probe_ran) {
         /* ggml repacks some weight types (Q4_0, Q4_K, IQ4_NL on x86) into
          * interleaved blocks and multiplies groups of four rows with one kernel
          * and the rest with another, which may sum in different orders. Patch
@@ -465,9 +528,12 @@ int ks_engine_open(const ks_engine_params *p, ks_engine **out, char *err, size_t
         e->repack = false;
         probe(e);
     }
+    exact_reason(e);
+    char where[512];
+    ks_engine_offload_desc(e, where, sizeof where);
     KS_DEBUG(MOD, "model %s (%s): n_ctx_seq=%d n_seq=%d n_batch=%d threads=%d fa=%d cpu=%s repack=%d invariant=%d "
-             "warm-up %.0f ms", e->name, e->desc, e->n_ctx_seq, e->n_seq, e->n_batch, n_threads, (int)e->flash_attn,
-             g_cpu_backend, (int)e->repack, (int)e->invariant, e->warm_ms);
+             "warm-up %.0f ms; %s", e->name, e->desc, e->n_ctx_seq, e->n_seq, e->n_batch, n_threads, (int)e->flash_attn,
+             g_cpu_backend, (int)e->repack, (int)e->invariant, e->warm_ms, where);
     *out = e;
     return 0;
 fail:
@@ -499,9 +565,19 @@ void ks_engine_kv_params(const ks_engine *e, char *buf, size_t n) {
      * sequences, and a blob of another layout is refused at restore. */
     /* And the CPU backend build: another build of the kernels may compute other
      * bits, so a state it wrote is not this build's prefill. */
-    snprintf(buf, n, "type_k=%s;type_v=%s;fa=%d;n_ctx_seq=%d;n_seq=%d;kv_unified=0;state_v=%d;cpu=%s;repack=%d",
-             ggml_type_name((enum ggml_type)e->type_k), ggml_type_name((enum ggml_type)e->type_v),
-             (int)e->flash_attn, e->n_ctx_seq, e->n_seq, LLAMA_STATE_SEQ_VERSION, g_cpu_backend, (int)e->repack);
+    int l = snprintf(buf, n, "type_k=%s;type_v=%s;fa=%d;n_ctx_seq=%d;n_seq=%d;kv_unified=0;state_v=%d;cpu=%s;repack=%d",
+                     ggml_type_name((enum ggml_type)e->type_k), ggml_type_name((enum ggml_type)e->type_v),
+                     (int)e->flash_attn, e->n_ctx_seq, e->n_seq, LLAMA_STATE_SEQ_VERSION, g_cpu_backend, (int)e->repack);
+    /* And the devices (note 3): which GPU build computed which layers, where
+     * the KV lives and whether CPU layers' prefills ran on a GPU. Absent on the
+     * CPU alone, so that CPU states keep the keys they always had. */
+    const ks_engine_offload *o = &e->off;
+    if (!e->gpu || l < 0 || (size_t)l >= n) return;
+    l += snprintf(buf + l, n - (size_t)l, ";gpu=%s;ngl=%d/%d;kqv=%d;opo=%d;sm=%d;mg=%d;dev=", ks_devices_modules(),
+                  o->n_gpu_layers, o->n_layers, (int)o->kv_offload, (int)o->op_offload, o->split_mode, o->main_gpu);
+    for (int i = 0; i < o->n_devices && l > 0 && (size_t)l < n; i++)
+        l += snprintf(buf + l, n - (size_t)l, "%s%s:%s:%d", i ? "," : "", o->dev[i].name, o->dev[i].desc,
+                      o->dev[i].n_layers);
 }
 
 uint32_t ks_engine_state_version(void) { return LLAMA_STATE_SEQ_VERSION; }
@@ -542,11 +618,70 @@ size_t ks_engine_state_bytes_max(const ks_engine *e) {
     return per_tok * (size_t)e->n_ctx_seq + 4096;
 }
 
-const char *ks_engine_exact_mode(const ks_engine *e, bool exact) {
-    if (!exact) return "off";
-    if (e->invariant) return "batch-invariant";
+ks_exact_how ks_engine_exact_how(const ks_engine *e, bool exact) {
+    if (!exact) return KS_EXACT_OFF;
+    /* No GPU kernel is known to be batch-invariant, and pairs do not make a
+     * GPU exact: it picks its kernels by the batch's row count (note 3). */
+    if (e->gpu) return KS_EXACT_UNAVAILABLE;
+    if (e->invariant) return KS_EXACT_INVARIANT;
     /* the scheduler's rule (sched.c): pairs need a trimmable memory */
-    return ks_engine_partial_rm_ok(e) ? "pairs" : "off";
+    return ks_engine_partial_rm_ok(e) ? KS_EXACT_PAIRS : KS_EXACT_UNAVAILABLE;
+}
+
+const char *ks_engine_exact_mode(const ks_engine *e, bool exact) {
+    switch (ks_engine_exact_how(e, exact)) {
+    case KS_EXACT_INVARIANT: return "batch-invariant";
+    case KS_EXACT_PAIRS: return "pairs";
+    case KS_EXACT_UNAVAILABLE: return "unavailable";
+    default: return "off";
+    }
+}
+
+/* e->exact_reason for ks_engine_exact_reason, once the probe ran. */
+static void exact_reason(ks_engine *e) {
+    char *r = e->exact_reason;
+    size_t n = sizeof e->exact_reason;
+    r[0] = '\0';
+    if (e->gpu) {
+        size_t l = 0;
+        for (int i = 0; i < e->off.n_devices && l + 1 < n; i++)
+            l += (size_t)snprintf(r + l, n - l, "%s%s", i ? "+" : "", e->off.dev[i].name);
+        if (l + 1 < n) l += (size_t)snprintf(r + l, n - l, " kernels are not batch-invariant");
+        if (l + 1 < n && e->probe_ran && e->probe_diff)
+            snprintf(r + l, n - l, " (the open-time probe: %zu of %zu state bytes differ)", e->probe_diff,
+                     e->probe_size);
+    } else if (!e->invariant && !ks_engine_partial_rm_ok(e)) {
+        snprintf(r, n, "the CPU backend is not batch-invariant here and a %s memory cannot decode in pairs",
+                 ks_engine_is_hybrid(e) ? "hybrid" : "recurrent");
+    }
+}
+
+const char *ks_engine_exact_reason(const ks_engine *e, bool exact) {
+    return ks_engine_exact_how(e, exact) == KS_EXACT_UNAVAILABLE && e->exact_reason[0] ? e->exact_reason : NULL;
+}
+
+const ks_engine_offload *ks_engine_offload_info(const ks_engine *e) { return &e->off; }
+
+void ks_engine_offload_desc(const ks_engine *e, char *buf, size_t n) {
+    const ks_engine_offload *o = &e->off;
+    if (!e->gpu) {
+        snprintf(buf, n, "CPU");
+        return;
+    }
+    size_t l = 0;
+    if (o->n_gpu_layers == 0) {
+        l += (size_t)snprintf(buf, n, "0/%d layers on the GPU, op offload to %s", o->n_layers, o->dev[0].name);
+        return;
+    }
+    l += (size_t)snprintf(buf + l, n - l, "%d/%d layers on ", o->n_gpu_layers, o->n_layers);
+    for (int i = 0; i < o->n_devices && l + 1 < n; i++) {
+        if (o->n_devices > 1)
+            l += (size_t)snprintf(buf + l, n - l, "%s%s (%d)", i ? ", " : "", o->dev[i].name, o->dev[i].n_layers);
+        else l += (size_t)snprintf(buf + l, n - l, "%s", o->dev[i].name);
+    }
+    if (l + 1 < n && o->n_gpu_layers < o->n_layers)
+        l += (size_t)snprintf(buf + l, n - l, " (%d on the CPU)", o->n_layers - o->n_gpu_layers);
+    if (l + 1 < n) snprintf(buf + l, n - l, ", KV on %s", o->kv);
 }
 double ks_engine_warm_ms(const ks_engine *e) { return e->warm_ms; }
 

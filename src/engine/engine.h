@@ -28,6 +28,20 @@
  *     its own KV stream: one slot's cell layout never depends on another's,
  *     which keeps results independent of what other slots are doing.
  *  2. Each sequence therefore has n_ctx_seq = n_ctx_total / n_seq cells.
+ *  3. Devices (docs/ARCHITECTURE.md, "Devices"): GPU backend modules found
+ *     next to libllama (or named by KS_GPU_MODULES) are loaded beside the
+ *     CPU backend (devices.h); the offload settings are resolved and checked
+ *     against them and the model before any weight is loaded. Exact mode
+ *     holds only where every layer, the KV and every product run on the
+ *     patched CPU backend and the probe agrees: no GPU kernel has a
+ *     batch-invariance patch yet, and pairs do not help there (a GPU picks
+ *     its matrix and attention kernels by batch size). So with a GPU in use
+ *     the exact mode is "unavailable", with the reason, and the scheduler
+ *     decodes without pairs. With exactness asked for and layers left on the
+ *     CPU, op offload is off: llama.cpp would otherwise run a CPU layer's
+ *     prefill products on the GPU and its decode on the CPU. The devices
+ *     and layers are part of ks_engine_kv_params: a state computed on a GPU
+ *     is not a CPU prefill's bits.
  *
  * Thread model: ks_engine_open/free on any one thread. The tokenizer,
  * detokenizer, template and model-info calls are read-only on the model and
@@ -43,6 +57,7 @@
 #include <stdint.h>
 
 #include "base/base.h"
+#include "base/offload.h"
 
 typedef struct ks_engine ks_engine;
 typedef struct ks_sampler ks_sampler;
@@ -59,7 +74,10 @@ typedef struct ks_engine_params {
     int type_k;      /* ggml_type of K/V cache; -1: default (F16) */
     int type_v;
     bool exact;      /* default true: when the probe finds the model's repacked weights
-                        are not batch-invariant, load it again without repacking (note 0) */
+                        are not batch-invariant, load it again without repacking (note 0);
+                        op offload stays off where layers stay on the CPU (note 3) */
+    ks_offload offload; /* where the model runs (base/offload.h; default: "auto" layers on
+                           every GPU found, none without one) */
 } ks_engine_params;
 
 ks_engine_params ks_engine_params_default(void);
@@ -101,8 +119,22 @@ bool ks_engine_repacked(const ks_engine *e);
 bool ks_engine_flash_attn(const ks_engine *e);
 /* How a scheduler asked for exactness keeps it on this engine, for logs and
  * /props: "batch-invariant" (one row per generated token), "pairs" (the
- * fallback of step.c), "off" (exact false, or a memory pairs cannot trim). */
+ * fallback of step.c), "off" (exact false), "unavailable" (asked for but
+ * not kept: a GPU in use, or a memory pairs cannot trim on a CPU backend
+ * that is not invariant; ks_engine_exact_reason says which). */
 const char *ks_engine_exact_mode(const ks_engine *e, bool exact);
+/* How exactness is kept (ks_engine_exact_how). */
+typedef enum {
+    KS_EXACT_OFF = 0,    /* not asked for */
+    KS_EXACT_INVARIANT,  /* "batch-invariant": one row per generated token, exact */
+    KS_EXACT_PAIRS,      /* "pairs": lone tokens decoded with a throwaway companion (step.c) */
+    KS_EXACT_UNAVAILABLE /* asked for, but nothing on this engine keeps it (ks_engine_exact_reason) */
+} ks_exact_how;
+ks_exact_how ks_engine_exact_how(const ks_engine *e, bool exact);
+/* Why exactness is unavailable ("CUDA0 kernels are not batch-invariant",
+ * "a hybrid memory cannot decode in pairs on this CPU backend"), NULL when
+ * it is not. Borrowed, valid until free. */
+const char *ks_engine_exact_reason(const ks_engine *e, bool exact);
 /* About the bytes of a full sequence's state (n_ctx_seq tokens), from the
  * model's shape; 0 when it cannot tell. For warm-start buffers. */
 size_t ks_engine_state_bytes_max(const ks_engine *e);
@@ -111,6 +143,42 @@ double ks_engine_warm_ms(const ks_engine *e);
 /* The CPU backend in use: "kvstash-ggml-cpu-r<N>-<variant>" (setup's patched
  * build) or "prebuilt". Loads the backends if not yet done. Static string. */
 const char *ks_engine_cpu_backend(void);
+/* ------------------------------------------------------------- devices */
+/* One GPU device the model uses. */
+typedef struct ks_engine_device {
+    char name[32];       /* ggml's name: "CUDA0", "Vulkan0" */
+    char desc[128];      /* "NVIDIA H100 80GB HBM3", "llvmpipe (LLVM 15.0.6, 256 bits)" */
+    int n_layers;        /* layers it holds (the output layer counts as one) */
+    bool kv;             /* it holds KV cells (layers of it, with kv offload on) */
+    size_t mem_free, mem_total; /* bytes, when the engine opened */
+} ks_engine_device;
+
+/* What the offload settings resolved to (devices.h). */
+typedef struct ks_engine_offload {
+    int n_devices;       /* GPU devices in use; 0: the model runs on the CPU alone */
+    ks_engine_device dev[KS_OFFLOAD_DEVICES_MAX];
+    int n_layers;        /* the model's offloadable layers: n_layer + 1 (the output layer) */
+    int n_gpu_layers;    /* how many of them are on GPUs */
+    bool kv_cpu;         /* some KV cells live in host memory (layers on the CPU, or kv offload off) */
+    bool kv_offload;     /* as asked (--no-kv-offload: false) */
+    bool op_offload;     /* in force: false when asked, with no GPU, and in exact mode with
+                            layers on the CPU */
+    int split_mode;      /* KS_SPLIT_* */
+    int main_gpu;
+    char kv[160];        /* where the KV lives: "CPU", "CUDA0", "CPU+CUDA0", "CUDA0+CUDA1" */
+} ks_engine_offload;
+
+/* Borrowed, valid until free. */
+const ks_engine_offload *ks_engine_offload_info(const ks_engine *e);
+/* One line for logs and the listening line: "CPU", "25/25 layers on CUDA0,
+ * KV on CUDA0", "10/25 layers on CUDA0 (15 on the CPU), KV on CPU+CUDA0",
+ * "0/25 layers on the GPU, op offload to CUDA0". */
+void ks_engine_offload_desc(const ks_engine *e, char *buf, size_t n);
+/* The GPU backend modules loaded, by build id, comma-separated
+ * ("kvstash-ggml-cuda-de3ff81-sm90a"); "" when none. Loads the backends if
+ * not yet done. Static string. */
+const char *ks_engine_gpu_backends(void);
+
 /* true when the memory can remove a partial range of a sequence; false for
  * recurrent and hybrid models, whose state cannot be trimmed. */
 bool ks_engine_partial_rm_ok(const ks_engine *e);

@@ -424,9 +424,10 @@ int ks_sched_create(const ks_sched_params *p, ks_sched **out) {
     s->n_ctx_seq = ks_engine_n_ctx_seq(s->e);
     s->n_batch = ks_engine_n_batch(s->e);
     s->next_id = 1;
-    /* Pairs only where they are needed: a batch-invariant build (the engine's
-     * probe) already gives a lone row the bits of a batch (step.c). */
-    s->pairs = p->exact && ks_engine_partial_rm_ok(s->e) && !ks_engine_batch_invariant(s->e);
+    /* Pairs only where they are needed and help: a batch-invariant build (the
+     * engine's probe) already gives a lone row the bits of a batch (step.c),
+     * and on a GPU they keep nothing exact (engine.h note 3). */
+    s->pairs = ks_engine_exact_how(s->e, p->exact) == KS_EXACT_PAIRS;
     /* Checkpoints where a trim needs them (policy.c "Checkpoints"). */
     s->ckpt_on = (ks_engine_is_hybrid(s->e) || ks_engine_is_recurrent(s->e)) && p->ckpt_max > 0 && p->ckpt_bytes > 0;
     /* Lookups on the inference thread leave Redis to the prefetch at submit. */
