@@ -125,6 +125,7 @@ void ks_config_defaults(ks_config *c) {
     c->threads = 0;
     c->cache_prompt = true;
     c->exact = true;
+    ks_offload_defaults(&c->offload);
     c->affinity_min = 0.05f;
     c->ctx_checkpoints = 8;
     c->checkpoint_bytes = 32LL << 20;

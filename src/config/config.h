@@ -20,6 +20,15 @@
  *   threads: 0               # 0 = all CPUs, 0..4096
  *   cache_prompt: true       # same-slot prefix reuse
  *   exact: true              # decode lone tokens in pairs: cached == uncached, bit for bit
+ *   gpu_layers: auto         # layers on GPUs (-ngl): auto (all that fit; none without a GPU),
+ *                            # all, or a count 0..the model's layers + 1 (the output layer)
+ *   devices: CUDA0,CUDA1     # GPUs to use (--device), or none; default: every GPU found
+ *   split_mode: layer        # none | layer | row (--split-mode)
+ *   tensor_split: [3, 1]     # share of the layers per device in use (--tensor-split)
+ *   main_gpu: 0              # the GPU of split_mode none (and row's KV) (--main-gpu)
+ *   kv_offload: true         # false: the KV stays in host memory (--no-kv-offload)
+ *   op_offload: true         # false: never run CPU layers' products on a GPU (--no-op-offload);
+ *                            # exact mode turns it off where layers stay on the CPU
  *   affinity_min: 0.05       # min shared fraction to prefer a slot by prefix
  *   ctx_checkpoints: 8       # hybrid models: checkpoints per slot, 0..32 (0: none)
  *   checkpoint_bytes: 32MiB  # ... and their byte budget per slot
@@ -109,6 +118,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/offload.h"
 #include "cache/store_cfg.h"
 
 /* max_queue's range, the same for the YAML key and --max-queue. There is no
@@ -170,6 +180,8 @@ typedef struct ks_config {
     ks_model_cache_cfg models[16];
     bool model_has_slots[16];
     bool exact;                 /* default true (see the note on exactness in sched.c) */
+    ks_offload offload;         /* where the model runs (base/offload.h); checked against the
+                                   devices and the model by the engine when it opens */
     /* Checkpoints of hybrid models (sched.h ckpt_*): per slot at most
      * ctx_checkpoints (0..KS_CONFIG_CKPT_MAX; 0: none), within
      * checkpoint_bytes, one every checkpoint_every generated tokens (0: none

@@ -546,9 +546,78 @@ static int cors_origins(walk *w, const char *path, yaml_node_t *vn, ks_config *c
     return 0;
 }
 
+/* The offload keys (base/offload.h), with the parsers the flags use:
+ * gpu_layers (auto | all | N), devices ("CUDA0,CUDA1" | none), split_mode
+ * (none | layer | row), tensor_split ([3, 1] or "3,1"), main_gpu,
+ * kv_offload, op_offload. Returns 1 when key is none of them. */
+static int offload_pair(walk *w, const char *key, yaml_node_t *vn, ks_offload *o) {
+    const char *s = scalar_of(vn);
+    char why[256];
+    if (strcmp(key, "gpu_layers") == 0) {
+        if (!s || ks_offload_parse_layers(s, &o->n_gpu_layers, why, sizeof why))
+            return type_error(w, key, vn, "a layer count, auto or all");
+        return 0;
+    }
+    if (strcmp(key, "split_mode") == 0) {
+        if (!s || ks_offload_parse_split_mode(s, &o->split_mode, why, sizeof why))
+            return type_error(w, key, vn, "none, layer or row");
+        return 0;
+    }
+    if (strcmp(key, "main_gpu") == 0) {
+        long long v;
+        if (!s || !parse_i64(s, &v) || v < 0 || v >= KS_OFFLOAD_DEVICES_MAX)
+            return type_error(w, key, vn, "a device index 0..15");
+        o->main_gpu = (int)v;
+        return 0;
+    }
+    if (strcmp(key, "kv_offload") == 0 || strcmp(key, "op_offload") == 0) {
+        if (!s || !parse_bool(s, key[0] == 'k' ? &o->kv_offload : &o->op_offload))
+            return type_error(w, key, vn, "true or false");
+        return 0;
+    }
+    if (strcmp(key, "devices") == 0) {
+        if (!s || strlen(s) != vn->data.scalar.length || ks_offload_check_devices(s, why, sizeof why)) {
+            if (s && strlen(s) == vn->data.scalar.length) {
+                ks_set_err(w->err, w->errlen, "'%s' at line %d: %s", key, line_of(vn), why);
+                return KS_EINVAL;
+            }
+            return type_error(w, key, vn, "device names like CUDA0,CUDA1, or none");
+        }
+        snprintf(o->devices, sizeof o->devices, "%s", s);
+        return 0;
+    }
+    if (strcmp(key, "tensor_split") == 0) {
+        /* A sequence is joined into the flag's text: one parser for both. */
+        char text[KS_OFFLOAD_DEVICES_MAX * 32] = "";
+        if (vn->type == YAML_SEQUENCE_NODE) {
+            ptrdiff_t n = vn->data.sequence.items.top - vn->data.sequence.items.start;
+            for (ptrdiff_t i = 0; i < n; i++) {
+                yaml_node_t *item = yaml_document_get_node(w->doc, vn->data.sequence.items.start[i]);
+                const char *is = item ? scalar_of(item) : NULL;
+                size_t l = strlen(text);
+                if (!is || strlen(is) > 24 || i >= KS_OFFLOAD_DEVICES_MAX)
+                    return type_error(w, key, item ? item : vn, "at most 16 proportions like [3, 1]");
+                snprintf(text + l, sizeof text - l, "%s%s", i ? "," : "", is);
+            }
+        } else if (s && strlen(s) < sizeof text) {
+            snprintf(text, sizeof text, "%s", s);
+        } else {
+            return type_error(w, key, vn, "proportions like [3, 1]");
+        }
+        if (ks_offload_parse_tensor_split(text, o->tensor_split, &o->n_tensor_split, why, sizeof why)) {
+            ks_set_err(w->err, w->errlen, "'%s' at line %d: %s", key, line_of(vn), why);
+            return KS_EINVAL;
+        }
+        return 0;
+    }
+    return 1;
+}
+
 static int top_pair(walk *w, const char *path, const char *key, yaml_node_t *kn, yaml_node_t *vn,
                     void *ud) {
     ks_config *c = ud;
+    int orc = offload_pair(w, key, vn, &c->offload);
+    if (orc <= 0) return orc;
     if (strcmp(key, "cors_origins") == 0) return cors_origins(w, key, vn, c);
     if (strcmp(key, "models") == 0) return each_pair(w, key, vn, models_pair, c);
     if (strcmp(key, "store") == 0) {
