@@ -103,6 +103,11 @@ typedef struct ks_turn_stats {
 typedef struct ks_chat ks_chat;
 
 enum { KS_FLASH_ATTN_AUTO = 0, KS_FLASH_ATTN_ON = 1, KS_FLASH_ATTN_OFF = 2 };
+/* n_gpu_layers beyond a count: every layer that fits on the GPUs found (none
+ * without a GPU), or every layer. */
+enum { KS_GPU_LAYERS_AUTO = -1, KS_GPU_LAYERS_ALL = -2 };
+/* How layers spread over several GPUs (llama-server's --split-mode). */
+enum { KS_SPLIT_MODE_NONE = 0, KS_SPLIT_MODE_LAYER = 1, KS_SPLIT_MODE_ROW = 2 };
 
 typedef struct ks_chat_params {
     const char *model_path; /* GGUF file (required) */
@@ -117,12 +122,31 @@ typedef struct ks_chat_params {
                                on the prebuilt one lone tokens are decoded with a throwaway
                                companion row, which halves decode speed. */
     const char *system;     /* system prompt, may be NULL */
+    /* Where the model runs: GPU backends setup installed next to libllama
+     * (README, "GPUs"), with llama-server's settings. A GPU turns exact
+     * output off: no GPU kernel is batch-invariant yet (ks_chat_exact_mode). */
+    int n_gpu_layers;       /* KS_GPU_LAYERS_AUTO (default): every layer that fits on the GPUs
+                               found, none without one; KS_GPU_LAYERS_ALL; or a count
+                               0..the model's layers + 1 (the output layer) */
+    const char *devices;    /* NULL (default): every GPU found; "none": the CPU alone; or
+                               device names, comma-separated ("CUDA0,CUDA1", "Vulkan0") */
+    int split_mode;         /* KS_SPLIT_MODE_LAYER (default), _NONE (main_gpu alone), _ROW */
+    int main_gpu;           /* index into the devices in use (default 0) */
+    const float *tensor_split; /* n_tensor_split proportions, one per device in use; NULL
+                               (default): by each device's free memory. Copied by create. */
+    int n_tensor_split;
+    bool no_kv_offload;     /* true: the KV cache stays in host memory (default false) */
+    bool no_op_offload;     /* true: the CPU layers' products never run on a GPU (default
+                               false; exact mode turns it off where layers stay on the CPU) */
 } ks_chat_params;
 
 KS_API ks_chat_params ks_chat_params_default(void);
 
 /* Loads the model and creates the conversation. On failure returns a KS_E*
- * code, sets *out to NULL and writes a message to err. */
+ * code, sets *out to NULL and writes a message to err: KS_EINVAL for a
+ * setting that cannot be honoured (more GPU layers than the model has, an
+ * unknown device, a tensor split that does not match the devices, GPU layers
+ * without a GPU), KS_ENOENT / KS_EMODEL for the model file. */
 KS_API int ks_chat_create(const ks_chat_params *p, ks_chat **out, char *err, size_t errlen);
 KS_API void ks_chat_free(ks_chat *c);
 
@@ -167,6 +191,15 @@ KS_API int ks_chat_n_messages(const ks_chat *c);
 KS_API const char *ks_chat_message(const ks_chat *c, int i, const char **role);
 /* Tokens currently held in the KV cache for this conversation. */
 KS_API int ks_chat_n_cached(const ks_chat *c);
+/* Where the model runs: "CPU", or e.g. "25/25 layers on CUDA0, KV on CUDA0".
+ * Borrowed, valid until ks_chat_free. */
+KS_API const char *ks_chat_devices(const ks_chat *c);
+/* How exactness (the exact parameter) is kept: "batch-invariant", "pairs",
+ * "off" (not asked for) or "unavailable" (asked for, but a GPU computes part
+ * of the model, or the CPU backend cannot keep it for this model); why in
+ * *reason (may be NULL; NULL when it is not unavailable). Static or
+ * borrowed strings, valid until ks_chat_free. */
+KS_API const char *ks_chat_exact_mode(const ks_chat *c, const char **reason);
 /* Next-token logits after the last turn's prompt (valid until the next call),
  * n_vocab in *n. For the exactness tests. NULL before the first turn. */
 KS_API const float *ks_chat_last_prompt_logits(const ks_chat *c, int *n);

@@ -162,3 +162,74 @@ int ks_cli_read_template(const char *cmd, const char *path, char **out) {
     *out = buf;
     return 0;
 }
+
+/* ------------------------------------------------------------ offload flags */
+int ks_cli_offload_flag(const char *cmd, int which, const char *arg, ks_offload *o, unsigned *given) {
+    char why[256];
+    int rc = 0;
+    const char *flag = "";
+    switch (which) {
+    case 0: flag = "--gpu-layers"; rc = ks_offload_parse_layers(arg, &o->n_gpu_layers, why, sizeof why); break;
+    case 1:
+        flag = "--device";
+        if (!(rc = ks_offload_check_devices(arg, why, sizeof why))) snprintf(o->devices, sizeof o->devices, "%s", arg);
+        break;
+    case 2: flag = "--split-mode"; rc = ks_offload_parse_split_mode(arg, &o->split_mode, why, sizeof why); break;
+    case 3:
+        flag = "--tensor-split";
+        rc = ks_offload_parse_tensor_split(arg, o->tensor_split, &o->n_tensor_split, why, sizeof why);
+        break;
+    case 4:
+        if (ks_cli_parse_int(cmd, "--main-gpu", arg, 0, KS_OFFLOAD_DEVICES_MAX - 1, &o->main_gpu)) return KS_EINVAL;
+        break;
+    case 5: o->kv_offload = false; break;
+    case 6: o->op_offload = false; break;
+    default: return KS_EINVAL;
+    }
+    if (rc) {
+        fprintf(stderr, "%s: %s %s\n", cmd, flag, why);
+        return rc;
+    }
+    *given |= 1u << which;
+    return 0;
+}
+
+void ks_cli_offload_apply(const ks_offload *src, unsigned given, ks_offload *dst) {
+    if (given & 1u) dst->n_gpu_layers = src->n_gpu_layers;
+    if (given & 2u) memcpy(dst->devices, src->devices, sizeof dst->devices);
+    if (given & 4u) dst->split_mode = src->split_mode;
+    if (given & 8u) {
+        memcpy(dst->tensor_split, src->tensor_split, sizeof dst->tensor_split);
+        dst->n_tensor_split = src->n_tensor_split;
+    }
+    if (given & 16u) dst->main_gpu = src->main_gpu;
+    if (given & 32u) dst->kv_offload = src->kv_offload;
+    if (given & 64u) dst->op_offload = src->op_offload;
+}
+
+void ks_cli_offload_aliases(int argc, char **argv) {
+    static char *const from[] = {"-ngl", "-dev", "-sm", "-ts", "-mg", "-nkvo"};
+    static char *const to[] = {"--gpu-layers", "--device", "--split-mode", "--tensor-split", "--main-gpu",
+                               "--no-kv-offload"};
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--")) break;
+        for (size_t k = 0; k < sizeof from / sizeof from[0]; k++)
+            if (!strcmp(argv[i], from[k])) argv[i] = to[k];
+    }
+}
+
+const char *const ks_cli_offload_usage =
+    "  -ngl, --gpu-layers N|auto|all\n"
+    "                            layers on GPUs: auto (default) puts every layer that fits on the\n"
+    "                            GPUs found and none without one; all; or a count up to the\n"
+    "                            model's layers + 1 (the output layer). A GPU turns exact output\n"
+    "                            off (exact: unavailable): -ngl 0 keeps the model on the CPU\n"
+    "  --device LIST|none        GPUs to use, e.g. CUDA0,CUDA1 (default: every GPU found); none:\n"
+    "                            the CPU alone (-dev)\n"
+    "  --split-mode none|layer|row  how layers spread over several GPUs (default layer; -sm)\n"
+    "  --tensor-split A,B,..     share of the offloaded layers per GPU in use, e.g. 3,1 (default:\n"
+    "                            by free memory; -ts)\n"
+    "  --main-gpu N              the GPU of --split-mode none (and row's KV), default 0 (-mg)\n"
+    "  --no-kv-offload           keep the KV cache in host memory (-nkvo)\n"
+    "  --no-op-offload           never run the products of CPU layers on a GPU (exact mode already\n"
+    "                            does not where layers stay on the CPU)\n";

@@ -13,6 +13,8 @@
 
 #include <stdint.h>
 
+#include "base/offload.h"
+
 int ks_cmd_chat(int argc, char **argv);
 int ks_cmd_serve(int argc, char **argv);
 int ks_cmd_mkmodel(int argc, char **argv);
@@ -49,6 +51,32 @@ int ks_cli_parse_log(const char *cmd, const char *s, int *out);
  * means on. *out = 1 on, 0 off, -1 auto (engine.h's KS_FA_*). 0 or KS_EINVAL
  * with the message printed. */
 int ks_cli_parse_flash_attn(const char *cmd, const char *optarg, int argc, char **argv, int *optind, int *out);
+
+/* The offload flags of serve and chat, llama-server's (base/offload.h):
+ *   -ngl, --gpu-layers, --n-gpu-layers N|auto|all   --device LIST|none (-dev)
+ *   --split-mode none|layer|row (-sm)   --tensor-split A,B,.. (-ts)
+ *   --main-gpu N (-mg)   --no-kv-offload (-nkvo)   --no-op-offload
+ * KS_CLI_OFFLOAD_OPTS(first) are their getopt_long entries, with the values
+ * first .. first + 7 for the commands' switch; ks_cli_offload_flag parses
+ * the one with that value (optarg: its value) into *o and sets its bit
+ * (1 << (value - first)) in *given, so that a command can apply only the
+ * flags given over a file's settings. 0, or KS_EINVAL with the message
+ * printed ("CMD: --tensor-split must be ..."). */
+#define KS_CLI_OFFLOAD_N 8
+#define KS_CLI_OFFLOAD_OPTS(first)                                                                         \
+    {"gpu-layers", required_argument, 0, (first)}, {"n-gpu-layers", required_argument, 0, (first)},     \
+    {"device", required_argument, 0, (first) + 1}, {"split-mode", required_argument, 0, (first) + 2},  \
+    {"tensor-split", required_argument, 0, (first) + 3}, {"main-gpu", required_argument, 0, (first) + 4}, \
+    {"no-kv-offload", no_argument, 0, (first) + 5}, {"no-op-offload", no_argument, 0, (first) + 6}
+int ks_cli_offload_flag(const char *cmd, int which, const char *optarg, ks_offload *o, unsigned *given);
+/* Copies the fields of src whose bits are set in given into dst. */
+void ks_cli_offload_apply(const ks_offload *src, unsigned given, ks_offload *dst);
+/* Rewrites llama-server's single-dash spellings -ngl, -dev, -sm, -ts, -mg and
+ * -nkvo in argv[1, argc) to the long names (in place; the strings are
+ * static), so that getopt_long takes them. Call before getopt_long. */
+void ks_cli_offload_aliases(int argc, char **argv);
+/* The usage lines of these flags, for --help. */
+extern const char *const ks_cli_offload_usage;
 
 /* Reads a --chat-template FILE into *out (owned: free()): at most
  * KS_MKMODEL_TMPL_MAX bytes of text without NUL. Returns 0, 1 (cannot open or

@@ -37,7 +37,9 @@ static void usage(FILE *f) {
             "  --flash-attn [on|off|auto]  flash attention (default auto: on where it is exact, with\n"
             "                        setup's patched CPU backend; see kvstash serve --help)\n"
             "  --log LEVEL           debug|info|warn|error|off (default warn)\n"
-            "Reads one message per line. Commands: /clear /stats /system TEXT /quit\n");
+            "%s"
+            "Reads one message per line. Commands: /clear /stats /system TEXT /quit\n",
+            ks_cli_offload_usage);
 }
 
 typedef struct progress {
@@ -74,7 +76,7 @@ int ks_cmd_chat(int argc, char **argv) {
     ks_chat_params cp = ks_chat_params_default();
     ks_gen_params gp = ks_gen_params_default();
     enum { O_SYSTEM = 256, O_NOCACHE, O_MAXTOK, O_TEMP, O_SEED, O_CTX, O_THREADS, O_BATCH, O_TOPK, O_TOPP,
-           O_MINP, O_FA, O_LOG };
+           O_MINP, O_FA, O_LOG, O_OFFLOAD, O_OFFLOAD_END = O_OFFLOAD + KS_CLI_OFFLOAD_N };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},  {"system", required_argument, 0, O_SYSTEM},
         {"no-cache", no_argument, 0, O_NOCACHE}, {"max-tokens", required_argument, 0, O_MAXTOK},
@@ -83,8 +85,13 @@ int ks_cmd_chat(int argc, char **argv) {
         {"batch", required_argument, 0, O_BATCH}, {"top-k", required_argument, 0, O_TOPK},
         {"top-p", required_argument, 0, O_TOPP}, {"min-p", required_argument, 0, O_MINP},
         {"flash-attn", optional_argument, 0, O_FA},   {"log", required_argument, 0, O_LOG},
+        KS_CLI_OFFLOAD_OPTS(O_OFFLOAD),
         {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
     ks_log_set_level(KS_LOG_WARN);
+    ks_offload off;
+    unsigned off_given = 0;
+    ks_offload_defaults(&off);
+    ks_cli_offload_aliases(argc, argv);
     optind = 1;
     int c;
     char *end;
@@ -131,7 +138,13 @@ int ks_cmd_chat(int argc, char **argv) {
             break;
         }
         case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        default:
+            if (c >= O_OFFLOAD && c < O_OFFLOAD_END) {
+                if (ks_cli_offload_flag(CMD, c - O_OFFLOAD, optarg, &off, &off_given)) return 2;
+                break;
+            }
+            usage(stderr);
+            return 2;
         }
     }
     if (optind < argc) {
@@ -143,13 +156,24 @@ int ks_cmd_chat(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
-    char err[512] = "";
+    cp.n_gpu_layers = off.n_gpu_layers;
+    cp.devices = off.devices[0] ? off.devices : NULL;
+    cp.split_mode = off.split_mode;
+    cp.main_gpu = off.main_gpu;
+    cp.tensor_split = off.n_tensor_split ? off.tensor_split : NULL;
+    cp.n_tensor_split = off.n_tensor_split;
+    cp.no_kv_offload = !off.kv_offload;
+    cp.no_op_offload = !off.op_offload;
+    char err[1024] = "";
     ks_chat *chat = NULL;
     int rc = ks_chat_create(&cp, &chat, err, sizeof err);
     if (rc) {
         fprintf(stderr, "kvstash chat: %s\n", err[0] ? err : ks_strerror(rc));
-        return 1;
+        return rc == KS_EINVAL ? 2 : 1; /* a setting that cannot be honoured is a usage error */
     }
+    const char *reason = NULL;
+    const char *mode = ks_chat_exact_mode(chat, &reason);
+    if (reason) fprintf(stderr, "kvstash chat: %s; exact output %s: %s\n", ks_chat_devices(chat), mode, reason);
     bool tty_in = isatty(STDIN_FILENO);
     progress prog = {.tty = isatty(STDERR_FILENO), .shown = false};
     gp.on_text = on_text;

@@ -121,7 +121,10 @@ static void usage(FILE *f) {
             "                            (default 16)\n"
             "  --checkpoint-bytes SIZE   ... within SIZE per slot, e.g. 64M (default 32M)\n"
             "  --config FILE             YAML settings (see docs/SERVER.md); flags override it\n"
-            "  --log LEVEL               debug|info|warn|error|off (default info)\n");
+            "  --log LEVEL               debug|info|warn|error|off (default info)\n"
+            "GPUs (docs/SERVER.md, \"GPUs\"):\n"
+            "%s",
+            ks_cli_offload_usage);
 }
 
 /* The flags as given, applied over the file's values. */
@@ -141,6 +144,8 @@ typedef struct flags {
     int responses_ttl, responses_max; /* -1: not given */
     int ctx_checkpoints, checkpoint_every; /* -1: not given */
     long long checkpoint_bytes;            /* -1: not given */
+    ks_offload offload;                    /* the offload flags, those in offload_given */
+    unsigned offload_given;
 } flags;
 
 static int parse_flags(int argc, char **argv, flags *f) {
@@ -148,7 +153,7 @@ static int parse_flags(int argc, char **argv, flags *f) {
            O_MAXTOK, O_ALIAS, O_TIMEOUT, O_SHUTDOWN, O_FA, O_CONFIG, O_LOG, O_IMC, O_SPC, O_CACHEDIR, O_CACHERAM,
            O_TEMPLATE, O_REASONING, O_CORS, O_RESP_TTL, O_RESP_MAX, O_HDR_TIMEOUT, O_MAXCONN, O_MAXCONN_CLIENT,
            O_CKPT, O_CKPT_EVERY, O_CKPT_BYTES, O_CACHEREDIS, O_TLS_CA, O_TLS_CA_DIR, O_TLS_CERT, O_TLS_KEY,
-           O_TLS_NAME, O_TLS_INSECURE };
+           O_TLS_NAME, O_TLS_INSECURE, O_OFFLOAD, O_OFFLOAD_END = O_OFFLOAD + KS_CLI_OFFLOAD_N };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},          {"host", required_argument, 0, O_HOST},
         {"port", required_argument, 0, O_PORT},        {"slots", required_argument, 0, O_SLOTS},
@@ -177,8 +182,11 @@ static int parse_flags(int argc, char **argv, flags *f) {
         {"ctx-checkpoints", required_argument, 0, O_CKPT}, {"swa-checkpoints", required_argument, 0, O_CKPT},
         {"checkpoint-every", required_argument, 0, O_CKPT_EVERY},
         {"checkpoint-bytes", required_argument, 0, O_CKPT_BYTES},
+        KS_CLI_OFFLOAD_OPTS(O_OFFLOAD),
         {"help", no_argument, 0, 'h'},                 {0, 0, 0, 0}};
     memset(f, 0, sizeof *f);
+    ks_offload_defaults(&f->offload);
+    ks_cli_offload_aliases(argc, argv);
     f->port = f->slots = f->ctx = f->batch = f->threads = f->max_queue = f->max_tokens = f->timeout = -1;
     f->shutdown_ms = 10000;
     f->flash_attn = KS_FA_AUTO;
@@ -322,10 +330,15 @@ static int parse_flags(int argc, char **argv, flags *f) {
             break;
         }
         case 'h': usage(stdout); return -1; /* --help: the caller exits 0 */
+
         case ':':
             fprintf(stderr, CMD ": option '%s' needs a value\n", argv[optind - 1]);
             return 2;
         default:
+            if (c >= O_OFFLOAD && c < O_OFFLOAD_END) {
+                if (ks_cli_offload_flag(CMD, c - O_OFFLOAD, optarg, &f->offload, &f->offload_given)) return 2;
+                break;
+            }
             fprintf(stderr, CMD ": unknown option '%s'\n\n", argv[optind - 1]);
             usage(stderr);
             return 2;
@@ -368,6 +381,7 @@ static int apply_flags(const flags *f, ks_config *c) {
     if (f->max_body >= 0) c->max_body_bytes = f->max_body;
     if (f->no_cache) c->cache_prompt = false;
     if (f->no_exact) c->exact = false;
+    ks_cli_offload_apply(&f->offload, f->offload_given, &c->offload);
     if (f->ctx_checkpoints >= 0) c->ctx_checkpoints = f->ctx_checkpoints;
     if (f->checkpoint_every >= 0) c->checkpoint_every = f->checkpoint_every;
     if (f->checkpoint_bytes >= 0) c->checkpoint_bytes = f->checkpoint_bytes;
@@ -433,7 +447,7 @@ static int open_store(const ks_config *c, const ks_store_cfg *sc, const ks_engin
         fprintf(stderr, CMD ": model fingerprint: %s\n", err[0] ? err : ks_strerror(rc));
         return rc;
     }
-    char kv[256];
+    char kv[1024];
     ks_engine_kv_params(e, kv, sizeof kv);
     sp.kv_params = kv;
     sp.kv_params_len = strlen(kv);
@@ -454,7 +468,8 @@ static int open_engine(const ks_config *c, int flash_attn, ks_engine **e) {
     ep.n_threads = c->threads;
     ep.flash_attn = flash_attn;
     ep.exact = c->exact;
-    char err[512] = "";
+    ep.offload = c->offload;
+    char err[1024] = "";
     int rc = ks_engine_open(&ep, e, err, sizeof err);
     if (rc) fprintf(stderr, CMD ": %s\n", err[0] ? err : ks_strerror(rc));
     /* A silently smaller context turns a client's long prompt into a refusal
@@ -516,7 +531,12 @@ int ks_cmd_serve(int argc, char **argv) {
     ks_store *store = NULL;
     ks_metrics *metrics = NULL;
     int exit_code = 1;
-    if (open_engine(&cfg, f.flash_attn, &e)) goto done;
+    /* A setting the engine refuses (a device, the layers, the split) is a
+     * usage error, found before anything is served: exit 2. */
+    if ((rc = open_engine(&cfg, f.flash_attn, &e))) {
+        if (rc == KS_EINVAL) exit_code = 2;
+        goto done;
+    }
     {
         ks_config by_name = cfg;
         /* Resolve from the top-level slots again: the file-name entry applied
@@ -530,7 +550,10 @@ int ks_cmd_serve(int argc, char **argv) {
             ks_engine_free(e);
             e = NULL;
             cfg.slots = by_name.slots;
-            if (open_engine(&cfg, f.flash_attn, &e)) goto done;
+            if ((rc = open_engine(&cfg, f.flash_attn, &e))) {
+                if (rc == KS_EINVAL) exit_code = 2;
+                goto done;
+            }
         }
     }
 
@@ -607,7 +630,7 @@ int ks_cmd_serve(int argc, char **argv) {
     hp.cors_origins = cors;
     hp.n_cors_origins = cfg.n_cors_origins;
     /* The SPC key must change with whatever changes a system prompt's KV. */
-    char model_id[512], kv[256];
+    char model_id[KS_MAX_PATH + 1024], kv[1024];
     ks_engine_kv_params(e, kv, sizeof kv);
     snprintf(model_id, sizeof model_id, "%s|%s", ks_engine_model_path(e), kv);
     hp.model_id = model_id;
@@ -628,9 +651,13 @@ int ks_cmd_serve(int argc, char **argv) {
         goto done;
     }
     bool v6 = strchr(cfg.host, ':') != NULL;
-    fprintf(stderr, "kvstash: listening on http://%s%s%s:%d (model %s, %d slots, ctx %d, exact: %s)\n",
+    char where[512], why[320] = "";
+    ks_engine_offload_desc(e, where, sizeof where);
+    const char *reason = ks_engine_exact_reason(e, cfg.exact);
+    if (reason) snprintf(why, sizeof why, " (%s)", reason);
+    fprintf(stderr, "kvstash: listening on http://%s%s%s:%d (model %s, %d slots, ctx %d, %s, exact: %s%s)\n",
             v6 ? "[" : "", cfg.host, v6 ? "]" : "", ks_server_port(srv), f.alias ? f.alias : ks_engine_model_name(e),
-            cfg.slots, ks_engine_n_ctx_seq(e), ks_engine_exact_mode(e, cfg.exact));
+            cfg.slots, ks_engine_n_ctx_seq(e), where, ks_engine_exact_mode(e, cfg.exact), why);
     fprintf(stderr, "kvstash: port=%d\n", ks_server_port(srv));
     char store_desc[KS_MAX_PATH + 32] = "off";
     if (store && store_mode == KS_STORE_RAM_ONLY)
@@ -646,6 +673,9 @@ int ks_cmd_serve(int argc, char **argv) {
     }
     KS_INFO("serve", "cache: prompt %s, imc %s, spc %s, store %s", cfg.cache_prompt ? "on" : "off",
             sp.imc ? "on" : "off", spc ? "on" : "off", store_desc);
+    if (ks_engine_offload_info(e)->n_devices > 0 && reason)
+        KS_WARN("serve", "exact output is unavailable on %s: a cached reply may differ from an uncached one in "
+                         "the last bits (-ngl 0 keeps the model on the CPU, where it is exact)", where);
     if (cfg.api_key[0] == '\0' && strcmp(cfg.host, "127.0.0.1") && strcmp(cfg.host, "localhost") &&
         strcmp(cfg.host, "::1"))
         KS_WARN("serve", "listening on %s without --api-key: anyone who can reach it can use it", cfg.host);

@@ -24,6 +24,7 @@
  */
 #include <ctype.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -50,7 +51,14 @@ struct ks_chat {
     int cap_hist;
     float *logits;
     bool have_logits;
+    char devices[512];   /* ks_engine_offload_desc */
 };
+
+/* The public constants are base/offload.h's values. */
+_Static_assert((int)KS_GPU_LAYERS_AUTO == (int)KS_NGL_AUTO && (int)KS_GPU_LAYERS_ALL == (int)KS_NGL_ALL,
+               "kvstash.h = offload.h");
+_Static_assert((int)KS_SPLIT_MODE_NONE == (int)KS_SPLIT_NONE && (int)KS_SPLIT_MODE_LAYER == (int)KS_SPLIT_LAYER &&
+               (int)KS_SPLIT_MODE_ROW == (int)KS_SPLIT_ROW, "kvstash.h = offload.h");
 
 ks_sample_params ks_sample_params_default(void) {
     ks_sample_params sp = {0};
@@ -68,6 +76,8 @@ ks_chat_params ks_chat_params_default(void) {
     p.n_batch = 512;
     p.cache = true;
     p.exact = true;
+    p.n_gpu_layers = KS_GPU_LAYERS_AUTO;
+    p.split_mode = KS_SPLIT_MODE_LAYER;
     return p;
 }
 
@@ -91,7 +101,29 @@ int ks_chat_create(const ks_chat_params *p, ks_chat **out, char *err, size_t err
     ep.n_seq = 1;
     ep.flash_attn = p->flash_attn == KS_FLASH_ATTN_ON ? KS_FA_ON : p->flash_attn == KS_FLASH_ATTN_OFF ? KS_FA_OFF : KS_FA_AUTO;
     ep.exact = p->exact;
-    int rc = ks_engine_open(&ep, &c->e, err, errlen);
+    ep.offload.n_gpu_layers = p->n_gpu_layers;
+    ep.offload.split_mode = p->split_mode;
+    ep.offload.main_gpu = p->main_gpu;
+    ep.offload.kv_offload = !p->no_kv_offload;
+    ep.offload.op_offload = !p->no_op_offload;
+    int rc = 0;
+    if (p->devices) {
+        char why[256];
+        if (ks_offload_check_devices(p->devices, why, sizeof why)) {
+            ks_set_err(err, errlen, "devices %s", why);
+            rc = KS_EINVAL;
+            goto fail;
+        }
+        snprintf(ep.offload.devices, sizeof ep.offload.devices, "%s", p->devices);
+    }
+    if (p->n_tensor_split < 0 || p->n_tensor_split > KS_OFFLOAD_DEVICES_MAX || (p->n_tensor_split && !p->tensor_split)) {
+        ks_set_err(err, errlen, "a tensor split has 1..%d proportions", KS_OFFLOAD_DEVICES_MAX);
+        rc = KS_EINVAL;
+        goto fail;
+    }
+    for (int i = 0; i < p->n_tensor_split; i++) ep.offload.tensor_split[i] = p->tensor_split[i];
+    ep.offload.n_tensor_split = p->n_tensor_split;
+    rc = ks_engine_open(&ep, &c->e, err, errlen);
     if (rc) goto fail;
     ks_sched_params sp = ks_sched_params_default();
     sp.engine = c->e;
@@ -105,6 +137,9 @@ int ks_chat_create(const ks_chat_params *p, ks_chat **out, char *err, size_t err
     }
     c->logits = malloc(sizeof(float) * (size_t)ks_engine_n_vocab(c->e));
     c->p.system = NULL; /* owned copy lives in c->system */
+    c->p.devices = NULL; /* borrowed for create only */
+    c->p.tensor_split = NULL;
+    ks_engine_offload_desc(c->e, c->devices, sizeof c->devices);
     if (!c->logits || (p->system && p->system[0] && !(c->system = strdup(p->system)))) {
         ks_set_err(err, errlen, "out of memory");
         rc = KS_ENOMEM;
@@ -410,4 +445,11 @@ out:
     free(roles);
     free(v.m);
     return rc;
+}
+
+const char *ks_chat_devices(const ks_chat *c) { return c->devices; }
+
+const char *ks_chat_exact_mode(const ks_chat *c, const char **reason) {
+    if (reason) *reason = ks_engine_exact_reason(c->e, c->p.exact);
+    return ks_engine_exact_mode(c->e, c->p.exact);
 }
