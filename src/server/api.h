@@ -232,7 +232,11 @@ typedef struct ks_api_props {
     const char *llama_version;
     bool cache_prompt;
     bool exact;
-    const char *exact_mode;    /* how exactness is kept: "batch-invariant", "pairs", "off"; NULL: not shown */
+    const char *exact_mode;    /* how exactness is kept: "batch-invariant", "pairs", "off", "unavailable";
+                                  NULL: not shown */
+    const char *exact_reason;  /* why "unavailable" (ks_engine_exact_reason); NULL: not shown */
+    const ks_engine_offload *offload; /* where the model runs; NULL: not shown */
+    const char *gpu_backends;  /* ks_engine_gpu_backends(), comma-separated; NULL: not shown */
     bool flash_attn;           /* flash attention in effect (after --flash-attn auto) */
     const char *cpu_backend;   /* ks_engine_cpu_backend(); NULL: not shown */
     const char *store;         /* "off", "ram-only", "full"; NULL: not shown */

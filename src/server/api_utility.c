@@ -143,6 +143,40 @@ static double setting(float x) {
     return strtod(b, NULL);
 }
 
+/* ["a", "b"] from "a,b" ([] from ""); NULL on ENOMEM. */
+static json_t *csv_array(const char *csv) {
+    json_t *a = json_array();
+    for (const char *q = csv; a && *q;) {
+        size_t n = strcspn(q, ",");
+        if (json_array_append_new(a, json_stringn(q, n))) {
+            json_decref(a);
+            return NULL;
+        }
+        q += n + (q[n] == ',');
+    }
+    return a;
+}
+
+/* kvstash.offload of /props: the devices in use, the layers each holds,
+ * where the KV lives, the offload settings in force. NULL on ENOMEM. */
+static json_t *offload_json(const ks_engine_offload *o) {
+    json_t *devs = json_array();
+    for (int i = 0; devs && i < o->n_devices; i++) {
+        const ks_engine_device *d = &o->dev[i];
+        json_t *j = json_pack("{s:s, s:s, s:i, s:b, s:I, s:I}", "name", d->name, "description", d->desc, "layers",
+                              d->n_layers, "kv", d->kv, "memory_free", (json_int_t)d->mem_free, "memory_total",
+                              (json_int_t)d->mem_total);
+        if (!j || json_array_append_new(devs, j)) {
+            json_decref(devs);
+            devs = NULL;
+        }
+    }
+    if (!devs) return NULL;
+    return json_pack("{s:o, s:i, s:i, s:s, s:b, s:b, s:s, s:i}", "devices", devs, "gpu_layers", o->n_gpu_layers,
+                     "layers", o->n_layers, "kv", o->kv, "kv_offload", o->kv_offload, "op_offload", o->op_offload,
+                     "split_mode", ks_offload_split_mode_name(o->split_mode), "main_gpu", o->main_gpu);
+}
+
 json_t *ks_api_props_json(const ks_api_props *p) {
     ks_sample_params sp = ks_api_sample_defaults();
     char build[96];
@@ -158,6 +192,18 @@ json_t *ks_api_props_json(const ks_api_props *p) {
     json_t *ks = json_pack("{s:s, s:b, s:b, s:b}", "version", ks_version(), "cache_prompt", p->cache_prompt,
                            "exact", p->exact, "flash_attn", p->flash_attn);
     if (ks && p->exact_mode && json_object_set_new(ks, "exact_mode", json_string(p->exact_mode))) {
+        json_decref(ks);
+        ks = NULL;
+    }
+    if (ks && p->exact_reason && json_object_set_new(ks, "exact_reason", json_string(p->exact_reason))) {
+        json_decref(ks);
+        ks = NULL;
+    }
+    if (ks && p->offload && json_object_set_new(ks, "offload", offload_json(p->offload))) {
+        json_decref(ks);
+        ks = NULL;
+    }
+    if (ks && p->gpu_backends && json_object_set_new(ks, "gpu_backends", csv_array(p->gpu_backends))) {
         json_decref(ks);
         ks = NULL;
     }
