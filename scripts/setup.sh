@@ -10,6 +10,9 @@
 #                             llama.cpp git bundle of the same release
 #   3. llama.cpp's common library (chat templates, tool calls, JSON schema →
 #      grammar), built from the same release's source: scripts/setup_common.sh.
+#   4. ggml's CPU backend with kvstash's batch-invariant patch: setup_cpu.sh.
+#   5. GPU backends (CUDA, Vulkan) as KS_GPU asks (default auto: CUDA only
+#      where nvcc and an NVIDIA GPU are both present): setup_gpu.sh.
 #   Nothing third-party is committed; $DEPS lives in the build tree (git-ignored).
 #
 # Usage: scripts/setup.sh [DEPS_DIR]   (default: build/deps)
@@ -115,3 +118,7 @@ pinned_source() {
 # --- 4. ggml's CPU backend with the batch-invariant patch, from source -----
 # shellcheck source=scripts/setup_cpu.sh
 . "$top/scripts/setup_cpu.sh"
+
+# --- 5. GPU backends ---------------------------------------------------------
+# shellcheck source=scripts/setup_gpu.sh
+. "$top/scripts/setup_gpu.sh"

@@ -21,6 +21,7 @@
 # variants), against the prebuilt libggml-base.so (same source, same ABI). The
 # name does not match ggml's "libggml-cpu-*.so" search pattern, so the prebuilt
 # loader never picks it up by accident. Takes about a minute on two cores.
+# KS_CPU_VARIANT builds the module for other CPUs too, for packaging (below).
 # Idempotent: with the stamp present it does nothing and prints nothing.
 
 CPU_PATCH=$top/scripts/patches/ggml-cpu-batch-invariant.patch
@@ -79,12 +80,14 @@ cpu_variant() { # prints "name:FEATURES" of the best variant this CPU runs
     done <<<"$CPU_VARIANTS"
 }
 
-if [ ! -f "$CPU_STAMP" ] && [ "$(uname -m)" = x86_64 ]; then
-    t0=$(date +%s)
-    variant=$(cpu_variant)
+# cpu_build VARIANT_LINE DEST_DIR: builds the patched module for the variant
+# ("name:FEATURES" of CPU_VARIANTS) as DEST_DIR/libks-ggml-cpu.so with its .id.
+cpu_build() {
+    local variant=$1 dest=$2 vname t0 tmp opts="" f log mod
     vname=${variant%%:*}
+    t0=$(date +%s)
     say "building ggml's CPU backend ($vname) with the batch-invariant patch (about a minute)"
-    tmp=$DEPS/ggml-cpu.tmp
+    tmp=$DEPS/ggml-cpu-$vname.tmp
     rm -rf "$tmp"
     pinned_source "$tmp/src" ggml
     if ! (cd "$tmp/src" && patch -s -p1 <"$CPU_PATCH"); then
@@ -95,7 +98,7 @@ if [ ! -f "$CPU_STAMP" ] && [ "$(uname -m)" = x86_64 ]; then
     # Only the standalone build's pkg-config template is missing from
     # llama.cpp's copy of ggml; nothing here is installed, so an empty one does.
     : >"$tmp/src/ggml/ggml.pc.in"
-    opts=""
+    local feats
     IFS=, read -r -a feats <<<"${variant#*:}"
     for f in "${feats[@]}"; do [ -n "$f" ] && opts="$opts -DGGML_$f=ON"; done
     log=$tmp/build.log
@@ -114,12 +117,33 @@ if [ ! -f "$CPU_STAMP" ] && [ "$(uname -m)" = x86_64 ]; then
     fi
     mod=$(find "$tmp/build" -name libggml-cpu.so | head -n 1)
     [ -n "$mod" ] || { say "the CPU backend build produced no libggml-cpu.so (log: $log)"; exit 1; }
-    cp "$mod" "$LLAMA/lib/libks-ggml-cpu.so.tmp" && mv "$LLAMA/lib/libks-ggml-cpu.so.tmp" "$LLAMA/lib/libks-ggml-cpu.so"
+    mkdir -p "$dest"
+    cp "$mod" "$dest/libks-ggml-cpu.so.tmp" && mv "$dest/libks-ggml-cpu.so.tmp" "$dest/libks-ggml-cpu.so"
     # what the engine reports and puts in its cache keys: another build of the
     # kernels may compute other bits, so its states must not be restored here
-    echo "kvstash-ggml-cpu-r$CPU_REV-$vname" >"$LLAMA/lib/libks-ggml-cpu.id"
-    rm -f "$LLAMA/lib/libks-ggml-cpu.variant"
+    echo "kvstash-ggml-cpu-r$CPU_REV-$vname" >"$dest/libks-ggml-cpu.id"
+    rm -f "$dest/libks-ggml-cpu.variant"
     rm -rf "$tmp"
+    say "batch-invariant CPU backend ($vname) ready in $dest ($(($(date +%s) - t0)) s)"
+}
+
+if [ ! -f "$CPU_STAMP" ] && [ "$(uname -m)" = x86_64 ]; then
+    cpu_build "$(cpu_variant)" "$LLAMA/lib"
     touch "$CPU_STAMP"
-    say "batch-invariant CPU backend ($vname) ready in $LLAMA/lib ($(($(date +%s) - t0)) s)"
+fi
+
+# KS_CPU_VARIANT=NAME[,NAME...] (e.g. cooperlake,haswell): the module built
+# for those variants too, each in $DEPS/cpu-variants/NAME/, for carrying to
+# another machine (bench/gpu/package.sh); the engine never loads them from
+# there. The machine's own module above is not touched.
+if [ -n "${KS_CPU_VARIANT:-}" ] && [ "$(uname -m)" = x86_64 ]; then
+    for want in ${KS_CPU_VARIANT//,/ }; do
+        line=$(grep "^$want:" <<<"$CPU_VARIANTS" || true)
+        [ -n "$line" ] || { say "KS_CPU_VARIANT: unknown variant '$want' (one of: $(cut -d: -f1 <<<"$CPU_VARIANTS" | tr '\n' ' '))"; exit 1; }
+        [ "$want" = x64 ] && line="x64:"
+        vdir=$DEPS/cpu-variants/$want
+        [ -f "$vdir/.ok-r$CPU_REV" ] && continue
+        cpu_build "$line" "$vdir"
+        touch "$vdir/.ok-r$CPU_REV"
+    done
 fi
