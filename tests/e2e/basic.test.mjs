@@ -11,7 +11,7 @@ const msgs = [{ role: 'system', content: 'You are terse.' }, { role: 'user', con
 
 test('listening line names the model, slots, ctx and how exactness is kept', () => {
   // setup builds the batch-invariant CPU backend, so exactness costs nothing
-  assert.match(srv.stderr, /kvstash: listening on http:\/\/127\.0\.0\.1:\d+ \(model .+, 2 slots, ctx 512, exact: batch-invariant\)/);
+  assert.match(srv.stderr, /kvstash: listening on http:\/\/127\.0\.0\.1:\d+ \(model .+, 2 slots, ctx 512, CPU, exact: batch-invariant\)/);
 });
 
 test('GET /health', async () => {

@@ -81,7 +81,7 @@ test('the model id can be renamed with --alias', async () => {
   try {
     const m = await getJSON(srv, '/v1/models');
     assert.equal(m.json.data[0].id, 'my-model');
-    assert.match(srv.stderr, /\(model my-model, 2 slots, ctx 512, exact: batch-invariant\)/);
+    assert.match(srv.stderr, /\(model my-model, 2 slots, ctx 512, CPU, exact: batch-invariant\)/);
   } finally {
     await stopOk(srv);
   }

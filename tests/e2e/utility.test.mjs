@@ -107,6 +107,11 @@ test('GET /props', async () => {
   assert.equal(p.kvstash.cache_prompt, true);
   assert.equal(p.kvstash.exact, true);
   assert.equal(p.kvstash.exact_mode, 'batch-invariant');
+  assert.equal(p.kvstash.exact_reason, undefined);
+  // On the CPU alone (the tests load no GPU module): no device, every layer on the CPU.
+  assert.deepEqual(p.kvstash.offload, { devices: [], gpu_layers: 0, layers: 3, kv: 'CPU', kv_offload: true,
+    op_offload: false, split_mode: 'layer', main_gpu: 0 });
+  assert.deepEqual(p.kvstash.gpu_backends, []);
   assert.equal(p.kvstash.flash_attn, true); // --flash-attn auto, on the patched backend
   assert.match(p.kvstash.cpu_backend, /^kvstash-ggml-cpu-r\d+-/);
   assert.equal(p.kvstash.store, 'ram-only');

@@ -1,0 +1,242 @@
+// vulkan.test.mjs — every cache path over device memory, in CI without a GPU:
+// `kvstash serve` with all layers and the KV on a Vulkan device (setup's
+// Vulkan module, build/deps/vulkan/, on Mesa's software device llvmpipe;
+// docs/ARCHITECTURE.md "Devices"). Same-slot reuse, slot copies (n > 1), the
+// system prompt cache, saves and restores through the ram, shm and disk
+// tiers, and a restart from the store, each checked by its cached-token
+// counts and cache modes. Vulkan's kernels are not batch-invariant, so the
+// server says exact mode is unavailable and replies are not compared with
+// uncached ones there; where exact mode is claimed (the Vulkan module loaded
+// but the model on the CPU, -ngl 0) they are. /props and the listening line
+// say where the model runs; exact mode keeps op offload off when layers stay
+// on the CPU.
+//
+// Without the Vulkan module (setup with KS_GPU=none) or Vulkan's loader and
+// Mesa's drivers, the test prints "SKIP: ..." and CTest counts it as skipped.
+// Mesa's shader cache lives in build/mesa-shader-cache (MESA_SHADER_CACHE_DIR,
+// set by CMake): cold, the first server takes ~20 s more.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { existsSync, mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import {
+  startServer, stopOk, chat, getJSON, postJSON, metrics, writeConfig, writeStoreConfig, settleStore, replyOf,
+  assertSameReply, mdelta,
+} from './lib.mjs';
+
+const MODULE = process.env.KS_VULKAN_MODULE;
+const LIBVULKAN = ['/usr/lib/x86_64-linux-gnu/libvulkan.so.1', '/usr/lib/aarch64-linux-gnu/libvulkan.so.1',
+  '/usr/lib64/libvulkan.so.1'].find((f) => existsSync(f));
+const LAVAPIPE = ['/usr/share/vulkan/icd.d', '/etc/vulkan/icd.d'].some((d) =>
+  existsSync(path.join(d, 'lvp_icd.x86_64.json')) || existsSync(path.join(d, 'lvp_icd.aarch64.json')));
+const SKIP = !MODULE || !existsSync(MODULE)
+  ? `SKIP: no Vulkan module (${MODULE || 'KS_VULKAN_MODULE unset'}; scripts/setup.sh installs it unless KS_GPU=none)`
+  : !LIBVULKAN || !LAVAPIPE
+    ? 'SKIP: no Vulkan loader or no Mesa lavapipe (apt-get install libvulkan1 mesa-vulkan-drivers; setup does)'
+    : false;
+if (SKIP) console.log(SKIP);
+
+// The module, and llvmpipe (a CPU-type device ggml-vulkan uses only when named).
+const VK_ENV = { KS_GPU_MODULES: MODULE ?? '', GGML_VK_VISIBLE_DEVICES: '0' };
+const ALL = ['-ngl', 'all', '--ctx', '1024'];
+const vk = (args, opts = {}) => startServer(args, { timeoutMs: 180000, ...opts, env: { ...VK_ENV, ...(opts.env ?? {}) } });
+
+let root;
+before(() => { root = mkdtempSync(path.join(tmpdir(), 'kvstash-e2e-vk-')); });
+after(() => { if (root) rmSync(root, { recursive: true, force: true }); });
+
+const sys = (topic, n = 4) => ({
+  role: 'system',
+  content: `${topic}: you are a careful assistant who answers briefly and checks every fact twice. `.repeat(n),
+});
+const cached = (r) => r.usage.prompt_tokens_details.cached_tokens;
+
+test('all layers and the KV on Vulkan0: /props, the listening line, same-slot reuse, n=2 slot copies', { skip: SKIP, timeout: 600000 }, async () => {
+  const srv = await vk([...ALL, '--slots', '2']);
+  try {
+    assert.match(srv.stderr, /kvstash: listening on .*\(model .+, 2 slots, ctx 1024, 3\/3 layers on Vulkan0, KV on Vulkan0, exact: unavailable \(Vulkan0 kernels are not batch-invariant/);
+    assert.match(srv.stderr, / W serve +exact output is unavailable on 3\/3 layers on Vulkan0/);
+    const p = (await getJSON(srv, '/props')).json.kvstash;
+    assert.equal(p.exact, true);
+    assert.equal(p.exact_mode, 'unavailable');
+    assert.match(p.exact_reason, /^Vulkan0 kernels are not batch-invariant/);
+    assert.equal(p.flash_attn, true, 'auto: on with a GPU in use');
+    assert.deepEqual(p.gpu_backends, ['node-llama-cpp-3.22.1-vulkan']);
+    const o = p.offload;
+    assert.equal(o.layers, 3, 'tiny: 2 layers and the output layer');
+    assert.equal(o.gpu_layers, 3);
+    assert.equal(o.kv, 'Vulkan0');
+    assert.equal(o.kv_offload, true);
+    assert.equal(o.split_mode, 'layer');
+    assert.equal(o.devices.length, 1);
+    assert.equal(o.devices[0].name, 'Vulkan0');
+    assert.match(o.devices[0].description, /llvmpipe/);
+    assert.equal(o.devices[0].layers, 3);
+    assert.equal(o.devices[0].kv, true);
+
+    // Same slot: each turn reuses the previous prompt and reply.
+    const msgs = [sys('Rivers'), { role: 'user', content: 'What is a river delta?' }];
+    const t1 = await chat(srv, msgs, { max_tokens: 12 });
+    assert.equal(t1.cache.mode, 'miss');
+    msgs.push({ role: 'assistant', content: replyOf(t1) }, { role: 'user', content: 'And an estuary?' });
+    const t2 = await chat(srv, msgs, { max_tokens: 12 });
+    assert.equal(t2.cache.slot, t1.cache.slot);
+    assert.ok(cached(t2) >= t1.usage.prompt_tokens, `turn 2 cached ${cached(t2)} < turn 1's prompt ${t1.usage.prompt_tokens}`);
+    assert.equal(t2.timings.prompt_n, t2.usage.prompt_tokens - cached(t2));
+
+    // n = 2: the second choice copies the first one's prompt from its slot
+    // (state get on the device, set into the other slot).
+    const m0 = await metrics(srv);
+    const r = await postJSON(srv, '/v1/chat/completions', {
+      messages: [sys('Gardens'), { role: 'user', content: 'Name a flower.' }], n: 2, max_tokens: 8, temperature: 0,
+    });
+    assert.equal(r.status, 200, r.text);
+    assert.equal(r.json.choices.length, 2);
+    const m1 = await metrics(srv);
+    const copied = mdelta(m0, m1, 'kvstash_slot_copied_tokens_total');
+    assert.ok(copied >= r.json.usage.prompt_tokens / 2 - 1, `copied ${copied} tokens of a ${r.json.usage.prompt_tokens / 2}-token prompt`);
+    assert.equal(mdelta(m0, m1, 'kvstash_cache_decisions_total{decision="copy"}'), 1);
+  } finally {
+    await stopOk(srv);
+  }
+});
+
+test('SPC on Vulkan0: the system prompt is decoded once and restored into the other slot', { skip: SKIP, timeout: 600000 }, async () => {
+  const cfg = writeConfig('affinity_min: 0.99\nmodels:\n  default:\n    cache_min_tokens: 16\n');
+  const srv = await vk([...ALL, '--slots', '2', '--spc', '--config', cfg]);
+  try {
+    const s = sys('Shop', 3);
+    const r1 = await chat(srv, [s, { role: 'user', content: 'how do I plant tulips' }], { max_tokens: 8 });
+    const r2 = await chat(srv, [s, { role: 'user', content: 'which soil for roses' }], { max_tokens: 8 });
+    assert.equal(r1.cache.mode, 'miss');
+    assert.equal(r2.cache.mode, 'spc', JSON.stringify(r2.cache));
+    assert.notEqual(r2.cache.slot, r1.cache.slot);
+    assert.ok(cached(r2) > 16, `SPC restored ${cached(r2)} tokens`);
+    const m = await metrics(srv);
+    assert.equal(m.get('kvstash_spc_builds_total'), 1);
+    assert.equal(m.get('kvstash_sys_prompt_prefills_total'), 1);
+  } finally {
+    await stopOk(srv);
+  }
+});
+
+// A turn of A, of B (which takes A's one slot over), and A's next turn: A's
+// first turn comes back from the store.
+async function takeover(srv, settle = true) {
+  const a = [sys('Astronomy'), { role: 'user', content: 'What is a comet?' }];
+  const a1 = await chat(srv, a, { max_tokens: 8 });
+  if (settle) await settleStore(srv);
+  const b = [sys('Gardening'), { role: 'user', content: 'When do I plant tulips?' }];
+  const b1 = await chat(srv, b, { max_tokens: 8 });
+  if (settle) await settleStore(srv);
+  a.push({ role: 'assistant', content: replyOf(a1) }, { role: 'user', content: 'And what is a meteor?' });
+  const a2 = await chat(srv, a, { max_tokens: 8 });
+  assert.equal(b1.cache.slot, a1.cache.slot, 'premise: one slot, B took it over');
+  assert.ok(cached(b1) < 32, `premise: B shares only the header with A (${JSON.stringify(b1.cache)})`);
+  return { a, a1, a2 };
+}
+
+test('store tiers on Vulkan0: ram, shm, disk, and disk after a restart', { skip: SKIP, timeout: 600000 }, async () => {
+  // ram: the default RAM-only store
+  const ram = await vk([...ALL, '--slots', '1', '--config', writeConfig('store:\n  enabled: false\n  min_tokens: 16\n  stride: 16\n')]);
+  try {
+    const { a1, a2 } = await takeover(ram);
+    assert.equal(a2.cache.mode, 'store', JSON.stringify(a2.cache));
+    assert.equal(a2.cache.tier, 'ram');
+    assert.ok(cached(a2) >= a1.usage.prompt_tokens, `ram: cached ${cached(a2)} < ${a1.usage.prompt_tokens}`);
+  } finally {
+    await stopOk(ram);
+  }
+
+  // shm: the full store without a ram tier, finish saves to shm
+  const dirs = { cacheDir: path.join(root, 'disk'), shmDir: path.join(root, 'shm') };
+  const shmCfg = await writeStoreConfig(path.join(root, 'shm.yaml'), {
+    ...dirs, stride: 16, minTokens: 16, tiers: { ram: 0 }, reasons: { cold: 'none', continued: 'none', finish: 'shm' },
+  });
+  const shm = await vk([...ALL, '--slots', '1', '--config', shmCfg]);
+  try {
+    const { a1, a2 } = await takeover(shm);
+    assert.equal(a2.cache.mode, 'store', JSON.stringify(a2.cache));
+    assert.equal(a2.cache.tier, 'shm');
+    assert.ok(cached(a2) >= a1.usage.prompt_tokens - 16, `shm: cached ${cached(a2)} vs ${a1.usage.prompt_tokens}`);
+  } finally {
+    await stopOk(shm);
+  }
+
+  // disk: neither ram nor shm, finish saves to disk; then a new process
+  // continues the conversation from the disk tier
+  const diskDirs = { cacheDir: path.join(root, 'disk2'), shmDir: path.join(root, 'shm2') };
+  const diskCfg = await writeStoreConfig(path.join(root, 'disk.yaml'), {
+    ...diskDirs, stride: 16, minTokens: 16, tiers: { ram: 0, shm: 0 },
+    reasons: { cold: 'none', continued: 'none', finish: 'disk' },
+  });
+  let conv;
+  const a = await vk([...ALL, '--slots', '1', '--config', diskCfg]);
+  try {
+    const { a: msgs, a1, a2 } = await takeover(a);
+    assert.equal(a2.cache.mode, 'store', JSON.stringify(a2.cache));
+    assert.equal(a2.cache.tier, 'disk');
+    assert.ok(cached(a2) >= a1.usage.prompt_tokens - 16, `disk: cached ${cached(a2)} vs ${a1.usage.prompt_tokens}`);
+    msgs.push({ role: 'assistant', content: replyOf(a2) });
+    conv = { msgs, prompt: a2.usage.prompt_tokens };
+    await settleStore(a);
+  } finally {
+    await stopOk(a);
+  }
+  const b = await vk([...ALL, '--slots', '1', '--config', diskCfg]);
+  try {
+    conv.msgs.push({ role: 'user', content: 'Thanks, bye.' });
+    const r = await chat(b, conv.msgs, { max_tokens: 8 });
+    assert.equal(r.cache.mode, 'store', JSON.stringify(r.cache));
+    assert.equal(r.cache.tier, 'disk');
+    assert.ok(cached(r) >= conv.prompt - 16, `restart: cached ${cached(r)} < ${conv.prompt} - a stride`);
+    const m = await metrics(b);
+    assert.equal(m.get('kvstash_store_corrupt_files_total'), 0);
+  } finally {
+    await stopOk(b);
+  }
+});
+
+test('layers on the CPU beside a Vulkan device: op offload off in exact mode; -ngl 0 is exact and replies equal cache_prompt:false', { skip: SKIP, timeout: 600000 }, async () => {
+  // -ngl 1: the output layer on Vulkan0, both blocks on the CPU
+  const part = await vk(['-ngl', '1', '--ctx', '1024', '--slots', '1']);
+  try {
+    const p = (await getJSON(part, '/props')).json.kvstash;
+    assert.equal(p.offload.gpu_layers, 1);
+    assert.equal(p.offload.kv, 'CPU', 'the KV of CPU layers stays on the CPU');
+    assert.equal(p.offload.op_offload, false, 'exact mode: no CPU layer prefills on the GPU');
+    assert.equal(p.exact_mode, 'unavailable');
+    assert.match(part.stderr, /1\/3 layers on Vulkan0 \(2 on the CPU\), KV on CPU, exact: unavailable/);
+  } finally {
+    await stopOk(part);
+  }
+  // --no-exact -ngl 0: llama.cpp's op offload sends big prefills to the device
+  const op = await vk(['-ngl', '0', '--no-exact', '--ctx', '1024', '--slots', '1']);
+  try {
+    const p = (await getJSON(op, '/props')).json.kvstash;
+    assert.equal(p.offload.gpu_layers, 0);
+    assert.equal(p.offload.op_offload, true);
+    assert.equal(p.exact_mode, 'off');
+    assert.match(op.stderr, /0\/3 layers on the GPU, op offload to Vulkan0, exact: off\)/);
+  } finally {
+    await stopOk(op);
+  }
+  // -ngl 0 in exact mode: the CPU alone, exact; a cached turn equals an uncached one
+  const cpu = await vk(['-ngl', '0', '--ctx', '1024', '--slots', '1']);
+  try {
+    const p = (await getJSON(cpu, '/props')).json.kvstash;
+    assert.equal(p.offload.devices.length, 0);
+    assert.equal(p.exact_mode, 'batch-invariant');
+    assert.equal(p.exact_reason, undefined);
+    assert.match(cpu.stderr, /ctx 1024, CPU, exact: batch-invariant\)/);
+    const msgs = [sys('Rivers'), { role: 'user', content: 'What is a river delta?' }];
+    const t1 = await chat(cpu, msgs, { max_tokens: 12 });
+    msgs.push({ role: 'assistant', content: replyOf(t1) }, { role: 'user', content: 'And an estuary?' });
+    const t2 = await chat(cpu, msgs, { max_tokens: 12 });
+    assert.ok(cached(t2) > 0);
+    assertSameReply(t2, await chat(cpu, msgs, { max_tokens: 12, cache_prompt: false }), 'turn 2');
+  } finally {
+    await stopOk(cpu);
+  }
+});
