@@ -46,6 +46,13 @@ static const preset k_presets[] = {
     {.name = "bench-q4k", .n_embd = 1024, .n_layer = 24, .n_head = 16, .n_head_kv = 2, .n_ff = 4864,
      .n_ctx_train = 32768, .n_vocab_max = 32000, .rich_vocab = true, .pad_vocab = true,
      .wtype = GGML_TYPE_Q4_K, .ftype = FTYPE_Q4_K_M},
+    /* an 8B shape (Llama 3 8B's layers: n_embd 4096, 32 layers, 32 heads, 8 KV heads, ffn
+     * 14336) in Q4_K, for GPU benchmarks: the block weights are random Q4_K blocks
+     * written directly (mkmodel.h note 8), token_embd and output Q8_0 as generated
+     * (readable output, note 4); ~4.3 GB, written in seconds */
+    {.name = "bench-8b-q4k", .n_embd = 4096, .n_layer = 32, .n_head = 32, .n_head_kv = 8, .n_ff = 14336,
+     .n_ctx_train = 32768, .n_vocab_max = 32000, .rich_vocab = true, .pad_vocab = true,
+     .wtype = GGML_TYPE_Q4_K, .ftype = FTYPE_Q4_K_M, .etype = GGML_TYPE_Q8_0, .random_blocks = true},
     /* tiny in Q4_K (n_embd 256, a multiple of the K-quant row): repacked like
      * bench-q4k, for the exactness tests of the repacked kernels */
     {.name = "tiny-q4k", .n_embd = 256, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 512,
@@ -75,7 +82,7 @@ static const preset k_presets[] = {
 };
 
 const char *ks_mkmodel_presets(void) {
-    return "tiny|bench|bench-q4k|tiny-q4k|tiny-hybrid|bench-hybrid|tiny-swa|tiny-mamba|tiny-agent";
+    return "tiny|bench|bench-q4k|bench-8b-q4k|tiny-q4k|tiny-hybrid|bench-hybrid|tiny-swa|tiny-mamba|tiny-agent";
 }
 
 static const char *arch_name(const preset *p) {
@@ -215,11 +222,12 @@ static int make_specs(const preset *p, int n_vocab, tspec **out, int *n_out) {
     int k = 0;
 #define SPEC(nm, a, b, ty, kd) do { assert(k < n); snprintf(t[k].name, sizeof t[k].name, "%s", nm); \
         t[k].ne0 = (a); t[k].ne1 = (b); t[k].type = (ty); t[k].kind = (kd); k++; } while (0)
-    SPEC("token_embd.weight", E, V, p->wtype, TK_EMBD);
+    enum ggml_type et = p->etype ? p->etype : p->wtype;
+    SPEC("token_embd.weight", E, V, et, TK_EMBD);
     /* lfm2's final norm has the name of an embedding norm (a converter's
      * mistake llama.cpp keeps: LLM_TENSOR_OUTPUT_NORM_LFM2) */
     SPEC(p->arch == MK_ARCH_LFM2 ? "token_embd_norm.weight" : "output_norm.weight", E, 1, GGML_TYPE_F32, TK_NORM);
-    SPEC("output.weight", E, V, p->wtype, TK_OUTPUT);
+    SPEC("output.weight", E, V, et, TK_OUTPUT);
     for (int l = 0; l < p->n_layer; l++) {
         char nm[64];
 #define LSPEC(suffix, a, b, ty, kd) do { snprintf(nm, sizeof nm, "blk.%d.%s", l, suffix); \
@@ -324,11 +332,50 @@ static bool w_write(writer *w, const void *buf, size_t n) {
     return true;
 }
 
+/* Q4_K's block (ggml-common.h): 256 values in 8 sub-blocks of 32, value =
+ * d * scale_j * q - dmin * min_j with 4-bit q and 6-bit scale_j, min_j packed
+ * in 12 bytes (get_scale_min_k4 in ggml-quants.c). */
+#define Q4K_BLOCK 256
+#define Q4K_BYTES 144
+
+/* Random Q4_K blocks of standard deviation std and mean 0 (note 8): every
+ * scale and min 32, q uniform on 0..15 (mean 7.5, standard deviation
+ * sqrt(255/12) = 4.61), so d = std / (32 * 4.61) and dmin = 7.5 d. */
+static void random_q4k_blocks(rng *r, uint8_t *out, int64_t n_blocks, float std) {
+    ggml_fp16_t d = ggml_fp32_to_fp16(std / (32.0f * 4.6098f));
+    ggml_fp16_t dmin = ggml_fp32_to_fp16(7.5f * ggml_fp16_to_fp32(d));
+    /* scale_j = min_j = 32 for j < 4 in bytes 0..7 (low 6 bits; the top 2
+     * bits are the high bits of sub-blocks 4..7), whose low 4 bits (bytes
+     * 8..11) are 0: 32 = 0b10'0000 */
+    static const uint8_t scales[12] = {160, 160, 160, 160, 160, 160, 160, 160, 0, 0, 0, 0};
+    for (int64_t b = 0; b < n_blocks; b++) {
+        uint8_t *blk = out + b * Q4K_BYTES;
+        memcpy(blk, &d, 2);
+        memcpy(blk + 2, &dmin, 2);
+        memcpy(blk + 4, scales, 12);
+        for (int k = 0; k < 128; k += 8) {
+            uint64_t x = rng_next(r);
+            memcpy(blk + 16 + k, &x, 8);
+        }
+    }
+}
+
 /* Generates tensor t row chunk by row chunk and writes its bytes. */
 static bool write_tensor(writer *w, const tspec *t, uint64_t seed, const vocab *v, float gain, float e_std,
-                         float *fbuf, void *qbuf, int64_t chunk_elems) {
+                         float *fbuf, void *qbuf, int64_t chunk_elems, bool random_blocks) {
     rng r;
     rng_seed(&r, seed, t->name);
+    if (random_blocks && t->type == GGML_TYPE_Q4_K && (t->kind == TK_WEIGHT || t->kind == TK_RESID) &&
+        t->ne0 % Q4K_BLOCK == 0) {
+        float std = 1.0f / sqrtf((float)t->ne0) * (t->kind == TK_RESID ? gain : 1.0f);
+        int64_t per_chunk = chunk_elems / Q4K_BLOCK, total = t->ne0 / Q4K_BLOCK * t->ne1;
+        for (int64_t b0 = 0; b0 < total; b0 += per_chunk) {
+            int64_t nb = total - b0 < per_chunk ? total - b0 : per_chunk;
+            random_q4k_blocks(&r, qbuf, nb, std);
+            if (!w_write(w, qbuf, (size_t)nb * Q4K_BYTES)) return false;
+        }
+        return true;
+    }
     int64_t rows_per_chunk = chunk_elems / t->ne0;
     if (rows_per_chunk < 1) rows_per_chunk = 1;
     float std = 1.0f / sqrtf((float)t->ne0); /* 1/sqrt(fan_in) keeps activations O(1) */
@@ -599,7 +646,7 @@ int ks_mkmodel_write(const ks_mkmodel_params *mp, const char *out_path, ks_mkmod
             goto done;
         }
         size_t nbytes = gguf_get_tensor_size(g, i);
-        if (!write_tensor(&w, &t[i], seed, &v, resid_gain(p), embd_std(p), fbuf, qbuf, chunk)) break;
+        if (!write_tensor(&w, &t[i], seed, &v, resid_gain(p), embd_std(p), fbuf, qbuf, chunk, p->random_blocks)) break;
         size_t pad = GGML_PAD(nbytes, align) - nbytes;
         w_write(&w, zeros, pad);
     }

@@ -109,6 +109,15 @@
  *       feed-forward. Di = 2E (the only expansion llama.cpp loads), S 16,
  *       d_conv 4, R 4. Keys mamba.ssm.{conv_kernel, inner_size, state_size,
  *       time_step_rank}.
+ *  8. bench-8b-q4k: an 8B shape for GPU benchmarks (4.3 GB), made in seconds
+ *     on the GPU machine rather than carried there. Quantizing 7 billion
+ *     floats to Q4_K would take minutes, so its block weights are written as
+ *     random Q4_K blocks (every scale and min 32, random 4-bit values,
+ *     d and dmin chosen for mean 0 and the standard deviation of note 5):
+ *     the same bytes per value and the same kernels as a real Q4_K model,
+ *     uniform rather than bell-shaped values. token_embd and output are
+ *     Q8_0 (a Q4_K_M file has Q6_K there), generated as in note 5 so that
+ *     greedy output stays readable.
  *
  * Thread model: ks_mkmodel and ks_mkmodel_shape_of are reentrant (no global
  * state of their own); ggml's quantizer is thread-safe.

@@ -29,6 +29,9 @@ typedef struct preset {
                         * (mkmodel_agent_vocab.c): a real tokenizer's density on them */
     enum ggml_type wtype;
     uint32_t ftype;    /* general.file_type (llama_ftype: 1 mostly F16, 7 mostly Q8_0) */
+    enum ggml_type etype; /* token_embd and output, when not wtype (0: wtype) */
+    bool random_blocks;   /* Q4_K block weights written as random quantized blocks, not
+                           * quantized from floats (mkmodel.h note 8): an 8B model in seconds */
     /* Beyond `llama` (zero for it): */
     enum mk_arch arch;
     int attn_period;   /* lfm2: layer il is attention when il % attn_period == attn_period - 1,

@@ -95,6 +95,13 @@ static void test_tiny_size_and_shape(void **st) {
     assert_int_equal(ks_mkmodel_shape_of("bench", &s), 0);
     assert_int_equal(s.n_vocab, 32000);
     assert_int_equal(s.n_layer, 24);
+    /* the 8B shape of the GPU benchmarks (issue 26): Llama 3 8B's layers */
+    assert_int_equal(ks_mkmodel_shape_of("bench-8b-q4k", &s), 0);
+    assert_int_equal(s.n_layer, 32);
+    assert_int_equal(s.n_embd, 4096);
+    assert_int_equal(s.n_head_kv, 8);
+    assert_true(s.n_params > 7000000000ULL && s.n_params < 7500000000ULL);
+    assert_string_equal(s.wtype_name, "q4_K");
     assert_int_equal(ks_mkmodel_shape_of("huge", &s), KS_EINVAL);
 }
 
