@@ -81,6 +81,12 @@ check "kvstash.pc: no config layer (yaml)" test -z "$(grep -i yaml "$pc")"
 if [ $private_llama -eq 1 ]; then
     check "private llama.cpp installed" test -f "$L/kvstash/libllama.so" -a -f "$L/kvstash/libggml-base.so"
     check "with its CPU backends" compgen -G "$L/kvstash/libggml-cpu-*.so" >/dev/null
+    # the patched module's .id names its build: without it the engine takes
+    # it for revision 1 (flash attention auto off) and keys states wrongly
+    if [ -f "$SRC/build/deps/llama/lib/libks-ggml-cpu.so" ]; then
+        check "the patched CPU module and its .id installed" test -f "$L/kvstash/libks-ggml-cpu.so" -a \
+            -f "$L/kvstash/libks-ggml-cpu.id"
+    fi
     check "libkvstash.so RUNPATH \$ORIGIN/kvstash" \
         grep -q '(RUNPATH).*\[\$ORIGIN/kvstash\]' <(readelf -d "$L/libkvstash.so.$version")
 fi
