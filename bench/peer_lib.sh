@@ -67,7 +67,7 @@ peer_start_servers() { # $1 = script name (for messages), $2 = log prefix
                 sleep 0.1
             done
             [ -n "$port" ] || { tail -n 20 "$log" >&2; echo "$me: kvstash did not start (log: $log)" >&2; exit 1; }
-            names+=(--name "$s$(sed -n 's/.*, exact: \([a-z-]*\)).*/ (exact: \1)/p' "$log" | head -n 1)${args:+ $args}")
+            names+=(--name "$s$(sed -n 's/.*, exact: \([a-z-]*\)[ )].*/ (exact: \1)/p' "$log" | head -n 1)${args:+ $args}")
             ;;
         llama-server | llama-server-fa-off)
             peer_args=$PEER_ARGS

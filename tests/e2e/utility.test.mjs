@@ -90,7 +90,7 @@ test('GET /props', async () => {
   assert.equal(r.status, 200);
   const p = r.json;
   assert.equal(p.default_generation_settings.n_ctx, 256);
-  assert.match(srv.stderr, /ctx 256, exact: /);
+  assert.match(srv.stderr, /ctx 256, CPU, exact: /);
   const sp = p.default_generation_settings.params;
   assert.equal(sp.temperature, 0.8);
   assert.equal(sp.top_k, 40);
