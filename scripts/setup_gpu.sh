@@ -170,10 +170,13 @@ gpu_cuda_build() { # $1 = nvcc, $2 = architectures: builds or adopts $GPU_CUDA_D
         -DGGML_BUILD_EXAMPLES=OFF -DCMAKE_PLATFORM_NO_VERSIONED_SONAME=ON -DCMAKE_SKIP_BUILD_RPATH=ON \
         -DCMAKE_CUDA_COMPILER="$nvcc" >"$GPU_CUDA_DIR/configure.log" 2>&1 &&
         nice -n 15 cmake --build "$bld" --target ggml-cuda -j "$(nproc)" >>"$log" 2>&1; }; then
+        echo "rc=1 secs=$(($(date +%s) - t0))" >>"$log"
         tail -n 30 "$log" >&2
         say "building ggml's CUDA backend failed (log: $log)"
         exit 1
     fi
+    # the last line says the build is over (the check above reads it)
+    echo "rc=0 secs=$(($(date +%s) - t0))" >>"$log"
     local mod
     mod=$(find "$bld" -name libggml-cuda.so -type f | head -n 1)
     [ -n "$mod" ] || { say "the CUDA build produced no libggml-cuda.so (log: $log)"; exit 1; }
