@@ -37,7 +37,10 @@ GPU_CUDA_PKG=@node-llama-cpp/linux-x64-cuda@3.22.1
 GPU_CUDA_SHA512=8rQCjyNNLZJUFit+YpjwlC4hwkKgOMIkB2wuycKBf8NU2O3ySKbiWZQ8aw9ku2nUTXjSnUIrE6KB88itduTBuA==
 GPU_VK_DEBS="libvulkan1 mesa-vulkan-drivers"
 GPU_VK_DIR=$DEPS/vulkan
-GPU_CUDA_DIR=$DEPS/cuda
+# The CUDA tree by its real path: CMake keys its build on the source and
+# build paths, and the same tree reached through a symlinked build/deps (a
+# git worktree's) would otherwise be reconfigured and rebuilt whole.
+GPU_CUDA_DIR=$(mkdir -p "$DEPS" && cd "$DEPS" && pwd -P)/cuda
 
 gpu_mode=${KS_GPU:-auto}
 case $gpu_mode in auto | cuda | vulkan | none) ;; *)
@@ -158,17 +161,30 @@ gpu_cuda_build() { # $1 = nvcc, $2 = architectures: builds or adopts $GPU_CUDA_D
         say "a CUDA build is running in $bld (log $log); run setup again when it has finished"
         return 0
     fi
-    [ -f "$bld/build.ninja" ] || say "building ggml's CUDA backend for $tag from the pinned source: about 35 minutes per architecture on 2 cores (log: $log)"
+    [ -f "$bld/build.ninja" ] || say "building ggml's CUDA backend for $tag from the pinned source: about 35-50 minutes per architecture on 2 cores (log: $log)"
     # The flags of the build: loadable module, no NCCL, an unversioned SONAME
     # (libggml-base.so, as the prebuilt names it) and no build RPATH, so the
-    # module loads next to the prebuilt libraries as it is.
-    local gen=()
+    # module loads next to the prebuilt libraries as it is. A tree configured
+    # with them for this source is only built (a no-op when it is complete):
+    # configuring it again could change its compile commands, and ninja would
+    # then rebuild everything.
+    local gen=() v
     command -v ninja >/dev/null && gen=(-G Ninja)
-    if ! { PATH=$(dirname "$nvcc"):$PATH cmake -S "$src/ggml" -B "$bld" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
-        -DBUILD_SHARED_LIBS=ON -DGGML_BACKEND_DL=ON -DGGML_NATIVE=OFF -DGGML_CUDA=ON \
-        -DCMAKE_CUDA_ARCHITECTURES="$archs" -DGGML_CUDA_NCCL=OFF -DGGML_BUILD_TESTS=OFF \
-        -DGGML_BUILD_EXAMPLES=OFF -DCMAKE_PLATFORM_NO_VERSIONED_SONAME=ON -DCMAKE_SKIP_BUILD_RPATH=ON \
-        -DCMAKE_CUDA_COMPILER="$nvcc" >"$GPU_CUDA_DIR/configure.log" 2>&1 &&
+    local flags=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DGGML_BACKEND_DL=ON -DGGML_NATIVE=OFF
+        -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$archs" -DGGML_CUDA_NCCL=OFF -DGGML_BUILD_TESTS=OFF
+        -DGGML_BUILD_EXAMPLES=OFF -DCMAKE_PLATFORM_NO_VERSIONED_SONAME=ON -DCMAKE_SKIP_BUILD_RPATH=ON
+        -DCMAKE_CUDA_COMPILER="$nvcc")
+    local configured=0
+    if [ -f "$bld/CMakeCache.txt" ] && { [ -f "$bld/build.ninja" ] || [ -f "$bld/Makefile" ]; }; then
+        configured=1
+        for v in "CMAKE_HOME_DIRECTORY=$src/ggml" "CMAKE_CACHEFILE_DIR=$bld" "CMAKE_CUDA_ARCHITECTURES=$archs" "CMAKE_CUDA_COMPILER=$nvcc" \
+            CMAKE_BUILD_TYPE=Release BUILD_SHARED_LIBS=ON GGML_BACKEND_DL=ON GGML_NATIVE=OFF GGML_CUDA=ON \
+            GGML_CUDA_NCCL=OFF CMAKE_PLATFORM_NO_VERSIONED_SONAME=ON CMAKE_SKIP_BUILD_RPATH=ON; do
+            [ "$(sed -n "s/^${v%%=*}:[A-Z]*=//p" "$bld/CMakeCache.txt")" = "${v#*=}" ] || { configured=0; break; }
+        done
+    fi
+    if ! { { [ $configured = 1 ] || PATH=$(dirname "$nvcc"):$PATH cmake -S "$src/ggml" -B "$bld" "${gen[@]}" \
+        "${flags[@]}" >"$GPU_CUDA_DIR/configure.log" 2>&1; } &&
         nice -n 15 cmake --build "$bld" --target ggml-cuda -j "$(nproc)" >>"$log" 2>&1; }; then
         echo "rc=1 secs=$(($(date +%s) - t0))" >>"$log"
         tail -n 30 "$log" >&2
@@ -208,7 +224,7 @@ if [ $gpu_want_cuda = 1 ]; then
             exit 1
         fi
         gpu_tag=$(echo "$gpu_archs" | sed 's/-real//g; s/;/-/g')
-        gpu_commit_stamp=$(ls "$GPU_CUDA_DIR"/.ok-*-"$gpu_tag" 2>/dev/null | head -n 1)
+        gpu_commit_stamp=$(ls "$GPU_CUDA_DIR"/.ok-*-"$gpu_tag" 2>/dev/null | head -n 1 || true)
         if [ -z "$gpu_commit_stamp" ] || [ ! -f "$LLAMA/lib/libks-ggml-cuda.so" ]; then
             gpu_has_nvidia || say "note: no NVIDIA GPU is visible here (nvidia-smi): the CUDA backend is built for $gpu_tag, and kvstash runs on the CPU until it runs where such a GPU is"
             gpu_cuda_build "$gpu_nvcc_bin" "$gpu_archs"
