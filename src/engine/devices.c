@@ -5,6 +5,7 @@
 #include "engine/devices.h"
 
 #include <ctype.h>
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,10 +48,18 @@ static void append(char *buf, size_t n, const char *s) {
 
 static int load_module(const char *path) {
     if (access(path, R_OK) != 0) return 0;
+    /* dlopen first, to say in one line why a module cannot load (no CUDA
+     * driver, libcuda.so.1, on a machine without an NVIDIA GPU; no Vulkan
+     * loader): ggml would log it as an error of its own. */
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        const char *why = dlerror();
+        KS_WARN(MOD, "the GPU backend %s cannot be loaded (%s); running without it", path, why ? why : "dlopen failed");
+        return 0;
+    }
     ggml_backend_reg_t reg = ggml_backend_load(path);
+    dlclose(h); /* ggml holds its own handle */
     if (!reg) {
-        /* ggml logs dlopen's reason (a CUDA runtime that is missing, ...) at
-         * error level: it is in the log already */
         KS_WARN(MOD, "the GPU backend %s could not be loaded (see the error above); running without it", path);
         return 0;
     }
