@@ -19,6 +19,21 @@
 #   CTX [4096] (context per slot, as kvstash's --ctx: llama-server gets
 #   -c SLOTS*CTX; with -np given, its KV cache is not unified and each slot
 #   gets its own CTX, as in kvstash)
+#   PEER_GPU [none]  cuda: the CUDA recipe below instead (build/peer-cuda)
+#
+# The CUDA recipe (PEER_GPU=cuda, for bench/gpu/): llama-server of the same
+# source with loadable backends (-DGGML_BACKEND_DL=ON -DBUILD_SHARED_LIBS=ON),
+# its CPU parts only, for a portable x86-64 level (haswell: AVX2, FMA, F16C,
+# BMI2; the GPU machine's Xeon and this AMD machine both run it), and an
+# unversioned SONAME (libggml-base.so) — and no CUDA of its own: it loads the
+# very CUDA module setup built (build/deps/cuda/, the same source and flags),
+# copied next to it as libggml-cuda.so, where ggml_backend_load_all() looks.
+# That module's NEEDED libggml-base.so is then this build's, so there is no
+# second 35-minute CUDA build. The binary and its libraries are in
+# build/peer-cuda/build/bin (RUNPATH $ORIGIN); the CUDA module is copied there
+# by `PEER_GPU=cuda bench/peer.sh build` when it exists (else later, by
+# bench/gpu/package.sh). `serve` there passes -ngl 99 (what the benchmarks
+# compare with: llama-server's GPU users' usual flag).
 #
 # Source: the git bundle package/llama/gitRelease.bundle inside the npm tarball
 # build/deps/dl/node-llama-cpp-3.22.1.tgz that scripts/setup.sh fetches (the
@@ -43,12 +58,15 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-PEER=$ROOT/build/peer
+PEER_GPU=${PEER_GPU:-none}
+case $PEER_GPU in none) PEER=$ROOT/build/peer ;; cuda) PEER=$ROOT/build/peer-cuda ;;
+*) echo "peer: PEER_GPU must be none or cuda, got '$PEER_GPU'" >&2; exit 2 ;; esac
 SRC=$PEER/src
 BLD=$PEER/build
 BIN=$BLD/bin/llama-server
 DL=$ROOT/build/deps/dl
 RECIPE=r1 # bump when the build recipe below changes
+[ "$PEER_GPU" = cuda ] && RECIPE=cuda-r1
 
 say() { echo "peer: $*" >&2; }
 
@@ -100,7 +118,8 @@ built() { [ -n "$(stamp)" ] && [ -x "$BIN" ]; }
 build() {
     if built; then
         say "llama-server is built: $BIN (the build took $(cat "$(stamp)") s)"
-        return
+        [ "$PEER_GPU" = cuda ] && [ ! -f "$BLD/bin/libggml-cuda.so" ] && cuda_module
+        return 0
     fi
     for tool in cmake make g++ git openssl; do
         command -v $tool >/dev/null || { say "$tool is missing (scripts/setup.sh installs it)"; exit 1; }
@@ -115,12 +134,21 @@ build() {
     commit=$(git -C "$SRC" rev-parse --short HEAD)
     say "building llama-server from llama.cpp $commit (minutes on 2 cores; log: $log)"
     t0=$(date +%s)
+    local recipe=(-DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=ON)
+    local targets=(llama-server)
+    if [ "$PEER_GPU" = cuda ]; then
+        # loadable backends, CPU for haswell, no CUDA: the CUDA module comes from setup
+        recipe=(-DBUILD_SHARED_LIBS=ON -DGGML_BACKEND_DL=ON -DGGML_NATIVE=OFF -DGGML_CUDA=OFF
+            -DGGML_SSE42=ON -DGGML_AVX=ON -DGGML_F16C=ON -DGGML_FMA=ON -DGGML_AVX2=ON -DGGML_BMI2=ON
+            -DCMAKE_PLATFORM_NO_VERSIONED_SONAME=ON -DCMAKE_BUILD_RPATH='$ORIGIN')
+        targets=(llama-server ggml-cpu)
+    fi
     if ! { cmake -S "$SRC" -B "$BLD" -DCMAKE_BUILD_TYPE=Release \
-        -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=ON -DGGML_OPENMP=OFF \
+        "${recipe[@]}" -DGGML_OPENMP=OFF \
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF \
         -DLLAMA_BUILD_COMMON=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
         -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF &&
-        cmake --build "$BLD" --target llama-server -j "$(nproc)"; } >"$log" 2>&1; then
+        nice cmake --build "$BLD" --target "${targets[@]}" -j "$(nproc)"; } >"$log" 2>&1; then
         tail -n 30 "$log" >&2
         say "building llama-server failed (log: $log)"
         exit 1
@@ -128,6 +156,27 @@ build() {
     secs=$(($(date +%s) - t0))
     echo "$secs" >"$PEER/.ok-$commit-$RECIPE"
     say "llama-server built in $secs s: $BIN"
+    [ "$PEER_GPU" = cuda ] && cuda_module
+    return 0
+}
+
+# The CUDA recipe: setup's CUDA module (build/deps/cuda, the same source)
+# next to llama-server as libggml-cuda.so, after checking that what it needs
+# (NEEDED) is what this build provides (SONAME).
+cuda_module() {
+    local mod want have
+    mod=$(find "$ROOT/build/deps/cuda/build" -name libggml-cuda.so -type f 2>/dev/null | head -n 1)
+    if [ -z "$mod" ]; then
+        say "no CUDA module in build/deps/cuda yet (KS_GPU=cuda scripts/setup.sh builds it): llama-server runs on the CPU until it is copied in"
+        return 0
+    fi
+    want=$(readelf -d "$mod" | sed -n 's/.*NEEDED.*\[\(libggml[^]]*\)\].*/\1/p' | sort | tr '\n' ' ')
+    have=$(for f in "$BLD"/bin/libggml*.so; do readelf -d "$f" | sed -n 's/.*SONAME.*\[\(.*\)\].*/\1/p'; done | sort | tr '\n' ' ')
+    for n in $want; do
+        case " $have " in *" $n "*) ;; *) say "the CUDA module needs $n, which this build does not provide ($have)"; exit 1 ;; esac
+    done
+    cp "$mod" "$BLD/bin/libggml-cuda.so"
+    say "CUDA module $mod copied to $BLD/bin/libggml-cuda.so (needs: $want)"
 }
 
 version() { "$BIN" --version 2>&1 | grep -m1 '^version' || true; }
@@ -157,8 +206,10 @@ serve)
     built || build
     THREADS=${THREADS:-2} SLOTS=${SLOTS:-2} CTX=${CTX:-4096}
     say "llama-server $(version)"
+    gpu=()
+    [ "$PEER_GPU" = cuda ] && gpu=(-ngl 99)
     args=(-m "$model" --host 127.0.0.1 --port "$port" -t "$THREADS" -tb "$THREADS"
-        -np "$SLOTS" -c $((SLOTS * CTX)) --no-webui "$@")
+        -np "$SLOTS" -c $((SLOTS * CTX)) --no-webui "${gpu[@]}" "$@")
     say "\$ $BIN ${args[*]}"
     exec "$BIN" "${args[@]}"
     ;;

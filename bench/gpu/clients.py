@@ -1,0 +1,361 @@
+#!/usr/bin/env python3
+"""clients.py — the benchmark clients of bench/gpu/run.sh, in Python's standard
+library (the GPU machine has python3 and no node).
+
+They are ports of the node clients the CPU benchmarks use, with the same
+workloads and the same method, so that the GPU numbers compare with those:
+  turns   bench/turns_peer.mjs: one multi-turn conversation sent side by side to
+          every server (each keeps its own history of its own greedy replies),
+          streamed, TTFT at the first content chunk; the same seeded words
+          (peer_lib.mjs's mulberry32 and word list, checked equal).
+  decode  bench/decode_peer.mjs: single-stream decode, ignore_eos, client tok/s
+          = (content chunks - 1) / (last chunk - first chunk).
+  exact   cached == uncached (issue 26): per server, C conversations of T turns
+          of greedy replies of N tokens; every turn is sent with cache_prompt
+          true (and its reply goes into the history), then the same messages
+          again with cache_prompt false; the turn counts as equal when both
+          replies are the same text.
+Each writes a markdown table to stdout and, with --out PREFIX, PREFIX.md and
+PREFIX.json. Not a test: nothing fails on a number.
+
+usage: clients.py turns  URL... [--name N ...] [--turns 10] [--sys-words 300] [--msg-words 60] [--max-tokens 32]
+       clients.py decode URL... [--name N ...] [--rounds 5] [--max-tokens 128] [--prompt-words 32]
+       clients.py exact  URL... [--name N ...] [--convs 3] [--turns 6] [--max-tokens 128]
+       (all: --out PREFIX, --deadline UNIX_SECONDS: stop starting requests after it)
+"""
+import argparse
+import http.client
+import json
+import sys
+import time
+import urllib.parse
+
+# peer_lib.mjs's WORDS, in the same order (every word one token of the bench model).
+WORDS = ('water river mountain city tree house school music paper story friend family animal country '
+         'world people ocean island garden morning night light color sound road street town car boat plane ship '
+         'horse bird dog fish food book letter song game rock fire wind rain snow sun moon star earth field farm '
+         'plant wood stone gold king war money power machine system problem question answer example idea science '
+         'language number word sentence picture travel remember learn study teach listen watch build carry follow '
+         'change begin start open close walk run draw paint write read think feel talk sing play help small large '
+         'great little old young new good best better early late long short high low deep warm cold hot dark clear '
+         'quick slow simple special common north south east west between together always often never after before '
+         'during toward against through under above near about because while until since every several enough many').split(' ')
+
+M32 = 0xffffffff
+
+
+def _imul(a, b):
+    return (a * b) & M32
+
+
+def rng(seed):
+    """peer_lib.mjs's mulberry32, bit for bit (unsigned 32-bit arithmetic)."""
+    state = [((seed & M32) ^ 0x9e3779b9) & M32]
+
+    def nxt():
+        state[0] = (state[0] + 0x6d2b79f5) & M32
+        t = state[0]
+        t = _imul(t ^ (t >> 15), t | 1)
+        t ^= (t + _imul(t ^ (t >> 7), t | 61)) & M32
+        return ((t ^ (t >> 14)) & M32) / 4294967296.0
+    return nxt
+
+
+def words(n, seed, lst=WORDS):
+    r = rng(seed)
+    return ' '.join(lst[int(r() * len(lst))] for _ in range(n))
+
+
+def median(xs):
+    v = sorted(x for x in xs if x == x)
+    if not v:
+        return float('nan')
+    h = len(v) // 2
+    return v[h] if len(v) % 2 else (v[h - 1] + v[h]) / 2
+
+
+DEADLINE = [float('inf')]
+
+
+class Late(Exception):
+    pass
+
+
+def stream_chat(url, body, timeout=300):
+    """POST url/v1/chat/completions with stream; returns dict(ttft, total, times, text, finish, usage, timings, cache).
+    Times in ms (perf_counter)."""
+    if time.time() > DEADLINE[0]:
+        raise Late('deadline passed')
+    u = urllib.parse.urlparse(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
+    payload = dict(body, stream=True, stream_options={'include_usage': True})
+    t0 = time.perf_counter()
+    conn.request('POST', '/v1/chat/completions', json.dumps(payload), {'Content-Type': 'application/json'})
+    res = conn.getresponse()
+    if res.status != 200:
+        raise RuntimeError(f'{url}: HTTP {res.status} {res.read()[:400]!r}')
+    out = dict(ttft=float('nan'), times=[], text='', finish=None, usage=None, timings=None, cache=None)
+    while True:
+        line = res.readline()
+        if not line:
+            break
+        t = time.perf_counter()
+        line = line.strip()
+        if not line.startswith(b'data:'):
+            continue
+        d = line[5:].strip()
+        if d == b'[DONE]':
+            continue
+        j = json.loads(d)
+        if j.get('error'):
+            raise RuntimeError(f'{url}: stream error {j["error"]}')
+        ch = (j.get('choices') or [None])[0]
+        piece = (ch.get('delta') or {}).get('content') if ch else None
+        if out['ttft'] != out['ttft'] and (piece or (ch and ch.get('finish_reason'))):
+            out['ttft'] = (t - t0) * 1000
+        if piece:
+            out['times'].append(t * 1000)
+            out['text'] += piece
+        if ch and ch.get('finish_reason'):
+            out['finish'] = ch['finish_reason']
+        for k in ('usage', 'timings', 'cache'):
+            if j.get(k):
+                out[k] = j[k]
+    out['total'] = (time.perf_counter() - t0) * 1000
+    conn.close()
+    return out
+
+
+def post(url, path, body, timeout=300):
+    if time.time() > DEADLINE[0]:
+        raise Late('deadline passed')
+    u = urllib.parse.urlparse(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
+    conn.request('POST', path, json.dumps(body), {'Content-Type': 'application/json'})
+    res = conn.getresponse()
+    data = res.read()
+    conn.close()
+    if res.status != 200:
+        raise RuntimeError(f'{url}{path}: HTTP {res.status} {data[:400]!r}')
+    return json.loads(data)
+
+
+def f(x, d=0):
+    return '–' if x != x or x is None else f'{x:.{d}f}'
+
+
+def fr(x):
+    return '–' if x != x else f'{x:.2f}×'
+
+
+def cached_of(r):
+    tm = r.get('timings') or {}
+    if isinstance(tm.get('cache_n'), int):
+        return tm['cache_n']
+    us = r.get('usage') or {}
+    return (us.get('prompt_tokens_details') or {}).get('cached_tokens', float('nan'))
+
+
+def write(prefix, text, data):
+    sys.stdout.write(text)
+    if prefix:
+        with open(prefix + '.md', 'w') as fh:
+            fh.write(text)
+        with open(prefix + '.json', 'w') as fh:
+            json.dump(data, fh, indent=1)
+
+
+# ------------------------------------------------------------------ turns
+def cmd_turns(a, urls, names):
+    n = len(urls)
+    for u in urls:  # warm-up, as turns_peer.mjs
+        stream_chat(u, {'messages': [{'role': 'user', 'content': words(40, 77)}], 'max_tokens': 2,
+                        'temperature': 0})
+    system = words(a.sys_words, 500)
+    convs = [[{'role': 'system', 'content': system}] if a.sys_words > 0 else [] for _ in urls]
+    res = [[] for _ in urls]
+    differ = 0
+    done = 0
+    stopped = ''
+    try:
+        for t in range(1, a.turns + 1):
+            user = words(a.msg_words, 10000 + t)
+            for k in range(n):
+                s = (t - 1 + k) % n
+                convs[s].append({'role': 'user', 'content': user})
+                x = stream_chat(urls[s], {'messages': convs[s], 'max_tokens': a.max_tokens, 'temperature': 0,
+                                          'cache_prompt': True})
+                convs[s].append({'role': 'assistant', 'content': x['text']})
+                us = x['usage'] or {}
+                tm = x['timings'] or {}
+                prompt = us.get('prompt_tokens', float('nan'))
+                c = cached_of(x)
+                res[s].append(dict(ttft=x['ttft'], total=x['total'], prompt=prompt, cached=c,
+                                   new=tm.get('prompt_n', prompt - c if c == c else float('nan')),
+                                   prompt_ms=tm.get('prompt_ms', float('nan')),
+                                   completion=us.get('completion_tokens', float('nan')), text=x['text']))
+            texts = [res[s][t - 1]['text'] for s in range(n)]
+            differ += any(tx != texts[0] for tx in texts)
+            done = t
+            sys.stderr.write(f'turn {t}: ' + '; '.join(
+                f'{names[s]} {f(res[s][t - 1]["ttft"])} ms (prompt {res[s][t - 1]["prompt"]}, cached '
+                f'{res[s][t - 1]["cached"]})' for s in range(n)) + '\n')
+    except (Late, RuntimeError, OSError) as e:
+        stopped = f'Stopped after {done} turns: {e}'[:600]
+        sys.stderr.write(f'turns: {stopped}\n')
+    hdr = ['turn', 'prompt tok']
+    for s in range(n):
+        hdr += [f'{names[s]} TTFT ms', f'{names[s]} cached/new']
+        if s:
+            hdr.append(f'{names[0]}/{names[s]}')
+    rows = []
+    for t in range(done):
+        row = [str(t + 1), ' / '.join(f(res[s][t]['prompt']) for s in range(n))]
+        for s in range(n):
+            x = res[s][t]
+            row += [f(x['ttft']), f'{f(x["cached"])}/{f(x["new"])}']
+            if s:
+                row.append(fr(res[0][t]['ttft'] / x['ttft']))
+        rows.append(row)
+    lines = ['| ' + ' | '.join(hdr) + ' |', '|' + '|'.join('--:' for _ in hdr) + '|']
+    lines += ['| ' + ' | '.join(r) + ' |' for r in rows]
+    last = res[0][done - 1] if done else None
+    lines += ['', f'One conversation of {done} turns (of {a.turns}): a {a.sys_words}-word system prompt, '
+              f'{a.msg_words}-word user messages, replies of at most {a.max_tokens} tokens (greedy, streamed, '
+              f'cache_prompt), grown to {f(last["prompt"] + last["completion"]) if last else "–"} tokens. Every server '
+              f'keeps its own history; turn t goes to every server before t+1, rotating who goes first; TTFT '
+              f'client-side to the first content chunk (method of bench/turns_peer.mjs). Turns whose replies differ '
+              f'between servers: {differ} of {done}.', '']
+    if stopped:
+        lines += [f'**{stopped}**', '']
+    summary = {}
+    lo = a.summary_from
+    for s in range(1, n):
+        later = [res[0][t]['ttft'] / res[s][t]['ttft'] for t in range(lo - 1, done)]
+        m0 = median([res[0][t]['ttft'] for t in range(lo - 1, done)])
+        ms = median([res[s][t]['ttft'] for t in range(lo - 1, done)])
+        summary[names[s]] = dict(median_ratio=median(later), median_ttft_first=m0, median_ttft_other=ms)
+        lines.append(f'**{names[0]} TTFT / {names[s]} TTFT**, turns {lo}–{done}: median {fr(median(later))}; '
+                     f'median TTFT {names[0]} {f(m0, 1)} ms, {names[s]} {f(ms, 1)} ms; turn 1 (cold) '
+                     f'{fr(res[0][0]["ttft"] / res[s][0]["ttft"]) if done else "–"}.')
+    write(a.out, '\n'.join(lines) + '\n', dict(names=names, urls=urls, turns=res, summary=summary, differ=differ))
+
+
+# ------------------------------------------------------------------ decode
+def cmd_decode(a, urls, names):
+    n = len(urls)
+    for u in urls:
+        stream_chat(u, {'messages': [{'role': 'user', 'content': words(a.prompt_words, 1)}], 'max_tokens': 8,
+                        'temperature': 0, 'ignore_eos': True})
+    res = [[] for _ in urls]
+    stopped = ''
+    try:
+        for r in range(a.rounds):
+            content = words(a.prompt_words, 1000 + r)
+            for k in range(n):
+                s = (r + k) % n
+                x = stream_chat(urls[s], {'messages': [{'role': 'user', 'content': content}],
+                                          'max_tokens': a.max_tokens, 'temperature': 0, 'ignore_eos': True})
+                tm = x['times']
+                chunks = len(tm)
+                ntok = (x['usage'] or {}).get('completion_tokens', chunks)
+                steps = chunks - 1 if chunks == ntok else ntok - 1
+                dt = (tm[-1] - tm[0]) / 1000 if chunks > 1 else float('nan')
+                res[s].append(dict(tps=steps / dt if dt == dt and dt > 0 else float('nan'), ttft=x['ttft'],
+                                   server_tps=(x['timings'] or {}).get('predicted_per_second', float('nan')),
+                                   chunks=chunks, tokens=ntok))
+    except (Late, RuntimeError, OSError) as e:
+        stopped = f'Stopped: {e}'[:600]
+        sys.stderr.write(f'decode: {stopped}\n')
+    lines = ['| server | client tok/s (median) | min | max | server tok/s | TTFT ms | rounds |',
+             '|---|--:|--:|--:|--:|--:|--:|']
+    summary = {}
+    for s in range(n):
+        v = [x['tps'] for x in res[s]]
+        summary[names[s]] = median(v)
+        lines.append(f'| {names[s]} | {f(median(v), 1)} | {f(min(v) if v else float("nan"), 1)} | '
+                     f'{f(max(v) if v else float("nan"), 1)} | {f(median([x["server_tps"] for x in res[s]]), 1)} | '
+                     f'{f(median([x["ttft"] for x in res[s]]), 1)} | {len(v)} |')
+    if n > 1 and summary[names[1]] == summary[names[1]]:
+        lines += ['', f'**{names[0]} / {names[1]}** decode: {fr(summary[names[0]] / summary[names[1]])}.']
+    lines += ['', f'Single stream, {a.max_tokens} tokens per request (ignore_eos, greedy, streamed), a '
+              f'{a.prompt_words}-word prompt; client tok/s = (content chunks - 1) / (last - first chunk) '
+              f'(method of bench/decode_peer.mjs).']
+    if stopped:
+        lines += ['', f'**{stopped}**']
+    write(a.out, '\n'.join(lines) + '\n', dict(names=names, urls=urls, rounds=res, summary=summary))
+
+
+# ------------------------------------------------------------------ exact
+def cmd_exact(a, urls, names):
+    out = {}
+    lines = ['| server | cached == uncached (turns) | first differing turns |', '|---|--:|---|']
+    for s, u in enumerate(urls):
+        same, total, diffs = 0, 0, []
+        try:
+            for c in range(a.convs):
+                msgs = [{'role': 'system', 'content': words(60, 900 + c)}]
+                for t in range(a.turns):
+                    msgs.append({'role': 'user', 'content': words(40, 2000 + 100 * c + t)})
+                    body = {'messages': msgs, 'max_tokens': a.max_tokens, 'temperature': 0}
+                    r1 = post(u, '/v1/chat/completions', dict(body, cache_prompt=True))
+                    r2 = post(u, '/v1/chat/completions', dict(body, cache_prompt=False))
+                    t1 = r1['choices'][0]['message'].get('content') or ''
+                    t2 = r2['choices'][0]['message'].get('content') or ''
+                    total += 1
+                    if t1 == t2:
+                        same += 1
+                    else:
+                        k = next((i for i, (x, y) in enumerate(zip(t1, t2)) if x != y), min(len(t1), len(t2)))
+                        diffs.append(f'c{c + 1}t{t + 1}@{k}ch')
+                    msgs.append({'role': 'assistant', 'content': t1})
+        except (Late, RuntimeError, OSError) as e:
+            diffs.append(f'stopped: {e}'[:300])
+            sys.stderr.write(f'exact: {names[s]}: {e}\n')
+        out[names[s]] = dict(same=same, total=total, diffs=diffs)
+        lines.append(f'| {names[s]} | {same}/{total} | {", ".join(diffs[:6]) or "–"} |')
+    lines += ['', f'{a.convs} conversations × {a.turns} turns, greedy replies of at most {a.max_tokens} tokens; each '
+              'turn sent with cache_prompt true (its reply goes into the history), then again with cache_prompt '
+              'false; equal = the same reply text. cCtT@K: conversation C, turn T, first difference at character K.']
+    write(a.out, '\n'.join(lines) + '\n', dict(names=names, urls=urls, results=out))
+
+
+def main():
+    p = argparse.ArgumentParser(prog='clients.py')
+    p.add_argument('cmd', choices=['turns', 'decode', 'exact', 'words'])
+    p.add_argument('urls', nargs='*')
+    p.add_argument('--name', action='append', default=[])
+    p.add_argument('--out')
+    p.add_argument('--deadline', type=float, default=float('inf'))
+    p.add_argument('--turns', type=int)
+    p.add_argument('--sys-words', type=int, default=300)
+    p.add_argument('--msg-words', type=int, default=60)
+    p.add_argument('--max-tokens', type=int)
+    p.add_argument('--summary-from', type=int, default=2, help='turns: the summary median starts at this turn')
+    p.add_argument('--rounds', type=int, default=5)
+    p.add_argument('--prompt-words', type=int, default=32)
+    p.add_argument('--convs', type=int, default=3)
+    a = p.parse_args()
+    DEADLINE[0] = a.deadline
+    if a.cmd == 'words':  # for checking the generator against peer_lib.mjs
+        print(words(int(a.urls[0]), int(a.urls[1])))
+        return
+    urls = [u.rstrip('/') for u in a.urls]
+    names = a.name or [f's{i + 1}' for i in range(len(urls))]
+    if len(names) != len(urls):
+        p.error('--name: one per URL')
+    if a.cmd == 'turns':
+        a.turns = a.turns or 10
+        a.max_tokens = a.max_tokens or 32
+        cmd_turns(a, urls, names)
+    elif a.cmd == 'decode':
+        a.max_tokens = a.max_tokens or 128
+        cmd_decode(a, urls, names)
+    else:
+        a.turns = a.turns or 6
+        a.max_tokens = a.max_tokens or 128
+        cmd_exact(a, urls, names)
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,182 @@
+#!/usr/bin/env bash
+# bench/gpu/run.sh — the GPU benchmark of issue 26, run ON THE GPU MACHINE from
+# the repository root, with the carry folder bench/gpu/package.sh made
+# (build/gpu-carry; bench/gpu/README.md says how to get it there). Prepared on
+# the CPU machines; it builds nothing and reaches no network.
+#
+# What it does, bounded so that the whole run fits in BUDGET seconds (default
+# 450: under 8 minutes with the unpacking and the model files):
+#   1. unpacks the carry into WORK (default /tmp/kvstash-gpu), picks the patched
+#      CPU module for this CPU by /proc/cpuinfo (zen4, cooperlake or haswell),
+#      checks that every binary finds its libraries (ldd);
+#   2. writes the models there: `kvstash mkmodel --preset bench` (0.5B shape,
+#      Q8_0) and `--preset bench-8b-q4k` (8B shape, Q4_K);
+#   3. per model, kvstash (`serve -ngl all --slots 2 --ctx 16384`, its defaults
+#      otherwise) beside llama-server of the same llama.cpp source with the same
+#      CUDA module (`-ngl 99 -np 2 -c 32768`, its defaults otherwise), both
+#      running, requests one at a time (bench/gpu/clients.py, ports of the
+#      node clients of the CPU benchmarks):
+#        turns  the 10-turn chat (300-word system prompt, 60-word messages,
+#               32-token replies): TTFT per turn, median over turns 5-10
+#        long   the conversation growing to ~10K tokens (2000-word system
+#               prompt, 800-word messages, 10 turns): median over turns 3-10
+#        decode single-stream decode, 5 rounds of 128 tokens
+#        exact  cached == uncached, 3 conversations x 6 turns of 128-token
+#               greedy replies, for both servers
+#      each step with a deadline and a hard timeout; a step that runs out of
+#      time reports what it measured;
+#   4. writes everything to OUT (default bench/out/gpu; the device tool's $OUT
+#      when set): results.md (all tables), one .md/.json per step and model,
+#      env.txt (GPU, driver, CPU flags, builds), the servers' /props and logs.
+#
+# usage: bench/gpu/run.sh          (environment: OUT, WORK, CARRY, BUDGET,
+#                                   MODELS="bench bench-8b-q4k", STEPS="turns long decode exact",
+#                                   NGL=all, PEER_NGL=99 — a dry run on a CPU machine:
+#                                   MODELS=tiny NGL=0 PEER_NGL=0 bench/gpu/run.sh)
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+CARRY=${CARRY:-$ROOT/build/gpu-carry}
+OUT=${OUT:-$ROOT/bench/out/gpu}
+WORK=${WORK:-/tmp/kvstash-gpu}
+BUDGET=${BUDGET:-450}
+MODELS=${MODELS:-bench bench-8b-q4k}
+STEPS=${STEPS:-turns long decode exact}
+NGL=${NGL:-all} PEER_NGL=${PEER_NGL:-99}
+T0=$(date +%s)
+mkdir -p "$OUT"
+RES=$OUT/results.md
+say() { echo "gpu-bench [$(($(date +%s) - T0)) s]: $*" | tee -a "$OUT/run.log" >&2; }
+left() { echo $((T0 + BUDGET - $(date +%s))); }
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done; }
+trap cleanup EXIT
+
+# --- 1. unpack -----------------------------------------------------------------
+[ -f "$CARRY/payload.tar.zst" ] || { say "no $CARRY/payload.tar.zst: run bench/gpu/package.sh on the CPU machine"; exit 1; }
+ZSTD=$(command -v zstd || true)
+ZLD=
+if [ -z "$ZSTD" ]; then ZSTD=$CARRY/zstd/zstd; ZLD=$CARRY/zstd; fi
+rm -rf "$WORK" && mkdir -p "$WORK"
+if ! LD_LIBRARY_PATH=$ZLD "$ZSTD" -dc "$CARRY/payload.tar.zst" | tar x -C "$WORK"; then
+    say "unpacking failed"; exit 1
+fi
+say "unpacked $(du -sh "$WORK" | cut -f1) into $WORK"
+export LD_LIBRARY_PATH=$WORK/llama/lib:$WORK/debs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export GGML_NO_BACKTRACE=1
+KS=$WORK/bin/kvstash
+PEER=$WORK/peer/llama-server
+# llama-server loads the very CUDA module kvstash does, from its own directory
+ln -sf ../llama/lib/libks-ggml-cuda.so "$WORK/peer/libggml-cuda.so"
+
+# The patched CPU module for this CPU (the features of setup_cpu.sh's variants).
+flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
+has() { local f; for f in "$@"; do case $flags in *" $f "*) ;; *) return 1 ;; esac; done; }
+AVX512="avx512f avx512cd avx512vl avx512dq avx512bw"
+BASE="sse4_2 avx f16c fma avx2 bmi2"
+if has $BASE $AVX512 avx512vbmi avx512_vnni avx512_bf16; then cpu=zen4
+elif has $BASE $AVX512 avx512_vnni avx512_bf16; then cpu=cooperlake
+else cpu=haswell; fi
+cp "$WORK/llama/cpu/$cpu/libks-ggml-cpu.so" "$WORK/llama/cpu/$cpu/libks-ggml-cpu.id" "$WORK/llama/lib/"
+say "CPU module: $cpu ($(cat "$WORK/llama/lib/libks-ggml-cpu.id"))"
+
+{
+    echo "date: $(date -u +%FT%TZ)"
+    echo "host: $(uname -a)"
+    nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv 2>&1
+    echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2) ($(nproc) cores); patched CPU module $cpu"
+    echo "cuda runtime: $(ldconfig -p 2>/dev/null | grep -o 'libcudart.so.[0-9]*' | sort -u | tr '\n' ' ')"
+    echo "llama-server --list-devices: $("$PEER" --list-devices 2>&1 | grep -A4 'Available devices' | tail -n +2 | tr '\n' ' ')"
+    echo "carry: $(cat "$WORK/MANIFEST" 2>/dev/null | head -20)"
+} >"$OUT/env.txt" 2>&1
+# (libcuda.so.1 is the NVIDIA driver's: missing only where there is no GPU, as on a dry run)
+missing=$( (ldd "$KS"; ldd "$PEER"; ldd "$WORK/llama/lib/libks-ggml-cuda.so") 2>&1 | grep 'not found' |
+    grep -v 'libcuda\.so\.1' | sort -u)
+if [ -n "$missing" ]; then say "libraries not found: $missing"; echo "$missing" >"$OUT/ldd-missing.txt"; exit 1; fi
+
+# --- 2. models -----------------------------------------------------------------
+mkdir -p "$WORK/models"
+for m in $MODELS; do
+    t=$(date +%s)
+    "$KS" mkmodel --preset "$m" --seed 1 "$WORK/models/$m.gguf" >>"$OUT/run.log" 2>&1 || { say "mkmodel $m failed"; exit 1; }
+    say "model $m written ($(($(date +%s) - t)) s, $(du -h "$WORK/models/$m.gguf" | cut -f1))"
+done
+
+# --- 3. the servers and the steps ----------------------------------------------------
+P_KS=18180 P_PEER=18181
+wait_health() { # port, pid, name: 0 when /health answers 200 within 180 s
+    local i
+    for i in $(seq 1800); do
+        kill -0 "$2" 2>/dev/null || { say "$3 exited before it answered"; return 1; }
+        python3 - "$1" <<'EOF' 2>/dev/null && return 0
+import sys, urllib.request
+urllib.request.urlopen(f'http://127.0.0.1:{sys.argv[1]}/health', timeout=2).read()
+EOF
+        sleep 0.1
+    done
+    say "$3 did not answer /health in 180 s"
+    return 1
+}
+stop() { # pid: SIGTERM, then SIGKILL after 15 s
+    kill -TERM "$1" 2>/dev/null
+    for _ in $(seq 150); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.1; done
+    kill -KILL "$1" 2>/dev/null
+}
+# step NAME MAX_S ARGS...: clients.py with a deadline of min(MAX_S, what is left - 20 s)
+step() {
+    local name=$1 max=$2 l
+    shift 2
+    l=$(($(left) - 20))
+    [ "$l" -gt "$max" ] && l=$max
+    if [ "$l" -lt 15 ]; then say "$name: skipped, the budget is spent"; echo "_$name: skipped (time budget)_" >>"$RES"; return; fi
+    say "$name (up to $l s)"
+    echo "### $name" >>"$RES"
+    timeout $((l + 30)) python3 "$ROOT/bench/gpu/clients.py" "$@" --deadline $(($(date +%s) + l)) \
+        --out "$OUT/$name" >"$OUT/$name.stdout" 2>"$OUT/$name.stderr"
+    local rc=$?
+    cat "$OUT/$name.stdout" >>"$RES"
+    [ $rc -ne 0 ] && { echo "(exit $rc; stderr: $(tail -3 "$OUT/$name.stderr"))" >>"$RES"; say "$name: exit $rc"; }
+    echo >>"$RES"
+}
+
+echo "# GPU benchmark: kvstash vs llama-server (CUDA, same llama.cpp source and CUDA module)" >"$RES"
+echo '```' >>"$RES"; cat "$OUT/env.txt" >>"$RES"; echo '```' >>"$RES"
+for m in $MODELS; do
+    [ "$(left)" -lt 60 ] && { say "no time left for $m"; echo "_$m: not run (time budget)_" >>"$RES"; continue; }
+    model=$WORK/models/$m.gguf
+    "$KS" serve -m "$model" --port $P_KS -ngl "$NGL" --slots 2 --ctx 16384 --log info >"$OUT/$m-kvstash.log" 2>&1 &
+    ks=$!
+    pids+=("$ks")
+    "$PEER" -m "$model" --host 127.0.0.1 --port $P_PEER -ngl "$PEER_NGL" -np 2 -c 32768 --no-webui >"$OUT/$m-llama-server.log" 2>&1 &
+    peer=$!
+    pids+=("$peer")
+    up=1
+    wait_health $P_KS "$ks" "kvstash ($m)" || up=0
+    wait_health $P_PEER "$peer" "llama-server ($m)" || up=0
+    echo "## $m" >>"$RES"
+    grep -m1 'kvstash: listening' "$OUT/$m-kvstash.log" >>"$RES"
+    grep -m3 -E 'offloaded|using device' "$OUT/$m-llama-server.log" | sed 's/^/    llama-server: /' >>"$RES"
+    echo >>"$RES"
+    if [ $up = 0 ]; then
+        say "$m: a server did not start (logs in $OUT)"
+        echo "_$m: a server did not start; see $m-kvstash.log, $m-llama-server.log_" >>"$RES"
+        stop "$ks"; stop "$peer"
+        continue
+    fi
+    python3 -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:$P_KS/props').read().decode())" \
+        >"$OUT/$m-kvstash-props.json" 2>/dev/null
+    U=(http://127.0.0.1:$P_KS http://127.0.0.1:$P_PEER --name kvstash --name llama-server)
+    for s in $STEPS; do
+        case $s in
+        turns) step "$m-turns" 60 turns "${U[@]}" --turns 10 --sys-words 300 --msg-words 60 --max-tokens 32 --summary-from 5 ;;
+        long) step "$m-long" 90 turns "${U[@]}" --turns 10 --sys-words 2000 --msg-words 800 --max-tokens 32 --summary-from 3 ;;
+        decode) step "$m-decode" 60 decode "${U[@]}" --rounds 5 --max-tokens 128 ;;
+        exact) step "$m-exact" 150 exact "${U[@]}" --convs 3 --turns 6 --max-tokens 128 ;;
+        esac
+    done
+    stop "$ks"
+    stop "$peer"
+    say "$m done"
+done
+say "done in $(($(date +%s) - T0)) s: $RES"
+cat "$RES"
