@@ -26,7 +26,7 @@
 # The CUDA build: ggml's CMake project of the pinned source in
 # $DEPS/cuda/src/ggml, built in $DEPS/cuda/build (kept: an incremental rebuild
 # after a kernel patch takes minutes, not the whole build) with the flags
-# below. One architecture with every flash-attention kernel took 35-40
+# below. One architecture with every flash-attention kernel took 35-52
 # minutes on 2 cores (docs/LLAMA_FACTS.md, "GPU backends"). A tree already
 # configured with the same flags and source is adopted, not rebuilt.
 # Idempotent: with the stamps present it does nothing and prints nothing.
