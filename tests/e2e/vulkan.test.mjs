@@ -37,8 +37,10 @@ const SKIP = !MODULE || !existsSync(MODULE)
     : false;
 if (SKIP) console.log(SKIP);
 
-// The module, and llvmpipe (a CPU-type device ggml-vulkan uses only when named).
-const VK_ENV = { KS_GPU_MODULES: MODULE ?? '', GGML_VK_VISIBLE_DEVICES: '0' };
+// The module, and llvmpipe (a CPU-type device ggml-vulkan uses only when named),
+// rendering on one thread (LP_NUM_THREADS): ctest runs another test beside it,
+// and the tiny model gains nothing from more (measured: 21 s either way).
+const VK_ENV = { KS_GPU_MODULES: MODULE ?? '', GGML_VK_VISIBLE_DEVICES: '0', LP_NUM_THREADS: '1' };
 const ALL = ['-ngl', 'all', '--ctx', '1024'];
 const vk = (args, opts = {}) => startServer(args, { timeoutMs: 180000, ...opts, env: { ...VK_ENV, ...(opts.env ?? {}) } });
 
