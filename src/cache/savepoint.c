@@ -36,6 +36,7 @@ int ks_savepoint_last(const ks_savepoint_cfg *c, int n_cached, int n_prompt) {
 int ks_savepoint_cut(const ks_savepoint_cfg *c, int pos, int take, int n, int sys, int budget,
                      int n_cached, int *save_at) {
     *save_at = -1;
+    if (n_cached >= c->stride) return take; /* a warm prefill: the finish save follows (rule 1) */
     int b = chunk_point(c, pos, pos + take, n, sys, budget);
     if (b < 0) return take;
     /* Look ahead at the chunks this budget gives: a later one that saves

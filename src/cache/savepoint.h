@@ -8,13 +8,18 @@
  * The rules (why: a cold save lets a replay of the same prompt, in this or
  * another process, restore instead of prefilling; but a cut that adds a
  * decode step costs the live request time to first token):
- *  1. A chunk that is NOT the request's last (the chunk as sized does not
- *     reach the end of the prompt) may end at its last stride boundary b —
- *     when b is after the chunk's start, at least min_tokens, and moving the
- *     tokens after b to later chunks adds no decode step at the current
- *     budget. Of those chunks only the last one saves (looking ahead at the
- *     current budget), so a long prefill gets one cold save, at its last
- *     stride-aligned chunk end.
+ *  1. In a COLD prefill (fewer than a stride of the prompt reused), a chunk
+ *     that is NOT the request's last (the chunk as sized does not reach the
+ *     end of the prompt) may end at its last stride boundary b — when b is
+ *     after the chunk's start, at least min_tokens, and moving the tokens
+ *     after b to later chunks adds no decode step at the current budget. Of
+ *     those chunks only the last one saves (looking ahead at the current
+ *     budget), so a long prefill gets one cold save, at its last
+ *     stride-aligned chunk end. A warm prefill (a conversation's next turn)
+ *     saves nowhere: the finish save follows within the request, and a
+ *     state copied on a GPU is the whole sequence's KV moved to host memory
+ *     (1.3 GB at 10K tokens of an 8B model: most of a long turn's time to
+ *     first token on an H200, docs/BENCHMARKS.md).
  *  2. The LAST chunk is cut only in a COLD prefill (fewer than a stride of
  *     the prompt reused): at the prompt's last stride boundary, if that is at
  *     least min_tokens. It costs one decode step beside a whole prompt's

@@ -100,6 +100,8 @@ typedef struct ks_store_cfg {
                                              share of the Redis memory); 0 disables the tier */
     int reason_tier[KS_REASON__N];        /* ks_tier_id; default cold=disk continued=shm finish=shm evict=disk
                                              shutdown=disk pin=disk checkpoint=shm */
+    unsigned reasons_given;               /* bit r: reason_tier[r] was set by the configuration
+                                             (store.reasons), not a default */
     float pin_share;                      /* 0..1, default 0.5: the share of each tier's budget that pinned
                                              entries may hold protected from eviction (store.h "Pins") */
     ks_redis_cfg redis;

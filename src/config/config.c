@@ -171,6 +171,16 @@ ks_store_mode ks_config_store_plan(const ks_config *c, ks_store_cfg *out) {
     for (int r = 0; r < KS_REASON__N; r++)
         if (out->reason_tier[r] != KS_TIER_NONE) out->reason_tier[r] = KS_TIER_RAM;
     out->reason_tier[KS_REASON_SHUTDOWN] = KS_TIER_NONE; /* the RAM dies with the process */
+    /* One process, its states only for its own slots: a conversation's state
+     * is saved when another one takes its slot (evict), not after every
+     * turn (finish) and every stride of a reply (continued). A save copies
+     * the whole sequence's KV — on a GPU from device memory, 1.3 GB at 10K
+     * tokens of an 8B model — on the inference thread, where every turn of
+     * an agent's tool loop paid it for a state the slot still held
+     * (docs/BENCHMARKS.md, GPU). Unless the configuration names them. */
+    static const int lazy[] = {KS_REASON_FINISH, KS_REASON_CONTINUED};
+    for (size_t i = 0; i < sizeof lazy / sizeof lazy[0]; i++)
+        if (!(out->reasons_given & (1u << lazy[i]))) out->reason_tier[lazy[i]] = KS_TIER_NONE;
     return KS_STORE_RAM_ONLY;
 }
 

@@ -485,6 +485,7 @@ static int reasons_pair(walk *w, const char *path, const char *key, yaml_node_t 
     /* Redis takes saves besides a local tier: store.tiers.redis.reasons. */
     if (t == -2 || t == KS_TIER_REDIS) return type_error(w, full, vn, "one of ram|shm|disk|none");
     s->reason_tier[r] = t;
+    s->reasons_given |= 1u << r;
     return 0;
 }
 

@@ -722,8 +722,14 @@ int ks__policy_plan(ks_sched *s, slot *sl) {
 
     int n_reuse = rt->n_reuse < sl->tokens.n ? rt->n_reuse : sl->tokens.n;
     /* evict (sync): the KV about to be dropped goes to the store first,
-     * unless it is there already (ks__policy_save asks the store). */
-    if (s->p.store && cache && n_reuse < sl->tokens.n) ks__policy_save(s, sl, KS_REASON_EVICT, true);
+     * unless it is there already (ks__policy_save asks the store) — when
+     * another conversation takes the slot (most of it is dropped). A turn
+     * that keeps most of the slot and drops its tail (the last reply, which
+     * the client renders back otherwise) continues the same conversation:
+     * its older branch is not worth a copy of the whole state on the
+     * inference thread, made before this turn's first token. */
+    if (s->p.store && cache && sl->tokens.n - n_reuse > sl->tokens.n / 2)
+        ks__policy_save(s, sl, KS_REASON_EVICT, true);
     /* The KV this request leaves is its own: a cache_prompt:false request's
      * is never stored, not later as evict or shutdown either. */
     sl->no_store = !cache;

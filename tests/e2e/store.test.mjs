@@ -23,10 +23,10 @@ import {
 
 const STRIDE = 16;
 const MAX_TOKENS = 8;
-// A warm turn never pays a decode step for a cold save (its last prefill chunk
-// is never cut), so the warm ~110-200 token turns here get one only when they
-// are prefilled in several chunks. CHUNKED servers take 16 tokens (one stride)
-// per decode: every prefill then saves at its last stride-aligned chunk end.
+// A warm turn never takes a cold save (savepoint.h: its finish save follows),
+// so the cold saves here are the first turns'. CHUNKED servers take 16 tokens
+// (one stride) per decode: a cold prefill then saves at its last
+// stride-aligned chunk end.
 const CHUNKED = ['--batch', '16'];
 
 let root;

@@ -515,7 +515,9 @@ static void test_store_enabled_rule(void **state) {
 
 /* ------------------------------------------------------------ store mode */
 /* The RAM-only plan: only the ram tier, no directory, reasons mapped to ram
- * (those set to none stay none), shutdown none; everything else as in c. */
+ * (those set to none stay none), shutdown none, finish and continued none
+ * unless the configuration names them (saves at eviction instead); everything
+ * else as in c. */
 static void assert_ram_only(const ks_config *c, const ks_store_cfg *o, int64_t ram) {
     assert_true(o->enabled);
     assert_string_equal(o->cache_dir, "");
@@ -524,8 +526,9 @@ static void assert_ram_only(const ks_config *c, const ks_store_cfg *o, int64_t r
     assert_int_equal(o->tier_max_bytes[KS_TIER_SHM], 0);
     assert_int_equal(o->tier_max_bytes[KS_TIER_DISK], 0);
     for (int r = 0; r < KS_REASON__N; r++) {
-        int want = (r == KS_REASON_SHUTDOWN || c->store.reason_tier[r] == KS_TIER_NONE) ? KS_TIER_NONE
-                                                                                        : KS_TIER_RAM;
+        bool lazy = (r == KS_REASON_FINISH || r == KS_REASON_CONTINUED) && !(c->store.reasons_given & (1u << r));
+        int want = (r == KS_REASON_SHUTDOWN || lazy || c->store.reason_tier[r] == KS_TIER_NONE) ? KS_TIER_NONE
+                                                                                                : KS_TIER_RAM;
         if (o->reason_tier[r] != want)
             fail_msg("reason %s: tier %s, wanted %s", ks_reason_name((ks_reason)r),
                      ks_tier_name((ks_tier_id)o->reason_tier[r]), ks_tier_name((ks_tier_id)want));
@@ -567,7 +570,9 @@ static void test_store_plan(void **state) {
     assert_int_equal(o.min_tokens, 32);
     assert_int_equal(o.stride, 16);
     assert_int_equal(o.reason_tier[KS_REASON_COLD], KS_TIER_NONE);
-    assert_int_equal(o.reason_tier[KS_REASON_FINISH], KS_TIER_RAM);
+    assert_int_equal(o.reason_tier[KS_REASON_FINISH], KS_TIER_RAM); /* named: kept */
+    assert_int_equal(o.reason_tier[KS_REASON_CONTINUED], KS_TIER_NONE); /* not named: lazy */
+    assert_int_equal(o.reason_tier[KS_REASON_EVICT], KS_TIER_RAM);
     assert_int_equal(o.reason_tier[KS_REASON_SHUTDOWN], KS_TIER_NONE);
     assert_int_equal(o.reason_tier[KS_REASON_PIN], KS_TIER_RAM); /* pinned saves: ram only */
     /* a ram budget of 0 turns it off */

@@ -51,13 +51,15 @@ static void test_cold_prefill_saves_once_at_the_last_boundary(void **state) {
     assert_int_equal(at, -1);
 }
 
-/* A warm prefill (a history reused): an earlier chunk may end at its stride
- * boundary when that adds no step; the last chunk is never cut. */
-static void test_warm_prefill_never_cuts_the_last_chunk(void **state) {
+/* A warm prefill (a history reused): no chunk is cut, the last one neither;
+ * the finish save follows within the request. */
+static void test_warm_prefill_saves_nowhere(void **state) {
     (void)state;
     int at = 0;
-    assert_int_equal(ks_savepoint_cut(&CFG, 300, 512, 1000, -1, 512, 300, &at), 468);
-    assert_int_equal(at, 768);
+    assert_int_equal(ks_savepoint_cut(&CFG, 300, 512, 1000, -1, 512, 300, &at), 512);
+    assert_int_equal(at, -1);
+    assert_int_equal(ks_savepoint_cut(&CFG, 300, 300, 550, -1, 300, 300, &at), 300);
+    assert_int_equal(at, -1);
     assert_int_equal(ks_savepoint_cut_last(&CFG, 300, 700, 300, 1000, &at), 700);
     assert_int_equal(at, -1);
 }
@@ -66,23 +68,24 @@ static void test_no_cut_that_adds_a_step(void **state) {
     (void)state;
     int at = 0;
     /* [0, 300) of 600 at 300 a chunk: ending at 256 leaves 344 = 2 steps, not 1 */
-    assert_int_equal(ks_savepoint_cut(&CFG, 0, 300, 600, -1, 300, 300, &at), 300);
+    assert_int_equal(ks_savepoint_cut(&CFG, 0, 300, 600, -1, 300, 0, &at), 300);
     assert_int_equal(at, -1);
-    /* of 550 tokens both ways take 1 more step: the cut is free */
-    assert_int_equal(ks_savepoint_cut(&CFG, 0, 300, 550, -1, 300, 300, &at), 256);
+    /* of 400 tokens both ways take 1 more step, and the last chunk has no
+     * boundary of its own after its start: the cut is free */
+    assert_int_equal(ks_savepoint_cut(&CFG, 0, 300, 400, -1, 300, 0, &at), 256);
     assert_int_equal(at, 256);
 }
 
 static void test_only_the_last_eligible_chunk_saves(void **state) {
     (void)state;
     int at = 0;
-    /* 3000 tokens, warm, 512 a chunk: chunk [300, 812) could end at 768, but
-     * later chunks have boundaries of their own, so it is not cut. */
-    assert_int_equal(ks_savepoint_cut(&CFG, 300, 512, 3000, -1, 512, 300, &at), 512);
+    /* 1030 tokens, cold, 512 a chunk: chunk [0, 512) could end at 512, but the
+     * next chunk ends at a boundary of its own, so it is not cut ... */
+    assert_int_equal(ks_savepoint_cut(&CFG, 0, 512, 1030, -1, 512, 0, &at), 512);
     assert_int_equal(at, -1);
-    /* the last chunk that is not the request's last takes the save */
-    assert_int_equal(ks_savepoint_cut(&CFG, 2300, 512, 3000, -1, 512, 300, &at), 260);
-    assert_int_equal(at, 2560);
+    /* ... that chunk takes the save (the last one's boundary is its start) */
+    assert_int_equal(ks_savepoint_cut(&CFG, 512, 512, 1030, -1, 512, 0, &at), 512);
+    assert_int_equal(at, 1024);
 }
 
 static void test_below_min_tokens_or_before_the_chunk(void **state) {
@@ -104,7 +107,7 @@ int main(void) {
         cmocka_unit_test(test_steps),
         cmocka_unit_test(test_last_point_only_in_cold_prefill),
         cmocka_unit_test(test_cold_prefill_saves_once_at_the_last_boundary),
-        cmocka_unit_test(test_warm_prefill_never_cuts_the_last_chunk),
+        cmocka_unit_test(test_warm_prefill_saves_nowhere),
         cmocka_unit_test(test_no_cut_that_adds_a_step),
         cmocka_unit_test(test_only_the_last_eligible_chunk_saves),
         cmocka_unit_test(test_below_min_tokens_or_before_the_chunk),
