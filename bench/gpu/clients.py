@@ -21,6 +21,8 @@ PREFIX.json. Not a test: nothing fails on a number.
 usage: clients.py turns  URL... [--name N ...] [--turns 10] [--sys-words 300] [--msg-words 60] [--max-tokens 32]
        clients.py decode URL... [--name N ...] [--rounds 5] [--max-tokens 128] [--prompt-words 32]
        clients.py exact  URL... [--name N ...] [--convs 3] [--turns 6] [--max-tokens 128]
+       clients.py restart URL --phase warm|resume --state FILE [--turns 6] [--sys-words] [--msg-words]
+       clients.py subagents URL... [--name N ...] [--agents 6] [--rounds 4] [--sys-words] [--msg-words]
        (all: --out PREFIX, --deadline UNIX_SECONDS: stop starting requests after it)
 """
 import argparse
@@ -320,9 +322,106 @@ def cmd_exact(a, urls, names):
     write(a.out, '\n'.join(lines) + '\n', dict(names=names, urls=urls, results=out))
 
 
+# ------------------------------------------------------------------ restart
+def conv_turn(url, msgs, a):
+    x = stream_chat(url, {'messages': msgs, 'max_tokens': a.max_tokens, 'temperature': 0, 'cache_prompt': True})
+    us = x['usage'] or {}
+    return dict(ttft=x['ttft'], prompt=us.get('prompt_tokens', float('nan')), cached=cached_of(x),
+                cache=x['cache'], text=x['text'])
+
+
+def cmd_restart(a, urls, names):
+    """phase warm: turns 1..T on one kvstash (the long conversation's shape),
+    the conversation kept in --state; phase resume (a new process on the same
+    --cache-dir): turn T again, the same request as the warm process's turn T.
+    The first request after a restart restores what the store kept; the
+    summary compares its TTFT with the warm process's same turn."""
+    url = urls[0]
+    system = words(a.sys_words, 500)
+    msgs = [{'role': 'system', 'content': system}]
+    if a.phase == 'warm':
+        stream_chat(url, {'messages': [{'role': 'user', 'content': words(40, 77)}], 'max_tokens': 2,
+                          'temperature': 0})
+        rows = []
+        for t in range(1, a.turns + 1):
+            msgs.append({'role': 'user', 'content': words(a.msg_words, 10000 + t)})
+            x = conv_turn(url, msgs, a)
+            rows.append(x)
+            sys.stderr.write(f'warm turn {t}: {f(x["ttft"])} ms, prompt {x["prompt"]}, cached {x["cached"]}\n')
+            if t < a.turns:
+                msgs.append({'role': 'assistant', 'content': x['text']})
+        with open(a.state, 'w') as fh:
+            json.dump(dict(msgs=msgs, warm=rows), fh)
+        return
+    with open(a.state) as fh:
+        st = json.load(fh)
+    x = conv_turn(url, st['msgs'], a)
+    warm = st['warm'][-1]
+    c = x['cache'] or {}
+    lines = ['| process | turn | prompt tok | cached | TTFT ms | cache |', '|---|--:|--:|--:|--:|---|',
+             f'| warm (the same process since turn 1) | {len(st["warm"])} | {warm["prompt"]} | {warm["cached"]} | '
+             f'{f(warm["ttft"], 1)} | {(warm["cache"] or {}).get("mode", "–")} |',
+             f'| restarted (first request) | {len(st["warm"])} | {x["prompt"]} | {x["cached"]} | {f(x["ttft"], 1)} | '
+             f'{c.get("mode", "–")} {c.get("tier", "")} restore {c.get("restore_ms", "–")} ms |', '',
+             f'**restarted / warm** TTFT, the same request: {fr(x["ttft"] / warm["ttft"])}; replies '
+             f'{"equal" if x["text"] == warm["text"] else "differ"}.', '',
+             f'A conversation of {len(st["warm"])} turns ({a.sys_words}-word system prompt, {a.msg_words}-word user '
+             'messages, greedy replies of at most {} tokens) on kvstash with --cache-dir; the process stopped '
+             '(SIGTERM) after turn {}, a new one started on the same directories, and turn {} sent again.'.format(
+                 a.max_tokens, len(st['warm']), len(st['warm']))]
+    write(a.out, '\n'.join(lines) + '\n', dict(warm=warm, restarted=x))
+
+
+# ------------------------------------------------------------------ sub-agents
+def cmd_subagents(a, urls, names):
+    """A sub-agents on few slots: A conversations sharing a system prompt, one
+    turn each in turn, R rounds; every server gets the same requests (each its
+    own histories). TTFT of rounds 2..R, median per server."""
+    n = len(urls)
+    system = words(a.sys_words, 500)
+    convs = [[[{'role': 'system', 'content': system}] for _ in range(a.agents)] for _ in urls]
+    res = [[] for _ in urls]
+    stopped = ''
+    try:
+        for r in range(1, a.rounds + 1):
+            for g in range(a.agents):
+                user = words(a.msg_words, 20000 + 100 * g + r)
+                for k in range(n):
+                    s = (r + g + k) % n
+                    msgs = convs[s][g]
+                    msgs.append({'role': 'user', 'content': user})
+                    x = conv_turn(urls[s], msgs, a)
+                    msgs.append({'role': 'assistant', 'content': x['text']})
+                    res[s].append(dict(round=r, agent=g, **{k2: x[k2] for k2 in ('ttft', 'prompt', 'cached')},
+                                       mode=(x['cache'] or {}).get('mode')))
+            sys.stderr.write(f'round {r}: ' + '; '.join(
+                f'{names[s]} median {f(median([q["ttft"] for q in res[s] if q["round"] == r]))} ms'
+                for s in range(n)) + '\n')
+    except (Late, RuntimeError, OSError) as e:
+        stopped = f'Stopped: {e}'[:600]
+    lines = ['| server | TTFT ms, rounds 2+ (median) | min | max | prompt tok (median) | cached (median) |',
+             '|---|--:|--:|--:|--:|--:|']
+    summary = {}
+    for s in range(n):
+        later = [q for q in res[s] if q['round'] >= 2]
+        v = [q['ttft'] for q in later]
+        summary[names[s]] = median(v)
+        lines.append(f'| {names[s]} | {f(median(v), 1)} | {f(min(v) if v else float("nan"), 1)} | '
+                     f'{f(max(v) if v else float("nan"), 1)} | {f(median([q["prompt"] for q in later]))} | '
+                     f'{f(median([q["cached"] for q in later]))} |')
+    if n > 1:
+        lines += ['', f'**{names[0]} / {names[1]}** TTFT, rounds 2+: {fr(summary[names[0]] / summary[names[1]])}.']
+    lines += ['', f'{a.agents} sub-agents on the servers\' slots, {a.rounds} rounds of one turn each, a shared '
+              f'{a.sys_words}-word system prompt, {a.msg_words}-word messages, greedy replies of at most '
+              f'{a.max_tokens} tokens; every server gets the same requests in the same order.']
+    if stopped:
+        lines += ['', f'**{stopped}**']
+    write(a.out, '\n'.join(lines) + '\n', dict(names=names, urls=urls, res=res, summary=summary))
+
+
 def main():
     p = argparse.ArgumentParser(prog='clients.py')
-    p.add_argument('cmd', choices=['turns', 'decode', 'exact', 'words'])
+    p.add_argument('cmd', choices=['turns', 'decode', 'exact', 'restart', 'subagents', 'words'])
     p.add_argument('urls', nargs='*')
     p.add_argument('--name', action='append', default=[])
     p.add_argument('--out')
@@ -335,6 +434,9 @@ def main():
     p.add_argument('--rounds', type=int, default=5)
     p.add_argument('--prompt-words', type=int, default=32)
     p.add_argument('--convs', type=int, default=3)
+    p.add_argument('--phase', choices=['warm', 'resume'], default='warm')
+    p.add_argument('--state', help='restart: the conversation between the phases (a JSON file)')
+    p.add_argument('--agents', type=int, default=6)
     a = p.parse_args()
     DEADLINE[0] = a.deadline
     if a.cmd == 'words':  # for checking the generator against peer_lib.mjs
@@ -351,6 +453,14 @@ def main():
     elif a.cmd == 'decode':
         a.max_tokens = a.max_tokens or 128
         cmd_decode(a, urls, names)
+    elif a.cmd == 'restart':
+        a.turns = a.turns or 6
+        a.max_tokens = a.max_tokens or 32
+        cmd_restart(a, urls, names)
+    elif a.cmd == 'subagents':
+        a.rounds = a.rounds or 4
+        a.max_tokens = a.max_tokens or 32
+        cmd_subagents(a, urls, names)
     else:
         a.turns = a.turns or 6
         a.max_tokens = a.max_tokens or 128

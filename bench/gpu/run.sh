@@ -41,7 +41,7 @@ OUT=${OUT:-$ROOT/bench/out/gpu}
 WORK=${WORK:-/tmp/kvstash-gpu}
 BUDGET=${BUDGET:-450}
 MODELS=${MODELS:-bench bench-8b-q4k}
-STEPS=${STEPS:-turns long decode exact}
+STEPS=${STEPS:-turns long decode exact subagents restart}
 NGL=${NGL:-all} PEER_NGL=${PEER_NGL:-99}
 T0=$(date +%s)
 mkdir -p "$OUT"
@@ -172,10 +172,38 @@ for m in $MODELS; do
         long) step "$m-long" 90 turns "${U[@]}" --turns 10 --sys-words 2000 --msg-words 800 --max-tokens 32 --summary-from 3 ;;
         decode) step "$m-decode" 60 decode "${U[@]}" --rounds 5 --max-tokens 128 ;;
         exact) step "$m-exact" 150 exact "${U[@]}" --convs 3 --turns 6 --max-tokens 128 ;;
+        subagents) step "$m-subagents" 120 subagents "${U[@]}" --agents 6 --rounds 3 --sys-words 1000 \
+            --msg-words 100 --max-tokens 32 ;;
         esac
     done
     stop "$ks"
     stop "$peer"
+    # restart: kvstash alone, the full store (--cache-dir); a conversation of 6
+    # long turns, a new process, the last turn again (clients.py restart)
+    case " $STEPS " in *" restart "*)
+        rs=$WORK/restart-$m
+        rm -rf "$rs" && mkdir -p "$rs"
+        ok=1
+        for phase in warm resume; do
+            "$KS" serve -m "$model" --port $P_KS -ngl "$NGL" --slots 2 --ctx 16384 --cache-dir "$rs/disk" --log info \
+                >"$OUT/$m-restart-$phase.log" 2>&1 &
+            ks=$!
+            pids+=("$ks")
+            wait_health $P_KS "$ks" "kvstash ($m, restart $phase)" || { ok=0; stop "$ks"; break; }
+            l=$(($(left) - 20))
+            [ "$l" -gt 120 ] && l=120
+            [ "$l" -lt 15 ] && { ok=0; stop "$ks"; break; }
+            timeout $((l + 30)) python3 "$ROOT/bench/gpu/clients.py" restart http://127.0.0.1:$P_KS --phase $phase \
+                --state "$rs/state.json" --turns 6 --sys-words 2000 --msg-words 800 --max-tokens 32 \
+                --deadline $(($(date +%s) + l)) --out "$OUT/$m-restart" >"$OUT/$m-restart-$phase.stdout" \
+                2>"$OUT/$m-restart-$phase.stderr" || ok=0
+            stop "$ks"
+        done
+        echo "### $m-restart" >>"$RES"
+        if [ $ok = 1 ]; then cat "$OUT/$m-restart.md" >>"$RES"; else echo "_not completed (logs in $OUT)_" >>"$RES"; fi
+        echo >>"$RES"
+        ;;
+    esac
     say "$m done"
 done
 say "done in $(($(date +%s) - T0)) s: $RES"
