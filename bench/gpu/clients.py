@@ -21,7 +21,7 @@ PREFIX.json. Not a test: nothing fails on a number.
 usage: clients.py turns  URL... [--name N ...] [--turns 10] [--sys-words 300] [--msg-words 60] [--max-tokens 32]
        clients.py decode URL... [--name N ...] [--rounds 5] [--max-tokens 128] [--prompt-words 32]
        clients.py exact  URL... [--name N ...] [--convs 3] [--turns 6] [--max-tokens 128]
-       clients.py restart URL --phase warm|resume --state FILE [--turns 6] [--sys-words] [--msg-words]
+       clients.py restart URL --phase prep|warm|resume --state FILE [--turns 6] [--sys-words] [--msg-words]
        clients.py subagents URL... [--name N ...] [--agents 6] [--rounds 4] [--sys-words] [--msg-words]
        (all: --out PREFIX, --deadline UNIX_SECONDS: stop starting requests after it)
 """
@@ -331,44 +331,58 @@ def conv_turn(url, msgs, a):
 
 
 def cmd_restart(a, urls, names):
-    """phase warm: turns 1..T on one kvstash (the long conversation's shape),
-    the conversation kept in --state; phase resume (a new process on the same
-    --cache-dir): turn T again, the same request as the warm process's turn T.
-    The first request after a restart restores what the store kept; the
-    summary compares its TTFT with the warm process's same turn."""
+    """The first request after a restart against the same turn in a warm
+    process, on one kvstash. phase prep: turns 1..T-1 (the long conversation's
+    shape), the conversation kept in --state; the process is then stopped and
+    a new one started on the same --cache-dir. phase resume: turn T, the first
+    request of the new process (it restores what the store kept). phase warm
+    (a third process, no store needed): turns 1..T, the reference turn T."""
     url = urls[0]
     system = words(a.sys_words, 500)
     msgs = [{'role': 'system', 'content': system}]
-    if a.phase == 'warm':
+    if a.phase in ('prep', 'warm'):
         stream_chat(url, {'messages': [{'role': 'user', 'content': words(40, 77)}], 'max_tokens': 2,
                           'temperature': 0})
+        last = a.turns - 1 if a.phase == 'prep' else a.turns
         rows = []
-        for t in range(1, a.turns + 1):
+        for t in range(1, last + 1):
             msgs.append({'role': 'user', 'content': words(a.msg_words, 10000 + t)})
             x = conv_turn(url, msgs, a)
             rows.append(x)
-            sys.stderr.write(f'warm turn {t}: {f(x["ttft"])} ms, prompt {x["prompt"]}, cached {x["cached"]}\n')
-            if t < a.turns:
-                msgs.append({'role': 'assistant', 'content': x['text']})
+            sys.stderr.write(f'{a.phase} turn {t}: {f(x["ttft"])} ms, prompt {x["prompt"]}, cached {x["cached"]}\n')
+            msgs.append({'role': 'assistant', 'content': x['text']})
+        st = {}
+        try:
+            with open(a.state) as fh:
+                st = json.load(fh)
+        except OSError:
+            pass
+        st['msgs' if a.phase == 'prep' else 'warm'] = msgs if a.phase == 'prep' else rows[-1]
         with open(a.state, 'w') as fh:
-            json.dump(dict(msgs=msgs, warm=rows), fh)
+            json.dump(st, fh)
         return
     with open(a.state) as fh:
         st = json.load(fh)
-    x = conv_turn(url, st['msgs'], a)
-    warm = st['warm'][-1]
+    msgs = st['msgs'] + [{'role': 'user', 'content': words(a.msg_words, 10000 + a.turns)}]
+    x = conv_turn(url, msgs, a)
+    st['restarted'] = x
+    with open(a.state, 'w') as fh:
+        json.dump(st, fh)
+    warm = st.get('warm')
+    if not warm:
+        return
     c = x['cache'] or {}
     lines = ['| process | turn | prompt tok | cached | TTFT ms | cache |', '|---|--:|--:|--:|--:|---|',
-             f'| warm (the same process since turn 1) | {len(st["warm"])} | {warm["prompt"]} | {warm["cached"]} | '
+             f'| warm (the same process since turn 1) | {a.turns} | {warm["prompt"]} | {warm["cached"]} | '
              f'{f(warm["ttft"], 1)} | {(warm["cache"] or {}).get("mode", "–")} |',
-             f'| restarted (first request) | {len(st["warm"])} | {x["prompt"]} | {x["cached"]} | {f(x["ttft"], 1)} | '
-             f'{c.get("mode", "–")} {c.get("tier", "")} restore {c.get("restore_ms", "–")} ms |', '',
-             f'**restarted / warm** TTFT, the same request: {fr(x["ttft"] / warm["ttft"])}; replies '
+             f'| restarted (its first request) | {a.turns} | {x["prompt"]} | {x["cached"]} | {f(x["ttft"], 1)} | '
+             f'{c.get("mode", "–")} {c.get("tier", "")} restore {f(c.get("restore_ms", float("nan")), 1)} ms |', '',
+             f'**restarted / warm** TTFT of turn {a.turns}: {fr(x["ttft"] / warm["ttft"])}; replies '
              f'{"equal" if x["text"] == warm["text"] else "differ"}.', '',
-             f'A conversation of {len(st["warm"])} turns ({a.sys_words}-word system prompt, {a.msg_words}-word user '
-             'messages, greedy replies of at most {} tokens) on kvstash with --cache-dir; the process stopped '
-             '(SIGTERM) after turn {}, a new one started on the same directories, and turn {} sent again.'.format(
-                 a.max_tokens, len(st['warm']), len(st['warm']))]
+             f'A conversation of {a.turns} turns ({a.sys_words}-word system prompt, {a.msg_words}-word user '
+             f'messages, greedy replies of at most {a.max_tokens} tokens) on kvstash with --cache-dir: turns '
+             f'1-{a.turns - 1} in one process, stopped with SIGTERM, turn {a.turns} in a new one on the same '
+             f'directories; the reference is turn {a.turns} in a process that ran all {a.turns}.']
     write(a.out, '\n'.join(lines) + '\n', dict(warm=warm, restarted=x))
 
 
@@ -434,7 +448,7 @@ def main():
     p.add_argument('--rounds', type=int, default=5)
     p.add_argument('--prompt-words', type=int, default=32)
     p.add_argument('--convs', type=int, default=3)
-    p.add_argument('--phase', choices=['warm', 'resume'], default='warm')
+    p.add_argument('--phase', choices=['prep', 'resume', 'warm'], default='prep')
     p.add_argument('--state', help='restart: the conversation between the phases (a JSON file)')
     p.add_argument('--agents', type=int, default=6)
     a = p.parse_args()

@@ -178,14 +178,17 @@ for m in $MODELS; do
     done
     stop "$ks"
     stop "$peer"
-    # restart: kvstash alone, the full store (--cache-dir); a conversation of 6
-    # long turns, a new process, the last turn again (clients.py restart)
+    # restart: kvstash alone; turn 6 of a long conversation in a process that
+    # ran turns 1-6 (no store), and in a new process after another one ran
+    # turns 1-5 on --cache-dir (clients.py restart)
     case " $STEPS " in *" restart "*)
         rs=$WORK/restart-$m
         rm -rf "$rs" && mkdir -p "$rs"
         ok=1
-        for phase in warm resume; do
-            "$KS" serve -m "$model" --port $P_KS -ngl "$NGL" --slots 2 --ctx 16384 --cache-dir "$rs/disk" --log info \
+        for phase in warm prep resume; do
+            store=(--cache-dir "$rs/disk")
+            [ $phase = warm ] && store=()
+            "$KS" serve -m "$model" --port $P_KS -ngl "$NGL" --slots 2 --ctx 16384 "${store[@]}" --log info \
                 >"$OUT/$m-restart-$phase.log" 2>&1 &
             ks=$!
             pids+=("$ks")
