@@ -74,7 +74,7 @@ static const preset k_presets[] = {
      * and a long trained context: an agent's 100 KB first request fits */
     {.name = "tiny-agent", .n_embd = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 128,
      .n_ctx_train = 131072, .n_vocab_max = 24000, .agent_vocab = true, .wtype = GGML_TYPE_F16,
-     .ftype = FTYPE_F16},
+     .ftype = FTYPE_F16, .eog_scale = SCALE_IM_END_AGENT},
     /* recurrent: Mamba, state-space layers only (no attention, no feed-forward) */
     {.name = "tiny-mamba", .n_embd = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 128,
      .n_ctx_train = 8192, .n_vocab_max = 1000, .wtype = GGML_TYPE_F16, .ftype = FTYPE_F16,

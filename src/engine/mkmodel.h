@@ -30,10 +30,12 @@
  *  4. Readable greedy output: the rows of output.weight are scaled per token —
  *     whole words 1.0, capitalised words 0.5, unprefixed words 0.3, ".,!?:;"
  *     0.8, partial pieces and single characters 0.15, control, byte and
- *     synthetic tokens 0.05, and <|im_end|> 1.6 so that a reply sometimes ends. This lives in
- *     the weights only; nothing changes at run time. How soon a reply ends
- *     depends on the seed (tiny seed 1: about half of the replies within 64
- *     tokens; some seeds end most replies within a few tokens).
+ *     synthetic tokens 0.05, and <|im_end|> 1.6 so that a reply sometimes ends
+ *     (2.2 in tiny-agent, whose large vocabulary would otherwise keep replies
+ *     long). This lives in the weights only; nothing changes at run time. How
+ *     soon a reply ends depends on the seed (tiny seed 1: about half of the
+ *     replies within 64 tokens; some seeds end most replies within a few
+ *     tokens).
  *  5. Weights: symmetric "normal-ish" values (sum of two uniforms) with
  *     standard deviation 1/sqrt(fan_in), embeddings 1.0, norms exactly 1.0
  *     (F32). The projections into the residual stream (attn_output, ffn_down)

@@ -25,6 +25,7 @@ typedef struct preset {
     int n_vocab_max;   /* tiny: stop adding words before this; bench: pad to it */
     bool rich_vocab;   /* capitalised and unprefixed word variants */
     bool pad_vocab;    /* fill up to n_vocab_max with synthetic "▁w<id>" pieces */
+    float eog_scale;   /* the end-of-turn token's output scale, 0: SCALE_IM_END (design note 4) */
     bool agent_vocab;  /* add the words and punctuation runs of coding agents' prompts
                         * (mkmodel_agent_vocab.c): a real tokenizer's density on them */
     enum ggml_type wtype;
@@ -52,6 +53,11 @@ typedef struct preset {
 #define SCALE_CAP_WORD 0.5f    /* "▁Word": otherwise capitals crowd out lowercase */
 #define SCALE_CONTROL 0.05f
 #define SCALE_IM_END 1.6f
+/* tiny-agent: among ~15,600 tokens the end of turn needs more to win; at 1.6
+ * its replies at temperature 0.8 ran to a median of 140 tokens (often 600+),
+ * at 2.2 to a median of 44 (at most 177 of 30): an agent's next turn then
+ * re-prefills a short reply, as with a real model's shorter ones. */
+#define SCALE_IM_END_AGENT 2.2f
 
 #define SPACE_UTF8 "\xe2\x96\x81" /* U+2581 "▁", SentencePiece's space */
 

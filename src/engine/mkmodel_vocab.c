@@ -237,7 +237,8 @@ int ks__mkmodel_build_vocab(const preset *p, tmpl_info *ti, vocab *v) {
         vocab_add(v, buf, TT_BYTE, SCALE_CONTROL);
     }
     vocab_add(v, "<|im_start|>", TT_CONTROL, SCALE_CONTROL);
-    vocab_add(v, "<|im_end|>", TT_CONTROL, SCALE_IM_END);
+    float eog = p->eog_scale > 0 ? p->eog_scale : SCALE_IM_END;
+    vocab_add(v, "<|im_end|>", TT_CONTROL, eog);
     rc = vocab_add(v, SPACE_UTF8, TT_NORMAL, SCALE_PIECE);
     if (rc < 0) goto fail;
     assert(rc == KS_MKMODEL_TOK_SPACE && v->n - 1 == KS_MKMODEL_TOK_SPACE);
@@ -284,7 +285,7 @@ int ks__mkmodel_build_vocab(const preset *p, tmpl_info *ti, vocab *v) {
         assert(ti->bos_id >= 0 && ti->eog_id >= 0);
         /* The template's end of turn, not ChatML's, is the one a reply ends with. */
         v->out_scale[KS_MKMODEL_TOK_IM_END] = SCALE_CONTROL;
-        v->out_scale[ti->eog_id] = SCALE_IM_END;
+        v->out_scale[ti->eog_id] = eog;
     }
     return 0;
 fail:
