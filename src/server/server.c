@@ -94,58 +94,8 @@ static const route *find_route(const char *url) {
     return NULL;
 }
 
-/* ----------------------------------------------------------------- replies */
+/* ------------------------------------------------------------------ limits */
 static uint64_t hard_cap(const ks_server *s) { return (uint64_t)s->max_body * 2 + (1u << 20); }
-
-enum MHD_Result ks__reply(ks_server *s, struct MHD_Connection *c, conn *cn, int status, const char *ctype,
-                          char *body, size_t len, const char *const *hdrs) {
-    struct MHD_Response *r = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
-    if (!r) {
-        free(body);
-        return MHD_NO;
-    }
-    if (ctype) MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
-    for (int i = 0; hdrs && hdrs[i]; i += 2) MHD_add_response_header(r, hdrs[i], hdrs[i + 1]);
-    ks__cors_headers(s, c, r);
-    enum MHD_Result rc = MHD_queue_response(c, (unsigned)status, r);
-    MHD_destroy_response(r);
-    ks_http_count(&s->http, status);
-    if (cn) cn->status = status;
-    return rc;
-}
-
-enum MHD_Result ks__reply_json(ks_server *s, struct MHD_Connection *c, conn *cn, int status, json_t *obj,
-                               const char *const *hdrs) {
-    char *body = obj ? ks_api_dump(obj) : NULL;
-    json_decref(obj);
-    if (!body) {
-        static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
-                                  "\"param\":null,\"code\":\"out_of_memory\"}}";
-        body = strdup(oom);
-        status = 500;
-        if (!body) return MHD_NO;
-    }
-    return ks__reply(s, c, cn, status, "application/json; charset=utf-8", body, strlen(body), hdrs);
-}
-
-enum MHD_Result ks__reply_error(ks_server *s, struct MHD_Connection *c, conn *cn, const ks_api_error *e,
-                                const char *const *hdrs) {
-    /* A refusal is the client's problem, but the operator must be able to see
-     * it without debug logging (refusals.h: once per cause). */
-    if (e->status >= 400 && e->status < 500)
-        ks_refusals_note(s->refusals, cn ? cn->method : "?", cn ? cn->url : "?", e->status, e->code, e->param,
-                         e->message);
-    /* Anthropic's routes answer in Anthropic's shape, with its overloaded status. */
-    if (cn && cn->wire == KS_WIRE_MESSAGES) return ks__reply_json(s, c, cn, e->status, ks_api_messages_error_json(e), hdrs);
-    return ks__reply_json(s, c, cn, e->status, ks_api_error_json(e), hdrs);
-}
-
-void ks__log_notes(ks_server *s, const conn *cn, const ks_api_notes *n) {
-    for (int i = 0; n && i < n->n; i++)
-        ks_refusals_ignored(s->refusals, cn ? cn->method : "?", cn ? cn->url : "?", n->v[i].field, n->v[i].what);
-    if (n && n->n_total > n->n)
-        KS_DEBUG(MOD, "%s %s: %d more fields ignored", cn ? cn->method : "?", cn ? cn->url : "?", n->n_total - n->n);
-}
 
 #define ERR(status, type, code, param, ...)                                              \
     do {                                                                                 \
@@ -227,9 +177,6 @@ static bool authorized(ks_server *s, struct MHD_Connection *c, bool *given) {
 }
 
 /* -------------------------------------------------------------------- CORS */
-/* Response headers a page may read besides the safelisted ones: the SDKs
- * read Retry-After on a 503 to back off. */
-#define CORS_EXPOSE "Retry-After, WWW-Authenticate, Allow"
 /* A preflight's answer is cached by the browser this long (seconds). */
 #define CORS_MAX_AGE "600"
 /* Allowed request headers when a preflight names none we can echo: the API
@@ -243,30 +190,6 @@ static bool authorized(ks_server *s, struct MHD_Connection *c, bool *given) {
 
 static const char *header(struct MHD_Connection *c, const char *name) {
     return MHD_lookup_connection_value(c, MHD_HEADER_KIND, name);
-}
-
-/* The Access-Control-Allow-Origin of a reply to c's request, or NULL (not
- * allowed, no Origin, CORS off). "*" when any origin is allowed: the
- * wildcard is valid because credentials never are. Else the request's own
- * Origin, borrowed from MHD for the request's life. */
-static const char *cors_origin(const ks_server *s, struct MHD_Connection *c) {
-    const char *o = s->n_cors_origins ? header(c, "Origin") : NULL;
-    if (!o) return NULL;
-    if (s->cors_any) return "*";
-    for (int i = 0; i < s->n_cors_origins; i++)
-        if (!strcasecmp(o, s->cors_origins[i])) return o;
-    return NULL;
-}
-
-void ks__cors_headers(const ks_server *s, struct MHD_Connection *c, struct MHD_Response *r) {
-    if (!s->n_cors_origins) return;
-    /* The reply depends on the Origin (echoed, or no header for another
-     * one): a cache must not hand one origin's reply to another. */
-    MHD_add_response_header(r, MHD_HTTP_HEADER_VARY, "Origin");
-    const char *o = cors_origin(s, c);
-    if (!o) return;
-    MHD_add_response_header(r, MHD_HTTP_HEADER_ACCESS_CONTROL_ALLOW_ORIGIN, o);
-    MHD_add_response_header(r, MHD_HTTP_HEADER_ACCESS_CONTROL_EXPOSE_HEADERS, CORS_EXPOSE);
 }
 
 /* Access-Control-Request-Headers is echoed, as llama-server does (the SDKs
@@ -293,7 +216,7 @@ static enum MHD_Result reply_options(ks_server *s, struct MHD_Connection *c, con
         const char *const h[] = {MHD_HTTP_HEADER_ALLOW, methods, NULL};
         return ks__reply(s, c, cn, 204, NULL, NULL, 0, h);
     }
-    if (!cors_origin(s, c)) {
+    if (!ks__cors_origin(s, c)) {
         ks_api_error e;
         ks_api_error_set(&e, 403, "invalid_request_error", "origin_not_allowed", NULL,
                          "Origin %.200s is not allowed (the server's --cors-origin).", origin);

@@ -94,7 +94,7 @@ typedef struct conn {
     ks_wire wire;         /* the route's error shape */
 } conn;
 
-/* Replies (server.c). Each queues the response, counts its status and sets
+/* Replies (respond.c). Each queues the response, counts its status and sets
  * cn->status (cn may be NULL). */
 /* body is owned and freed here; hdrs: name, value, ..., NULL (may be NULL);
  * ctype NULL: no Content-Type (a 204). */
@@ -115,6 +115,10 @@ void ks__log_notes(ks_server *s, const conn *cn, const ks_api_notes *n);
  * and so must one made elsewhere (gen.c's SSE stream), or a browser on
  * another origin cannot read it. */
 void ks__cors_headers(const ks_server *s, struct MHD_Connection *c, struct MHD_Response *r);
+/* The Access-Control-Allow-Origin of a reply to c's request, or NULL (not
+ * allowed, no Origin, CORS off): "*" when any origin is allowed, else the
+ * request's own Origin, borrowed from MHD for the request's life. */
+const char *ks__cors_origin(const ks_server *s, struct MHD_Connection *c);
 
 /* Utility endpoints (utility.c), each the whole request: POST /tokenize,
  * POST /detokenize, GET /props and POST /props (501, as llama-server
