@@ -97,62 +97,6 @@ static const route *find_route(const char *url) {
 /* ------------------------------------------------------------------ limits */
 static uint64_t hard_cap(const ks_server *s) { return (uint64_t)s->max_body * 2 + (1u << 20); }
 
-#define ERR(status, type, code, param, ...)                                              \
-    do {                                                                                 \
-        ks_api_error e_;                                                                 \
-        ks_api_error_set(&e_, status, type, code, param, __VA_ARGS__);                   \
-        return ks__reply_error(s, c, cn, &e_, NULL);                                         \
-    } while (0)
-
-/* ------------------------------------------------------------- endpoints */
-static enum MHD_Result do_health(ks_server *s, struct MHD_Connection *c, conn *cn) {
-    bool d = atomic_load(&s->draining);
-    return ks__reply_json(s, c, cn, d ? 503 : 200, json_pack("{s:s}", "status", d ? "shutting_down" : "ok"), NULL);
-}
-
-static enum MHD_Result do_models(ks_server *s, struct MHD_Connection *c, conn *cn) {
-    json_t *o = json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:{s:i, s:i, s:i, s:s, s:b}}]}", "object", "list",
-                          "data", "id", s->model, "object", "model", "created", (json_int_t)s->created,
-                          "owned_by", "kvstash", "meta", "n_ctx_seq", ks_engine_n_ctx_seq(s->engine),
-                          "n_vocab", ks_engine_n_vocab(s->engine), "n_slots", ks_engine_n_seq(s->engine),
-                          "desc", ks_engine_model_desc(s->engine), "cache_prompt", s->cache_prompt);
-    return ks__reply_json(s, c, cn, 200, o, NULL);
-}
-
-static enum MHD_Result do_metrics(ks_server *s, struct MHD_Connection *c, conn *cn) {
-    ks_buf b = {0};
-    if (ks_metrics_render(s->metrics, &b)) {
-        ks_buf_free(&b);
-        ERR(500, "server_error", "out_of_memory", NULL, "out of memory");
-    }
-    return ks__reply(s, c, cn, 200, "text/plain; version=0.0.4; charset=utf-8", b.s, b.len, NULL);
-}
-
-static enum MHD_Result do_slots(ks_server *s, struct MHD_Connection *c, conn *cn) {
-    ks_slot_info info[KS_MAX_SLOTS];
-    int n = 0;
-    pthread_rwlock_rdlock(&s->sched_lock);
-    if (!s->detached) n = ks_sched_slots(s->sched, info, KS_MAX_SLOTS);
-    pthread_rwlock_unlock(&s->sched_lock);
-    if (n > KS_MAX_SLOTS) n = KS_MAX_SLOTS;
-    json_t *a = json_array();
-    int64_t now = ks_now_us();
-    for (int i = 0; a && i < n; i++) {
-        const ks_slot_info *si = &info[i];
-        json_t *o = json_pack("{s:i, s:s, s:b, s:I, s:i, s:i, s:i, s:i, s:o}", "id", si->id, "state",
-                              si->busy ? "busy" : "idle", "busy", si->busy, "req_id", (json_int_t)si->req_id,
-                              "n_tokens", si->n_tokens, "n_prompt", si->n_prompt, "n_cached", si->n_cached,
-                              "n_generated", si->n_generated, "idle_ms",
-                              si->busy || !si->last_used_us ? json_null()
-                                                            : json_real((double)(now - si->last_used_us) / 1e3));
-        if (!o || json_array_append_new(a, o)) {
-            json_decref(a);
-            a = NULL;
-        }
-    }
-    return ks__reply_json(s, c, cn, 200, a, NULL);
-}
-
 /* --------------------------------------------------------------- MHD glue */
 static bool equal_ct(const char *a, const char *b) {
     size_t na = strlen(a), nb = strlen(b);
@@ -417,10 +361,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (cn->early) return reply_early(s, c, cn, method, url);
     if (cn->options) return reply_options(s, c, cn);
     switch (cn->rt->id) {
-    case R_HEALTH: return do_health(s, c, cn);
-    case R_MODELS: return do_models(s, c, cn);
-    case R_METRICS: return do_metrics(s, c, cn);
-    case R_SLOTS: return do_slots(s, c, cn);
+    case R_HEALTH: return ks__util_health(s, c, cn);
+    case R_MODELS: return ks__util_models(s, c, cn);
+    case R_METRICS: return ks__util_metrics(s, c, cn);
+    case R_SLOTS: return ks__util_slots(s, c, cn);
     case R_CHAT: return ks__gen_handle(s, c, cn, KS_API_CHAT);
     case R_COMPLETIONS: return ks__gen_handle(s, c, cn, KS_API_COMPLETION);
     case R_TOKENIZE: return ks__util_tokenize(s, c, cn);

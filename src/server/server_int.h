@@ -120,9 +120,14 @@ void ks__cors_headers(const ks_server *s, struct MHD_Connection *c, struct MHD_R
  * request's own Origin, borrowed from MHD for the request's life. */
 const char *ks__cors_origin(const ks_server *s, struct MHD_Connection *c);
 
-/* Utility endpoints (utility.c), each the whole request: POST /tokenize,
+/* The small endpoints (utility.c), each the whole request: GET /health
+ * (also "/"), GET /v1/models, GET /metrics, GET /slots; POST /tokenize,
  * POST /detokenize, GET /props and POST /props (501, as llama-server
  * without --props). */
+enum MHD_Result ks__util_health(ks_server *s, struct MHD_Connection *c, conn *cn);
+enum MHD_Result ks__util_models(ks_server *s, struct MHD_Connection *c, conn *cn);
+enum MHD_Result ks__util_metrics(ks_server *s, struct MHD_Connection *c, conn *cn);
+enum MHD_Result ks__util_slots(ks_server *s, struct MHD_Connection *c, conn *cn);
 enum MHD_Result ks__util_tokenize(ks_server *s, struct MHD_Connection *c, conn *cn);
 enum MHD_Result ks__util_detokenize(ks_server *s, struct MHD_Connection *c, conn *cn);
 enum MHD_Result ks__util_props(ks_server *s, struct MHD_Connection *c, conn *cn);

@@ -1,12 +1,14 @@
 /*
- * utility.c — llama-server's utility endpoints (server_int.h): POST
+ * utility.c — the small endpoints (server_int.h): GET /health, /v1/models,
+ * /metrics, /slots; and llama-server's utility endpoints: POST
  * /tokenize, POST /detokenize, GET /props. Same request and response field
  * names as llama-server's handlers (tools/server/server-context.cpp of the
  * pinned release); the differences are in docs/SERVER.md.
  *
- * None of them touches the scheduler: tokenizing and reading the model are
- * safe from any thread (engine.h), so they answer while every slot is busy
- * and while the server drains.
+ * Only /slots asks the scheduler (under sched_lock, gen.c H1). The others
+ * never do: tokenizing and reading the model are safe from any thread
+ * (engine.h), so they answer while every slot is busy and while the server
+ * drains.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +19,63 @@
 #include "server/api_int.h"
 #include "server/server_int.h"
 
+/* ------------------------------------------------------------- GET endpoints */
+#define ERR(status, type, code, param, ...)                                              \
+    do {                                                                                 \
+        ks_api_error e_;                                                                 \
+        ks_api_error_set(&e_, status, type, code, param, __VA_ARGS__);                   \
+        return ks__reply_error(s, c, cn, &e_, NULL);                                         \
+    } while (0)
+
+enum MHD_Result ks__util_health(ks_server *s, struct MHD_Connection *c, conn *cn) {
+    bool d = atomic_load(&s->draining);
+    return ks__reply_json(s, c, cn, d ? 503 : 200, json_pack("{s:s}", "status", d ? "shutting_down" : "ok"), NULL);
+}
+
+enum MHD_Result ks__util_models(ks_server *s, struct MHD_Connection *c, conn *cn) {
+    json_t *o = json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:{s:i, s:i, s:i, s:s, s:b}}]}", "object", "list",
+                          "data", "id", s->model, "object", "model", "created", (json_int_t)s->created,
+                          "owned_by", "kvstash", "meta", "n_ctx_seq", ks_engine_n_ctx_seq(s->engine),
+                          "n_vocab", ks_engine_n_vocab(s->engine), "n_slots", ks_engine_n_seq(s->engine),
+                          "desc", ks_engine_model_desc(s->engine), "cache_prompt", s->cache_prompt);
+    return ks__reply_json(s, c, cn, 200, o, NULL);
+}
+
+enum MHD_Result ks__util_metrics(ks_server *s, struct MHD_Connection *c, conn *cn) {
+    ks_buf b = {0};
+    if (ks_metrics_render(s->metrics, &b)) {
+        ks_buf_free(&b);
+        ERR(500, "server_error", "out_of_memory", NULL, "out of memory");
+    }
+    return ks__reply(s, c, cn, 200, "text/plain; version=0.0.4; charset=utf-8", b.s, b.len, NULL);
+}
+
+enum MHD_Result ks__util_slots(ks_server *s, struct MHD_Connection *c, conn *cn) {
+    ks_slot_info info[KS_MAX_SLOTS];
+    int n = 0;
+    pthread_rwlock_rdlock(&s->sched_lock);
+    if (!s->detached) n = ks_sched_slots(s->sched, info, KS_MAX_SLOTS);
+    pthread_rwlock_unlock(&s->sched_lock);
+    if (n > KS_MAX_SLOTS) n = KS_MAX_SLOTS;
+    json_t *a = json_array();
+    int64_t now = ks_now_us();
+    for (int i = 0; a && i < n; i++) {
+        const ks_slot_info *si = &info[i];
+        json_t *o = json_pack("{s:i, s:s, s:b, s:I, s:i, s:i, s:i, s:i, s:o}", "id", si->id, "state",
+                              si->busy ? "busy" : "idle", "busy", si->busy, "req_id", (json_int_t)si->req_id,
+                              "n_tokens", si->n_tokens, "n_prompt", si->n_prompt, "n_cached", si->n_cached,
+                              "n_generated", si->n_generated, "idle_ms",
+                              si->busy || !si->last_used_us ? json_null()
+                                                            : json_real((double)(now - si->last_used_us) / 1e3));
+        if (!o || json_array_append_new(a, o)) {
+            json_decref(a);
+            a = NULL;
+        }
+    }
+    return ks__reply_json(s, c, cn, 200, a, NULL);
+}
+
+/* ---------------------------------------------------------- llama-server's */
 /* The text of a token, control tokens as their text ("<|im_end|>"), into
  * *buf (grown as needed; *cap its size). Bytes written, < 0 on error. */
 static int token_text(const ks_engine *e, int32_t tok, char **buf, size_t *cap) {
