@@ -1078,7 +1078,7 @@ static enum MHD_Result respond_whole(ks_server *s, struct MHD_Connection *c, con
         if (choice_failed(ch, &finish, &e)) {
             free(ags);
             free(lps);
-            return ks__reply_error(s, c, cn, &e, NULL);
+            return ks__respond_error(s, c, cn, &e, NULL);
         }
         const char *text = ch->pending.s ? ch->pending.s : "";
         ch->msg = parse_text(g, ch, text, false);
@@ -1116,7 +1116,7 @@ static enum MHD_Result respond_whole(ks_server *s, struct MHD_Connection *c, con
         free(ags);
         free(lps);
         if (!o) goto oom;
-        return ks__reply_json(s, c, cn, 200, o, NULL);
+        return ks__respond_json(s, c, cn, 200, o, NULL);
     }
     ks_req_result t = total_result(g);
     o = ks_api_response_multi_json(ags, g->n_ch, &t);
@@ -1124,12 +1124,12 @@ static enum MHD_Result respond_whole(ks_server *s, struct MHD_Connection *c, con
     free(ags);
     free(lps);
     if (!o) goto oom;
-    return ks__reply_json(s, c, cn, 200, o, NULL);
+    return ks__respond_json(s, c, cn, 200, o, NULL);
 oom:
     free(ags);
     free(lps);
     ks_api_error_set(&e, 500, "server_error", "out_of_memory", NULL, "The response could not be encoded.");
-    return ks__reply_error(s, c, cn, &e, NULL);
+    return ks__respond_error(s, c, cn, &e, NULL);
 }
 
 /* What a Responses or Messages request adds to the chat request it became. */
@@ -1220,7 +1220,7 @@ static enum MHD_Result run(ks_server *s, struct MHD_Connection *c, conn *cn, ks_
     if (submit(s, g, &rq, &pl, &e, &retry)) {
         MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, s->timeout_s);
         const char *const retry_after[] = {"Retry-After", "1", NULL};
-        ret = ks__reply_error(s, c, cn, &e, retry ? retry_after : NULL);
+        ret = ks__respond_error(s, c, cn, &e, retry ? retry_after : NULL);
         goto out;
     }
     KS_DEBUG(MOD, "%s: queued %d choice(s), %d prompt tokens, max_tokens %d%s%s%s, grammar %s%s "
@@ -1234,7 +1234,7 @@ static enum MHD_Result run(ks_server *s, struct MHD_Connection *c, conn *cn, ks_
     ret = rq.stream ? respond_stream(s, c, cn, g) : respond_whole(s, c, cn, g);
     goto out;
 fail:
-    ret = ks__reply_error(s, c, cn, &e, NULL);
+    ret = ks__respond_error(s, c, cn, &e, NULL);
 out:
     ks_api_request_free(&rq);
     ks__plan_free(&pl);
@@ -1249,7 +1249,7 @@ out:
 enum MHD_Result ks__gen_handle(ks_server *s, struct MHD_Connection *c, conn *cn, ks_api_kind kind) {
     ks_api_request rq;
     ks_api_error e;
-    if (ks_api_parse(kind, cn->body.s, cn->body.len, &rq, &e)) return ks__reply_error(s, c, cn, &e, NULL);
+    if (ks_api_parse(kind, cn->body.s, cn->body.len, &rq, &e)) return ks__respond_error(s, c, cn, &e, NULL);
     ks__log_notes(s, cn, &rq.notes);
     return run(s, c, cn, &rq, NULL);
 }
@@ -1286,7 +1286,7 @@ fail:
     json_decref(hist);
     json_decref(conv);
     ks_api_resp_req_free(&rr);
-    return ks__reply_error(s, c, cn, &e, NULL);
+    return ks__respond_error(s, c, cn, &e, NULL);
 }
 
 enum MHD_Result ks__gen_handle_messages(ks_server *s, struct MHD_Connection *c, conn *cn) {
@@ -1298,7 +1298,7 @@ enum MHD_Result ks__gen_handle_messages(ks_server *s, struct MHD_Connection *c, 
         ks_api_parse_root(KS_API_CHAT, json_incref(mr.chat), &rq, &e)) {
         json_decref(root);
         ks_api_msg_req_free(&mr);
-        return ks__reply_error(s, c, cn, &e, NULL);
+        return ks__respond_error(s, c, cn, &e, NULL);
     }
     json_decref(root);
     ks__log_notes(s, cn, &mr.notes);
@@ -1316,10 +1316,10 @@ enum MHD_Result ks__gen_count_tokens(ks_server *s, struct MHD_Connection *c, con
     enum MHD_Result ret;
     if (ks__api_load_object(cn->body.s, cn->body.len, &root, &e) || ks_api_messages_to_chat(root, true, &mr, &e) ||
         ks_api_parse_root(KS_API_CHAT, json_incref(mr.chat), &rq, &e) || ks__plan_prompts(s, &rq, &pl, false, &e))
-        ret = ks__reply_error(s, c, cn, &e, NULL);
+        ret = ks__respond_error(s, c, cn, &e, NULL);
     else {
         ks__log_notes(s, cn, &mr.notes);
-        ret = ks__reply_json(s, c, cn, 200, json_pack("{s:i}", "input_tokens", pl.prompts[0].tokens.n), NULL);
+        ret = ks__respond_json(s, c, cn, 200, json_pack("{s:i}", "input_tokens", pl.prompts[0].tokens.n), NULL);
     }
     json_decref(root);
     ks_api_msg_req_free(&mr);

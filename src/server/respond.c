@@ -17,7 +17,7 @@
 
 #define MOD "http"
 
-enum MHD_Result ks__reply(ks_server *s, struct MHD_Connection *c, conn *cn, int status, const char *ctype,
+enum MHD_Result ks__respond(ks_server *s, struct MHD_Connection *c, conn *cn, int status, const char *ctype,
                           char *body, size_t len, const char *const *hdrs) {
     struct MHD_Response *r = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
     if (!r) {
@@ -34,7 +34,7 @@ enum MHD_Result ks__reply(ks_server *s, struct MHD_Connection *c, conn *cn, int 
     return rc;
 }
 
-enum MHD_Result ks__reply_json(ks_server *s, struct MHD_Connection *c, conn *cn, int status, json_t *obj,
+enum MHD_Result ks__respond_json(ks_server *s, struct MHD_Connection *c, conn *cn, int status, json_t *obj,
                                const char *const *hdrs) {
     char *body = obj ? ks_api_dump(obj) : NULL;
     json_decref(obj);
@@ -45,10 +45,10 @@ enum MHD_Result ks__reply_json(ks_server *s, struct MHD_Connection *c, conn *cn,
         status = 500;
         if (!body) return MHD_NO;
     }
-    return ks__reply(s, c, cn, status, "application/json; charset=utf-8", body, strlen(body), hdrs);
+    return ks__respond(s, c, cn, status, "application/json; charset=utf-8", body, strlen(body), hdrs);
 }
 
-enum MHD_Result ks__reply_error(ks_server *s, struct MHD_Connection *c, conn *cn, const ks_api_error *e,
+enum MHD_Result ks__respond_error(ks_server *s, struct MHD_Connection *c, conn *cn, const ks_api_error *e,
                                 const char *const *hdrs) {
     /* A refusal is the client's problem, but the operator must be able to see
      * it without debug logging (refusals.h: once per cause). */
@@ -56,8 +56,8 @@ enum MHD_Result ks__reply_error(ks_server *s, struct MHD_Connection *c, conn *cn
         ks_refusals_note(s->refusals, cn ? cn->method : "?", cn ? cn->url : "?", e->status, e->code, e->param,
                          e->message);
     /* Anthropic's routes answer in Anthropic's shape, with its overloaded status. */
-    if (cn && cn->wire == KS_WIRE_MESSAGES) return ks__reply_json(s, c, cn, e->status, ks_api_messages_error_json(e), hdrs);
-    return ks__reply_json(s, c, cn, e->status, ks_api_error_json(e), hdrs);
+    if (cn && cn->wire == KS_WIRE_MESSAGES) return ks__respond_json(s, c, cn, e->status, ks_api_messages_error_json(e), hdrs);
+    return ks__respond_json(s, c, cn, e->status, ks_api_error_json(e), hdrs);
 }
 
 void ks__log_notes(ks_server *s, const conn *cn, const ks_api_notes *n) {

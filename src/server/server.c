@@ -158,13 +158,13 @@ static enum MHD_Result reply_options(ks_server *s, struct MHD_Connection *c, con
     const char *origin = header(c, "Origin");
     if (!origin || !header(c, MHD_HTTP_HEADER_ACCESS_CONTROL_REQUEST_METHOD)) {
         const char *const h[] = {MHD_HTTP_HEADER_ALLOW, methods, NULL};
-        return ks__reply(s, c, cn, 204, NULL, NULL, 0, h);
+        return ks__respond(s, c, cn, 204, NULL, NULL, 0, h);
     }
     if (!ks__cors_origin(s, c)) {
         ks_api_error e;
         ks_api_error_set(&e, 403, "invalid_request_error", "origin_not_allowed", NULL,
                          "Origin %.200s is not allowed (the server's --cors-origin).", origin);
-        return ks__reply_error(s, c, cn, &e, NULL);
+        return ks__respond_error(s, c, cn, &e, NULL);
     }
     const char *want = header(c, MHD_HTTP_HEADER_ACCESS_CONTROL_REQUEST_HEADERS);
     /* Chrome asks before a public page may call a private address (Private
@@ -176,7 +176,7 @@ static enum MHD_Result reply_options(ks_server *s, struct MHD_Connection *c, con
                              MHD_HTTP_HEADER_ACCESS_CONTROL_MAX_AGE, CORS_MAX_AGE,
                              pna && !strcasecmp(pna, "true") ? "Access-Control-Allow-Private-Network" : NULL, "true",
                              NULL};
-    return ks__reply(s, c, cn, 204, NULL, NULL, 0, h);
+    return ks__respond(s, c, cn, 204, NULL, NULL, 0, h);
 }
 
 static enum MHD_Result reply_early(ks_server *s, struct MHD_Connection *c, conn *cn, const char *method,
@@ -186,29 +186,29 @@ static enum MHD_Result reply_early(ks_server *s, struct MHD_Connection *c, conn 
     case 404:
         ks_api_error_set(&e, 404, "invalid_request_error", "unknown_url", NULL, "Unknown request URL: %.16s %.200s.",
                          method, url);
-        return ks__reply_error(s, c, cn, &e, NULL);
+        return ks__respond_error(s, c, cn, &e, NULL);
     case 405: {
         char allow[48]; /* OPTIONS too while CORS is on */
         snprintf(allow, sizeof allow, "%s%s", allowed(cn->rt), s->n_cors_origins ? ", OPTIONS" : "");
         ks_api_error_set(&e, 405, "invalid_request_error", "method_not_allowed", NULL,
                          "Method %.16s is not allowed on %s; use %s.", method, cn->rt->path, allow);
         const char *const h[] = {MHD_HTTP_HEADER_ALLOW, allow, NULL};
-        return ks__reply_error(s, c, cn, &e, h);
+        return ks__respond_error(s, c, cn, &e, h);
     }
     case 401: {
         ks_api_error_set(&e, 401, "invalid_request_error", "invalid_api_key", NULL,
                          cn->key_given ? "Incorrect API key provided."
                                        : "You didn't provide an API key. Send it as 'Authorization: Bearer KEY'.");
         const char *const h[] = {MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer", NULL};
-        return ks__reply_error(s, c, cn, &e, h);
+        return ks__respond_error(s, c, cn, &e, h);
     }
     case 413:
         ks_api_error_set(&e, 413, "invalid_request_error", "request_too_large", NULL,
                          "The request body is larger than the limit of %lld bytes.", (long long)s->max_body);
-        return ks__reply_error(s, c, cn, &e, NULL);
+        return ks__respond_error(s, c, cn, &e, NULL);
     default:
         ks_api_error_set(&e, 500, "server_error", "out_of_memory", NULL, "The request body could not be stored.");
-        return ks__reply_error(s, c, cn, &e, NULL);
+        return ks__respond_error(s, c, cn, &e, NULL);
     }
 }
 
@@ -309,11 +309,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             if (why) {
                 ks_api_error_set(&e, 400, "invalid_request_error", "invalid_framing", NULL,
                                  "The request's length is ambiguous: %s (RFC 9112 6.3).", why);
-                return ks__reply_error(s, c, cn, &e, close_h);
+                return ks__respond_error(s, c, cn, &e, close_h);
             }
             ks_api_error_set(&e, 503, "server_error", "too_many_connections", NULL,
                              "The server is at its limit of %d connections. Retry later.", s->max_connections);
-            return ks__reply_error(s, c, cn, &e, busy_h);
+            return ks__respond_error(s, c, cn, &e, busy_h);
         }
         if (!cn->rt) cn->early = 404;
         else if (s->n_cors_origins && !strcmp(method, "OPTIONS")) cn->options = true; /* no key: reply_options */

@@ -98,12 +98,12 @@ typedef struct conn {
  * cn->status (cn may be NULL). */
 /* body is owned and freed here; hdrs: name, value, ..., NULL (may be NULL);
  * ctype NULL: no Content-Type (a 204). */
-enum MHD_Result ks__reply(ks_server *s, struct MHD_Connection *c, conn *cn, int status, const char *ctype,
+enum MHD_Result ks__respond(ks_server *s, struct MHD_Connection *c, conn *cn, int status, const char *ctype,
                           char *body, size_t len, const char *const *hdrs);
 /* obj is stolen. */
-enum MHD_Result ks__reply_json(ks_server *s, struct MHD_Connection *c, conn *cn, int status, json_t *obj,
+enum MHD_Result ks__respond_json(ks_server *s, struct MHD_Connection *c, conn *cn, int status, json_t *obj,
                                const char *const *hdrs);
-enum MHD_Result ks__reply_error(ks_server *s, struct MHD_Connection *c, conn *cn, const ks_api_error *e,
+enum MHD_Result ks__respond_error(ks_server *s, struct MHD_Connection *c, conn *cn, const ks_api_error *e,
                                 const char *const *hdrs);
 /* Logs what the request carried and the server went on without (api.h
  * ks_api_notes), once per cause (refusals.h). n may be NULL. */

@@ -24,12 +24,12 @@
     do {                                                                                 \
         ks_api_error e_;                                                                 \
         ks_api_error_set(&e_, status, type, code, param, __VA_ARGS__);                   \
-        return ks__reply_error(s, c, cn, &e_, NULL);                                         \
+        return ks__respond_error(s, c, cn, &e_, NULL);                                         \
     } while (0)
 
 enum MHD_Result ks__util_health(ks_server *s, struct MHD_Connection *c, conn *cn) {
     bool d = atomic_load(&s->draining);
-    return ks__reply_json(s, c, cn, d ? 503 : 200, json_pack("{s:s}", "status", d ? "shutting_down" : "ok"), NULL);
+    return ks__respond_json(s, c, cn, d ? 503 : 200, json_pack("{s:s}", "status", d ? "shutting_down" : "ok"), NULL);
 }
 
 enum MHD_Result ks__util_models(ks_server *s, struct MHD_Connection *c, conn *cn) {
@@ -38,7 +38,7 @@ enum MHD_Result ks__util_models(ks_server *s, struct MHD_Connection *c, conn *cn
                           "owned_by", "kvstash", "meta", "n_ctx_seq", ks_engine_n_ctx_seq(s->engine),
                           "n_vocab", ks_engine_n_vocab(s->engine), "n_slots", ks_engine_n_seq(s->engine),
                           "desc", ks_engine_model_desc(s->engine), "cache_prompt", s->cache_prompt);
-    return ks__reply_json(s, c, cn, 200, o, NULL);
+    return ks__respond_json(s, c, cn, 200, o, NULL);
 }
 
 enum MHD_Result ks__util_metrics(ks_server *s, struct MHD_Connection *c, conn *cn) {
@@ -47,7 +47,7 @@ enum MHD_Result ks__util_metrics(ks_server *s, struct MHD_Connection *c, conn *c
         ks_buf_free(&b);
         ERR(500, "server_error", "out_of_memory", NULL, "out of memory");
     }
-    return ks__reply(s, c, cn, 200, "text/plain; version=0.0.4; charset=utf-8", b.s, b.len, NULL);
+    return ks__respond(s, c, cn, 200, "text/plain; version=0.0.4; charset=utf-8", b.s, b.len, NULL);
 }
 
 enum MHD_Result ks__util_slots(ks_server *s, struct MHD_Connection *c, conn *cn) {
@@ -72,7 +72,7 @@ enum MHD_Result ks__util_slots(ks_server *s, struct MHD_Connection *c, conn *cn)
             a = NULL;
         }
     }
-    return ks__reply_json(s, c, cn, 200, a, NULL);
+    return ks__respond_json(s, c, cn, 200, a, NULL);
 }
 
 /* ---------------------------------------------------------- llama-server's */
@@ -93,7 +93,7 @@ static int token_text(const ks_engine *e, int32_t tok, char **buf, size_t *cap) 
 static enum MHD_Result reply_oom(ks_server *s, struct MHD_Connection *c, conn *cn) {
     ks_api_error e;
     ks_api_error_set(&e, 500, "server_error", "out_of_memory", NULL, "out of memory");
-    return ks__reply_error(s, c, cn, &e, NULL);
+    return ks__respond_error(s, c, cn, &e, NULL);
 }
 
 enum MHD_Result ks__util_tokenize(ks_server *s, struct MHD_Connection *c, conn *cn) {
@@ -101,7 +101,7 @@ enum MHD_Result ks__util_tokenize(ks_server *s, struct MHD_Connection *c, conn *
     ks_api_error e;
     if (ks_api_parse_tokenize(cn->body.s, cn->body.len, ks_engine_n_vocab(s->engine), &rq, &e)) {
         ks_api_tokenize_free(&rq);
-        return ks__reply_error(s, c, cn, &e, NULL);
+        return ks__respond_error(s, c, cn, &e, NULL);
     }
     ks_tokens t = {0};
     int rc = 0;
@@ -139,7 +139,7 @@ enum MHD_Result ks__util_tokenize(ks_server *s, struct MHD_Connection *c, conn *
         json_decref(a);
         return reply_oom(s, c, cn);
     }
-    return ks__reply_json(s, c, cn, 200, json_pack("{s:o}", "tokens", a), NULL);
+    return ks__respond_json(s, c, cn, 200, json_pack("{s:o}", "tokens", a), NULL);
 }
 
 enum MHD_Result ks__util_detokenize(ks_server *s, struct MHD_Connection *c, conn *cn) {
@@ -147,7 +147,7 @@ enum MHD_Result ks__util_detokenize(ks_server *s, struct MHD_Connection *c, conn
     int n;
     ks_api_error e;
     if (ks_api_parse_detokenize(cn->body.s, cn->body.len, ks_engine_n_vocab(s->engine), &ids, &n, &e))
-        return ks__reply_error(s, c, cn, &e, NULL);
+        return ks__respond_error(s, c, cn, &e, NULL);
     /* The pieces concatenated (llama-server's tokens_to_str); a piece may end
      * inside a character, so the whole goes through a textstream, which turns
      * what is still invalid at the end into U+FFFD as llama-server's JSON
@@ -170,7 +170,7 @@ enum MHD_Result ks__util_detokenize(ks_server *s, struct MHD_Connection *c, conn
     ks_buf_free(&out);
     ks_textstream_free(ts);
     if (!o) return reply_oom(s, c, cn);
-    return ks__reply_json(s, c, cn, 200, o, NULL);
+    return ks__respond_json(s, c, cn, 200, o, NULL);
 }
 
 /* A token's text as a NUL-terminated owned string, "" when tok < 0. */
@@ -197,7 +197,7 @@ enum MHD_Result ks__util_props(ks_server *s, struct MHD_Connection *c, conn *cn)
         ks_api_error e;
         ks_api_error_set(&e, 501, "not_supported_error", "not_supported", NULL,
                          "This server does not support changing global properties.");
-        return ks__reply_error(s, c, cn, &e, NULL);
+        return ks__respond_error(s, c, cn, &e, NULL);
     }
     char *bos = special_text(s->engine, ks_engine_token_bos(s->engine));
     char *eos = special_text(s->engine, ks_engine_token_eos(s->engine));
@@ -225,7 +225,7 @@ enum MHD_Result ks__util_props(ks_server *s, struct MHD_Connection *c, conn *cn)
     free(bos);
     free(eos);
     if (!o) return reply_oom(s, c, cn);
-    return ks__reply_json(s, c, cn, 200, o, NULL);
+    return ks__respond_json(s, c, cn, 200, o, NULL);
 }
 
 static ks_chat_tmpl *server_tmpl(ks_server *s, char *err, size_t errlen, int *rc) {
@@ -242,13 +242,13 @@ static ks_chat_tmpl *server_tmpl(ks_server *s, char *err, size_t errlen, int *rc
 enum MHD_Result ks__util_apply_template(ks_server *s, struct MHD_Connection *c, conn *cn) {
     ks_api_error e;
     json_t *root = NULL;
-    if (ks__api_load_object(cn->body.s, cn->body.len, &root, &e)) return ks__reply_error(s, c, cn, &e, NULL);
+    if (ks__api_load_object(cn->body.s, cn->body.len, &root, &e)) return ks__respond_error(s, c, cn, &e, NULL);
     json_t *msgs = ks__api_field(root, "messages");
     json_decref(root);
     if (!msgs) {
         ks_api_error_set(&e, 400, T_INVALID, "missing_required_parameter", "messages",
                          "Missing required parameter: 'messages'.");
-        return ks__reply_error(s, c, cn, &e, NULL);
+        return ks__respond_error(s, c, cn, &e, NULL);
     }
     char err[512] = "";
     int rc = 0;
@@ -258,7 +258,7 @@ enum MHD_Result ks__util_apply_template(ks_server *s, struct MHD_Connection *c, 
     if (rc == KS_EINVAL || rc == KS_ETEMPLATE) {
         ks_api_error_set(&e, 400, T_INVALID, rc == KS_EINVAL ? "invalid_value" : "template_error", NULL,
                          "The chat template could not render the request: %.300s", err);
-        return ks__reply_error(s, c, cn, &e, NULL);
+        return ks__respond_error(s, c, cn, &e, NULL);
     }
     json_t *r = rc ? NULL : json_loads(res, 0, NULL);
     free(res);
@@ -268,9 +268,9 @@ enum MHD_Result ks__util_apply_template(ks_server *s, struct MHD_Connection *c, 
         KS_WARN("http", "/apply-template failed: %s", rc ? (err[0] ? err : ks_strerror(rc)) : "no prompt");
         ks_api_error_set(&e, 500, "server_error", "template_error", NULL, "The chat template is not available: %.300s",
                          err[0] ? err : ks_strerror(rc ? rc : KS_ENOMEM));
-        return ks__reply_error(s, c, cn, &e, NULL);
+        return ks__respond_error(s, c, cn, &e, NULL);
     }
     json_t *o = json_pack("{s:O}", "prompt", prompt);
     json_decref(r);
-    return o ? ks__reply_json(s, c, cn, 200, o, NULL) : reply_oom(s, c, cn);
+    return o ? ks__respond_json(s, c, cn, 200, o, NULL) : reply_oom(s, c, cn);
 }
