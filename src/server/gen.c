@@ -1205,9 +1205,7 @@ static enum MHD_Result run(ks_server *s, struct MHD_Connection *c, conn *cn, ks_
         g->n_preserved = pl.tp.n_preserved;
         pl.tp.preserved = NULL;
         pl.tp.n_preserved = 0;
-        json_t *pj = json_loads(g->parse, 0, NULL);
-        g->continuation = pj && json_is_true(json_object_get(pj, "is_continuation"));
-        json_decref(pj);
+        g->continuation = pl.tp.continuation;
     }
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     g->fd = ci ? ci->connect_fd : -1;
