@@ -533,8 +533,10 @@ json_t *ks_api_chunk_delta_json(const ks_api_gen *g, json_t *delta, json_t *logp
         if (chat) {
             choice = json_pack("{s:i, s:O}", "index", g->index, "delta", delta);
         } else {
-            json_t *t = json_object_get(delta, "text");
-            choice = json_pack("{s:O, s:i}", "text", t ? t : json_string(""), "index", g->index);
+            /* A completion's text is the delta's content (fmt.h's internal shape). */
+            json_t *t = json_object_get(delta, "content");
+            choice = t ? json_pack("{s:O, s:i}", "text", t, "index", g->index)
+                       : json_pack("{s:s, s:i}", "text", "", "index", g->index);
         }
     }
     json_decref(delta);
@@ -547,7 +549,7 @@ json_t *ks_api_chunk_delta_json(const ks_api_gen *g, json_t *delta, json_t *logp
     return envelope(g, chat ? "chat.completion.chunk" : "text_completion", json_pack("[o]", choice));
 }
 
-json_t *ks_api_chunk_json(const ks_api_gen *g, ks_api_chunk_kind k, const char *text, size_t len) {
+json_t *ks_api_chunk_json(const ks_api_gen *g, ks_api_chunk_kind k) {
     bool chat = g->kind == KS_API_CHAT;
     const char *object = chat ? "chat.completion.chunk" : "text_completion";
     json_t *choice = NULL;
@@ -557,14 +559,6 @@ json_t *ks_api_chunk_json(const ks_api_gen *g, ks_api_chunk_kind k, const char *
                                   "content", "", "logprobs", "finish_reason")
                       : json_pack("{s:s, s:i, s:n, s:n}", "text", "", "index", g->index, "logprobs", "finish_reason");
         break;
-    case KS_API_CHUNK_DELTA: {
-        json_t *t = json_stringn(text ? text : "", text ? len : 0);
-        if (!t) return NULL;
-        choice = chat ? json_pack("{s:i, s:{s:o}, s:n, s:n}", "index", g->index, "delta", "content", t, "logprobs",
-                                  "finish_reason")
-                      : json_pack("{s:o, s:i, s:n, s:n}", "text", t, "index", g->index, "logprobs", "finish_reason");
-        break;
-    }
     case KS_API_CHUNK_FINISH: {
         const char *f = g->finish ? g->finish : "stop";
         choice = chat ? json_pack("{s:i, s:{}, s:n, s:s}", "index", g->index, "delta", "logprobs", "finish_reason", f)
@@ -585,6 +579,36 @@ json_t *ks_api_chunk_json(const ks_api_gen *g, ks_api_chunk_kind k, const char *
         if (c) json_object_set_new(o, "cache", c);
     }
     return o;
+}
+
+/* The completions API's logprobs object: parallel arrays. */
+static json_t *legacy_logprobs(const json_t *entries) {
+    json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
+    size_t i, off = 0;
+    json_t *e;
+    json_array_foreach(entries, i, e) {
+        const char *t = json_string_value(json_object_get(e, "token"));
+        json_array_append(tokens, json_object_get(e, "token"));
+        json_array_append(lps, json_object_get(e, "logprob"));
+        json_array_append_new(offs, json_integer((json_int_t)off));
+        off += t ? strlen(t) : 0;
+        json_t *top = json_object();
+        size_t j;
+        json_t *a;
+        json_array_foreach(json_object_get(e, "top_logprobs"), j, a) {
+            const char *at = json_string_value(json_object_get(a, "token"));
+            json_object_set(top, at ? at : "", json_object_get(a, "logprob"));
+        }
+        json_array_append_new(tops, top);
+    }
+    return json_pack("{s:o, s:o, s:o, s:o}", "tokens", tokens, "token_logprobs", lps, "top_logprobs", tops,
+                     "text_offset", offs);
+}
+
+json_t *ks_api_logprobs_json(ks_api_kind kind, const json_t *entries) {
+    if (!entries) return NULL;
+    if (kind == KS_API_CHAT) return json_pack("{s:O, s:[]}", "content", entries, "refusal");
+    return legacy_logprobs(entries);
 }
 
 char *ks_api_dump(const json_t *obj) {

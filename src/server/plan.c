@@ -111,8 +111,6 @@ int ks__plan_prompts(ks_server *s, const ks_api_request *rq, ks_plan *pl, bool b
         ks_prompt_opts o = {.hints = true, .model_id = s->model_id, .max_bytes = max_bytes};
         if (s->tmpl) {
             char err[512] = "";
-            if (s->reasoning_format[0] && !json_object_get(rq->tmpl_req, "reasoning_format"))
-                json_object_set_new(rq->tmpl_req, "reasoning_format", json_string(s->reasoning_format));
             rc = ks_prompt_tmpl_chat(s->engine, s->tmpl, rq->tmpl_req, &o, s->memo, &pl->tp, err, sizeof err);
             if (rc == KS_ECTX) return too_long(s, rq, 0, e);
             if (rc) return template_error(rc, err, e);

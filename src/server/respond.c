@@ -12,6 +12,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "server/fmt.h"
 #include "server/refusals.h"
 #include "server/server_int.h"
 
@@ -55,9 +56,9 @@ enum MHD_Result ks__respond_error(ks_server *s, struct MHD_Connection *c, conn *
     if (e->status >= 400 && e->status < 500)
         ks_refusals_note(s->refusals, cn ? cn->method : "?", cn ? cn->url : "?", e->status, e->code, e->param,
                          e->message);
-    /* Anthropic's routes answer in Anthropic's shape, with its overloaded status. */
-    if (cn && cn->wire == KS_WIRE_MESSAGES) return ks__respond_json(s, c, cn, e->status, ks_api_messages_error_json(e), hdrs);
-    return ks__respond_json(s, c, cn, e->status, ks_api_error_json(e), hdrs);
+    /* Each route answers in its format's shape (Anthropic's with its own types). */
+    json_t *o = cn && cn->fmt ? cn->fmt->error_json(e) : ks_api_error_json(e);
+    return ks__respond_json(s, c, cn, e->status, o, hdrs);
 }
 
 void ks__log_notes(ks_server *s, const conn *cn, const ks_api_notes *n) {

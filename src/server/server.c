@@ -47,6 +47,8 @@
 #include "engine/chat_tmpl.h"
 #include "server/convstore.h"
 #include "prompt/prompt_tmpl.h"
+#include "server/fmt.h"
+#include "server/gen.h"
 #include "server/refusals.h"
 
 /* Render results the server remembers (prompt_tmpl.h): a few per
@@ -66,22 +68,33 @@ struct route {
     const char *path;
     int id;
     unsigned methods;
+    const ks_fmt *fmt; /* a generation's format, the shape of the route's errors; NULL: OpenAI's */
 };
 
 static const route ROUTES[] = {
     /* "/" answers as /health does: clients probe it (Claude Code sends HEAD /
      * before its first request), and llama-server answers it. */
-    {"/", R_HEALTH, M_GET},
-    {"/health", R_HEALTH, M_GET},           {"/v1/health", R_HEALTH, M_GET},
-    {"/v1/models", R_MODELS, M_GET},        {"/models", R_MODELS, M_GET},
-    {"/metrics", R_METRICS, M_GET},         {"/slots", R_SLOTS, M_GET},
-    {"/v1/chat/completions", R_CHAT, M_POST}, {"/chat/completions", R_CHAT, M_POST},
-    {"/v1/completions", R_COMPLETIONS, M_POST}, {"/completions", R_COMPLETIONS, M_POST},
+    {"/", R_HEALTH, M_GET, NULL},
+    {"/health", R_HEALTH, M_GET, NULL},
+    {"/v1/health", R_HEALTH, M_GET, NULL},
+    {"/v1/models", R_MODELS, M_GET, NULL},
+    {"/models", R_MODELS, M_GET, NULL},
+    {"/metrics", R_METRICS, M_GET, NULL},
+    {"/slots", R_SLOTS, M_GET, NULL},
+    {"/v1/chat/completions", R_CHAT, M_POST, &ks__fmt_chat},
+    {"/chat/completions", R_CHAT, M_POST, &ks__fmt_chat},
+    {"/v1/completions", R_COMPLETIONS, M_POST, &ks__fmt_completions},
+    {"/completions", R_COMPLETIONS, M_POST, &ks__fmt_completions},
     /* llama-server has these without a /v1 alias. */
-    {"/tokenize", R_TOKENIZE, M_POST},      {"/detokenize", R_DETOKENIZE, M_POST},
-    {"/props", R_PROPS, M_GET | M_POST},    {"/apply-template", R_APPLY_TEMPLATE, M_POST},
-    {"/v1/responses", R_RESPONSES, M_POST}, {"/responses", R_RESPONSES, M_POST},
-    {"/v1/messages", R_MESSAGES, M_POST},   {"/v1/messages/count_tokens", R_COUNT_TOKENS, M_POST},
+    {"/tokenize", R_TOKENIZE, M_POST, NULL},
+    {"/detokenize", R_DETOKENIZE, M_POST, NULL},
+    {"/props", R_PROPS, M_GET | M_POST, NULL},
+    /* a chat request, parsed as chat's (utility.c) */
+    {"/apply-template", R_APPLY_TEMPLATE, M_POST, &ks__fmt_chat},
+    {"/v1/responses", R_RESPONSES, M_POST, &ks__fmt_responses},
+    {"/responses", R_RESPONSES, M_POST, &ks__fmt_responses},
+    {"/v1/messages", R_MESSAGES, M_POST, &ks__fmt_messages},
+    {"/v1/messages/count_tokens", R_COUNT_TOKENS, M_POST, &ks__fmt_messages},
 };
 
 static const char *allowed(const route *rt) {
@@ -288,9 +301,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *con_cls = cn;
         cn->t0 = ks_now_ms();
         cn->rt = find_route(url);
-        if (cn->rt) cn->wire = cn->rt->id == R_MESSAGES || cn->rt->id == R_COUNT_TOKENS ? KS_WIRE_MESSAGES
-                               : cn->rt->id == R_RESPONSES                            ? KS_WIRE_RESPONSES
-                                                                                       : KS_WIRE_OPENAI;
+        if (cn->rt) cn->fmt = cn->rt->fmt;
         bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
         bool post = !strcmp(method, "POST");
         bool given;
@@ -365,15 +376,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     case R_MODELS: return ks__util_models(s, c, cn);
     case R_METRICS: return ks__util_metrics(s, c, cn);
     case R_SLOTS: return ks__util_slots(s, c, cn);
-    case R_CHAT: return ks__gen_handle(s, c, cn, KS_API_CHAT);
-    case R_COMPLETIONS: return ks__gen_handle(s, c, cn, KS_API_COMPLETION);
+    case R_CHAT:
+    case R_COMPLETIONS:
+    case R_RESPONSES:
+    case R_MESSAGES: return ks__request_generate(s, c, cn, cn->rt->fmt);
     case R_TOKENIZE: return ks__util_tokenize(s, c, cn);
     case R_DETOKENIZE: return ks__util_detokenize(s, c, cn);
     case R_PROPS: return ks__util_props(s, c, cn);
     case R_APPLY_TEMPLATE: return ks__util_apply_template(s, c, cn);
-    case R_RESPONSES: return ks__gen_handle_responses(s, c, cn);
-    case R_MESSAGES: return ks__gen_handle_messages(s, c, cn);
-    case R_COUNT_TOKENS: return ks__gen_count_tokens(s, c, cn);
+    case R_COUNT_TOKENS: return ks__request_count_tokens(s, c, cn);
     }
     return MHD_NO;
 }

@@ -72,8 +72,7 @@ struct ks_server {
 typedef struct ks_gen ks_gen;
 struct ks_convstore;
 
-/* The wire protocol of a route: the shape of its replies and errors. */
-typedef enum { KS_WIRE_OPENAI = 0, KS_WIRE_RESPONSES, KS_WIRE_MESSAGES } ks_wire;
+struct ks_fmt;
 typedef struct route route;
 
 /* One HTTP request on its connection thread. */
@@ -91,7 +90,7 @@ typedef struct conn {
     int status;
     double t0;
     ks_gen *g;            /* the HTTP reference of a generation, dropped when the request ends */
-    ks_wire wire;         /* the route's error shape */
+    const struct ks_fmt *fmt; /* the route's format (fmt.h): its errors' shape; NULL: OpenAI's */
 } conn;
 
 /* Replies (respond.c). Each queues the response, counts its status and sets
@@ -133,15 +132,16 @@ enum MHD_Result ks__util_detokenize(ks_server *s, struct MHD_Connection *c, conn
 enum MHD_Result ks__util_props(ks_server *s, struct MHD_Connection *c, conn *cn);
 enum MHD_Result ks__util_apply_template(ks_server *s, struct MHD_Connection *c, conn *cn);
 
-/* Generations (gen.c). */
-/* POST /v1/responses, POST /v1/messages, POST /v1/messages/count_tokens. */
-enum MHD_Result ks__gen_handle_responses(ks_server *s, struct MHD_Connection *c, conn *cn);
-enum MHD_Result ks__gen_handle_messages(ks_server *s, struct MHD_Connection *c, conn *cn);
-enum MHD_Result ks__gen_count_tokens(ks_server *s, struct MHD_Connection *c, conn *cn);
-/* POST /v1/chat/completions and /v1/completions: the whole request. */
-enum MHD_Result ks__gen_handle(ks_server *s, struct MHD_Connection *c, conn *cn, ks_api_kind kind);
-/* The request ended (toe: how): cancels an abandoned generation and drops
- * the HTTP reference. */
-void ks__gen_request_done(ks_gen *g, bool completed_ok);
-
+/* The generation routes (request.c), each the whole request: the body
+ * through fmt's parser, the plan, the generation, the reply. fmt: the
+ * route's format (fmt.h). */
+enum MHD_Result ks__request_generate(ks_server *s, struct MHD_Connection *c, conn *cn, const struct ks_fmt *fmt);
+/* POST /v1/messages/count_tokens: the prompt's token count. */
+enum MHD_Result ks__request_count_tokens(ks_server *s, struct MHD_Connection *c, conn *cn);
+/* The body of cn as a request in fmt's format: into *rq (free with
+ * ks_api_request_free) and the format's state *st (fmt->free_state), with
+ * the server's defaults applied (its reasoning format). 0, or a KS_E* code
+ * with e filled and nothing to free. /apply-template renders through it. */
+int ks__request_parse(ks_server *s, const struct ks_fmt *fmt, const conn *cn, ks_api_request *rq, void **st,
+                      ks_api_error *e);
 #endif
