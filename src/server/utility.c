@@ -17,6 +17,7 @@
 #include "base/textstream.h"
 #include "engine/chat_tmpl.h"
 #include "server/api_int.h"
+#include "server/fmt.h"
 #include "server/server_int.h"
 
 /* ------------------------------------------------------------- GET endpoints */
@@ -228,33 +229,32 @@ enum MHD_Result ks__util_props(ks_server *s, struct MHD_Connection *c, conn *cn)
     return ks__respond_json(s, c, cn, 200, o, NULL);
 }
 
-static ks_chat_tmpl *server_tmpl(ks_server *s, char *err, size_t errlen, int *rc) {
-    if (!s->tmpl) {
-        *rc = KS_ETEMPLATE;
-        snprintf(err, errlen, "the model's chat template could not be loaded at start");
-    }
-    return s->tmpl;
-}
-
 /* POST /apply-template {messages, tools?, tool_choice?, chat_template_kwargs?, ...}
  * -> {prompt}: the prompt llama.cpp's common library renders for the request
- * with the model's own Jinja template, as llama-server's /apply-template. */
+ * with the model's own Jinja template, as llama-server's /apply-template.
+ * The body is parsed as a chat request (the same checks, the same
+ * translation into the template's request, the server's defaults), so the
+ * prompt shown is the one /v1/chat/completions renders for that body. */
 enum MHD_Result ks__util_apply_template(ks_server *s, struct MHD_Connection *c, conn *cn) {
     ks_api_error e;
-    json_t *root = NULL;
-    if (ks__api_load_object(cn->body.s, cn->body.len, &root, &e)) return ks__respond_error(s, c, cn, &e, NULL);
-    json_t *msgs = ks__api_field(root, "messages");
-    json_decref(root);
-    if (!msgs) {
-        ks_api_error_set(&e, 400, T_INVALID, "missing_required_parameter", "messages",
-                         "Missing required parameter: 'messages'.");
-        return ks__respond_error(s, c, cn, &e, NULL);
-    }
+    ks_api_request rq;
+    void *st = NULL;
+    if (ks__request_parse(s, &ks__fmt_chat, cn, &rq, &st, &e)) return ks__respond_error(s, c, cn, &e, NULL);
+    ks__fmt_chat.free_state(st);
+    ks__log_notes(s, cn, &rq.notes);
     char err[512] = "";
     int rc = 0;
-    char *res = NULL;
-    ks_chat_tmpl *t = server_tmpl(s, err, sizeof err, &rc);
-    if (t) rc = ks_chat_tmpl_apply(t, cn->body.s, &res, err, sizeof err);
+    char *req = NULL, *res = NULL;
+    if (!s->tmpl) {
+        rc = KS_ETEMPLATE;
+        snprintf(err, sizeof err, "the model's chat template could not be loaded at start");
+    } else if (!(req = ks_api_dump(rq.tmpl_req))) {
+        rc = KS_ENOMEM;
+    } else {
+        rc = ks_chat_tmpl_apply(s->tmpl, req, &res, err, sizeof err);
+    }
+    free(req);
+    ks_api_request_free(&rq);
     if (rc == KS_EINVAL || rc == KS_ETEMPLATE) {
         ks_api_error_set(&e, 400, T_INVALID, rc == KS_EINVAL ? "invalid_value" : "template_error", NULL,
                          "The chat template could not render the request: %.300s", err);
