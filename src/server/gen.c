@@ -31,12 +31,10 @@
  *      stopped by on_token: its result, log line and metrics say "cancel".
  */
 #include <errno.h>
-#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include <sys/random.h>
-#include <sys/socket.h>
+#include <string.h>
 #include <time.h>
 
 #include "base/textstream.h"
@@ -44,6 +42,7 @@
 #include "server/api_int.h"
 #include "server/gen.h"
 #include "server/output.h"
+#include "server/peer.h"
 #include "server/reply.h"
 
 #define MOD "http"
@@ -336,28 +335,6 @@ void ks__gen_request_done(ks_gen *g, bool completed_ok) {
     gen_release(g);
 }
 
-/* What the client's socket says (server.h note 3). */
-enum { PEER_OK = 0, PEER_EOF, PEER_GONE };
-
-/* PEER_GONE: the connection broke (a reset: POLLHUP/POLLERR, a read error).
- * PEER_EOF: the client will send nothing more — it shut down its sending
- * side and may still read (a half-close), or it closed the socket; TCP
- * tells these apart only when we write. A client that pipelined its next
- * request has data waiting, which is neither. */
-static int peer_state(int fd) {
-    if (fd < 0) return PEER_OK;
-    struct pollfd p = {.fd = fd, .events = POLLIN};
-    if (poll(&p, 1, 0) <= 0) return PEER_OK;
-    if (p.revents & (POLLHUP | POLLERR | POLLNVAL)) return PEER_GONE;
-    if (p.revents & POLLIN) {
-        char c;
-        ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-        if (n == 0) return PEER_EOF;
-        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return PEER_GONE;
-    }
-    return PEER_OK;
-}
-
 /* Whether a probe is due after end of file: the first at once, then one a
  * PROBE_MS. A whole reply can be probed only on HTTP/1.1 (1xx responses). */
 static bool probe_due(gen *g) {
@@ -366,21 +343,6 @@ static bool probe_due(gen *g) {
     if (g->probe_ms > 0 && now - g->probe_ms < PROBE_MS) return false;
     g->probe_ms = now;
     return true;
-}
-
-/* The probe of a whole reply: an interim response, which every HTTP/1.1
- * client must accept before the final one and may ignore (RFC 9110 15.2).
- * Written on the socket directly: MHD writes nothing while the request's
- * handler (this thread) waits, so nothing interleaves with it. */
-static void probe_interim(gen *g) {
-    static const char msg[] = "HTTP/1.1 100 Continue\r\n\r\n";
-    size_t off = 0;
-    while (off < sizeof msg - 1) {
-        ssize_t n = send(g->fd, msg + off, sizeof msg - 1 - off, MSG_NOSIGNAL);
-        if (n > 0) off += (size_t)n;
-        else if (n < 0 && errno == EINTR) continue;
-        else return; /* the reset shows at the next poll */
-    }
 }
 
 static void deadline_in(struct timespec *ts, int ms) {
@@ -419,11 +381,11 @@ static int wait_locked(gen *g, bool want_text) {
         if (pthread_cond_timedwait(&g->cv, &g->mu, &ts) != ETIMEDOUT) continue;
         if (atomic_load(&g->gone)) continue; /* canceled: on_done is on its way (H2) */
         pthread_mutex_unlock(&g->mu);
-        int peer = peer_state(g->fd);
-        if (peer == PEER_GONE) gen_abandon(g);
-        bool probe = peer == PEER_EOF && probe_due(g);
+        int peer = ks__peer_state(g->fd);
+        if (peer == KS_PEER_GONE) gen_abandon(g);
+        bool probe = peer == KS_PEER_EOF && probe_due(g);
         pthread_mutex_lock(&g->mu);
-        if (peer == PEER_GONE && want_text) return W_GONE;
+        if (peer == KS_PEER_GONE && want_text) return W_GONE;
         if (probe) return W_PROBE;
     }
     return W_READY;
@@ -695,7 +657,7 @@ static enum MHD_Result respond_whole(ks_server *s, struct MHD_Connection *c, con
     pthread_mutex_lock(&g->mu);
     while (wait_locked(g, false) == W_PROBE) {
         pthread_mutex_unlock(&g->mu);
-        probe_interim(g);
+        ks__peer_interim(g->fd);
         pthread_mutex_lock(&g->mu);
     }
     pthread_mutex_unlock(&g->mu);
