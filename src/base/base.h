@@ -53,6 +53,14 @@ int64_t ks_now_us(void);
 int64_t ks_wall_s(void);
 int64_t ks_wall_us(void);
 
+/* ------------------------------------------------------------------- random */
+/* Fills buf[0, n) with random bytes: the kernel's (getrandom, never waiting
+ * for entropy), or when it has none to give, a splitmix64 stream seeded from
+ * both clocks, the pid and a process-wide counter: distinct on every call,
+ * not secret. Ids, nonces and sampling seeds; never keys. Thread-safe. */
+void ks_random_bytes(void *buf, size_t n);
+uint64_t ks_random_u64(void);
+
 /* ----------------------------------------------------------- token vectors */
 /* A growable array of token ids. Zero-initialised is an empty vector.
  * Owned: free with ks_tokens_free(). Not thread-safe. */

@@ -60,12 +60,6 @@
 #include "cache/redis_fmt.h"
 #include "cache/store_int.h"
 
-int64_t ks__store_wall_us(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
 void ks__store_add_ms(_Atomic uint64_t *acc, double ms) {
     if (ms > 0) atomic_fetch_add(acc, (uint64_t)(ms * 1000.0 + 0.5));
 }
@@ -347,7 +341,7 @@ static job *save_job(ks_tier_id tier, unsigned tiers, const ks_key *key, ks_reas
     j->reason = reason;
     j->n = n;
     j->len = len;
-    j->created_us = ks__store_wall_us();
+    j->created_us = ks_wall_us();
     j->async = async;
     j->refs = async ? 1 : 2;
     return j;
@@ -533,7 +527,7 @@ void ks_store_stats(ks_store *s, struct ks_store_stats *o) {
     o->lookups = atomic_load(&s->lookups);
     o->hits = atomic_load(&s->hits);
     o->misses = atomic_load(&s->misses);
-    int64_t now = ks__store_wall_us();
+    int64_t now = ks_wall_us();
     for (int t = 0; t < KS_TIER__N; t++) {
         o->tier_hits[t] = atomic_load(&s->tier_hits[t]);
         o->tier_misses[t] = atomic_load(&s->tier_misses[t]);

@@ -86,7 +86,7 @@ int ks__store_run_waited(ks_store *s, job_kind kind, int timeout_ms) {
  * of a pinned save about to be put compete for that protection. */
 static int evict_tier(ks_store *s, int t, uint64_t max_bytes, uint64_t incoming_bytes, int64_t incoming_until_us) {
     ks_tier_pins pins = {
-        .now_us = ks__store_wall_us(),
+        .now_us = ks_wall_us(),
         .max_bytes = (uint64_t)((double)s->cfg.pin_share * (double)s->cfg.tier_max_bytes[t]),
         .incoming_bytes = incoming_bytes,
         .incoming_until_us = incoming_until_us,

@@ -25,12 +25,6 @@
 #include "base/base.h"
 #include "cache/tier.h"
 
-static int64_t wall_us(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
 /* ============================================================ the table */
 int ks__tier_init(ks_tier *t, const ks_tier_vt *vt, ks_tier_id id, const ks_tier_ident *ident) {
     t->vt = vt;
@@ -91,7 +85,7 @@ void ks__tier_touch(ks_tier *t, const ks_key *key) {
     pthread_rwlock_wrlock(&t->lock);
     ks__tentry *e = ks_keymap_get(&t->map, key);
     if (e) {
-        e->info.last_hit_us = wall_us();
+        e->info.last_hit_us = ks_wall_us();
         e->info.hits++;
         e->lru = ++t->seq;
         e->dirty = true;

@@ -55,7 +55,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <time.h>
 #include <xxhash.h>
 
@@ -96,12 +95,6 @@ typedef struct redis_tier {
 static int64_t mono_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static int64_t wall_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
@@ -306,7 +299,7 @@ static int rt_put(ks_tier *t, const ks_kvfile_meta *meta, const int32_t *tokens,
         .n_chunks = ks_redis_n_chunks(total, (uint64_t)(r->cfg.chunk_bytes - KS_REDIS_CHUNK_SLACK)),
         .csum = XXH3_64bits(buf, total),
     };
-    if (getrandom(&m.nonce, sizeof m.nonce, 0) != (ssize_t)sizeof m.nonce) m.nonce = (uint64_t)wall_ms() ^ XXH3_64bits(&rep, sizeof rep);
+    m.nonce = ks_random_u64();
     int ml = ks_redis_manifest_encode(&m, line, sizeof line);
     ks_redis_member(r->fp, &meta->key, member);
     key_manifest(r, member, mkey);
@@ -386,7 +379,7 @@ static int rt_put(ks_tier *t, const ks_kvfile_meta *meta, const int32_t *tokens,
     /* Visible: account for it. */
     ks_redis_conn_append(c, "HSET %s %s %llu", r->nm.sizes, member, (unsigned long long)total);
     ks_redis_conn_append(c, "INCRBY %s %llu", r->nm.bytes, (unsigned long long)total);
-    ks_redis_conn_append(c, "ZADD %s %lld %s", r->nm.lru, (long long)wall_ms(), member);
+    ks_redis_conn_append(c, "ZADD %s %lld %s", r->nm.lru, (long long)(ks_wall_us() / 1000), member);
     ks_redis_conn_append(c, "ZADD %s %u %u", r->k_lens, m.n_tokens, m.n_tokens);
     ks_redis_conn_append(c, "ZCARD %s", r->nm.lru);
     if ((rc = collect(r, &r->wr, 5, rep, "save (account)")) != 0) goto done;
@@ -478,7 +471,7 @@ int ks_tier_redis_fetch(ks_tier *t, const ks_key *key, const struct ks_redis_man
     }
     ks_redis_ops_append_chunks(c, mkey, m);
     /* The hit: most recently used now (XX: only while the entry is accounted). */
-    ks_redis_conn_append(c, "ZADD %s XX %lld %s", r->nm.lru, (long long)wall_ms(), member);
+    ks_redis_conn_append(c, "ZADD %s XX %lld %s", r->nm.lru, (long long)(ks_wall_us() / 1000), member);
     if (r->cfg.ttl > 0) {
         /* A TTL counts from the last use, as the LRU does. */
         ks_redis_conn_append(c, "EXPIRE %s %lld", mkey, (long long)r->cfg.ttl);

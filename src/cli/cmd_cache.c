@@ -123,12 +123,6 @@ static void fmt_age(int64_t us, char *out, size_t n) {
         snprintf(out, n, "%lldd", (long long)(s / 86400));
 }
 
-static int64_t now_us(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
 static bool is_hex(const char *s) {
     if (!*s || strlen(s) > KS_KEY_HEX_LEN) return false;
     for (; *s; s++)
@@ -393,7 +387,7 @@ static int cmd_ls(const opts *o) {
         }
     }
     if (r.n) qsort(r.v, r.n, sizeof *r.v, row_cmp); /* r.v is NULL when empty: UB for qsort */
-    int64_t now = now_us();
+    int64_t now = ks_wall_us();
     printf("%-12s %8s %9s %-5s %-9s %6s %6s %6s %-8s\n", "KEY", "TOKENS", "BYTES", "TIER", "REASON", "AGE",
            "IDLE", "HITS", "MODEL");
     for (size_t i = 0; i < r.n; i++) {
@@ -618,7 +612,7 @@ static int cmd_gc(const opts *o) {
         uint64_t b0 = 0, b1 = 0, e1 = 0;
         ks_tier_usage(tier, &b0, NULL);
         /* Pins are honoured with the default share of the budget (store.h "Pins"). */
-        ks_tier_pins pins = {.now_us = now_us(),
+        ks_tier_pins pins = {.now_us = ks_wall_us(),
                              .max_bytes = (uint64_t)((double)def.cfg.pin_share * (double)budget)};
         int n = ks_tier_evict(tier, budget, &pins, NULL, NULL);
         ks_tier_usage(tier, &b1, &e1);

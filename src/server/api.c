@@ -12,9 +12,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
-#include <time.h>
-#include <unistd.h>
 
 
 /* ------------------------------------------------------------------ errors */
@@ -387,10 +384,7 @@ void ks_api_make_id(char *buf, size_t n, const char *prefix) {
     static _Atomic uint64_t seed;
     uint64_t s = atomic_load(&seed);
     if (s == 0) {
-        uint64_t fresh = 0;
-        if (getrandom(&fresh, sizeof fresh, GRND_NONBLOCK) != (ssize_t)sizeof fresh)
-            fresh = (uint64_t)time(NULL) * 6364136223846793005ull ^ (uint64_t)getpid();
-        fresh |= 1; /* never 0, so the seed is drawn once */
+        uint64_t fresh = ks_random_u64() | 1; /* never 0, so the seed is drawn once */
         uint64_t expected = 0;
         atomic_compare_exchange_strong(&seed, &expected, fresh);
         s = atomic_load(&seed);

@@ -33,7 +33,6 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/random.h>
 #include <string.h>
 #include <time.h>
 
@@ -531,12 +530,6 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
 static void stream_free(void *cls) { gen_release(cls); }
 
 /* ------------------------------------------------------------- submitting */
-static uint64_t random_seed(void) {
-    uint64_t x = 0;
-    if (getrandom(&x, sizeof x, GRND_NONBLOCK) != (ssize_t)sizeof x) x = (uint64_t)ks_now_us() * 2654435761u;
-    return x;
-}
-
 /* Queues every choice: for each prompt, choice 0 first, then the others
  * sharing its prefill. On failure fills e (and *retry for a full queue) and
  * cancels what was queued; those choices still get their on_done. */
@@ -554,7 +547,7 @@ static int submit(ks_server *s, gen *g, const ks_api_request *rq, const ks_plan 
         rp.max_tokens = pl->max_tokens;
         rp.sample = rq->sample;
         /* Choice j of a seeded request samples with seed + j: choice 0 is the n = 1 output. */
-        rp.sample.seed = rq->seed_set ? base_seed + (uint64_t)j : random_seed();
+        rp.sample.seed = rq->seed_set ? base_seed + (uint64_t)j : ks_random_u64();
         rp.ext = &x;
         rp.cache_prompt = rq->cache_prompt;
         rp.preferred_slot = rq->id_slot;

@@ -4,7 +4,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 
 #include "engine/chat_tmpl.h"
 #include "server/output.h"
@@ -42,8 +41,7 @@ static void give_ids(ks_out *o, json_t *msg) {
         if (i >= json_array_size(o->ids)) {
             char buf[10];
             unsigned char rnd[9];
-            if (getrandom(rnd, sizeof rnd, GRND_NONBLOCK) != (ssize_t)sizeof rnd)
-                for (int k = 0; k < 9; k++) rnd[k] = (unsigned char)(ks_now_us() >> (k * 3));
+            ks_random_bytes(rnd, sizeof rnd);
             for (int k = 0; k < 9; k++) buf[k] = ID_CHARS[rnd[k] % (sizeof ID_CHARS - 1)];
             buf[9] = 0;
             json_array_append_new(o->ids, json_string(json_is_string(id) && json_string_length(id) ? json_string_value(id) : buf));
