@@ -222,18 +222,9 @@ int ks__api_parse_prompts(json_t *root, ks_api_request *r, ks_api_error *err) {
     int rc;
     if ((rc = ks__api_parse_structured(root, r, NULL, err))) return rc;
     /* OpenAI's legacy logprobs: an integer, the alternatives per token. */
-    json_t *lp = ks__api_field(root, "logprobs");
-    if (lp) {
-        if (!json_is_integer(lp))
-            BAD("invalid_type", "logprobs", "Invalid type for 'logprobs': expected an integer, but got %s instead.",
-                ks__api_json_type_name(lp));
-        json_int_t x = json_integer_value(lp);
-        if (x < 0 || x > KS_API_MAX_TOP_LOGPROBS)
-            BAD("invalid_value", "logprobs", "Invalid 'logprobs': expected a value in [0, %d], got %lld.",
-                KS_API_MAX_TOP_LOGPROBS, (long long)x);
-        r->logprobs = true;
-        r->top_logprobs = (int)x;
-    }
+    long long x;
+    if ((rc = ks__api_get_int(root, "logprobs", 0, KS_API_MAX_TOP_LOGPROBS, &x, &r->logprobs, err))) return rc;
+    if (r->logprobs) r->top_logprobs = (int)x;
     json_t *echo = ks__api_field(root, "echo");
     if (echo && !json_is_false(echo))
         BAD("unsupported_value", "echo", "Unsupported value: 'echo' is only supported as false.");

@@ -560,19 +560,12 @@ int ks__api_parse_chat(json_t *root, ks_api_request *r, ks_api_error *err) {
     bool lp = false;
     if ((rc = ks__api_get_bool(root, "logprobs", &lp, err))) return rc;
     r->logprobs = lp;
-    json_t *tl = ks__api_field(root, "top_logprobs");
-    if (tl) {
-        if (!json_is_integer(tl))
-            BAD("invalid_type", "top_logprobs", "Invalid type for 'top_logprobs': expected an integer, but got %s instead.",
-                ks__api_json_type_name(tl));
-        json_int_t x = json_integer_value(tl);
-        if (x < 0 || x > KS_API_MAX_TOP_LOGPROBS)
-            BAD("invalid_value", "top_logprobs", "Invalid 'top_logprobs': expected a value in [0, %d], got %lld.",
-                KS_API_MAX_TOP_LOGPROBS, (long long)x);
-        if (!lp && x > 0)
-            BAD("invalid_value", "top_logprobs", "Invalid 'top_logprobs': it requires 'logprobs' to be true.");
-        r->top_logprobs = (int)x;
-    }
+    long long x;
+    bool set;
+    if ((rc = ks__api_get_int(root, "top_logprobs", 0, KS_API_MAX_TOP_LOGPROBS, &x, &set, err))) return rc;
+    if (set && !lp && x > 0)
+        BAD("invalid_value", "top_logprobs", "Invalid 'top_logprobs': it requires 'logprobs' to be true.");
+    if (set) r->top_logprobs = (int)x;
     return 0;
 }
 
@@ -645,19 +638,6 @@ static int parse_bias(json_t *root, ks_api_request *r, ks_api_error *err) {
     return 0;
 }
 
-static int get_real(json_t *root, const char *key, double lo, double hi, float *out, ks_api_error *err) {
-    json_t *v = ks__api_field(root, key);
-    if (!v) return 0;
-    if (!json_is_number(v))
-        BAD("invalid_type", key, "Invalid type for '%s': expected a number, but got %s instead.", key,
-            ks__api_json_type_name(v));
-    double d = json_number_value(v);
-    if (!(d >= lo && d <= hi))
-        BAD("invalid_value", key, "Invalid '%s': expected a value in [%g, %g], got %g.", key, lo, hi, d);
-    *out = (float)d;
-    return 0;
-}
-
 int ks__api_parse_sampling(json_t *root, ks_api_request *r, ks_api_error *err) {
     int rc;
     r->repeat_penalty = 1.0f;
@@ -665,42 +645,26 @@ int ks__api_parse_sampling(json_t *root, ks_api_request *r, ks_api_error *err) {
     r->n = 1;
     r->id_slot = -1;
     if ((rc = parse_bias(root, r, err))) return rc;
-    if ((rc = get_real(root, "presence_penalty", -2.0, 2.0, &r->presence_penalty, err))) return rc;
-    if ((rc = get_real(root, "frequency_penalty", -2.0, 2.0, &r->frequency_penalty, err))) return rc;
-    if ((rc = get_real(root, "repeat_penalty", 0.0, 10.0, &r->repeat_penalty, err))) return rc;
-    json_t *v = ks__api_field(root, "repeat_last_n");
-    if (v) {
-        if (!json_is_integer(v) || json_integer_value(v) < -1 || json_integer_value(v) > INT32_MAX)
-            BAD("invalid_value", "repeat_last_n", "Invalid 'repeat_last_n': expected an integer >= -1.");
-        r->repeat_last_n = (int)json_integer_value(v);
-    }
+    long long x;
+    bool set;
+    if ((rc = ks__api_get_number(root, "presence_penalty", -2.0, 2.0, &r->presence_penalty, err))) return rc;
+    if ((rc = ks__api_get_number(root, "frequency_penalty", -2.0, 2.0, &r->frequency_penalty, err))) return rc;
+    if ((rc = ks__api_get_number(root, "repeat_penalty", 0.0, 10.0, &r->repeat_penalty, err))) return rc;
+    /* -1: the whole context */
+    if ((rc = ks__api_get_int(root, "repeat_last_n", -1, INT32_MAX, &x, &set, err))) return rc;
+    if (set) r->repeat_last_n = (int)x;
     if ((rc = ks__api_get_bool(root, "ignore_eos", &r->ignore_eos, err))) return rc;
-    v = ks__api_field(root, "id_slot");
-    if (v) {
-        if (!json_is_integer(v) || json_integer_value(v) < -1 || json_integer_value(v) > 1000000)
-            BAD("invalid_value", "id_slot", "Invalid 'id_slot': expected a slot index (an integer >= 0) or -1.");
-        r->id_slot = (int)json_integer_value(v);
-    }
+    /* a slot index or -1; whether the server has it is the scheduler's check */
+    if ((rc = ks__api_get_int(root, "id_slot", -1, 1000000, &x, &set, err))) return rc;
+    if (set) r->id_slot = (int)x;
     /* llama-server's n_probs: the alternatives per token, turns logprobs on. */
-    v = ks__api_field(root, "n_probs");
-    if (v) {
-        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > KS_API_MAX_TOP_LOGPROBS)
-            BAD("invalid_value", "n_probs", "Invalid 'n_probs': expected an integer in [0, %d].", KS_API_MAX_TOP_LOGPROBS);
-        if (json_integer_value(v) > 0) {
-            r->logprobs = true;
-            r->top_logprobs = (int)json_integer_value(v);
-        }
+    if ((rc = ks__api_get_int(root, "n_probs", 0, KS_API_MAX_TOP_LOGPROBS, &x, &set, err))) return rc;
+    if (set && x > 0) {
+        r->logprobs = true;
+        r->top_logprobs = (int)x;
     }
-    v = ks__api_field(root, "n");
-    if (v) {
-        if (!json_is_integer(v))
-            BAD("invalid_type", "n", "Invalid type for 'n': expected an integer, but got %s instead.",
-                ks__api_json_type_name(v));
-        json_int_t x = json_integer_value(v);
-        if (x < 1) BAD("integer_below_min_value", "n", "Invalid 'n': integer below minimum value. Expected a value >= 1, but got %lld instead.", (long long)x);
-        if (x > KS_API_MAX_N) BAD("integer_above_max_value", "n", "Invalid 'n': integer above maximum value. Expected a value <= %d, but got %lld instead.", KS_API_MAX_N, (long long)x);
-        r->n = (int)x;
-    }
+    if ((rc = ks__api_get_int(root, "n", 1, KS_API_MAX_N, &x, &set, err))) return rc;
+    if (set) r->n = (int)x;
     int prompts = r->kind == KS_API_COMPLETION ? r->n_prompts : 1;
     if (prompts * r->n > KS_API_MAX_CHOICES)
         BAD("invalid_value", "n", "Invalid 'n': %d prompts × n = %d choices is more than the %d a request may ask for.",

@@ -63,6 +63,11 @@ json_t *ks__api_field(json_t *obj, const char *key) {
     return (v && !json_is_null(v)) ? v : NULL;
 }
 
+const char *ks__api_str(const json_t *o, const char *k) {
+    const char *s = json_string_value(json_object_get(o, k));
+    return s ? s : "";
+}
+
 const char *ks__api_json_type_name(const json_t *v) {
     switch (json_typeof(v)) {
     case JSON_OBJECT: return "an object";

@@ -23,6 +23,8 @@
 /* api_fields.c */
 /* A field counts as absent when missing or null (OpenAI accepts explicit nulls). */
 json_t *ks__api_field(json_t *obj, const char *key);
+/* The string of o[k], "" when it is absent or not a string (o may be NULL). */
+const char *ks__api_str(const json_t *o, const char *k);
 /* "a string", "an integer", ... for error messages. */
 const char *ks__api_json_type_name(const json_t *v);
 /* An optional boolean field into *out; 400 on a wrong type. */

@@ -536,10 +536,6 @@ static json_t *reasoning_item(const char *text) {
     return json_pack("{s:s, s:s, s:[], s:o}", "id", id, "type", "reasoning", "summary", "content", content);
 }
 
-static const char *jstr(const json_t *o, const char *k) {
-    const char *s = json_string_value(json_object_get(o, k));
-    return s ? s : "";
-}
 
 /* A custom tool's input from the arguments the model wrote for it: their
  * "input" string, else (the model did not follow the one-string shape) the
@@ -563,14 +559,14 @@ static json_t *call_item(const json_t *tool_map, const char *call_id, const char
         ks_api_make_id(id, sizeof id, "ctc_");
         char *in = custom_input(args);
         json_t *it = in ? json_pack("{s:s, s:s, s:s, s:s, s:s, s:s}", "id", id, "type", "custom_tool_call", "status",
-                                    status, "call_id", call_id, "name", jstr(m, "name"), "input", in)
+                                    status, "call_id", call_id, "name", ks__api_str(m, "name"), "input", in)
                         : NULL;
         free(in);
         return it;
     }
     ks_api_make_id(id, sizeof id, "fc_");
     json_t *it = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s}", "id", id, "type", "function_call", "status", status,
-                           "call_id", call_id, "name", m ? jstr(m, "name") : name, "arguments", args);
+                           "call_id", call_id, "name", m ? ks__api_str(m, "name") : name, "arguments", args);
     if (it && m) json_object_set(it, "namespace", json_object_get(m, "namespace"));
     return it;
 }
@@ -578,8 +574,8 @@ static json_t *call_item(const json_t *tool_map, const char *call_id, const char
 json_t *ks_api_responses_output(const json_t *msg, const char *text, const json_t *tool_map) {
     json_t *out = json_array();
     if (!out) return NULL;
-    const char *content = msg ? jstr(msg, "content") : (text ? text : "");
-    const char *reasoning = msg ? jstr(msg, "reasoning_content") : "";
+    const char *content = msg ? ks__api_str(msg, "content") : (text ? text : "");
+    const char *reasoning = msg ? ks__api_str(msg, "reasoning_content") : "";
     if (reasoning[0]) json_array_append_new(out, reasoning_item(reasoning));
     json_t *calls = msg ? json_object_get(msg, "tool_calls") : NULL;
     if (content[0] || !json_array_size(calls)) json_array_append_new(out, message_item(content, "completed"));
@@ -587,7 +583,7 @@ json_t *ks_api_responses_output(const json_t *msg, const char *text, const json_
     json_t *tc;
     json_array_foreach(calls, i, tc) {
         json_t *fn = json_object_get(tc, "function");
-        json_array_append_new(out, call_item(tool_map, jstr(tc, "id"), jstr(fn, "name"), jstr(fn, "arguments"),
+        json_array_append_new(out, call_item(tool_map, ks__api_str(tc, "id"), ks__api_str(fn, "name"), ks__api_str(fn, "arguments"),
                                              "completed"));
     }
     return out;
@@ -682,7 +678,7 @@ static json_t *open_item(ks_api_rstream *st) { return json_array_get(st->items, 
 static int close_item(ks_api_rstream *st, ks_buf *out) {
     if (st->open < 0) return 0;
     json_t *it = open_item(st);
-    const char *id = jstr(it, "id");
+    const char *id = ks__api_str(it, "id");
     int oi = st->open, rc = 0;
     json_t *part = json_array_get(json_object_get(it, "content"), 0);
     if (st->open_kind == OPEN_MESSAGE) {
@@ -745,13 +741,13 @@ static int add_item(ks_api_rstream *st, ks_buf *out, json_t *it, int kind) {
         return KS_ENOMEM;
     }
     return event(st, out, "response.content_part.added",
-                 json_pack("{s:s, s:i, s:i, s:o}", "item_id", jstr(it, "id"), "output_index", st->open,
+                 json_pack("{s:s, s:i, s:i, s:o}", "item_id", ks__api_str(it, "id"), "output_index", st->open,
                            "content_index", 0, "part", part));
 }
 
 /* Appends s to the string field key of o. */
 static int grow(json_t *o, const char *key, const char *s) {
-    const char *a = jstr(o, key);
+    const char *a = ks__api_str(o, key);
     size_t la = strlen(a), ls = strlen(s);
     char *n = malloc(la + ls + 1);
     if (!n) return KS_ENOMEM;
@@ -770,7 +766,7 @@ int ks_api_rstream_delta(ks_api_rstream *st, const json_t *d, ks_buf *out) {
         json_t *part = json_array_get(json_object_get(open_item(st), "content"), 0);
         if ((rc = grow(part, "text", s))) return rc;
         return event(st, out, "response.reasoning_text.delta",
-                     json_pack("{s:s, s:i, s:i, s:s}", "item_id", jstr(open_item(st), "id"), "output_index", st->open,
+                     json_pack("{s:s, s:i, s:i, s:s}", "item_id", ks__api_str(open_item(st), "id"), "output_index", st->open,
                                "content_index", 0, "delta", s));
     }
     if ((s = json_string_value(json_object_get(d, "content")))) {
@@ -779,7 +775,7 @@ int ks_api_rstream_delta(ks_api_rstream *st, const json_t *d, ks_buf *out) {
         json_t *part = json_array_get(json_object_get(open_item(st), "content"), 0);
         if ((rc = grow(part, "text", s))) return rc;
         return event(st, out, "response.output_text.delta",
-                     json_pack("{s:s, s:i, s:i, s:s, s:[]}", "item_id", jstr(open_item(st), "id"), "output_index",
+                     json_pack("{s:s, s:i, s:i, s:s, s:[]}", "item_id", ks__api_str(open_item(st), "id"), "output_index",
                                st->open, "content_index", 0, "delta", s, "logprobs"));
     }
     json_t *calls = json_object_get(d, "tool_calls");
@@ -788,21 +784,21 @@ int ks_api_rstream_delta(ks_api_rstream *st, const json_t *d, ks_buf *out) {
     json_t *fn = json_object_get(tc, "function");
     int index = (int)json_integer_value(json_object_get(tc, "index"));
     if (json_object_get(fn, "name")) { /* a call's header */
-        json_t *it = call_item(st->tool_map, jstr(tc, "id"), jstr(fn, "name"), "", "in_progress");
-        bool custom = it && !strcmp(jstr(it, "type"), "custom_tool_call");
+        json_t *it = call_item(st->tool_map, ks__api_str(tc, "id"), ks__api_str(fn, "name"), "", "in_progress");
+        bool custom = it && !strcmp(ks__api_str(it, "type"), "custom_tool_call");
         if ((rc = add_item(st, out, it, custom ? OPEN_CUSTOM : OPEN_CALL))) return rc;
         st->call_index = index;
-        s = jstr(fn, "arguments");
+        s = ks__api_str(fn, "arguments");
         if (!s[0]) return 0;
     } else {
-        s = jstr(fn, "arguments");
+        s = ks__api_str(fn, "arguments");
     }
     if (st->open_kind == OPEN_CUSTOM && st->call_index == index) /* its input comes at close_item */
         return ks_buf_append(&st->custom_args, s, strlen(s)) ? KS_ENOMEM : 0;
     if (st->open_kind != OPEN_CALL || st->call_index != index || !s[0]) return 0;
     if ((rc = grow(open_item(st), "arguments", s))) return rc;
     return event(st, out, "response.function_call_arguments.delta",
-                 json_pack("{s:s, s:i, s:s}", "item_id", jstr(open_item(st), "id"), "output_index", st->open, "delta",
+                 json_pack("{s:s, s:i, s:s}", "item_id", ks__api_str(open_item(st), "id"), "output_index", st->open, "delta",
                            s));
 }
 
@@ -810,7 +806,7 @@ int ks_api_rstream_end(ks_api_rstream *st, json_t *resp, ks_buf *out) {
     int rc = close_item(st, out);
     if (rc) return rc;
     json_object_set(resp, "output", st->items);
-    const char *status = jstr(resp, "status");
+    const char *status = ks__api_str(resp, "status");
     const char *type = !strcmp(status, "incomplete") ? "response.incomplete"
                        : !strcmp(status, "failed")   ? "response.failed"
                                                      : "response.completed";

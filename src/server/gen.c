@@ -582,7 +582,6 @@ static int submit(ks_server *s, gen *g, const ks_api_request *rq, const ks_plan 
         }
     pthread_mutex_unlock(&g->mu);
     cancel_choices(g);
-    const char *what = rq->kind == KS_API_CHAT ? "messages" : "prompt";
     switch (rc) {
     case KS_EFULL:
         ks_api_error_set(e, 503, "server_error", "queue_full", NULL,
@@ -592,10 +591,9 @@ static int submit(ks_server *s, gen *g, const ks_api_request *rq, const ks_plan 
     case KS_ESHUTDOWN:
         ks_api_error_set(e, 503, "server_error", "shutting_down", NULL, "The server is shutting down.");
         break;
-    case KS_ECTX:
-        ks_api_error_set(e, 400, T_INVALID, "context_length_exceeded", what,
-                         "The %s and max_tokens do not fit in the context (%d tokens).", what,
-                         ks_engine_n_ctx_seq(s->engine));
+    case KS_ECTX: /* the scheduler's own check, after the plan's */
+        ks__plan_ctx_error(s, rq, e, "resulted in %d tokens and max_tokens is %d", pl->prompts[0].tokens.n,
+                           pl->max_tokens);
         break;
     case KS_EINVAL:
         ks_api_error_set(e, 400, T_INVALID, "invalid_value", rq->id_slot >= 0 ? "id_slot" : NULL,

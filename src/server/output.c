@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "engine/chat_tmpl.h"
+#include "server/api_int.h"
 #include "server/output.h"
 
 #define MOD "http"
@@ -67,15 +68,11 @@ static json_t *parse_text(ks_out *o, const char *text, bool partial) {
     return m;
 }
 
-static const char *jstr(const json_t *o, const char *k) {
-    const char *s = json_string_value(json_object_get(o, k));
-    return s ? s : "";
-}
 
 /* The delta from prev to cur of one string field, appended to *deltas as
  * {key: suffix}; a field that did not grow by appending adds nothing. */
 static void delta_field(json_t *deltas, const json_t *prev, const json_t *cur, const char *key) {
-    const char *a = jstr(prev, key), *b = jstr(cur, key);
+    const char *a = ks__api_str(prev, key), *b = ks__api_str(cur, key);
     size_t la = strlen(a), lb = strlen(b);
     if (lb > la && !strncmp(a, b, la)) json_array_append_new(deltas, json_pack("{s:s}", key, b + la));
 }
@@ -94,7 +91,7 @@ static json_t *message_deltas(ks_out *o, const json_t *cur, bool final) {
     for (size_t i = 0; i < n; i++) {
         json_t *tc = json_array_get(calls, i);
         json_t *fn = json_object_get(tc, "function");
-        const char *name = jstr(fn, "name"), *args = jstr(fn, "arguments");
+        const char *name = ks__api_str(fn, "name"), *args = ks__api_str(fn, "arguments");
         if (i >= json_array_size(o->args_sent)) {
             if (!name[0] || (!args[0] && i + 1 == n && !final)) break;
             json_t *h = json_pack("{s:[{s:i, s:O, s:s, s:{s:s, s:s}}]}", "tool_calls", "index", (int)i, "id",
@@ -154,7 +151,7 @@ int ks__out_feed(ks_out *o, const char *text, size_t len, bool final, json_t **d
 static void strip_prefill(json_t *msg, const json_t *base) {
     static const char *const keys[] = {"content", "reasoning_content"};
     for (int k = 0; k < 2; k++) {
-        const char *a = jstr(base, keys[k]), *b = jstr(msg, keys[k]);
+        const char *a = ks__api_str(base, keys[k]), *b = ks__api_str(msg, keys[k]);
         size_t la = strlen(a);
         if (la && !strncmp(a, b, la)) json_object_set_new(msg, keys[k], json_string(b + la));
     }

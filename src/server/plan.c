@@ -1,6 +1,7 @@
 /*
  * plan.c — see plan.h: from a parsed request to the scheduler's parameters.
  */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,22 +78,27 @@ static int64_t prompt_max_bytes(const ks_server *s) {
  * n_bytes: the prompt's length; 0 for a chat prompt, rendered and refused
  * inside the prompt module (only "more than the bound" is known). */
 static int too_long(ks_server *s, const ks_api_request *rq, size_t n_bytes, ks_api_error *e) {
-    const char *what = rq->kind == KS_API_CHAT ? "messages" : "prompt";
-    int n_ctx = ks_engine_n_ctx_seq(s->engine);
     if (n_bytes)
-        ks_api_error_set(e, 400, T_INVALID, "context_length_exceeded", what,
-                         "This model's maximum context length is %d tokens. However, your %s is %zu bytes, "
-                         "which is at least %lld tokens (no token of this model is longer than %d bytes) and "
-                         "leaves no room for a completion. Please reduce the length of the %s.",
-                         n_ctx, what, n_bytes, (long long)((n_bytes + (size_t)s->max_token_bytes - 1) /
-                                                           (size_t)s->max_token_bytes),
-                         s->max_token_bytes, what);
-    else
-        ks_api_error_set(e, 400, T_INVALID, "context_length_exceeded", what,
-                         "This model's maximum context length is %d tokens. However, your %s render to more "
-                         "than %lld bytes, which is at least %d tokens (no token of this model is longer than "
-                         "%d bytes) and leaves no room for a completion. Please reduce the length of the %s.",
-                         n_ctx, what, (long long)prompt_max_bytes(s), n_ctx, s->max_token_bytes, what);
+        return ks__plan_ctx_error(s, rq, e, "is %zu bytes, which is at least %lld tokens (no token of this model is "
+                                  "longer than %d bytes)", n_bytes,
+                                  (long long)((n_bytes + (size_t)s->max_token_bytes - 1) / (size_t)s->max_token_bytes),
+                                  s->max_token_bytes);
+    return ks__plan_ctx_error(s, rq, e, "render to more than %lld bytes, which is at least %d tokens (no token of "
+                              "this model is longer than %d bytes)", (long long)prompt_max_bytes(s),
+                              ks_engine_n_ctx_seq(s->engine), s->max_token_bytes);
+}
+
+int ks__plan_ctx_error(const ks_server *s, const ks_api_request *rq, ks_api_error *e, const char *fmt, ...) {
+    const char *what = rq->kind == KS_API_CHAT ? "messages" : "prompt";
+    char detail[200];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(detail, sizeof detail, fmt, ap);
+    va_end(ap);
+    ks_api_error_set(e, 400, T_INVALID, "context_length_exceeded", what,
+                     "This model's maximum context length is %d tokens. However, your %s %s, which leaves no room "
+                     "for a completion. Please reduce the length of the %s.",
+                     ks_engine_n_ctx_seq(s->engine), what, detail, what);
     return KS_ECTX;
 }
 
@@ -171,13 +177,7 @@ int ks__plan_fit(ks_server *s, const ks_api_request *rq, ks_plan *pl, ks_api_err
                              "Invalid '%s': the prompt is empty after tokenization.", what);
             return KS_EINVAL;
         }
-        if (n_prompt >= n_ctx) {
-            ks_api_error_set(e, 400, T_INVALID, "context_length_exceeded", what,
-                             "This model's maximum context length is %d tokens. However, your %s "
-                             "resulted in %d tokens, which leaves no room for a completion. Please "
-                             "reduce the length of the %s.", n_ctx, what, n_prompt, what);
-            return KS_ECTX;
-        }
+        if (n_prompt >= n_ctx) return ks__plan_ctx_error(s, rq, e, "resulted in %d tokens", n_prompt);
         if (n_prompt > longest) longest = n_prompt;
     }
     pl->max_tokens = rq->max_tokens > 0 ? rq->max_tokens : s->default_max_tokens;

@@ -39,6 +39,11 @@ void ks__plan_free(ks_plan *pl);
  * longer than the context could hold in bytes before tokenizing it (a
  * generation; not a token count). 0, or a KS_E* code with e filled. */
 int ks__plan_prompts(ks_server *s, const ks_api_request *rq, ks_plan *pl, bool bounded, ks_api_error *e);
+/* The 400 of a prompt that does not fit the context (context_length_exceeded,
+ * one wording for every cause): fmt says what is known of its length
+ * ("resulted in %d tokens"). Returns KS_ECTX. */
+int ks__plan_ctx_error(const ks_server *s, const ks_api_request *rq, ks_api_error *e, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 /* Checks the prompts against the context and picks max_tokens. */
 int ks__plan_fit(ks_server *s, const ks_api_request *rq, ks_plan *pl, ks_api_error *e);
 /* logit_bias as token biases; ids checked against the vocabulary. */
