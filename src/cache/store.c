@@ -511,11 +511,6 @@ int ks_store_flush(ks_store *s, int timeout_ms) {
     return ks__store_run_waited(s, JOB_FLUSH, timeout_ms);
 }
 
-int ks_store_gc(ks_store *s) {
-    if (!s) return KS_EINVAL;
-    return ks__store_run_waited(s, JOB_GC, s->cfg.shutdown_timeout_ms);
-}
-
 void ks_store_note_restore(ks_store *s, double ms) {
     if (s) ks__store_add_ms(&s->restore_us, ms);
 }

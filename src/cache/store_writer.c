@@ -254,20 +254,34 @@ static int do_save(ks_store *s, job *j) {
     return 0;
 }
 
+int ks_store_gc_tier(ks_tier *t, uint64_t max_bytes, float pin_share, int *pin_drops) {
+    if (pin_drops) *pin_drops = 0;
+    if (!t) return 0;
+    ks_tier_rescan(t, KS_RESCAN_FORCE | KS_RESCAN_CLEANUP);
+    ks_tier_pins pins = {.now_us = ks_wall_us(), .max_bytes = (uint64_t)((double)pin_share * (double)max_bytes)};
+    int n = ks_tier_evict(t, max_bytes, &pins, NULL, NULL);
+    if (pin_drops) *pin_drops = pins.dropped;
+    return n > 0 ? n : 0;
+}
+
+/* The GC at open: every tier within its budget (the budgets may have
+ * shrunk since the files were written). */
 static int do_gc(ks_store *s) {
     int n = 0;
     for (int t = 0; t < KS_TIER__N; t++) {
         if (!s->tiers[t]) continue;
-        if (s->tiers[t]->vt->make_room) {
-            int r = s->tiers[t]->vt->make_room(s->tiers[t], 0, (uint64_t)s->cfg.tier_max_bytes[t]);
-            if (r > 0) {
-                atomic_fetch_add(&s->tier_evictions[t], (uint64_t)r);
-                n += r;
-            }
-            continue;
+        int r, drops = 0;
+        if (s->tiers[t]->vt->make_room) r = s->tiers[t]->vt->make_room(s->tiers[t], 0, (uint64_t)s->cfg.tier_max_bytes[t]);
+        else r = ks_store_gc_tier(s->tiers[t], (uint64_t)s->cfg.tier_max_bytes[t], s->cfg.pin_share, &drops);
+        if (r > 0) {
+            atomic_fetch_add(&s->tier_evictions[t], (uint64_t)r);
+            n += r;
         }
-        ks_tier_rescan(s->tiers[t], KS_RESCAN_FORCE | KS_RESCAN_CLEANUP);
-        n += evict_tier(s, t, (uint64_t)s->cfg.tier_max_bytes[t], 0, 0);
+        if (drops > 0) {
+            atomic_fetch_add(&s->tier_pin_drops[t], (uint64_t)drops);
+            KS_INFO("store", "evicted %d pinned %s entries before their deadline: pins exceed %.0f%% of the budget",
+                    drops, ks_tier_name(t), 100.0 * s->cfg.pin_share);
+        }
     }
     return n;
 }

@@ -47,6 +47,7 @@
 #include "cache/tier.h"
 #include "cli/cache_redis.h"
 #include "cli/cli.h"
+#include "config/config.h"
 
 #define CMD "kvstash cache"
 
@@ -56,7 +57,8 @@ typedef struct opts {
     bool use[KS_TIER__N];               /* the tiers acted on: disk always, shm with --shm-dir */
     bool all;
     const char *prefix;
-    int64_t max_bytes;                   /* -1: the defaults */
+    int64_t max_bytes;                   /* -1: the configured budgets */
+    ks_store_cfg cfg;                    /* the budgets and pin share: defaults, or --config's */
     bool use_redis;                      /* --redis */
     ks_redis_cfg redis;                  /* url, key_prefix, password, tls */
 } opts;
@@ -67,11 +69,13 @@ static void usage(FILE *f) {
             "  ls     [KEYPREFIX]           list entries: key, tokens, bytes, tier, reason, age, hits\n"
             "  stats                        totals per tier\n"
             "  verify                       check every file completely; exit 1 naming each bad one\n"
-            "  gc     [--max-bytes N]       evict least recently hit entries until each tier holds at\n"
-            "                               most N bytes (default: shm 1G, disk 10G; K/M/G/T suffixes;\n"
-            "                               at most 1024T),\n"
-            "                               entries pinned by cache breakpoints kept within half of N;\n"
-            "                               remove temp files of dead writers and quarantined files\n"
+            "  gc     [--max-bytes N] [--config FILE]\n"
+            "                               evict least recently hit entries until each tier holds at\n"
+            "                               most N bytes (default: the budgets of FILE, serve's YAML,\n"
+            "                               else shm 1G, disk 10G; K/M/G/T suffixes; at most 1024T),\n"
+            "                               entries pinned by cache breakpoints kept within FILE's\n"
+            "                               store.pin_share of it (default half); remove temp files of\n"
+            "                               dead writers and quarantined files\n"
             "  rm     --all | KEYPREFIX     remove entries\n"
             "options:\n"
             "  --cache-dir DIR   the disk tier (default $XDG_CACHE_HOME/kvstash or ~/.cache/kvstash)\n"
@@ -143,10 +147,10 @@ static bool key_matches(const ks_key *k, const char *prefix) {
 
 /* The options that take a value; their index in parse. */
 enum { O_CACHE_DIR, O_SHM_DIR, O_MAX_BYTES, O_REDIS, O_REDIS_PREFIX, O_TLS_CA, O_TLS_CA_DIR, O_TLS_CERT, O_TLS_KEY,
-       O_TLS_NAME, O__N };
+       O_TLS_NAME, O_CONFIG, O__N };
 static const char *const k_valued[O__N] = {"--cache-dir", "--shm-dir", "--max-bytes", "--redis", "--redis-prefix",
                                            "--redis-tls-ca", "--redis-tls-ca-dir", "--redis-tls-cert",
-                                           "--redis-tls-key", "--redis-tls-server-name"};
+                                           "--redis-tls-key", "--redis-tls-server-name", "--config"};
 
 /* Copies val into dst (n bytes) for flag; 0 or 2 (message printed). */
 static int copy_arg(char *dst, size_t n, const char *flag, const char *val) {
@@ -165,9 +169,8 @@ static int parse(int argc, char **argv, opts *o) {
     ks_store_default_dirs(o->dirs[KS_TIER_DISK], NULL);
     o->use[KS_TIER_DISK] = true;
     bool cache_dir_given = false;
-    ks_store_cfg sc;
-    ks_store_cfg_defaults(&sc);
-    o->redis = sc.redis; /* key_prefix kvstash, verify on */
+    ks_store_cfg_defaults(&o->cfg);
+    o->redis = o->cfg.redis; /* key_prefix kvstash, verify on */
     if (argc < 2) {
         usage(stderr);
         return 2;
@@ -216,6 +219,18 @@ static int parse(int argc, char **argv, opts *o) {
                 return 2;
             }
             continue;
+        case O_CONFIG: {
+            /* serve's YAML: the store's budgets and pin share, as the servers run with them */
+            ks_config c;
+            char err[512] = "";
+            ks_config_defaults(&c);
+            if (ks_config_load_file(&c, val, err, sizeof err)) {
+                fprintf(stderr, CMD ": --config %s: %s\n", val, err);
+                return 2;
+            }
+            o->cfg = c.store;
+            continue;
+        }
         case O_REDIS: o->use_redis = true; dst = o->redis.url; dst_n = sizeof o->redis.url; break;
         case O_REDIS_PREFIX: dst = o->redis.key_prefix; dst_n = sizeof o->redis.key_prefix; break;
         case O_TLS_CA: dst = tls->ca_file; dst_n = sizeof tls->ca_file; break;
@@ -595,7 +610,6 @@ static int purge_quarantine(const char *dir) {
 }
 
 static int cmd_gc(const opts *o) {
-    ks_store_params def = ks_store_params_default();
     if (o->prefix || o->all) {
         fprintf(stderr, CMD " gc: takes no key prefix (use rm)\n");
         return 2;
@@ -608,13 +622,12 @@ static int cmd_gc(const opts *o) {
          * moved to quarantine/ (and purged below). */
         if (open_tier(o, t, KS_TIER_CLEANUP, &tier) != 0) return 1;
         if (!tier) continue;
-        uint64_t budget = (uint64_t)(o->max_bytes >= 0 ? o->max_bytes : def.cfg.tier_max_bytes[t]);
+        uint64_t budget = (uint64_t)(o->max_bytes >= 0 ? o->max_bytes : o->cfg.tier_max_bytes[t]);
         uint64_t b0 = 0, b1 = 0, e1 = 0;
         ks_tier_usage(tier, &b0, NULL);
-        /* Pins are honoured with the default share of the budget (store.h "Pins"). */
-        ks_tier_pins pins = {.now_us = ks_wall_us(),
-                             .max_bytes = (uint64_t)((double)def.cfg.pin_share * (double)budget)};
-        int n = ks_tier_evict(tier, budget, &pins, NULL, NULL);
+        /* The store's own GC, with the configured pin share (store.h "Pins"). */
+        int drops = 0;
+        int n = ks_store_gc_tier(tier, budget, o->cfg.pin_share, &drops);
         ks_tier_usage(tier, &b1, &e1);
         uint64_t bad = atomic_load(&tier->n_bad);
         ks_tier_close(tier);
@@ -623,9 +636,10 @@ static int cmd_gc(const opts *o) {
         fmt_bytes(b0 - b1, freed, sizeof freed);
         fmt_bytes(b1, now, sizeof now);
         fmt_bytes(budget, lim, sizeof lim);
-        printf("%s: evicted %d entries (%s), now %llu entries, %s (budget %s); %llu bad files, %d "
-               "quarantined files removed\n",
-               tier_str(t), n, freed, (unsigned long long)e1, now, lim, (unsigned long long)bad, purged);
+        printf("%s: evicted %d entries (%s; %d pinned), now %llu entries, %s (budget %s, pins within %.0f%% of it); "
+               "%llu bad files, %d quarantined files removed\n",
+               tier_str(t), n, freed, drops, (unsigned long long)e1, now, lim, 100.0 * o->cfg.pin_share,
+               (unsigned long long)bad, purged);
     }
     ks_cache_redis *redis = NULL;
     if ((rc = open_redis(o, &redis)) != 0 || !redis) return rc;
