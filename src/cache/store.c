@@ -292,9 +292,9 @@ static int save_check(ks_store *s, ks_reason reason, const int32_t *tokens, int 
         stored = true;
         remote = false;
     }
-    if (remote && !ks_tier_redis_up(rt)) {
+    if (remote && !ks_tier_up(rt)) {
         /* Down: not even copied for it (the breaker retries later). */
-        ks_tier_redis_note_dropped(rt);
+        ks_tier_note_dropped(rt);
         remote = false;
         if (!local && !stored) {
             atomic_fetch_add(&s->dropped_saves, 1);
@@ -376,7 +376,7 @@ int ks_store_save(ks_store *s, ks_reason reason, const int32_t *tokens, int n, u
             } else {
                 ks__store_job_free(rj);
                 rj = NULL;
-                ks_tier_redis_note_dropped(s->tiers[KS_TIER_REDIS]);
+                ks_tier_note_dropped(s->tiers[KS_TIER_REDIS]);
             }
         }
     }
@@ -416,7 +416,7 @@ int ks_store_save(ks_store *s, ks_reason reason, const int32_t *tokens, int n, u
             ks__store_enqueue_locked(s, rj);
             rj = NULL;
         } else if (rj) {
-            ks_tier_redis_note_dropped(s->tiers[KS_TIER_REDIS]);
+            ks_tier_note_dropped(s->tiers[KS_TIER_REDIS]);
         }
         if (sync) rc = ks__store_wait_job_locked(s, j, s->cfg.shutdown_timeout_ms);
         j = NULL;
@@ -530,7 +530,7 @@ void ks_store_stats(ks_store *s, struct ks_store_stats *o) {
         o->tier_pin_drops[t] = atomic_load(&s->tier_pin_drops[t]);
         if (t == KS_TIER_REDIS && s->tiers[t]) {
             /* Redis's own accounting, shared by every host, as last seen. */
-            ks_tier_redis_stats_get(s->tiers[t], &o->redis);
+            ks_tier_get_remote_stats(s->tiers[t], &o->redis);
             o->has_redis = true;
             o->tier_bytes[t] = o->redis.bytes;
             o->tier_entries[t] = o->redis.entries;

@@ -296,7 +296,7 @@ struct ks_store_stats {
     uint64_t tier_pin_drops[KS_TIER__N];   /* pinned entries evicted before their deadline because
                                               the pins exceeded cfg.pin_share of the budget */
     bool has_redis;                        /* the redis tier is configured: redis below is set */
-    ks_tier_redis_stats redis;             /* errors, dropped saves, broken entries, breaker (tier.h) */
+    ks_tier_remote_stats redis;             /* errors, dropped saves, broken entries, breaker (tier.h) */
     double load_ms_total;                  /* reading + verifying hits */
     double save_ms_total;                  /* writing saves (writer thread) */
     double restore_ms_total;               /* ks_store_note_restore() */

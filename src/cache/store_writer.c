@@ -109,14 +109,14 @@ static int evict_tier(ks_store *s, int t, uint64_t max_bytes, uint64_t incoming_
  * its tiers'. */
 enum { SAVE_FAILED = 0, SAVE_DROPPED, SAVE_EXISTED, SAVE_WROTE };
 
-/* A save to the shared (redis) tier that failed: Redis unreachable, slow or
+/* A save to the shared (remote) tier that failed: Redis unreachable, slow or
  * full costs that copy only — dropped and counted by the tier, never an
  * error of the save (its local tier may have it). */
 static int remote_failed(ks_store *s, job *j, int t, int rc, int *out) {
     (void)s;
     KS_DEBUG("store", "save of %d tokens (%s) to %s dropped: %s", j->n, ks_reason_name(j->reason), ks_tier_name(t),
              ks_strerror(rc));
-    ks_tier_redis_note_dropped(s->tiers[t]);
+    ks_tier_note_dropped(s->tiers[t]);
     *out = SAVE_DROPPED;
     return 0;
 }
