@@ -549,12 +549,6 @@ void ks_sched_cancel(ks_sched *s, uint64_t id) {
     pthread_mutex_unlock(&s->mu);
 }
 
-void ks_sched_drain(ks_sched *s) {
-    pthread_mutex_lock(&s->mu);
-    while (s->q_n > 0 || s->n_active > 0) pthread_cond_wait(&s->cv_done, &s->mu);
-    pthread_mutex_unlock(&s->mu);
-}
-
 void ks_sched_clear_slot(ks_sched *s, int slot_id) {
     if (slot_id < 0 || slot_id >= s->n_slots) return;
     pthread_mutex_lock(&s->mu);

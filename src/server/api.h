@@ -3,7 +3,12 @@
  * validation, response and SSE chunk JSON, error bodies.
  *
  * Pure functions over jansson: no sockets, no engine, no scheduler, so every
- * rule here is unit-tested without a model (tests/unit/test_api*.c).
+ * rule here is unit-tested without a model (tests/unit/test_api*.c). Which
+ * file holds what: api_fields.c errors and the typed field getters; api.c
+ * the OpenAI request entry and replies; api_chat.c chat's fields and the
+ * field policy; api_responses.c / api_responses_out.c and api_messages.c the
+ * Responses and Messages translations and reply shapes; api_utility.c the
+ * utility endpoints.
  *
  * Design notes
  *  1. Validation happens completely before anything is queued: a request that
@@ -254,7 +259,7 @@ typedef struct ks_api_gen {
     int64_t created;         /* unix seconds */
     const char *model;
     const char *text;        /* the whole reply (non-stream) */
-    const char *finish;      /* "stop" | "length" */
+    const char *finish;      /* "stop" | "length" | "tool_calls" (NULL: "stop") */
     const ks_req_result *r;  /* counts and timings; may be NULL in chunks that need none */
 } ks_api_gen;
 

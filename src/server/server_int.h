@@ -1,15 +1,19 @@
 /*
- * server_int.h — the HTTP server's internal state, shared by its two files:
+ * server_int.h — the HTTP server's internal state and the calls between its
+ * files, which run one way, along a request's path (docs/ARCHITECTURE.md
+ * "The server, file by file"):
  *
- *   server.c  the libmicrohttpd layer: lifecycle, routing, authentication,
- *             body limits, early errors, replies, and the small endpoints
- *             (health, models, metrics, slots);
- *   gen.c     generations: a request turned into a prompt (prompt module)
- *             and a scheduler submission, the generation object shared with
- *             the inference thread, waiting, and the streamed or whole reply.
- *   utility.c llama-server's utility endpoints: /tokenize, /detokenize,
- *             /props (engine calls only, no scheduler).
- * api.c stays JSON in and out.
+ *   server.c   the libmicrohttpd layer: lifecycle, routing (each route names
+ *              its format, fmt.h), authentication, CORS, limits, framing
+ *   utility.c  the small endpoints: health, models, metrics, slots, and
+ *              llama-server's tokenize, detokenize, props, apply-template
+ *   request.c  a generation route: body -> the format's parser -> plan
+ *              (plan.c) -> generation (gen.c) -> reply
+ *   gen.c      the live generation; output.c and reply.c make its reply
+ *              through the format's table (fmt_*.c)
+ *   respond.c  every HTTP response goes out here (errors in the route's
+ *              format's shape)
+ * The api*.c files are pure JSON in and out, below all of these.
  *
  * Thread model: see server.h. The fields of ks_server are set by
  * ks_server_start and read-only afterwards, except those marked otherwise.
