@@ -47,6 +47,8 @@
 #include <string.h>
 
 #include "cache/prefix.h"
+#include "cache/route.h"
+#include "cache/spc.h"
 #include "sched/sched_int.h"
 
 #define MOD "sched"
@@ -198,6 +200,45 @@ static void finish_unassigned(ks_sched *s, sreq *r, ks_finish f) {
     sreq_free(r);
 }
 
+/* The route of r (under mu): the slot table goes to route.c as it is; a
+ * slot assigned earlier in the same pass and not yet planned is "pending",
+ * so two requests never get one slot. A pinned request (preferred_slot)
+ * waits for its slot and reuses its common prefix. KS_EBUSY: no slot now. */
+static int route(ks_sched *s, sreq *r, ks_route *out) {
+    bool cache = r->p.cache_prompt && s->p.cache_prompt;
+    if (r->p.preferred_slot >= 0) {
+        slot *sl = &s->slots[r->p.preferred_slot];
+        if (sl->state != ST_IDLE) return KS_EBUSY;
+        memset(out, 0, sizeof *out);
+        out->slot = sl->id;
+        out->n_common = cache ? ks_prefix_common(sl->tokens.v, sl->tokens.n, r->prompt.v, r->prompt.n) : 0;
+        out->n_reuse = ks_prefix_reuse(out->n_common, r->prompt.n);
+        out->mode = out->n_reuse > 0 ? KS_ROUTE_PREFIX : KS_ROUTE_MISS;
+        if (!cache) snprintf(out->reason, sizeof out->reason, "cache-disabled");
+        else if (out->n_reuse == 0 && sl->tokens.n > 0) snprintf(out->reason, sizeof out->reason, "diverged-at-token-0");
+        else if (out->n_reuse == 0) snprintf(out->reason, sizeof out->reason, "no-slot");
+        else if (out->n_reuse < r->prompt.n - 1) snprintf(out->reason, sizeof out->reason, "diverged-at-token-%d", out->n_reuse);
+        return 0;
+    }
+    ks_route_slot rs[KS_MAX_SLOTS];
+    for (int i = 0; i < s->n_slots; i++) {
+        slot *sl = &s->slots[i];
+        bool assigned = sl->state != ST_IDLE;
+        rs[i] = (ks_route_slot){.id = i, .busy = assigned && sl->planned, .pending = assigned && !sl->planned,
+                                .tokens = sl->tokens.v, .n_tokens = sl->tokens.n,
+                                .last_used_us = sl->last_used_us, .msg_hash = sl->msg_hash,
+                                .n_msgs_cached = sl->n_msgs_cached};
+    }
+    ks_route_req rq = {.tokens = r->prompt.v, .n_tokens = r->prompt.n, .msg_prefix_hash = r->hashes,
+                       .n_msgs = r->hashes ? r->p.n_msgs : 0, .cache_prompt = cache};
+    if (s->p.spc && r->p.sys_key && r->p.n_sys_tokens >= s->p.cache_min_tokens &&
+        ks_spc_contains(s->p.spc, r->p.sys_key))
+        rq.spc_tokens = r->p.n_sys_tokens;
+    ks_route_cfg cfg = {.imc = s->p.imc, .cache_min_tokens = s->p.cache_min_tokens,
+                        .affinity_min = s->p.affinity_min};
+    return ks_route_select(rs, s->n_slots, &rq, &cfg, out);
+}
+
 /* Under mu: whether follower r waits for its leader (share_prefill_of): the
  * leader is queued or on a slot still prefilling, and not canceled. Only
  * caching requests wait, and only when slot copies are on: otherwise there
@@ -236,7 +277,7 @@ static void assign_locked(ks_sched *s, sreq **dead) {
             continue;
         }
         ks_route rt;
-        if (ks__policy_route(s, r, &rt) != 0) {
+        if (route(s, r, &rt) != 0) {
             /* Keep FIFO order for unpinned requests: a later one must not
              * overtake when no slot is free. A pinned request waits alone. */
             if (r->p.preferred_slot < 0) break;
@@ -261,7 +302,7 @@ static void assign_locked(ks_sched *s, sreq **dead) {
 void ks__sched_fail(ks_sched *s, slot *sl, int err) {
     ks_engine_seq_clear(s->e, sl->id);
     ks_tokens_truncate(&sl->tokens, 0);
-    ks__policy_ckpt_drop(sl, 0);
+    ks__ckpt_drop(sl, 0);
     sl->msg_hash = 0;
     sl->n_msgs_cached = 0;
     ks__sched_finish(s, sl, KS_FINISH_ERROR, err, false);
@@ -301,7 +342,7 @@ static void *run(void *arg) {
             if (s->clear_pending[i] && s->slots[i].state == ST_IDLE) {
                 ks_engine_seq_clear(s->e, i);
                 ks_tokens_truncate(&s->slots[i].tokens, 0);
-                ks__policy_ckpt_drop(&s->slots[i], 0);
+                ks__ckpt_drop(&s->slots[i], 0);
                 s->slots[i].msg_hash = 0;
                 s->slots[i].n_msgs_cached = 0;
                 s->clear_pending[i] = 0;
@@ -398,7 +439,7 @@ static void free_all(ks_sched *s) {
     for (int i = 0; s->slots && i < s->n_slots; i++) {
         ks_tokens_free(&s->slots[i].tokens);
         ks_sampler_free(s->slots[i].smpl);
-        ks__policy_ckpt_drop(&s->slots[i], 0);
+        ks__ckpt_drop(&s->slots[i], 0);
     }
     ks_batch_free(s->batch);
     free(s->copy_buf);
