@@ -546,107 +546,6 @@ bool ks_engine_is_hybrid(const ks_engine *e) { return llama_model_is_hybrid(e->m
 bool ks_engine_is_recurrent(const ks_engine *e) { return llama_model_is_recurrent(e->model); }
 int ks_engine_n_swa(const ks_engine *e) { return (int)llama_model_n_swa(e->model); }
 
-/* -------------------------------------------------------------- tokenizer */
-int ks_engine_tokenize(const ks_engine *e, const char *text, size_t len, bool add_special,
-                       bool parse_special, ks_tokens *out) {
-    if (len > INT32_MAX / 2) return KS_EINVAL;
-    int cap = (int)len + 8;
-    int rc = ks_tokens_reserve(out, out->n + cap);
-    if (rc) return rc;
-    int n = llama_tokenize(e->vocab, text, (int32_t)len, out->v + out->n, cap, add_special, parse_special);
-    if (n < 0) {
-        rc = ks_tokens_reserve(out, out->n - n);
-        if (rc) return rc;
-        n = llama_tokenize(e->vocab, text, (int32_t)len, out->v + out->n, -n, add_special, parse_special);
-        if (n < 0) return KS_EINVAL;
-    }
-    out->n += n;
-    return 0;
-}
-
-int ks_engine_piece(const ks_engine *e, int32_t tok, char *buf, size_t n) {
-    int r = llama_token_to_piece(e->vocab, tok, buf, (int32_t)n, 0, false);
-    return r < 0 ? -r : r; /* negative = the size needed */
-}
-
-bool ks_engine_is_eog(const ks_engine *e, int32_t tok) { return llama_vocab_is_eog(e->vocab, tok); }
-
-int ks_engine_token_text(const ks_engine *e, int32_t tok, char *buf, size_t n) {
-    int r = llama_token_to_piece(e->vocab, tok, buf, (int32_t)n, 0, true);
-    return r < 0 ? -r : r;
-}
-
-int32_t ks_engine_token_bos(const ks_engine *e) {
-    llama_token t = llama_vocab_bos(e->vocab);
-    return t == LLAMA_TOKEN_NULL ? -1 : t;
-}
-
-int32_t ks_engine_token_eos(const ks_engine *e) {
-    llama_token t = llama_vocab_eos(e->vocab);
-    return t == LLAMA_TOKEN_NULL ? -1 : t;
-}
-
-const char *ks_engine_chat_template(const ks_engine *e) { return llama_model_chat_template(e->model, NULL); }
-
-static pthread_once_t g_version_once = PTHREAD_ONCE_INIT;
-static char g_llama_version[64] = "unknown";
-
-/* llama.h has no version call (the build number lives in the common
- * library), but the pinned release names its library file after itself. */
-static void llama_version_init(void) {
-    Dl_info info;
-    char real[4096];
-    if (!dladdr((void *)&llama_backend_init, &info) || !info.dli_fname || !realpath(info.dli_fname, real)) return;
-    const char *base = strrchr(real, '/');
-    base = base ? base + 1 : real;
-    const char *v = NULL;
-    size_t n = 0;
-    if (!strncmp(base, "libllama.", 9) && strstr(base, ".so")) {
-        const char *so = strstr(base, ".so");
-        if (so[3] == '.' && so[4]) v = so + 4, n = strlen(v);          /* libllama.so.X.Y.Z */
-        else if (so > base + 9) v = base + 9, n = (size_t)(so - v);    /* libllama.vX.Y.Z.so */
-    }
-    if (v && n > 0 && n < sizeof g_llama_version) snprintf(g_llama_version, sizeof g_llama_version, "%.*s", (int)n, v);
-}
-
-const char *ks_engine_llama_version(void) {
-    pthread_once(&g_version_once, llama_version_init);
-    return g_llama_version;
-}
-
-int ks_engine_template(const ks_engine *e, const ks_msg *msgs, size_t n, bool add_gen, char **out) {
-    *out = NULL;
-    llama_chat_message *cm = calloc(n ? n : 1, sizeof *cm);
-    if (!cm) return KS_ENOMEM;
-    size_t total = 64;
-    for (size_t i = 0; i < n; i++) {
-        cm[i].role = msgs[i].role;
-        cm[i].content = msgs[i].content ? msgs[i].content : "";
-        total += strlen(cm[i].content) + strlen(cm[i].role) + 32;
-    }
-    size_t cap = total * 2;
-    char *buf = malloc(cap);
-    int rc = 0;
-    if (!buf) { rc = KS_ENOMEM; goto done; }
-    int32_t r = llama_chat_apply_template(e->tmpl, cm, n, add_gen, buf, (int32_t)cap);
-    if (r < 0) { rc = KS_ETEMPLATE; goto done; }
-    if ((size_t)r >= cap) {
-        cap = (size_t)r + 1;
-        char *nb = realloc(buf, cap);
-        if (!nb) { rc = KS_ENOMEM; goto done; }
-        buf = nb;
-        r = llama_chat_apply_template(e->tmpl, cm, n, add_gen, buf, (int32_t)cap);
-        if (r < 0 || (size_t)r >= cap) { rc = KS_ETEMPLATE; goto done; }
-    }
-    buf[r] = '\0';
-    *out = buf;
-    buf = NULL;
-done:
-    free(buf);
-    free(cm);
-    return rc;
-}
-
 /* ----------------------------------------------------- decode and logits */
 ks_batch *ks_batch_create(int n_max) {
     ks_batch *b = calloc(1, sizeof *b);
@@ -739,9 +638,11 @@ int ks_engine_state_set_partial(ks_engine *e, int seq, const uint8_t *buf, size_
     return 0;
 }
 
-/* ------------------------------------------------------ for sampler.c */
+/* ------------------------------------------ for sampler.c and engine_text.c */
 const struct llama_vocab *ks__engine_vocab(const ks_engine *e) { return e->vocab; }
 struct llama_context *ks__engine_ctx(const ks_engine *e) { return e->ctx; }
+const struct llama_model *ks__engine_model(const ks_engine *e) { return e->model; }
+const char *ks__engine_tmpl(const ks_engine *e) { return e->tmpl; }
 const int32_t *ks__engine_eog(const ks_engine *e, int *n) {
     *n = e->n_eog;
     return e->eog;

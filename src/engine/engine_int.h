@@ -1,5 +1,5 @@
 /*
- * engine_int.h — what engine.c shares with sampler.c: the engine's llama
+ * engine_int.h — what engine.c shares with sampler.c and engine_text.c: the engine's llama
  * objects, and the capture of llama's error lines (a grammar's reason).
  * Inside src/engine/ only: it names llama.h's types.
  *
@@ -13,12 +13,16 @@
 
 #include "engine/engine.h"
 
+struct llama_model;
 struct llama_vocab;
 struct llama_context;
 
 /* Borrowed for the engine's life. */
 const struct llama_vocab *ks__engine_vocab(const ks_engine *e);
 struct llama_context *ks__engine_ctx(const ks_engine *e);
+const struct llama_model *ks__engine_model(const ks_engine *e);
+/* The model's template for llama_chat_apply_template, or "chatml". */
+const char *ks__engine_tmpl(const ks_engine *e);
 /* Every end-of-generation token of the vocabulary (*n of them). */
 const int32_t *ks__engine_eog(const ks_engine *e, int *n);
 
