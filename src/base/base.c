@@ -105,6 +105,13 @@ int64_t ks_wall_us(void) {
     return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
+/* --------------------------------------------------------------- invariants */
+void ks__assert_fail(const char *cond, const char *file, int line, const char *func) {
+    fprintf(stderr, "kvstash: invariant violated: %s (%s:%d, %s)\n", cond, file, line, func);
+    fflush(stderr);
+    abort();
+}
+
 /* ------------------------------------------------------------------- random */
 static uint64_t splitmix64(uint64_t *x) {
     uint64_t z = (*x += 0x9E3779B97F4A7C15ull);

@@ -1,11 +1,15 @@
-/* test_base.c — the errno mapping and the random bytes shared by every layer
+/* test_base.c — the errno mapping, the random bytes and KS_ASSERT shared by every layer
  * (src/base/base.c). */
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <signal.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -56,10 +60,32 @@ static void test_random(void **state) {
     ks_random_bytes(a, 0); /* nothing to fill */
 }
 
+/* KS_ASSERT aborts with the condition named where asserts are on (the Debug
+ * test builds, KS_ASSERTS), and evaluates nothing where they are off. */
+static void test_assert(void **state) {
+    (void)state;
+    int evaluated = 0;
+    KS_ASSERT(++evaluated == 1);
+    assert_int_equal(evaluated, KS_ASSERTS_ON ? 1 : 0);
+    if (!KS_ASSERTS_ON) return;
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        freopen("/dev/null", "w", stderr);
+        KS_ASSERT(evaluated == 2);
+        _exit(0);
+    }
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_errno_map),
         cmocka_unit_test(test_random),
+        cmocka_unit_test(test_assert),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
