@@ -482,6 +482,10 @@ int ks_sched_create(const ks_sched_params *p, ks_sched **out) {
     for (int i = 0; i < s->n_slots; i++) {
         s->slots[i].id = i;
         s->slots[i].snap_sys = s->slots[i].snap_store = s->slots[i].snap_ckpt = -1;
+        /* The engine may have served an earlier scheduler: each sequence
+         * starts empty, as its slot's token list does (sched.h invariant 1;
+         * no thread of ours runs yet). */
+        ks_engine_seq_clear(s->e, i);
     }
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
