@@ -60,6 +60,16 @@ ks_entry_class ks__tier_classify(const ks_tier *t, const ks_kvfile_meta *m) {
     return KS_ENTRY_OWN;
 }
 
+/* Invariant 2 (tier.h), with the table's write lock or as its only user:
+ * usage equals the sum of the entries' bytes (KS_ASSERT; a walk over the
+ * table). */
+__attribute__((unused)) static bool usage_ok_locked(const ks_tier *t) {
+    uint64_t sum = 0;
+    for (size_t i = 0; i < t->map.cap; i++)
+        if (ks_keymap_live(&t->map, i)) sum += ((const ks__tentry *)t->map.vals[i])->info.bytes;
+    return sum == t->bytes;
+}
+
 int ks__tier_insert_locked(ks_tier *t, const ks_tier_entry *info, void *blob, ks__tentry **out) {
     ks__tentry *e = calloc(1, sizeof *e);
     if (!e) return KS_ENOMEM;
@@ -71,6 +81,7 @@ int ks__tier_insert_locked(ks_tier *t, const ks_tier_entry *info, void *blob, ks
         return KS_ENOMEM;
     }
     t->bytes += info->bytes;
+    KS_ASSERT(usage_ok_locked(t));
     if (out) *out = e;
     return 0;
 }
@@ -78,6 +89,7 @@ int ks__tier_insert_locked(ks_tier *t, const ks_tier_entry *info, void *blob, ks
 ks__tentry *ks__tier_unlink_locked(ks_tier *t, const ks_key *key) {
     ks__tentry *e = ks_keymap_del(&t->map, key);
     if (e) t->bytes -= e->info.bytes;
+    KS_ASSERT(usage_ok_locked(t));
     return e;
 }
 

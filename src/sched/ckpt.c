@@ -53,6 +53,7 @@ static uint8_t *ckpt_remove(slot *sl, int i) {
 
 void ks__ckpt_drop(slot *sl, int n) {
     while (sl->n_ckpts > 0 && sl->ckpts[sl->n_ckpts - 1].n_tokens > n) free(ckpt_remove(sl, sl->n_ckpts - 1));
+    KS_ASSERT(sl->n_ckpts == 0 || sl->ckpts[sl->n_ckpts - 1].n_tokens <= n);
 }
 
 /* Takes a checkpoint of the slot's sequence, which holds exactly its token
@@ -144,4 +145,14 @@ void ks__ckpt_copy(slot *dst, const slot *src, int n) {
         dst->ckpts[dst->n_ckpts++] = (ckpt){.n_tokens = c->n_tokens, .gen = c->gen, .blob = blob, .len = c->len};
         dst->ckpt_bytes += c->len;
     }
+}
+
+bool ks__ckpt_valid(const slot *sl) {
+    size_t bytes = 0;
+    for (int i = 0; i < sl->n_ckpts; i++) {
+        if (sl->ckpts[i].n_tokens > sl->tokens.n) return false;
+        if (i > 0 && sl->ckpts[i].n_tokens <= sl->ckpts[i - 1].n_tokens) return false;
+        bytes += sl->ckpts[i].len;
+    }
+    return bytes == sl->ckpt_bytes;
 }

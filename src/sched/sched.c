@@ -39,7 +39,6 @@
  */
 #include "sched/sched.h"
 
-#include <assert.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -133,15 +132,33 @@ static ks_sample_ext *ext_dup(const ks_sample_ext *x) {
     return c;
 }
 
+/* ----------------------------------------------------------- invariants */
+/* Between steps, when plans run (KS_ASSERT): every slot's sequence is
+ * exactly its token list (sched.h invariant 1, S1: its last position is
+ * tokens.n - 1, and S1 fills the positions below), its sequence id is its
+ * index (S2), and its checkpoints stand for prefixes of it (ckpt.c C1). */
+__attribute__((unused)) static bool slots_consistent(ks_sched *s) {
+    for (int i = 0; i < s->n_slots; i++) {
+        const slot *sl = &s->slots[i];
+        if (sl->id != i || !ks__ckpt_valid(sl)) return false;
+        if (ks_engine_seq_pos_max(s->e, sl->id) != sl->tokens.n - 1) {
+            KS_ERROR(MOD, "slot[%d] (state %d, planned %d, n_past %d): sequence ends at %d, token list holds %d", i,
+                     (int)sl->state, (int)sl->planned, sl->n_past, ks_engine_seq_pos_max(s->e, sl->id), sl->tokens.n);
+            return false;
+        }
+    }
+    return true;
+}
+
 /* ------------------------------------------------------------ finishing */
 /* Ends slot's request: on_done, then the slot becomes idle. Inference thread. */
 static void publish_locked(ks_sched *s);
 
 void ks__sched_finish(ks_sched *s, slot *sl, ks_finish f, int err, bool eog) {
     sreq *r = sl->r;
-    /* Invariant S1 and the bookkeeping rule of prefix.h, checked in debug builds. */
-    assert((f != KS_FINISH_STOP && f != KS_FINISH_LENGTH) ||
-           sl->tokens.n == ks_prefix_kv_after(r->prompt.n, sl->n_generated, eog));
+    /* Invariant S1 and the bookkeeping rule of prefix.h. */
+    KS_ASSERT((f != KS_FINISH_STOP && f != KS_FINISH_LENGTH) ||
+              sl->tokens.n == ks_prefix_kv_after(r->prompt.n, sl->n_generated, eog));
     if (f == KS_FINISH_STOP || f == KS_FINISH_LENGTH) ks__policy_save(s, sl, KS_REASON_FINISH, false);
     ks__policy_pins_done(s, r);
     double now = ks_now_ms();
@@ -179,6 +196,8 @@ void ks__sched_finish(ks_sched *s, slot *sl, ks_finish f, int err, bool eog) {
     publish_locked(s);
     pthread_mutex_unlock(&s->mu);
 
+    KS_ASSERT(!r->done); /* sched.h invariant 2: exactly one on_done */
+    r->done = true;
     if (r->p.on_done) r->p.on_done(r->p.ud, &r->res); /* S3: no lock held */
     pthread_mutex_lock(&s->mu);
     pthread_cond_broadcast(&s->cv_done);
@@ -191,6 +210,8 @@ static void finish_unassigned(ks_sched *s, sreq *r, ks_finish f) {
     r->res.finish = f;
     r->res.slot = -1;
     r->res.queue_ms = ks_now_ms() - r->t_submit;
+    KS_ASSERT(!r->done); /* sched.h invariant 2: exactly one on_done */
+    r->done = true;
     if (r->p.on_done) r->p.on_done(r->p.ud, &r->res);
     pthread_mutex_lock(&s->mu);
     s->st.requests_total++;
@@ -289,6 +310,7 @@ static void assign_locked(ks_sched *s, sreq **dead) {
         if (s->q_tail == r) s->q_tail = prev;
         s->q_n--;
         slot *sl = &s->slots[rt.slot];
+        KS_ASSERT(sl->state == ST_IDLE && sl->id == rt.slot); /* sched.h invariant 2; S2 */
         sl->r = r;
         sl->route = rt;
         sl->state = ST_PREFILL;
@@ -402,6 +424,7 @@ static void *run(void *arg) {
             publish_locked(s);
             pthread_mutex_unlock(&s->mu);
         }
+        KS_ASSERT(slots_consistent(s));
         ks__step(s);
         pthread_mutex_lock(&s->mu);
     }

@@ -43,6 +43,7 @@ typedef struct sreq {
     atomic_int cancel;
     double t_submit, t_assign, t_first;
     ks_req_result res;
+    bool done;           /* on_done was called (sched.h invariant 2) */
     struct sreq *next;
 } sreq;
 
@@ -173,6 +174,8 @@ void ks__ckpt_take(ks_sched *s, slot *sl, bool gen);
 int ks__ckpt_restore(ks_sched *s, slot *sl, int n);
 /* Copies src's checkpoints at or before n tokens into dst (a slot copy). */
 void ks__ckpt_copy(slot *dst, const slot *src, int n);
+/* C1 holds for sl's checkpoints (KS_ASSERT). */
+bool ks__ckpt_valid(const slot *sl);
 
 /* step.c */
 /* One decode step over the busy slots (planned). */

@@ -285,6 +285,7 @@ static void on_done(void *ud, const ks_req_result *r) {
     pthread_mutex_lock(&g->mu);
     if (frc < 0 || ks_buf_append(&c->pending, c->scratch.s ? c->scratch.s : "", c->scratch.len))
         c->failed = true;
+    KS_ASSERT(!c->done && g->n_done < g->n_ch); /* H2: one on_done per choice */
     c->res = *r;
     c->res.logits = NULL; /* borrowed for this call only */
     c->stopped = stopped;

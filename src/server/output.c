@@ -49,6 +49,7 @@ static void give_ids(ks_out *o, json_t *msg) {
         }
         json_object_set(tc, "id", json_array_get(o->ids, i));
     }
+    KS_ASSERT(json_array_size(o->ids) >= json_array_size(calls)); /* O1 */
 }
 
 /* The generated text as a message (new reference), NULL when it cannot be

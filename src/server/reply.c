@@ -91,6 +91,7 @@ int ks__reply_choice(ks_reply *rp, int i, const char *text, size_t len, json_t *
                      ks_buf *out) {
     rchoice *c = &rp->ch[i];
     int rc = 0;
+    KS_ASSERT(i >= 0 && i < rp->g.n_choices && !c->finished); /* fmt.h F1: nothing after a choice's end */
     if (lp && !c->lp_held) {
         c->lp_held = lp;
     } else if (lp) {
@@ -130,6 +131,7 @@ int ks__reply_choice(ks_reply *rp, int i, const char *text, size_t len, json_t *
 }
 
 int ks__reply_done(ks_reply *rp, const ks_req_result *total, ks_buf *out) {
+    for (int i = 0; i < rp->g.n_choices; i++) KS_ASSERT(rp->ch[i].finished); /* F1: done after every end */
     if (rp->failed) return 0;
     return rp->fmt->stream_done(rp->st, &rp->g, total, out);
 }
