@@ -369,7 +369,7 @@ typedef struct ks_api_resp_out {
 json_t *ks_api_responses_object(const ks_api_resp_out *o);
 
 /* A streamed response: chat deltas (ks_api_chunk_delta_json's delta
- * objects, in the order gen.c makes them) become typed events; the items
+ * objects, in the order output.c makes them) become typed events; the items
  * are built as they stream, and the final response carries them. */
 typedef struct ks_api_rstream {
     int seq;                   /* sequence_number of the next event */

@@ -251,7 +251,7 @@ static int assistant_to_chat(json_t *c, const char *p, json_t *msgs, ks_api_erro
 /* A system message inside messages (Claude Code sends one for model names it
  * does not know, after the first user message): text blocks, rendered as a
  * system message where it stands. Whether the template takes a system
- * message there is the template's call; gen.c answers a refusal in
+ * message there is the template's call; fmt_messages.c answers a refusal in
  * Anthropic's words (ks_api_msg_req.mid_system). */
 static int system_msg_to_chat(json_t *c, const char *p, json_t *msgs, ks_api_error *err) {
     char q[96];

@@ -11,11 +11,8 @@
  *     because the translation checks every item before the chat parser sees
  *     it; the chat parser's own checks only meet fields both APIs share
  *     (temperature, top_p, tools[i] after the rename).
- *  2. Item ids: every output item gets a fresh id (msg_, rs_, fc_ + 24 hex
- *     digits); a function call keeps the template's call id as call_id, the
- *     id a function_call_output names.
- *  3. previous_response_id is resolved by the server (it keeps conversations,
- *     server.c); here it is the chat messages that come before the input.
+ *  2. previous_response_id is resolved by the server (it keeps conversations,
+ *     fmt_responses.c); here it is the chat messages that come before the input.
  */
 #include "server/api.h"
 #include "server/api_int.h"

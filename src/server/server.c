@@ -1,7 +1,8 @@
 /*
- * server.c — see server.h. The libmicrohttpd layer: lifecycle, routing,
- * authentication, body limits, early errors, replies and the small
- * endpoints; generations are gen.c's (server_int.h).
+ * server.c — see server.h. The libmicrohttpd layer: lifecycle, routing
+ * (each route names its format, fmt.h), authentication, CORS preflights,
+ * body limits, framing and early errors. The endpoints are utility.c's and
+ * request.c's, the responses respond.c's (server_int.h).
  *
  * NOTES ON THE DESIGN OF THE HTTP LAYER
  *

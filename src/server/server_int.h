@@ -50,7 +50,7 @@ struct ks_server {
     unsigned header_timeout_s;  /* headers and body */
     int max_connections;        /* served; the spare band beyond gets 503 */
     /* The longest text of a token, in bytes: a prompt of B bytes is at least
-     * ceil(B / max_token_bytes) tokens (gen.c, prompt_max_bytes). */
+     * ceil(B / max_token_bytes) tokens (plan.c, prompt_max_bytes). */
     int max_token_bytes;
     bool cache_prompt;
     bool exact;
