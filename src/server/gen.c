@@ -480,8 +480,10 @@ static int stream_next(gen *g) {
             json_array_clear(c->lp_pending);
         }
         pthread_mutex_unlock(&g->mu);
-        /* c->res and the stop fields are written before done, under mu. */
-        ks_reply_end end = choice_end(c);
+        /* c->res and the stop fields are written before done, under mu: read
+         * them only once done was seen under it (on_done writes them until then). */
+        ks_reply_end end = {0};
+        if (done) end = choice_end(c);
         if (!rc && (g->take.len || lp || done))
             rc = ks__reply_choice(g->rp, i, g->take.s, g->take.len, lp, done ? &end : NULL, &g->out);
         else json_decref(lp);
