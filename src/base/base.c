@@ -9,7 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
+#include <unistd.h>
 
 /* ------------------------------------------------------------------- errors */
 const char *ks_strerror(int err) {
@@ -101,6 +103,46 @@ int64_t ks_wall_us(void) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+/* --------------------------------------------------------------- invariants */
+void ks__assert_fail(const char *cond, const char *file, int line, const char *func) {
+    fprintf(stderr, "kvstash: invariant violated: %s (%s:%d, %s)\n", cond, file, line, func);
+    fflush(stderr);
+    abort();
+}
+
+/* ------------------------------------------------------------------- random */
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+void ks_random_bytes(void *buf, size_t n) {
+    unsigned char *p = buf;
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = getrandom(p + got, n - got, GRND_NONBLOCK);
+        if (r > 0) got += (size_t)r;
+        else if (!(r < 0 && errno == EINTR)) break;
+    }
+    if (got == n) return;
+    static _Atomic uint64_t counter;
+    uint64_t x = (uint64_t)ks_now_us() ^ ((uint64_t)ks_wall_us() << 17) ^ ((uint64_t)getpid() << 45) ^
+                 (atomic_fetch_add(&counter, 1) * 0xD1B54A32D192ED03ull);
+    uint64_t v = 0;
+    for (size_t i = got; i < n; i++) {
+        if ((i - got) % 8 == 0) v = splitmix64(&x);
+        p[i] = (unsigned char)(v >> (8 * ((i - got) % 8)));
+    }
+}
+
+uint64_t ks_random_u64(void) {
+    uint64_t x;
+    ks_random_bytes(&x, sizeof x);
+    return x;
 }
 
 /* ----------------------------------------------------------- token vectors */

@@ -30,6 +30,24 @@
  * writer whose directory vanished reports KS_EIO, not KS_ENOENT). Pure. */
 int ks_errno_map(int e);
 
+/* --------------------------------------------------------------- invariants */
+/* KS_ASSERT(cond): checks one of the numbered invariants the module design
+ * blocks state (STYLE.md "Errors"; SQLite's assert( assert_pager_state(p) )).
+ * On wherever NDEBUG is not defined — the Debug builds, among them the test
+ * builds (make test-asan, test-tsan, fuzz) — and wherever KS_ASSERTS is
+ * (cmake -DKS_ASSERTS=ON); off in the release builds, where cond is not
+ * evaluated, so a check may cost what it costs (a walk over a table). A
+ * failure prints the condition, file, line and function and aborts. Never
+ * for bytes from disk or the network: those are checked and refused. */
+#if !defined(NDEBUG) || defined(KS_ASSERTS)
+#define KS_ASSERTS_ON 1
+#define KS_ASSERT(cond) ((cond) ? (void)0 : ks__assert_fail(#cond, __FILE__, __LINE__, __func__))
+#else
+#define KS_ASSERTS_ON 0
+#define KS_ASSERT(cond) ((void)0)
+#endif
+void ks__assert_fail(const char *cond, const char *file, int line, const char *func) __attribute__((noreturn));
+
 /* ------------------------------------------------------------------ logging */
 typedef enum { KS_LOG_DEBUG = 0, KS_LOG_INFO, KS_LOG_WARN, KS_LOG_ERROR, KS_LOG_OFF } ks_log_level;
 
@@ -52,6 +70,14 @@ int64_t ks_now_us(void);
 /* Wall clock, seconds / microseconds since the epoch. */
 int64_t ks_wall_s(void);
 int64_t ks_wall_us(void);
+
+/* ------------------------------------------------------------------- random */
+/* Fills buf[0, n) with random bytes: the kernel's (getrandom, never waiting
+ * for entropy), or when it has none to give, a splitmix64 stream seeded from
+ * both clocks, the pid and a process-wide counter: distinct on every call,
+ * not secret. Ids, nonces and sampling seeds; never keys. Thread-safe. */
+void ks_random_bytes(void *buf, size_t n);
+uint64_t ks_random_u64(void);
 
 /* ----------------------------------------------------------- token vectors */
 /* A growable array of token ids. Zero-initialised is an empty vector.

@@ -45,17 +45,13 @@
 #include <openssl/x509v3.h>
 
 #include "base/base.h"
+#include "cache/redis_tls_int.h"
 
 #define RBUF_BYTES ((size_t)256 << 10)
 #define BIG_CMD ((size_t)64 << 10) /* a command this long is a piece of its own */
 #define SMALL_PIECE ((size_t)64 << 10)
 #define IOV_BATCH 64
 
-struct ks_redis_tls {
-    SSL_CTX *ctx;
-    char server_name[256];
-    bool verify;
-};
 
 typedef struct piece {
     char *p;
@@ -102,19 +98,6 @@ static int fail(ks_redis_conn *c, const char *fmt, ...) {
     return KS_EIO;
 }
 
-/* The reason of OpenSSL's last error on this thread into out (n bytes), the
- * queue emptied. */
-static void ssl_reason(char *out, size_t n) {
-    unsigned long e = ERR_peek_last_error();
-    const char *r = e ? ERR_reason_error_string(e) : NULL;
-    if (r)
-        snprintf(out, n, "%s", r);
-    else if (e)
-        ERR_error_string_n(e, out, n);
-    else
-        snprintf(out, n, "unknown TLS error");
-    ERR_clear_error();
-}
 
 /* Why a TLS call on c->ssl failed (ret and SSL_get_error's e) into out. */
 static void tls_why(ks_redis_conn *c, int ret, int e, int saved_errno, char *out, size_t n) {
@@ -129,7 +112,7 @@ static void tls_why(ks_redis_conn *c, int ret, int e, int saved_errno, char *out
         snprintf(out, n, "the server closed the connection");
         ERR_clear_error();
     } else {
-        ssl_reason(out, n);
+        ks__redis_ssl_reason(out, n);
     }
 }
 
@@ -144,7 +127,7 @@ static bool tls_alert(ks_redis_conn *c, char *out, size_t n) {
     ERR_clear_error();
     int r = SSL_read(c->ssl, b, sizeof b);
     if (r <= 0 && SSL_get_error(c->ssl, r) == SSL_ERROR_SSL) {
-        ssl_reason(reason, sizeof reason);
+        ks__redis_ssl_reason(reason, sizeof reason);
         if (!strstr(reason, "alert")) return false;
         snprintf(out, n, "%s", reason);
         return true;
@@ -171,158 +154,6 @@ static int wait_fd(ks_redis_conn *c, short events, const char *what) {
         if (r == 0) return fail(c, "%s %s: no answer within %d ms", what, c->where, c->timeout_ms);
         if (errno != EINTR) return fail(c, "%s %s: poll: %s", what, c->where, strerror(errno));
     }
-}
-
-/* ========================================================== settings */
-bool ks_redis_tls_cfg_given(const ks_redis_tls_cfg *t) {
-    return t->ca_file[0] || t->ca_dir[0] || t->cert_file[0] || t->key_file[0] || t->server_name[0] || !t->verify;
-}
-
-/* 0 when path names a readable file (dir: a directory); else KS_EINVAL with
- * the reason. */
-static int check_path(const char *key, const char *path, bool dir, char *err, size_t errlen) {
-    struct stat sb;
-    if (stat(path, &sb) != 0) {
-        ks_set_err(err, errlen, "redis TLS: %s '%s': %s", key, path, strerror(errno));
-        return KS_EINVAL;
-    }
-    if (dir ? !S_ISDIR(sb.st_mode) : S_ISDIR(sb.st_mode)) {
-        ks_set_err(err, errlen, "redis TLS: %s '%s': %s", key, path, dir ? "not a directory" : "a directory");
-        return KS_EINVAL;
-    }
-    if (access(path, R_OK | (dir ? X_OK : 0)) != 0) {
-        ks_set_err(err, errlen, "redis TLS: %s '%s': %s", key, path, strerror(errno));
-        return KS_EINVAL;
-    }
-    return 0;
-}
-
-/* An encrypted key is refused rather than asked for on a terminal. */
-static int no_passphrase(char *buf, int size, int rwflag, void *ud) {
-    (void)buf;
-    (void)size;
-    (void)rwflag;
-    (void)ud;
-    return 0;
-}
-
-static int tls_create(const ks_redis_tls_cfg *t, ks_redis_tls **out, char *err, size_t errlen) {
-    int rc = KS_EINVAL;
-    char why[256];
-    *out = NULL;
-    if (!t->cert_file[0] != !t->key_file[0]) {
-        ks_set_err(err, errlen, "redis TLS: a client certificate (cert_file) and its key (key_file) go together: "
-                                "give both or neither");
-        return KS_EINVAL;
-    }
-    if ((t->ca_file[0] && check_path("ca_file", t->ca_file, false, err, errlen)) ||
-        (t->ca_dir[0] && check_path("ca_dir", t->ca_dir, true, err, errlen)) ||
-        (t->cert_file[0] && check_path("cert_file", t->cert_file, false, err, errlen)) ||
-        (t->key_file[0] && check_path("key_file", t->key_file, false, err, errlen)))
-        return KS_EINVAL;
-    ks_redis_tls *x = calloc(1, sizeof *x);
-    if (!x) return KS_ENOMEM;
-    snprintf(x->server_name, sizeof x->server_name, "%s", t->server_name);
-    x->verify = t->verify;
-    ERR_clear_error();
-    if (!(x->ctx = SSL_CTX_new(TLS_client_method()))) {
-        ssl_reason(why, sizeof why);
-        ks_set_err(err, errlen, "redis TLS: %s", why);
-        rc = KS_ENOMEM;
-        goto fail;
-    }
-    SSL_CTX_set_min_proto_version(x->ctx, TLS1_2_VERSION);
-    SSL_CTX_set_default_passwd_cb(x->ctx, no_passphrase);
-    /* SSL_write may return after part of a piece (a chunk of MiBs) when the
-     * socket is full, and is called again with the same piece from there. */
-    SSL_CTX_set_mode(x->ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
-    /* The CA settings are loaded even with verify off: a file that was given
-     * and cannot be used is a mistake to report, not to ignore. */
-    if (t->ca_file[0] || t->ca_dir[0]) {
-        if (SSL_CTX_load_verify_locations(x->ctx, t->ca_file[0] ? t->ca_file : NULL,
-                                          t->ca_dir[0] ? t->ca_dir : NULL) != 1) {
-            ssl_reason(why, sizeof why);
-            ks_set_err(err, errlen, "redis TLS: cannot load the CA certificates of %s '%s': %s",
-                       t->ca_file[0] ? "ca_file" : "ca_dir", t->ca_file[0] ? t->ca_file : t->ca_dir, why);
-            goto fail;
-        }
-    } else if (t->verify && SSL_CTX_set_default_verify_paths(x->ctx) != 1) {
-        ssl_reason(why, sizeof why);
-        ks_set_err(err, errlen, "redis TLS: cannot use the system's CA certificates (%s): give ca_file", why);
-        goto fail;
-    }
-    SSL_CTX_set_verify(x->ctx, t->verify ? SSL_VERIFY_PEER : SSL_VERIFY_NONE, NULL);
-    if (t->cert_file[0]) {
-        if (SSL_CTX_use_certificate_chain_file(x->ctx, t->cert_file) != 1) {
-            ssl_reason(why, sizeof why);
-            ks_set_err(err, errlen, "redis TLS: cert_file '%s': %s", t->cert_file, why);
-            goto fail;
-        }
-        if (SSL_CTX_use_PrivateKey_file(x->ctx, t->key_file, SSL_FILETYPE_PEM) != 1) {
-            unsigned long e = ERR_peek_last_error();
-            bool mismatch = ERR_GET_LIB(e) == ERR_LIB_X509 && ERR_GET_REASON(e) == X509_R_KEY_VALUES_MISMATCH;
-            ssl_reason(why, sizeof why);
-            if (mismatch)
-                ks_set_err(err, errlen, "redis TLS: key_file '%s' does not match cert_file '%s'", t->key_file,
-                           t->cert_file);
-            else
-                ks_set_err(err, errlen, "redis TLS: key_file '%s': %s (an unencrypted PEM key)", t->key_file, why);
-            goto fail;
-        }
-        if (SSL_CTX_check_private_key(x->ctx) != 1) {
-            ssl_reason(why, sizeof why);
-            ks_set_err(err, errlen, "redis TLS: key_file '%s' does not match cert_file '%s': %s", t->key_file,
-                       t->cert_file, why);
-            goto fail;
-        }
-    }
-    *out = x;
-    return 0;
-fail:
-    ERR_clear_error();
-    ks_redis_tls_free(x);
-    return rc;
-}
-
-void ks_redis_tls_free(ks_redis_tls *tls) {
-    if (!tls) return;
-    SSL_CTX_free(tls->ctx);
-    free(tls);
-}
-
-int ks_redis_cfg_prepare(const ks_redis_cfg *cfg, ks_redis_url *url, ks_redis_tls **tls, char *err, size_t errlen) {
-    ks_redis_url u;
-    ks_redis_tls *t = NULL;
-    memset(url, 0, sizeof *url);
-    if (tls) *tls = NULL;
-    int rc = ks_redis_url_parse(cfg->url, &u, err, errlen);
-    if (rc) goto done;
-    if (!u.tls && ks_redis_tls_cfg_given(&cfg->tls)) {
-        char where[KS_REDIS_URL_MAX];
-        ks_redis_url_redact(cfg->url, where, sizeof where);
-        ks_set_err(err, errlen, "redis TLS settings need a rediss:// URL, not %s (the connection would not use them)",
-                   where);
-        rc = KS_EINVAL;
-        goto done;
-    }
-    if (u.tls && (rc = tls_create(&cfg->tls, &t, err, errlen)) != 0) goto done;
-    if (!u.password[0] && cfg->password[0]) {
-        if (strlen(cfg->password) >= sizeof u.password) {
-            ks_set_err(err, errlen, "redis password: at most %zu bytes", sizeof u.password - 1);
-            rc = KS_EINVAL;
-            goto done;
-        }
-        snprintf(u.password, sizeof u.password, "%s", cfg->password);
-    }
-    *url = u;
-    if (tls) {
-        *tls = t;
-        t = NULL;
-    }
-done:
-    ks_redis_tls_free(t);
-    memset(&u, 0, sizeof u); /* no copy of a password left behind */
-    return rc;
 }
 
 /* ========================================================== connecting */
@@ -385,19 +216,19 @@ static int tls_handshake(ks_redis_conn *c, const ks_redis_tls *tls, const char *
     const char *name = tls->server_name[0] ? tls->server_name : host;
     ERR_clear_error();
     if (!(c->ssl = SSL_new(tls->ctx)) || SSL_set_fd(c->ssl, c->fd) != 1) {
-        ssl_reason(why, sizeof why);
+        ks__redis_ssl_reason(why, sizeof why);
         return fail(c, "TLS with %s: %s", c->where, why);
     }
     bool ip = is_ip_literal(name);
     /* SNI carries host names only (RFC 6066). */
     if (!ip && SSL_set_tlsext_host_name(c->ssl, name) != 1) {
-        ssl_reason(why, sizeof why);
+        ks__redis_ssl_reason(why, sizeof why);
         return fail(c, "TLS with %s: server name '%s': %s", c->where, name, why);
     }
     if (tls->verify) {
         int ok = ip ? X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(c->ssl), name) : SSL_set1_host(c->ssl, name);
         if (ok != 1) {
-            ssl_reason(why, sizeof why);
+            ks__redis_ssl_reason(why, sizeof why);
             return fail(c, "TLS with %s: server name '%s': %s", c->where, name, why);
         }
     }

@@ -63,6 +63,20 @@ static void drop(ks_spc *s, node *n) {
     if (n->refs == 0) node_free(n);
 }
 
+/* Invariants 1 and 2 (spc.h), under mu (KS_ASSERT): bytes and entries are
+ * the linked nodes' sum and count, within max_bytes, one node per key. */
+__attribute__((unused)) static bool index_ok_locked(const ks_spc *s) {
+    int64_t bytes = 0, entries = 0;
+    for (const node *n = s->head; n; n = n->next) {
+        if (!n->linked) return false;
+        for (const node *m = n->next; m; m = m->next)
+            if (m->pub.key == n->pub.key) return false;
+        bytes += n->size;
+        entries++;
+    }
+    return bytes == s->st.bytes && (uint64_t)entries == (uint64_t)s->st.entries && bytes <= s->st.max_bytes;
+}
+
 static node *find(ks_spc *s, uint64_t key) {
     for (node *n = s->head; n; n = n->next)
         if (n->pub.key == key) return n;
@@ -181,6 +195,7 @@ int ks_spc_insert(ks_spc *s, uint64_t key, const int32_t *tokens, int n_tokens, 
     s->st.bytes += n->size;
     s->st.entries++;
     s->st.inserts++;
+    KS_ASSERT(index_ok_locked(s));
     pthread_mutex_unlock(&s->mu);
     return 0;
 

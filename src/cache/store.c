@@ -60,12 +60,6 @@
 #include "cache/redis_fmt.h"
 #include "cache/store_int.h"
 
-int64_t ks__store_wall_us(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
 void ks__store_add_ms(_Atomic uint64_t *acc, double ms) {
     if (ms > 0) atomic_fetch_add(acc, (uint64_t)(ms * 1000.0 + 0.5));
 }
@@ -298,9 +292,9 @@ static int save_check(ks_store *s, ks_reason reason, const int32_t *tokens, int 
         stored = true;
         remote = false;
     }
-    if (remote && !ks_tier_redis_up(rt)) {
+    if (remote && !ks_tier_up(rt)) {
         /* Down: not even copied for it (the breaker retries later). */
-        ks_tier_redis_note_dropped(rt);
+        ks_tier_note_dropped(rt);
         remote = false;
         if (!local && !stored) {
             atomic_fetch_add(&s->dropped_saves, 1);
@@ -347,7 +341,7 @@ static job *save_job(ks_tier_id tier, unsigned tiers, const ks_key *key, ks_reas
     j->reason = reason;
     j->n = n;
     j->len = len;
-    j->created_us = ks__store_wall_us();
+    j->created_us = ks_wall_us();
     j->async = async;
     j->refs = async ? 1 : 2;
     return j;
@@ -382,7 +376,7 @@ int ks_store_save(ks_store *s, ks_reason reason, const int32_t *tokens, int n, u
             } else {
                 ks__store_job_free(rj);
                 rj = NULL;
-                ks_tier_redis_note_dropped(s->tiers[KS_TIER_REDIS]);
+                ks_tier_note_dropped(s->tiers[KS_TIER_REDIS]);
             }
         }
     }
@@ -422,7 +416,7 @@ int ks_store_save(ks_store *s, ks_reason reason, const int32_t *tokens, int n, u
             ks__store_enqueue_locked(s, rj);
             rj = NULL;
         } else if (rj) {
-            ks_tier_redis_note_dropped(s->tiers[KS_TIER_REDIS]);
+            ks_tier_note_dropped(s->tiers[KS_TIER_REDIS]);
         }
         if (sync) rc = ks__store_wait_job_locked(s, j, s->cfg.shutdown_timeout_ms);
         j = NULL;
@@ -517,11 +511,6 @@ int ks_store_flush(ks_store *s, int timeout_ms) {
     return ks__store_run_waited(s, JOB_FLUSH, timeout_ms);
 }
 
-int ks_store_gc(ks_store *s) {
-    if (!s) return KS_EINVAL;
-    return ks__store_run_waited(s, JOB_GC, s->cfg.shutdown_timeout_ms);
-}
-
 void ks_store_note_restore(ks_store *s, double ms) {
     if (s) ks__store_add_ms(&s->restore_us, ms);
 }
@@ -533,7 +522,7 @@ void ks_store_stats(ks_store *s, struct ks_store_stats *o) {
     o->lookups = atomic_load(&s->lookups);
     o->hits = atomic_load(&s->hits);
     o->misses = atomic_load(&s->misses);
-    int64_t now = ks__store_wall_us();
+    int64_t now = ks_wall_us();
     for (int t = 0; t < KS_TIER__N; t++) {
         o->tier_hits[t] = atomic_load(&s->tier_hits[t]);
         o->tier_misses[t] = atomic_load(&s->tier_misses[t]);
@@ -541,7 +530,7 @@ void ks_store_stats(ks_store *s, struct ks_store_stats *o) {
         o->tier_pin_drops[t] = atomic_load(&s->tier_pin_drops[t]);
         if (t == KS_TIER_REDIS && s->tiers[t]) {
             /* Redis's own accounting, shared by every host, as last seen. */
-            ks_tier_redis_stats_get(s->tiers[t], &o->redis);
+            ks_tier_get_remote_stats(s->tiers[t], &o->redis);
             o->has_redis = true;
             o->tier_bytes[t] = o->redis.bytes;
             o->tier_entries[t] = o->redis.entries;

@@ -83,7 +83,7 @@
  *     link() that never replaces a file, and readers verify everything.
  *
  * Thread model: ks_store_lookup, ks_store_save, ks_store_save_pinned,
- * ks_store_pin, ks_store_flush, ks_store_gc, ks_store_stats and
+ * ks_store_pin, ks_store_flush, ks_store_stats and
  * ks_store_note_restore are safe from any thread, also concurrently. ks_store_open/close run on one thread with no other call in
  * flight. The store owns one writer thread between open and close.
  */
@@ -244,11 +244,17 @@ int ks_store_flush(ks_store *s, int timeout_ms);
  * (small_saves, dropped_saves or dedup_saves). Thread-safe; computes one key. */
 bool ks_store_wants(ks_store *s, ks_reason reason, const int32_t *tokens, int n);
 
-/* Enforces every tier's budget now (on the writer thread, waited for), removes
- * temp files of dead processes and picks up changes of other processes.
- * Returns the number of entries evicted (>= 0), or KS_ESHUTDOWN / KS_EBUSY
- * (the writer did not answer within cfg.shutdown_timeout_ms). */
-int ks_store_gc(ks_store *s);
+/* One garbage collection of a local tier t: a file tier is rescanned first
+ * (temp files of dead writers removed, files with a bad header quarantined,
+ * other processes' changes picked up), then the least recently hit entries
+ * are evicted until t holds at most max_bytes, passing over the pinned
+ * entries while they fit in pin_share of max_bytes ("Pins" above). The one
+ * GC: the store's writer runs it on each of its tiers at open, with the
+ * store's budgets and cfg.pin_share; `kvstash cache gc` runs it on the
+ * directories with the configured ones. Returns the entries evicted (>= 0);
+ * *pin_drops (may be NULL): the pinned ones among them. As thread-safe as
+ * the tier's own calls (tier.h). */
+int ks_store_gc_tier(ks_tier *t, uint64_t max_bytes, float pin_share, int *pin_drops);
 
 /* Adds the time the caller spent restoring a hit into llama (restore_ms_total). */
 void ks_store_note_restore(ks_store *s, double ms);
@@ -290,7 +296,7 @@ struct ks_store_stats {
     uint64_t tier_pin_drops[KS_TIER__N];   /* pinned entries evicted before their deadline because
                                               the pins exceeded cfg.pin_share of the budget */
     bool has_redis;                        /* the redis tier is configured: redis below is set */
-    ks_tier_redis_stats redis;             /* errors, dropped saves, broken entries, breaker (tier.h) */
+    ks_tier_remote_stats redis;             /* errors, dropped saves, broken entries, breaker (tier.h) */
     double load_ms_total;                  /* reading + verifying hits */
     double save_ms_total;                  /* writing saves (writer thread) */
     double restore_ms_total;               /* ks_store_note_restore() */

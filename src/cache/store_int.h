@@ -107,7 +107,6 @@ struct ks_store {
 };
 
 /* Shared helpers (store.c, store_writer.c). */
-int64_t ks__store_wall_us(void);
 /* Adds ms to a microsecond counter. */
 void ks__store_add_ms(_Atomic uint64_t *acc, double ms);
 /* Whether one of our tiers holds key as an entry of this model. */

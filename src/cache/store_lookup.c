@@ -11,7 +11,6 @@
 #include <string.h>
 
 #include "base/base.h"
-#include "cache/redis_fmt.h"
 #include "cache/store_int.h"
 
 /* ----------------------------------------------------------------- lookup */
@@ -109,13 +108,13 @@ static int tiers_get(ks_store *s, const ks_key *key, const int32_t *tokens, int 
 /* The redis entry of key (tokens[0, n)) whose manifest a probe found: 0 and
  * hit filled, else KS_ENOENT. A broken entry (a chunk missing) or a bad one
  * is a miss and is deleted by the writer. */
-static int redis_get(ks_store *s, const ks_key *key, const ks_redis_manifest *m, const int32_t *tokens, int n,
+static int redis_get(ks_store *s, const ks_key *key, const ks_tier_found *m, const int32_t *tokens, int n,
                      ks_store_hit *hit) {
     ks_tier *rt = s->tiers[KS_TIER_REDIS];
     if (m->n_tokens != (uint32_t)n) return KS_ENOENT;
     ks_kvfile_expect exp = expect_of(s, key, tokens, n);
     double t0 = ks_now_ms();
-    int r = ks_tier_redis_fetch(rt, key, m, &exp, &hit->blob_);
+    int r = ks_tier_fetch(rt, key, m, &exp, &hit->blob_);
     if (r == 0) {
         fill_hit(s, hit, n, KS_TIER_REDIS, (int)m->reason, t0);
         return 0;
@@ -278,7 +277,7 @@ void ks_store_set_remote_prefetch(ks_store *s, bool on) {
 /* The manifests Redis holds for the candidate lengths of a lookup. */
 typedef struct remote_found {
     bool *found;               /* [k]: a manifest for lens[i] */
-    ks_redis_manifest *mans;   /* [k] */
+    ks_tier_found *mans;       /* [k] */
 } remote_found;
 
 /* The longest length Redis may hold beyond what a local tier holds is worth
@@ -296,7 +295,7 @@ static int redis_probe(ks_store *s, const int32_t *tokens, const int *lens, cons
     int rc = KS_ENOENT, above = 0, first = k, nx = 0;
     int *xl = NULL;
     ks_key *xkeys = NULL;
-    ks_redis_manifest *xmans = NULL;
+    ks_tier_found *xmans = NULL;
     bool *xfound = NULL;
     for (int i = k - 1; i >= 0 && lens[i] >= min_len; i--)
         if (held_locally(s, &keys[i])) {
@@ -311,7 +310,7 @@ static int redis_probe(ks_store *s, const int32_t *tokens, const int *lens, cons
         rc = KS_ENOMEM;
         goto done;
     }
-    if (ks_tier_redis_probe(rt, keys + first, k - first, rf->mans + first, rf->found + first, lo, lim, xl, &nx,
+    if (ks_tier_probe(rt, keys + first, k - first, rf->mans + first, rf->found + first, lo, lim, xl, &nx,
                             XCAP) != 0)
         goto done;
     int best = 0;
@@ -335,7 +334,7 @@ static int redis_probe(ks_store *s, const int32_t *tokens, const int *lens, cons
         goto done;
     }
     if (ks_key_prefixes(s->fp, s->kv_params, s->kv_len, tokens, lim, xl, u, xkeys) != 0 ||
-        ks_tier_redis_probe(rt, xkeys, u, xmans, xfound, 0, 0, NULL, NULL, 0) != 0)
+        ks_tier_probe(rt, xkeys, u, xmans, xfound, 0, 0, NULL, NULL, 0) != 0)
         goto done;
     for (int i = u - 1; i >= 0; i--)
         if (xfound[i] && redis_get(s, &xkeys[i], &xmans[i], tokens, xl[i], hit) == 0) {
@@ -425,7 +424,7 @@ static int probe(ks_store *s, const int32_t *tokens, int min_len, int lim, ks_st
     int cr = candidates(s, tokens, lim, &lens, &keys, &k);
     if (cr != 0 || k == 0) return cr ? cr : KS_ENOENT;
     ks_tier *rt = s->tiers[KS_TIER_REDIS];
-    if (rt && !atomic_load(&s->remote_prefetch) && ks_tier_redis_up(rt)) {
+    if (rt && !atomic_load(&s->remote_prefetch) && ks_tier_up(rt)) {
         ks_key hk;
         int r = redis_probe(s, tokens, lens, keys, k, min_len, lim, &remote, hit, &hk);
         if (r == 0 || r == KS_ENOMEM) {
@@ -458,7 +457,7 @@ int ks_store_prefetch(ks_store *s, const int32_t *tokens, int n, int max_len) {
     if (!s || n < 0 || (n > 0 && !tokens)) return KS_EINVAL;
     ks_tier *rt = s->tiers[KS_TIER_REDIS];
     int lim = (max_len < 0 || max_len > n) ? n : max_len;
-    if (!rt || lim < 1 || !ks_tier_redis_up(rt)) return 0;
+    if (!rt || lim < 1 || !ks_tier_up(rt)) return 0;
     double t0 = ks_now_ms();
     atomic_fetch_add(&s->prefetches, 1);
     /* What the other processes of this host saved counts as local. */

@@ -86,7 +86,7 @@ int ks__store_run_waited(ks_store *s, job_kind kind, int timeout_ms) {
  * of a pinned save about to be put compete for that protection. */
 static int evict_tier(ks_store *s, int t, uint64_t max_bytes, uint64_t incoming_bytes, int64_t incoming_until_us) {
     ks_tier_pins pins = {
-        .now_us = ks__store_wall_us(),
+        .now_us = ks_wall_us(),
         .max_bytes = (uint64_t)((double)s->cfg.pin_share * (double)s->cfg.tier_max_bytes[t]),
         .incoming_bytes = incoming_bytes,
         .incoming_until_us = incoming_until_us,
@@ -109,14 +109,14 @@ static int evict_tier(ks_store *s, int t, uint64_t max_bytes, uint64_t incoming_
  * its tiers'. */
 enum { SAVE_FAILED = 0, SAVE_DROPPED, SAVE_EXISTED, SAVE_WROTE };
 
-/* A save to the shared (redis) tier that failed: Redis unreachable, slow or
+/* A save to the shared (remote) tier that failed: Redis unreachable, slow or
  * full costs that copy only — dropped and counted by the tier, never an
  * error of the save (its local tier may have it). */
 static int remote_failed(ks_store *s, job *j, int t, int rc, int *out) {
     (void)s;
     KS_DEBUG("store", "save of %d tokens (%s) to %s dropped: %s", j->n, ks_reason_name(j->reason), ks_tier_name(t),
              ks_strerror(rc));
-    ks_tier_redis_note_dropped(s->tiers[t]);
+    ks_tier_note_dropped(s->tiers[t]);
     *out = SAVE_DROPPED;
     return 0;
 }
@@ -254,20 +254,34 @@ static int do_save(ks_store *s, job *j) {
     return 0;
 }
 
+int ks_store_gc_tier(ks_tier *t, uint64_t max_bytes, float pin_share, int *pin_drops) {
+    if (pin_drops) *pin_drops = 0;
+    if (!t) return 0;
+    ks_tier_rescan(t, KS_RESCAN_FORCE | KS_RESCAN_CLEANUP);
+    ks_tier_pins pins = {.now_us = ks_wall_us(), .max_bytes = (uint64_t)((double)pin_share * (double)max_bytes)};
+    int n = ks_tier_evict(t, max_bytes, &pins, NULL, NULL);
+    if (pin_drops) *pin_drops = pins.dropped;
+    return n > 0 ? n : 0;
+}
+
+/* The GC at open: every tier within its budget (the budgets may have
+ * shrunk since the files were written). */
 static int do_gc(ks_store *s) {
     int n = 0;
     for (int t = 0; t < KS_TIER__N; t++) {
         if (!s->tiers[t]) continue;
-        if (s->tiers[t]->vt->make_room) {
-            int r = s->tiers[t]->vt->make_room(s->tiers[t], 0, (uint64_t)s->cfg.tier_max_bytes[t]);
-            if (r > 0) {
-                atomic_fetch_add(&s->tier_evictions[t], (uint64_t)r);
-                n += r;
-            }
-            continue;
+        int r, drops = 0;
+        if (s->tiers[t]->vt->make_room) r = s->tiers[t]->vt->make_room(s->tiers[t], 0, (uint64_t)s->cfg.tier_max_bytes[t]);
+        else r = ks_store_gc_tier(s->tiers[t], (uint64_t)s->cfg.tier_max_bytes[t], s->cfg.pin_share, &drops);
+        if (r > 0) {
+            atomic_fetch_add(&s->tier_evictions[t], (uint64_t)r);
+            n += r;
         }
-        ks_tier_rescan(s->tiers[t], KS_RESCAN_FORCE | KS_RESCAN_CLEANUP);
-        n += evict_tier(s, t, (uint64_t)s->cfg.tier_max_bytes[t], 0, 0);
+        if (drops > 0) {
+            atomic_fetch_add(&s->tier_pin_drops[t], (uint64_t)drops);
+            KS_INFO("store", "evicted %d pinned %s entries before their deadline: pins exceed %.0f%% of the budget",
+                    drops, ks_tier_name(t), 100.0 * s->cfg.pin_share);
+        }
     }
     return n;
 }

@@ -47,14 +47,10 @@ long ks_sysio_count(ks_sysio_op op) {
     return (op >= 0 && op < KS_SYSIO__N) ? atomic_load(&g_count[op]) : 0;
 }
 
-void ks_sysio_count_reset(void) {
-    for (int i = 0; i < KS_SYSIO__N; i++) atomic_store(&g_count[i], 0);
-}
-
 const char *ks_sysio_op_name(ks_sysio_op op) {
     static const char *names[KS_SYSIO__N] = {"open",   "write", "pwrite", "pread",
                                              "fsync",  "rename", "link",  "unlink",
-                                             "close",  "ftruncate", "mkdir"};
+                                             "close",  "mkdir"};
     return (op >= 0 && op < KS_SYSIO__N) ? names[op] : "?";
 }
 
@@ -161,11 +157,6 @@ int ks_sysio_close(int fd) {
         return -1;
     }
     return close(fd);
-}
-
-int ks_sysio_ftruncate(int fd, off_t len) {
-    if (check(KS_SYSIO_FTRUNCATE)) return fail();
-    return ftruncate(fd, len);
 }
 
 int ks_sysio_mkdir(const char *path, mode_t mode) {

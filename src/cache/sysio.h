@@ -41,7 +41,6 @@ typedef enum {
     KS_SYSIO_LINK,
     KS_SYSIO_UNLINK,
     KS_SYSIO_CLOSE,
-    KS_SYSIO_FTRUNCATE,
     KS_SYSIO_MKDIR,
     KS_SYSIO__N
 } ks_sysio_op;
@@ -57,7 +56,6 @@ int ks_sysio_rename(const char *from, const char *to);
 int ks_sysio_link(const char *from, const char *to);
 int ks_sysio_unlink(const char *path);
 int ks_sysio_close(int fd);
-int ks_sysio_ftruncate(int fd, off_t len);
 int ks_sysio_mkdir(const char *path, mode_t mode);
 
 /* Loops over short writes until n bytes are written: 0, or -1 with errno
@@ -73,9 +71,8 @@ void ks_sysio_fault_set(ks_sysio_op op, long nth, ks_sysio_action action, int er
 void ks_sysio_fault_clear(void);
 /* true once the armed fault has fired (for tests to know a step was reached). */
 bool ks_sysio_fault_fired(void);
-/* Calls of op since the process started (or since ks_sysio_count_reset). */
+/* Calls of op since the process started. */
 long ks_sysio_count(ks_sysio_op op);
-void ks_sysio_count_reset(void);
 const char *ks_sysio_op_name(ks_sysio_op op);
 
 /* Holds every call of op from now on: the calling thread blocks (before the

@@ -9,8 +9,10 @@
  *                      servers of several hosts: chunks + manifest
  *
  * The entry table and the generic operations below (has, list, evict,
- * remove...) are tier.c's, shared by both implementations, which depend
- * only on tier.c and never on each other.
+ * remove...) are tier.c's, shared by every implementation; each depends only
+ * on tier.c, never on another. The store knows a tier by its table alone,
+ * after opening it: a remote tier (redis) answers the table's remote part
+ * (up, probe, fetch, remote_stats), which the local tiers leave NULL.
  *
  * Each tier owns its entry table: key -> metadata (tokens, bytes, reason,
  * times, hits, pin, and whether the entry belongs to this model). The store's
@@ -60,7 +62,9 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
+#include "base/base.h"
 #include "cache/key.h"
 #include "cache/kvfile.h"
 #include "cache/store_cfg.h"
@@ -111,6 +115,30 @@ void ks_tier_blob_release(ks_tier_blob *b);
 typedef struct ks_tier ks_tier;
 typedef struct ks__tentry ks__tentry;
 
+/* What a remote tier's probe found of one key: the entry's length, and what
+ * its fetch needs, which is the tier's own business (redis: the entry's
+ * manifest, redis_fmt.h). */
+typedef struct ks_tier_found {
+    uint32_t n_tokens;
+    uint32_t reason;         /* ks_reason it was saved for */
+    uint64_t priv_[8];
+} ks_tier_found;
+
+/* A remote tier's health and traffic (ks_tier_get_remote_stats). */
+typedef enum { KS_BREAKER_CLOSED = 0, KS_BREAKER_OPEN, KS_BREAKER_HALF_OPEN } ks_breaker_state;
+typedef struct ks_tier_remote_stats {
+    uint64_t bytes;          /* every host's bytes, as last seen (redis: <prefix>:bytes) */
+    uint64_t entries;        /* every host's entries, as last seen (redis: <prefix>:lru) */
+    uint64_t errors;         /* failed operations (connect, timeout, protocol) */
+    uint64_t dropped_saves;  /* saves not sent: breaker open */
+    uint64_t broken;         /* entries with a missing part (a miss) */
+    uint64_t ops;            /* round trips */
+    double op_ms_total;      /* their time */
+    uint64_t bytes_read, bytes_written;
+    uint64_t breaker_opens;
+    ks_breaker_state breaker;
+} ks_tier_remote_stats;
+
 /* Called for each entry (a copy); return non-zero to stop. */
 typedef int (*ks_tier_list_cb)(void *ud, const ks_tier_entry *e);
 
@@ -154,6 +182,31 @@ typedef struct ks_tier_vt {
      * or KS_EIO (the tier cannot be reached). NULL: the table's own eviction
      * (ks_tier_evict) and usage keep the budget. Writer thread. */
     int (*make_room)(ks_tier *t, uint64_t need, uint64_t budget);
+    /* A remote tier (redis; NULL in the local ones), whose storage is
+     * reached over the network and shared with other hosts; the store asks
+     * it only through these, and never on the inference thread without a
+     * bound (store.h).
+     * up: whether operations go through now (its circuit breaker is closed,
+     * or half-open: its backoff is over). note_dropped: counts a save not
+     * sent because it was down. */
+    bool (*up)(ks_tier *t);
+    void (*note_dropped)(ks_tier *t);
+    /* What is stored of keys[0, k), in one round trip: found[i] and
+     * what[i] for those present, of this model and well-formed. With lens
+     * (cap entries), also the lengths in [lens_lo, lens_hi] of the model's
+     * entries (*n_lens). Lookup threads; bounded by the tier's timeout. 0,
+     * KS_EBUSY (down: nothing asked), KS_EIO, KS_ENOMEM. */
+    int (*probe)(ks_tier *t, const ks_key *keys, int k, ks_tier_found *what, bool *found, int lens_lo,
+                 int lens_hi, int *lens, int *n_lens, int cap);
+    /* Reads the entry a probe found (f) and verifies it against exp as a
+     * file tier does: 0 and *out (a plain buffer), KS_ENOENT (a part is
+     * missing: evicted or expired, counted as broken), KS_ECORRUPT /
+     * KS_EVERSION / KS_EMISMATCH, KS_EBUSY (down), KS_EIO, KS_ENOMEM.
+     * Records the hit. */
+    int (*fetch)(ks_tier *t, const ks_key *key, const ks_tier_found *f, const ks_kvfile_expect *exp,
+                 ks_tier_blob *out);
+    /* Thread-safe. */
+    void (*remote_stats)(ks_tier *t, ks_tier_remote_stats *out);
     void (*close)(ks_tier *t);
 } ks_tier_vt;
 
@@ -211,45 +264,32 @@ struct ks_redis_cfg;
 int ks_tier_redis_open(const struct ks_redis_cfg *cfg, uint64_t max_bytes, const ks_tier_ident *ident,
                        ks_tier **out, char *err, size_t errlen);
 
-/* The manifests of keys[0, k) in one pipelined round trip: found[i] and
- * mans[i] (a ks_redis_manifest each, redis_fmt.h) for those present, of this
- * model and not malformed. With lens (cap entries), also the n_tokens in
- * [lens_lo, lens_hi] of the model's entries (*n_lens). Lookup threads;
- * bounded by cfg.timeout_ms. 0, KS_EBUSY (breaker open: nothing asked),
- * KS_EIO, KS_ENOMEM. */
-struct ks_redis_manifest;
-int ks_tier_redis_probe(ks_tier *t, const ks_key *keys, int k, struct ks_redis_manifest *mans, bool *found,
-                        int lens_lo, int lens_hi, int *lens, int *n_lens, int cap);
-/* Reads the chunks of the entry a probe found (one pipeline), checks the
- * manifest's checksum, then the kvfile against exp as a file tier does:
- * 0 and *out (a plain buffer), KS_ENOENT (a chunk is missing: evicted or
- * expired — counted as broken), KS_ECORRUPT / KS_EVERSION / KS_EMISMATCH,
- * KS_EBUSY (breaker open), KS_EIO, KS_ENOMEM. Records the hit (LRU). */
-int ks_tier_redis_fetch(ks_tier *t, const ks_key *key, const struct ks_redis_manifest *m,
-                        const ks_kvfile_expect *exp, ks_tier_blob *out);
-/* Whether the breaker lets operations through now (closed, or half-open:
- * its backoff is over and the next operation tries again). */
-bool ks_tier_redis_up(ks_tier *t);
-/* Counts a save not sent to Redis because the tier was down. */
-void ks_tier_redis_note_dropped(ks_tier *t);
-
-typedef enum { KS_BREAKER_CLOSED = 0, KS_BREAKER_OPEN, KS_BREAKER_HALF_OPEN } ks_breaker_state;
-typedef struct ks_tier_redis_stats {
-    uint64_t bytes;          /* <prefix>:bytes as last seen (every host's entries) */
-    uint64_t entries;        /* members of <prefix>:lru as last seen */
-    uint64_t errors;         /* failed operations (connect, timeout, protocol) */
-    uint64_t dropped_saves;  /* saves not sent: breaker open */
-    uint64_t broken;         /* entries with a missing chunk (a miss) */
-    uint64_t ops;            /* round trips */
-    double op_ms_total;      /* their time */
-    uint64_t bytes_read, bytes_written;
-    uint64_t breaker_opens;
-    ks_breaker_state breaker;
-} ks_tier_redis_stats;
-/* Thread-safe. */
-void ks_tier_redis_stats_get(ks_tier *t, ks_tier_redis_stats *out);
-
 /* --------------------------------------------------- generic operations */
+/* A remote tier's operations (the vtable's remote part); on a local tier
+ * there is nothing remote: up, nothing found, zeroed stats. */
+static inline bool ks_tier_is_remote(const ks_tier *t) { return t->vt->probe != NULL; }
+static inline bool ks_tier_up(ks_tier *t) { return !t->vt->up || t->vt->up(t); }
+static inline void ks_tier_note_dropped(ks_tier *t) {
+    if (t->vt->note_dropped) t->vt->note_dropped(t);
+}
+static inline int ks_tier_probe(ks_tier *t, const ks_key *keys, int k, ks_tier_found *what, bool *found,
+                                int lens_lo, int lens_hi, int *lens, int *n_lens, int cap) {
+    if (!t->vt->probe) {
+        for (int i = 0; i < k; i++) found[i] = false;
+        if (n_lens) *n_lens = 0;
+        return 0;
+    }
+    return t->vt->probe(t, keys, k, what, found, lens_lo, lens_hi, lens, n_lens, cap);
+}
+static inline int ks_tier_fetch(ks_tier *t, const ks_key *key, const ks_tier_found *f, const ks_kvfile_expect *exp,
+                                ks_tier_blob *out) {
+    return t->vt->fetch ? t->vt->fetch(t, key, f, exp, out) : KS_ENOENT;
+}
+static inline void ks_tier_get_remote_stats(ks_tier *t, ks_tier_remote_stats *out) {
+    memset(out, 0, sizeof *out);
+    if (t->vt->remote_stats) t->vt->remote_stats(t, out);
+}
+
 static inline int ks_tier_put(ks_tier *t, const ks_kvfile_meta *m, const int32_t *tok, int n,
                               uint8_t **payload, size_t len, bool *existed) {
     return t->vt->put(t, m, tok, n, payload, len, existed);

@@ -105,12 +105,6 @@ void ks_tier_file_prewarm(ks_tier *t, size_t bytes) {
  * goes back to its tier (which is still open: tier.h). */
 static void blob_release(ks_tier_blob *b) { spare_put(b->pool_, b->owner_, b->cap_); }
 
-static int64_t wall_us(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
 static int entry_path(const ks_tier *t, const ks_key *key, char *out, size_t n) {
     return ks_kvfile_path(t->dir, key, out, n);
 }
@@ -200,7 +194,7 @@ static void quarantine_file(const char *dir, const char *name) {
     char src[PATH_MAX], qdir[PATH_MAX], dst[PATH_MAX];
     if (snprintf(src, sizeof src, "%s/%s", dir, name) >= (int)sizeof src) return;
     if (snprintf(qdir, sizeof qdir, "%s/quarantine", dir) >= (int)sizeof qdir) return;
-    int w = snprintf(dst, sizeof dst, "%s/%s.%lld.%ld", qdir, name, (long long)wall_us(),
+    int w = snprintf(dst, sizeof dst, "%s/%s.%lld.%ld", qdir, name, (long long)ks_wall_us(),
                      (long)getpid());
     if (ks_sysio_mkdir(qdir, 0700) != 0 && errno != EEXIST) w = -1;
     if (w < 0 || (size_t)w >= sizeof dst || ks_sysio_rename(src, dst) != 0) {

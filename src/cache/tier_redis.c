@@ -11,8 +11,8 @@
  * one big value blocks the server while it is copied), written first, and a
  * manifest written last with SET NX: the manifest is what makes the entry
  * visible. A reader gets the manifests of every candidate length in one
- * pipelined round trip (ks_tier_redis_probe), then the chunks of the one it
- * picks in another (ks_tier_redis_fetch), and checks the manifest's XXH3 of
+ * pipelined round trip (its probe, tier.h), then the chunks of the one it
+ * picks in another (its fetch), and checks the manifest's XXH3 of
  * the whole and then the kvfile itself as a file tier does. A chunk that is
  * missing (Redis evicted or expired it) makes a miss, never a restore.
  *
@@ -55,7 +55,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <time.h>
 #include <xxhash.h>
 
@@ -99,14 +98,8 @@ static int64_t mono_ms(void) {
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static int64_t wall_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* ============================================================ breaker */
-bool ks_tier_redis_up(ks_tier *t) {
+static bool rt_up(ks_tier *t) {
     redis_tier *r = (redis_tier *)t;
     int64_t until = atomic_load(&r->open_until_ms);
     return until == 0 || mono_ms() >= until;
@@ -151,7 +144,7 @@ static void add_trips(redis_tier *r, const ks_redis_trips *tr) {
  * cn->mu is held. */
 static ks_redis_conn *conn(redis_tier *r, rconn *cn) {
     if (cn->c && !ks_redis_conn_failed(cn->c)) return cn->c;
-    if (!ks_tier_redis_up(&r->base)) return NULL;
+    if (!rt_up(&r->base)) return NULL;
     ks_redis_conn_free(cn->c);
     cn->c = NULL;
     char err[320] = "";
@@ -306,7 +299,7 @@ static int rt_put(ks_tier *t, const ks_kvfile_meta *meta, const int32_t *tokens,
         .n_chunks = ks_redis_n_chunks(total, (uint64_t)(r->cfg.chunk_bytes - KS_REDIS_CHUNK_SLACK)),
         .csum = XXH3_64bits(buf, total),
     };
-    if (getrandom(&m.nonce, sizeof m.nonce, 0) != (ssize_t)sizeof m.nonce) m.nonce = (uint64_t)wall_ms() ^ XXH3_64bits(&rep, sizeof rep);
+    m.nonce = ks_random_u64();
     int ml = ks_redis_manifest_encode(&m, line, sizeof line);
     ks_redis_member(r->fp, &meta->key, member);
     key_manifest(r, member, mkey);
@@ -386,7 +379,7 @@ static int rt_put(ks_tier *t, const ks_kvfile_meta *meta, const int32_t *tokens,
     /* Visible: account for it. */
     ks_redis_conn_append(c, "HSET %s %s %llu", r->nm.sizes, member, (unsigned long long)total);
     ks_redis_conn_append(c, "INCRBY %s %llu", r->nm.bytes, (unsigned long long)total);
-    ks_redis_conn_append(c, "ZADD %s %lld %s", r->nm.lru, (long long)wall_ms(), member);
+    ks_redis_conn_append(c, "ZADD %s %lld %s", r->nm.lru, (long long)(ks_wall_us() / 1000), member);
     ks_redis_conn_append(c, "ZADD %s %u %u", r->k_lens, m.n_tokens, m.n_tokens);
     ks_redis_conn_append(c, "ZCARD %s", r->nm.lru);
     if ((rc = collect(r, &r->wr, 5, rep, "save (account)")) != 0) goto done;
@@ -405,13 +398,16 @@ done:
 }
 
 /* ============================================================ lookups */
-int ks_tier_redis_probe(ks_tier *t, const ks_key *keys, int k, struct ks_redis_manifest *mans, bool *found,
-                        int lens_lo, int lens_hi, int *lens, int *n_lens, int cap) {
+/* The found entry's manifest travels in its ks_tier_found. */
+_Static_assert(sizeof(ks_redis_manifest) <= sizeof(((ks_tier_found *)0)->priv_), "a manifest fits in ks_tier_found");
+
+static int rt_probe(ks_tier *t, const ks_key *keys, int k, ks_tier_found *what, bool *found, int lens_lo,
+                    int lens_hi, int *lens, int *n_lens, int cap) {
     redis_tier *r = (redis_tier *)t;
     int rc = 0;
     if (n_lens) *n_lens = 0;
     for (int i = 0; i < k; i++) found[i] = false;
-    if (!ks_tier_redis_up(t)) return KS_EBUSY;
+    if (!rt_up(t)) return KS_EBUSY;
     int nq = k + (lens ? 1 : 0);
     if (nq == 0) return 0;
     redisReply **rep = calloc((size_t)nq, sizeof *rep);
@@ -432,8 +428,12 @@ int ks_tier_redis_probe(ks_tier *t, const ks_key *keys, int k, struct ks_redis_m
     if ((rc = collect(r, cn, nq, rep, "lookup (manifests)")) != 0) goto done;
     for (int i = 0; i < k; i++) {
         if (rep[i]->type == REDIS_REPLY_STRING) {
-            found[i] = ks_redis_manifest_decode(rep[i]->str, rep[i]->len, &mans[i]) == 0;
+            ks_redis_manifest m;
+            found[i] = ks_redis_manifest_decode(rep[i]->str, rep[i]->len, &m) == 0;
             if (!found[i]) atomic_fetch_add(&r->broken, 1);
+            what[i].n_tokens = found[i] ? m.n_tokens : 0;
+            what[i].reason = found[i] ? m.reason : 0;
+            if (found[i]) memcpy(what[i].priv_, &m, sizeof m);
         } else {
             /* Gone (evicted by a host or by Redis): forget it here too. */
             known_del(r, &keys[i]);
@@ -451,13 +451,16 @@ done:
     return rc;
 }
 
-int ks_tier_redis_fetch(ks_tier *t, const ks_key *key, const struct ks_redis_manifest *m,
-                        const ks_kvfile_expect *exp, ks_tier_blob *out) {
+static int rt_fetch(ks_tier *t, const ks_key *key, const ks_tier_found *f, const ks_kvfile_expect *exp,
+                    ks_tier_blob *out) {
     redis_tier *r = (redis_tier *)t;
+    ks_redis_manifest mf;
+    memcpy(&mf, f->priv_, sizeof mf);
+    const ks_redis_manifest *m = &mf;
     int rc = 0;
     uint8_t *buf = NULL;
     memset(out, 0, sizeof *out);
-    if (!ks_tier_redis_up(t)) return KS_EBUSY;
+    if (!rt_up(t)) return KS_EBUSY;
     /* m was checked against the limits (redis_fmt.h): total is bounded. */
     if (m->total > SIZE_MAX || !(buf = malloc((size_t)m->total))) return KS_ENOMEM;
     int extra = 1 + (r->cfg.ttl > 0 ? 1 + (int)m->n_chunks : 0);
@@ -478,7 +481,7 @@ int ks_tier_redis_fetch(ks_tier *t, const ks_key *key, const struct ks_redis_man
     }
     ks_redis_ops_append_chunks(c, mkey, m);
     /* The hit: most recently used now (XX: only while the entry is accounted). */
-    ks_redis_conn_append(c, "ZADD %s XX %lld %s", r->nm.lru, (long long)wall_ms(), member);
+    ks_redis_conn_append(c, "ZADD %s XX %lld %s", r->nm.lru, (long long)(ks_wall_us() / 1000), member);
     if (r->cfg.ttl > 0) {
         /* A TTL counts from the last use, as the LRU does. */
         ks_redis_conn_append(c, "EXPIRE %s %lld", mkey, (long long)r->cfg.ttl);
@@ -519,13 +522,13 @@ done:
 }
 
 static int rt_get(ks_tier *t, const ks_key *key, const ks_kvfile_expect *exp, ks_tier_blob *out) {
-    ks_redis_manifest m;
+    ks_tier_found m;
     bool found = false;
     memset(out, 0, sizeof *out);
-    int rc = ks_tier_redis_probe(t, key, 1, &m, &found, 0, 0, NULL, NULL, 0);
+    int rc = rt_probe(t, key, 1, &m, &found, 0, 0, NULL, NULL, 0);
     if (rc != 0) return rc == KS_EBUSY ? KS_ENOENT : rc;
     if (!found) return KS_ENOENT;
-    return ks_tier_redis_fetch(t, key, &m, exp, out);
+    return rt_fetch(t, key, &m, exp, out);
 }
 
 /* ============================================================ removal */
@@ -574,21 +577,10 @@ static void rt_close(ks_tier *t) {
     free(r);
 }
 
-static const ks_tier_vt k_redis_vt = {
-    .put = rt_put,
-    .get = rt_get,
-    .drop = rt_drop,
-    .quarantine = rt_quarantine,
-    .rescan = rt_rescan,
-    .persist = rt_persist,
-    .reload_pin = NULL,
-    .make_room = rt_make_room,
-    .close = rt_close,
-};
 
-void ks_tier_redis_note_dropped(ks_tier *t) { atomic_fetch_add(&((redis_tier *)t)->dropped, 1); }
+static void rt_note_dropped(ks_tier *t) { atomic_fetch_add(&((redis_tier *)t)->dropped, 1); }
 
-void ks_tier_redis_stats_get(ks_tier *t, ks_tier_redis_stats *o) {
+static void rt_remote_stats(ks_tier *t, ks_tier_remote_stats *o) {
     redis_tier *r = (redis_tier *)t;
     memset(o, 0, sizeof *o);
     o->bytes = atomic_load(&r->bytes);
@@ -604,6 +596,23 @@ void ks_tier_redis_stats_get(ks_tier *t, ks_tier_redis_stats *o) {
     int64_t until = atomic_load(&r->open_until_ms);
     o->breaker = until == 0 ? KS_BREAKER_CLOSED : mono_ms() < until ? KS_BREAKER_OPEN : KS_BREAKER_HALF_OPEN;
 }
+
+static const ks_tier_vt k_redis_vt = {
+    .put = rt_put,
+    .get = rt_get,
+    .drop = rt_drop,
+    .quarantine = rt_quarantine,
+    .rescan = rt_rescan,
+    .persist = rt_persist,
+    .reload_pin = NULL,
+    .make_room = rt_make_room,
+    .up = rt_up,
+    .note_dropped = rt_note_dropped,
+    .probe = rt_probe,
+    .fetch = rt_fetch,
+    .remote_stats = rt_remote_stats,
+    .close = rt_close,
+};
 
 int ks_tier_redis_open(const struct ks_redis_cfg *cfg, uint64_t max_bytes, const ks_tier_ident *ident,
                        ks_tier **out, char *err, size_t errlen) {

@@ -47,19 +47,11 @@
 #include "cache/tier.h"
 #include "cli/cache_redis.h"
 #include "cli/cli.h"
+#include "cli/cmd_cache.h"
+#include "config/config.h"
 
 #define CMD "kvstash cache"
 
-typedef struct opts {
-    const char *sub;
-    char dirs[KS_TIER__N][KS_MAX_PATH]; /* [SHM], [DISK] used */
-    bool use[KS_TIER__N];               /* the tiers acted on: disk always, shm with --shm-dir */
-    bool all;
-    const char *prefix;
-    int64_t max_bytes;                   /* -1: the defaults */
-    bool use_redis;                      /* --redis */
-    ks_redis_cfg redis;                  /* url, key_prefix, password, tls */
-} opts;
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -67,11 +59,13 @@ static void usage(FILE *f) {
             "  ls     [KEYPREFIX]           list entries: key, tokens, bytes, tier, reason, age, hits\n"
             "  stats                        totals per tier\n"
             "  verify                       check every file completely; exit 1 naming each bad one\n"
-            "  gc     [--max-bytes N]       evict least recently hit entries until each tier holds at\n"
-            "                               most N bytes (default: shm 1G, disk 10G; K/M/G/T suffixes;\n"
-            "                               at most 1024T),\n"
-            "                               entries pinned by cache breakpoints kept within half of N;\n"
-            "                               remove temp files of dead writers and quarantined files\n"
+            "  gc     [--max-bytes N] [--config FILE]\n"
+            "                               evict least recently hit entries until each tier holds at\n"
+            "                               most N bytes (default: the budgets of FILE, serve's YAML,\n"
+            "                               else shm 1G, disk 10G; K/M/G/T suffixes; at most 1024T),\n"
+            "                               entries pinned by cache breakpoints kept within FILE's\n"
+            "                               store.pin_share of it (default half); remove temp files of\n"
+            "                               dead writers and quarantined files\n"
             "  rm     --all | KEYPREFIX     remove entries\n"
             "options:\n"
             "  --cache-dir DIR   the disk tier (default $XDG_CACHE_HOME/kvstash or ~/.cache/kvstash)\n"
@@ -96,7 +90,7 @@ static const char *tier_str(int t) { return ks_tier_name((ks_tier_id)t); }
 static const char *reason_str(int r) { return ks_reason_name((ks_reason)r); }
 
 /* "12.3M" style sizes (binary units). */
-static void fmt_bytes(uint64_t b, char *out, size_t n) {
+void ks__cache_fmt_bytes(uint64_t b, char *out, size_t n) {
     const char *u = "BKMGT";
     double v = (double)b;
     int i = 0;
@@ -123,12 +117,6 @@ static void fmt_age(int64_t us, char *out, size_t n) {
         snprintf(out, n, "%lldd", (long long)(s / 86400));
 }
 
-static int64_t now_us(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
 static bool is_hex(const char *s) {
     if (!*s || strlen(s) > KS_KEY_HEX_LEN) return false;
     for (; *s; s++)
@@ -149,10 +137,10 @@ static bool key_matches(const ks_key *k, const char *prefix) {
 
 /* The options that take a value; their index in parse. */
 enum { O_CACHE_DIR, O_SHM_DIR, O_MAX_BYTES, O_REDIS, O_REDIS_PREFIX, O_TLS_CA, O_TLS_CA_DIR, O_TLS_CERT, O_TLS_KEY,
-       O_TLS_NAME, O__N };
+       O_TLS_NAME, O_CONFIG, O__N };
 static const char *const k_valued[O__N] = {"--cache-dir", "--shm-dir", "--max-bytes", "--redis", "--redis-prefix",
                                            "--redis-tls-ca", "--redis-tls-ca-dir", "--redis-tls-cert",
-                                           "--redis-tls-key", "--redis-tls-server-name"};
+                                           "--redis-tls-key", "--redis-tls-server-name", "--config"};
 
 /* Copies val into dst (n bytes) for flag; 0 or 2 (message printed). */
 static int copy_arg(char *dst, size_t n, const char *flag, const char *val) {
@@ -171,9 +159,8 @@ static int parse(int argc, char **argv, opts *o) {
     ks_store_default_dirs(o->dirs[KS_TIER_DISK], NULL);
     o->use[KS_TIER_DISK] = true;
     bool cache_dir_given = false;
-    ks_store_cfg sc;
-    ks_store_cfg_defaults(&sc);
-    o->redis = sc.redis; /* key_prefix kvstash, verify on */
+    ks_store_cfg_defaults(&o->cfg);
+    o->redis = o->cfg.redis; /* key_prefix kvstash, verify on */
     if (argc < 2) {
         usage(stderr);
         return 2;
@@ -222,6 +209,18 @@ static int parse(int argc, char **argv, opts *o) {
                 return 2;
             }
             continue;
+        case O_CONFIG: {
+            /* serve's YAML: the store's budgets and pin share, as the servers run with them */
+            ks_config c;
+            char err[512] = "";
+            ks_config_defaults(&c);
+            if (ks_config_load_file(&c, val, err, sizeof err)) {
+                fprintf(stderr, CMD ": --config %s: %s\n", val, err);
+                return 2;
+            }
+            o->cfg = c.store;
+            continue;
+        }
         case O_REDIS: o->use_redis = true; dst = o->redis.url; dst_n = sizeof o->redis.url; break;
         case O_REDIS_PREFIX: dst = o->redis.key_prefix; dst_n = sizeof o->redis.key_prefix; break;
         case O_TLS_CA: dst = tls->ca_file; dst_n = sizeof tls->ca_file; break;
@@ -264,7 +263,7 @@ static int parse(int argc, char **argv, opts *o) {
 }
 
 /* Connects to the Redis of --redis (NULL *r without it). 0, 1 or 2 (message printed). */
-static int open_redis(const opts *o, ks_cache_redis **r) {
+int ks__cache_open_redis(const opts *o, ks_cache_redis **r) {
     *r = NULL;
     if (!o->use_redis) return 0;
     return ks_cache_redis_open(o->sub, &o->redis, r);
@@ -272,7 +271,7 @@ static int open_redis(const opts *o, ks_cache_redis **r) {
 
 /* Checks that every directory acted on exists and is a directory. Returns 0,
  * 2 (missing or not a directory) or 1 (cannot be examined); message printed. */
-static int check_dirs(const opts *o) {
+int ks__cache_check_dirs(const opts *o) {
     for (int t = KS_TIER_DISK; t >= KS_TIER_SHM; t--) {
         struct stat sb;
         const char *flag = t == KS_TIER_DISK ? "--cache-dir" : "--shm-dir";
@@ -295,8 +294,8 @@ static int check_dirs(const opts *o) {
 }
 
 /* Opens a tier directory read-mostly; *t NULL when it is not acted on (or
- * vanished since check_dirs). Returns 0 or 1 (error printed). */
-static int open_tier(const opts *o, int tier, unsigned flags, ks_tier **t) {
+ * vanished since ks__cache_check_dirs). Returns 0 or 1 (error printed). */
+int ks__cache_open_tier(const opts *o, int tier, unsigned flags, ks_tier **t) {
     char err[512] = "";
     *t = NULL;
     if (!o->use[tier]) return 0;
@@ -310,20 +309,8 @@ static int open_tier(const opts *o, int tier, unsigned flags, ks_tier **t) {
 }
 
 /* ------------------------------------------------------------------- ls */
-typedef struct row {
-    ks_tier_entry e;
-    int tier;
-} row;
 
-typedef struct rows {
-    row *v;
-    size_t n, cap;
-    int tier;
-    const char *prefix;
-    bool oom;
-} rows;
-
-static int collect(void *ud, const ks_tier_entry *e) {
+int ks__cache_collect(void *ud, const ks_tier_entry *e) {
     rows *r = ud;
     if (r->prefix && !key_matches(&e->key, r->prefix)) return 0;
     if (r->n == r->cap) {
@@ -352,11 +339,11 @@ static int row_cmp(const void *a, const void *b) {
 static int collect_all(const opts *o, rows *r, unsigned flags) {
     for (int t = KS_TIER_SHM; t <= KS_TIER_DISK; t++) {
         ks_tier *tier = NULL;
-        if (open_tier(o, t, flags, &tier) != 0) return 1;
+        if (ks__cache_open_tier(o, t, flags, &tier) != 0) return 1;
         if (!tier) continue;
         r->tier = t;
         r->prefix = o->prefix;
-        ks_tier_list(tier, collect, r);
+        ks_tier_list(tier, ks__cache_collect, r);
         ks_tier_close(tier);
         if (r->oom) {
             fprintf(stderr, CMD " %s: out of memory\n", o->sub);
@@ -372,10 +359,10 @@ static int cmd_ls(const opts *o) {
         fprintf(stderr, CMD " ls: --all is for rm\n");
         return 2;
     }
-    int rc = check_dirs(o);
+    int rc = ks__cache_check_dirs(o);
     if (rc) return rc;
     ks_cache_redis *redis = NULL;
-    if ((rc = open_redis(o, &redis)) != 0) return rc;
+    if ((rc = ks__cache_open_redis(o, &redis)) != 0) return rc;
     if (collect_all(o, &r, 0) != 0) {
         free(r.v);
         ks_cache_redis_close(redis);
@@ -384,7 +371,7 @@ static int cmd_ls(const opts *o) {
     if (redis) {
         r.tier = KS_TIER_REDIS;
         r.prefix = o->prefix;
-        rc = ks_cache_redis_list(redis, o->prefix, collect, &r);
+        rc = ks_cache_redis_list(redis, o->prefix, ks__cache_collect, &r);
         ks_cache_redis_close(redis);
         if (rc == 0 && r.oom) rc = 1, fprintf(stderr, CMD " ls: out of memory\n");
         if (rc) {
@@ -393,7 +380,7 @@ static int cmd_ls(const opts *o) {
         }
     }
     if (r.n) qsort(r.v, r.n, sizeof *r.v, row_cmp); /* r.v is NULL when empty: UB for qsort */
-    int64_t now = now_us();
+    int64_t now = ks_wall_us();
     printf("%-12s %8s %9s %-5s %-9s %6s %6s %6s %-8s\n", "KEY", "TOKENS", "BYTES", "TIER", "REASON", "AGE",
            "IDLE", "HITS", "MODEL");
     for (size_t i = 0; i < r.n; i++) {
@@ -402,7 +389,7 @@ static int cmd_ls(const opts *o) {
         char hex[KS_KEY_HEX_LEN + 1], fp[9], sz[16], age[16], idle[16], hits[24];
         ks_key_to_hex(&e->key, hex);
         ks_hex_encode(e->model_fp, 4, fp);
-        fmt_bytes(e->bytes, sz, sizeof sz);
+        ks__cache_fmt_bytes(e->bytes, sz, sizeof sz);
         fmt_age(now - e->created_us, age, sizeof age);
         /* Redis keeps every server's last use of an entry (its LRU), not a hit count. */
         if (e->hits || remote)
@@ -459,18 +446,18 @@ static void print_reasons(const rows *r, bool with_hits) {
 /* The redis line of stats: the accounting, and what a scan finds. */
 static int stats_redis(const opts *o, uint64_t *tot_b, uint64_t *tot_e) {
     ks_cache_redis *redis = NULL;
-    int rc = open_redis(o, &redis);
+    int rc = ks__cache_open_redis(o, &redis);
     if (rc || !redis) return rc;
     uint64_t e = 0, b = 0;
     rows r = {0};
     if ((rc = ks_cache_redis_usage(redis, &e, &b)) == 0) {
         r.tier = KS_TIER_REDIS;
-        rc = ks_cache_redis_list(redis, NULL, collect, &r);
+        rc = ks_cache_redis_list(redis, NULL, ks__cache_collect, &r);
         if (rc == 0 && r.oom) rc = 1, fprintf(stderr, CMD " stats: out of memory\n");
     }
     if (rc == 0) {
         char sz[16];
-        fmt_bytes(b, sz, sizeof sz);
+        ks__cache_fmt_bytes(b, sz, sizeof sz);
         printf("%-5s %8llu %10s  %s prefix %s (budget: the servers' store.tiers.redis.max_bytes)\n", "redis",
                (unsigned long long)e, sz, ks_cache_redis_where(redis), ks_cache_redis_prefix(redis));
         print_reasons(&r, false);
@@ -488,7 +475,7 @@ static int stats_redis(const opts *o, uint64_t *tot_b, uint64_t *tot_e) {
 
 static int cmd_stats(const opts *o) {
     uint64_t tot_b = 0, tot_e = 0;
-    int rc = check_dirs(o);
+    int rc = ks__cache_check_dirs(o);
     if (rc) return rc;
     printf("%-5s %8s %10s  %s\n", "TIER", "ENTRIES", "BYTES", "DETAIL");
     for (int t = KS_TIER_SHM; t <= KS_TIER_DISK; t++) {
@@ -499,20 +486,20 @@ static int cmd_stats(const opts *o) {
                    t == KS_TIER_SHM ? "--shm-dir" : "--cache-dir");
             continue;
         }
-        if (open_tier(o, t, 0, &tier) != 0) return 1;
+        if (ks__cache_open_tier(o, t, 0, &tier) != 0) return 1;
         if (!tier) {
             printf("%-5s %8s %10s  %s (absent)\n", tier_str(t), "-", "-", o->dirs[t]);
             continue;
         }
         r.tier = t;
-        ks_tier_list(tier, collect, &r);
+        ks_tier_list(tier, ks__cache_collect, &r);
         uint64_t b = 0, e = 0, skipped = atomic_load(&tier->n_skipped);
         ks_tier_usage(tier, &b, &e);
         ks_tier_close(tier);
         int temps, quar;
         count_dir(o->dirs[t], &temps, &quar);
         char sz[16];
-        fmt_bytes(b, sz, sizeof sz);
+        ks__cache_fmt_bytes(b, sz, sizeof sz);
         printf("%-5s %8llu %10s  %s\n", tier_str(t), (unsigned long long)e, sz, o->dirs[t]);
         print_reasons(&r, true);
         free(r.v);
@@ -524,187 +511,9 @@ static int cmd_stats(const opts *o) {
     }
     if ((rc = stats_redis(o, &tot_b, &tot_e)) != 0) return rc;
     char sz[16];
-    fmt_bytes(tot_b, sz, sizeof sz);
+    ks__cache_fmt_bytes(tot_b, sz, sizeof sz);
     printf("%-5s %8llu %10s\n", "total", (unsigned long long)tot_e, sz);
     return 0;
-}
-
-/* --------------------------------------------------------------- verify */
-typedef struct vstate {
-    int good, bad, skipped;
-} vstate;
-
-static int verify_cb(void *ud, const char *path, int rc, const ks_kvfile_meta *m) {
-    vstate *v = ud;
-    if (rc == 0) {
-        v->good++;
-    } else if (rc == KS_EINVAL) {
-        v->skipped++;
-        printf("skipped: %s: not a regular file\n", path);
-    } else {
-        v->bad++;
-        printf("bad: %s: %s (%s)\n", path, ks_errname(rc), ks_strerror(rc));
-    }
-    return 0;
-}
-
-static int cmd_verify(const opts *o) {
-    vstate v = {0, 0, 0};
-    int crc = check_dirs(o);
-    if (crc) return crc;
-    /* Connected before anything is read: an unreachable Redis fails fast. */
-    ks_cache_redis *redis = NULL;
-    if ((crc = open_redis(o, &redis)) != 0) return crc;
-    for (int t = KS_TIER_SHM; t <= KS_TIER_DISK; t++) {
-        if (!o->use[t]) continue;
-        int rc = ks_store_verify_dir(o->dirs[t], verify_cb, &v);
-        if (rc == KS_ENOENT) continue; /* vanished since check_dirs */
-        if (rc < 0) {
-            fprintf(stderr, CMD " verify: %s: %s\n", o->dirs[t],
-                    rc == KS_EINVAL ? "not a directory" : ks_strerror(rc));
-            ks_cache_redis_close(redis);
-            return rc == KS_EINVAL ? 2 : 1;
-        }
-    }
-    if (o->use[KS_TIER_SHM] || o->use[KS_TIER_DISK]) {
-        printf("%d files checked: %d good, %d bad", v.good + v.bad, v.good, v.bad);
-        if (v.skipped) printf("; %d skipped (not regular files)", v.skipped);
-        printf("\n");
-    }
-    if (redis) {
-        int good = 0, bad = 0;
-        crc = ks_cache_redis_verify(redis, &good, &bad);
-        ks_cache_redis_close(redis);
-        if (crc) return crc;
-        printf("%d redis entries checked: %d good, %d bad\n", good + bad, good, bad);
-        v.bad += bad;
-    }
-    return v.bad ? 1 : 0;
-}
-
-/* ------------------------------------------------------------------- gc */
-static int purge_quarantine(const char *dir) {
-    char q[PATH_MAX], p[PATH_MAX];
-    int n = 0;
-    if (snprintf(q, sizeof q, "%s/quarantine", dir) >= (int)sizeof q) return 0;
-    DIR *d = opendir(q);
-    if (!d) return 0;
-    struct dirent *de;
-    while ((de = readdir(d)) != NULL) {
-        if (de->d_name[0] == '.') continue;
-        if (snprintf(p, sizeof p, "%s/%s", q, de->d_name) >= (int)sizeof p) continue;
-        if (unlink(p) == 0) n++;
-    }
-    closedir(d);
-    rmdir(q);
-    return n;
-}
-
-static int cmd_gc(const opts *o) {
-    ks_store_params def = ks_store_params_default();
-    if (o->prefix || o->all) {
-        fprintf(stderr, CMD " gc: takes no key prefix (use rm)\n");
-        return 2;
-    }
-    int rc = check_dirs(o);
-    if (rc) return rc;
-    for (int t = KS_TIER_SHM; t <= KS_TIER_DISK; t++) {
-        ks_tier *tier = NULL;
-        /* CLEANUP: temp files of dead writers go, files with a bad header are
-         * moved to quarantine/ (and purged below). */
-        if (open_tier(o, t, KS_TIER_CLEANUP, &tier) != 0) return 1;
-        if (!tier) continue;
-        uint64_t budget = (uint64_t)(o->max_bytes >= 0 ? o->max_bytes : def.cfg.tier_max_bytes[t]);
-        uint64_t b0 = 0, b1 = 0, e1 = 0;
-        ks_tier_usage(tier, &b0, NULL);
-        /* Pins are honoured with the default share of the budget (store.h "Pins"). */
-        ks_tier_pins pins = {.now_us = now_us(),
-                             .max_bytes = (uint64_t)((double)def.cfg.pin_share * (double)budget)};
-        int n = ks_tier_evict(tier, budget, &pins, NULL, NULL);
-        ks_tier_usage(tier, &b1, &e1);
-        uint64_t bad = atomic_load(&tier->n_bad);
-        ks_tier_close(tier);
-        int purged = purge_quarantine(o->dirs[t]);
-        char freed[16], now[16], lim[16];
-        fmt_bytes(b0 - b1, freed, sizeof freed);
-        fmt_bytes(b1, now, sizeof now);
-        fmt_bytes(budget, lim, sizeof lim);
-        printf("%s: evicted %d entries (%s), now %llu entries, %s (budget %s); %llu bad files, %d "
-               "quarantined files removed\n",
-               tier_str(t), n, freed, (unsigned long long)e1, now, lim, (unsigned long long)bad, purged);
-    }
-    ks_cache_redis *redis = NULL;
-    if ((rc = open_redis(o, &redis)) != 0 || !redis) return rc;
-    if (o->max_bytes < 0) {
-        printf("redis: nothing evicted: give --max-bytes N (the servers keep Redis within their "
-               "store.tiers.redis.max_bytes, which is not known here)\n");
-    } else {
-        int n = 0;
-        uint64_t b0 = 0, b1 = 0;
-        rc = ks_cache_redis_gc(redis, (uint64_t)o->max_bytes, &n, &b0, &b1);
-        if (rc == 0) {
-            char freed[16], now[16], lim[16];
-            fmt_bytes(b0 > b1 ? b0 - b1 : 0, freed, sizeof freed);
-            fmt_bytes(b1, now, sizeof now);
-            fmt_bytes((uint64_t)o->max_bytes, lim, sizeof lim);
-            printf("redis: evicted %d entries (%s), now %s (budget %s)%s\n", n, freed, now, lim,
-                   b1 > (uint64_t)o->max_bytes ? "; still over: servers are saving, run it again" : "");
-        }
-    }
-    ks_cache_redis_close(redis);
-    return rc;
-}
-
-/* ------------------------------------------------------------------- rm */
-static int cmd_rm(const opts *o) {
-    if (o->all == (o->prefix != NULL)) {
-        fprintf(stderr, CMD " rm: give either --all or a KEYPREFIX\n");
-        return 2;
-    }
-    int crc = check_dirs(o);
-    if (crc) return crc;
-    int removed = 0, failed = 0;
-    ks_cache_redis *redis = NULL;
-    if ((crc = open_redis(o, &redis)) != 0) return crc;
-    for (int t = KS_TIER_SHM; t <= KS_TIER_DISK; t++) {
-        ks_tier *tier = NULL;
-        rows r = {0};
-        if (open_tier(o, t, 0, &tier) != 0) {
-            ks_cache_redis_close(redis);
-            return 1;
-        }
-        if (!tier) continue;
-        r.tier = t;
-        r.prefix = o->prefix;
-        ks_tier_list(tier, collect, &r);
-        for (size_t i = 0; i < r.n; i++) {
-            char hex[KS_KEY_HEX_LEN + 1];
-            ks_key_to_hex(&r.v[i].e.key, hex);
-            int rc = ks_tier_remove(tier, &r.v[i].e.key);
-            if (rc == 0) {
-                removed++;
-                if (!o->all) printf("removed %s (%s, %d tokens)\n", hex, tier_str(t), r.v[i].e.n_tokens);
-            } else if (rc != KS_ENOENT) {
-                failed++;
-                fprintf(stderr, CMD " rm: %s: %s\n", hex, ks_strerror(rc));
-            }
-        }
-        free(r.v);
-        ks_tier_close(tier);
-    }
-    if (redis) {
-        int n = 0;
-        crc = ks_cache_redis_rm(redis, o->prefix, !o->all, &n);
-        ks_cache_redis_close(redis);
-        if (crc) return crc;
-        removed += n;
-    }
-    if (o->all) printf("removed %d entries\n", removed);
-    if (!o->all && removed == 0 && failed == 0) {
-        fprintf(stderr, CMD " rm: no entry matches %s\n", o->prefix);
-        return 1;
-    }
-    return failed ? 1 : 0;
 }
 
 int ks_cmd_cache(int argc, char **argv) {
@@ -726,9 +535,9 @@ int ks_cmd_cache(int argc, char **argv) {
     if (o.use_redis) signal(SIGPIPE, SIG_IGN);
     if (!strcmp(o.sub, "ls")) return cmd_ls(&o);
     if (!strcmp(o.sub, "stats")) return cmd_stats(&o);
-    if (!strcmp(o.sub, "verify")) return cmd_verify(&o);
-    if (!strcmp(o.sub, "gc")) return cmd_gc(&o);
-    if (!strcmp(o.sub, "rm")) return cmd_rm(&o);
+    if (!strcmp(o.sub, "verify")) return ks__cache_verify(&o);
+    if (!strcmp(o.sub, "gc")) return ks__cache_gc(&o);
+    if (!strcmp(o.sub, "rm")) return ks__cache_rm(&o);
     fprintf(stderr, CMD ": unknown command '%s'\n", o.sub);
     usage(stderr);
     return 2;

@@ -372,7 +372,7 @@ static int sampling_parts(const ks_engine *e, json_t *res, bool parallel, bool r
      * the grammar accepts its tokens first (llama-server's prefill; a
      * leading space token some tokenizers add is skipped as there). */
     const char *gp = json_string_value(json_object_get(res, "generation_prompt"));
-    if (out->grammar_lazy && gp && json_is_true(json_object_get(json_object_get(res, "parse"), "is_continuation"))) {
+    if (out->grammar_lazy && gp && out->continuation) {
         /* A continued assistant message that already holds a trigger
          * ("<tool_call>\n" as a prefill) has started the call: the lazy
          * grammar would never see its trigger in the output, so it applies
@@ -427,13 +427,14 @@ int ks_prompt_tmpl_chat(const ks_engine *e, const ks_chat_tmpl *t, const json_t 
     if (!text || !parse) goto fail;
     if (!(out->parse = json_dumps(parse, JSON_COMPACT))) goto fail;
     if (!(out->format = dup_str(fmt ? fmt : ""))) goto fail;
+    out->continuation = json_is_true(json_object_get(parse, "is_continuation"));
     rc = KS_ECTX;
     if (o && o->max_bytes > 0 && strlen(text) > (uint64_t)o->max_bytes) goto fail;
     if ((rc = tokenize(e, text, &out->p.tokens))) goto fail;
     json_t *ptc = json_object_get(req, "parallel_tool_calls");
     const char *choice = json_string_value(json_object_get(req, "tool_choice"));
     if ((rc = sampling_parts(e, res, !json_is_false(ptc), choice && !strcmp(choice, "required"), out))) goto fail;
-    if (!json_is_true(json_object_get(parse, "is_continuation")))
+    if (!out->continuation)
         out->n_gen_prompt = gen_prompt_tokens(e, json_string_value(json_object_get(res, "generation_prompt")),
                                               &out->p.tokens);
     if (o && o->hints) {

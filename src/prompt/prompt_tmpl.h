@@ -63,7 +63,10 @@ typedef struct ks_prompt_tmpl {
     int n_preserved;
     char **stops;              /* the template's additional stop strings */
     int n_stops;
-    char *parse;               /* parse options for ks_chat_tmpl_parse (JSON text) */
+    char *parse;               /* parse options for ks_chat_tmpl_parse (JSON text, opaque: read
+                                  it through the fields here, never by parsing it) */
+    bool continuation;         /* the last assistant message is continued (continue_final_message,
+                                  or a prefill): the output parser sees its text again first */
     char *format;              /* the output format's name, for the logs */
     int n_gen_prompt;          /* p.tokens ends with the generation prompt's this many tokens
                                   (0: it does not, e.g. a continued final message) */

@@ -4,11 +4,6 @@
  *
  * NOTES ON THE CACHE POLICY
  *
- * Routing (ks__policy_route, under mu): the slot table goes to route.c as it
- * is; a slot assigned earlier in the same pass and not yet planned is
- * "pending", so two requests never get one slot. A pinned request
- * (preferred_slot) waits for its slot and reuses its common prefix.
- *
  * Planning (ks__policy_plan, inference thread, once per request):
  *  1. The sampler for the request comes first: a grammar llama.cpp refuses
  *     ends the request (KS_EINVAL) with the slot as it was. Its penalties
@@ -62,35 +57,9 @@
  * `continued` every continued_interval generated tokens, `finish` at the end
  * (sched.c), `evict` before KV is dropped, `shutdown` when the scheduler
  * stops, `pin` at a request's cache pins (not limited by store_min_tokens),
- * `checkpoint` at a prompt's end on a hybrid model ("Checkpoints" below).
+ * `checkpoint` at a prompt's end on a hybrid model (ckpt.c).
  * A save copies the sequence state here and hands the bytes to the store's
  * writer thread (sync only for evict and shutdown).
- *
- * Checkpoints (hybrid models: s->ckpt_on). Their memory cannot drop a
- * suffix (llama_memory_seq_rm refuses: the recurrent part holds one state,
- * the latest), so a trim would rebuild the whole sequence. A checkpoint is
- * the sequence's partial state (the recurrent part alone: 1.1 KB on
- * tiny-hybrid, 115 KB on bench-hybrid, whatever the length) taken when the
- * sequence held exactly tokens[0, k): at the end of a prefill chunk or of a
- * generated token's decode, never inside a batch. Set again over the live
- * sequence, whose attention KV still holds tokens[0, k), it puts the
- * recurrent part back at k, and seq_rm(k, -1) then drops the rest: the
- * sequence is tokens[0, k) exactly, and decoding on is bit-identical to a
- * prefill (docs/LLAMA_FACTS.md, "Partial states as checkpoints"). Taken at
- * the system prompt's end (a chunk ends there, like the SPC capture), at the
- * prompt's end (free: the last chunk ends there; the next turn of a chat
- * diverges inside this reply, whose rendered form differs from the
- * generated one in its last tokens) and every ckpt_gen_interval generated
- * tokens (a reply keeps its last two, so a divergence a few tokens before
- * the reply's end re-prefills at most about two intervals). trim() restores
- * the latest at or before the divergence; only when none fits (or llama
- * refuses) is the sequence rebuilt. Restores of whole states (store, SPC,
- * slot copies) replace the sequence and drop the checkpoints; they are
- * exact on hybrid models as they are (fact (b)). A slot copy takes the
- * source's checkpoints along (ckpt_copy), so it can go back to one at or
- * before the common prefix (copy_reach); and the prompt's end is saved to
- * the store too, as a whole state (reason checkpoint), for the slot, process
- * or host that gets the conversation's next turn without these checkpoints.
  *
  * Invariants
  *  P1. The slot's token list is exactly its sequence after every function
@@ -98,10 +67,7 @@
  *      (ENOMEM) is reported to the caller, which fails the slot.
  *  P2. The counters (s->cst) are the inference thread's own; sched.c
  *      publishes them under mu. No restore or copy runs under mu.
- *  P3. A slot's checkpoints stand for prefixes of its token list: each
- *      ckpt.n_tokens <= tokens.n, ascending, and the tokens below it have
- *      not changed since it was taken. Whatever cuts or replaces the token
- *      list drops the checkpoints beyond the cut (ks__policy_ckpt_drop).
+ *  P3. A slot's checkpoints stand for prefixes of its token list (ckpt.c C1).
  */
 #include <limits.h>
 #include <stdio.h>
@@ -114,42 +80,6 @@
 #include "sched/sched_int.h"
 
 #define MOD "sched"
-
-/* ------------------------------------------------------------- routing */
-int ks__policy_route(ks_sched *s, sreq *r, ks_route *out) {
-    bool cache = r->p.cache_prompt && s->p.cache_prompt;
-    if (r->p.preferred_slot >= 0) {
-        slot *sl = &s->slots[r->p.preferred_slot];
-        if (sl->state != ST_IDLE) return KS_EBUSY;
-        memset(out, 0, sizeof *out);
-        out->slot = sl->id;
-        out->n_common = cache ? ks_prefix_common(sl->tokens.v, sl->tokens.n, r->prompt.v, r->prompt.n) : 0;
-        out->n_reuse = ks_prefix_reuse(out->n_common, r->prompt.n);
-        out->mode = out->n_reuse > 0 ? KS_ROUTE_PREFIX : KS_ROUTE_MISS;
-        if (!cache) snprintf(out->reason, sizeof out->reason, "cache-disabled");
-        else if (out->n_reuse == 0 && sl->tokens.n > 0) snprintf(out->reason, sizeof out->reason, "diverged-at-token-0");
-        else if (out->n_reuse == 0) snprintf(out->reason, sizeof out->reason, "no-slot");
-        else if (out->n_reuse < r->prompt.n - 1) snprintf(out->reason, sizeof out->reason, "diverged-at-token-%d", out->n_reuse);
-        return 0;
-    }
-    ks_route_slot rs[KS_MAX_SLOTS];
-    for (int i = 0; i < s->n_slots; i++) {
-        slot *sl = &s->slots[i];
-        bool assigned = sl->state != ST_IDLE;
-        rs[i] = (ks_route_slot){.id = i, .busy = assigned && sl->planned, .pending = assigned && !sl->planned,
-                                .tokens = sl->tokens.v, .n_tokens = sl->tokens.n,
-                                .last_used_us = sl->last_used_us, .msg_hash = sl->msg_hash,
-                                .n_msgs_cached = sl->n_msgs_cached};
-    }
-    ks_route_req rq = {.tokens = r->prompt.v, .n_tokens = r->prompt.n, .msg_prefix_hash = r->hashes,
-                       .n_msgs = r->hashes ? r->p.n_msgs : 0, .cache_prompt = cache};
-    if (s->p.spc && r->p.sys_key && r->p.n_sys_tokens >= s->p.cache_min_tokens &&
-        ks_spc_contains(s->p.spc, r->p.sys_key))
-        rq.spc_tokens = r->p.n_sys_tokens;
-    ks_route_cfg cfg = {.imc = s->p.imc, .cache_min_tokens = s->p.cache_min_tokens,
-                        .affinity_min = s->p.affinity_min};
-    return ks_route_select(rs, s->n_slots, &rq, &cfg, out);
-}
 
 /* ---------------------------------------------------------------- saves */
 /* Copies the slot's sequence state into a new buffer (owned: free()). */
@@ -198,111 +128,6 @@ static void spc_capture(ks_sched *s, slot *sl) {
     }
 }
 
-/* ---------------------------------------------------------- checkpoints */
-/* Removes checkpoint i, returning its buffer (owned: the caller frees or reuses it). */
-static uint8_t *ckpt_remove(slot *sl, int i) {
-    uint8_t *blob = sl->ckpts[i].blob;
-    sl->ckpt_bytes -= sl->ckpts[i].len;
-    memmove(&sl->ckpts[i], &sl->ckpts[i + 1], sizeof sl->ckpts[0] * (size_t)(sl->n_ckpts - i - 1));
-    sl->n_ckpts--;
-    return blob;
-}
-
-void ks__policy_ckpt_drop(slot *sl, int n) {
-    while (sl->n_ckpts > 0 && sl->ckpts[sl->n_ckpts - 1].n_tokens > n) free(ckpt_remove(sl, sl->n_ckpts - 1));
-}
-
-/* Takes a checkpoint of the slot's sequence, which holds exactly its token
- * list now (a chunk or a generated token was just decoded). `gen`: taken
- * while generating; the reply's older generation checkpoints beyond its
- * last two go first. Out of memory or budget: no checkpoint (a later trim
- * uses an earlier one or rebuilds). */
-static void ckpt_take(ks_sched *s, slot *sl, bool gen) {
-    int n = sl->tokens.n;
-    if (!s->ckpt_on || n <= 0) return;
-    if (sl->n_ckpts > 0 && sl->ckpts[sl->n_ckpts - 1].n_tokens >= n) return; /* held already (P3: not above) */
-    double t0 = ks_now_ms();
-    size_t need = ks_engine_state_size_partial(s->e, sl->id);
-    if (need == 0 || need > s->p.ckpt_bytes) return;
-    /* A removed checkpoint's buffer is reused: partial states have one size,
-     * so it fits, and a multi-megabyte state every interval needs no fresh
-     * pages. */
-    uint8_t *buf = NULL;
-    size_t cap = 0;
-    if (gen && sl->r) {
-        /* Thinning: a reply keeps its last two generation checkpoints. */
-        int n_gen = 0, first = -1;
-        for (int i = 0; i < sl->n_ckpts; i++)
-            if (sl->ckpts[i].gen && sl->ckpts[i].n_tokens > sl->r->prompt.n && n_gen++ == 0) first = i;
-        if (n_gen >= 2) {
-            cap = sl->ckpts[first].len;
-            buf = ckpt_remove(sl, first);
-        }
-    }
-    while (sl->n_ckpts > 0 && (sl->n_ckpts >= s->p.ckpt_max || sl->ckpt_bytes + need > s->p.ckpt_bytes)) {
-        free(buf);
-        cap = sl->ckpts[0].len;
-        buf = ckpt_remove(sl, 0); /* the lowest goes first */
-        s->cst.ckpt_drops++;
-    }
-    if (buf && cap < need) {
-        free(buf);
-        buf = NULL;
-    }
-    if (!buf && !(buf = malloc(need))) return;
-    size_t len = ks_engine_state_get_partial(s->e, sl->id, buf, need);
-    if (len == 0) {
-        free(buf);
-        return;
-    }
-    sl->ckpts[sl->n_ckpts++] = (ckpt){.n_tokens = n, .gen = gen, .blob = buf, .len = len};
-    sl->ckpt_bytes += len;
-    s->cst.ckpt_saves++;
-    s->cst.ckpt_ms_total += ks_now_ms() - t0;
-    KS_DEBUG(MOD, "slot[%d] checkpoint at %d tokens (%zu bytes; %d held)", sl->id, n, len, sl->n_ckpts);
-}
-
-/* The slot's sequence cannot drop the suffix after n: puts it back at the
- * latest checkpoint at or before n. Returns the tokens it keeps (> 0), or 0
- * when no checkpoint fits or llama refused (the sequence may be cleared
- * then: the caller clears and rebuilds). The token list is the caller's. */
-static int ckpt_restore(ks_sched *s, slot *sl, int n) {
-    int i = sl->n_ckpts - 1;
-    while (i >= 0 && sl->ckpts[i].n_tokens > n) i--;
-    if (i < 0) return 0;
-    double t0 = ks_now_ms();
-    const ckpt *c = &sl->ckpts[i];
-    if (ks_engine_state_set_partial(s->e, sl->id, c->blob, c->len) != 0) {
-        KS_WARN(MOD, "slot[%d] checkpoint at %d tokens rejected by llama; rebuilding", sl->id, c->n_tokens);
-        return 0;
-    }
-    if (!ks_engine_seq_rm(s->e, sl->id, c->n_tokens, -1)) {
-        /* The recurrent part is at the checkpoint, the attention KV is not:
-         * the caller clears the sequence (P1). */
-        KS_WARN(MOD, "slot[%d] trim after the checkpoint at %d tokens refused; rebuilding", sl->id, c->n_tokens);
-        return 0;
-    }
-    s->cst.ckpt_restores++;
-    s->cst.ckpt_restored_tokens += (uint64_t)c->n_tokens;
-    s->cst.ckpt_ms_total += ks_now_ms() - t0;
-    KS_DEBUG(MOD, "slot[%d] checkpoint-restore at %d tokens (wanted %d of %d)", sl->id, c->n_tokens, n,
-             sl->tokens.n);
-    return c->n_tokens;
-}
-
-/* Copies src's checkpoints at or below n into dst, which holds none (its
- * sequence was just replaced by a copy of src's). Out of memory: fewer. */
-static void ckpt_copy(slot *dst, const slot *src, int n) {
-    for (int i = 0; i < src->n_ckpts && src->ckpts[i].n_tokens <= n; i++) {
-        const ckpt *c = &src->ckpts[i];
-        uint8_t *blob = malloc(c->len);
-        if (!blob) return;
-        memcpy(blob, c->blob, c->len);
-        dst->ckpts[dst->n_ckpts++] = (ckpt){.n_tokens = c->n_tokens, .gen = c->gen, .blob = blob, .len = c->len};
-        dst->ckpt_bytes += c->len;
-    }
-}
-
 /* ------------------------------------------------------------- restores */
 /* The longest state that may be set into a slot. On a sliding-window model
  * llama's state of a sequence past the window keeps only the window's cells
@@ -323,7 +148,7 @@ static int restore_cap(const ks_sched *s) {
 static int restore_state(ks_sched *s, slot *sl, const uint8_t *state, size_t len, const int32_t *tokens, int n) {
     ks_engine_seq_clear(s->e, sl->id);
     ks_tokens_truncate(&sl->tokens, 0);
-    ks__policy_ckpt_drop(sl, 0);
+    ks__ckpt_drop(sl, 0);
     if (n > restore_cap(s)) return KS_EMISMATCH; /* callers stop short of it; a safety net */
     int rc = ks_engine_state_set(s->e, sl->id, state, len);
     if (rc == 0 && (rc = ks_tokens_assign(&sl->tokens, tokens, n)) != 0) ks_engine_seq_clear(s->e, sl->id);
@@ -436,7 +261,7 @@ static int trim(ks_sched *s, slot *sl, int n_reuse) {
     if (n_reuse == 0) {
         if (sl->tokens.n > 0 || ks_engine_seq_pos_max(s->e, sl->id) >= 0) ks_engine_seq_clear(s->e, sl->id);
         ks_tokens_truncate(&sl->tokens, 0);
-        ks__policy_ckpt_drop(sl, 0);
+        ks__ckpt_drop(sl, 0);
         return 0;
     }
     if (n_reuse == sl->tokens.n) return n_reuse;
@@ -445,7 +270,7 @@ static int trim(ks_sched *s, slot *sl, int n_reuse) {
     if (s->p.simulate_no_partial_rm || !ks_engine_seq_rm(s->e, sl->id, n_reuse, -1)) {
         /* Recurrent/hybrid memory cannot drop a suffix: back to a checkpoint,
          * else rebuild. */
-        int k = s->p.simulate_no_partial_rm ? 0 : ckpt_restore(s, sl, n_reuse);
+        int k = s->p.simulate_no_partial_rm ? 0 : ks__ckpt_restore(s, sl, n_reuse);
         if (k > 0) {
             n_reuse = k;
             snprintf(rt->reason, sizeof rt->reason, "checkpoint-at-token-%d", k);
@@ -459,7 +284,7 @@ static int trim(ks_sched *s, slot *sl, int n_reuse) {
         }
     }
     ks_tokens_truncate(&sl->tokens, n_reuse);
-    ks__policy_ckpt_drop(sl, n_reuse);
+    ks__ckpt_drop(sl, n_reuse);
     return n_reuse;
 }
 
@@ -542,7 +367,7 @@ static int slot_copy(ks_sched *s, slot *sl, sreq *r, int *n_reuse, int beat) {
     }
     /* Hybrid: the source's checkpoints come along (P3 holds: they stand for
      * prefixes of the tokens just set), so trim() can go back to n_copy. */
-    ckpt_copy(sl, src, n_copy);
+    ks__ckpt_copy(sl, src, n_copy);
     *n_reuse = trim(s, sl, n_copy);
     if (*n_reuse < n_copy) return 0; /* the suffix could not be dropped: rebuilt (trim) */
     double ms = ks_now_ms() - t0;
@@ -837,7 +662,7 @@ void ks__policy_chunk_done(ks_sched *s, slot *sl) {
      * turn of a chat diverges inside this reply). The prompt's end goes to
      * the store too (a whole state), for a slot, process or host that gets
      * the next turn without this slot's checkpoints. */
-    if (sl->n_past == sl->snap_ckpt || sl->n_past == r->prompt.n) ckpt_take(s, sl, false);
+    if (sl->n_past == sl->snap_ckpt || sl->n_past == r->prompt.n) ks__ckpt_take(s, sl, false);
     if (s->ckpt_on && sl->n_past == r->prompt.n) ks__policy_save(s, sl, KS_REASON_CHECKPOINT, false);
     if (sl->n_past >= sl->snap_ckpt) sl->snap_ckpt = -1;
 }
@@ -846,5 +671,5 @@ void ks__policy_token_done(ks_sched *s, slot *sl, int n_decoded) {
     if (s->p.store && s->p.continued_interval > 0 && n_decoded % s->p.continued_interval == 0 && !sl->no_store)
         ks__policy_save(s, sl, KS_REASON_CONTINUED, false);
     if (s->ckpt_on && s->p.ckpt_gen_interval > 0 && n_decoded % s->p.ckpt_gen_interval == 0)
-        ckpt_take(s, sl, true);
+        ks__ckpt_take(s, sl, true);
 }

@@ -39,7 +39,6 @@
  */
 #include "sched/sched.h"
 
-#include <assert.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -47,6 +46,8 @@
 #include <string.h>
 
 #include "cache/prefix.h"
+#include "cache/route.h"
+#include "cache/spc.h"
 #include "sched/sched_int.h"
 
 #define MOD "sched"
@@ -131,15 +132,33 @@ static ks_sample_ext *ext_dup(const ks_sample_ext *x) {
     return c;
 }
 
+/* ----------------------------------------------------------- invariants */
+/* Between steps, when plans run (KS_ASSERT): every slot's sequence is
+ * exactly its token list (sched.h invariant 1, S1: its last position is
+ * tokens.n - 1, and S1 fills the positions below), its sequence id is its
+ * index (S2), and its checkpoints stand for prefixes of it (ckpt.c C1). */
+__attribute__((unused)) static bool slots_consistent(ks_sched *s) {
+    for (int i = 0; i < s->n_slots; i++) {
+        const slot *sl = &s->slots[i];
+        if (sl->id != i || !ks__ckpt_valid(sl)) return false;
+        if (ks_engine_seq_pos_max(s->e, sl->id) != sl->tokens.n - 1) {
+            KS_ERROR(MOD, "slot[%d] (state %d, planned %d, n_past %d): sequence ends at %d, token list holds %d", i,
+                     (int)sl->state, (int)sl->planned, sl->n_past, ks_engine_seq_pos_max(s->e, sl->id), sl->tokens.n);
+            return false;
+        }
+    }
+    return true;
+}
+
 /* ------------------------------------------------------------ finishing */
 /* Ends slot's request: on_done, then the slot becomes idle. Inference thread. */
 static void publish_locked(ks_sched *s);
 
 void ks__sched_finish(ks_sched *s, slot *sl, ks_finish f, int err, bool eog) {
     sreq *r = sl->r;
-    /* Invariant S1 and the bookkeeping rule of prefix.h, checked in debug builds. */
-    assert((f != KS_FINISH_STOP && f != KS_FINISH_LENGTH) ||
-           sl->tokens.n == ks_prefix_kv_after(r->prompt.n, sl->n_generated, eog));
+    /* Invariant S1 and the bookkeeping rule of prefix.h. */
+    KS_ASSERT((f != KS_FINISH_STOP && f != KS_FINISH_LENGTH) ||
+              sl->tokens.n == ks_prefix_kv_after(r->prompt.n, sl->n_generated, eog));
     if (f == KS_FINISH_STOP || f == KS_FINISH_LENGTH) ks__policy_save(s, sl, KS_REASON_FINISH, false);
     ks__policy_pins_done(s, r);
     double now = ks_now_ms();
@@ -177,6 +196,8 @@ void ks__sched_finish(ks_sched *s, slot *sl, ks_finish f, int err, bool eog) {
     publish_locked(s);
     pthread_mutex_unlock(&s->mu);
 
+    KS_ASSERT(!r->done); /* sched.h invariant 2: exactly one on_done */
+    r->done = true;
     if (r->p.on_done) r->p.on_done(r->p.ud, &r->res); /* S3: no lock held */
     pthread_mutex_lock(&s->mu);
     pthread_cond_broadcast(&s->cv_done);
@@ -189,6 +210,8 @@ static void finish_unassigned(ks_sched *s, sreq *r, ks_finish f) {
     r->res.finish = f;
     r->res.slot = -1;
     r->res.queue_ms = ks_now_ms() - r->t_submit;
+    KS_ASSERT(!r->done); /* sched.h invariant 2: exactly one on_done */
+    r->done = true;
     if (r->p.on_done) r->p.on_done(r->p.ud, &r->res);
     pthread_mutex_lock(&s->mu);
     s->st.requests_total++;
@@ -196,6 +219,45 @@ static void finish_unassigned(ks_sched *s, sreq *r, ks_finish f) {
     pthread_cond_broadcast(&s->cv_done);
     pthread_mutex_unlock(&s->mu);
     sreq_free(r);
+}
+
+/* The route of r (under mu): the slot table goes to route.c as it is; a
+ * slot assigned earlier in the same pass and not yet planned is "pending",
+ * so two requests never get one slot. A pinned request (preferred_slot)
+ * waits for its slot and reuses its common prefix. KS_EBUSY: no slot now. */
+static int route(ks_sched *s, sreq *r, ks_route *out) {
+    bool cache = r->p.cache_prompt && s->p.cache_prompt;
+    if (r->p.preferred_slot >= 0) {
+        slot *sl = &s->slots[r->p.preferred_slot];
+        if (sl->state != ST_IDLE) return KS_EBUSY;
+        memset(out, 0, sizeof *out);
+        out->slot = sl->id;
+        out->n_common = cache ? ks_prefix_common(sl->tokens.v, sl->tokens.n, r->prompt.v, r->prompt.n) : 0;
+        out->n_reuse = ks_prefix_reuse(out->n_common, r->prompt.n);
+        out->mode = out->n_reuse > 0 ? KS_ROUTE_PREFIX : KS_ROUTE_MISS;
+        if (!cache) snprintf(out->reason, sizeof out->reason, "cache-disabled");
+        else if (out->n_reuse == 0 && sl->tokens.n > 0) snprintf(out->reason, sizeof out->reason, "diverged-at-token-0");
+        else if (out->n_reuse == 0) snprintf(out->reason, sizeof out->reason, "no-slot");
+        else if (out->n_reuse < r->prompt.n - 1) snprintf(out->reason, sizeof out->reason, "diverged-at-token-%d", out->n_reuse);
+        return 0;
+    }
+    ks_route_slot rs[KS_MAX_SLOTS];
+    for (int i = 0; i < s->n_slots; i++) {
+        slot *sl = &s->slots[i];
+        bool assigned = sl->state != ST_IDLE;
+        rs[i] = (ks_route_slot){.id = i, .busy = assigned && sl->planned, .pending = assigned && !sl->planned,
+                                .tokens = sl->tokens.v, .n_tokens = sl->tokens.n,
+                                .last_used_us = sl->last_used_us, .msg_hash = sl->msg_hash,
+                                .n_msgs_cached = sl->n_msgs_cached};
+    }
+    ks_route_req rq = {.tokens = r->prompt.v, .n_tokens = r->prompt.n, .msg_prefix_hash = r->hashes,
+                       .n_msgs = r->hashes ? r->p.n_msgs : 0, .cache_prompt = cache};
+    if (s->p.spc && r->p.sys_key && r->p.n_sys_tokens >= s->p.cache_min_tokens &&
+        ks_spc_contains(s->p.spc, r->p.sys_key))
+        rq.spc_tokens = r->p.n_sys_tokens;
+    ks_route_cfg cfg = {.imc = s->p.imc, .cache_min_tokens = s->p.cache_min_tokens,
+                        .affinity_min = s->p.affinity_min};
+    return ks_route_select(rs, s->n_slots, &rq, &cfg, out);
 }
 
 /* Under mu: whether follower r waits for its leader (share_prefill_of): the
@@ -236,7 +298,7 @@ static void assign_locked(ks_sched *s, sreq **dead) {
             continue;
         }
         ks_route rt;
-        if (ks__policy_route(s, r, &rt) != 0) {
+        if (route(s, r, &rt) != 0) {
             /* Keep FIFO order for unpinned requests: a later one must not
              * overtake when no slot is free. A pinned request waits alone. */
             if (r->p.preferred_slot < 0) break;
@@ -248,6 +310,7 @@ static void assign_locked(ks_sched *s, sreq **dead) {
         if (s->q_tail == r) s->q_tail = prev;
         s->q_n--;
         slot *sl = &s->slots[rt.slot];
+        KS_ASSERT(sl->state == ST_IDLE && sl->id == rt.slot); /* sched.h invariant 2; S2 */
         sl->r = r;
         sl->route = rt;
         sl->state = ST_PREFILL;
@@ -261,7 +324,7 @@ static void assign_locked(ks_sched *s, sreq **dead) {
 void ks__sched_fail(ks_sched *s, slot *sl, int err) {
     ks_engine_seq_clear(s->e, sl->id);
     ks_tokens_truncate(&sl->tokens, 0);
-    ks__policy_ckpt_drop(sl, 0);
+    ks__ckpt_drop(sl, 0);
     sl->msg_hash = 0;
     sl->n_msgs_cached = 0;
     ks__sched_finish(s, sl, KS_FINISH_ERROR, err, false);
@@ -301,7 +364,7 @@ static void *run(void *arg) {
             if (s->clear_pending[i] && s->slots[i].state == ST_IDLE) {
                 ks_engine_seq_clear(s->e, i);
                 ks_tokens_truncate(&s->slots[i].tokens, 0);
-                ks__policy_ckpt_drop(&s->slots[i], 0);
+                ks__ckpt_drop(&s->slots[i], 0);
                 s->slots[i].msg_hash = 0;
                 s->slots[i].n_msgs_cached = 0;
                 s->clear_pending[i] = 0;
@@ -361,6 +424,7 @@ static void *run(void *arg) {
             publish_locked(s);
             pthread_mutex_unlock(&s->mu);
         }
+        KS_ASSERT(slots_consistent(s));
         ks__step(s);
         pthread_mutex_lock(&s->mu);
     }
@@ -398,7 +462,7 @@ static void free_all(ks_sched *s) {
     for (int i = 0; s->slots && i < s->n_slots; i++) {
         ks_tokens_free(&s->slots[i].tokens);
         ks_sampler_free(s->slots[i].smpl);
-        ks__policy_ckpt_drop(&s->slots[i], 0);
+        ks__ckpt_drop(&s->slots[i], 0);
     }
     ks_batch_free(s->batch);
     free(s->copy_buf);
@@ -442,6 +506,10 @@ int ks_sched_create(const ks_sched_params *p, ks_sched **out) {
     for (int i = 0; i < s->n_slots; i++) {
         s->slots[i].id = i;
         s->slots[i].snap_sys = s->slots[i].snap_store = s->slots[i].snap_ckpt = -1;
+        /* The engine may have served an earlier scheduler: each sequence
+         * starts empty, as its slot's token list does (sched.h invariant 1;
+         * no thread of ours runs yet). */
+        ks_engine_seq_clear(s->e, i);
     }
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
@@ -547,12 +615,6 @@ void ks_sched_cancel(ks_sched *s, uint64_t id) {
     for (int i = 0; i < s->n_slots; i++)
         if (s->slots[i].r && s->slots[i].r->id == id) atomic_store(&s->slots[i].r->cancel, 1);
     pthread_cond_signal(&s->cv);
-    pthread_mutex_unlock(&s->mu);
-}
-
-void ks_sched_drain(ks_sched *s) {
-    pthread_mutex_lock(&s->mu);
-    while (s->q_n > 0 || s->n_active > 0) pthread_cond_wait(&s->cv_done, &s->mu);
     pthread_mutex_unlock(&s->mu);
 }
 

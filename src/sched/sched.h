@@ -261,8 +261,6 @@ int ks_sched_submit(ks_sched *s, const ks_req_params *r, uint64_t *id);
 /* Cancels a queued or running request; on_done follows with KS_FINISH_CANCEL
  * (unless it already finished). Unknown ids are ignored. */
 void ks_sched_cancel(ks_sched *s, uint64_t id);
-/* Blocks until no request is queued or running. */
-void ks_sched_drain(ks_sched *s);
 /* Drops the KV and token list of a slot (for /clear); waits if it is busy. */
 void ks_sched_clear_slot(ks_sched *s, int slot);
 

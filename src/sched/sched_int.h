@@ -43,6 +43,7 @@ typedef struct sreq {
     atomic_int cancel;
     double t_submit, t_assign, t_first;
     ks_req_result res;
+    bool done;           /* on_done was called (sched.h invariant 2) */
     struct sreq *next;
 } sreq;
 
@@ -83,7 +84,7 @@ typedef struct slot {
     int snap_store;      /* store: cold save when n_past reaches this at the end of the
                             current chunk, -1: no (set per step by ks__policy_chunk) */
     int snap_ckpt;       /* checkpoint when n_past reaches this (the system prompt's end), -1: no */
-    ckpt ckpts[KS_SCHED_CKPT_MAX]; /* ascending n_tokens, all within tokens (P3 in policy.c) */
+    ckpt ckpts[KS_SCHED_CKPT_MAX]; /* ascending n_tokens, all within tokens (C1 in ckpt.c) */
     int n_ckpts;
     size_t ckpt_bytes;   /* sum of their lengths */
     /* published (under mu) */
@@ -134,8 +135,6 @@ void ks__sched_finish(ks_sched *s, slot *sl, ks_finish f, int err, bool eog);
 void ks__sched_fail(ks_sched *s, slot *sl, int err);
 
 /* policy.c */
-/* Routes a queued request to an idle slot (*out) or returns KS_EBUSY. Under mu. */
-int ks__policy_route(ks_sched *s, sreq *r, ks_route *out);
 /* Plans an assigned slot: creates the sampler, keeps the reused prefix,
  * restores from the store or SPC. Returns 0, or an error after which the
  * caller fails the request (the slot is consistent either way). KS_EINVAL
@@ -162,9 +161,21 @@ void ks__policy_save(ks_sched *s, slot *sl, ks_reason why, bool sync);
 /* No request is active: frees what the policy keeps only for busy periods
  * (the copy scratch). */
 void ks__policy_idle(ks_sched *s);
+
+/* ckpt.c (hybrid and recurrent models; C1 there) */
 /* Drops the slot's checkpoints beyond n tokens (all of them for 0): call
  * wherever the token list is cut or replaced. */
-void ks__policy_ckpt_drop(slot *sl, int n);
+void ks__ckpt_drop(slot *sl, int n);
+/* Takes a checkpoint of the slot's sequence, which holds exactly its token
+ * list now; gen: while generating (a reply keeps its last two). */
+void ks__ckpt_take(ks_sched *s, slot *sl, bool gen);
+/* Puts the sequence back at the latest checkpoint at or before n tokens:
+ * the tokens it keeps (> 0), or 0 when none fits (the caller rebuilds). */
+int ks__ckpt_restore(ks_sched *s, slot *sl, int n);
+/* Copies src's checkpoints at or before n tokens into dst (a slot copy). */
+void ks__ckpt_copy(slot *dst, const slot *src, int n);
+/* C1 holds for sl's checkpoints (KS_ASSERT). */
+bool ks__ckpt_valid(const slot *sl);
 
 /* step.c */
 /* One decode step over the busy slots (planned). */

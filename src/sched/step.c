@@ -214,6 +214,7 @@ void ks__step(ks_sched *s) {
     int n_gen = add_generating(s, b);
     add_prefill(s, b, n_gen);
     if (ks_batch_n(b) == 0) return;
+    KS_ASSERT(ks_batch_n(b) <= s->n_batch); /* sched.h invariant 3 */
 
     int rc = ks_engine_decode(s->e, b);
     for (int i = 0; i < s->n_slots; i++) {

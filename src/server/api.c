@@ -12,53 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
-#include <time.h>
-#include <unistd.h>
 
-
-/* ------------------------------------------------------------------ errors */
-void ks_api_error_set(ks_api_error *e, int status, const char *type, const char *code,
-                      const char *param, const char *fmt, ...) {
-    e->status = status;
-    e->type = type;
-    e->code = code;
-    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(e->message, sizeof e->message, fmt, ap);
-    va_end(ap);
-    /* Both quote the client's strings cut at byte limits ("%.80s", and the
-     * buffers' sizes), which can end inside a character: JSON refuses
-     * invalid UTF-8, and the error body itself would fail (a 500 "out of
-     * memory" for a bad field name; found by tests/fuzz/fuzz_api). */
-    ks_utf8_scrub(e->param, strlen(e->param));
-    ks_utf8_scrub(e->message, strlen(e->message));
-}
-
-void ks_api_note(ks_api_notes *n, const char *field, const char *what) {
-    if (!n) return;
-    n->n_total++;
-    if (n->n >= KS_API_MAX_NOTES) return;
-    snprintf(n->v[n->n].field, sizeof n->v[n->n].field, "%s", field);
-    snprintf(n->v[n->n].what, sizeof n->v[n->n].what, "%s", what);
-    ks_utf8_scrub(n->v[n->n].field, strlen(n->v[n->n].field)); /* a client's name, cut at a byte limit */
-    ks_utf8_scrub(n->v[n->n].what, strlen(n->v[n->n].what));
-    n->n++;
-}
-
-json_t *ks_api_error_json(const ks_api_error *e) {
-    /* ks_api_error_set scrubs the message; one filled in another way may
-     * still not be UTF-8: json_string refuses that, so fall back to a
-     * generic message then. */
-    json_t *msg = json_string(e->message);
-    if (!msg) msg = json_string("invalid request");
-    return json_pack("{s:{s:o, s:s, s:o, s:o}}", "error",
-                     "message", msg,
-                     "type", e->type ? e->type : T_INVALID,
-                     "param", e->param[0] ? json_string(e->param) : json_null(),
-                     "code", e->code ? json_string(e->code) : json_null());
-}
 
 /* ---------------------------------------------------------------- parsing */
 /* The library's defaults (top_k, top_p and min_p are llama-server's too),
@@ -71,94 +25,6 @@ ks_sample_params ks_api_sample_defaults(void) {
     return sp;
 }
 
-
-/* A field counts as absent when missing or null (OpenAI accepts explicit nulls). */
-json_t *ks__api_field(json_t *obj, const char *key) {
-    json_t *v = json_object_get(obj, key);
-    return (v && !json_is_null(v)) ? v : NULL;
-}
-
-const char *ks__api_json_type_name(const json_t *v) {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    default: return "null";
-    }
-}
-
-/* Optional number in [lo, hi] into *out. */
-static int get_number(json_t *root, const char *key, double lo, double hi, float *out,
-                      ks_api_error *err) {
-    json_t *v = ks__api_field(root, key);
-    if (!v) return 0;
-    if (!json_is_number(v))
-        BAD("invalid_type", key, "Invalid type for '%s': expected a number, but got %s instead.",
-            key, ks__api_json_type_name(v));
-    double d = json_number_value(v);
-    if (!isfinite(d) || d < lo)
-        BAD("decimal_below_min_value", key,
-            "Invalid '%s': decimal below minimum value. Expected a value >= %g, but got %g instead.",
-            key, lo, d);
-    if (d > hi)
-        BAD("decimal_above_max_value", key,
-            "Invalid '%s': decimal above maximum value. Expected a value <= %g, but got %g instead.",
-            key, hi, d);
-    *out = (float)d;
-    return 0;
-}
-
-/* Optional integer >= lo into *out; *set (may be NULL) tells whether it was given. */
-static int get_int(json_t *root, const char *key, long long lo, long long hi, long long *out,
-                   bool *set, ks_api_error *err) {
-    json_t *v = ks__api_field(root, key);
-    if (set) *set = v != NULL;
-    if (!v) return 0;
-    if (!json_is_integer(v))
-        BAD("invalid_type", key, "Invalid type for '%s': expected an integer, but got %s instead.",
-            key, ks__api_json_type_name(v));
-    long long x = json_integer_value(v);
-    if (x < lo)
-        BAD("integer_below_min_value", key,
-            "Invalid '%s': integer below minimum value. Expected a value >= %lld, but got %lld instead.",
-            key, lo, x);
-    if (x > hi)
-        BAD("integer_above_max_value", key,
-            "Invalid '%s': integer above maximum value. Expected a value <= %lld, but got %lld instead.",
-            key, hi, x);
-    *out = x;
-    return 0;
-}
-
-int ks__api_get_bool(json_t *root, const char *key, bool *out, ks_api_error *err) {
-    json_t *v = ks__api_field(root, key);
-    if (!v) return 0;
-    if (!json_is_boolean(v))
-        BAD("invalid_type", key, "Invalid type for '%s': expected a boolean, but got %s instead.",
-            key, ks__api_json_type_name(v));
-    *out = json_is_true(v);
-    return 0;
-}
-
-int ks__api_keep(ks_api_request *r, char *s) {
-    char **n = realloc(r->owned, (size_t)(r->n_owned + 1) * sizeof *n);
-    if (!n) {
-        free(s);
-        return KS_ENOMEM;
-    }
-    r->owned = n;
-    r->owned[r->n_owned++] = s;
-    return 0;
-}
-
-int ks__api_oom(ks_api_error *err) {
-    ks_api_error_set(err, 500, "server_error", "out_of_memory", NULL, "out of memory");
-    return KS_ENOMEM;
-}
 
 /* stop: a string, or an array of up to KS_API_MAX_STOPS strings. Empty
  * strings are ignored (they could never match anything useful). */
@@ -202,25 +68,25 @@ static int parse_common(json_t *root, ks_api_request *r, ks_api_error *err) {
     long long x;
     bool set;
     /* max_completion_tokens is the newer name; it wins when both are given. */
-    if ((rc = get_int(root, "max_completion_tokens", 1, INT32_MAX, &x, &set, err))) return rc;
+    if ((rc = ks__api_get_int(root, "max_completion_tokens", 1, INT32_MAX, &x, &set, err))) return rc;
     if (set) {
         r->max_tokens = (int)x;
     } else {
-        if ((rc = get_int(root, "max_tokens", 1, INT32_MAX, &x, &set, err))) return rc;
+        if ((rc = ks__api_get_int(root, "max_tokens", 1, INT32_MAX, &x, &set, err))) return rc;
         if (set) r->max_tokens = (int)x;
     }
     /* llama-server's name; -1 there means "until the context is full". */
     if (!set && r->max_tokens < 0) {
-        if ((rc = get_int(root, "n_predict", -1, INT32_MAX, &x, &set, err))) return rc;
+        if ((rc = ks__api_get_int(root, "n_predict", -1, INT32_MAX, &x, &set, err))) return rc;
         if (set && x == 0) BAD("integer_below_min_value", "n_predict", "Invalid 'n_predict': expected -1 or a value >= 1.");
         if (set && x > 0) r->max_tokens = (int)x;
     }
-    if ((rc = get_number(root, "temperature", 0.0, 2.0, &r->sample.temperature, err))) return rc;
-    if ((rc = get_number(root, "top_p", 0.0, 1.0, &r->sample.top_p, err))) return rc;
-    if ((rc = get_number(root, "min_p", 0.0, 1.0, &r->sample.min_p, err))) return rc;
-    if ((rc = get_int(root, "top_k", 0, INT32_MAX, &x, &set, err))) return rc;
+    if ((rc = ks__api_get_number(root, "temperature", 0.0, 2.0, &r->sample.temperature, err))) return rc;
+    if ((rc = ks__api_get_number(root, "top_p", 0.0, 1.0, &r->sample.top_p, err))) return rc;
+    if ((rc = ks__api_get_number(root, "min_p", 0.0, 1.0, &r->sample.min_p, err))) return rc;
+    if ((rc = ks__api_get_int(root, "top_k", 0, INT32_MAX, &x, &set, err))) return rc;
     if (set) r->sample.top_k = (int)x;
-    if ((rc = get_int(root, "seed", INT64_MIN, INT64_MAX, &x, &r->seed_set, err))) return rc;
+    if ((rc = ks__api_get_int(root, "seed", INT64_MIN, INT64_MAX, &x, &r->seed_set, err))) return rc;
     if (r->seed_set) r->sample.seed = (uint64_t)x;
     if ((rc = parse_stop(root, r, err))) return rc;
     if ((rc = ks__api_get_bool(root, "stream", &r->stream, err))) return rc;
@@ -238,92 +104,6 @@ static int parse_common(json_t *root, ks_api_request *r, ks_api_error *err) {
         r->include_usage = iu && json_is_true(iu);
     }
     if ((rc = ks__api_get_bool(root, "cache_prompt", &r->cache_prompt, err))) return rc;
-    return 0;
-}
-
-/* One message's content: a string, or an array of {type:"text", text} parts
- * joined with "\n" (as llama.cpp's server flattens them for templates that
- * take plain text). null only for an assistant message (a tool-call turn). */
-int ks__api_parse_content(json_t *m, size_t i, bool assistant, ks_api_request *r,
-                          const char **out, ks_api_error *err) {
-    char param[64];
-    snprintf(param, sizeof param, "messages[%zu].content", i);
-    json_t *c = ks__api_field(m, "content");
-    if (!c) {
-        if (assistant) {
-            *out = "";
-            return 0;
-        }
-        BAD("missing_required_parameter", param, "Missing required parameter: '%s'.", param);
-    }
-    if (json_is_string(c)) {
-        *out = json_string_value(c);
-        return 0;
-    }
-    if (!json_is_array(c))
-        BAD("invalid_type", param,
-            "Invalid type for '%s': expected a string or an array of content parts, but got %s instead.",
-            param, ks__api_json_type_name(c));
-    ks_buf b = {0};
-    size_t j;
-    json_t *part;
-    json_array_foreach(c, j, part) {
-        char pp[96];
-        snprintf(pp, sizeof pp, "%s[%zu]", param, j);
-        const char *msg = NULL, *code = NULL;
-        char where[112];
-        snprintf(where, sizeof where, "%s", pp);
-        if (!json_is_object(part)) {
-            code = "invalid_type";
-            msg = "expected a content part object";
-        } else {
-            json_t *type = ks__api_field(part, "type");
-            json_t *text = ks__api_field(part, "text");
-            if (!type || !json_is_string(type)) {
-                code = type ? "invalid_type" : "missing_required_parameter";
-                msg = "a content part needs a string 'type'";
-                snprintf(where, sizeof where, "%s.type", pp);
-            } else if (strcmp(json_string_value(type), "text") != 0) {
-                code = "invalid_value";
-                msg = "only content parts of type 'text' are supported";
-                snprintf(where, sizeof where, "%s.type", pp);
-            } else if (!text || !json_is_string(text)) {
-                code = text ? "invalid_type" : "missing_required_parameter";
-                msg = "a text content part needs a string 'text'";
-                snprintf(where, sizeof where, "%s.text", pp);
-            } else {
-                if (b.len && ks_buf_append(&b, "\n", 1)) goto nomem;
-                if (ks_buf_append(&b, json_string_value(text), json_string_length(text))) goto nomem;
-            }
-        }
-        if (msg) {
-            ks_buf_free(&b);
-            BAD(code, where, "Invalid '%s': %s.", where, msg);
-        }
-    }
-    if (!b.s && ks_buf_append(&b, "", 0)) goto nomem;
-    if (ks__api_keep(r, b.s)) return ks__api_oom(err);
-    *out = b.s;
-    return 0;
-nomem:
-    ks_buf_free(&b);
-    return ks__api_oom(err);
-}
-
-/* The body as a JSON object into *root (new reference), or 400. */
-int ks__api_load_object(const char *body, size_t len, json_t **root, ks_api_error *err) {
-    json_error_t je;
-    *root = json_loadb(body ? body : "", len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &je);
-    if (!*root)
-        BAD("invalid_json", NULL, "We could not parse the JSON body of your request: %s (line %d, column %d).",
-            je.text, je.line, je.column);
-    if (!json_is_object(*root)) {
-        ks_api_error_set(err, 400, T_INVALID, "invalid_type", NULL, "The request body must be a JSON object, not %s.",
-                         ks__api_json_type_name(*root));
-        json_decref(*root);
-        *root = NULL;
-        return KS_EINVAL;
-    }
     return 0;
 }
 
@@ -374,6 +154,89 @@ void ks_api_request_free(ks_api_request *r) {
     memset(r, 0, sizeof *r);
 }
 
+/* ------------------------------------------------------------ completions */
+static int parse_ids(json_t *arr, const char *p, ks_api_prompt *out, ks_api_error *err) {
+    size_t n = json_array_size(arr);
+    if (n == 0) BAD("empty_array", p, "Invalid '%s': empty array.", p);
+    if (n > INT32_MAX / 2) BAD("invalid_value", p, "Invalid '%s': too many tokens.", p);
+    out->tokens = malloc(n * sizeof *out->tokens);
+    if (!out->tokens) return ks__api_oom(err);
+    size_t i;
+    json_t *t;
+    json_array_foreach(arr, i, t) {
+        char q[64];
+        snprintf(q, sizeof q, "%s[%zu]", p, i);
+        if (!json_is_integer(t))
+            BAD("invalid_type", q, "Invalid type for '%s': expected a token id (integer), but got %s instead.", q,
+                ks__api_json_type_name(t));
+        long long x = json_integer_value(t);
+        if (x < 0 || x > INT32_MAX) BAD("invalid_value", q, "Invalid '%s': %lld is not a token id.", q, x);
+        out->tokens[out->n_tokens++] = (int32_t)x;
+    }
+    return 0;
+}
+
+/* prompt: a non-empty string, an array of token ids, or an array of several
+ * prompts (strings or arrays of token ids). */
+int ks__api_parse_prompts(json_t *root, ks_api_request *r, ks_api_error *err) {
+    json_t *p = ks__api_field(root, "prompt");
+    if (!p) BAD("missing_required_parameter", "prompt", "Missing required parameter: 'prompt'.");
+    size_t n = 1;
+    bool many = false;
+    if (json_is_array(p)) {
+        if (json_array_size(p) == 0) BAD("empty_array", "prompt", "Invalid 'prompt': empty array.");
+        json_t *first = json_array_get(p, 0);
+        many = json_is_string(first) || json_is_array(first);
+        if (many) n = json_array_size(p);
+    } else if (!json_is_string(p)) {
+        BAD("invalid_type", "prompt",
+            "Invalid type for 'prompt': expected a string, an array of strings or an array of "
+            "token ids, but got %s instead.", ks__api_json_type_name(p));
+    }
+    if (n > KS_API_MAX_PROMPTS)
+        BAD("array_above_max_length", "prompt", "Invalid 'prompt': at most %d prompts per request, got %zu.",
+            KS_API_MAX_PROMPTS, n);
+    r->prompts = calloc(n, sizeof *r->prompts);
+    if (!r->prompts) return ks__api_oom(err);
+    for (size_t i = 0; i < n; i++) {
+        json_t *e = many ? json_array_get(p, i) : p;
+        char q[32];
+        if (many) snprintf(q, sizeof q, "prompt[%zu]", i);
+        else snprintf(q, sizeof q, "prompt");
+        ks_api_prompt *o = &r->prompts[i];
+        r->n_prompts = (int)i + 1;
+        if (json_is_string(e)) {
+            if (json_string_length(e) == 0) BAD("invalid_value", q, "Invalid '%s': empty string.", q);
+            o->text = json_string_value(e);
+        } else if (json_is_array(e)) {
+            int rc = parse_ids(e, q, o, err);
+            if (rc) return rc;
+        } else {
+            BAD("invalid_type", q, "Invalid type for '%s': expected a string or an array of token ids, but got %s instead.",
+                q, ks__api_json_type_name(e));
+        }
+    }
+    r->prompt = r->prompts[0].text;
+    r->prompt_tokens = r->prompts[0].tokens;
+    r->n_prompt_tokens = r->prompts[0].n_tokens;
+    int rc;
+    if ((rc = ks__api_parse_structured(root, r, NULL, err))) return rc;
+    /* OpenAI's legacy logprobs: an integer, the alternatives per token. */
+    long long x;
+    if ((rc = ks__api_get_int(root, "logprobs", 0, KS_API_MAX_TOP_LOGPROBS, &x, &r->logprobs, err))) return rc;
+    if (r->logprobs) r->top_logprobs = (int)x;
+    json_t *echo = ks__api_field(root, "echo");
+    if (echo && !json_is_false(echo))
+        BAD("unsupported_value", "echo", "Unsupported value: 'echo' is only supported as false.");
+    json_t *suffix = ks__api_field(root, "suffix");
+    if (suffix && !(json_is_string(suffix) && json_string_length(suffix) == 0))
+        BAD("unsupported_value", "suffix", "Unsupported value: 'suffix' is not supported.");
+    json_t *bo = ks__api_field(root, "best_of");
+    if (bo && !(json_is_integer(bo) && json_integer_value(bo) == 1))
+        BAD("unsupported_value", "best_of", "Unsupported value: 'best_of' is only supported as 1.");
+    return 0;
+}
+
 /* --------------------------------------------------------------- responses */
 static uint64_t splitmix64(uint64_t x) {
     x += 0x9E3779B97F4A7C15ull;
@@ -387,10 +250,7 @@ void ks_api_make_id(char *buf, size_t n, const char *prefix) {
     static _Atomic uint64_t seed;
     uint64_t s = atomic_load(&seed);
     if (s == 0) {
-        uint64_t fresh = 0;
-        if (getrandom(&fresh, sizeof fresh, GRND_NONBLOCK) != (ssize_t)sizeof fresh)
-            fresh = (uint64_t)time(NULL) * 6364136223846793005ull ^ (uint64_t)getpid();
-        fresh |= 1; /* never 0, so the seed is drawn once */
+        uint64_t fresh = ks_random_u64() | 1; /* never 0, so the seed is drawn once */
         uint64_t expected = 0;
         atomic_compare_exchange_strong(&seed, &expected, fresh);
         s = atomic_load(&seed);
@@ -533,8 +393,10 @@ json_t *ks_api_chunk_delta_json(const ks_api_gen *g, json_t *delta, json_t *logp
         if (chat) {
             choice = json_pack("{s:i, s:O}", "index", g->index, "delta", delta);
         } else {
-            json_t *t = json_object_get(delta, "text");
-            choice = json_pack("{s:O, s:i}", "text", t ? t : json_string(""), "index", g->index);
+            /* A completion's text is the delta's content (fmt.h's internal shape). */
+            json_t *t = json_object_get(delta, "content");
+            choice = t ? json_pack("{s:O, s:i}", "text", t, "index", g->index)
+                       : json_pack("{s:s, s:i}", "text", "", "index", g->index);
         }
     }
     json_decref(delta);
@@ -547,7 +409,7 @@ json_t *ks_api_chunk_delta_json(const ks_api_gen *g, json_t *delta, json_t *logp
     return envelope(g, chat ? "chat.completion.chunk" : "text_completion", json_pack("[o]", choice));
 }
 
-json_t *ks_api_chunk_json(const ks_api_gen *g, ks_api_chunk_kind k, const char *text, size_t len) {
+json_t *ks_api_chunk_json(const ks_api_gen *g, ks_api_chunk_kind k) {
     bool chat = g->kind == KS_API_CHAT;
     const char *object = chat ? "chat.completion.chunk" : "text_completion";
     json_t *choice = NULL;
@@ -557,14 +419,6 @@ json_t *ks_api_chunk_json(const ks_api_gen *g, ks_api_chunk_kind k, const char *
                                   "content", "", "logprobs", "finish_reason")
                       : json_pack("{s:s, s:i, s:n, s:n}", "text", "", "index", g->index, "logprobs", "finish_reason");
         break;
-    case KS_API_CHUNK_DELTA: {
-        json_t *t = json_stringn(text ? text : "", text ? len : 0);
-        if (!t) return NULL;
-        choice = chat ? json_pack("{s:i, s:{s:o}, s:n, s:n}", "index", g->index, "delta", "content", t, "logprobs",
-                                  "finish_reason")
-                      : json_pack("{s:o, s:i, s:n, s:n}", "text", t, "index", g->index, "logprobs", "finish_reason");
-        break;
-    }
     case KS_API_CHUNK_FINISH: {
         const char *f = g->finish ? g->finish : "stop";
         choice = chat ? json_pack("{s:i, s:{}, s:n, s:s}", "index", g->index, "delta", "logprobs", "finish_reason", f)
@@ -585,6 +439,36 @@ json_t *ks_api_chunk_json(const ks_api_gen *g, ks_api_chunk_kind k, const char *
         if (c) json_object_set_new(o, "cache", c);
     }
     return o;
+}
+
+/* The completions API's logprobs object: parallel arrays. */
+static json_t *legacy_logprobs(const json_t *entries) {
+    json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
+    size_t i, off = 0;
+    json_t *e;
+    json_array_foreach(entries, i, e) {
+        const char *t = json_string_value(json_object_get(e, "token"));
+        json_array_append(tokens, json_object_get(e, "token"));
+        json_array_append(lps, json_object_get(e, "logprob"));
+        json_array_append_new(offs, json_integer((json_int_t)off));
+        off += t ? strlen(t) : 0;
+        json_t *top = json_object();
+        size_t j;
+        json_t *a;
+        json_array_foreach(json_object_get(e, "top_logprobs"), j, a) {
+            const char *at = json_string_value(json_object_get(a, "token"));
+            json_object_set(top, at ? at : "", json_object_get(a, "logprob"));
+        }
+        json_array_append_new(tops, top);
+    }
+    return json_pack("{s:o, s:o, s:o, s:o}", "tokens", tokens, "token_logprobs", lps, "top_logprobs", tops,
+                     "text_offset", offs);
+}
+
+json_t *ks_api_logprobs_json(ks_api_kind kind, const json_t *entries) {
+    if (!entries) return NULL;
+    if (kind == KS_API_CHAT) return json_pack("{s:O, s:[]}", "content", entries, "refusal");
+    return legacy_logprobs(entries);
 }
 
 char *ks_api_dump(const json_t *obj) {
@@ -610,3 +494,19 @@ int ks_api_sse_event(ks_buf *out, const char *name, const json_t *obj) {
 }
 
 int ks_api_sse_done(ks_buf *out) { return ks_buf_append(out, "data: [DONE]\n\n", 14); }
+
+/* The assistant message of a response (api.h). */
+json_t *ks_api_message_json(const json_t *parsed) {
+    json_t *content = json_object_get(parsed, "content");
+    json_t *reasoning = json_object_get(parsed, "reasoning_content");
+    json_t *calls = json_object_get(parsed, "tool_calls");
+    bool has_calls = json_is_array(calls) && json_array_size(calls) > 0;
+    const char *c = json_is_string(content) ? json_string_value(content) : "";
+    json_t *m = json_pack("{s:s}", "role", "assistant");
+    if (!m) return NULL;
+    json_object_set_new(m, "content", has_calls && !c[0] ? json_null() : json_string(c));
+    if (json_is_string(reasoning) && json_string_length(reasoning) > 0)
+        json_object_set(m, "reasoning_content", reasoning);
+    if (has_calls) json_object_set(m, "tool_calls", calls);
+    return m;
+}

@@ -3,7 +3,12 @@
  * validation, response and SSE chunk JSON, error bodies.
  *
  * Pure functions over jansson: no sockets, no engine, no scheduler, so every
- * rule here is unit-tested without a model (tests/unit/test_api*.c).
+ * rule here is unit-tested without a model (tests/unit/test_api*.c). Which
+ * file holds what: api_fields.c errors and the typed field getters; api.c
+ * the OpenAI request entry and replies; api_chat.c chat's fields and the
+ * field policy; api_responses.c / api_responses_out.c and api_messages.c the
+ * Responses and Messages translations and reply shapes; api_utility.c the
+ * utility endpoints.
  *
  * Design notes
  *  1. Validation happens completely before anything is queued: a request that
@@ -258,7 +263,7 @@ typedef struct ks_api_gen {
     int64_t created;         /* unix seconds */
     const char *model;
     const char *text;        /* the whole reply (non-stream) */
-    const char *finish;      /* "stop" | "length" */
+    const char *finish;      /* "stop" | "length" | "tool_calls" (NULL: "stop") */
     const ks_req_result *r;  /* counts and timings; may be NULL in chunks that need none */
 } ks_api_gen;
 
@@ -280,24 +285,32 @@ json_t *ks_api_cache_json(const ks_req_result *r);
 /* The complete non-streamed response: chat.completion or text_completion. */
 json_t *ks_api_response_json(const ks_api_gen *g);
 
-/* Stream chunks (chat.completion.chunk or text_completion):
+/* Stream chunks (chat.completion.chunk or text_completion) that carry no
+ * text (ks_api_chunk_delta_json carries the text):
  *  role:   first chat chunk, delta {role:"assistant", content:""}
- *  delta:  text (non-empty)
- *  finish: empty delta with finish_reason, plus timings and cache
+ *  finish: empty delta with finish_reason, plus timings and cache (g->r, may be NULL)
  *  usage:  choices [] with usage, timings and cache (stream_options.include_usage) */
-typedef enum { KS_API_CHUNK_ROLE, KS_API_CHUNK_DELTA, KS_API_CHUNK_FINISH, KS_API_CHUNK_USAGE } ks_api_chunk_kind;
-json_t *ks_api_chunk_json(const ks_api_gen *g, ks_api_chunk_kind k, const char *text, size_t len);
+typedef enum { KS_API_CHUNK_ROLE, KS_API_CHUNK_FINISH, KS_API_CHUNK_USAGE } ks_api_chunk_kind;
+json_t *ks_api_chunk_json(const ks_api_gen *g, ks_api_chunk_kind k);
 
 /* The non-streamed response of several choices: the envelope from gs[0],
  * one choice per gs[i] (index, text or msg, finish, logprobs), usage,
  * timings and cache from r (aggregated by the caller). */
 json_t *ks_api_response_multi_json(const ks_api_gen *gs, int n, const ks_req_result *r);
 
-/* One stream chunk of choice g->index: delta (stolen; chat: {content |
- * reasoning_content | tool_calls}, completion: {"text": ...}, whose fields
- * are moved into the choice), logprobs (stolen, NULL: null), finish (NULL:
- * null). NULL on ENOMEM. */
+/* The stream chunk of one delta of choice g->index: delta (stolen) in the
+ * internal shape (fmt.h: {content | reasoning_content | tool_calls}; {}:
+ * none, for a chunk that carries logprobs only), whose fields become the
+ * chat choice's delta, or a completion's text (its content); logprobs
+ * (stolen, NULL: null); finish (NULL: null). NULL on ENOMEM. The server's
+ * streams build every text chunk here. */
 json_t *ks_api_chunk_delta_json(const ks_api_gen *g, json_t *delta, json_t *logprobs, const char *finish);
+
+/* The logprobs object of a response or chunk from logprob entries
+ * ({token, logprob, bytes, top_logprobs?}, borrowed): chat's {content,
+ * refusal}, or the completions API's parallel arrays. New reference; NULL
+ * when entries is NULL or on ENOMEM. */
+json_t *ks_api_logprobs_json(ks_api_kind kind, const json_t *entries);
 
 /* The assistant message of a response from a parsed message (chat_tmpl.h's
  * shape): content (null when there are tool calls and no text),
@@ -360,7 +373,7 @@ typedef struct ks_api_resp_out {
 json_t *ks_api_responses_object(const ks_api_resp_out *o);
 
 /* A streamed response: chat deltas (ks_api_chunk_delta_json's delta
- * objects, in the order gen.c makes them) become typed events; the items
+ * objects, in the order output.c makes them) become typed events; the items
  * are built as they stream, and the final response carries them. */
 typedef struct ks_api_rstream {
     int seq;                   /* sequence_number of the next event */

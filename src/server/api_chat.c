@@ -37,31 +37,6 @@ static const char *const IGNORED_FIELDS[] = {
     "user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier",
     NULL};
 
-bool ks__api_in_list(const char *const *l, const char *k) {
-    for (; *l; l++)
-        if (!strcmp(*l, k)) return true;
-    return false;
-}
-
-int ks__api_want(json_t *v, json_type t, const char *what, const char *param, ks_api_error *err) {
-    bool ok = t == JSON_TRUE ? json_is_boolean(v) : json_typeof(v) == t;
-    if (!ok)
-        BAD("invalid_type", param, "Invalid type for '%s': expected %s, but got %s instead.", param, what,
-            ks__api_json_type_name(v));
-    return 0;
-}
-
-void ks__api_note_unknown(json_t *root, ks_api_notes *notes, const char *const *l1, const char *const *l2,
-                          const char *const *l3) {
-    const char *k;
-    json_t *v;
-    json_object_foreach(root, k, v) {
-        if ((l1 && ks__api_in_list(l1, k)) || (l2 && ks__api_in_list(l2, k)) || (l3 && ks__api_in_list(l3, k)))
-            continue;
-        ks_api_note(notes, k, "an unknown field");
-    }
-}
-
 int ks__api_check_fields(json_t *root, ks_api_kind kind, ks_api_notes *notes, ks_api_error *err) {
     /* The other endpoint's own field would change what is generated if it
      * were honoured here: a mistake worth a 400, not a silent default. */
@@ -154,6 +129,76 @@ static int message_breakpoints(json_t *m, size_t i, ks_api_request *r, ks_api_er
         if ((rc = parse_cache_control(cc, q, (int)i, r, err))) return rc;
     }
     return 0;
+}
+
+/* ------------------------------------------------------------ message content */
+/* One message's content: a string, or an array of {type:"text", text} parts
+ * joined with "\n" (as llama.cpp's server flattens them for templates that
+ * take plain text). null only for an assistant message (a tool-call turn). */
+int ks__api_parse_content(json_t *m, size_t i, bool assistant, ks_api_request *r,
+                          const char **out, ks_api_error *err) {
+    char param[64];
+    snprintf(param, sizeof param, "messages[%zu].content", i);
+    json_t *c = ks__api_field(m, "content");
+    if (!c) {
+        if (assistant) {
+            *out = "";
+            return 0;
+        }
+        BAD("missing_required_parameter", param, "Missing required parameter: '%s'.", param);
+    }
+    if (json_is_string(c)) {
+        *out = json_string_value(c);
+        return 0;
+    }
+    if (!json_is_array(c))
+        BAD("invalid_type", param,
+            "Invalid type for '%s': expected a string or an array of content parts, but got %s instead.",
+            param, ks__api_json_type_name(c));
+    ks_buf b = {0};
+    size_t j;
+    json_t *part;
+    json_array_foreach(c, j, part) {
+        char pp[96];
+        snprintf(pp, sizeof pp, "%s[%zu]", param, j);
+        const char *msg = NULL, *code = NULL;
+        char where[112];
+        snprintf(where, sizeof where, "%s", pp);
+        if (!json_is_object(part)) {
+            code = "invalid_type";
+            msg = "expected a content part object";
+        } else {
+            json_t *type = ks__api_field(part, "type");
+            json_t *text = ks__api_field(part, "text");
+            if (!type || !json_is_string(type)) {
+                code = type ? "invalid_type" : "missing_required_parameter";
+                msg = "a content part needs a string 'type'";
+                snprintf(where, sizeof where, "%s.type", pp);
+            } else if (strcmp(json_string_value(type), "text") != 0) {
+                code = "invalid_value";
+                msg = "only content parts of type 'text' are supported";
+                snprintf(where, sizeof where, "%s.type", pp);
+            } else if (!text || !json_is_string(text)) {
+                code = text ? "invalid_type" : "missing_required_parameter";
+                msg = "a text content part needs a string 'text'";
+                snprintf(where, sizeof where, "%s.text", pp);
+            } else {
+                if (b.len && ks_buf_append(&b, "\n", 1)) goto nomem;
+                if (ks_buf_append(&b, json_string_value(text), json_string_length(text))) goto nomem;
+            }
+        }
+        if (msg) {
+            ks_buf_free(&b);
+            BAD(code, where, "Invalid '%s': %s.", where, msg);
+        }
+    }
+    if (!b.s && ks_buf_append(&b, "", 0)) goto nomem;
+    if (ks__api_keep(r, b.s)) return ks__api_oom(err);
+    *out = b.s;
+    return 0;
+nomem:
+    ks_buf_free(&b);
+    return ks__api_oom(err);
 }
 
 /* ------------------------------------------------------------ messages */
@@ -408,7 +453,7 @@ static int parse_tools(json_t *root, ks_api_request *r, json_t *tr, ks_api_error
 /* ------------------------------------------------------------ structured output */
 /* response_format / json_schema / grammar: checked for shape here, handed to
  * the template (chat) or kept for the server (completion). */
-static int parse_structured(json_t *root, ks_api_request *r, json_t *tr, ks_api_error *err) {
+int ks__api_parse_structured(json_t *root, ks_api_request *r, json_t *tr, ks_api_error *err) {
     int rc;
     json_t *rf = ks__api_field(root, "response_format");
     json_t *schema = ks__api_field(root, "json_schema");
@@ -509,117 +554,18 @@ int ks__api_parse_chat(json_t *root, ks_api_request *r, ks_api_error *err) {
     int rc;
     if ((rc = parse_messages(root, r, r->tmpl_req, err))) return rc;
     if ((rc = parse_tools(root, r, r->tmpl_req, err))) return rc;
-    if ((rc = parse_structured(root, r, r->tmpl_req, err))) return rc;
+    if ((rc = ks__api_parse_structured(root, r, r->tmpl_req, err))) return rc;
     if ((rc = parse_tmpl_options(root, r->tmpl_req, err))) return rc;
     /* logprobs (bool) + top_logprobs */
     bool lp = false;
     if ((rc = ks__api_get_bool(root, "logprobs", &lp, err))) return rc;
     r->logprobs = lp;
-    json_t *tl = ks__api_field(root, "top_logprobs");
-    if (tl) {
-        if (!json_is_integer(tl))
-            BAD("invalid_type", "top_logprobs", "Invalid type for 'top_logprobs': expected an integer, but got %s instead.",
-                ks__api_json_type_name(tl));
-        json_int_t x = json_integer_value(tl);
-        if (x < 0 || x > KS_API_MAX_TOP_LOGPROBS)
-            BAD("invalid_value", "top_logprobs", "Invalid 'top_logprobs': expected a value in [0, %d], got %lld.",
-                KS_API_MAX_TOP_LOGPROBS, (long long)x);
-        if (!lp && x > 0)
-            BAD("invalid_value", "top_logprobs", "Invalid 'top_logprobs': it requires 'logprobs' to be true.");
-        r->top_logprobs = (int)x;
-    }
-    return 0;
-}
-
-/* ------------------------------------------------------------ completions */
-static int parse_ids(json_t *arr, const char *p, ks_api_prompt *out, ks_api_error *err) {
-    size_t n = json_array_size(arr);
-    if (n == 0) BAD("empty_array", p, "Invalid '%s': empty array.", p);
-    if (n > INT32_MAX / 2) BAD("invalid_value", p, "Invalid '%s': too many tokens.", p);
-    out->tokens = malloc(n * sizeof *out->tokens);
-    if (!out->tokens) return ks__api_oom(err);
-    size_t i;
-    json_t *t;
-    json_array_foreach(arr, i, t) {
-        char q[64];
-        snprintf(q, sizeof q, "%s[%zu]", p, i);
-        if (!json_is_integer(t))
-            BAD("invalid_type", q, "Invalid type for '%s': expected a token id (integer), but got %s instead.", q,
-                ks__api_json_type_name(t));
-        long long x = json_integer_value(t);
-        if (x < 0 || x > INT32_MAX) BAD("invalid_value", q, "Invalid '%s': %lld is not a token id.", q, x);
-        out->tokens[out->n_tokens++] = (int32_t)x;
-    }
-    return 0;
-}
-
-/* prompt: a non-empty string, an array of token ids, or an array of several
- * prompts (strings or arrays of token ids). */
-int ks__api_parse_prompts(json_t *root, ks_api_request *r, ks_api_error *err) {
-    json_t *p = ks__api_field(root, "prompt");
-    if (!p) BAD("missing_required_parameter", "prompt", "Missing required parameter: 'prompt'.");
-    size_t n = 1;
-    bool many = false;
-    if (json_is_array(p)) {
-        if (json_array_size(p) == 0) BAD("empty_array", "prompt", "Invalid 'prompt': empty array.");
-        json_t *first = json_array_get(p, 0);
-        many = json_is_string(first) || json_is_array(first);
-        if (many) n = json_array_size(p);
-    } else if (!json_is_string(p)) {
-        BAD("invalid_type", "prompt",
-            "Invalid type for 'prompt': expected a string, an array of strings or an array of "
-            "token ids, but got %s instead.", ks__api_json_type_name(p));
-    }
-    if (n > KS_API_MAX_PROMPTS)
-        BAD("array_above_max_length", "prompt", "Invalid 'prompt': at most %d prompts per request, got %zu.",
-            KS_API_MAX_PROMPTS, n);
-    r->prompts = calloc(n, sizeof *r->prompts);
-    if (!r->prompts) return ks__api_oom(err);
-    for (size_t i = 0; i < n; i++) {
-        json_t *e = many ? json_array_get(p, i) : p;
-        char q[32];
-        if (many) snprintf(q, sizeof q, "prompt[%zu]", i);
-        else snprintf(q, sizeof q, "prompt");
-        ks_api_prompt *o = &r->prompts[i];
-        r->n_prompts = (int)i + 1;
-        if (json_is_string(e)) {
-            if (json_string_length(e) == 0) BAD("invalid_value", q, "Invalid '%s': empty string.", q);
-            o->text = json_string_value(e);
-        } else if (json_is_array(e)) {
-            int rc = parse_ids(e, q, o, err);
-            if (rc) return rc;
-        } else {
-            BAD("invalid_type", q, "Invalid type for '%s': expected a string or an array of token ids, but got %s instead.",
-                q, ks__api_json_type_name(e));
-        }
-    }
-    r->prompt = r->prompts[0].text;
-    r->prompt_tokens = r->prompts[0].tokens;
-    r->n_prompt_tokens = r->prompts[0].n_tokens;
-    int rc;
-    if ((rc = parse_structured(root, r, NULL, err))) return rc;
-    /* OpenAI's legacy logprobs: an integer, the alternatives per token. */
-    json_t *lp = ks__api_field(root, "logprobs");
-    if (lp) {
-        if (!json_is_integer(lp))
-            BAD("invalid_type", "logprobs", "Invalid type for 'logprobs': expected an integer, but got %s instead.",
-                ks__api_json_type_name(lp));
-        json_int_t x = json_integer_value(lp);
-        if (x < 0 || x > KS_API_MAX_TOP_LOGPROBS)
-            BAD("invalid_value", "logprobs", "Invalid 'logprobs': expected a value in [0, %d], got %lld.",
-                KS_API_MAX_TOP_LOGPROBS, (long long)x);
-        r->logprobs = true;
-        r->top_logprobs = (int)x;
-    }
-    json_t *echo = ks__api_field(root, "echo");
-    if (echo && !json_is_false(echo))
-        BAD("unsupported_value", "echo", "Unsupported value: 'echo' is only supported as false.");
-    json_t *suffix = ks__api_field(root, "suffix");
-    if (suffix && !(json_is_string(suffix) && json_string_length(suffix) == 0))
-        BAD("unsupported_value", "suffix", "Unsupported value: 'suffix' is not supported.");
-    json_t *bo = ks__api_field(root, "best_of");
-    if (bo && !(json_is_integer(bo) && json_integer_value(bo) == 1))
-        BAD("unsupported_value", "best_of", "Unsupported value: 'best_of' is only supported as 1.");
+    long long x;
+    bool set;
+    if ((rc = ks__api_get_int(root, "top_logprobs", 0, KS_API_MAX_TOP_LOGPROBS, &x, &set, err))) return rc;
+    if (set && !lp && x > 0)
+        BAD("invalid_value", "top_logprobs", "Invalid 'top_logprobs': it requires 'logprobs' to be true.");
+    if (set) r->top_logprobs = (int)x;
     return 0;
 }
 
@@ -692,19 +638,6 @@ static int parse_bias(json_t *root, ks_api_request *r, ks_api_error *err) {
     return 0;
 }
 
-static int get_real(json_t *root, const char *key, double lo, double hi, float *out, ks_api_error *err) {
-    json_t *v = ks__api_field(root, key);
-    if (!v) return 0;
-    if (!json_is_number(v))
-        BAD("invalid_type", key, "Invalid type for '%s': expected a number, but got %s instead.", key,
-            ks__api_json_type_name(v));
-    double d = json_number_value(v);
-    if (!(d >= lo && d <= hi))
-        BAD("invalid_value", key, "Invalid '%s': expected a value in [%g, %g], got %g.", key, lo, hi, d);
-    *out = (float)d;
-    return 0;
-}
-
 int ks__api_parse_sampling(json_t *root, ks_api_request *r, ks_api_error *err) {
     int rc;
     r->repeat_penalty = 1.0f;
@@ -712,61 +645,29 @@ int ks__api_parse_sampling(json_t *root, ks_api_request *r, ks_api_error *err) {
     r->n = 1;
     r->id_slot = -1;
     if ((rc = parse_bias(root, r, err))) return rc;
-    if ((rc = get_real(root, "presence_penalty", -2.0, 2.0, &r->presence_penalty, err))) return rc;
-    if ((rc = get_real(root, "frequency_penalty", -2.0, 2.0, &r->frequency_penalty, err))) return rc;
-    if ((rc = get_real(root, "repeat_penalty", 0.0, 10.0, &r->repeat_penalty, err))) return rc;
-    json_t *v = ks__api_field(root, "repeat_last_n");
-    if (v) {
-        if (!json_is_integer(v) || json_integer_value(v) < -1 || json_integer_value(v) > INT32_MAX)
-            BAD("invalid_value", "repeat_last_n", "Invalid 'repeat_last_n': expected an integer >= -1.");
-        r->repeat_last_n = (int)json_integer_value(v);
-    }
+    long long x;
+    bool set;
+    if ((rc = ks__api_get_number(root, "presence_penalty", -2.0, 2.0, &r->presence_penalty, err))) return rc;
+    if ((rc = ks__api_get_number(root, "frequency_penalty", -2.0, 2.0, &r->frequency_penalty, err))) return rc;
+    if ((rc = ks__api_get_number(root, "repeat_penalty", 0.0, 10.0, &r->repeat_penalty, err))) return rc;
+    /* -1: the whole context */
+    if ((rc = ks__api_get_int(root, "repeat_last_n", -1, INT32_MAX, &x, &set, err))) return rc;
+    if (set) r->repeat_last_n = (int)x;
     if ((rc = ks__api_get_bool(root, "ignore_eos", &r->ignore_eos, err))) return rc;
-    v = ks__api_field(root, "id_slot");
-    if (v) {
-        if (!json_is_integer(v) || json_integer_value(v) < -1 || json_integer_value(v) > 1000000)
-            BAD("invalid_value", "id_slot", "Invalid 'id_slot': expected a slot index (an integer >= 0) or -1.");
-        r->id_slot = (int)json_integer_value(v);
-    }
+    /* a slot index or -1; whether the server has it is the scheduler's check */
+    if ((rc = ks__api_get_int(root, "id_slot", -1, 1000000, &x, &set, err))) return rc;
+    if (set) r->id_slot = (int)x;
     /* llama-server's n_probs: the alternatives per token, turns logprobs on. */
-    v = ks__api_field(root, "n_probs");
-    if (v) {
-        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > KS_API_MAX_TOP_LOGPROBS)
-            BAD("invalid_value", "n_probs", "Invalid 'n_probs': expected an integer in [0, %d].", KS_API_MAX_TOP_LOGPROBS);
-        if (json_integer_value(v) > 0) {
-            r->logprobs = true;
-            r->top_logprobs = (int)json_integer_value(v);
-        }
+    if ((rc = ks__api_get_int(root, "n_probs", 0, KS_API_MAX_TOP_LOGPROBS, &x, &set, err))) return rc;
+    if (set && x > 0) {
+        r->logprobs = true;
+        r->top_logprobs = (int)x;
     }
-    v = ks__api_field(root, "n");
-    if (v) {
-        if (!json_is_integer(v))
-            BAD("invalid_type", "n", "Invalid type for 'n': expected an integer, but got %s instead.",
-                ks__api_json_type_name(v));
-        json_int_t x = json_integer_value(v);
-        if (x < 1) BAD("integer_below_min_value", "n", "Invalid 'n': integer below minimum value. Expected a value >= 1, but got %lld instead.", (long long)x);
-        if (x > KS_API_MAX_N) BAD("integer_above_max_value", "n", "Invalid 'n': integer above maximum value. Expected a value <= %d, but got %lld instead.", KS_API_MAX_N, (long long)x);
-        r->n = (int)x;
-    }
+    if ((rc = ks__api_get_int(root, "n", 1, KS_API_MAX_N, &x, &set, err))) return rc;
+    if (set) r->n = (int)x;
     int prompts = r->kind == KS_API_COMPLETION ? r->n_prompts : 1;
     if (prompts * r->n > KS_API_MAX_CHOICES)
         BAD("invalid_value", "n", "Invalid 'n': %d prompts × n = %d choices is more than the %d a request may ask for.",
             prompts, prompts * r->n, KS_API_MAX_CHOICES);
     return 0;
-}
-
-/* ------------------------------------------------------------ responses */
-json_t *ks_api_message_json(const json_t *parsed) {
-    json_t *content = json_object_get(parsed, "content");
-    json_t *reasoning = json_object_get(parsed, "reasoning_content");
-    json_t *calls = json_object_get(parsed, "tool_calls");
-    bool has_calls = json_is_array(calls) && json_array_size(calls) > 0;
-    const char *c = json_is_string(content) ? json_string_value(content) : "";
-    json_t *m = json_pack("{s:s}", "role", "assistant");
-    if (!m) return NULL;
-    json_object_set_new(m, "content", has_calls && !c[0] ? json_null() : json_string(c));
-    if (json_is_string(reasoning) && json_string_length(reasoning) > 0)
-        json_object_set(m, "reasoning_content", reasoning);
-    if (has_calls) json_object_set(m, "tool_calls", calls);
-    return m;
 }

@@ -1,6 +1,10 @@
 /*
- * api_int.h — shared by api.c (chat and completion requests, responses) and
- * api_utility.c (/tokenize, /detokenize, /props).
+ * api_int.h — what the request parsers share: api_fields.c's errors, notes
+ * and typed field getters (every parser), api_chat.c's chat fields and
+ * field policy (api.c, the Responses and Messages translations), api.c's
+ * request entry. Who calls whom: api.c -> api_chat.c -> api_fields.c; the
+ * translations (api_responses.c, api_messages.c) and api_utility.c call
+ * down into those, never back.
  */
 #ifndef KS_API_INT_H
 #define KS_API_INT_H
@@ -16,12 +20,20 @@
         return KS_EINVAL;                                                               \
     } while (0)
 
+/* api_fields.c */
 /* A field counts as absent when missing or null (OpenAI accepts explicit nulls). */
 json_t *ks__api_field(json_t *obj, const char *key);
+/* The string of o[k], "" when it is absent or not a string (o may be NULL). */
+const char *ks__api_str(const json_t *o, const char *k);
 /* "a string", "an integer", ... for error messages. */
 const char *ks__api_json_type_name(const json_t *v);
 /* An optional boolean field into *out; 400 on a wrong type. */
 int ks__api_get_bool(json_t *root, const char *key, bool *out, ks_api_error *err);
+/* An optional number in [lo, hi] into *out. */
+int ks__api_get_number(json_t *root, const char *key, double lo, double hi, float *out, ks_api_error *err);
+/* An optional integer in [lo, hi] into *out; *set (may be NULL) tells whether it was given. */
+int ks__api_get_int(json_t *root, const char *key, long long lo, long long hi, long long *out, bool *set,
+                    ks_api_error *err);
 /* 500 out_of_memory into err; returns KS_ENOMEM. */
 int ks__api_oom(ks_api_error *err);
 /* Parses body as one JSON object into *root (owned); 400 otherwise. */
@@ -29,30 +41,36 @@ int ks__api_load_object(const char *body, size_t len, json_t **root, ks_api_erro
 
 /* Owns s (freed with the request); KS_ENOMEM frees it. */
 int ks__api_keep(ks_api_request *r, char *s);
+/* k is one of the NULL-terminated list l. */
+bool ks__api_in_list(const char *const *l, const char *k);
+/* 400 invalid_type unless v has type t (JSON_TRUE: a boolean); what: "a string"... */
+int ks__api_want(json_t *v, json_type t, const char *what, const char *param, ks_api_error *err);
+/* Notes every field of root that is in none of the NULL-terminated lists
+ * (the lists may be NULL-padded: a NULL list ends them). */
+void ks__api_note_unknown(json_t *root, ks_api_notes *notes, const char *const *l1, const char *const *l2,
+                          const char *const *l3);
+
+/* api_chat.c */
 /* messages[i].content: a string or text parts joined with "\n"; absent or
  * null only when assistant (then ""). */
 int ks__api_parse_content(json_t *m, size_t i, bool assistant, ks_api_request *r, const char **out,
                           ks_api_error *err);
 
-/* api_chat.c */
-/* k is one of the NULL-terminated list l. */
-bool ks__api_in_list(const char *const *l, const char *k);
-/* 400 invalid_type unless v has type t (JSON_TRUE: a boolean); what: "a string"... */
-int ks__api_want(json_t *v, json_type t, const char *what, const char *param, ks_api_error *err);
 /* The request-field policy (docs/SERVER.md, "Request fields"): a field of the
  * other endpoint (prompt on chat, messages on completions) is a 400
  * unsupported_parameter; a field none of the lists knows is noted in notes
  * and ignored. */
 int ks__api_check_fields(json_t *root, ks_api_kind kind, ks_api_notes *notes, ks_api_error *err);
-/* Notes every field of root that is in none of the NULL-terminated lists
- * (the lists may be NULL-padded: a NULL list ends them). */
-void ks__api_note_unknown(json_t *root, ks_api_notes *notes, const char *const *l1, const char *const *l2,
-                          const char *const *l3);
 /* messages, tools, structured output and template options into r->msgs and r->tmpl_req. */
 int ks__api_parse_chat(json_t *root, ks_api_request *r, ks_api_error *err);
-/* prompt (one or several), grammar / json_schema, logprobs, echo, suffix, best_of. */
-int ks__api_parse_prompts(json_t *root, ks_api_request *r, ks_api_error *err);
+/* response_format, json_schema, grammar: into tr (chat's template request;
+ * NULL for completions, whose grammar the server builds) and r->structured. */
+int ks__api_parse_structured(json_t *root, ks_api_request *r, json_t *tr, ks_api_error *err);
 /* logit_bias, penalties, ignore_eos, id_slot, n_probs, n. After the prompts. */
 int ks__api_parse_sampling(json_t *root, ks_api_request *r, ks_api_error *err);
+
+/* api.c */
+/* prompt (one or several), grammar / json_schema, logprobs, echo, suffix, best_of. */
+int ks__api_parse_prompts(json_t *root, ks_api_request *r, ks_api_error *err);
 
 #endif

@@ -47,10 +47,6 @@ static const char *const PASS_FIELDS[] = {"model", "temperature", "top_p", "top_
                                           "cache_prompt", "repeat_penalty", "repeat_last_n", "presence_penalty",
                                           "frequency_penalty", "ignore_eos", "id_slot", NULL};
 
-static const char *jstr(const json_t *o, const char *k) {
-    const char *s = json_string_value(json_object_get(o, k));
-    return s ? s : "";
-}
 
 /* Appends text to a buffer, "\n" between pieces. */
 static int join(ks_buf *b, const char *text) {
@@ -68,9 +64,9 @@ static int text_blocks(json_t *blocks, const char *p, ks_buf *b, json_t **cc, ks
     json_array_foreach(blocks, i, blk) {
         char q[112];
         snprintf(q, sizeof q, "%s.%zu", p, i);
-        if (!json_is_object(blk) || strcmp(jstr(blk, "type"), "text") || !json_is_string(json_object_get(blk, "text")))
+        if (!json_is_object(blk) || strcmp(ks__api_str(blk, "type"), "text") || !json_is_string(json_object_get(blk, "text")))
             BAD("invalid_value", q, "%s: expected a text block {\"type\": \"text\", \"text\": ...}.", q);
-        if (join(b, jstr(blk, "text"))) return ks__api_oom(err);
+        if (join(b, ks__api_str(blk, "text"))) return ks__api_oom(err);
         if (json_object_get(blk, "cache_control")) *cc = json_object_get(blk, "cache_control");
     }
     return 0;
@@ -120,9 +116,9 @@ static int result_text(json_t *c, const char *p, ks_buf *b, ks_api_error *err) {
     size_t i;
     json_t *blk;
     json_array_foreach(c, i, blk) {
-        if (!json_is_object(blk) || strcmp(jstr(blk, "type"), "text"))
+        if (!json_is_object(blk) || strcmp(ks__api_str(blk, "type"), "text"))
             BAD("invalid_value", p, "%s: only text blocks are supported in a tool result.", p);
-        if (join(b, jstr(blk, "text"))) return ks__api_oom(err);
+        if (join(b, ks__api_str(blk, "text"))) return ks__api_oom(err);
     }
     return 0;
 }
@@ -148,7 +144,7 @@ static int user_to_chat(json_t *c, const char *p, json_t *msgs, ks_api_error *er
                 ks_api_error_set(err, 400, T_INVALID, "invalid_value", q, "%s.text: expected a string.", q);
                 break;
             }
-            if (join(&text, jstr(blk, "text"))) {
+            if (join(&text, ks__api_str(blk, "text"))) {
                 rc = ks__api_oom(err);
                 break;
             }
@@ -210,9 +206,9 @@ static int assistant_to_chat(json_t *c, const char *p, json_t *msgs, ks_api_erro
         }
         if (json_object_get(blk, "cache_control")) cc_last = json_object_get(blk, "cache_control");
         if (!strcmp(ty, "text")) {
-            if (join(&text, jstr(blk, "text"))) rc = ks__api_oom(err);
+            if (join(&text, ks__api_str(blk, "text"))) rc = ks__api_oom(err);
         } else if (!strcmp(ty, "thinking")) {
-            if (join(&think, jstr(blk, "thinking"))) rc = ks__api_oom(err);
+            if (join(&think, ks__api_str(blk, "thinking"))) rc = ks__api_oom(err);
         } else if (!strcmp(ty, "redacted_thinking")) {
             /* opaque to a local model: left out */
         } else if (!strcmp(ty, "tool_use")) {
@@ -255,7 +251,7 @@ static int assistant_to_chat(json_t *c, const char *p, json_t *msgs, ks_api_erro
 /* A system message inside messages (Claude Code sends one for model names it
  * does not know, after the first user message): text blocks, rendered as a
  * system message where it stands. Whether the template takes a system
- * message there is the template's call; gen.c answers a refusal in
+ * message there is the template's call; fmt_messages.c answers a refusal in
  * Anthropic's words (ks_api_msg_req.mid_system). */
 static int system_msg_to_chat(json_t *c, const char *p, json_t *msgs, ks_api_error *err) {
     char q[96];
@@ -355,7 +351,7 @@ static int tools_to_chat(json_t *root, json_t *chat, ks_api_notes *notes, ks_api
     }
     if (!tc) return 0;
     if ((rc = ks__api_want(tc, JSON_OBJECT, "an object", "tool_choice", err))) return rc;
-    const char *ty = jstr(tc, "type");
+    const char *ty = ks__api_str(tc, "type");
     json_t *v;
     if (!strcmp(ty, "auto")) v = json_string("auto");
     else if (!strcmp(ty, "any")) v = json_string("required");
@@ -400,7 +396,7 @@ static int output_to_chat(json_t *root, json_t *chat, ks_api_error *err) {
     if (!fmt) return 0;
     const char *fp = oc && ks__api_field(oc, "format") ? "output_config.format" : "output_format";
     if ((rc = ks__api_want(fmt, JSON_OBJECT, "an object", fp, err))) return rc;
-    const char *ty = jstr(fmt, "type");
+    const char *ty = ks__api_str(fmt, "type");
     json_t *schema = json_object_get(fmt, "schema");
     if (strcmp(ty, "json_schema") || !json_is_object(schema))
         BAD("invalid_value", fp, "%s: expected {\"type\": \"json_schema\", \"schema\": {...}}.", fp);
@@ -445,7 +441,7 @@ int ks_api_messages_to_chat(json_t *root, bool count, ks_api_msg_req *out, ks_ap
     json_t *th = ks__api_field(root, "thinking");
     if (th) {
         if ((rc = ks__api_want(th, JSON_OBJECT, "an object", "thinking", err))) goto fail;
-        const char *ty = jstr(th, "type");
+        const char *ty = ks__api_str(th, "type");
         if (strcmp(ty, "enabled") && strcmp(ty, "disabled") && strcmp(ty, "adaptive")) {
             rc = KS_EINVAL;
             ks_api_error_set(err, 400, T_INVALID, "invalid_value", "thinking.type",
@@ -498,8 +494,8 @@ json_t *ks_api_messages_usage(const ks_req_result *r) {
 json_t *ks_api_messages_object(const ks_api_msg_out *o) {
     json_t *content = json_array();
     if (!content) return NULL;
-    const char *text = o->msg ? jstr(o->msg, "content") : (o->text ? o->text : "");
-    const char *think = o->msg ? jstr(o->msg, "reasoning_content") : "";
+    const char *text = o->msg ? ks__api_str(o->msg, "content") : (o->text ? o->text : "");
+    const char *think = o->msg ? ks__api_str(o->msg, "reasoning_content") : "";
     if (think[0])
         json_array_append_new(content, json_pack("{s:s, s:s, s:s}", "type", "thinking", "thinking", think, "signature", ""));
     json_t *calls = o->msg ? json_object_get(o->msg, "tool_calls") : NULL;
@@ -508,13 +504,13 @@ json_t *ks_api_messages_object(const ks_api_msg_out *o) {
     json_t *tc;
     json_array_foreach(calls, i, tc) {
         json_t *fn = json_object_get(tc, "function");
-        json_t *input = json_loads(jstr(fn, "arguments"), JSON_DECODE_ANY, NULL);
+        json_t *input = json_loads(ks__api_str(fn, "arguments"), JSON_DECODE_ANY, NULL);
         if (!json_is_object(input)) {
             json_decref(input);
             input = json_object();
         }
-        json_array_append_new(content, json_pack("{s:s, s:s, s:s, s:o}", "type", "tool_use", "id", jstr(tc, "id"),
-                                                 "name", jstr(fn, "name"), "input", input));
+        json_array_append_new(content, json_pack("{s:s, s:s, s:s, s:o}", "type", "tool_use", "id", ks__api_str(tc, "id"),
+                                                 "name", ks__api_str(fn, "name"), "input", input));
     }
     json_t *m = json_pack("{s:s, s:s, s:s, s:s, s:o, s:s, s:o, s:o}", "id", o->id, "type", "message", "role",
                           "assistant", "model", o->model ? o->model : "", "content", content, "stop_reason",
@@ -595,12 +591,12 @@ int ks_api_mstream_delta(ks_api_mstream *st, const json_t *d, ks_buf *out) {
     int index = (int)json_integer_value(json_object_get(tc, "index"));
     if (json_object_get(fn, "name")) {
         if ((rc = open_block(st, out, B_TOOL,
-                             json_pack("{s:s, s:s, s:s, s:{}}", "type", "tool_use", "id", jstr(tc, "id"), "name",
-                                       jstr(fn, "name"), "input"))))
+                             json_pack("{s:s, s:s, s:s, s:{}}", "type", "tool_use", "id", ks__api_str(tc, "id"), "name",
+                                       ks__api_str(fn, "name"), "input"))))
             return rc;
         st->call_index = index;
     }
-    s = jstr(fn, "arguments");
+    s = ks__api_str(fn, "arguments");
     if (st->open_kind != B_TOOL || st->call_index != index || !s[0]) return 0;
     return ev(out, "content_block_delta", json_pack("{s:i, s:{s:s, s:s}}", "index", st->n_blocks - 1, "delta", "type",
                                                     "input_json_delta", "partial_json", s));

@@ -5,7 +5,7 @@
  *
  * In memory only, bounded: at most max_entries conversations, each kept for
  * ttl_s seconds after it was stored; beyond the count the oldest goes first.
- * A forgotten id is a 400 previous_response_not_found for the client (gen.c),
+ * A forgotten id is a 400 previous_response_not_found for the client (fmt_responses.c),
  * never a silent fresh start. A restart forgets every id. The KV of those
  * conversations is the cache's business (slots, IMC, the store), not this
  * module's: a forgotten id loses the messages, not cached tokens.

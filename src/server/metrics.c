@@ -253,7 +253,7 @@ void ks_metrics_store(void *ud, ks_prom *p) {
     ks_prom_counter(p, "kvstash_store_save_seconds_total", "Writing saves (writer thread).", st.save_ms_total / 1e3);
     if (!st.has_redis) return;
     /* The redis tier (tier.h): what a shared, remote tier adds to the per-tier families above. */
-    const ks_tier_redis_stats *r = &st.redis;
+    const ks_tier_remote_stats *r = &st.redis;
     const struct {
         const char *name, *help;
         double v;

@@ -1,7 +1,8 @@
 /*
- * server.c — see server.h. The libmicrohttpd layer: lifecycle, routing,
- * authentication, body limits, early errors, replies and the small
- * endpoints; generations are gen.c's (server_int.h).
+ * server.c — see server.h. The libmicrohttpd layer: lifecycle, routing
+ * (each route names its format, fmt.h), authentication, CORS preflights,
+ * body limits, framing and early errors. The endpoints are utility.c's and
+ * request.c's, the responses respond.c's (server_int.h).
  *
  * NOTES ON THE DESIGN OF THE HTTP LAYER
  *
@@ -47,6 +48,8 @@
 #include "engine/chat_tmpl.h"
 #include "server/convstore.h"
 #include "prompt/prompt_tmpl.h"
+#include "server/fmt.h"
+#include "server/gen.h"
 #include "server/refusals.h"
 
 /* Render results the server remembers (prompt_tmpl.h): a few per
@@ -66,22 +69,33 @@ struct route {
     const char *path;
     int id;
     unsigned methods;
+    const ks_fmt *fmt; /* a generation's format, the shape of the route's errors; NULL: OpenAI's */
 };
 
 static const route ROUTES[] = {
     /* "/" answers as /health does: clients probe it (Claude Code sends HEAD /
      * before its first request), and llama-server answers it. */
-    {"/", R_HEALTH, M_GET},
-    {"/health", R_HEALTH, M_GET},           {"/v1/health", R_HEALTH, M_GET},
-    {"/v1/models", R_MODELS, M_GET},        {"/models", R_MODELS, M_GET},
-    {"/metrics", R_METRICS, M_GET},         {"/slots", R_SLOTS, M_GET},
-    {"/v1/chat/completions", R_CHAT, M_POST}, {"/chat/completions", R_CHAT, M_POST},
-    {"/v1/completions", R_COMPLETIONS, M_POST}, {"/completions", R_COMPLETIONS, M_POST},
+    {"/", R_HEALTH, M_GET, NULL},
+    {"/health", R_HEALTH, M_GET, NULL},
+    {"/v1/health", R_HEALTH, M_GET, NULL},
+    {"/v1/models", R_MODELS, M_GET, NULL},
+    {"/models", R_MODELS, M_GET, NULL},
+    {"/metrics", R_METRICS, M_GET, NULL},
+    {"/slots", R_SLOTS, M_GET, NULL},
+    {"/v1/chat/completions", R_CHAT, M_POST, &ks__fmt_chat},
+    {"/chat/completions", R_CHAT, M_POST, &ks__fmt_chat},
+    {"/v1/completions", R_COMPLETIONS, M_POST, &ks__fmt_completions},
+    {"/completions", R_COMPLETIONS, M_POST, &ks__fmt_completions},
     /* llama-server has these without a /v1 alias. */
-    {"/tokenize", R_TOKENIZE, M_POST},      {"/detokenize", R_DETOKENIZE, M_POST},
-    {"/props", R_PROPS, M_GET | M_POST},    {"/apply-template", R_APPLY_TEMPLATE, M_POST},
-    {"/v1/responses", R_RESPONSES, M_POST}, {"/responses", R_RESPONSES, M_POST},
-    {"/v1/messages", R_MESSAGES, M_POST},   {"/v1/messages/count_tokens", R_COUNT_TOKENS, M_POST},
+    {"/tokenize", R_TOKENIZE, M_POST, NULL},
+    {"/detokenize", R_DETOKENIZE, M_POST, NULL},
+    {"/props", R_PROPS, M_GET | M_POST, NULL},
+    /* a chat request, parsed as chat's (utility.c) */
+    {"/apply-template", R_APPLY_TEMPLATE, M_POST, &ks__fmt_chat},
+    {"/v1/responses", R_RESPONSES, M_POST, &ks__fmt_responses},
+    {"/responses", R_RESPONSES, M_POST, &ks__fmt_responses},
+    {"/v1/messages", R_MESSAGES, M_POST, &ks__fmt_messages},
+    {"/v1/messages/count_tokens", R_COUNT_TOKENS, M_POST, &ks__fmt_messages},
 };
 
 static const char *allowed(const route *rt) {
@@ -94,114 +108,8 @@ static const route *find_route(const char *url) {
     return NULL;
 }
 
-/* ----------------------------------------------------------------- replies */
+/* ------------------------------------------------------------------ limits */
 static uint64_t hard_cap(const ks_server *s) { return (uint64_t)s->max_body * 2 + (1u << 20); }
-
-enum MHD_Result ks__reply(ks_server *s, struct MHD_Connection *c, conn *cn, int status, const char *ctype,
-                          char *body, size_t len, const char *const *hdrs) {
-    struct MHD_Response *r = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
-    if (!r) {
-        free(body);
-        return MHD_NO;
-    }
-    if (ctype) MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
-    for (int i = 0; hdrs && hdrs[i]; i += 2) MHD_add_response_header(r, hdrs[i], hdrs[i + 1]);
-    ks__cors_headers(s, c, r);
-    enum MHD_Result rc = MHD_queue_response(c, (unsigned)status, r);
-    MHD_destroy_response(r);
-    ks_http_count(&s->http, status);
-    if (cn) cn->status = status;
-    return rc;
-}
-
-enum MHD_Result ks__reply_json(ks_server *s, struct MHD_Connection *c, conn *cn, int status, json_t *obj,
-                               const char *const *hdrs) {
-    char *body = obj ? ks_api_dump(obj) : NULL;
-    json_decref(obj);
-    if (!body) {
-        static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
-                                  "\"param\":null,\"code\":\"out_of_memory\"}}";
-        body = strdup(oom);
-        status = 500;
-        if (!body) return MHD_NO;
-    }
-    return ks__reply(s, c, cn, status, "application/json; charset=utf-8", body, strlen(body), hdrs);
-}
-
-enum MHD_Result ks__reply_error(ks_server *s, struct MHD_Connection *c, conn *cn, const ks_api_error *e,
-                                const char *const *hdrs) {
-    /* A refusal is the client's problem, but the operator must be able to see
-     * it without debug logging (refusals.h: once per cause). */
-    if (e->status >= 400 && e->status < 500)
-        ks_refusals_note(s->refusals, cn ? cn->method : "?", cn ? cn->url : "?", e->status, e->code, e->param,
-                         e->message);
-    /* Anthropic's routes answer in Anthropic's shape, with its overloaded status. */
-    if (cn && cn->wire == KS_WIRE_MESSAGES) return ks__reply_json(s, c, cn, e->status, ks_api_messages_error_json(e), hdrs);
-    return ks__reply_json(s, c, cn, e->status, ks_api_error_json(e), hdrs);
-}
-
-void ks__log_notes(ks_server *s, const conn *cn, const ks_api_notes *n) {
-    for (int i = 0; n && i < n->n; i++)
-        ks_refusals_ignored(s->refusals, cn ? cn->method : "?", cn ? cn->url : "?", n->v[i].field, n->v[i].what);
-    if (n && n->n_total > n->n)
-        KS_DEBUG(MOD, "%s %s: %d more fields ignored", cn ? cn->method : "?", cn ? cn->url : "?", n->n_total - n->n);
-}
-
-#define ERR(status, type, code, param, ...)                                              \
-    do {                                                                                 \
-        ks_api_error e_;                                                                 \
-        ks_api_error_set(&e_, status, type, code, param, __VA_ARGS__);                   \
-        return ks__reply_error(s, c, cn, &e_, NULL);                                         \
-    } while (0)
-
-/* ------------------------------------------------------------- endpoints */
-static enum MHD_Result do_health(ks_server *s, struct MHD_Connection *c, conn *cn) {
-    bool d = atomic_load(&s->draining);
-    return ks__reply_json(s, c, cn, d ? 503 : 200, json_pack("{s:s}", "status", d ? "shutting_down" : "ok"), NULL);
-}
-
-static enum MHD_Result do_models(ks_server *s, struct MHD_Connection *c, conn *cn) {
-    json_t *o = json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:{s:i, s:i, s:i, s:s, s:b}}]}", "object", "list",
-                          "data", "id", s->model, "object", "model", "created", (json_int_t)s->created,
-                          "owned_by", "kvstash", "meta", "n_ctx_seq", ks_engine_n_ctx_seq(s->engine),
-                          "n_vocab", ks_engine_n_vocab(s->engine), "n_slots", ks_engine_n_seq(s->engine),
-                          "desc", ks_engine_model_desc(s->engine), "cache_prompt", s->cache_prompt);
-    return ks__reply_json(s, c, cn, 200, o, NULL);
-}
-
-static enum MHD_Result do_metrics(ks_server *s, struct MHD_Connection *c, conn *cn) {
-    ks_buf b = {0};
-    if (ks_metrics_render(s->metrics, &b)) {
-        ks_buf_free(&b);
-        ERR(500, "server_error", "out_of_memory", NULL, "out of memory");
-    }
-    return ks__reply(s, c, cn, 200, "text/plain; version=0.0.4; charset=utf-8", b.s, b.len, NULL);
-}
-
-static enum MHD_Result do_slots(ks_server *s, struct MHD_Connection *c, conn *cn) {
-    ks_slot_info info[KS_MAX_SLOTS];
-    int n = 0;
-    pthread_rwlock_rdlock(&s->sched_lock);
-    if (!s->detached) n = ks_sched_slots(s->sched, info, KS_MAX_SLOTS);
-    pthread_rwlock_unlock(&s->sched_lock);
-    if (n > KS_MAX_SLOTS) n = KS_MAX_SLOTS;
-    json_t *a = json_array();
-    int64_t now = ks_now_us();
-    for (int i = 0; a && i < n; i++) {
-        const ks_slot_info *si = &info[i];
-        json_t *o = json_pack("{s:i, s:s, s:b, s:I, s:i, s:i, s:i, s:i, s:o}", "id", si->id, "state",
-                              si->busy ? "busy" : "idle", "busy", si->busy, "req_id", (json_int_t)si->req_id,
-                              "n_tokens", si->n_tokens, "n_prompt", si->n_prompt, "n_cached", si->n_cached,
-                              "n_generated", si->n_generated, "idle_ms",
-                              si->busy || !si->last_used_us ? json_null()
-                                                            : json_real((double)(now - si->last_used_us) / 1e3));
-        if (!o || json_array_append_new(a, o)) {
-            json_decref(a);
-            a = NULL;
-        }
-    }
-    return ks__reply_json(s, c, cn, 200, a, NULL);
-}
 
 /* --------------------------------------------------------------- MHD glue */
 static bool equal_ct(const char *a, const char *b) {
@@ -227,9 +135,6 @@ static bool authorized(ks_server *s, struct MHD_Connection *c, bool *given) {
 }
 
 /* -------------------------------------------------------------------- CORS */
-/* Response headers a page may read besides the safelisted ones: the SDKs
- * read Retry-After on a 503 to back off. */
-#define CORS_EXPOSE "Retry-After, WWW-Authenticate, Allow"
 /* A preflight's answer is cached by the browser this long (seconds). */
 #define CORS_MAX_AGE "600"
 /* Allowed request headers when a preflight names none we can echo: the API
@@ -243,30 +148,6 @@ static bool authorized(ks_server *s, struct MHD_Connection *c, bool *given) {
 
 static const char *header(struct MHD_Connection *c, const char *name) {
     return MHD_lookup_connection_value(c, MHD_HEADER_KIND, name);
-}
-
-/* The Access-Control-Allow-Origin of a reply to c's request, or NULL (not
- * allowed, no Origin, CORS off). "*" when any origin is allowed: the
- * wildcard is valid because credentials never are. Else the request's own
- * Origin, borrowed from MHD for the request's life. */
-static const char *cors_origin(const ks_server *s, struct MHD_Connection *c) {
-    const char *o = s->n_cors_origins ? header(c, "Origin") : NULL;
-    if (!o) return NULL;
-    if (s->cors_any) return "*";
-    for (int i = 0; i < s->n_cors_origins; i++)
-        if (!strcasecmp(o, s->cors_origins[i])) return o;
-    return NULL;
-}
-
-void ks__cors_headers(const ks_server *s, struct MHD_Connection *c, struct MHD_Response *r) {
-    if (!s->n_cors_origins) return;
-    /* The reply depends on the Origin (echoed, or no header for another
-     * one): a cache must not hand one origin's reply to another. */
-    MHD_add_response_header(r, MHD_HTTP_HEADER_VARY, "Origin");
-    const char *o = cors_origin(s, c);
-    if (!o) return;
-    MHD_add_response_header(r, MHD_HTTP_HEADER_ACCESS_CONTROL_ALLOW_ORIGIN, o);
-    MHD_add_response_header(r, MHD_HTTP_HEADER_ACCESS_CONTROL_EXPOSE_HEADERS, CORS_EXPOSE);
 }
 
 /* Access-Control-Request-Headers is echoed, as llama-server does (the SDKs
@@ -291,13 +172,13 @@ static enum MHD_Result reply_options(ks_server *s, struct MHD_Connection *c, con
     const char *origin = header(c, "Origin");
     if (!origin || !header(c, MHD_HTTP_HEADER_ACCESS_CONTROL_REQUEST_METHOD)) {
         const char *const h[] = {MHD_HTTP_HEADER_ALLOW, methods, NULL};
-        return ks__reply(s, c, cn, 204, NULL, NULL, 0, h);
+        return ks__respond(s, c, cn, 204, NULL, NULL, 0, h);
     }
-    if (!cors_origin(s, c)) {
+    if (!ks__cors_origin(s, c)) {
         ks_api_error e;
         ks_api_error_set(&e, 403, "invalid_request_error", "origin_not_allowed", NULL,
                          "Origin %.200s is not allowed (the server's --cors-origin).", origin);
-        return ks__reply_error(s, c, cn, &e, NULL);
+        return ks__respond_error(s, c, cn, &e, NULL);
     }
     const char *want = header(c, MHD_HTTP_HEADER_ACCESS_CONTROL_REQUEST_HEADERS);
     /* Chrome asks before a public page may call a private address (Private
@@ -309,7 +190,7 @@ static enum MHD_Result reply_options(ks_server *s, struct MHD_Connection *c, con
                              MHD_HTTP_HEADER_ACCESS_CONTROL_MAX_AGE, CORS_MAX_AGE,
                              pna && !strcasecmp(pna, "true") ? "Access-Control-Allow-Private-Network" : NULL, "true",
                              NULL};
-    return ks__reply(s, c, cn, 204, NULL, NULL, 0, h);
+    return ks__respond(s, c, cn, 204, NULL, NULL, 0, h);
 }
 
 static enum MHD_Result reply_early(ks_server *s, struct MHD_Connection *c, conn *cn, const char *method,
@@ -319,29 +200,29 @@ static enum MHD_Result reply_early(ks_server *s, struct MHD_Connection *c, conn 
     case 404:
         ks_api_error_set(&e, 404, "invalid_request_error", "unknown_url", NULL, "Unknown request URL: %.16s %.200s.",
                          method, url);
-        return ks__reply_error(s, c, cn, &e, NULL);
+        return ks__respond_error(s, c, cn, &e, NULL);
     case 405: {
         char allow[48]; /* OPTIONS too while CORS is on */
         snprintf(allow, sizeof allow, "%s%s", allowed(cn->rt), s->n_cors_origins ? ", OPTIONS" : "");
         ks_api_error_set(&e, 405, "invalid_request_error", "method_not_allowed", NULL,
                          "Method %.16s is not allowed on %s; use %s.", method, cn->rt->path, allow);
         const char *const h[] = {MHD_HTTP_HEADER_ALLOW, allow, NULL};
-        return ks__reply_error(s, c, cn, &e, h);
+        return ks__respond_error(s, c, cn, &e, h);
     }
     case 401: {
         ks_api_error_set(&e, 401, "invalid_request_error", "invalid_api_key", NULL,
                          cn->key_given ? "Incorrect API key provided."
                                        : "You didn't provide an API key. Send it as 'Authorization: Bearer KEY'.");
         const char *const h[] = {MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer", NULL};
-        return ks__reply_error(s, c, cn, &e, h);
+        return ks__respond_error(s, c, cn, &e, h);
     }
     case 413:
         ks_api_error_set(&e, 413, "invalid_request_error", "request_too_large", NULL,
                          "The request body is larger than the limit of %lld bytes.", (long long)s->max_body);
-        return ks__reply_error(s, c, cn, &e, NULL);
+        return ks__respond_error(s, c, cn, &e, NULL);
     default:
         ks_api_error_set(&e, 500, "server_error", "out_of_memory", NULL, "The request body could not be stored.");
-        return ks__reply_error(s, c, cn, &e, NULL);
+        return ks__respond_error(s, c, cn, &e, NULL);
     }
 }
 
@@ -421,9 +302,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *con_cls = cn;
         cn->t0 = ks_now_ms();
         cn->rt = find_route(url);
-        if (cn->rt) cn->wire = cn->rt->id == R_MESSAGES || cn->rt->id == R_COUNT_TOKENS ? KS_WIRE_MESSAGES
-                               : cn->rt->id == R_RESPONSES                            ? KS_WIRE_RESPONSES
-                                                                                       : KS_WIRE_OPENAI;
+        if (cn->rt) cn->fmt = cn->rt->fmt;
         bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
         bool post = !strcmp(method, "POST");
         bool given;
@@ -442,11 +321,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             if (why) {
                 ks_api_error_set(&e, 400, "invalid_request_error", "invalid_framing", NULL,
                                  "The request's length is ambiguous: %s (RFC 9112 6.3).", why);
-                return ks__reply_error(s, c, cn, &e, close_h);
+                return ks__respond_error(s, c, cn, &e, close_h);
             }
             ks_api_error_set(&e, 503, "server_error", "too_many_connections", NULL,
                              "The server is at its limit of %d connections. Retry later.", s->max_connections);
-            return ks__reply_error(s, c, cn, &e, busy_h);
+            return ks__respond_error(s, c, cn, &e, busy_h);
         }
         if (!cn->rt) cn->early = 404;
         else if (s->n_cors_origins && !strcmp(method, "OPTIONS")) cn->options = true; /* no key: reply_options */
@@ -494,19 +373,19 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (cn->early) return reply_early(s, c, cn, method, url);
     if (cn->options) return reply_options(s, c, cn);
     switch (cn->rt->id) {
-    case R_HEALTH: return do_health(s, c, cn);
-    case R_MODELS: return do_models(s, c, cn);
-    case R_METRICS: return do_metrics(s, c, cn);
-    case R_SLOTS: return do_slots(s, c, cn);
-    case R_CHAT: return ks__gen_handle(s, c, cn, KS_API_CHAT);
-    case R_COMPLETIONS: return ks__gen_handle(s, c, cn, KS_API_COMPLETION);
+    case R_HEALTH: return ks__util_health(s, c, cn);
+    case R_MODELS: return ks__util_models(s, c, cn);
+    case R_METRICS: return ks__util_metrics(s, c, cn);
+    case R_SLOTS: return ks__util_slots(s, c, cn);
+    case R_CHAT:
+    case R_COMPLETIONS:
+    case R_RESPONSES:
+    case R_MESSAGES: return ks__request_generate(s, c, cn, cn->rt->fmt);
     case R_TOKENIZE: return ks__util_tokenize(s, c, cn);
     case R_DETOKENIZE: return ks__util_detokenize(s, c, cn);
     case R_PROPS: return ks__util_props(s, c, cn);
     case R_APPLY_TEMPLATE: return ks__util_apply_template(s, c, cn);
-    case R_RESPONSES: return ks__gen_handle_responses(s, c, cn);
-    case R_MESSAGES: return ks__gen_handle_messages(s, c, cn);
-    case R_COUNT_TOKENS: return ks__gen_count_tokens(s, c, cn);
+    case R_COUNT_TOKENS: return ks__request_count_tokens(s, c, cn);
     }
     return MHD_NO;
 }

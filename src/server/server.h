@@ -5,14 +5,16 @@
  * per-request generation objects and the /metrics registry. It borrows the
  * engine (tokenizer, template, model info) and the scheduler (generation).
  *
- * Endpoints (docs/SERVER.md):
+ * Endpoints (docs/SERVER.md; the table is server.c's ROUTES):
  *   POST /v1/chat/completions  (also /chat/completions)   stream and non-stream
  *   POST /v1/completions       (also /completions)        stream and non-stream
+ *   POST /v1/responses         (also /responses)          OpenAI Responses
+ *   POST /v1/messages, /v1/messages/count_tokens          Anthropic Messages
  *   GET  /v1/models            (also /models)
- *   GET  /health               {"status":"ok"}; never needs the API key
+ *   GET  /health               (also /, /v1/health) {"status":"ok"}; never needs the API key
  *   GET  /metrics              Prometheus text
  *   GET  /slots                slot table as JSON
- *   POST /tokenize, /detokenize, GET /props   llama-server's utility endpoints
+ *   POST /tokenize, /detokenize, /apply-template, GET /props   llama-server's
  *   OPTIONS on any of them     CORS preflight, when cors_origins is set
  *
  * Design notes

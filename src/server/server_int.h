@@ -1,15 +1,19 @@
 /*
- * server_int.h — the HTTP server's internal state, shared by its two files:
+ * server_int.h — the HTTP server's internal state and the calls between its
+ * files, which run one way, along a request's path (docs/ARCHITECTURE.md
+ * "The server, file by file"):
  *
- *   server.c  the libmicrohttpd layer: lifecycle, routing, authentication,
- *             body limits, early errors, replies, and the small endpoints
- *             (health, models, metrics, slots);
- *   gen.c     generations: a request turned into a prompt (prompt module)
- *             and a scheduler submission, the generation object shared with
- *             the inference thread, waiting, and the streamed or whole reply.
- *   utility.c llama-server's utility endpoints: /tokenize, /detokenize,
- *             /props (engine calls only, no scheduler).
- * api.c stays JSON in and out.
+ *   server.c   the libmicrohttpd layer: lifecycle, routing (each route names
+ *              its format, fmt.h), authentication, CORS, limits, framing
+ *   utility.c  the small endpoints: health, models, metrics, slots, and
+ *              llama-server's tokenize, detokenize, props, apply-template
+ *   request.c  a generation route: body -> the format's parser -> plan
+ *              (plan.c) -> generation (gen.c) -> reply
+ *   gen.c      the live generation; output.c and reply.c make its reply
+ *              through the format's table (fmt_*.c)
+ *   respond.c  every HTTP response goes out here (errors in the route's
+ *              format's shape)
+ * The api*.c files are pure JSON in and out, below all of these.
  *
  * Thread model: see server.h. The fields of ks_server are set by
  * ks_server_start and read-only afterwards, except those marked otherwise.
@@ -46,7 +50,7 @@ struct ks_server {
     unsigned header_timeout_s;  /* headers and body */
     int max_connections;        /* served; the spare band beyond gets 503 */
     /* The longest text of a token, in bytes: a prompt of B bytes is at least
-     * ceil(B / max_token_bytes) tokens (gen.c, prompt_max_bytes). */
+     * ceil(B / max_token_bytes) tokens (plan.c, prompt_max_bytes). */
     int max_token_bytes;
     bool cache_prompt;
     bool exact;
@@ -72,8 +76,7 @@ struct ks_server {
 typedef struct ks_gen ks_gen;
 struct ks_convstore;
 
-/* The wire protocol of a route: the shape of its replies and errors. */
-typedef enum { KS_WIRE_OPENAI = 0, KS_WIRE_RESPONSES, KS_WIRE_MESSAGES } ks_wire;
+struct ks_fmt;
 typedef struct route route;
 
 /* One HTTP request on its connection thread. */
@@ -91,19 +94,19 @@ typedef struct conn {
     int status;
     double t0;
     ks_gen *g;            /* the HTTP reference of a generation, dropped when the request ends */
-    ks_wire wire;         /* the route's error shape */
+    const struct ks_fmt *fmt; /* the route's format (fmt.h): its errors' shape; NULL: OpenAI's */
 } conn;
 
-/* Replies (server.c). Each queues the response, counts its status and sets
+/* Replies (respond.c). Each queues the response, counts its status and sets
  * cn->status (cn may be NULL). */
 /* body is owned and freed here; hdrs: name, value, ..., NULL (may be NULL);
  * ctype NULL: no Content-Type (a 204). */
-enum MHD_Result ks__reply(ks_server *s, struct MHD_Connection *c, conn *cn, int status, const char *ctype,
+enum MHD_Result ks__respond(ks_server *s, struct MHD_Connection *c, conn *cn, int status, const char *ctype,
                           char *body, size_t len, const char *const *hdrs);
 /* obj is stolen. */
-enum MHD_Result ks__reply_json(ks_server *s, struct MHD_Connection *c, conn *cn, int status, json_t *obj,
+enum MHD_Result ks__respond_json(ks_server *s, struct MHD_Connection *c, conn *cn, int status, json_t *obj,
                                const char *const *hdrs);
-enum MHD_Result ks__reply_error(ks_server *s, struct MHD_Connection *c, conn *cn, const ks_api_error *e,
+enum MHD_Result ks__respond_error(ks_server *s, struct MHD_Connection *c, conn *cn, const ks_api_error *e,
                                 const char *const *hdrs);
 /* Logs what the request carried and the server went on without (api.h
  * ks_api_notes), once per cause (refusals.h). n may be NULL. */
@@ -115,24 +118,34 @@ void ks__log_notes(ks_server *s, const conn *cn, const ks_api_notes *n);
  * and so must one made elsewhere (gen.c's SSE stream), or a browser on
  * another origin cannot read it. */
 void ks__cors_headers(const ks_server *s, struct MHD_Connection *c, struct MHD_Response *r);
+/* The Access-Control-Allow-Origin of a reply to c's request, or NULL (not
+ * allowed, no Origin, CORS off): "*" when any origin is allowed, else the
+ * request's own Origin, borrowed from MHD for the request's life. */
+const char *ks__cors_origin(const ks_server *s, struct MHD_Connection *c);
 
-/* Utility endpoints (utility.c), each the whole request: POST /tokenize,
+/* The small endpoints (utility.c), each the whole request: GET /health
+ * (also "/"), GET /v1/models, GET /metrics, GET /slots; POST /tokenize,
  * POST /detokenize, GET /props and POST /props (501, as llama-server
  * without --props). */
+enum MHD_Result ks__util_health(ks_server *s, struct MHD_Connection *c, conn *cn);
+enum MHD_Result ks__util_models(ks_server *s, struct MHD_Connection *c, conn *cn);
+enum MHD_Result ks__util_metrics(ks_server *s, struct MHD_Connection *c, conn *cn);
+enum MHD_Result ks__util_slots(ks_server *s, struct MHD_Connection *c, conn *cn);
 enum MHD_Result ks__util_tokenize(ks_server *s, struct MHD_Connection *c, conn *cn);
 enum MHD_Result ks__util_detokenize(ks_server *s, struct MHD_Connection *c, conn *cn);
 enum MHD_Result ks__util_props(ks_server *s, struct MHD_Connection *c, conn *cn);
 enum MHD_Result ks__util_apply_template(ks_server *s, struct MHD_Connection *c, conn *cn);
 
-/* Generations (gen.c). */
-/* POST /v1/responses, POST /v1/messages, POST /v1/messages/count_tokens. */
-enum MHD_Result ks__gen_handle_responses(ks_server *s, struct MHD_Connection *c, conn *cn);
-enum MHD_Result ks__gen_handle_messages(ks_server *s, struct MHD_Connection *c, conn *cn);
-enum MHD_Result ks__gen_count_tokens(ks_server *s, struct MHD_Connection *c, conn *cn);
-/* POST /v1/chat/completions and /v1/completions: the whole request. */
-enum MHD_Result ks__gen_handle(ks_server *s, struct MHD_Connection *c, conn *cn, ks_api_kind kind);
-/* The request ended (toe: how): cancels an abandoned generation and drops
- * the HTTP reference. */
-void ks__gen_request_done(ks_gen *g, bool completed_ok);
-
+/* The generation routes (request.c), each the whole request: the body
+ * through fmt's parser, the plan, the generation, the reply. fmt: the
+ * route's format (fmt.h). */
+enum MHD_Result ks__request_generate(ks_server *s, struct MHD_Connection *c, conn *cn, const struct ks_fmt *fmt);
+/* POST /v1/messages/count_tokens: the prompt's token count. */
+enum MHD_Result ks__request_count_tokens(ks_server *s, struct MHD_Connection *c, conn *cn);
+/* The body of cn as a request in fmt's format: into *rq (free with
+ * ks_api_request_free) and the format's state *st (fmt->free_state), with
+ * the server's defaults applied (its reasoning format). 0, or a KS_E* code
+ * with e filled and nothing to free. /apply-template renders through it. */
+int ks__request_parse(ks_server *s, const struct ks_fmt *fmt, const conn *cn, ks_api_request *rq, void **st,
+                      ks_api_error *e);
 #endif

@@ -1,12 +1,14 @@
 /*
- * utility.c — llama-server's utility endpoints (server_int.h): POST
+ * utility.c — the small endpoints (server_int.h): GET /health, /v1/models,
+ * /metrics, /slots; and llama-server's utility endpoints: POST
  * /tokenize, POST /detokenize, GET /props. Same request and response field
  * names as llama-server's handlers (tools/server/server-context.cpp of the
  * pinned release); the differences are in docs/SERVER.md.
  *
- * None of them touches the scheduler: tokenizing and reading the model are
- * safe from any thread (engine.h), so they answer while every slot is busy
- * and while the server drains.
+ * Only /slots asks the scheduler (under sched_lock, gen.c H1). The others
+ * never do: tokenizing and reading the model are safe from any thread
+ * (engine.h), so they answer while every slot is busy and while the server
+ * drains.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,8 +17,66 @@
 #include "base/textstream.h"
 #include "engine/chat_tmpl.h"
 #include "server/api_int.h"
+#include "server/fmt.h"
 #include "server/server_int.h"
 
+/* ------------------------------------------------------------- GET endpoints */
+#define ERR(status, type, code, param, ...)                                              \
+    do {                                                                                 \
+        ks_api_error e_;                                                                 \
+        ks_api_error_set(&e_, status, type, code, param, __VA_ARGS__);                   \
+        return ks__respond_error(s, c, cn, &e_, NULL);                                         \
+    } while (0)
+
+enum MHD_Result ks__util_health(ks_server *s, struct MHD_Connection *c, conn *cn) {
+    bool d = atomic_load(&s->draining);
+    return ks__respond_json(s, c, cn, d ? 503 : 200, json_pack("{s:s}", "status", d ? "shutting_down" : "ok"), NULL);
+}
+
+enum MHD_Result ks__util_models(ks_server *s, struct MHD_Connection *c, conn *cn) {
+    json_t *o = json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:{s:i, s:i, s:i, s:s, s:b}}]}", "object", "list",
+                          "data", "id", s->model, "object", "model", "created", (json_int_t)s->created,
+                          "owned_by", "kvstash", "meta", "n_ctx_seq", ks_engine_n_ctx_seq(s->engine),
+                          "n_vocab", ks_engine_n_vocab(s->engine), "n_slots", ks_engine_n_seq(s->engine),
+                          "desc", ks_engine_model_desc(s->engine), "cache_prompt", s->cache_prompt);
+    return ks__respond_json(s, c, cn, 200, o, NULL);
+}
+
+enum MHD_Result ks__util_metrics(ks_server *s, struct MHD_Connection *c, conn *cn) {
+    ks_buf b = {0};
+    if (ks_metrics_render(s->metrics, &b)) {
+        ks_buf_free(&b);
+        ERR(500, "server_error", "out_of_memory", NULL, "out of memory");
+    }
+    return ks__respond(s, c, cn, 200, "text/plain; version=0.0.4; charset=utf-8", b.s, b.len, NULL);
+}
+
+enum MHD_Result ks__util_slots(ks_server *s, struct MHD_Connection *c, conn *cn) {
+    ks_slot_info info[KS_MAX_SLOTS];
+    int n = 0;
+    pthread_rwlock_rdlock(&s->sched_lock);
+    if (!s->detached) n = ks_sched_slots(s->sched, info, KS_MAX_SLOTS);
+    pthread_rwlock_unlock(&s->sched_lock);
+    if (n > KS_MAX_SLOTS) n = KS_MAX_SLOTS;
+    json_t *a = json_array();
+    int64_t now = ks_now_us();
+    for (int i = 0; a && i < n; i++) {
+        const ks_slot_info *si = &info[i];
+        json_t *o = json_pack("{s:i, s:s, s:b, s:I, s:i, s:i, s:i, s:i, s:o}", "id", si->id, "state",
+                              si->busy ? "busy" : "idle", "busy", si->busy, "req_id", (json_int_t)si->req_id,
+                              "n_tokens", si->n_tokens, "n_prompt", si->n_prompt, "n_cached", si->n_cached,
+                              "n_generated", si->n_generated, "idle_ms",
+                              si->busy || !si->last_used_us ? json_null()
+                                                            : json_real((double)(now - si->last_used_us) / 1e3));
+        if (!o || json_array_append_new(a, o)) {
+            json_decref(a);
+            a = NULL;
+        }
+    }
+    return ks__respond_json(s, c, cn, 200, a, NULL);
+}
+
+/* ---------------------------------------------------------- llama-server's */
 /* The text of a token, control tokens as their text ("<|im_end|>"), into
  * *buf (grown as needed; *cap its size). Bytes written, < 0 on error. */
 static int token_text(const ks_engine *e, int32_t tok, char **buf, size_t *cap) {
@@ -34,7 +94,7 @@ static int token_text(const ks_engine *e, int32_t tok, char **buf, size_t *cap) 
 static enum MHD_Result reply_oom(ks_server *s, struct MHD_Connection *c, conn *cn) {
     ks_api_error e;
     ks_api_error_set(&e, 500, "server_error", "out_of_memory", NULL, "out of memory");
-    return ks__reply_error(s, c, cn, &e, NULL);
+    return ks__respond_error(s, c, cn, &e, NULL);
 }
 
 enum MHD_Result ks__util_tokenize(ks_server *s, struct MHD_Connection *c, conn *cn) {
@@ -42,7 +102,7 @@ enum MHD_Result ks__util_tokenize(ks_server *s, struct MHD_Connection *c, conn *
     ks_api_error e;
     if (ks_api_parse_tokenize(cn->body.s, cn->body.len, ks_engine_n_vocab(s->engine), &rq, &e)) {
         ks_api_tokenize_free(&rq);
-        return ks__reply_error(s, c, cn, &e, NULL);
+        return ks__respond_error(s, c, cn, &e, NULL);
     }
     ks_tokens t = {0};
     int rc = 0;
@@ -80,7 +140,7 @@ enum MHD_Result ks__util_tokenize(ks_server *s, struct MHD_Connection *c, conn *
         json_decref(a);
         return reply_oom(s, c, cn);
     }
-    return ks__reply_json(s, c, cn, 200, json_pack("{s:o}", "tokens", a), NULL);
+    return ks__respond_json(s, c, cn, 200, json_pack("{s:o}", "tokens", a), NULL);
 }
 
 enum MHD_Result ks__util_detokenize(ks_server *s, struct MHD_Connection *c, conn *cn) {
@@ -88,7 +148,7 @@ enum MHD_Result ks__util_detokenize(ks_server *s, struct MHD_Connection *c, conn
     int n;
     ks_api_error e;
     if (ks_api_parse_detokenize(cn->body.s, cn->body.len, ks_engine_n_vocab(s->engine), &ids, &n, &e))
-        return ks__reply_error(s, c, cn, &e, NULL);
+        return ks__respond_error(s, c, cn, &e, NULL);
     /* The pieces concatenated (llama-server's tokens_to_str); a piece may end
      * inside a character, so the whole goes through a textstream, which turns
      * what is still invalid at the end into U+FFFD as llama-server's JSON
@@ -111,7 +171,7 @@ enum MHD_Result ks__util_detokenize(ks_server *s, struct MHD_Connection *c, conn
     ks_buf_free(&out);
     ks_textstream_free(ts);
     if (!o) return reply_oom(s, c, cn);
-    return ks__reply_json(s, c, cn, 200, o, NULL);
+    return ks__respond_json(s, c, cn, 200, o, NULL);
 }
 
 /* A token's text as a NUL-terminated owned string, "" when tok < 0. */
@@ -138,7 +198,7 @@ enum MHD_Result ks__util_props(ks_server *s, struct MHD_Connection *c, conn *cn)
         ks_api_error e;
         ks_api_error_set(&e, 501, "not_supported_error", "not_supported", NULL,
                          "This server does not support changing global properties.");
-        return ks__reply_error(s, c, cn, &e, NULL);
+        return ks__respond_error(s, c, cn, &e, NULL);
     }
     char *bos = special_text(s->engine, ks_engine_token_bos(s->engine));
     char *eos = special_text(s->engine, ks_engine_token_eos(s->engine));
@@ -169,40 +229,39 @@ enum MHD_Result ks__util_props(ks_server *s, struct MHD_Connection *c, conn *cn)
     free(bos);
     free(eos);
     if (!o) return reply_oom(s, c, cn);
-    return ks__reply_json(s, c, cn, 200, o, NULL);
-}
-
-static ks_chat_tmpl *server_tmpl(ks_server *s, char *err, size_t errlen, int *rc) {
-    if (!s->tmpl) {
-        *rc = KS_ETEMPLATE;
-        snprintf(err, errlen, "the model's chat template could not be loaded at start");
-    }
-    return s->tmpl;
+    return ks__respond_json(s, c, cn, 200, o, NULL);
 }
 
 /* POST /apply-template {messages, tools?, tool_choice?, chat_template_kwargs?, ...}
  * -> {prompt}: the prompt llama.cpp's common library renders for the request
- * with the model's own Jinja template, as llama-server's /apply-template. */
+ * with the model's own Jinja template, as llama-server's /apply-template.
+ * The body is parsed as a chat request (the same checks, the same
+ * translation into the template's request, the server's defaults), so the
+ * prompt shown is the one /v1/chat/completions renders for that body. */
 enum MHD_Result ks__util_apply_template(ks_server *s, struct MHD_Connection *c, conn *cn) {
     ks_api_error e;
-    json_t *root = NULL;
-    if (ks__api_load_object(cn->body.s, cn->body.len, &root, &e)) return ks__reply_error(s, c, cn, &e, NULL);
-    json_t *msgs = ks__api_field(root, "messages");
-    json_decref(root);
-    if (!msgs) {
-        ks_api_error_set(&e, 400, T_INVALID, "missing_required_parameter", "messages",
-                         "Missing required parameter: 'messages'.");
-        return ks__reply_error(s, c, cn, &e, NULL);
-    }
+    ks_api_request rq;
+    void *st = NULL;
+    if (ks__request_parse(s, &ks__fmt_chat, cn, &rq, &st, &e)) return ks__respond_error(s, c, cn, &e, NULL);
+    ks__fmt_chat.free_state(st);
+    ks__log_notes(s, cn, &rq.notes);
     char err[512] = "";
     int rc = 0;
-    char *res = NULL;
-    ks_chat_tmpl *t = server_tmpl(s, err, sizeof err, &rc);
-    if (t) rc = ks_chat_tmpl_apply(t, cn->body.s, &res, err, sizeof err);
+    char *req = NULL, *res = NULL;
+    if (!s->tmpl) {
+        rc = KS_ETEMPLATE;
+        snprintf(err, sizeof err, "the model's chat template could not be loaded at start");
+    } else if (!(req = ks_api_dump(rq.tmpl_req))) {
+        rc = KS_ENOMEM;
+    } else {
+        rc = ks_chat_tmpl_apply(s->tmpl, req, &res, err, sizeof err);
+    }
+    free(req);
+    ks_api_request_free(&rq);
     if (rc == KS_EINVAL || rc == KS_ETEMPLATE) {
         ks_api_error_set(&e, 400, T_INVALID, rc == KS_EINVAL ? "invalid_value" : "template_error", NULL,
                          "The chat template could not render the request: %.300s", err);
-        return ks__reply_error(s, c, cn, &e, NULL);
+        return ks__respond_error(s, c, cn, &e, NULL);
     }
     json_t *r = rc ? NULL : json_loads(res, 0, NULL);
     free(res);
@@ -212,9 +271,9 @@ enum MHD_Result ks__util_apply_template(ks_server *s, struct MHD_Connection *c, 
         KS_WARN("http", "/apply-template failed: %s", rc ? (err[0] ? err : ks_strerror(rc)) : "no prompt");
         ks_api_error_set(&e, 500, "server_error", "template_error", NULL, "The chat template is not available: %.300s",
                          err[0] ? err : ks_strerror(rc ? rc : KS_ENOMEM));
-        return ks__reply_error(s, c, cn, &e, NULL);
+        return ks__respond_error(s, c, cn, &e, NULL);
     }
     json_t *o = json_pack("{s:O}", "prompt", prompt);
     json_decref(r);
-    return o ? ks__reply_json(s, c, cn, 200, o, NULL) : reply_oom(s, c, cn);
+    return o ? ks__respond_json(s, c, cn, 200, o, NULL) : reply_oom(s, c, cn);
 }

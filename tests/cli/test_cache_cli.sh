@@ -198,6 +198,19 @@ check "gc: evicted something" grep -Eq 'evicted [1-9][0-9]* entries' "$tmp/o"
 kc gc --max-bytes 50K >"$tmp/o" 2>"$tmp/e"; rc=$?
 check "gc --max-bytes 50K: exit 0 ($rc)" test $rc -eq 0
 check "gc: 50K suffix understood" test "$(dirbytes "$disk")" -le 51200 -a "$(dirbytes "$shm")" -le 51200
+check "gc: the default pin share" test "$(grep -c 'pins within 50% of it' "$tmp/o")" -eq 2
+# Regression (issue 30): gc took the pin share from the defaults, whatever the
+# servers were configured with; --config reads their YAML: budgets and share.
+cat >"$tmp/gc.yaml" <<EOF
+store:
+  pin_share: 0.25
+  tiers: { shm: { max_bytes: 40960 }, disk: { max_bytes: 40960 } }
+EOF
+kc gc --config "$tmp/gc.yaml" >"$tmp/o" 2>"$tmp/e"; rc=$?
+check "gc --config: exit 0 ($rc)" test $rc -eq 0
+check "gc --config: the configured pin share" test "$(grep -c 'pins within 25% of it' "$tmp/o")" -eq 2
+check "gc --config: the configured budgets" test "$(grep -c 'budget 40.0K,' "$tmp/o")" -eq 2 -a \
+    "$(dirbytes "$disk")" -le 40960 -a "$(dirbytes "$shm")" -le 40960
 
 # 7. rm
 kc rm --all >"$tmp/o" 2>"$tmp/e"; rc=$?
@@ -241,6 +254,8 @@ usage_case "ls --all" "--all is for rm" ls --all "${D[@]}"
 usage_case "verify with a prefix" "takes no key prefix" verify abc "${D[@]}"
 usage_case "stats --all" "takes no key prefix" stats --all "${D[@]}"
 usage_case "gc with a prefix" "takes no key prefix" gc abc "${D[@]}"
+echo "store: { pin_share: 2 }" >"$tmp/bad.yaml"
+usage_case "gc --config out of range" "--config $tmp/bad.yaml: .*pin_share" gc --config "$tmp/bad.yaml" "${D[@]}"
 usage_case "bad --max-bytes" "--max-bytes must be a size" gc --max-bytes lots "${D[@]}"
 usage_case "--max-bytes nan" "--max-bytes must be a size" gc --max-bytes nan "${D[@]}"
 usage_case "--max-bytes beyond 1024T" "--max-bytes must be a size in \[0, 1024T\]" gc --max-bytes 1025T "${D[@]}"

@@ -41,6 +41,20 @@ test('ChatML: the rendered prompt, and the chat endpoint prefills exactly its to
   assert.equal(c.json.usage.prompt_tokens, t.json.tokens.length);
 });
 
+// /apply-template shows the prompt of the chat route: the same parsing and
+// translation (developer is system), the same tokens.
+test('the body renders as the chat route renders it (developer is system)', async () => {
+  const msgs = [{ role: 'developer', content: 'You are a test.' }, { role: 'user', content: 'hello there' }];
+  const r = await postJSON(tiny, '/apply-template', { messages: msgs });
+  assert.equal(r.status, 200, r.text);
+  assert.ok(r.json.prompt.startsWith('<|im_start|>system\nYou are a test.<|im_end|>'), r.json.prompt);
+  const t = await postJSON(tiny, '/tokenize', { content: r.json.prompt, add_special: true });
+  const c = await postJSON(tiny, '/v1/chat/completions',
+    { messages: msgs, max_tokens: 1, temperature: 0, cache_prompt: false });
+  assert.equal(c.status, 200, c.text);
+  assert.equal(c.json.usage.prompt_tokens, t.json.tokens.length);
+});
+
 test('Qwen2.5 template: tools, a tool call and its result are rendered', async () => {
   const body = {
     messages: [
@@ -69,7 +83,12 @@ test('Qwen2.5 template: tools, a tool call and its result are rendered', async (
 
 test('bad requests get a 400 and the server stays up', async () => {
   assertError(await postJSON(tiny, '/apply-template', {}), 400, 'missing_required_parameter', 'messages');
-  assertError(await postJSON(tiny, '/apply-template', { messages: 'hi' }), 400, 'invalid_value');
+  // Regression (issue 30): the raw body went to the template, skipping the chat
+  // request's checks (a completions field was rendered around; a wrong type was
+  // the template's error). It is parsed as a chat request now: chat's errors.
+  assertError(await postJSON(tiny, '/apply-template', { messages: 'hi' }), 400, 'invalid_type', 'messages');
+  assertError(await postJSON(tiny, '/apply-template', { messages: MSGS, prompt: 'x' }), 400, 'unsupported_parameter',
+    'prompt');
   assertError(await postJSON(tiny, '/apply-template', { messages: [{ role: 'user' }], tools: 7 }), 400);
   assertError(await postJSON(tiny, '/apply-template', '{"messages": [', { raw: true }), 400);
   const h = await getJSON(tiny, '/health');

@@ -55,7 +55,7 @@ const cases = [
   ['logit_bias token outside the vocabulary', CHAT, { messages: user, logit_bias: { 99999999: 1 } }, 400, 'invalid_value',
     'logit_bias.99999999'],
   ['top_logprobs without logprobs', CHAT, { messages: user, top_logprobs: 3 }, 400, 'invalid_value', 'top_logprobs'],
-  ['top_logprobs over 20', CHAT, { messages: user, logprobs: true, top_logprobs: 21 }, 400, 'invalid_value', 'top_logprobs'],
+  ['top_logprobs over 20', CHAT, { messages: user, logprobs: true, top_logprobs: 21 }, 400, 'integer_above_max_value', 'top_logprobs'],
   ['id_slot beyond the slots', CHAT, { messages: user, id_slot: 99 }, 400, 'invalid_value', 'id_slot'],
   ['echo true', '/v1/completions', { prompt: 'x', echo: true }, 400, 'unsupported_value', 'echo'],
   ['cache_prompt as string', CHAT, { messages: user, cache_prompt: 'no' }, 400, 'invalid_type', 'cache_prompt'],

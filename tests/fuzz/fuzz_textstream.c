@@ -1,7 +1,9 @@
 /*
  * fuzz_textstream.c — the generated-text stream (src/base/textstream.c) and
- * its SSE framing (ks_api_chunk_json + ks_api_sse, src/server/api.c), as
- * gen.c drives them: token pieces in, text deltas out as "data:" events.
+ * the live reply it feeds, as gen.c drives them: token pieces in, text
+ * deltas through the reply module (src/server/reply.c, output.c) and the
+ * chat format's table (fmt_openai.c: ks_api_chunk_delta_json + ks_api_sse)
+ * out as "data:" events.
  *
  * Input: byte 0 gives the number of stop strings (0..7); each stop is a
  * length byte (0..15) and that many bytes (cut at a NUL, as the C strings
@@ -20,7 +22,8 @@
  *     and when the stream stopped, R continues with the stop string it
  *     reported; when it did not, the text is R;
  *  4. each delta frames as exactly one SSE event ("data: " JSON "\n\n", no
- *     other newline), whose JSON parses back to the same delta text.
+ *     other newline), whose JSON parses back to the same delta text;
+ *  5. the stream ends with the choice's finish chunk and [DONE].
  */
 #include <string.h>
 
@@ -29,6 +32,8 @@
 #include "base/textstream.h"
 #include "fuzz.h"
 #include "server/api.h"
+#include "server/fmt.h"
+#include "server/reply.h"
 
 #define MAX_STOPS 7
 
@@ -53,14 +58,29 @@ static bool utf8_valid(const char *s, size_t n) {
     return ok;
 }
 
-/* Property 4: one chunk per delta, framed and parsed back. */
-static void check_sse(const char *text, size_t len) {
-    ks_api_gen g = {.kind = KS_API_CHAT, .id = "chatcmpl-fuzz", .created = 1, .model = "m"};
-    json_t *chunk = ks_api_chunk_json(&g, KS_API_CHUNK_DELTA, text, len);
-    FUZZ_CHECK(chunk != NULL);
+/* A streamed chat reply of one choice of plain text, as the server makes one. */
+static ks_reply *live_reply(void) {
+    static const char body[] = "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"stream\": true}";
+    ks_fmt_env env = {0};
+    ks_api_request rq;
+    ks_api_error e;
+    void *st = NULL;
+    FUZZ_CHECK_EQ(ks__fmt_chat.parse(&env, json_loads(body, 0, NULL), &rq, &st, &e), 0);
+    ks_api_request_free(&rq);
+    ks_fmt_gen g = {.id = "chatcmpl-fuzz", .created = 1, .model = "m", .n_choices = 1};
+    ks_reply *rp = ks__reply_create(&ks__fmt_chat, st, &g, NULL, false);
+    FUZZ_CHECK(rp != NULL);
     ks_buf ev = {0};
-    FUZZ_CHECK_EQ(ks_api_sse(&ev, chunk), 0);
-    json_decref(chunk);
+    FUZZ_CHECK_EQ(ks__reply_start(rp, &ev), 0); /* the role chunk */
+    FUZZ_CHECK(ev.len > 8 && memcmp(ev.s, "data: ", 6) == 0);
+    ks_buf_free(&ev);
+    return rp;
+}
+
+/* Property 4: one chunk per delta, framed and parsed back. */
+static void check_sse(ks_reply *rp, const char *text, size_t len) {
+    ks_buf ev = {0};
+    FUZZ_CHECK_EQ(ks__reply_choice(rp, 0, text, len, NULL, NULL, &ev), 0);
     FUZZ_CHECK(ev.len > 8 && memcmp(ev.s, "data: ", 6) == 0);
     FUZZ_CHECK(memcmp(ev.s + ev.len - 2, "\n\n", 2) == 0);
     FUZZ_CHECK(memchr(ev.s, '\n', ev.len - 2) == NULL);
@@ -73,6 +93,20 @@ static void check_sse(const char *text, size_t len) {
     FUZZ_CHECK(json_is_string(content));
     FUZZ_CHECK(json_string_length(content) == len && memcmp(json_string_value(content), text, len) == 0);
     json_decref(back);
+    ks_buf_free(&ev);
+}
+
+/* Property 5: the finish chunk, then [DONE]. */
+static void check_end(ks_reply *rp, bool stopped, int stop_index) {
+    ks_req_result r = {.finish = KS_FINISH_STOP};
+    ks_reply_end end = {.r = &r, .stopped = stopped, .stop_index = stop_index};
+    ks_buf ev = {0};
+    FUZZ_CHECK_EQ(ks__reply_choice(rp, 0, NULL, 0, NULL, &end, &ev), 0);
+    FUZZ_CHECK(ks__reply_finished(rp, 0));
+    FUZZ_CHECK_EQ(ks__reply_done(rp, &r, &ev), 0);
+    static const char done[] = "data: [DONE]\n\n";
+    FUZZ_CHECK(ev.len > sizeof done && memcmp(ev.s + ev.len - (sizeof done - 1), done, sizeof done - 1) == 0);
+    FUZZ_CHECK(strstr(ev.s, "\"finish_reason\":\"stop\"") != NULL);
     ks_buf_free(&ev);
 }
 
@@ -92,6 +126,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         stops[i] = stop_buf[i];
     }
 
+    ks_reply *rp = live_reply();
     ks_textstream *ts = ks_textstream_create(stops, n_stops);
     ks_textstream *plain = ks_textstream_create(NULL, 0);
     FUZZ_CHECK(ts && plain);
@@ -110,7 +145,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         FUZZ_CHECK(stopped == ks_textstream_stopped(ts));
         if (delta.len) {
             FUZZ_CHECK(utf8_valid(delta.s, delta.len));
-            check_sse(delta.s, delta.len);
+            check_sse(rp, delta.s, delta.len);
             FUZZ_CHECK_EQ(ks_buf_append(&text, delta.s, delta.len), 0);
         }
         ks_buf_free(&delta);
@@ -119,11 +154,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     FUZZ_CHECK_EQ(ks_textstream_flush(ts, &tail), 0);
     if (tail.len) {
         FUZZ_CHECK(utf8_valid(tail.s, tail.len));
-        check_sse(tail.s, tail.len);
+        check_sse(rp, tail.s, tail.len);
         FUZZ_CHECK_EQ(ks_buf_append(&text, tail.s, tail.len), 0);
     }
     ks_buf_free(&tail);
     stopped = ks_textstream_stopped(ts);
+    check_end(rp, stopped, ks_textstream_stop_index(ts));
+    ks__reply_free(rp);
 
     /* Property 1: the stream's own record is the deltas, in order. */
     size_t tl = 0;

@@ -104,6 +104,7 @@ static void test_breakpoints_and_system_as_rendered(void **st) {
         /* the prompt ends with the generation prompt in these templates but Mistral's */
         if (strstr(TEMPLATES[i], "Mistral") == NULL && plain.n_gen_prompt <= 0)
             fail_msg("%s: no generation prompt found at the prompt's end", TEMPLATES[i]);
+        assert_false(plain.continuation);
         assert_int_equal(first.p.n_sys_tokens, plain.p.n_sys_tokens);
         assert_int_equal(again.p.n_sys_tokens, plain.p.n_sys_tokens);
         assert_true(first.p.sys_key == plain.p.sys_key && again.p.sys_key == plain.p.sys_key);
@@ -158,6 +159,7 @@ static void test_continued_message_renders(void **st) {
     ks_prompt_tmpl p;
     render(&f, req, NULL, &p);
     assert_int_equal(p.n_gen_prompt, 0);
+    assert_true(p.continuation); /* the typed flag the server reads (not the parse JSON) */
     int last = (int)json_array_size(msgs) - 1;
     int slow = ks_prompt_tmpl_prefix_len(f.e, f.t, req, last, &p.p.tokens, 0, NULL);
     assert_int_equal(ks_prompt_tmpl_prefix_len(f.e, f.t, req, last, &p.p.tokens, p.n_gen_prompt, NULL), slow);

@@ -98,8 +98,22 @@ static void test_bad_messages(void **state) {
     expect_bad(KS_API_CHAT, CHAT(",\"grammar\":\"root ::= x\",\"json_schema\":{}"), 400, "invalid_value", "grammar");
     expect_bad(KS_API_CHAT, CHAT(",\"logit_bias\":{\"5\":\"x\"}"), 400, "invalid_type", "logit_bias.5");
     expect_bad(KS_API_CHAT, CHAT(",\"logit_bias\":[[5]]"), 400, "invalid_value", "logit_bias[0]");
-    expect_bad(KS_API_CHAT, CHAT(",\"repeat_last_n\":-2"), 400, "invalid_value", "repeat_last_n");
-    expect_bad(KS_API_CHAT, CHAT(",\"presence_penalty\":3"), 400, "invalid_value", "presence_penalty");
+    /* One getter family (issue 30): these had codes of their own (invalid_value
+     * for a wrong type and for a range); now OpenAI's, as every other field. */
+    expect_bad(KS_API_CHAT, CHAT(",\"repeat_last_n\":-2"), 400, "integer_below_min_value", "repeat_last_n");
+    expect_bad(KS_API_CHAT, CHAT(",\"repeat_last_n\":\"64\""), 400, "invalid_type", "repeat_last_n");
+    expect_bad(KS_API_CHAT, CHAT(",\"presence_penalty\":3"), 400, "decimal_above_max_value", "presence_penalty");
+    expect_bad(KS_API_CHAT, CHAT(",\"frequency_penalty\":-3"), 400, "decimal_below_min_value", "frequency_penalty");
+    expect_bad(KS_API_CHAT, CHAT(",\"repeat_penalty\":\"x\""), 400, "invalid_type", "repeat_penalty");
+    expect_bad(KS_API_CHAT, CHAT(",\"id_slot\":-2"), 400, "integer_below_min_value", "id_slot");
+    expect_bad(KS_API_CHAT, CHAT(",\"id_slot\":1.5"), 400, "invalid_type", "id_slot");
+    expect_bad(KS_API_CHAT, CHAT(",\"n_probs\":21"), 400, "integer_above_max_value", "n_probs");
+    expect_bad(KS_API_CHAT, CHAT(",\"logprobs\":true,\"top_logprobs\":21"), 400, "integer_above_max_value",
+               "top_logprobs");
+    expect_bad(KS_API_CHAT, CHAT(",\"top_logprobs\":2"), 400, "invalid_value", "top_logprobs"); /* needs logprobs */
+    expect_bad(KS_API_COMPLETION, CMPL(",\"logprobs\":21"), 400, "integer_above_max_value", "logprobs");
+    expect_bad(KS_API_COMPLETION, CMPL(",\"logprobs\":true"), 400, "invalid_type", "logprobs");
+    expect_bad(KS_API_CHAT, CHAT(",\"n\":\"2\""), 400, "invalid_type", "n");
     expect_bad(KS_API_COMPLETION, CMPL(",\"messages\":[]"), 400, "unsupported_parameter", "messages");
     expect_bad(KS_API_CHAT, CHAT(",\"prompt\":\"x\""), 400, "unsupported_parameter", "prompt");
     expect_bad(KS_API_CHAT, "{\"messages\":[{\"role\":\"user\"}]}", 400, "missing_required_parameter",

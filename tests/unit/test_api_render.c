@@ -195,17 +195,17 @@ static void test_sse_chat(void **state) {
     ks_api_gen g = {.kind = KS_API_CHAT, .id = "chatcmpl-1", .created = 5, .model = "tiny", .text = NULL, .finish = "length", .r = &r};
     ks_buf b = {0};
     json_t *o;
-    o = ks_api_chunk_json(&g, KS_API_CHUNK_ROLE, NULL, 0);
+    o = ks_api_chunk_json(&g, KS_API_CHUNK_ROLE);
     assert_int_equal(ks_api_sse(&b, o), 0);
     json_decref(o);
     /* Text with a newline and a quote: JSON escapes keep the event on one line. */
-    o = ks_api_chunk_json(&g, KS_API_CHUNK_DELTA, "a\n\"b\"xyz", 5);
+    o = ks_api_chunk_delta_json(&g, json_pack("{s:s%}", "content", "a\n\"b\"xyz", (size_t)5), NULL, NULL);
     assert_int_equal(ks_api_sse(&b, o), 0);
     json_decref(o);
-    o = ks_api_chunk_json(&g, KS_API_CHUNK_FINISH, NULL, 0);
+    o = ks_api_chunk_json(&g, KS_API_CHUNK_FINISH);
     assert_int_equal(ks_api_sse(&b, o), 0);
     json_decref(o);
-    o = ks_api_chunk_json(&g, KS_API_CHUNK_USAGE, NULL, 0);
+    o = ks_api_chunk_json(&g, KS_API_CHUNK_USAGE);
     assert_int_equal(ks_api_sse(&b, o), 0);
     json_decref(o);
     assert_int_equal(ks_api_sse_done(&b), 0);
@@ -226,9 +226,11 @@ static void test_sse_chat(void **state) {
     json_t *d0 = json_object_get(json_array_get(json_object_get(c[0], "choices"), 0), "delta");
     assert_string_equal(sget(d0, "role"), "assistant");
     assert_true(json_is_null(json_object_get(json_array_get(json_object_get(c[0], "choices"), 0), "finish_reason")));
-    json_t *d1 = json_object_get(json_array_get(json_object_get(c[1], "choices"), 0), "delta");
+    json_t *ch1 = json_array_get(json_object_get(c[1], "choices"), 0);
+    json_t *d1 = json_object_get(ch1, "delta");
     assert_string_equal(sget(d1, "content"), "a\n\"b\"");
     assert_null(json_object_get(d1, "role"));
+    assert_true(json_is_null(json_object_get(ch1, "logprobs")) && json_is_null(json_object_get(ch1, "finish_reason")));
     json_t *ch2 = json_array_get(json_object_get(c[2], "choices"), 0);
     assert_string_equal(sget(ch2, "finish_reason"), "length");
     assert_int_equal(json_object_size(json_object_get(ch2, "delta")), 0);
@@ -247,20 +249,27 @@ static void test_sse_completion(void **state) {
     (void)state;
     ks_req_result r = sample_result();
     ks_api_gen g = {.kind = KS_API_COMPLETION, .id = "cmpl-1", .created = 5, .model = "tiny", .text = NULL, .finish = "stop", .r = &r};
-    json_t *o = ks_api_chunk_json(&g, KS_API_CHUNK_DELTA, " word", 5);
+    /* The delta's content is the completion's text. */
+    json_t *o = ks_api_chunk_delta_json(&g, json_pack("{s:s}", "content", " word"), NULL, NULL);
     assert_string_equal(sget(o, "object"), "text_completion");
     json_t *c0 = json_array_get(json_object_get(o, "choices"), 0);
     assert_string_equal(sget(c0, "text"), " word");
     assert_true(json_is_null(json_object_get(c0, "finish_reason")));
+    assert_null(json_object_get(c0, "delta"));
     json_decref(o);
-    o = ks_api_chunk_json(&g, KS_API_CHUNK_FINISH, NULL, 0);
+    /* No content (a chunk for logprobs only): an empty text, the logprobs object as given. */
+    o = ks_api_chunk_delta_json(&g, json_object(), json_pack("{s:[]}", "tokens"), NULL);
+    c0 = json_array_get(json_object_get(o, "choices"), 0);
+    assert_string_equal(sget(c0, "text"), "");
+    assert_true(json_is_array(json_object_get(json_object_get(c0, "logprobs"), "tokens")));
+    json_decref(o);
+    o = ks_api_chunk_json(&g, KS_API_CHUNK_FINISH);
     c0 = json_array_get(json_object_get(o, "choices"), 0);
     assert_string_equal(sget(c0, "text"), "");
     assert_string_equal(sget(c0, "finish_reason"), "stop");
     json_decref(o);
-    /* Invalid UTF-8 text cannot be encoded: NULL, and ks_api_sse refuses NULL. */
-    o = ks_api_chunk_json(&g, KS_API_CHUNK_DELTA, "\xc3", 1);
-    assert_null(o);
+    /* A delta that is not an object cannot be a chunk: NULL (and the logprobs are freed). */
+    assert_null(ks_api_chunk_delta_json(&g, json_string("x"), json_object(), NULL));
     ks_buf b = {0};
     assert_int_equal(ks_api_sse(&b, NULL), KS_EINVAL);
     ks_buf_free(&b);

@@ -329,12 +329,13 @@ static void test_responses_field_policy(void **state) {
     ks_api_rstream st;
     ks_api_rstream_init(&st, rr.tool_map);
     ks_buf out = {0};
-    assert_int_equal(ks_api_rstream_delta(&st, J("{\"tool_calls\":[{\"index\":0,\"id\":\"c2\",\"function\":"
-                                                 "{\"name\":\"apply_patch\",\"arguments\":\"{\\\"inp\"}}]}"), &out),
-                     0);
-    assert_int_equal(ks_api_rstream_delta(&st, J("{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":"
-                                                 "\"ut\\\":\\\"p\\\"}\"}}]}"), &out),
-                     0);
+    json_t *d1 = J("{\"tool_calls\":[{\"index\":0,\"id\":\"c2\",\"function\":"
+                   "{\"name\":\"apply_patch\",\"arguments\":\"{\\\"inp\"}}]}");
+    json_t *d2 = J("{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"ut\\\":\\\"p\\\"}\"}}]}");
+    assert_int_equal(ks_api_rstream_delta(&st, d1, &out), 0); /* deltas are borrowed */
+    assert_int_equal(ks_api_rstream_delta(&st, d2, &out), 0);
+    json_decref(d1);
+    json_decref(d2);
     json_t *resp = J("{\"status\":\"completed\"}");
     assert_int_equal(ks_api_rstream_end(&st, resp, &out), 0);
     assert_non_null(strstr(out.s, "event: response.custom_tool_call_input.done"));

@@ -1,0 +1,296 @@
+/*
+ * plan.c — see plan.h: from a parsed request to the scheduler's parameters.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/chat_tmpl.h"
+#include "prompt/prompt.h"
+#include "server/api_int.h"
+#include "server/plan.h"
+
+#define MOD "http"
+
+void ks__plan_free(ks_plan *pl) {
+    for (int i = 0; i < pl->n_prompts; i++) ks_prompt_free(&pl->prompts[i]);
+    free(pl->prompts);
+    ks_prompt_tmpl_free(&pl->tp);
+    free(pl->bias);
+    free(pl->grammar);
+    memset(pl, 0, sizeof *pl);
+}
+
+static int template_error(int rc, const char *err, ks_api_error *e) {
+    if (rc == KS_EINVAL && strstr(err, "JSON schema"))
+        ks_api_error_set(e, 400, T_INVALID, "invalid_schema", "response_format", "The JSON schema cannot be used: %.300s",
+                         err);
+    else if (rc == KS_EINVAL)
+        ks_api_error_set(e, 400, T_INVALID, "invalid_value", NULL, "The request cannot be rendered: %.300s", err);
+    else if (rc == KS_ETEMPLATE)
+        ks_api_error_set(e, 400, T_INVALID, "template_error", NULL,
+                         "The model's chat template failed on these messages: %.300s", err);
+    else
+        ks_api_error_set(e, 500, "server_error", "tokenize_failed", NULL, "The prompt could not be made: %s.",
+                         ks_strerror(rc));
+    return rc;
+}
+
+/* Where the request's cache breakpoints fall in its prompt: one render of
+ * the conversation up to each marked message (a breakpoint on the tools
+ * ends with the first message, where templates put them). A breakpoint
+ * whose prefix the render cannot find is dropped (logged). */
+void ks__plan_pins(ks_server *s, const ks_api_request *rq, ks_plan *pl) {
+    const ks_tokens *full = &pl->prompts[0].tokens;
+    for (int i = 0; i < rq->n_bps; i++) {
+        int upto = rq->bps[i].msg < 0 ? 0 : rq->bps[i].msg;
+        int n = ks_prompt_tmpl_prefix_len(s->engine, s->tmpl, rq->tmpl_req, upto, full, pl->tp.n_gen_prompt, s->memo);
+        if (n <= 0) {
+            KS_DEBUG(MOD, "cache breakpoint after message %d: no token prefix of the prompt, dropped", upto);
+            continue;
+        }
+        int k = 0;
+        while (k < pl->n_pins && pl->pins[k].n_tokens < n) k++;
+        if (k < pl->n_pins && pl->pins[k].n_tokens == n) {
+            if (rq->bps[i].ttl_s > pl->pins[k].ttl_s) pl->pins[k].ttl_s = rq->bps[i].ttl_s;
+            continue;
+        }
+        memmove(&pl->pins[k + 1], &pl->pins[k], sizeof pl->pins[0] * (size_t)(pl->n_pins - k));
+        pl->pins[k] = (ks_cache_pin){n, rq->bps[i].ttl_s};
+        pl->n_pins++;
+    }
+}
+
+/* The most bytes a prompt that fits the context can have: a text of B bytes
+ * tokenizes to at least ceil(B / max_token_bytes) tokens, since each token
+ * stands for at most that many of its bytes (the tokenizer adds tokens —
+ * BOS, a leading space — but drops none of the text's bytes), so a text
+ * longer than (n_ctx - 1) * max_token_bytes is at least n_ctx tokens: the
+ * context check would refuse it after tokenizing it all (CPU time in
+ * proportion to the body, not to the context). */
+static int64_t prompt_max_bytes(const ks_server *s) {
+    return (int64_t)(ks_engine_n_ctx_seq(s->engine) - 1) * s->max_token_bytes;
+}
+
+/* The 400 of a prompt refused by prompt_max_bytes, before tokenizing: the
+ * context check's error, with what is known instead of the token count.
+ * n_bytes: the prompt's length; 0 for a chat prompt, rendered and refused
+ * inside the prompt module (only "more than the bound" is known). */
+static int too_long(ks_server *s, const ks_api_request *rq, size_t n_bytes, ks_api_error *e) {
+    if (n_bytes)
+        return ks__plan_ctx_error(s, rq, e, "is %zu bytes, which is at least %lld tokens (no token of this model is "
+                                  "longer than %d bytes)", n_bytes,
+                                  (long long)((n_bytes + (size_t)s->max_token_bytes - 1) / (size_t)s->max_token_bytes),
+                                  s->max_token_bytes);
+    return ks__plan_ctx_error(s, rq, e, "render to more than %lld bytes, which is at least %d tokens (no token of "
+                              "this model is longer than %d bytes)", (long long)prompt_max_bytes(s),
+                              ks_engine_n_ctx_seq(s->engine), s->max_token_bytes);
+}
+
+int ks__plan_ctx_error(const ks_server *s, const ks_api_request *rq, ks_api_error *e, const char *fmt, ...) {
+    const char *what = rq->kind == KS_API_CHAT ? "messages" : "prompt";
+    char detail[200];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(detail, sizeof detail, fmt, ap);
+    va_end(ap);
+    ks_api_error_set(e, 400, T_INVALID, "context_length_exceeded", what,
+                     "This model's maximum context length is %d tokens. However, your %s %s, which leaves no room "
+                     "for a completion. Please reduce the length of the %s.",
+                     ks_engine_n_ctx_seq(s->engine), what, detail, what);
+    return KS_ECTX;
+}
+
+/* The prompts of a request, and for chat requests the cache hints and what
+ * the template says about sampling and parsing. bounded: refuse a prompt
+ * longer than prompt_max_bytes before tokenizing it (a generation; not a
+ * token count). */
+int ks__plan_prompts(ks_server *s, const ks_api_request *rq, ks_plan *pl, bool bounded, ks_api_error *e) {
+    int n = rq->kind == KS_API_CHAT ? 1 : rq->n_prompts;
+    pl->prompts = calloc((size_t)n, sizeof *pl->prompts);
+    if (!pl->prompts) return ks__api_oom(e);
+    pl->n_prompts = n;
+    int rc = 0;
+    int64_t max_bytes = bounded ? prompt_max_bytes(s) : 0;
+    if (rq->kind == KS_API_CHAT) {
+        ks_prompt_opts o = {.hints = true, .model_id = s->model_id, .max_bytes = max_bytes};
+        if (s->tmpl) {
+            char err[512] = "";
+            rc = ks_prompt_tmpl_chat(s->engine, s->tmpl, rq->tmpl_req, &o, s->memo, &pl->tp, err, sizeof err);
+            if (rc == KS_ECTX) return too_long(s, rq, 0, e);
+            if (rc) return template_error(rc, err, e);
+            pl->templated = true;
+            /* The prompt moves to prompts[0]; the rest stays with tp. */
+            pl->prompts[0] = pl->tp.p;
+            memset(&pl->tp.p, 0, sizeof pl->tp.p);
+            return 0;
+        }
+        if (rq->has_tools || rq->structured) {
+            ks_api_error_set(e, 400, T_INVALID, "unsupported_value", rq->has_tools ? "tools" : "response_format",
+                             "Tools and structured output need the model's Jinja chat template, which is not available.");
+            return KS_EINVAL;
+        }
+        rc = ks_prompt_chat(s->engine, rq->msgs, rq->n_msgs, &o, &pl->prompts[0]);
+        if (rc == KS_ECTX) return too_long(s, rq, 0, e);
+        if (rc) return template_error(rc == KS_ETEMPLATE ? rc : rc, "llama.cpp's built-in templates do not know it", e);
+        return 0;
+    }
+    for (int i = 0; i < n; i++) {
+        const ks_api_prompt *ap = &rq->prompts[i];
+        int bad = 0;
+        if (ap->text) {
+            size_t len = strlen(ap->text); /* what ks_prompt_text tokenizes */
+            if (max_bytes > 0 && len > (uint64_t)max_bytes) return too_long(s, rq, len, e);
+            rc = ks_prompt_text(s->engine, ap->text, &pl->prompts[i]);
+        } else {
+            rc = ks_prompt_ids(s->engine, ap->tokens, ap->n_tokens, &pl->prompts[i], &bad);
+            if (rc == KS_EINVAL) {
+                char param[48];
+                if (n > 1) snprintf(param, sizeof param, "prompt[%d][%d]", i, bad);
+                else snprintf(param, sizeof param, "prompt[%d]", bad);
+                ks_api_error_set(e, 400, T_INVALID, "invalid_value", param,
+                                 "Invalid '%s': token id %d is outside the vocabulary (%d tokens).", param,
+                                 (int)ap->tokens[bad], ks_engine_n_vocab(s->engine));
+                return rc;
+            }
+        }
+        if (rc) {
+            ks_api_error_set(e, 500, "server_error", "tokenize_failed", NULL, "The prompt could not be tokenized.");
+            return rc;
+        }
+    }
+    return 0;
+}
+
+/* Checks the prompts against the context and picks max_tokens: a prompt
+ * that leaves no room is a 400; max_tokens beyond the room left is cut to
+ * it (the generation then ends with "length" when the context is full). */
+int ks__plan_fit(ks_server *s, const ks_api_request *rq, ks_plan *pl, ks_api_error *e) {
+    int n_ctx = ks_engine_n_ctx_seq(s->engine);
+    const char *what = rq->kind == KS_API_CHAT ? "messages" : "prompt";
+    int longest = 0;
+    for (int i = 0; i < pl->n_prompts; i++) {
+        int n_prompt = pl->prompts[i].tokens.n;
+        if (n_prompt == 0) {
+            ks_api_error_set(e, 400, T_INVALID, "invalid_value", what,
+                             "Invalid '%s': the prompt is empty after tokenization.", what);
+            return KS_EINVAL;
+        }
+        if (n_prompt >= n_ctx) return ks__plan_ctx_error(s, rq, e, "resulted in %d tokens", n_prompt);
+        if (n_prompt > longest) longest = n_prompt;
+    }
+    pl->max_tokens = rq->max_tokens > 0 ? rq->max_tokens : s->default_max_tokens;
+    if (pl->max_tokens > n_ctx - longest) pl->max_tokens = n_ctx - longest;
+    return 0;
+}
+
+/* logit_bias strings become the bias of each of their tokens; ids are
+ * checked against the vocabulary. */
+int ks__plan_bias(ks_server *s, const ks_api_request *rq, ks_plan *pl, ks_api_error *e) {
+    if (rq->n_bias == 0 && !rq->ignore_eos) return 0;
+    int n_vocab = ks_engine_n_vocab(s->engine);
+    int cap = rq->n_bias + 4;
+    pl->bias = malloc(sizeof *pl->bias * (size_t)cap);
+    if (!pl->bias) return ks__api_oom(e);
+    for (int i = 0; i < rq->n_bias; i++) {
+        const ks_api_bias *b = &rq->bias[i];
+        ks_tokens t = {0};
+        if (b->text) {
+            if (ks_engine_tokenize(s->engine, b->text, strlen(b->text), false, false, &t)) {
+                ks_tokens_free(&t);
+                return ks__api_oom(e);
+            }
+        } else {
+            if (b->tok >= n_vocab) {
+                char param[48];
+                snprintf(param, sizeof param, "logit_bias.%d", (int)b->tok);
+                ks_api_error_set(e, 400, T_INVALID, "invalid_value", param,
+                                 "Invalid 'logit_bias': token id %d is outside the vocabulary (%d tokens).",
+                                 (int)b->tok, n_vocab);
+                return KS_EINVAL;
+            }
+            ks_tokens_push(&t, b->tok);
+        }
+        for (int k = 0; k < t.n; k++) {
+            if (pl->n_bias == cap) {
+                cap *= 2;
+                ks_logit_bias *nb = realloc(pl->bias, sizeof *nb * (size_t)cap);
+                if (!nb) {
+                    ks_tokens_free(&t);
+                    return ks__api_oom(e);
+                }
+                pl->bias = nb;
+            }
+            pl->bias[pl->n_bias++] = (ks_logit_bias){t.v[k], b->bias};
+        }
+        ks_tokens_free(&t);
+    }
+    return 0;
+}
+
+/* Completions: a grammar, or a JSON schema through the converter. */
+int ks__plan_grammar(ks_server *s, const ks_api_request *rq, ks_plan *pl, ks_api_error *e) {
+    char err[512] = "";
+    if (rq->kind == KS_API_CHAT) {
+        if (pl->tp.grammar && ks_engine_grammar_check(s->engine, pl->tp.grammar, err, sizeof err)) {
+            ks_api_error_set(e, 400, T_INVALID, "invalid_grammar", "grammar", "Invalid grammar: %.300s", err);
+            return KS_EINVAL;
+        }
+        return 0;
+    }
+    if (!rq->structured) return 0;
+    if (rq->grammar) {
+        if (!(pl->grammar = strdup(rq->grammar))) return ks__api_oom(e);
+    } else {
+        char *schema = rq->json_schema ? json_dumps(rq->json_schema, JSON_COMPACT) : strdup("{}");
+        if (!schema) return ks__api_oom(e);
+        int rc = ks_chat_tmpl_schema_to_grammar(schema, &pl->grammar, err, sizeof err);
+        free(schema);
+        if (rc == KS_EINVAL) {
+            ks_api_error_set(e, 400, T_INVALID, "invalid_schema", "response_format",
+                             "The JSON schema cannot be used: %.300s", err);
+            return rc;
+        }
+        if (rc) return ks__api_oom(e);
+    }
+    if (ks_engine_grammar_check(s->engine, pl->grammar, err, sizeof err)) {
+        ks_api_error_set(e, 400, T_INVALID, "invalid_grammar", "grammar", "Invalid grammar: %.300s", err);
+        return KS_EINVAL;
+    }
+    return 0;
+}
+
+/* The sampling a request adds (engine.h). */
+ks_sample_ext ks__plan_ext(const ks_api_request *rq, const ks_plan *pl) {
+    ks_sample_ext x = {0};
+    if (pl->templated && pl->tp.grammar) {
+        x.grammar = pl->tp.grammar;
+        x.grammar_lazy = pl->tp.grammar_lazy;
+        x.trigger_patterns = (const char *const *)pl->tp.trigger_patterns;
+        x.n_trigger_patterns = pl->tp.n_trigger_patterns;
+        x.trigger_tokens = pl->tp.trigger_tokens;
+        x.n_trigger_tokens = pl->tp.n_trigger_tokens;
+        x.grammar_prefill = pl->tp.grammar_prefill;
+        x.n_grammar_prefill = pl->tp.n_grammar_prefill;
+    } else if (pl->grammar) {
+        x.grammar = pl->grammar;
+    }
+    x.logit_bias = pl->bias;
+    x.n_logit_bias = pl->n_bias;
+    x.repeat_penalty = rq->repeat_penalty;
+    x.repeat_last_n = rq->repeat_last_n;
+    x.frequency_penalty = rq->frequency_penalty;
+    x.presence_penalty = rq->presence_penalty;
+    x.ignore_eos = rq->ignore_eos;
+    x.n_probs = rq->logprobs ? (rq->top_logprobs > 0 ? rq->top_logprobs : 1) : 0;
+    return x;
+}
+
+/* The request's stop strings, then the template's (up to the table's size). */
+void ks__plan_stops(const ks_api_request *rq, ks_plan *pl) {
+    for (int i = 0; i < rq->n_stops; i++) pl->stops[pl->n_stops++] = rq->stops[i];
+    int room = (int)(sizeof pl->stops / sizeof pl->stops[0]);
+    for (int i = 0; i < pl->tp.n_stops && pl->n_stops < room; i++) pl->stops[pl->n_stops++] = pl->tp.stops[i];
+}
+

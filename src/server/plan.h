@@ -1,0 +1,60 @@
+/*
+ * plan.h — a parsed request turned into what the scheduler is given (plan.c):
+ * its prompts rendered and tokenized (with the cache hints), checked against
+ * the context, max_tokens fitted, the logit bias and grammar built, the cache
+ * breakpoints placed, the stop strings collected.
+ *
+ * Nothing here knows the request's wire format: a Responses or Messages
+ * request arrives here as the chat request it was translated into.
+ *
+ * Thread model: an HTTP thread, one plan per request; the server's template,
+ * engine and render memo are shared read-only (prompt_tmpl.h).
+ */
+#ifndef KS_PLAN_H
+#define KS_PLAN_H
+
+#include "prompt/prompt_tmpl.h"
+#include "server/server_int.h"
+
+/* Everything a request is turned into before it is queued. */
+typedef struct ks_plan {
+    ks_prompt *prompts;            /* one per prompt */
+    int n_prompts;
+    ks_prompt_tmpl tp;             /* chat through the model's template */
+    bool templated;
+    const char *stops[KS_API_MAX_STOPS + 16];
+    int n_stops;
+    ks_logit_bias *bias;
+    int n_bias;
+    char *grammar;                 /* completions: from grammar / json_schema */
+    int max_tokens;
+    ks_cache_pin pins[KS_API_MAX_BREAKPOINTS]; /* the cache breakpoints' prefixes, ascending */
+    int n_pins;
+} ks_plan;
+
+/* Frees what the plan holds and zeroes it. Idempotent. */
+void ks__plan_free(ks_plan *pl);
+/* The prompts of a request, and for chat requests the cache hints and what
+ * the template says about sampling and parsing. bounded: refuse a prompt
+ * longer than the context could hold in bytes before tokenizing it (a
+ * generation; not a token count). 0, or a KS_E* code with e filled. */
+int ks__plan_prompts(ks_server *s, const ks_api_request *rq, ks_plan *pl, bool bounded, ks_api_error *e);
+/* The 400 of a prompt that does not fit the context (context_length_exceeded,
+ * one wording for every cause): fmt says what is known of its length
+ * ("resulted in %d tokens"). Returns KS_ECTX. */
+int ks__plan_ctx_error(const ks_server *s, const ks_api_request *rq, ks_api_error *e, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* Checks the prompts against the context and picks max_tokens. */
+int ks__plan_fit(ks_server *s, const ks_api_request *rq, ks_plan *pl, ks_api_error *e);
+/* logit_bias as token biases; ids checked against the vocabulary. */
+int ks__plan_bias(ks_server *s, const ks_api_request *rq, ks_plan *pl, ks_api_error *e);
+/* The grammar: the template's (chat) or the request's (completions). */
+int ks__plan_grammar(ks_server *s, const ks_api_request *rq, ks_plan *pl, ks_api_error *e);
+/* The cache breakpoints' token positions (chat through the template). */
+void ks__plan_pins(ks_server *s, const ks_api_request *rq, ks_plan *pl);
+/* The request's stop strings, then the template's. */
+void ks__plan_stops(const ks_api_request *rq, ks_plan *pl);
+/* The sampling the request adds (engine.h); borrows from rq and pl. */
+ks_sample_ext ks__plan_ext(const ks_api_request *rq, const ks_plan *pl);
+
+#endif

@@ -1,0 +1,132 @@
+/*
+ * request.c — a generation route's request, from body to reply
+ * (server_int.h): the body through the route's format's parser (fmt.h) into
+ * the internal request, the server's defaults, the plan (plan.c), the
+ * generation (gen.c) and its reply. Also /v1/messages/count_tokens, which
+ * stops after the plan's prompt.
+ *
+ * The path is the same for every format; which one it is, only the table
+ * says.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/api_int.h"
+#include "server/fmt.h"
+#include "server/gen.h"
+#include "server/plan.h"
+
+#define MOD "http"
+
+/* What the server sets on a request that does not: its reasoning format
+ * (--reasoning-format). */
+static void server_defaults(ks_server *s, ks_api_request *rq) {
+    if (s->reasoning_format[0] && rq->tmpl_req && !json_object_get(rq->tmpl_req, "reasoning_format"))
+        json_object_set_new(rq->tmpl_req, "reasoning_format", json_string(s->reasoning_format));
+}
+
+int ks__request_parse(ks_server *s, const ks_fmt *fmt, const conn *cn, ks_api_request *rq, void **st,
+                      ks_api_error *e) {
+    json_t *root = NULL;
+    *st = NULL;
+    memset(rq, 0, sizeof *rq);
+    int rc = ks__api_load_object(cn->body.s, cn->body.len, &root, e);
+    if (rc) return rc;
+    ks_fmt_env env = {.convs = s->convs};
+    if ((rc = fmt->parse(&env, root, rq, st, e))) return rc;
+    server_defaults(s, rq);
+    return 0;
+}
+
+/* A parsed request (freed here) from prompt to reply; st: fmt's state (stolen). */
+static enum MHD_Result run(ks_server *s, struct MHD_Connection *c, conn *cn, const ks_fmt *fmt,
+                           ks_api_request *rq, void *st) {
+    ks_api_error e;
+    ks_plan pl = {0};
+    enum MHD_Result ret;
+    bool retry = false;
+    ks_gen *g = NULL;
+
+    if (atomic_load(&s->draining)) {
+        ks_api_error_set(&e, 503, "server_error", "shutting_down", NULL, "The server is shutting down.");
+        goto fail;
+    }
+    /* The time a request spends here is per request, whatever the cache
+     * holds (docs/SERVER.md, "Logs": the debug line below shows it). */
+    double t0 = ks_now_ms();
+    if (ks__plan_prompts(s, rq, &pl, true, &e)) {
+        if (fmt->render_error) fmt->render_error(st, &e);
+        goto fail;
+    }
+    double t_prompt = ks_now_ms();
+    if (ks__plan_fit(s, rq, &pl, &e) || ks__plan_bias(s, rq, &pl, &e) || ks__plan_grammar(s, rq, &pl, &e)) goto fail;
+    double t_grammar = ks_now_ms();
+    if (pl.templated) ks__plan_pins(s, rq, &pl);
+    double t_pins = ks_now_ms();
+    ks__plan_stops(rq, &pl);
+    g = ks__gen_create(s, fmt, st, rq, &pl);
+    st = NULL; /* the generation's now, also on failure */
+    if (!g) {
+        ks_api_error_set(&e, 500, "server_error", "out_of_memory", NULL, "out of memory");
+        goto fail;
+    }
+    if (ks__gen_submit(g, c, cn, rq, &pl, &e, &retry)) {
+        const char *const retry_after[] = {"Retry-After", "1", NULL};
+        ret = ks__respond_error(s, c, cn, &e, retry ? retry_after : NULL);
+        goto out;
+    }
+    KS_DEBUG(MOD, "%s: queued %d choice(s), %d prompt tokens, max_tokens %d%s%s%s, grammar %s%s "
+                  "(%d trigger patterns, %d trigger tokens, %d prefill tokens); prompt %.1f ms, grammar %.1f ms, "
+                  "breakpoints %.1f ms, submit %.1f ms",
+             ks__gen_id(g), pl.n_prompts * rq->n, pl.prompts[0].tokens.n, pl.max_tokens, rq->stream ? ", stream" : "",
+             pl.templated ? ", format " : "", pl.templated ? pl.tp.format : "",
+             pl.tp.grammar || pl.grammar ? "yes" : "no", pl.tp.grammar_lazy ? " lazy" : "", pl.tp.n_trigger_patterns,
+             pl.tp.n_trigger_tokens, pl.tp.n_grammar_prefill, t_prompt - t0, t_grammar - t_prompt, t_pins - t_grammar,
+             ks_now_ms() - t_pins);
+    ret = ks__gen_reply(g, c, cn);
+    goto out;
+fail:
+    ret = ks__respond_error(s, c, cn, &e, NULL);
+out:
+    if (st && fmt->free_state) fmt->free_state(st);
+    ks_api_request_free(rq);
+    ks__plan_free(&pl);
+    return ret;
+}
+
+enum MHD_Result ks__request_generate(ks_server *s, struct MHD_Connection *c, conn *cn, const ks_fmt *fmt) {
+    ks_api_request rq;
+    ks_api_error e;
+    void *st;
+    if (ks__request_parse(s, fmt, cn, &rq, &st, &e)) return ks__respond_error(s, c, cn, &e, NULL);
+    ks__log_notes(s, cn, &rq.notes);
+    return run(s, c, cn, fmt, &rq, st);
+}
+
+enum MHD_Result ks__request_count_tokens(ks_server *s, struct MHD_Connection *c, conn *cn) {
+    ks_api_error e;
+    json_t *root = NULL;
+    ks_api_msg_req mr = {0};
+    ks_api_request rq = {0};
+    ks_plan pl = {0};
+    enum MHD_Result ret;
+    if (ks__api_load_object(cn->body.s, cn->body.len, &root, &e) || ks_api_messages_to_chat(root, true, &mr, &e) ||
+        ks_api_parse_root(KS_API_CHAT, json_incref(mr.chat), &rq, &e)) {
+        ret = ks__respond_error(s, c, cn, &e, NULL);
+        goto out;
+    }
+    server_defaults(s, &rq);
+    if (ks__plan_prompts(s, &rq, &pl, false, &e)) {
+        ret = ks__respond_error(s, c, cn, &e, NULL);
+    } else {
+        ks__log_notes(s, cn, &mr.notes);
+        ret = ks__respond_json(s, c, cn, 200, json_pack("{s:i}", "input_tokens", pl.prompts[0].tokens.n), NULL);
+    }
+out:
+    json_decref(root);
+    ks_api_msg_req_free(&mr);
+    ks_api_request_free(&rq);
+    ks__plan_free(&pl);
+    return ret;
+}
