@@ -37,6 +37,7 @@ struct ks_engine {
     int n_eog;
     bool invariant; /* the open-time probe found one-row decodes bit-identical to batches */
     bool probe_ran; /* the probe's decodes all ran (its verdict means something) */
+    int n_expert, n_expert_used; /* a mixture of experts' (GGUF ARCH.expert_count, _used_count); 0: dense */
     bool repack;    /* weights may be repacked (llama's use_extra_bufts) */
     double warm_ms; /* what the probe (the warm-up) took */
     size_t state_fixed, state_per_tok; /* a sequence state's bytes: fixed + per token (measured by the probe) */
@@ -307,6 +308,15 @@ static int check_gguf_file(const char *path, char *err, size_t errlen) {
     return 0;
 }
 
+/* An integer hyper-parameter "<arch>.<key>" of the model's GGUF, 0 when absent. */
+static int model_meta_int(const struct llama_model *m, const char *key) {
+    char arch[64], k[128], v[32];
+    if (llama_model_meta_val_str(m, "general.architecture", arch, sizeof arch) <= 0) return 0;
+    snprintf(k, sizeof k, "%s.%s", arch, key);
+    if (llama_model_meta_val_str(m, k, v, sizeof v) <= 0) return 0;
+    return atoi(v);
+}
+
 /* The context's CPU thread pool, made once per engine, as llama-server's
  * common_init does. Without one, ggml makes a pool for every graph: it
  * starts n_threads - 1 threads and joins them again for each decoded token
@@ -488,6 +498,8 @@ int ks_engine_open(const ks_engine_params *p, ks_engine **out, char *err, size_t
     e->n_ctx_seq = (int)llama_n_ctx_seq(e->ctx);
     e->n_batch = (int)llama_n_batch(e->ctx);
     e->repack = mp.use_extra_bufts;
+    e->n_expert = model_meta_int(e->model, "expert_count");
+    e->n_expert_used = model_meta_int(e->model, "expert_used_count");
     probe(e);
     if (p->exact && g_patched && !e->gpu && (!e->flash_attn || g_patch_rev >= 2) && !e->invariant && e->probe_ran) {
         /* ggml repacks some weight types (Q4_0, Q4_K, IQ4_NL on x86) into
@@ -673,6 +685,11 @@ void ks_engine_offload_desc(const ks_engine *e, char *buf, size_t n) {
     if (l + 1 < n) snprintf(buf + l, n - l, ", KV on %s", o->kv);
 }
 double ks_engine_warm_ms(const ks_engine *e) { return e->warm_ms; }
+
+int ks_engine_n_expert(const ks_engine *e, int *n_used) {
+    if (n_used) *n_used = e->n_expert_used;
+    return e->n_expert;
+}
 
 bool ks_engine_partial_rm_ok(const ks_engine *e) {
     return !llama_model_is_recurrent(e->model) && !llama_model_is_hybrid(e->model);

@@ -115,6 +115,11 @@ bool ks_engine_batch_invariant(const ks_engine *e);
  * use_extra_bufts): false when exact mode loaded them again without it. */
 bool ks_engine_repacked(const ks_engine *e);
 
+/* Experts per layer of a mixture-of-experts model (GGUF ARCH.expert_count),
+ * 0 for a dense one; *n_used (may be NULL) gets the experts each token is
+ * routed to. */
+int ks_engine_n_expert(const ks_engine *e, int *n_used);
+
 /* Whether flash attention is on (KS_FA_AUTO resolved). */
 bool ks_engine_flash_attn(const ks_engine *e);
 /* How a scheduler asked for exactness keeps it on this engine, for logs and
