@@ -12,7 +12,12 @@
  *  0. Warm start and batch invariance: ks_engine_open runs a short probe (32
  *     tokens as one batch, and as 16 + 16 lone rows) that pages the model in and finds
  *     whether this build's kernels give a lone token the bits of a batch
- *     (ks_engine_batch_invariant).
+ *     (ks_engine_batch_invariant); where they do not, the 16 again as pairs
+ *     (each beside a throwaway copy, the scheduler's fallback), which may or
+ *     may not be exact (ks_engine_pairs_exact). In exact mode, when neither
+ *     is, the model is loaded again without weight repacking and probed
+ *     again; when still neither is, exact mode is off and the engine says so
+ *     (a kernel the patch does not cover, docs/LLAMA_FACTS.md).
  *  1. Exactness: the prebuilt CPU backend's flash attention changes its
  *     tiling with the number of query rows, the KV length and the thread
  *     count; setup's patched build (revision 2) runs every row through one
@@ -114,6 +119,13 @@ bool ks_engine_batch_invariant(const ks_engine *e);
 /* Whether the model's weights were loaded with ggml's repacking (llama's
  * use_extra_bufts): false when exact mode loaded them again without it. */
 bool ks_engine_repacked(const ks_engine *e);
+/* true when the model is not batch-invariant but the probe found tokens
+ * decoded as pairs (each beside a throwaway copy of itself, step.c) bit-
+ * identical to a batch: the scheduler's fallback keeps exactness. false when
+ * invariant, when the memory cannot drop the copy (hybrid, recurrent), with
+ * the prebuilt's flash attention, or when a kernel switches at more than two
+ * rows (docs/LLAMA_FACTS.md: the IQ panel gemm): exact mode is then off. */
+bool ks_engine_pairs_exact(const ks_engine *e);
 
 /* Experts per layer of a mixture-of-experts model (GGUF ARCH.expert_count),
  * 0 for a dense one; *n_used (may be NULL) gets the experts each token is
@@ -124,9 +136,10 @@ int ks_engine_n_expert(const ks_engine *e, int *n_used);
 bool ks_engine_flash_attn(const ks_engine *e);
 /* How a scheduler asked for exactness keeps it on this engine, for logs and
  * /props: "batch-invariant" (one row per generated token), "pairs" (the
- * fallback of step.c), "off" (exact false), "unavailable" (asked for but
- * not kept: a GPU in use, or a memory pairs cannot trim on a CPU backend
- * that is not invariant; ks_engine_exact_reason says which). */
+ * fallback of step.c, where the probe found it exact: ks_engine_pairs_exact),
+ * "off" (exact false), "unavailable" (asked for but not kept: a GPU in use, a
+ * memory pairs cannot trim on a CPU backend that is not invariant, or kernels
+ * exact neither alone nor in pairs; ks_engine_exact_reason says which). */
 const char *ks_engine_exact_mode(const ks_engine *e, bool exact);
 /* How exactness is kept (ks_engine_exact_how). */
 typedef enum {

@@ -490,7 +490,8 @@ int ks_sched_create(const ks_sched_params *p, ks_sched **out) {
     s->next_id = 1;
     /* Pairs only where they are needed and help: a batch-invariant build (the
      * engine's probe) already gives a lone row the bits of a batch (step.c),
-     * and on a GPU they keep nothing exact (engine.h note 3). */
+     * where the probe found pairs inexact too they would only cost, and on a
+     * GPU they keep nothing exact (engine.h note 3). */
     s->pairs = ks_engine_exact_how(s->e, p->exact) == KS_EXACT_PAIRS;
     /* Checkpoints where a trim needs them (policy.c "Checkpoints"). */
     s->ckpt_on = (ks_engine_is_hybrid(s->e) || ks_engine_is_recurrent(s->e)) && p->ckpt_max > 0 && p->ckpt_bytes > 0;
