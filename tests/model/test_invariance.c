@@ -255,6 +255,38 @@ static void test_repacked_q4k(void **st) {
     g_model = NULL;
 }
 
+/* Mixtures of experts (issue 31). Experts are multiplied through
+ * MUL_MAT_ID, which gives each expert the rows routed to it: a decoded token
+ * one row per chosen expert, a prefill many (and a prefill in chunks of 7
+ * a handful). In the pinned source both of its CPU paths — ggml's vec_dot
+ * per row, and the repacked gemv per row for Q4_K and MXFP4 — take one row
+ * at a time whatever the count, and the routers' F32 products, the top-k,
+ * the gated SwiGLUs, attention sinks (gpt-oss: applied per row in the
+ * patched tiled kernel) and the sliding window are row-local: the probe
+ * finds them invariant, and lone rows equal the prefill bit for bit across
+ * chunkings, thread counts and the window (docs/LLAMA_FACTS.md). */
+static void test_moe_lone_rows(void **st) {
+    (void)st;
+    static const char *const env[] = {"KS_TINY_MOE_MODEL", "KS_TINY_MOE_Q4K_MODEL", "KS_TINY_GPTOSS_MODEL"};
+    static const int lens[][2] = {{5, 40}, {31, 33}, {200, 60}, {700, 30}};
+    for (size_t m = 0; m < sizeof env / sizeof env[0]; m++) {
+        g_model = getenv(env[m]);
+        if (!g_model) fail_msg("%s is not set (run through ctest)", env[m]);
+        ks_engine *e = open_engine(1, 2, KS_FA_AUTO);
+        int used = 0;
+        assert_true(ks_engine_n_expert(e, &used) > used && used > 0);
+        assert_int_equal(ks_engine_batch_invariant(e), patched());
+        ks_engine_free(e);
+        for (int th = 1; th <= 2; th++)
+            for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++)
+                for (int fa = KS_FA_OFF; fa <= KS_FA_ON; fa++) {
+                    lone_rows_vs_prefill(th, lens[i][0], lens[i][1], fa);
+                    lone_rows_vs_prefill_chunked(th, lens[i][0], lens[i][1], fa, 7);
+                }
+    }
+    g_model = NULL;
+}
+
 /* The engine claims exactness only where its probe found it (issue 31):
  * "pairs" where tokens decoded beside a throwaway copy reproduce a batch,
  * and "unavailable" (with its reason) where nothing does, instead of pairs
@@ -321,6 +353,7 @@ int main(void) {
         cmocka_unit_test(test_lone_rows_equal_prefill_flash_attn),
         cmocka_unit_test(test_row_beside_another_sequence),
         cmocka_unit_test(test_repacked_q4k),
+        cmocka_unit_test(test_moe_lone_rows),
         cmocka_unit_test(test_exact_claims),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
