@@ -318,6 +318,7 @@ ks_engine_params ks_engine_params_default(void) {
     p.type_k = -1;
     p.type_v = -1;
     p.exact = true;
+    p.repack = true;
     p.flash_attn = KS_FA_AUTO;
     ks_offload_defaults(&p.offload);
     return p;
@@ -453,6 +454,7 @@ int ks_engine_open(const ks_engine_params *p, ks_engine **out, char *err, size_t
         memcpy(tsplit, p->offload.tensor_split, sizeof tsplit);
         mp.tensor_split = tsplit;
     }
+    mp.use_extra_bufts = p->repack;
     e->model = llama_model_load_from_file(p->model_path, mp);
     if (!e->model) {
         ks_set_err(err, errlen,

@@ -83,6 +83,9 @@ typedef struct ks_engine_params {
                         op offload stays off where layers stay on the CPU (note 3) */
     ks_offload offload; /* where the model runs (base/offload.h; default: "auto" layers on
                            every GPU found, none without one) */
+    bool repack;     /* default true: let ggml repack weights into its interleaved
+                        layouts (Q4_0, Q4_K, IQ4_NL, MXFP4 on x86; llama's use_extra_bufts,
+                        llama-server's --no-repack turns it off) */
 } ks_engine_params;
 
 ks_engine_params ks_engine_params_default(void);
@@ -117,7 +120,8 @@ char *ks_engine_meta_dump(const ks_engine *e);
  * attention on a backend older than revision 2, or when the probe could not run. */
 bool ks_engine_batch_invariant(const ks_engine *e);
 /* Whether the model's weights were loaded with ggml's repacking (llama's
- * use_extra_bufts): false when exact mode loaded them again without it. */
+ * use_extra_bufts): false when asked (repack false) or when exact mode loaded
+ * them again without it. */
 bool ks_engine_repacked(const ks_engine *e);
 /* true when the model is not batch-invariant but the probe found tokens
  * decoded as pairs (each beside a throwaway copy of itself, step.c) bit-
