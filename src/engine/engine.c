@@ -754,6 +754,16 @@ bool ks_engine_is_hybrid(const ks_engine *e) { return llama_model_is_hybrid(e->m
 bool ks_engine_is_recurrent(const ks_engine *e) { return llama_model_is_recurrent(e->model); }
 int ks_engine_n_swa(const ks_engine *e) { return (int)llama_model_n_swa(e->model); }
 
+bool ks_engine_state_restorable(const ks_engine *e, int n) {
+    int w = ks_engine_n_swa(e);
+    return w <= 0 || n <= w || (n - w) % KS_ENGINE_SWA_ALIGN == 0;
+}
+
+int ks_engine_restorable_floor(const ks_engine *e, int n) {
+    int w = ks_engine_n_swa(e);
+    if (w <= 0 || n <= w) return n;
+    return w + (n - w) / KS_ENGINE_SWA_ALIGN * KS_ENGINE_SWA_ALIGN;
+}
 /* ----------------------------------------------------- decode and logits */
 ks_batch *ks_batch_create(int n_max) {
     ks_batch *b = calloc(1, sizeof *b);

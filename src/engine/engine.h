@@ -215,6 +215,23 @@ bool ks_engine_is_recurrent(const ks_engine *e);
 /* The sliding window of the model's SWA layers in tokens (llama_model_n_swa),
  * 0 when it has none (Gemma 2/3, gpt-oss have one). */
 int ks_engine_n_swa(const ks_engine *e);
+/* Whether a state of n tokens (ks_engine_state_get), set into a cleared
+ * sequence, decodes on with the bits of the sequence it was taken from.
+ * Always, but on a sliding-window model past the window: llama's state then
+ * holds only the window's cells of the sliding layers (positions [n - n_swa,
+ * n)) and a restore puts them at the sequence's first cells, shifted by
+ * n - n_swa from where the live sequence had them. The CPU kernels sum
+ * attention in blocks aligned to cell 0 — the patched flash-attention
+ * kernel in tiles of 64 cells (masked cells add exact zeros), without flash
+ * attention 16-lane sums (64 with ggml's one-row F16 dot) — so the shift
+ * changes no bits when it is a multiple of KS_ENGINE_SWA_ALIGN, and does
+ * otherwise (measured: docs/LLAMA_FACTS.md, "Sliding window: restores at
+ * aligned lengths"). */
+bool ks_engine_state_restorable(const ks_engine *e, int n);
+/* The longest n' <= n with ks_engine_state_restorable(e, n') (n itself but
+ * on a sliding-window model); n <= 0: n. */
+int ks_engine_restorable_floor(const ks_engine *e, int n);
+#define KS_ENGINE_SWA_ALIGN 64
 
 /* -------------------------------------------------------------- tokenizer */
 /* Tokenizes text. add_special: BOS as the model wants; parse_special: treat
