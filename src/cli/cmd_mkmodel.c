@@ -54,7 +54,7 @@ static void mkmodel_usage(FILE *f) {
             "                         head dim 64, 16 experts of 64, 4 per token, Q8_0 (~1.4 MiB)\n"
             "                  tiny-moe-q4k: the same in Q4_K with n_embd 256, experts of 256\n"
             "                  tiny-moe-iq4xs: tiny-moe-q4k in IQ4_XS (a type whose kernels are\n"
-            "                         not batch-invariant: exact mode is off on it)\n"
+            "                         not batch-invariant: exact mode is unavailable on it)\n"
             "                  bench-moe: Qwen3-30B-A3B's ratios at half its width and layers:\n"
             "                         24 layers, n_embd 1024, 16 heads (4 KV) of 128, 64 experts\n"
             "                         of 512, 8 per token, 32000 tokens, Q8_0 (2.6 B parameters,\n"

@@ -16,7 +16,7 @@
  *     (each beside a throwaway copy, the scheduler's fallback), which may or
  *     may not be exact (ks_engine_pairs_exact). In exact mode, when neither
  *     is, the model is loaded again without weight repacking and probed
- *     again; when still neither is, exact mode is off and the engine says so
+ *     again; when still neither is, exact mode is unavailable and the engine says why
  *     (a kernel the patch does not cover, docs/LLAMA_FACTS.md).
  *  1. Exactness: the prebuilt CPU backend's flash attention changes its
  *     tiling with the number of query rows, the KV length and the thread
