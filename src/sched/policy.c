@@ -93,16 +93,15 @@
  * any length. */
 static bool restorable(const ks_sched *s, int n) { return ks_engine_state_restorable(s->e, n); }
 
-/* Whether the slot's sequence can be cut back to n tokens and decode on
- * with a prefill's bits. A sequence restored past a sliding window holds no
- * cell before its first window (pos_min): cut below pos_min + n_swa, the
- * tokens after the cut would miss cells they attend to, although llama's
- * seq_rm accepts it (llama-server's rule; docs/LLAMA_FACTS.md (e)). */
-static bool trim_keeps_window(const ks_sched *s, const slot *sl, int n) {
+/* Whether a sequence whose sliding layers hold no cell before position
+ * pos_min (a state restored past the window: its first window's start) can
+ * be cut back to n tokens and decode on with a prefill's bits. Cut below
+ * pos_min + n_swa, the tokens after the cut would miss cells they attend to,
+ * although llama's seq_rm accepts it (llama-server's rule;
+ * docs/LLAMA_FACTS.md (e)). */
+static bool cut_keeps_window(const ks_sched *s, int pos_min, int n) {
     int w = ks_engine_n_swa(s->e);
-    if (w <= 0) return true;
-    int pmin = ks_engine_seq_pos_min(s->e, sl->id);
-    return pmin <= 0 || pmin <= n - w;
+    return w <= 0 || pos_min <= 0 || pos_min <= n - w;
 }
 
 /* ---------------------------------------------------------------- saves */
@@ -287,7 +286,7 @@ static int trim(ks_sched *s, slot *sl, int n_reuse) {
         return 0;
     }
     if (n_reuse == sl->tokens.n) return n_reuse;
-    if (!trim_keeps_window(s, sl, n_reuse)) {
+    if (!cut_keeps_window(s, ks_engine_seq_pos_min(s->e, sl->id), n_reuse)) {
         /* A sequence restored past a sliding window cannot go back this far:
          * the plan's restores that follow may find a shorter state. */
         KS_DEBUG(MOD, "slot[%d] cut to %d would lose the window of a restored sequence (pos_min %d), rebuilding",
@@ -355,10 +354,9 @@ static int copy_source(ks_sched *s, const slot *dst, const sreq *r, int need, in
         int n = ks_prefix_reuse(ks_prefix_common(o->tokens.v, o->tokens.n, r->prompt.v, r->prompt.n), r->prompt.n);
         n = copy_reach(s, o, n, trims);
         if (n < need) continue;
-        /* The copy restores o's whole state, then cuts it back to n: past a
-         * sliding window that cut would lose cells (trim_keeps_window). */
-        int w = ks_engine_n_swa(s->e);
-        if (w > 0 && o->tokens.n > w && n < o->tokens.n) continue;
+        /* The copy restores o's whole state, whose first window then starts
+         * at o->tokens.n - n_swa, and cuts it back to n. */
+        if (!cut_keeps_window(s, o->tokens.n - ks_engine_n_swa(s->e), n)) continue;
         if (best < 0 || n > *n_out || (n == *n_out && o->tokens.n < s->slots[best].tokens.n)) {
             best = i;
             *n_out = n;
@@ -500,7 +498,8 @@ static int pins_plan(ks_sched *s, slot *sl, sreq *r, int *n_reuse) {
     /* the rewind cuts the live sequence (its window must stay whole) and sets
      * its whole state again (a restore) */
     bool rewind = trims && restorable(s, n_full);
-    for (int k = 0; rewind && k < n_cov; k++) rewind = trim_keeps_window(s, sl, r->pins[covered[k]].n_tokens);
+    int pmin = ks_engine_seq_pos_min(s->e, sl->id);
+    for (int k = 0; rewind && k < n_cov; k++) rewind = cut_keeps_window(s, pmin, r->pins[covered[k]].n_tokens);
     uint8_t *full = rewind ? snapshot(s, sl, &len) : NULL;
     if (full) {
         /* Rewind: deepest first, each cut from the previous one. */
