@@ -13,6 +13,9 @@
 //   --max-tokens N reply length (default 128; ignore_eos makes every reply that long)
 //   --prompt-words N  words of the user message (default 32)
 //   --out DIR      write DIR/decode_peer.{md,csv} too
+//   --gap-ms N     wait N ms before each request (default 0), so that no other
+//                  server's polling threads still hold the cores (on 2 cores a
+//                  2-thread decode beside them crawls at its barriers)
 //
 // Method:
 //  - Each request: POST /v1/chat/completions, stream: true, temperature 0
@@ -39,14 +42,15 @@ import { parseArgs, median, words, label, streamChat } from './peer_lib.mjs';
 const { opt, lists, rest, die } = parseArgs('decode_peer', process.argv.slice(2), ['name']);
 const urls = rest.map((u) => u.replace(/\/+$/, ''));
 const names0 = lists.name; // --name, one per URL
-const num = (k, d) => {
+const num = (k, d, min = 1) => {
   if (opt[k] === undefined) return d;
   const v = Number(opt[k]);
-  if (!Number.isInteger(v) || v < 1) die(`--${k} wants a positive integer`);
+  if (!Number.isInteger(v) || v < min) die(`--${k} wants an integer >= ${min}`);
   return v;
 };
 if (!urls.length) die('usage: node bench/decode_peer.mjs URL [URL ...] [--name LABEL ...] [--rounds N] [--max-tokens N] [--prompt-words N] [--out DIR]');
-const ROUNDS = num('rounds', 5), MT = num('max-tokens', 128), PW = num('prompt-words', 32);
+const ROUNDS = num('rounds', 5), MT = num('max-tokens', 128), PW = num('prompt-words', 32), GAP = num('gap-ms', 0, 0);
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 const f = (x, d = 1) => (Number.isFinite(x) ? x.toFixed(d) : '–');
 
@@ -87,6 +91,7 @@ for (let r = 0; r < ROUNDS; r++) {
   const line = [];
   for (let k = 0; k < urls.length; k++) {
     const s = (r + k) % urls.length; // rotate who goes first
+    if (GAP) await sleep(GAP);
     const x = await run(urls[s], msg);
     if (x.chunks !== x.tokens && !warned) {
       warned = true;

@@ -18,24 +18,26 @@
 #   SERVERS [kvstash,llama-server]  which servers to start when URLS is unset:
 #                kvstash (default flags), kvstash-no-exact (--no-exact),
 #                kvstash-prebuilt (KS_GGML_CPU=prebuilt: the npm CPU variants, so
-#                exactness by pair decoding), llama-server (its defaults: flash
-#                attention auto = on for the CPU), llama-server-fa-off
+#                exactness by pair decoding), kvstash-no-repack (--no-repack),
+#                llama-server (its defaults: flash attention auto = on for the
+#                CPU), llama-server-fa-off, llama-server-no-repack
 #                (started by bench/peer_lib.sh)
 #   THREADS [2]  SLOTS [2]  CTX [4096] (context per slot) — of every server started
 #   KS_ARGS []   more `kvstash serve` flags (e.g. --no-exact, --flash-attn)
 #   PEER_ARGS []  more llama-server flags
 #   ROUNDS [5]  MAX_TOKENS [128]  PROMPT_WORDS [32]
+#   GAP_MS [0]   wait before each request (decode_peer.mjs --gap-ms)
 # Writes bench/out/decode_peer.{md,csv} and the servers' logs
 # bench/out/decode_peer-*.log; prints the markdown table.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-ROUNDS=${ROUNDS:-5} MAX_TOKENS=${MAX_TOKENS:-128} PROMPT_WORDS=${PROMPT_WORDS:-32}
+ROUNDS=${ROUNDS:-5} MAX_TOKENS=${MAX_TOKENS:-128} PROMPT_WORDS=${PROMPT_WORDS:-32} GAP_MS=${GAP_MS:-0}
 THREADS=${THREADS:-2} SLOTS=${SLOTS:-2} CTX=${CTX:-4096}
 SERVERS=${SERVERS:-kvstash,llama-server}
 KS_ARGS=${KS_ARGS:-} PEER_ARGS=${PEER_ARGS:-}
 OUT=$ROOT/bench/out
-MEASURE=(node "$ROOT/bench/decode_peer.mjs" --rounds "$ROUNDS" --max-tokens "$MAX_TOKENS" --prompt-words "$PROMPT_WORDS" --out "$OUT")
+MEASURE=(node "$ROOT/bench/decode_peer.mjs" --rounds "$ROUNDS" --max-tokens "$MAX_TOKENS" --prompt-words "$PROMPT_WORDS" --gap-ms "$GAP_MS" --out "$OUT")
 command -v node >/dev/null 2>&1 || { echo "decode_peer.sh: node is required" >&2; exit 1; }
 mkdir -p "$OUT"
 

@@ -22,7 +22,7 @@ bench_prepare() {
         mkdir -p "$(dirname "$MODEL")"
         # build/models/PRESET.gguf of a bench preset: that preset; else the bench model
         local preset=bench
-        case $(basename "$MODEL" .gguf) in bench-hybrid | bench-q4k) preset=$(basename "$MODEL" .gguf) ;; esac
+        case $(basename "$MODEL" .gguf) in bench-hybrid | bench-q4k | bench-moe | bench-moe-q4k) preset=$(basename "$MODEL" .gguf) ;; esac
         "$BIN" mkmodel --preset "$preset" --seed 1 "$MODEL"
     fi
     case $name in

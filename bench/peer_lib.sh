@@ -16,8 +16,10 @@
 #   SERVERS [kvstash,llama-server]  kvstash (default flags), kvstash-no-exact
 #            (--no-exact), kvstash-prebuilt (KS_GGML_CPU=prebuilt: the npm CPU
 #            variants, so exactness by pair decoding), kvstash-fa-off (--flash-attn
-#            off), kvstash-no-ckpt (--ctx-checkpoints 0: hybrid models rebuild), llama-server (its defaults: flash attention auto = on for the
-#            CPU, as kvstash's default), llama-server-fa-off (--flash-attn off)
+#            off), kvstash-no-ckpt (--ctx-checkpoints 0: hybrid models rebuild),
+#            kvstash-no-repack (--no-repack), llama-server (its defaults: flash attention
+#            auto = on for the CPU, as kvstash's default), llama-server-fa-off
+#            (--flash-attn off), llama-server-no-repack (--no-repack)
 #   THREADS [2]  SLOTS [2]  CTX [4096] (context per slot; llama-server gets
 #            -c SLOTS*CTX with -np SLOTS, i.e. CTX per slot too: bench/peer.sh)
 #   KS_ARGS []  more `kvstash serve` flags    PEER_ARGS []  more llama-server flags
@@ -48,8 +50,9 @@ peer_start_servers() { # $1 = script name (for messages), $2 = log prefix
     for s in "${want[@]}"; do
         log=$OUT/$prefix-$s.log
         case $s in
-        kvstash | kvstash-no-exact | kvstash-prebuilt | kvstash-fa-off | kvstash-no-ckpt)
+        kvstash | kvstash-no-exact | kvstash-prebuilt | kvstash-fa-off | kvstash-no-ckpt | kvstash-no-repack)
             args=$KS_ARGS envs=()
+            [ "$s" = kvstash-no-repack ] && args="${args:+$args }--no-repack"
             [ "$s" = kvstash-no-exact ] && args="${args:+$args }--no-exact"
             [ "$s" = kvstash-fa-off ] && args="${args:+$args }--flash-attn off"
             # hybrid models without checkpoints: every trim rebuilds (the old behaviour)
@@ -69,9 +72,10 @@ peer_start_servers() { # $1 = script name (for messages), $2 = log prefix
             [ -n "$port" ] || { tail -n 20 "$log" >&2; echo "$me: kvstash did not start (log: $log)" >&2; exit 1; }
             names+=(--name "$s$(sed -n 's/.*, exact: \([a-z-]*\)[ )].*/ (exact: \1)/p' "$log" | head -n 1)${args:+ $args}")
             ;;
-        llama-server | llama-server-fa-off)
+        llama-server | llama-server-fa-off | llama-server-no-repack)
             peer_args=$PEER_ARGS
             [ "$s" = llama-server-fa-off ] && peer_args="${peer_args:+$peer_args }--flash-attn off"
+            [ "$s" = llama-server-no-repack ] && peer_args="${peer_args:+$peer_args }--no-repack"
             "$ROOT/bench/peer.sh" path >/dev/null # build it first (not inside the timed wait)
             port=$(peer_free_port)
             # shellcheck disable=SC2086 # peer_args is a list of flags
@@ -79,7 +83,7 @@ peer_start_servers() { # $1 = script name (for messages), $2 = log prefix
             pids+=($!)
             names+=(--name "llama-server $("$ROOT/bench/peer.sh" version | sed -n 's/.*build \([0-9]*\), commit \([0-9a-f]*\).*/b\1-\2/p')${peer_args:+ $peer_args}")
             ;;
-        *) echo "$me: unknown server '$s' (kvstash, kvstash-no-exact, kvstash-prebuilt, kvstash-fa-off, kvstash-no-ckpt, llama-server, llama-server-fa-off)" >&2; exit 2 ;;
+        *) echo "$me: unknown server '$s' (kvstash, kvstash-no-exact, kvstash-prebuilt, kvstash-fa-off, kvstash-no-ckpt, kvstash-no-repack, llama-server, llama-server-fa-off, llama-server-no-repack)" >&2; exit 2 ;;
         esac
         keys+=("$s")
         urls+=("http://127.0.0.1:$port")

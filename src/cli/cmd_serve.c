@@ -60,6 +60,9 @@ static void usage(FILE *f) {
             "  --no-cache-prompt         never reuse a slot's KV (every prompt is prefilled)\n"
             "  --no-exact                decode generated tokens alone: faster decode, but cached and\n"
             "                            concurrent output may differ in the last bits (exact: false)\n"
+            "  --no-repack               keep the weights as stored: ggml does not repack Q4_0, Q4_K,\n"
+            "                            IQ4_NL, MXFP4 into its interleaved layouts (repack: false; as\n"
+            "                            llama-server's --no-repack)\n"
             "  --imc                     incremental message cache: route conversations to their slot\n"
             "                            by message hashes (models.<name>.incremental_cache)\n"
             "  --spc                     system prompt cache: keep system-prompt KV states in RAM\n"
@@ -134,7 +137,7 @@ typedef struct flags {
     int header_timeout, max_conns, max_conns_client; /* -1: not given */
     long long max_body;
     int cache_ram; /* MiB, -1: not given */
-    bool no_cache, no_exact, imc, spc;
+    bool no_cache, no_exact, no_repack, imc, spc;
     int flash_attn; /* KS_FA_* */
     const char *cache_dir, *cache_redis;
     const char *tls_ca, *tls_ca_dir, *tls_cert, *tls_key, *tls_name; /* --cache-redis-tls-* */
@@ -153,13 +156,13 @@ static int parse_flags(int argc, char **argv, flags *f) {
            O_MAXTOK, O_ALIAS, O_TIMEOUT, O_SHUTDOWN, O_FA, O_CONFIG, O_LOG, O_IMC, O_SPC, O_CACHEDIR, O_CACHERAM,
            O_TEMPLATE, O_REASONING, O_CORS, O_RESP_TTL, O_RESP_MAX, O_HDR_TIMEOUT, O_MAXCONN, O_MAXCONN_CLIENT,
            O_CKPT, O_CKPT_EVERY, O_CKPT_BYTES, O_CACHEREDIS, O_TLS_CA, O_TLS_CA_DIR, O_TLS_CERT, O_TLS_KEY,
-           O_TLS_NAME, O_TLS_INSECURE, O_OFFLOAD, O_OFFLOAD_END = O_OFFLOAD + KS_CLI_OFFLOAD_N };
+           O_TLS_NAME, O_TLS_INSECURE, O_NOREPACK, O_OFFLOAD, O_OFFLOAD_END = O_OFFLOAD + KS_CLI_OFFLOAD_N };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},          {"host", required_argument, 0, O_HOST},
         {"port", required_argument, 0, O_PORT},        {"slots", required_argument, 0, O_SLOTS},
         {"ctx", required_argument, 0, O_CTX},          {"batch", required_argument, 0, O_BATCH},
         {"threads", required_argument, 0, O_THREADS},  {"no-cache-prompt", no_argument, 0, O_NOCACHE},
-        {"no-exact", no_argument, 0, O_NOEXACT},
+        {"no-exact", no_argument, 0, O_NOEXACT},     {"no-repack", no_argument, 0, O_NOREPACK},
         {"api-key", required_argument, 0, O_KEY},      {"max-queue", required_argument, 0, O_QUEUE},
         {"max-body-bytes", required_argument, 0, O_BODY}, {"max-tokens", required_argument, 0, O_MAXTOK},
         {"alias", required_argument, 0, O_ALIAS},      {"timeout", required_argument, 0, O_TIMEOUT},
@@ -222,6 +225,7 @@ static int parse_flags(int argc, char **argv, flags *f) {
             break;
         case O_NOCACHE: f->no_cache = true; break;
         case O_NOEXACT: f->no_exact = true; break;
+        case O_NOREPACK: f->no_repack = true; break;
         case O_KEY: f->api_key = optarg; break;
         case O_QUEUE:
             if (ks_cli_parse_int(CMD, "--max-queue", optarg, KS_CONFIG_MAX_QUEUE_MIN, KS_CONFIG_MAX_QUEUE_MAX,
@@ -382,6 +386,7 @@ static int apply_flags(const flags *f, ks_config *c) {
     if (f->no_cache) c->cache_prompt = false;
     if (f->no_exact) c->exact = false;
     ks_cli_offload_apply(&f->offload, f->offload_given, &c->offload);
+    if (f->no_repack) c->repack = false;
     if (f->ctx_checkpoints >= 0) c->ctx_checkpoints = f->ctx_checkpoints;
     if (f->checkpoint_every >= 0) c->checkpoint_every = f->checkpoint_every;
     if (f->checkpoint_bytes >= 0) c->checkpoint_bytes = f->checkpoint_bytes;
@@ -469,9 +474,24 @@ static int open_engine(const ks_config *c, int flash_attn, ks_engine **e) {
     ep.flash_attn = flash_attn;
     ep.exact = c->exact;
     ep.offload = c->offload;
+    ep.repack = c->repack;
     char err[1024] = "";
     int rc = ks_engine_open(&ep, e, err, sizeof err);
     if (rc) fprintf(stderr, CMD ": %s\n", err[0] ? err : ks_strerror(rc));
+    if (!rc) {
+        /* What the open-time probe found, so that a model's exactness (a
+         * mixture of experts' above all: issue 31) is stated, not assumed. */
+        int n_used = 0, n_exp = ks_engine_n_expert(*e, &n_used);
+        char moe[64] = "";
+        if (n_exp > 0) snprintf(moe, sizeof moe, ", %d experts (%d per token)", n_exp, n_used);
+        bool inv = ks_engine_batch_invariant(*e), pairs = ks_engine_pairs_exact(*e);
+        const char *why = ks_engine_exact_reason(*e, c->exact);
+        KS_INFO("serve", "model %s (%s%s), weight repacking %s; probe: a token decoded alone %s its bits in a "
+                "batch%s -> exact mode %s%s%s%s", ks_engine_model_name(*e), ks_engine_model_desc(*e), moe,
+                ks_engine_repacked(*e) ? "on" : "off", inv ? "keeps" : "does not keep",
+                inv ? "" : pairs ? ", decoded in pairs it does" : "", ks_engine_exact_mode(*e, c->exact),
+                why ? " (" : "", why ? why : "", why ? ")" : "");
+    }
     /* A silently smaller context turns a client's long prompt into a refusal
      * it cannot explain: say so at the default level. */
     else if (c->ctx > ks_engine_n_ctx_seq(*e))

@@ -126,6 +126,7 @@ void ks_config_defaults(ks_config *c) {
     c->cache_prompt = true;
     c->exact = true;
     ks_offload_defaults(&c->offload);
+    c->repack = true;
     c->affinity_min = 0.05f;
     c->ctx_checkpoints = 8;
     c->checkpoint_bytes = 32LL << 20;

@@ -29,6 +29,7 @@
  *   kv_offload: true         # false: the KV stays in host memory (--no-kv-offload)
  *   op_offload: true         # false: never run CPU layers' products on a GPU (--no-op-offload);
  *                            # exact mode turns it off where layers stay on the CPU
+ *   repack: true             # let ggml repack Q4_0/Q4_K/IQ4_NL/MXFP4 weights (--no-repack)
  *   affinity_min: 0.05       # min shared fraction to prefer a slot by prefix
  *   ctx_checkpoints: 8       # hybrid models: checkpoints per slot, 0..32 (0: none)
  *   checkpoint_bytes: 32MiB  # ... and their byte budget per slot
@@ -182,6 +183,7 @@ typedef struct ks_config {
     bool exact;                 /* default true (see the note on exactness in sched.c) */
     ks_offload offload;         /* where the model runs (base/offload.h); checked against the
                                    devices and the model by the engine when it opens */
+    bool repack;                /* default true: ggml may repack weights (engine.h ks_engine_params) */
     /* Checkpoints of hybrid models (sched.h ckpt_*): per slot at most
      * ctx_checkpoints (0..KS_CONFIG_CKPT_MAX; 0: none), within
      * checkpoint_bytes, one every checkpoint_every generated tokens (0: none

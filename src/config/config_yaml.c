@@ -227,6 +227,7 @@ static const field k_top_fields[] = {
     FI(ks_config, threads, KS_CONFIG_THREADS_MIN, KS_CONFIG_THREADS_MAX),
     FB(ks_config, cache_prompt),
     FB(ks_config, exact),
+    FB(ks_config, repack),
     FF(ks_config, affinity_min, 0, 1),
     FI(ks_config, ctx_checkpoints, 0, KS_CONFIG_CKPT_MAX),
     FY(ks_config, checkpoint_bytes, 0, KS_STORE_BYTES_MAX),

@@ -36,7 +36,10 @@ struct ks_engine {
     int32_t *eog;   /* every end-of-generation token of the vocabulary (ignore_eos) */
     int n_eog;
     bool invariant; /* the open-time probe found one-row decodes bit-identical to batches */
+    bool pairs_ok;  /* not invariant, but the probe found rows decoded as pairs (the scheduler's
+                     * fallback, step.c) bit-identical to batches */
     bool probe_ran; /* the probe's decodes all ran (its verdict means something) */
+    int n_expert, n_expert_used; /* a mixture of experts' (GGUF ARCH.expert_count, _used_count); 0: dense */
     bool repack;    /* weights may be repacked (llama's use_extra_bufts) */
     double warm_ms; /* what the probe (the warm-up) took */
     size_t state_fixed, state_per_tok; /* a sequence state's bytes: fixed + per token (measured by the probe) */
@@ -187,17 +190,51 @@ static bool kv_tiled(int type_k, int type_v) {
 
 #define PROBE_N 32
 #define PROBE_PRE 16
+
+/* B of the probe: tok[0, PROBE_PRE) as one batch in sequence 0 (cleared
+ * first), then each later token alone — or, with pairs, beside a throwaway
+ * copy of itself at the next position that is removed right after, as the
+ * scheduler's fallback decodes (step.c). The sequence state (sz bytes) goes
+ * to st and the last token's logits to lo; false when a decode failed or the
+ * state is not sz bytes. With sz_pre, the state's size after the batch. */
+static bool probe_rows(ks_engine *e, struct llama_batch *b, const llama_token *tok, bool pairs, uint8_t *st,
+                       size_t sz, float *lo, size_t *sz_pre) {
+    llama_memory_t mem = llama_get_memory(e->ctx);
+    llama_memory_clear(mem, true);
+    for (int i = 0; i < PROBE_PRE; i++) {
+        b->token[i] = tok[i]; b->pos[i] = i; b->n_seq_id[i] = 1; b->seq_id[i][0] = 0; b->logits[i] = 0;
+    }
+    b->n_tokens = PROBE_PRE;
+    bool ok = llama_decode(e->ctx, *b) == 0;
+    if (ok && sz_pre) *sz_pre = llama_state_seq_get_size(e->ctx, 0);
+    for (int i = PROBE_PRE; ok && i < PROBE_N; i++) {
+        b->token[0] = tok[i]; b->pos[0] = i; b->logits[0] = i == PROBE_N - 1;
+        b->n_tokens = 1;
+        if (pairs) {
+            b->token[1] = tok[i]; b->pos[1] = i + 1; b->n_seq_id[1] = 1; b->seq_id[1][0] = 0; b->logits[1] = 0;
+            b->n_tokens = 2;
+        }
+        ok = llama_decode(e->ctx, *b) == 0 && (!pairs || llama_memory_seq_rm(mem, 0, i + 1, -1));
+    }
+    const float *l = NULL;
+    ok = ok && (l = llama_get_logits_ith(e->ctx, 0)) != NULL && llama_state_seq_get_size(e->ctx, 0) == sz &&
+         llama_state_seq_get_data(e->ctx, st, sz, 0) == sz;
+    if (ok) memcpy(lo, l, sizeof(float) * (size_t)e->n_vocab);
+    return ok;
+}
+
 static void probe(ks_engine *e) {
     double t0 = ks_now_ms();
     e->invariant = false;
+    e->pairs_ok = false;
     e->probe_ran = false;
-    if (e->n_ctx_seq < PROBE_N + 1 || e->n_batch < PROBE_N) return;
+    if (e->n_ctx_seq < PROBE_N + 2 || e->n_batch < PROBE_N) return;
     struct llama_batch b = llama_batch_init(PROBE_N, 0, 1);
-    float *la = malloc(sizeof(float) * (size_t)e->n_vocab);
+    float *la = malloc(sizeof(float) * (size_t)e->n_vocab), *lb = malloc(sizeof(float) * (size_t)e->n_vocab);
     uint8_t *sa = NULL, *sb = NULL;
     size_t sz = 0;
     llama_memory_t mem = llama_get_memory(e->ctx);
-    bool ok = la != NULL;
+    bool ok = la != NULL && lb != NULL;
     uint32_t x = 2463534242u;
     llama_token tok[PROBE_N];
     for (int i = 0; i < PROBE_N; i++) {
@@ -220,27 +257,15 @@ static void probe(ks_engine *e) {
     } else {
         ok = false;
     }
-    llama_memory_clear(mem, true);
-    /* B */
-    if (ok) {
-        b.n_tokens = PROBE_PRE;
-        b.logits[PROBE_N - 1] = 0;
-        ok = llama_decode(e->ctx, b) == 0;
-    }
+    /* B, lone rows */
+    size_t sz_pre = 0;
+    ok = ok && probe_rows(e, &b, tok, false, sb, sz, lb, &sz_pre);
     /* A state's size at PROBE_PRE and PROBE_N tokens: what it takes per
      * token (KV) and apart from them (headers, a recurrent state). */
-    size_t sz_pre = ok ? llama_state_seq_get_size(e->ctx, 0) : 0;
     if (ok && sz > sz_pre) {
         e->state_per_tok = (sz - sz_pre) / (PROBE_N - PROBE_PRE);
         e->state_fixed = sz > e->state_per_tok * PROBE_N ? sz - e->state_per_tok * PROBE_N : 0;
     }
-    for (int i = PROBE_PRE; ok && i < PROBE_N; i++) {
-        b.token[0] = tok[i]; b.pos[0] = i; b.logits[0] = i == PROBE_N - 1;
-        b.n_tokens = 1;
-        ok = llama_decode(e->ctx, b) == 0;
-    }
-    if (ok) ok = (l = llama_get_logits_ith(e->ctx, 0)) != NULL && llama_state_seq_get_size(e->ctx, 0) == sz &&
-                 llama_state_seq_get_data(e->ctx, sb, sz, 0) == sz;
     /* Only the patched CPU backend's kernels are known to be invariant: with
      * a GPU computing any part of the model the probe still runs there (it
      * reports what it sees), but nothing is called invariant (note 3). */
@@ -249,17 +274,33 @@ static void probe(ks_engine *e) {
         e->probe_size = sz;
         e->probe_diff = 0;
         for (size_t k = 0; k < sz; k++) e->probe_diff += sa[k] != sb[k];
-        bool same_logits = memcmp(la, l, sizeof(float) * (size_t)e->n_vocab) == 0;
+        bool same_logits = memcmp(la, lb, sizeof(float) * (size_t)e->n_vocab) == 0;
         e->invariant = kernels_ok && same_logits && e->probe_diff == 0;
         if (e->gpu)
             KS_DEBUG(MOD, "probe on %s: %zu of %zu state bytes differ, logits %s", e->off.dev[0].name, e->probe_diff,
                      sz, same_logits ? "identical" : "differ");
     }
+    /* B again as pairs, where lone rows differ on the CPU and a sequence can
+     * drop its throwaway row. Pairs are only trusted where lone rows differ in
+     * the known way — one-row products summed in another order than products
+     * of two or more (the prebuilt backend) — and flash attention, whose stock
+     * kernel retiles with the KV length where 32 tokens cannot show it, is
+     * off or the patched one: a kernel that switches at more rows (the IQ
+     * panel gemm at 8, docs/LLAMA_FACTS.md) fails here, and exactness is then
+     * unavailable, not falsely claimed. A GPU picks its kernels by the row
+     * count: pairs do not make it exact (note 3). */
+    bool fa_ok = !e->flash_attn || (g_patched && g_patch_rev >= 2 && kv_tiled(e->type_k, e->type_v));
+    if (ok && !e->invariant && !e->gpu && fa_ok && ks_engine_partial_rm_ok(e)) {
+        ok = probe_rows(e, &b, tok, true, sb, sz, lb, NULL);
+        e->pairs_ok = ok && memcmp(la, lb, sizeof(float) * (size_t)e->n_vocab) == 0 && memcmp(sa, sb, sz) == 0;
+    }
     if (ok && kernels_ok && !e->invariant)
         KS_WARN(MOD, "this model's kernels are not batch-invariant even in the patched CPU backend "
-                     "(a lone token drifted from its prefill); decoding in pairs to stay exact");
+                     "(a lone token drifted from its prefill)%s",
+                e->pairs_ok ? "; decoding in pairs to stay exact" : "");
     llama_memory_clear(mem, true);
     free(la);
+    free(lb);
     free(sa);
     free(sb);
     llama_batch_free(b);
@@ -277,6 +318,7 @@ ks_engine_params ks_engine_params_default(void) {
     p.type_k = -1;
     p.type_v = -1;
     p.exact = true;
+    p.repack = true;
     p.flash_attn = KS_FA_AUTO;
     ks_offload_defaults(&p.offload);
     return p;
@@ -305,6 +347,15 @@ static int check_gguf_file(const char *path, char *err, size_t errlen) {
         return KS_EMODEL;
     }
     return 0;
+}
+
+/* An integer hyper-parameter "<arch>.<key>" of the model's GGUF, 0 when absent. */
+static int model_meta_int(const struct llama_model *m, const char *key) {
+    char arch[64], k[128], v[32];
+    if (llama_model_meta_val_str(m, "general.architecture", arch, sizeof arch) <= 0) return 0;
+    snprintf(k, sizeof k, "%s.%s", arch, key);
+    if (llama_model_meta_val_str(m, k, v, sizeof v) <= 0) return 0;
+    return atoi(v);
 }
 
 /* The context's CPU thread pool, made once per engine, as llama-server's
@@ -403,6 +454,7 @@ int ks_engine_open(const ks_engine_params *p, ks_engine **out, char *err, size_t
         memcpy(tsplit, p->offload.tensor_split, sizeof tsplit);
         mp.tensor_split = tsplit;
     }
+    mp.use_extra_bufts = p->repack;
     e->model = llama_model_load_from_file(p->model_path, mp);
     if (!e->model) {
         ks_set_err(err, errlen,
@@ -488,14 +540,18 @@ int ks_engine_open(const ks_engine_params *p, ks_engine **out, char *err, size_t
     e->n_ctx_seq = (int)llama_n_ctx_seq(e->ctx);
     e->n_batch = (int)llama_n_batch(e->ctx);
     e->repack = mp.use_extra_bufts;
+    e->n_expert = model_meta_int(e->model, "expert_count");
+    e->n_expert_used = model_meta_int(e->model, "expert_used_count");
     probe(e);
-    if (p->exact && g_patched && !e->gpu && (!e->flash_attn || g_patch_rev >= 2) && !e->invariant && e->probe_ran) {
-        /* ggml repacks some weight types (Q4_0, Q4_K, IQ4_NL on x86) into
-         * interleaved blocks and multiplies groups of four rows with one kernel
-         * and the rest with another, which may sum in different orders. Patch
-         * revision 4 makes the Q4_K pair agree (Q4_0 and IQ4_NL agree as
-         * shipped; docs/LLAMA_FACTS.md); anything else that drifts lands here. Without repacking every row takes ggml's
-         * vec_dot, whatever the batch: exact. */
+    if (p->exact && !e->gpu && e->repack && !e->invariant && !e->pairs_ok && e->probe_ran) {
+        /* ggml repacks some weight types (Q4_0, Q4_K, IQ4_NL, MXFP4 on x86)
+         * into interleaved blocks and multiplies groups of four rows with one
+         * kernel and the rest with another, which may sum in different orders,
+         * so neither lone rows nor pairs match a prefill. Patch revision 4
+         * makes the Q4_K pair agree (Q4_0, IQ4_NL and MXFP4 agree as shipped;
+         * docs/LLAMA_FACTS.md); the prebuilt's Q4_K and anything else that
+         * drifts lands here. Without repacking every row takes ggml's vec_dot,
+         * whatever the batch. */
         KS_INFO(MOD, "repacked weights are not batch-invariant on this model: loading it again without "
                      "repacking to keep cached output exact");
         llama_free(e->ctx);
@@ -613,8 +669,9 @@ ks_exact_how ks_engine_exact_how(const ks_engine *e, bool exact) {
      * GPU exact: it picks its kernels by the batch's row count (note 3). */
     if (e->gpu) return KS_EXACT_UNAVAILABLE;
     if (e->invariant) return KS_EXACT_INVARIANT;
-    /* the scheduler's rule (sched.c): pairs need a trimmable memory */
-    return ks_engine_partial_rm_ok(e) ? KS_EXACT_PAIRS : KS_EXACT_UNAVAILABLE;
+    /* the scheduler's rule (sched.c): pairs where the probe found them exact
+     * (which needs a trimmable memory) */
+    return e->pairs_ok ? KS_EXACT_PAIRS : KS_EXACT_UNAVAILABLE;
 }
 
 const char *ks_engine_exact_mode(const ks_engine *e, bool exact) {
@@ -642,6 +699,14 @@ static void exact_reason(ks_engine *e) {
     } else if (!e->invariant && !ks_engine_partial_rm_ok(e)) {
         snprintf(r, n, "the CPU backend is not batch-invariant here and a %s memory cannot decode in pairs",
                  ks_engine_is_hybrid(e) ? "hybrid" : "recurrent");
+    } else if (!e->invariant && !e->pairs_ok && !e->probe_ran) {
+        snprintf(r, n, "the open-time probe's decodes failed");
+    } else if (!e->invariant && !e->pairs_ok) {
+        snprintf(r, n, "this model's CPU kernels are not batch-invariant, decoded alone or in pairs (%s; "
+                       "docs/LLAMA_FACTS.md)",
+                 e->flash_attn && !(g_patched && g_patch_rev >= 2) ? "the prebuilt flash-attention kernel"
+                                                                   : "a kernel the patch does not cover, e.g. "
+                                                                     "ggml's IQ panel gemm");
     }
 }
 
@@ -672,7 +737,15 @@ void ks_engine_offload_desc(const ks_engine *e, char *buf, size_t n) {
         l += (size_t)snprintf(buf + l, n - l, " (%d on the CPU)", o->n_layers - o->n_gpu_layers);
     if (l + 1 < n) snprintf(buf + l, n - l, ", KV on %s", o->kv);
 }
+
+bool ks_engine_pairs_exact(const ks_engine *e) { return e->pairs_ok; }
+
 double ks_engine_warm_ms(const ks_engine *e) { return e->warm_ms; }
+
+int ks_engine_n_expert(const ks_engine *e, int *n_used) {
+    if (n_used) *n_used = e->n_expert_used;
+    return e->n_expert;
+}
 
 bool ks_engine_partial_rm_ok(const ks_engine *e) {
     return !llama_model_is_recurrent(e->model) && !llama_model_is_hybrid(e->model);
@@ -681,6 +754,16 @@ bool ks_engine_is_hybrid(const ks_engine *e) { return llama_model_is_hybrid(e->m
 bool ks_engine_is_recurrent(const ks_engine *e) { return llama_model_is_recurrent(e->model); }
 int ks_engine_n_swa(const ks_engine *e) { return (int)llama_model_n_swa(e->model); }
 
+bool ks_engine_state_restorable(const ks_engine *e, int n) {
+    int w = ks_engine_n_swa(e);
+    return w <= 0 || n <= w || (n - w) % KS_ENGINE_SWA_ALIGN == 0;
+}
+
+int ks_engine_restorable_floor(const ks_engine *e, int n) {
+    int w = ks_engine_n_swa(e);
+    if (w <= 0 || n <= w) return n;
+    return w + (n - w) / KS_ENGINE_SWA_ALIGN * KS_ENGINE_SWA_ALIGN;
+}
 /* ----------------------------------------------------- decode and logits */
 ks_batch *ks_batch_create(int n_max) {
     ks_batch *b = calloc(1, sizeof *b);

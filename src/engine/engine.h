@@ -12,7 +12,12 @@
  *  0. Warm start and batch invariance: ks_engine_open runs a short probe (32
  *     tokens as one batch, and as 16 + 16 lone rows) that pages the model in and finds
  *     whether this build's kernels give a lone token the bits of a batch
- *     (ks_engine_batch_invariant).
+ *     (ks_engine_batch_invariant); where they do not, the 16 again as pairs
+ *     (each beside a throwaway copy, the scheduler's fallback), which may or
+ *     may not be exact (ks_engine_pairs_exact). In exact mode, when neither
+ *     is, the model is loaded again without weight repacking and probed
+ *     again; when still neither is, exact mode is unavailable and the engine says why
+ *     (a kernel the patch does not cover, docs/LLAMA_FACTS.md).
  *  1. Exactness: the prebuilt CPU backend's flash attention changes its
  *     tiling with the number of query rows, the KV length and the thread
  *     count; setup's patched build (revision 2) runs every row through one
@@ -78,6 +83,9 @@ typedef struct ks_engine_params {
                         op offload stays off where layers stay on the CPU (note 3) */
     ks_offload offload; /* where the model runs (base/offload.h; default: "auto" layers on
                            every GPU found, none without one) */
+    bool repack;     /* default true: let ggml repack weights into its interleaved
+                        layouts (Q4_0, Q4_K, IQ4_NL, MXFP4 on x86; llama's use_extra_bufts,
+                        llama-server's --no-repack turns it off) */
 } ks_engine_params;
 
 ks_engine_params ks_engine_params_default(void);
@@ -112,16 +120,30 @@ char *ks_engine_meta_dump(const ks_engine *e);
  * attention on a backend older than revision 2, or when the probe could not run. */
 bool ks_engine_batch_invariant(const ks_engine *e);
 /* Whether the model's weights were loaded with ggml's repacking (llama's
- * use_extra_bufts): false when exact mode loaded them again without it. */
+ * use_extra_bufts): false when asked (repack false) or when exact mode loaded
+ * them again without it. */
 bool ks_engine_repacked(const ks_engine *e);
+/* true when the model is not batch-invariant but the probe found tokens
+ * decoded as pairs (each beside a throwaway copy of itself, step.c) bit-
+ * identical to a batch: the scheduler's fallback keeps exactness. false when
+ * invariant, when the memory cannot drop the copy (hybrid, recurrent), with
+ * the prebuilt's flash attention, or when a kernel switches at more than two
+ * rows (docs/LLAMA_FACTS.md: the IQ panel gemm): exact mode is then off. */
+bool ks_engine_pairs_exact(const ks_engine *e);
+
+/* Experts per layer of a mixture-of-experts model (GGUF ARCH.expert_count),
+ * 0 for a dense one; *n_used (may be NULL) gets the experts each token is
+ * routed to. */
+int ks_engine_n_expert(const ks_engine *e, int *n_used);
 
 /* Whether flash attention is on (KS_FA_AUTO resolved). */
 bool ks_engine_flash_attn(const ks_engine *e);
 /* How a scheduler asked for exactness keeps it on this engine, for logs and
  * /props: "batch-invariant" (one row per generated token), "pairs" (the
- * fallback of step.c), "off" (exact false), "unavailable" (asked for but
- * not kept: a GPU in use, or a memory pairs cannot trim on a CPU backend
- * that is not invariant; ks_engine_exact_reason says which). */
+ * fallback of step.c, where the probe found it exact: ks_engine_pairs_exact),
+ * "off" (exact false), "unavailable" (asked for but not kept: a GPU in use, a
+ * memory pairs cannot trim on a CPU backend that is not invariant, or kernels
+ * exact neither alone nor in pairs; ks_engine_exact_reason says which). */
 const char *ks_engine_exact_mode(const ks_engine *e, bool exact);
 /* How exactness is kept (ks_engine_exact_how). */
 typedef enum {
@@ -193,6 +215,23 @@ bool ks_engine_is_recurrent(const ks_engine *e);
 /* The sliding window of the model's SWA layers in tokens (llama_model_n_swa),
  * 0 when it has none (Gemma 2/3, gpt-oss have one). */
 int ks_engine_n_swa(const ks_engine *e);
+/* Whether a state of n tokens (ks_engine_state_get), set into a cleared
+ * sequence, decodes on with the bits of the sequence it was taken from.
+ * Always, but on a sliding-window model past the window: llama's state then
+ * holds only the window's cells of the sliding layers (positions [n - n_swa,
+ * n)) and a restore puts them at the sequence's first cells, shifted by
+ * n - n_swa from where the live sequence had them. The CPU kernels sum
+ * attention in blocks aligned to cell 0 — the patched flash-attention
+ * kernel in tiles of 64 cells (masked cells add exact zeros), without flash
+ * attention 16-lane sums (64 with ggml's one-row F16 dot) — so the shift
+ * changes no bits when it is a multiple of KS_ENGINE_SWA_ALIGN, and does
+ * otherwise (measured: docs/LLAMA_FACTS.md, "Sliding window: restores at
+ * aligned lengths"). */
+bool ks_engine_state_restorable(const ks_engine *e, int n);
+/* The longest n' <= n with ks_engine_state_restorable(e, n') (n itself but
+ * on a sliding-window model); n <= 0: n. */
+int ks_engine_restorable_floor(const ks_engine *e, int n);
+#define KS_ENGINE_SWA_ALIGN 64
 
 /* -------------------------------------------------------------- tokenizer */
 /* Tokenizes text. add_special: BOS as the model wants; parse_special: treat

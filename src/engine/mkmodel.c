@@ -32,7 +32,7 @@
 /* ------------------------------------------------------------------ presets */
 
 
-enum { FTYPE_F16 = 1, FTYPE_Q8_0 = 7, FTYPE_Q4_K_M = 15 };
+enum { FTYPE_F16 = 1, FTYPE_Q8_0 = 7, FTYPE_Q4_K_M = 15, FTYPE_MXFP4_MOE = 38 };
 
 static const preset k_presets[] = {
     {.name = "tiny", .n_embd = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 128,
@@ -79,10 +79,43 @@ static const preset k_presets[] = {
     {.name = "tiny-mamba", .n_embd = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 128,
      .n_ctx_train = 8192, .n_vocab_max = 1000, .wtype = GGML_TYPE_F16, .ftype = FTYPE_F16,
      .arch = MK_ARCH_MAMBA, .ssm_d_state = 16, .ssm_d_conv = 4, .ssm_dt_rank = 4},
+    /* mixture of experts (design note 9): Qwen3-MoE's layers (q/k norms, head
+     * dim 2 n_embd / n_head as Qwen3-30B-A3B's, experts in every layer, softmax
+     * top-k gating, the chosen weights renormalised). The tiny ones for tests
+     * (Q8_0, never repacked; Q4_K, repacked on x86), the bench ones at
+     * Qwen3-30B-A3B's ratios with half its width and layers: 64 experts, 8
+     * routed, ~0.5 B parameters per token of 2.6 B; bench-moe-q4k's block
+     * weights are random Q4_K blocks (note 8: seconds, not minutes, to write) */
+    {.name = "tiny-moe", .n_embd = 128, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 256,
+     .n_ctx_train = 8192, .n_vocab_max = 1000, .wtype = GGML_TYPE_Q8_0, .ftype = FTYPE_Q8_0,
+     .arch = MK_ARCH_QWEN3MOE, .head_dim = 64, .n_expert = 16, .n_expert_used = 4, .n_ff_exp = 64},
+    {.name = "tiny-moe-q4k", .n_embd = 256, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 1024,
+     .n_ctx_train = 8192, .n_vocab_max = 1000, .wtype = GGML_TYPE_Q4_K, .ftype = FTYPE_Q4_K_M,
+     .arch = MK_ARCH_QWEN3MOE, .head_dim = 64, .n_expert = 16, .n_expert_used = 4, .n_ff_exp = 256},
+    {.name = "tiny-moe-iq4xs", .n_embd = 256, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 1024,
+     .n_ctx_train = 8192, .n_vocab_max = 1000, .wtype = GGML_TYPE_IQ4_XS, .ftype = 30,
+     .arch = MK_ARCH_QWEN3MOE, .head_dim = 64, .n_expert = 16, .n_expert_used = 4, .n_ff_exp = 256},
+    {.name = "bench-moe", .n_embd = 1024, .n_layer = 24, .n_head = 16, .n_head_kv = 4, .n_ff = 4096,
+     .n_ctx_train = 32768, .n_vocab_max = 32000, .rich_vocab = true, .pad_vocab = true,
+     .wtype = GGML_TYPE_Q8_0, .ftype = FTYPE_Q8_0, .arch = MK_ARCH_QWEN3MOE, .head_dim = 128,
+     .n_expert = 64, .n_expert_used = 8, .n_ff_exp = 512},
+    {.name = "bench-moe-q4k", .n_embd = 1024, .n_layer = 24, .n_head = 16, .n_head_kv = 4, .n_ff = 4096,
+     .n_ctx_train = 32768, .n_vocab_max = 32000, .rich_vocab = true, .pad_vocab = true,
+     .wtype = GGML_TYPE_Q4_K, .ftype = FTYPE_Q4_K_M, .arch = MK_ARCH_QWEN3MOE, .head_dim = 128,
+     .n_expert = 64, .n_expert_used = 8, .n_ff_exp = 512, .random_blocks = true},
+    /* gpt-oss (design note 9): MXFP4 experts with biases, attention sinks, a
+     * 32-token sliding window in layers 0 and 2, YaRN over 4096 tokens x 32;
+     * the rest Q8_0. Meant to be written with its real template
+     * (--chat-template openai-gpt-oss-120b.jinja) */
+    {.name = "tiny-gptoss", .n_embd = 128, .n_layer = 4, .n_head = 4, .n_head_kv = 2, .n_ff = 256,
+     .n_ctx_train = 131072, .n_vocab_max = 1000, .wtype = GGML_TYPE_Q8_0, .ftype = FTYPE_MXFP4_MOE,
+     .arch = MK_ARCH_GPTOSS, .n_swa = 32, .swa_pattern = 2, .head_dim = 64, .n_expert = 8,
+     .n_expert_used = 2, .n_ff_exp = 128, .xtype = GGML_TYPE_MXFP4},
 };
 
 const char *ks_mkmodel_presets(void) {
-    return "tiny|bench|bench-q4k|bench-8b-q4k|tiny-q4k|tiny-hybrid|bench-hybrid|tiny-swa|tiny-mamba|tiny-agent";
+    return "tiny|bench|bench-q4k|bench-8b-q4k|tiny-q4k|tiny-hybrid|bench-hybrid|tiny-swa|tiny-mamba|tiny-agent|"
+           "tiny-moe|tiny-moe-q4k|tiny-moe-iq4xs|bench-moe|bench-moe-q4k|tiny-gptoss";
 }
 
 static const char *arch_name(const preset *p) {
@@ -90,12 +123,16 @@ static const char *arch_name(const preset *p) {
     case MK_ARCH_LFM2: return "lfm2";
     case MK_ARCH_GEMMA3: return "gemma3";
     case MK_ARCH_MAMBA: return "mamba";
+    case MK_ARCH_QWEN3MOE: return "qwen3moe";
+    case MK_ARCH_GPTOSS: return "gpt-oss";
     default: return "llama";
     }
 }
 
 /* lfm2: whether layer il is an attention layer (the others are convolutions). */
 static bool lfm2_is_attn(const preset *p, int il) { return il % p->attn_period == p->attn_period - 1; }
+
+static bool is_moe(const preset *p) { return p->n_expert > 0; }
 
 static const preset *find_preset(const char *name) {
     if (!name) return NULL;
@@ -200,28 +237,40 @@ static inline float rng_tri(rng *r) {
  * TK_POST_NORM: gemma3's norms of a block's output, POST_NORM_GAIN.
  * TK_SSM_A: mamba's A (negative: the state decays, exp(dt A) < 1, as
  * trained models' -exp(A_log) do; positive would grow it without bound).
- * TK_ONE: ones (mamba's skip D). */
-enum tkind { TK_NORM, TK_EMBD, TK_OUTPUT, TK_WEIGHT, TK_RESID, TK_POST_NORM, TK_SSM_A, TK_ONE };
+ * TK_ONE: ones (mamba's skip D).
+ * TK_BIAS: gpt-oss's biases, BIAS_STD. TK_SINK: its attention sinks, one
+ * logit per head, SINK_STD. */
+enum tkind { TK_NORM, TK_EMBD, TK_OUTPUT, TK_WEIGHT, TK_RESID, TK_POST_NORM, TK_SSM_A, TK_ONE, TK_BIAS, TK_SINK };
+
+/* Biases small beside the products they are added to (a trained model's are
+ * too); sinks of the size of the attention logits, so that a sink takes a
+ * real share of a head's attention in some heads and little in others. */
+#define BIAS_STD 0.02f
+#define SINK_STD 1.0f
 
 typedef struct tspec {
     char name[64];
     int64_t ne0, ne1; /* ggml order: ne0 = input dimension (row length) */
+    int64_t ne2;      /* > 1: a 3-D tensor of ne2 matrices (the experts); 0 or 1: 2-D */
     enum ggml_type type;
     enum tkind kind;
 } tspec;
 
 /* The tensors of a model in file order (shapes: docs/LLAMA_FACTS.md; for
- * lfm2 and gemma3, design note 7 in mkmodel.h). */
+ * lfm2 and gemma3, design note 7 in mkmodel.h; for the experts' archs, note 9). */
 static int make_specs(const preset *p, int n_vocab, tspec **out, int *n_out) {
-    int n = 3 + 13 * p->n_layer; /* at most: gemma3's 13 tensors per layer */
+    int n = 3 + 19 * p->n_layer; /* at most: gpt-oss's 19 tensors per layer */
     tspec *t = calloc((size_t)n, sizeof *t);
     if (!t) return KS_ENOMEM;
     int64_t E = p->n_embd, V = n_vocab, F = p->n_ff;
-    int64_t d = p->n_embd / p->n_head;
+    int64_t d = p->head_dim ? p->head_dim : p->n_embd / p->n_head;
     int64_t Hd = d * p->n_head, Hkvd = d * p->n_head_kv;
+    int64_t X = p->n_expert, Fx = p->n_ff_exp;
+    enum ggml_type xt = p->xtype ? p->xtype : p->wtype;
     int k = 0;
-#define SPEC(nm, a, b, ty, kd) do { assert(k < n); snprintf(t[k].name, sizeof t[k].name, "%s", nm); \
-        t[k].ne0 = (a); t[k].ne1 = (b); t[k].type = (ty); t[k].kind = (kd); k++; } while (0)
+#define SPEC3(nm, a, b, c, ty, kd) do { assert(k < n); snprintf(t[k].name, sizeof t[k].name, "%s", nm); \
+        t[k].ne0 = (a); t[k].ne1 = (b); t[k].ne2 = (c); t[k].type = (ty); t[k].kind = (kd); k++; } while (0)
+#define SPEC(nm, a, b, ty, kd) SPEC3(nm, a, b, 0, ty, kd)
     enum ggml_type et = p->etype ? p->etype : p->wtype;
     SPEC("token_embd.weight", E, V, et, TK_EMBD);
     /* lfm2's final norm has the name of an embedding norm (a converter's
@@ -233,6 +282,41 @@ static int make_specs(const preset *p, int n_vocab, tspec **out, int *n_out) {
 #define LSPEC(suffix, a, b, ty, kd) do { snprintf(nm, sizeof nm, "blk.%d.%s", l, suffix); \
         SPEC(nm, a, b, ty, kd); } while (0)
         LSPEC("attn_norm.weight", E, 1, GGML_TYPE_F32, TK_NORM);
+        if (is_moe(p)) {
+            /* qwen3moe and gpt-oss (src/models/qwen3moe.cpp, openai-moe.cpp):
+             * attention, then a router (F32, as converters leave it) over
+             * n_expert experts of gate/up/down, top n_expert_used per token */
+            bool oss = p->arch == MK_ARCH_GPTOSS;
+#define XSPEC(suffix, a, b, ty, kd) do { snprintf(nm, sizeof nm, "blk.%d.%s", l, suffix); \
+        SPEC3(nm, a, b, X, ty, kd); } while (0)
+            LSPEC("attn_q.weight", E, Hd, p->wtype, TK_WEIGHT);
+            if (oss) LSPEC("attn_q.bias", Hd, 1, GGML_TYPE_F32, TK_BIAS);
+            LSPEC("attn_k.weight", E, Hkvd, p->wtype, TK_WEIGHT);
+            if (oss) LSPEC("attn_k.bias", Hkvd, 1, GGML_TYPE_F32, TK_BIAS);
+            LSPEC("attn_v.weight", E, Hkvd, p->wtype, TK_WEIGHT);
+            if (oss) LSPEC("attn_v.bias", Hkvd, 1, GGML_TYPE_F32, TK_BIAS);
+            LSPEC("attn_output.weight", Hd, E, p->wtype, TK_RESID);
+            if (oss) {
+                LSPEC("attn_output.bias", E, 1, GGML_TYPE_F32, TK_BIAS);
+                LSPEC("attn_sinks.weight", p->n_head, 1, GGML_TYPE_F32, TK_SINK);
+                /* gpt-oss's norm before the experts has this name */
+                LSPEC("post_attention_norm.weight", E, 1, GGML_TYPE_F32, TK_NORM);
+            } else {
+                LSPEC("attn_q_norm.weight", d, 1, GGML_TYPE_F32, TK_NORM);
+                LSPEC("attn_k_norm.weight", d, 1, GGML_TYPE_F32, TK_NORM);
+                LSPEC("ffn_norm.weight", E, 1, GGML_TYPE_F32, TK_NORM);
+            }
+            LSPEC("ffn_gate_inp.weight", E, X, GGML_TYPE_F32, TK_WEIGHT);
+            if (oss) LSPEC("ffn_gate_inp.bias", X, 1, GGML_TYPE_F32, TK_BIAS);
+            XSPEC("ffn_gate_exps.weight", E, Fx, xt, TK_WEIGHT);
+            if (oss) LSPEC("ffn_gate_exps.bias", Fx, X, GGML_TYPE_F32, TK_BIAS);
+            XSPEC("ffn_up_exps.weight", E, Fx, xt, TK_WEIGHT);
+            if (oss) LSPEC("ffn_up_exps.bias", Fx, X, GGML_TYPE_F32, TK_BIAS);
+            XSPEC("ffn_down_exps.weight", Fx, E, xt, TK_RESID);
+            if (oss) LSPEC("ffn_down_exps.bias", E, X, GGML_TYPE_F32, TK_BIAS);
+#undef XSPEC
+            continue;
+        }
         if (p->arch == MK_ARCH_MAMBA) {
             /* llama.cpp's mamba: in -> (x, z), causal conv of x, selective
              * scan (dt, B, C from x), gated by z, out (llama_model_mamba) */
@@ -274,6 +358,7 @@ static int make_specs(const preset *p, int n_vocab, tspec **out, int *n_out) {
 #undef LSPEC
     }
 #undef SPEC
+#undef SPEC3
     *out = t;
     *n_out = k;
     return 0;
@@ -293,7 +378,10 @@ static void fill_shape(const preset *p, const vocab *v, const tspec *t, int nt, 
     out->n_ctx_train = p->n_ctx_train;
     out->wtype = (int)p->wtype;
     out->wtype_name = ggml_type_name(p->wtype);
-    for (int i = 0; i < nt; i++) out->n_params += (uint64_t)(t[i].ne0 * t[i].ne1);
+    for (int i = 0; i < nt; i++) out->n_params += (uint64_t)(t[i].ne0 * t[i].ne1 * (t[i].ne2 > 1 ? t[i].ne2 : 1));
+    out->arch = arch_name(p);
+    out->n_expert = p->n_expert;
+    out->n_expert_used = p->n_expert_used;
     out->tmpl_family = ti ? ti->fam->name : "chatml";
     out->n_tmpl_specials = ti ? ti->n : 0;
     out->bos = ti ? ti->fam->bos : "<s>";
@@ -365,10 +453,12 @@ static bool write_tensor(writer *w, const tspec *t, uint64_t seed, const vocab *
                          float *fbuf, void *qbuf, int64_t chunk_elems, bool random_blocks) {
     rng r;
     rng_seed(&r, seed, t->name);
+    /* a 3-D tensor's matrices follow each other row after row */
+    const int64_t n_rows = t->ne1 * (t->ne2 > 1 ? t->ne2 : 1);
     if (random_blocks && t->type == GGML_TYPE_Q4_K && (t->kind == TK_WEIGHT || t->kind == TK_RESID) &&
         t->ne0 % Q4K_BLOCK == 0) {
         float std = 1.0f / sqrtf((float)t->ne0) * (t->kind == TK_RESID ? gain : 1.0f);
-        int64_t per_chunk = chunk_elems / Q4K_BLOCK, total = t->ne0 / Q4K_BLOCK * t->ne1;
+        int64_t per_chunk = chunk_elems / Q4K_BLOCK, total = t->ne0 / Q4K_BLOCK * n_rows;
         for (int64_t b0 = 0; b0 < total; b0 += per_chunk) {
             int64_t nb = total - b0 < per_chunk ? total - b0 : per_chunk;
             random_q4k_blocks(&r, qbuf, nb, std);
@@ -381,8 +471,10 @@ static bool write_tensor(writer *w, const tspec *t, uint64_t seed, const vocab *
     float std = 1.0f / sqrtf((float)t->ne0); /* 1/sqrt(fan_in) keeps activations O(1) */
     if (t->kind == TK_EMBD) std = e_std;
     if (t->kind == TK_RESID) std *= gain;
-    for (int64_t r0 = 0; r0 < t->ne1; r0 += rows_per_chunk) {
-        int64_t nr = t->ne1 - r0 < rows_per_chunk ? t->ne1 - r0 : rows_per_chunk;
+    if (t->kind == TK_BIAS) std = BIAS_STD;
+    if (t->kind == TK_SINK) std = SINK_STD;
+    for (int64_t r0 = 0; r0 < n_rows; r0 += rows_per_chunk) {
+        int64_t nr = n_rows - r0 < rows_per_chunk ? n_rows - r0 : rows_per_chunk;
         for (int64_t i = 0; i < nr; i++) {
             float *row = fbuf + i * t->ne0;
             float s = std;
@@ -490,9 +582,31 @@ static struct gguf_context *build_gguf(const preset *p, const vocab *v, const tm
     } else {
         gguf_set_val_u32(g, AKEY("attention.head_count_kv"), (uint32_t)p->n_head_kv);
     }
-    gguf_set_val_f32(g, AKEY("attention.layer_norm_rms_epsilon"), 1e-6f);
-    gguf_set_val_u32(g, AKEY("rope.dimension_count"), (uint32_t)(p->n_embd / p->n_head));
-    gguf_set_val_f32(g, AKEY("rope.freq_base"), 10000.0f);
+    /* gpt-oss: its real epsilon and rope (a base of 150000 and YaRN from 4096
+     * trained tokens x 32); qwen3moe: Qwen3's base. The others as before. */
+    gguf_set_val_f32(g, AKEY("attention.layer_norm_rms_epsilon"), p->arch == MK_ARCH_GPTOSS ? 1e-5f : 1e-6f);
+    gguf_set_val_u32(g, AKEY("rope.dimension_count"),
+                     (uint32_t)(p->head_dim ? p->head_dim : p->n_embd / p->n_head));
+    gguf_set_val_f32(g, AKEY("rope.freq_base"), p->arch == MK_ARCH_GPTOSS     ? 150000.0f
+                                                : p->arch == MK_ARCH_QWEN3MOE ? 1000000.0f
+                                                                              : 10000.0f);
+    if (p->head_dim) {
+        gguf_set_val_u32(g, AKEY("attention.key_length"), (uint32_t)p->head_dim);
+        gguf_set_val_u32(g, AKEY("attention.value_length"), (uint32_t)p->head_dim);
+    }
+    if (is_moe(p)) {
+        gguf_set_val_u32(g, AKEY("expert_count"), (uint32_t)p->n_expert);
+        gguf_set_val_u32(g, AKEY("expert_used_count"), (uint32_t)p->n_expert_used);
+        gguf_set_val_u32(g, AKEY("expert_feed_forward_length"), (uint32_t)p->n_ff_exp);
+    }
+    if (p->arch == MK_ARCH_GPTOSS) {
+        /* the window's layers follow llama.cpp's gpt-oss default (pattern 2:
+         * layer il slides when il is even); the real files write no pattern */
+        gguf_set_val_u32(g, AKEY("attention.sliding_window"), (uint32_t)p->n_swa);
+        gguf_set_val_str(g, AKEY("rope.scaling.type"), "yarn");
+        gguf_set_val_f32(g, AKEY("rope.scaling.factor"), 32.0f);
+        gguf_set_val_u32(g, AKEY("rope.scaling.original_context_length"), 4096);
+    }
     if (p->arch == MK_ARCH_MAMBA) {
         gguf_set_val_u32(g, AKEY("ssm.conv_kernel"), (uint32_t)p->ssm_d_conv);
         gguf_set_val_u32(g, AKEY("ssm.inner_size"), (uint32_t)(2 * p->n_embd));
@@ -535,8 +649,9 @@ static struct gguf_context *build_gguf(const preset *p, const vocab *v, const tm
         return NULL;
     }
     for (int i = 0; i < nt; i++) {
-        struct ggml_tensor *x = t[i].ne1 == 1 ? ggml_new_tensor_1d(gctx, t[i].type, t[i].ne0)
-                                              : ggml_new_tensor_2d(gctx, t[i].type, t[i].ne0, t[i].ne1);
+        struct ggml_tensor *x = t[i].ne2 > 1   ? ggml_new_tensor_3d(gctx, t[i].type, t[i].ne0, t[i].ne1, t[i].ne2)
+                                : t[i].ne1 == 1 ? ggml_new_tensor_1d(gctx, t[i].type, t[i].ne0)
+                                                : ggml_new_tensor_2d(gctx, t[i].type, t[i].ne0, t[i].ne1);
         ggml_set_name(x, t[i].name);
         gguf_add_tensor(g, x);
     }

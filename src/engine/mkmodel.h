@@ -1,7 +1,8 @@
 /*
  * mkmodel.h — writes random-weight GGUF models of architecture `llama`, and
  * of `lfm2` (hybrid) and `gemma3` (sliding window) for the memories that are
- * not a plain KV cache (note 7).
+ * not a plain KV cache (note 7), `qwen3moe` and `gpt-oss` for mixtures of
+ * experts (note 9).
  *
  * No weights can be downloaded where kvstash is built and tested, so every
  * test, demo and benchmark runs on a model this module makes. It uses ggml's
@@ -121,6 +122,37 @@
  *     Q8_0 (a Q4_K_M file has Q6_K there), generated as in note 5 so that
  *     greedy output stays readable.
  *
+ *  9. Mixtures of experts (src/models/qwen3moe.cpp and openai-moe.cpp of the
+ *     pinned llama.cpp; docs/LLAMA_FACTS.md "Mixture-of-experts models"). Each
+ *     layer's feed-forward block is n_expert experts, of which a router
+ *     (ffn_gate_inp {E, n_expert}, F32 as converters leave it) picks
+ *     n_expert_used per token; their weights are 3-D tensors {in, out,
+ *     n_expert} multiplied through GGML_OP_MUL_MAT_ID. Keys
+ *     ARCH.expert_count, expert_used_count, expert_feed_forward_length, and
+ *     attention.key_length / value_length (the head dimension, which is not
+ *     n_embd / n_head in either family).
+ *     - tiny-moe, tiny-moe-q4k, bench-moe, bench-moe-q4k: `qwen3moe`
+ *       (Qwen3-30B-A3B, Qwen3-Coder-30B-A3B, Qwen3-VL-30B-A3B): per layer
+ *       attn_norm, attn_q/k/v/output, attn_q_norm/attn_k_norm {head_dim},
+ *       ffn_norm, ffn_gate_inp, ffn_gate_exps/ffn_up_exps {E, n_ff_exp,
+ *       n_expert}, ffn_down_exps {n_ff_exp, E, n_expert}. Softmax over the
+ *       router's logits, top k, the k weights renormalised. rope.freq_base 1e6.
+ *       bench-moe-q4k's block weights are random Q4_K blocks (note 8): its
+ *       2.4 billion expert values would take minutes to quantize here.
+ *     - tiny-gptoss: `gpt-oss` (gpt-oss-20b/120b): per layer attn_norm,
+ *       attn_q/k/v/output with biases, attn_sinks {n_head} (one logit per
+ *       head that takes a share of the softmax, F32, standard deviation 1),
+ *       post_attention_norm (the norm before the experts), ffn_gate_inp with
+ *       a bias, the three expert tensors in MXFP4 with biases {n_ff_exp or E,
+ *       n_expert} (all biases F32, standard deviation 0.02); the router's top
+ *       k logits go through a softmax (SOFTMAX_WEIGHT) and the experts
+ *       through gpt-oss's clamped SwiGLU. attention.sliding_window 32 in the
+ *       even layers (llama.cpp's default pattern for the arch), YaRN rope
+ *       (factor 32 over 4096 trained tokens, base 150000), rms epsilon 1e-5.
+ *       Its real template, openai-gpt-oss-120b.jinja (note 6, harmony
+ *       family), is given with --chat-template; the preset alone has ChatML.
+ *
+
  * Thread model: ks_mkmodel and ks_mkmodel_shape_of are reentrant (no global
  * state of their own); ggml's quantizer is thread-safe.
  */
@@ -153,6 +185,9 @@ typedef struct ks_mkmodel_shape {
     int wtype;              /* ggml_type of the 2-D weights (norms are F32) */
     const char *wtype_name; /* "f16", "q8_0" — borrowed, static */
     uint64_t n_params;      /* all tensor elements */
+    const char *arch;       /* general.architecture: "llama", "qwen3moe", ... — borrowed, static */
+    int n_expert;           /* experts per layer (0: a dense feed-forward block) */
+    int n_expert_used;      /* experts each token is routed to */
     /* The chat template's needs (note 6); all strings borrowed, static. */
     const char *tmpl_family; /* "chatml" (the preset's own), "llama3", "harmony", ... */
     int n_tmpl_specials;     /* specials the template asked for (0: the preset's own) */

@@ -16,7 +16,10 @@ enum mk_arch {
     MK_ARCH_LLAMA, /* "llama": attention in every layer */
     MK_ARCH_LFM2,  /* "lfm2": short-convolution layers and attention layers (hybrid memory) */
     MK_ARCH_GEMMA3, /* "gemma3": sliding-window and global attention layers (iSWA KV cache) */
-    MK_ARCH_MAMBA   /* "mamba": selective state-space layers only (recurrent memory, no KV) */
+    MK_ARCH_MAMBA,  /* "mamba": selective state-space layers only (recurrent memory, no KV) */
+    MK_ARCH_QWEN3MOE, /* "qwen3moe": attention with q/k norms, routed experts (top-k of n_expert) */
+    MK_ARCH_GPTOSS    /* "gpt-oss": attention with sinks, alternating sliding-window layers,
+                       * routed experts with biases (MXFP4) */
 };
 
 typedef struct preset {
@@ -43,6 +46,11 @@ typedef struct preset {
                         * the others sliding-window (attention.sliding_window_pattern) */
     int ssm_d_state, ssm_d_conv, ssm_dt_rank; /* mamba: state size, conv taps, dt rank (inner size
                                                * is 2 n_embd, the only one llama.cpp loads) */
+    int head_dim;      /* attention.key_length and value_length when not n_embd / n_head
+                        * (qwen3moe, gpt-oss); 0: n_embd / n_head, no key written */
+    int n_expert, n_expert_used, n_ff_exp; /* mixture of experts: experts per layer, experts
+                                            * routed to per token, each expert's hidden size */
+    enum ggml_type xtype; /* the experts' weights (gpt-oss: MXFP4); 0 (F32, never meant): wtype */
 } preset;
 
 /* Output-row scales (design note 4 in mkmodel.h). */

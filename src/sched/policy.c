@@ -69,7 +69,6 @@
  *      publishes them under mu. No restore or copy runs under mu.
  *  P3. A slot's checkpoints stand for prefixes of its token list (ckpt.c C1).
  */
-#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,6 +79,30 @@
 #include "sched/sched_int.h"
 
 #define MOD "sched"
+
+/* ------------------------------------------------------- sliding windows */
+/* Which states may be set into a slot. On a sliding-window model llama's
+ * state of a sequence past the window keeps only the window's cells of the
+ * sliding layers, and they come back in other cells: attention sums them in
+ * another order than the uncached run did, unless the shift is a multiple
+ * of the kernels' block (ks_engine_state_restorable; docs/LLAMA_FACTS.md,
+ * "Sliding window: restores at aligned lengths"). So restores (store, SPC,
+ * slot copies, pin rewinds) take states of at most the window or of
+ * n_swa + 64k tokens, and on such a model cold saves land on those lengths
+ * and other saves are made only there; live reuse in the slot is exact at
+ * any length. */
+static bool restorable(const ks_sched *s, int n) { return ks_engine_state_restorable(s->e, n); }
+
+/* Whether a sequence whose sliding layers hold no cell before position
+ * pos_min (a state restored past the window: its first window's start) can
+ * be cut back to n tokens and decode on with a prefill's bits. Cut below
+ * pos_min + n_swa, the tokens after the cut would miss cells they attend to,
+ * although llama's seq_rm accepts it (llama-server's rule;
+ * docs/LLAMA_FACTS.md (e)). */
+static bool cut_keeps_window(const ks_sched *s, int pos_min, int n) {
+    int w = ks_engine_n_swa(s->e);
+    return w <= 0 || pos_min <= 0 || pos_min <= n - w;
+}
 
 /* ---------------------------------------------------------------- saves */
 /* Copies the slot's sequence state into a new buffer (owned: free()). */
@@ -99,6 +122,7 @@ static uint8_t *snapshot(ks_sched *s, slot *sl, size_t *len) {
 
 void ks__policy_save(ks_sched *s, slot *sl, ks_reason why, bool sync) {
     if (!s->p.store || sl->no_store || sl->tokens.n < s->p.store_min_tokens) return;
+    if (!restorable(s, sl->tokens.n)) return; /* a sliding window: a state no restore would take */
     /* Ask the store first: nothing is copied for a reason that maps to no
      * tier, or for a state it already holds (e.g. the finish save of the
      * request that left this KV, when the slot is evicted later). Such a "no"
@@ -129,18 +153,6 @@ static void spc_capture(ks_sched *s, slot *sl) {
 }
 
 /* ------------------------------------------------------------- restores */
-/* The longest state that may be set into a slot. On a sliding-window model
- * llama's state of a sequence past the window keeps only the window's cells
- * of the sliding layers, and they come back in other cells, so attention
- * sums them in another order: not the bits of the uncached run
- * (docs/LLAMA_FACTS.md, "Hybrid, recurrent and sliding-window models").
- * Restores (store, SPC, slot copies, pin rewinds) stop at the window until
- * checkpoints that keep every cell exist; live reuse in the slot is exact. */
-static int restore_cap(const ks_sched *s) {
-    int w = ks_engine_n_swa(s->e);
-    return w > 0 ? w : INT_MAX;
-}
-
 /* Replaces the slot's sequence with a state standing for tokens[0, n).
  * Returns 0; KS_EMISMATCH when llama rejects the state (the slot is then
  * empty and consistent); KS_ENOMEM when the token list cannot hold the
@@ -149,7 +161,7 @@ static int restore_state(ks_sched *s, slot *sl, const uint8_t *state, size_t len
     ks_engine_seq_clear(s->e, sl->id);
     ks_tokens_truncate(&sl->tokens, 0);
     ks__ckpt_drop(sl, 0);
-    if (n > restore_cap(s)) return KS_EMISMATCH; /* callers stop short of it; a safety net */
+    if (!restorable(s, n)) return KS_EMISMATCH; /* callers never ask for it; a safety net */
     int rc = ks_engine_state_set(s->e, sl->id, state, len);
     if (rc == 0 && (rc = ks_tokens_assign(&sl->tokens, tokens, n)) != 0) ks_engine_seq_clear(s->e, sl->id);
     return rc;
@@ -165,9 +177,18 @@ static int store_restore(ks_sched *s, slot *sl, sreq *r, int *n_reuse, int beat,
     ks_store_hit hit;
     if (beat < *n_reuse) beat = *n_reuse;
     if (max > r->prompt.n - 1) max = r->prompt.n - 1;
-    if (max > restore_cap(s)) max = restore_cap(s);
-    if (beat + 1 > max) return 0;
-    if (ks_store_lookup_range(s->p.store, r->prompt.v, r->prompt.n, beat + 1, max, &hit) != 0) return 0;
+    /* A state of a length that cannot be restored exactly (restorable: a
+     * sliding window) is passed over for the next shorter one; on such a
+     * model only restorable lengths are saved, so that is a state of another
+     * process or version. */
+    for (;;) {
+        max = ks_engine_restorable_floor(s->e, max);
+        if (beat + 1 > max) return 0;
+        if (ks_store_lookup_range(s->p.store, r->prompt.v, r->prompt.n, beat + 1, max, &hit) != 0) return 0;
+        if (restorable(s, hit.n_tokens)) break;
+        max = hit.n_tokens - 1;
+        ks_store_hit_free(&hit);
+    }
     int ret = 0;
     if (hit.n_tokens <= *n_reuse) goto done;
     if (sl->tokens.n > *n_reuse) ks__policy_save(s, sl, KS_REASON_EVICT, true); /* about to drop unsaved KV */
@@ -200,7 +221,7 @@ done:
  * is restored (spc.h, invariant 5). Returns as store_restore. */
 static int spc_restore(ks_sched *s, slot *sl, sreq *r, int *n_reuse) {
     int n_sys = r->p.n_sys_tokens;
-    if (n_sys > restore_cap(s)) return 0;
+    if (!restorable(s, n_sys)) return 0;
     const ks_spc_entry *e = ks_spc_acquire(s->p.spc, r->p.sys_key);
     int ret = 0;
     if (!e) {
@@ -265,6 +286,18 @@ static int trim(ks_sched *s, slot *sl, int n_reuse) {
         return 0;
     }
     if (n_reuse == sl->tokens.n) return n_reuse;
+    if (!cut_keeps_window(s, ks_engine_seq_pos_min(s->e, sl->id), n_reuse)) {
+        /* A sequence restored past a sliding window cannot go back this far:
+         * the plan's restores that follow may find a shorter state. */
+        KS_DEBUG(MOD, "slot[%d] cut to %d would lose the window of a restored sequence (pos_min %d), rebuilding",
+                 sl->id, n_reuse, ks_engine_seq_pos_min(s->e, sl->id));
+        ks_engine_seq_clear(s->e, sl->id);
+        ks_tokens_truncate(&sl->tokens, 0);
+        ks__ckpt_drop(sl, 0);
+        rt->mode = KS_ROUTE_MISS;
+        snprintf(rt->reason, sizeof rt->reason, "window-not-held");
+        return 0;
+    }
     if (rt->mode == KS_ROUTE_IMC_TOKEN_PREFIX)
         KS_DEBUG("imc", "imc-trim-prefix slot[%d]: cached_tokens=%d trim_pos=%d", sl->id, sl->tokens.n, n_reuse);
     if (s->p.simulate_no_partial_rm || !ks_engine_seq_rm(s->e, sl->id, n_reuse, -1)) {
@@ -317,10 +350,13 @@ static int copy_source(ks_sched *s, const slot *dst, const sreq *r, int need, in
     *n_out = 0;
     for (int i = 0; i < s->n_slots; i++) {
         const slot *o = &s->slots[i];
-        if (o == dst || o->tokens.n < need || o->tokens.n > restore_cap(s)) continue;
+        if (o == dst || o->tokens.n < need || !restorable(s, o->tokens.n)) continue;
         int n = ks_prefix_reuse(ks_prefix_common(o->tokens.v, o->tokens.n, r->prompt.v, r->prompt.n), r->prompt.n);
         n = copy_reach(s, o, n, trims);
         if (n < need) continue;
+        /* The copy restores o's whole state, whose first window then starts
+         * at o->tokens.n - n_swa, and cuts it back to n. */
+        if (!cut_keeps_window(s, o->tokens.n - ks_engine_n_swa(s->e), n)) continue;
         if (best < 0 || n > *n_out || (n == *n_out && o->tokens.n < s->slots[best].tokens.n)) {
             best = i;
             *n_out = n;
@@ -410,6 +446,11 @@ static void pin_held(ks_sched *s, sreq *r, int i, bool saved) {
 static void pin_save(ks_sched *s, slot *sl, sreq *r, int i) {
     int n = r->pins[i].n_tokens;
     int64_t until = pin_until(r, i);
+    if (!restorable(s, n)) { /* a sliding window: no restore would take it */
+        r->pin_st[i] = PIN_FAILED;
+        s->cst.pin_failures++;
+        return;
+    }
     if (ks_store_pin(s->p.store, r->prompt.v, n, until) == 0) {
         pin_held(s, r, i, false);
         return;
@@ -454,7 +495,12 @@ static int pins_plan(ks_sched *s, slot *sl, sreq *r, int *n_reuse) {
     int n_full = sl->tokens.n;
     size_t len = 0;
     bool trims = !s->p.simulate_no_partial_rm && ks_engine_partial_rm_ok(s->e);
-    uint8_t *full = trims && n_full <= restore_cap(s) ? snapshot(s, sl, &len) : NULL;
+    /* the rewind cuts the live sequence (its window must stay whole) and sets
+     * its whole state again (a restore) */
+    bool rewind = trims && restorable(s, n_full);
+    int pmin = ks_engine_seq_pos_min(s->e, sl->id);
+    for (int k = 0; rewind && k < n_cov; k++) rewind = cut_keeps_window(s, pmin, r->pins[covered[k]].n_tokens);
+    uint8_t *full = rewind ? snapshot(s, sl, &len) : NULL;
     if (full) {
         /* Rewind: deepest first, each cut from the previous one. */
         for (int k = n_cov - 1; k >= 0; k--) {
@@ -631,12 +677,15 @@ int ks__policy_chunk(ks_sched *s, slot *sl, int take, int budget) {
     if (cut > 0 && take > cut - sl->n_past) take = cut - sl->n_past;
     if (!cold_saves(s, sl)) return take;
     ks_savepoint_cfg c = {.stride = s->p.store_stride, .min_tokens = s->p.store_min_tokens};
-    int cap = restore_cap(s);
-    if (cap < INT_MAX) {
-        /* Sliding window: a state past it cannot be restored (restore_cap),
-         * so a cold prefill saves at the last stride boundary within it. */
-        int b = (cap < r->prompt.n ? cap : r->prompt.n) / c.stride * c.stride;
-        if (r->res.n_cached < c.stride && b > sl->n_past && b >= c.min_tokens && b - sl->n_past <= take) {
+    if (ks_engine_n_swa(s->e) > 0) {
+        /* Sliding window: only restorable lengths are saved (restorable), so
+         * every prefill, cold or warm, saves at the last stride boundary of
+         * its prompt that is one, its chunk cut there. Other saves rarely
+         * land on one, so this is what a conversation's next turn, another
+         * slot, process or host finds. */
+        int b = r->prompt.n / c.stride * c.stride;
+        while (b > sl->n_past && !restorable(s, b)) b -= c.stride;
+        if (b > sl->n_past && b >= c.min_tokens && b - sl->n_past <= take) {
             sl->snap_store = b;
             return b - sl->n_past;
         }

@@ -490,7 +490,8 @@ int ks_sched_create(const ks_sched_params *p, ks_sched **out) {
     s->next_id = 1;
     /* Pairs only where they are needed and help: a batch-invariant build (the
      * engine's probe) already gives a lone row the bits of a batch (step.c),
-     * and on a GPU they keep nothing exact (engine.h note 3). */
+     * where the probe found pairs inexact too they would only cost, and on a
+     * GPU they keep nothing exact (engine.h note 3). */
     s->pairs = ks_engine_exact_how(s->e, p->exact) == KS_EXACT_PAIRS;
     /* Checkpoints where a trim needs them (policy.c "Checkpoints"). */
     s->ckpt_on = (ks_engine_is_hybrid(s->e) || ks_engine_is_recurrent(s->e)) && p->ckpt_max > 0 && p->ckpt_bytes > 0;
@@ -571,9 +572,8 @@ int ks_sched_submit(ks_sched *s, const ks_req_params *p, uint64_t *id) {
      * thread: the state it holds waits in the store for this request's
      * lookup (store.h, ks_store_prefetch). The first token's time counts it. */
     if (s->p.store && r->p.cache_prompt && s->p.cache_prompt) { /* returns at once without a redis tier */
-        int cap = r->prompt.n - 1, w = ks_engine_n_swa(s->e);
-        if (w > 0 && cap > w) cap = w; /* restore_cap (policy.c) */
-        ks_store_prefetch(s->p.store, r->prompt.v, r->prompt.n, cap);
+        /* the longest state a restore could take (policy.c, restorable) */
+        ks_store_prefetch(s->p.store, r->prompt.v, r->prompt.n, ks_engine_restorable_floor(s->e, r->prompt.n - 1));
     }
     pthread_mutex_lock(&s->mu);
     if (s->stop) {

@@ -242,6 +242,10 @@ typedef struct ks_api_props {
     const char *exact_reason;  /* why "unavailable" (ks_engine_exact_reason); NULL: not shown */
     const ks_engine_offload *offload; /* where the model runs; NULL: not shown */
     const char *gpu_backends;  /* ks_engine_gpu_backends(), comma-separated; NULL: not shown */
+    const char *probe;         /* what the engine's open-time probe found, whatever exact is:
+                                  "batch-invariant", "pairs", "not invariant"; NULL: not shown */
+    bool repacked;             /* weight repacking on (ks_engine_repacked) */
+    int n_expert, n_expert_used; /* a mixture of experts' experts per layer and per token; 0: dense */
     bool flash_attn;           /* flash attention in effect (after --flash-attn auto) */
     const char *cpu_backend;   /* ks_engine_cpu_backend(); NULL: not shown */
     const char *store;         /* "off", "ram-only", "full"; NULL: not shown */

@@ -195,6 +195,18 @@ json_t *ks_api_props_json(const ks_api_props *p) {
         json_decref(ks);
         ks = NULL;
     }
+    if (ks && p->probe &&
+        (json_object_set_new(ks, "probe", json_string(p->probe)) ||
+         json_object_set_new(ks, "repacked", json_boolean(p->repacked)))) {
+        json_decref(ks);
+        ks = NULL;
+    }
+    if (ks && p->n_expert > 0 &&
+        (json_object_set_new(ks, "n_expert", json_integer(p->n_expert)) ||
+         json_object_set_new(ks, "n_expert_used", json_integer(p->n_expert_used)))) {
+        json_decref(ks);
+        ks = NULL;
+    }
     if (ks && p->exact_reason && json_object_set_new(ks, "exact_reason", json_string(p->exact_reason))) {
         json_decref(ks);
         ks = NULL;

@@ -203,6 +203,7 @@ enum MHD_Result ks__util_props(ks_server *s, struct MHD_Connection *c, conn *cn)
     char *bos = special_text(s->engine, ks_engine_token_bos(s->engine));
     char *eos = special_text(s->engine, ks_engine_token_eos(s->engine));
     json_t *o = NULL;
+    int n_expert_used = 0, n_expert = ks_engine_n_expert(s->engine, &n_expert_used);
     if (bos && eos) {
         ks_api_props p = {
             .n_ctx = ks_engine_n_ctx_seq(s->engine),
@@ -220,7 +221,13 @@ enum MHD_Result ks__util_props(ks_server *s, struct MHD_Connection *c, conn *cn)
             .exact_reason = ks_engine_exact_reason(s->engine, s->exact),
             .offload = ks_engine_offload_info(s->engine),
             .gpu_backends = ks_engine_gpu_backends(),
+            .probe = ks_engine_batch_invariant(s->engine) ? "batch-invariant"
+                     : ks_engine_pairs_exact(s->engine)   ? "pairs"
+                                                          : "not invariant",
+            .repacked = ks_engine_repacked(s->engine),
             .flash_attn = ks_engine_flash_attn(s->engine),
+            .n_expert = n_expert,
+            .n_expert_used = n_expert_used,
             .cpu_backend = ks_engine_cpu_backend(),
             .store = s->store_mode[0] ? s->store_mode : NULL,
         };

@@ -112,12 +112,27 @@ test('GET /props', async () => {
   assert.deepEqual(p.kvstash.offload, { devices: [], gpu_layers: 0, layers: 3, kv: 'CPU', kv_offload: true,
     op_offload: false, split_mode: 'layer', main_gpu: 0 });
   assert.deepEqual(p.kvstash.gpu_backends, []);
+  assert.equal(p.kvstash.probe, 'batch-invariant');
+  assert.equal(p.kvstash.repacked, true);
+  assert.equal(p.kvstash.n_expert, undefined); // a dense model
   assert.equal(p.kvstash.flash_attn, true); // --flash-attn auto, on the patched backend
   assert.match(p.kvstash.cpu_backend, /^kvstash-ggml-cpu-r\d+-/);
   assert.equal(p.kvstash.store, 'ram-only');
   assert.equal(p.build_info.split(' ')[0], `kvstash-${p.kvstash.version}`);
   const h = await fetch(srv.base + '/props', { method: 'HEAD' });
   assert.equal(h.status, 200);
+});
+
+test('GET /props: --no-repack keeps the weights as stored (kvstash.repacked)', async () => {
+  const nr = await startServer(['--ctx', '256', '--no-repack']);
+  try {
+    const p = await getJSON(nr, '/props');
+    assert.equal(p.status, 200);
+    assert.equal(p.json.kvstash.repacked, false);
+    assert.equal(p.json.kvstash.exact_mode, 'batch-invariant');
+  } finally {
+    await stopOk(nr);
+  }
 });
 
 test('GET /props: kvstash.flash_attn is the setting in effect', async () => {

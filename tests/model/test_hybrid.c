@@ -54,12 +54,13 @@ typedef struct fx {
     float *ref, *got;
 } fx;
 
-static void fx_open(fx *f, const char *path) {
+static void fx_open_fa(fx *f, const char *path, int flash_attn) {
     memset(f, 0, sizeof *f);
     ks_engine_params ep = ks_engine_params_default();
     ep.model_path = path;
     ep.n_ctx_seq = 1024;
     ep.n_threads = 1;
+    ep.flash_attn = flash_attn;
     char err[512] = "";
     int rc = ks_engine_open(&ep, &f->e, err, sizeof err);
     if (rc) fail_msg("ks_engine_open %s: %s (%s)", path, ks_strerror(rc), err);
@@ -76,6 +77,8 @@ static void fx_open(fx *f, const char *path) {
         f->t[i] = (int32_t)(10 + (x >> 8) % (uint32_t)(f->nv - 10));
     }
 }
+
+static void fx_open(fx *f, const char *path) { fx_open_fa(f, path, KS_FA_AUTO); }
 
 static void fx_close(fx *f) {
     ks_batch_free(f->b);
@@ -269,12 +272,75 @@ static void test_hybrid_state_roundtrip(void **st) {
     roundtrip(hybrid_model(), cuts, 5);
 }
 
-/* Within the window: a state saved past it is not a prefill's (see
+/* Within the window: a state saved past it is not a prefill's unless it is
+ * aligned (see test_swa_aligned_restores and
  * test_swa_restored_state_holds_the_window). */
 static void test_swa_state_roundtrip(void **st) {
     (void)st;
     const int cuts[] = {1, 16, N_SWA};
     roundtrip(swa_model(), cuts, 3);
+}
+
+/* Past the window, a state whose window starts at a multiple of 64 tokens
+ * (n = N_SWA + 64k) restores to the bits of the live sequence, and so does
+ * a restored sequence cut back no further than its first window allows
+ * (ks_engine_state_restorable; docs/LLAMA_FACTS.md, "Sliding window:
+ * restores at aligned lengths"). With and without flash attention; on
+ * tiny-gptoss (attention sinks, MXFP4 experts) too. */
+static void aligned_roundtrip(const char *path, int fa) {
+    fx f;
+    fx_open_fa(&f, path, fa);
+    int w = ks_engine_n_swa(f.e);
+    assert_int_equal(w, N_SWA);
+    assert_true(ks_engine_state_restorable(f.e, 1) && ks_engine_state_restorable(f.e, w));
+    assert_false(ks_engine_state_restorable(f.e, w + 1) || ks_engine_state_restorable(f.e, 200));
+    assert_true(ks_engine_state_restorable(f.e, w + 64) && ks_engine_state_restorable(f.e, w + 640));
+    assert_int_equal(ks_engine_restorable_floor(f.e, 200), w + 128);
+    assert_int_equal(ks_engine_restorable_floor(f.e, 20), 20);
+    if (!exact_here(&f)) {
+        fx_close(&f);
+        return;
+    }
+    const int cuts[] = {w + 64, w + 128, w + 256, w + 384}; /* n2 within one batch of 512 */
+    for (int c = 0; c < 4; c++) {
+        int n0 = cuts[c], n1 = n0 + 30, n2 = n1 + 10;
+        plain(&f, f.t, n2);
+        ks_engine_seq_clear(f.e, 0);
+        dec(&f, f.t, 0, n0, false);
+        size_t sz = ks_engine_state_size(f.e, 0);
+        uint8_t *st = malloc(sz);
+        assert_non_null(st);
+        assert_int_equal(ks_engine_state_get(f.e, 0, st, sz), sz);
+        dec(&f, f.t, n0, n0 + 7, false); /* the slot went on elsewhere */
+        ks_engine_seq_clear(f.e, 0);
+        assert_int_equal(ks_engine_state_set(f.e, 0, st, sz), 0);
+        assert_int_equal(ks_engine_seq_pos_min(f.e, 0), n0 - w);
+        dec(&f, f.t, n0, n1, false);
+        dec(&f, f.t, n1, n2, true);
+        keep(&f, f.got);
+        char what[96];
+        snprintf(what, sizeof what, "%s, flash attention %d: state restored at %d", path, fa, n0);
+        assert_same_logits(&f, what);
+        /* cut back to where the first window is still whole, decode on */
+        int cut = n0 + 1;
+        assert_true(ks_engine_seq_rm(f.e, 0, cut, -1));
+        dec(&f, f.t, cut, n1, false);
+        dec(&f, f.t, n1, n2, true);
+        keep(&f, f.got);
+        snprintf(what, sizeof what, "%s, flash attention %d: restored at %d, cut to %d", path, fa, n0, cut);
+        assert_same_logits(&f, what);
+        free(st);
+    }
+    fx_close(&f);
+}
+
+static void test_swa_aligned_restores(void **st) {
+    (void)st;
+    const char *moe = getenv("KS_TINY_GPTOSS_MODEL");
+    for (int fa = KS_FA_OFF; fa <= KS_FA_ON; fa++) {
+        aligned_roundtrip(swa_model(), fa);
+        if (moe && *moe) aligned_roundtrip(moe, fa);
+    }
 }
 
 /* The partial state after t[0, k) is taken, t goes on to 205 tokens, the
@@ -485,6 +551,7 @@ int main(void) {
         cmocka_unit_test(test_hybrid_partial_checkpoint),
         cmocka_unit_test(test_swa_trim_before_window),
         cmocka_unit_test(test_swa_restored_state_holds_the_window),
+        cmocka_unit_test(test_swa_aligned_restores),
         cmocka_unit_test(test_greedy_varied),
         cmocka_unit_test(test_mamba_reports),
         cmocka_unit_test(test_mamba_state_roundtrip),

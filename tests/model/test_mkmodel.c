@@ -312,6 +312,82 @@ static void test_decode_greedy(void **st) {
     ks_engine_free(e);
 }
 
+/* Mixtures of experts (design note 9 of mkmodel.h, issue 31): each tiny
+ * preset loads as its architecture with its experts, 3-D expert tensors
+ * included (llama.cpp counts every parameter the file says it has), decodes
+ * greedily the same twice, and is a pure function of its seed; the bench
+ * presets have Qwen3-30B-A3B's ratios. */
+static void test_moe_presets(void **st) {
+    (void)st;
+    static const struct {
+        const char *preset, *arch;
+        int n_expert, n_used, n_swa;
+        const char *key; /* a metadatum llama.cpp reads, as the meta dump shows it */
+    } cases[] = {
+        {"tiny-moe", "qwen3moe", 16, 4, 0, "qwen3moe.attention.key_length=64\n"},
+        {"tiny-moe-q4k", "qwen3moe", 16, 4, 0, "qwen3moe.expert_feed_forward_length=256\n"},
+        {"tiny-moe-iq4xs", "qwen3moe", 16, 4, 0, "qwen3moe.expert_used_count=4\n"},
+        {"tiny-gptoss", "gpt-oss", 8, 2, 32, "gpt-oss.rope.scaling.type=yarn\n"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char p[512], q[512], err[256] = "";
+        path_in(p, sizeof p, "moe.gguf");
+        path_in(q, sizeof q, "moe2.gguf");
+        ks_mkmodel_params mp = ks_mkmodel_params_default();
+        mp.preset = cases[i].preset;
+        ks_mkmodel_shape sh;
+        assert_int_equal(ks_mkmodel_write(&mp, p, &sh, err, sizeof err), 0);
+        assert_string_equal(sh.arch, cases[i].arch);
+        assert_int_equal(sh.n_expert, cases[i].n_expert);
+        assert_int_equal(sh.n_expert_used, cases[i].n_used);
+        assert_int_equal(ks_mkmodel_write(&mp, q, NULL, err, sizeof err), 0);
+        assert_true(mk_same_file(p, q));
+
+        ks_engine *e = mk_open_engine(p, 512);
+        assert_int_equal(strncmp(ks_engine_model_desc(e), cases[i].arch, strlen(cases[i].arch)), 0);
+        int used = 0;
+        assert_int_equal(ks_engine_n_expert(e, &used), cases[i].n_expert);
+        assert_int_equal(used, cases[i].n_used);
+        assert_int_equal(ks_engine_n_swa(e), cases[i].n_swa);
+        char *meta = ks_engine_meta_dump(e);
+        assert_non_null(meta);
+        if (!strstr(meta, cases[i].key)) fail_msg("%s: no '%s' in the metadata", cases[i].preset, cases[i].key);
+        char want[64];
+        snprintf(want, sizeof want, "n_params=%llu;", (unsigned long long)sh.n_params);
+        if (!strstr(meta, want)) fail_msg("%s: llama.cpp counts other parameters than the %s written", cases[i].preset, want);
+        free(meta);
+
+        ks_msg msgs[2] = {{"system", "You are a helpful assistant."}, {"user", "Tell me a story about the sea."}};
+        char *prompt = NULL;
+        assert_int_equal(ks_engine_template(e, msgs, 2, true, &prompt), 0);
+        ks_tokens t = {0};
+        assert_int_equal(ks_engine_tokenize(e, prompt, strlen(prompt), true, true, &t), 0);
+        int32_t a[16], b[16];
+        int na = mk_generate(e, &t, 16, a);
+        ks_engine_seq_clear(e, 0);
+        int nb = mk_generate(e, &t, 16, b);
+        assert_true(na >= 1);
+        assert_int_equal(na, nb);
+        assert_memory_equal(a, b, (size_t)na * sizeof a[0]);
+        ks_tokens_free(&t);
+        free(prompt);
+        ks_engine_free(e);
+        unlink(p);
+        unlink(q);
+    }
+    ks_mkmodel_shape s;
+    assert_int_equal(ks_mkmodel_shape_of("bench-moe-q4k", &s), 0);
+    assert_string_equal(s.wtype_name, "q4_K");
+    assert_int_equal(s.n_expert, 64);
+    assert_int_equal(s.n_expert_used, 8);
+    assert_true(s.n_params > 2500000000ull && s.n_params < 2700000000ull);
+    assert_int_equal(ks_mkmodel_shape_of("bench-moe", &s), 0);
+    assert_string_equal(s.wtype_name, "q8_0");
+    assert_int_equal(ks_mkmodel_shape_of("tiny", &s), 0);
+    assert_string_equal(s.arch, "llama");
+    assert_int_equal(s.n_expert, 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_deterministic),
@@ -323,6 +399,7 @@ int main(void) {
         cmocka_unit_test(test_load_template_tokenize),
         cmocka_unit_test(test_decode_greedy),
         cmocka_unit_test(test_agent_preset_and_ctx_train),
+        cmocka_unit_test(test_moe_presets),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

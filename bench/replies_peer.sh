@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# replies_peer.sh — long greedy replies with and without the prompt cache, on
+# `kvstash serve` and llama.cpp's own `llama-server` of the same pinned source
+# (bench/peer.sh): how many turns give the same reply both ways
+# (bench/replies_peer.mjs: method). kvstash's promise is every one.
+#
+# usage: bench/replies_peer.sh [KVSTASH_BIN [MODEL.gguf]]
+#   KVSTASH_BIN  default build/kvstash (llama-server is built by bench/peer.sh when missing)
+#   MODEL        default build/models/bench.gguf (generated when missing; a bench
+#                preset's name, e.g. build/models/bench-moe-q4k.gguf, writes that preset)
+# Environment (defaults in brackets):
+#   URLS         comma-separated base URLs of running servers: measure them, start nothing
+#   SERVERS [kvstash,llama-server]  as bench/decode_peer.sh (bench/peer_lib.sh)
+#   THREADS [2]  SLOTS [2]  CTX [4096]  KS_ARGS []  PEER_ARGS []
+#   CONVS [3]  TURNS [4]  MAX_TOKENS [128]  SYS_WORDS [120]  MSG_WORDS [40]
+#   GAP_MS [0]   wait before each request
+# Writes bench/out/replies_peer.{md,csv} and the servers' logs
+# bench/out/replies_peer-*.log; prints the markdown table.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+CONVS=${CONVS:-3} TURNS=${TURNS:-4} MAX_TOKENS=${MAX_TOKENS:-128} SYS_WORDS=${SYS_WORDS:-120}
+MSG_WORDS=${MSG_WORDS:-40} GAP_MS=${GAP_MS:-0}
+THREADS=${THREADS:-2} SLOTS=${SLOTS:-2} CTX=${CTX:-4096}
+OUT=$ROOT/bench/out
+MEASURE=(node "$ROOT/bench/replies_peer.mjs" --convs "$CONVS" --turns "$TURNS" --max-tokens "$MAX_TOKENS"
+    --sys-words "$SYS_WORDS" --msg-words "$MSG_WORDS" --gap-ms "$GAP_MS" --out "$OUT")
+command -v node >/dev/null 2>&1 || { echo "replies_peer.sh: node is required" >&2; exit 1; }
+mkdir -p "$OUT"
+
+if [ -n "${URLS:-}" ]; then
+    IFS=, read -r -a urls <<<"$URLS"
+    echo "\$ ${MEASURE[*]} ${urls[*]}" >&2
+    exec "${MEASURE[@]}" "${urls[@]}"
+fi
+
+# The longest conversation must fit in a slot: about one token per word.
+need=$((SYS_WORDS + TURNS * (MSG_WORDS + MAX_TOKENS + 16) + 32))
+if [ "$need" -gt "$CTX" ]; then
+    echo "replies_peer.sh: a conversation grows to about $need tokens, more than CTX=$CTX per slot: raise CTX" >&2
+    exit 2
+fi
+
+# shellcheck source=bench/lib.sh
+. "$ROOT/bench/lib.sh"
+bench_prepare replies_peer.sh "$@"
+# shellcheck source=bench/peer_lib.sh
+. "$ROOT/bench/peer_lib.sh"
+peer_start_servers replies_peer.sh replies_peer # sets urls, names (--name LABEL pairs), keys
+
+echo "\$ ${MEASURE[*]} ${names[*]} ${urls[*]}" >&2
+"${MEASURE[@]}" "${names[@]}" "${urls[@]}"
+echo >&2 "replies_peer.sh: THREADS=$THREADS SLOTS=$SLOTS CTX=$CTX; table in $OUT/replies_peer.md"
