@@ -21,7 +21,7 @@ PREFIX.json. Not a test: nothing fails on a number.
 usage: clients.py turns  URL... [--name N ...] [--turns 10] [--sys-words 300] [--msg-words 60] [--max-tokens 32]
        clients.py decode URL... [--name N ...] [--rounds 5] [--max-tokens 128] [--prompt-words 32]
        clients.py exact  URL... [--name N ...] [--convs 3] [--turns 6] [--max-tokens 128]
-       clients.py restart URL --phase prep|warm|resume --state FILE [--turns 6] [--sys-words] [--msg-words]
+       clients.py restart URL --phase prep|warm|resume|resume-warm --state FILE [--turns 6] [--sys-words] [--msg-words]
        clients.py subagents URL... [--name N ...] [--agents 6] [--rounds 4] [--sys-words] [--msg-words]
        (all: --out PREFIX, --deadline UNIX_SECONDS: stop starting requests after it)
 """
@@ -365,25 +365,33 @@ def cmd_restart(a, urls, names):
         st = json.load(fh)
     msgs = st['msgs'] + [{'role': 'user', 'content': words(a.msg_words, 10000 + a.turns)}]
     x = conv_turn(url, msgs, a)
-    st['restarted'] = x
+    st['restarted-warm-slots' if a.phase == 'resume-warm' else 'restarted'] = x
     with open(a.state, 'w') as fh:
         json.dump(st, fh)
     warm = st.get('warm')
     if not warm:
         return
-    c = x['cache'] or {}
     lines = ['| process | turn | prompt tok | cached | TTFT ms | cache |', '|---|--:|--:|--:|--:|---|',
              f'| warm (the same process since turn 1) | {a.turns} | {warm["prompt"]} | {warm["cached"]} | '
-             f'{f(warm["ttft"], 1)} | {(warm["cache"] or {}).get("mode", "–")} |',
-             f'| restarted (its first request) | {a.turns} | {x["prompt"]} | {x["cached"]} | {f(x["ttft"], 1)} | '
-             f'{c.get("mode", "–")} {c.get("tier", "")} restore {f(c.get("restore_ms", float("nan")), 1)} ms |', '',
-             f'**restarted / warm** TTFT of turn {a.turns}: {fr(x["ttft"] / warm["ttft"])}; replies '
-             f'{"equal" if x["text"] == warm["text"] else "differ"}.', '',
+             f'{f(warm["ttft"], 1)} | {(warm["cache"] or {}).get("mode", "–")} |']
+    got = [(k, st[k]) for k in ('restarted', 'restarted-warm-slots') if k in st]
+    for k, y in got:
+        c = y['cache'] or {}
+        how = 'restarted (its first request)' if k == 'restarted' else 'restarted with --warm-slots all'
+        lines.append(f'| {how} | {a.turns} | {y["prompt"]} | {y["cached"]} | {f(y["ttft"], 1)} | '
+                     f'{c.get("mode", "–")} {c.get("tier", "")} restore {f(c.get("restore_ms", float("nan")), 1)} ms |')
+    lines.append('')
+    for k, y in got:
+        lines.append(f'**{k} / warm** TTFT of turn {a.turns}: {fr(y["ttft"] / warm["ttft"])}; replies '
+                     f'{"equal" if y["text"] == warm["text"] else "differ"}.')
+    lines += ['',
              f'A conversation of {a.turns} turns ({a.sys_words}-word system prompt, {a.msg_words}-word user '
              f'messages, greedy replies of at most {a.max_tokens} tokens) on kvstash with --cache-dir: turns '
              f'1-{a.turns - 1} in one process, stopped with SIGTERM, turn {a.turns} in a new one on the same '
-             f'directories; the reference is turn {a.turns} in a process that ran all {a.turns}.']
-    write(a.out, '\n'.join(lines) + '\n', dict(warm=warm, restarted=x))
+             f'directories (with --warm-slots all: a new one on a copy of them taken before the first '
+             f'resumed; it puts the stored conversation into a slot before it serves); the reference is turn '
+             f'{a.turns} in a process that ran all {a.turns}.']
+    write(a.out, '\n'.join(lines) + '\n', dict(warm=warm, **dict(got)))
 
 
 # ------------------------------------------------------------------ sub-agents
@@ -448,7 +456,7 @@ def main():
     p.add_argument('--rounds', type=int, default=5)
     p.add_argument('--prompt-words', type=int, default=32)
     p.add_argument('--convs', type=int, default=3)
-    p.add_argument('--phase', choices=['prep', 'resume', 'warm'], default='prep')
+    p.add_argument('--phase', choices=['prep', 'resume', 'resume-warm', 'warm'], default='prep')
     p.add_argument('--state', help='restart: the conversation between the phases (a JSON file)')
     p.add_argument('--agents', type=int, default=6)
     a = p.parse_args()

@@ -185,9 +185,19 @@ for m in $MODELS; do
         rs=$WORK/restart-$m
         rm -rf "$rs" && mkdir -p "$rs"
         ok=1
-        for phase in warm prep resume; do
-            store=(--cache-dir "$rs/disk")
+        # The store's directories, shm too, under $rs (a copy for the second
+        # resumed process, so that both start from what prep left).
+        shm=/dev/shm/kvstash-bench-restart-$m
+        rm -rf "$shm" "$shm"2
+        for v in "" 2; do
+            mkdir -p "$shm$v"
+            printf 'store:\n  enabled: true\n  cache_dir: %s\n  shm_dir: %s\n' "$rs/disk$v" "$shm$v" >"$rs/store$v.yaml"
+        done
+        for phase in warm prep resume resume-warm; do
+            store=(--config "$rs/store.yaml")
             [ $phase = warm ] && store=()
+            [ $phase = resume ] && { cp -a "$rs/disk" "$rs/disk2"; cp -a "$shm/." "$shm"2/; }
+            [ $phase = resume-warm ] && store=(--config "$rs/store2.yaml" --warm-slots all)
             "$KS" serve -m "$model" --port $P_KS -ngl "$NGL" --slots 2 --ctx 16384 "${store[@]}" --log info \
                 >"$OUT/$m-restart-$phase.log" 2>&1 &
             ks=$!
@@ -202,6 +212,7 @@ for m in $MODELS; do
                 2>"$OUT/$m-restart-$phase.stderr" || ok=0
             stop "$ks"
         done
+        rm -rf "$shm" "$shm"2
         echo "### $m-restart" >>"$RES"
         if [ $ok = 1 ]; then cat "$OUT/$m-restart.md" >>"$RES"; else echo "_not completed (logs in $OUT)_" >>"$RES"; fi
         echo >>"$RES"

@@ -320,4 +320,29 @@ typedef int (*ks_store_verify_cb)(void *ud, const char *path, int rc, const ks_k
  * may be NULL. */
 int ks_store_verify_dir(const char *dir, ks_store_verify_cb cb, void *ud);
 
+/* Warm start (store_recent.c): a state read back whole with its tokens. */
+typedef struct ks_store_state {
+    int32_t *tokens;  /* owned: the state stands for tokens[0, n_tokens) */
+    int n_tokens;
+    uint8_t *payload; /* owned: the llama sequence state */
+    size_t len;
+    ks_tier_id tier;  /* KS_TIER_SHM or KS_TIER_DISK */
+    ks_reason reason;
+    double load_ms;   /* reading and verifying it */
+} ks_store_state;
+
+/* The states of the file tiers (shm, disk) most recently saved or hit, newest
+ * first, at most max of them: what a new process puts into its slots before
+ * it serves (ks_sched_params.warm_slots), so that the conversations that
+ * were running before a restart go on as in a warm process. Each is checked
+ * as a lookup checks it (checksum, model, params, state version) and its
+ * tokens against its key; a state whose tokens are a prefix of one already
+ * taken (an earlier turn of the same conversation) is skipped. At most
+ * max_reads files are read. out[0, *n_out) are owned (ks_store_state_free).
+ * Returns 0 (also when nothing is stored), KS_EINVAL or KS_ENOMEM.
+ * Any thread; reads files only. */
+int ks_store_recent(ks_store *s, int max, int max_reads, ks_store_state *out, int *n_out);
+/* Frees st's buffers and zeroes it; NULL is a no-op. */
+void ks_store_state_free(ks_store_state *st);
+
 #endif

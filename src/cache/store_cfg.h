@@ -96,6 +96,8 @@ typedef struct ks_store_cfg {
     int continued_interval;               /* default 512 */
     int min_tokens;                       /* default 256 */
     int shutdown_timeout_ms;              /* default 5000 */
+    int warm_slots;                       /* slots filled from the file tiers at start (ks_sched_params
+                                             .warm_slots); default 0 */
     int64_t tier_max_bytes[KS_TIER__N];   /* ram 2 GiB, shm 1 GiB, disk 10 GiB, redis 4 GiB (kvstash's
                                              share of the Redis memory); 0 disables the tier */
     int reason_tier[KS_REASON__N];        /* ks_tier_id; default cold=disk continued=shm finish=shm evict=disk

@@ -73,6 +73,10 @@ static void usage(FILE *f) {
             "                            0 turns it off\n"
             "  --cache-dir DIR           enable the full persistent KV store (ram, shm and disk tiers)\n"
             "                            with its disk tier in DIR (store.enabled, store.cache_dir)\n"
+            "  --warm-slots N|all        at start, before serving, put the N most recently saved states\n"
+            "                            of the store's shm and disk tiers into the slots (one per\n"
+            "                            conversation), so conversations go on after a restart as in a\n"
+            "                            warm process (store.warm_slots; default 0: off)\n"
             "  --cache-redis URL         share KV states with the servers of other hosts through Redis or\n"
             "                            Valkey (store.tiers.redis.url): redis://[user:pass@]host:port/db,\n"
             "                            rediss:// (TLS), unix:///path; password also from\n"
@@ -137,6 +141,7 @@ typedef struct flags {
     int header_timeout, max_conns, max_conns_client; /* -1: not given */
     long long max_body;
     int cache_ram; /* MiB, -1: not given */
+    int warm_slots; /* -1: not given */
     bool no_cache, no_exact, no_repack, imc, spc;
     int flash_attn; /* KS_FA_* */
     const char *cache_dir, *cache_redis;
@@ -156,7 +161,7 @@ static int parse_flags(int argc, char **argv, flags *f) {
            O_MAXTOK, O_ALIAS, O_TIMEOUT, O_SHUTDOWN, O_FA, O_CONFIG, O_LOG, O_IMC, O_SPC, O_CACHEDIR, O_CACHERAM,
            O_TEMPLATE, O_REASONING, O_CORS, O_RESP_TTL, O_RESP_MAX, O_HDR_TIMEOUT, O_MAXCONN, O_MAXCONN_CLIENT,
            O_CKPT, O_CKPT_EVERY, O_CKPT_BYTES, O_CACHEREDIS, O_TLS_CA, O_TLS_CA_DIR, O_TLS_CERT, O_TLS_KEY,
-           O_TLS_NAME, O_TLS_INSECURE, O_NOREPACK, O_OFFLOAD, O_OFFLOAD_END = O_OFFLOAD + KS_CLI_OFFLOAD_N };
+           O_TLS_NAME, O_TLS_INSECURE, O_NOREPACK, O_WARM, O_OFFLOAD, O_OFFLOAD_END = O_OFFLOAD + KS_CLI_OFFLOAD_N };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},          {"host", required_argument, 0, O_HOST},
         {"port", required_argument, 0, O_PORT},        {"slots", required_argument, 0, O_SLOTS},
@@ -170,7 +175,7 @@ static int parse_flags(int argc, char **argv, flags *f) {
         {"config", required_argument, 0, O_CONFIG},    {"log", required_argument, 0, O_LOG},
         {"imc", no_argument, 0, O_IMC},                {"spc", no_argument, 0, O_SPC},
         {"cache-dir", required_argument, 0, O_CACHEDIR}, {"cache-ram", required_argument, 0, O_CACHERAM},
-        {"cache-redis", required_argument, 0, O_CACHEREDIS},
+        {"cache-redis", required_argument, 0, O_CACHEREDIS}, {"warm-slots", required_argument, 0, O_WARM},
         {"cache-redis-tls-ca", required_argument, 0, O_TLS_CA},
         {"cache-redis-tls-ca-dir", required_argument, 0, O_TLS_CA_DIR},
         {"cache-redis-tls-cert", required_argument, 0, O_TLS_CERT},
@@ -195,6 +200,7 @@ static int parse_flags(int argc, char **argv, flags *f) {
     f->flash_attn = KS_FA_AUTO;
     f->max_body = -1;
     f->cache_ram = -1;
+    f->warm_slots = -1;
     f->responses_ttl = f->responses_max = -1;
     f->header_timeout = f->max_conns = f->max_conns_client = -1;
     f->ctx_checkpoints = f->checkpoint_every = -1;
@@ -277,6 +283,10 @@ static int parse_flags(int argc, char **argv, flags *f) {
         case O_CACHERAM: /* MiB: the range of store.tiers.ram.max_bytes */
             if (ks_cli_parse_int(CMD, "--cache-ram", optarg, 0, (int)(KS_STORE_BYTES_MAX >> 20), &f->cache_ram))
                 return 2;
+            break;
+        case O_WARM: /* "all": every slot */
+            if (!strcmp(optarg, "all")) f->warm_slots = KS_MAX_SLOTS;
+            else if (ks_cli_parse_int(CMD, "--warm-slots", optarg, 0, KS_MAX_SLOTS, &f->warm_slots)) return 2;
             break;
         case O_CONFIG: f->config = optarg; break;
         case O_TEMPLATE: f->chat_template = optarg; break;
@@ -395,6 +405,7 @@ static int apply_flags(const flags *f, ks_config *c) {
         c->store.enabled = true;
     }
     if (f->cache_ram >= 0) c->store.tier_max_bytes[KS_TIER_RAM] = (int64_t)f->cache_ram << 20;
+    if (f->warm_slots >= 0) c->store.warm_slots = f->warm_slots;
     if (f->cache_redis) COPY(c->store.redis.url, f->cache_redis);
     if (f->tls_ca) COPY(c->store.redis.tls.ca_file, f->tls_ca);
     if (f->tls_ca_dir) COPY(c->store.redis.tls.ca_dir, f->tls_ca_dir);
@@ -615,6 +626,12 @@ int ks_cmd_serve(int argc, char **argv) {
     sp.store_stride = store_cfg.stride;
     sp.continued_interval = store_cfg.continued_interval;
     sp.store_min_tokens = store_cfg.min_tokens;
+    sp.warm_slots = store_cfg.warm_slots;
+    sp.finish_save_after_done = true;
+    if (sp.warm_slots > 0 && (!store || store_mode == KS_STORE_RAM_ONLY))
+        KS_WARN("serve", "--warm-slots (store.warm_slots) needs the persistent store (--cache-dir or a store: "
+                         "section): no slot is warmed");
+    if (!store || store_mode == KS_STORE_RAM_ONLY) sp.warm_slots = 0;
     sp.ckpt_max = cfg.ctx_checkpoints;
     sp.ckpt_bytes = (size_t)cfg.checkpoint_bytes;
     sp.ckpt_gen_interval = cfg.checkpoint_every;

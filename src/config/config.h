@@ -55,6 +55,7 @@
  *     continued_interval: 512
  *     min_tokens: 256                  # do not save states shorter than this
  *     shutdown_timeout_ms: 5000
+ *     warm_slots: 0                    # slots filled from shm/disk at start (--warm-slots)
  *     pin_share: 0.5                   # share of each tier's budget that pinned states (cache
  *                                      # breakpoints, store.h "Pins") may hold, 0..1
  *     tiers:                           # max_bytes: 0..1024TiB (KS_STORE_BYTES_MAX)

@@ -77,6 +77,32 @@ static bool probe_rows(ks_engine *e, struct llama_batch *b, const llama_token *t
     return ok;
 }
 
+/* With a GPU: after the probe's PROBE_N tokens in sequence 0, one batch of
+ * up to GPU_WARM_N tokens and one lone token after it, so that a new
+ * process's first prefill does not pay for loading the large-batch kernels
+ * (CUDA loads a kernel at its first launch) and the first request after a
+ * restart costs what later ones do. CUDA only: on Vulkan (the tests' Mesa
+ * device) each new shape compiles pipelines, seconds per server start. */
+#define GPU_WARM_N 512
+static void gpu_warm(ks_engine *e) {
+    int n = GPU_WARM_N < e->n_batch ? GPU_WARM_N : e->n_batch;
+    if (n > e->n_ctx_seq - PROBE_N - 2) n = e->n_ctx_seq - PROBE_N - 2;
+    if (n < 2) return;
+    struct llama_batch b = llama_batch_init(n, 0, 1);
+    for (int i = 0; i < n; i++) {
+        b.token[i] = (llama_token)((uint32_t)(i * 2654435761u) % (uint32_t)e->n_vocab);
+        b.pos[i] = PROBE_N + i; b.n_seq_id[i] = 1; b.seq_id[i][0] = 0;
+        b.logits[i] = i == n - 1;
+    }
+    b.n_tokens = n;
+    bool ok = llama_decode(e->ctx, b) == 0;
+    b.token[0] = b.token[n - 1]; b.pos[0] = PROBE_N + n; b.logits[0] = true;
+    b.n_tokens = 1;
+    ok = ok && llama_decode(e->ctx, b) == 0;
+    if (!ok) KS_DEBUG(MOD, "the GPU warm-up batch did not decode");
+    llama_batch_free(b);
+}
+
 void ks__engine_probe(ks_engine *e) {
     double t0 = ks_now_ms();
     e->invariant = false;
@@ -153,6 +179,7 @@ void ks__engine_probe(ks_engine *e) {
         KS_WARN(MOD, "this model's kernels are not batch-invariant even in the patched CPU backend "
                      "(a lone token drifted from its prefill)%s",
                 e->pairs_ok ? "; decoding in pairs to stay exact" : "");
+    if (ok && e->gpu && !strncmp(e->off.dev[0].name, "CUDA", 4)) gpu_warm(e);
     llama_memory_clear(mem, true);
     free(la);
     free(lb);

@@ -120,22 +120,32 @@ static uint8_t *snapshot(ks_sched *s, slot *sl, size_t *len) {
     return buf;
 }
 
-void ks__policy_save(ks_sched *s, slot *sl, ks_reason why, bool sync) {
-    if (!s->p.store || sl->no_store || sl->tokens.n < s->p.store_min_tokens) return;
-    if (!restorable(s, sl->tokens.n)) return; /* a sliding window: a state no restore would take */
+int ks__policy_save_ask(ks_sched *s, slot *sl, ks_reason why) {
+    if (!s->p.store || sl->no_store || sl->tokens.n < s->p.store_min_tokens) return -1;
+    if (!restorable(s, sl->tokens.n)) return -1; /* a sliding window: a state no restore would take */
     /* Ask the store first: nothing is copied for a reason that maps to no
      * tier, or for a state it already holds (e.g. the finish save of the
      * request that left this KV, when the slot is evicted later). Such a "no"
      * is still a save request, counted by the store as not written. */
     bool want = ks_store_wants(s->p.store, why, sl->tokens.v, sl->tokens.n);
-    size_t len = 0;
-    uint8_t *buf = want ? snapshot(s, sl, &len) : NULL;
-    if (want && !buf) return; /* out of memory: nothing was asked of the store */
     s->cst.store_save_requests[why]++;
-    if (!want) return;
+    return want ? 1 : 0;
+}
+
+void ks__policy_save_take(ks_sched *s, slot *sl, ks_reason why, bool sync) {
+    size_t len = 0;
+    uint8_t *buf = snapshot(s, sl, &len);
+    if (!buf) { /* out of memory: nothing was asked of the store after all */
+        s->cst.store_save_requests[why]--;
+        return;
+    }
     int rc = ks_store_save(s->p.store, why, sl->tokens.v, sl->tokens.n, buf, len, sync); /* takes buf */
     KS_DEBUG(MOD, "slot[%d] save %s: %d tokens, %zu bytes%s (%s)", sl->id, ks_reason_name(why), sl->tokens.n,
              len, sync ? ", sync" : "", rc ? ks_strerror(rc) : "ok");
+}
+
+void ks__policy_save(ks_sched *s, slot *sl, ks_reason why, bool sync) {
+    if (ks__policy_save_ask(s, sl, why) == 1) ks__policy_save_take(s, sl, why, sync);
 }
 
 /* SPC: the slot's sequence holds exactly the system prompt now: keep a copy. */

@@ -103,6 +103,20 @@ typedef struct ks_sched_params {
      * (recurrent/hybrid models), to exercise the full-rebuild fallback on
      * models that can. */
     bool simulate_no_partial_rm;
+    /* Warm start (warm.c): at creation, before anything is served, up to
+     * this many slots take the states most recently saved to or hit in the
+     * store's file tiers (ks_store_recent: shm, disk), newest first, one per
+     * conversation, so that a restarted process's first turn of each reuses
+     * its slot as a warm process would. 0 (default): off; needs store. */
+    int warm_slots;
+    /* The finish save (a request's state at its end, KS_REASON_FINISH) is
+     * copied after its on_done instead of before, so that the copy (0.7 s
+     * for an 8B model's 7K tokens from a GPU) does not hold back the reply's
+     * end. The save is still asked for (counted in store_save_requests)
+     * before on_done, and taken before this thread does anything else; but
+     * a caller that looks into the store right after on_done may not find
+     * it yet. Default false (the server sets it). */
+    bool finish_save_after_done;
 } ks_sched_params;
 
 ks_sched_params ks_sched_params_default(void);
@@ -317,6 +331,10 @@ typedef struct ks_sched_cache_stats {
     uint64_t ckpt_restores;         /* trims served by a checkpoint instead of a rebuild */
     uint64_t ckpt_restored_tokens;  /* tokens those trims kept */
     double ckpt_ms_total;           /* partial state get + set time */
+    /* Warm start (ks_sched_params.warm_slots) */
+    uint64_t warm_slots;            /* slots that took a stored state at creation */
+    uint64_t warm_tokens;           /* the tokens they hold */
+    double warm_ms_total;           /* reading, verifying and setting those states */
 } ks_sched_cache_stats;
 
 typedef struct ks_sched_stats {

@@ -1,5 +1,5 @@
 /*
- * sched_int.h — the scheduler's internal state, shared by its three files:
+ * sched_int.h — the scheduler's internal state, shared by its files:
  *
  *   sched.c   the queue, the inference thread's loop, the public calls and
  *             finishing requests (who runs when);
@@ -8,7 +8,11 @@
  *             (slot copy, store, SPC), when states are saved and captured
  *             (what is reused);
  *   step.c    one decode step: batch assembly, the exactness rule (every
- *             sequence at 0 or >= 2 rows), sampling (how it is computed).
+ *             sequence at 0 or >= 2 rows), sampling (how it is computed);
+ *   ckpt.c    a hybrid model's checkpoints;
+ *   warm.c    warm start: the store's latest states into the slots at
+ *             creation.
+ * (chat.c is ks_chat, built on the public API.)
  * The save-point cut arithmetic is pure and lives in cache/savepoint.c.
  *
  * Thread model: everything in a slot and in the inference-thread part of
@@ -158,6 +162,16 @@ void ks__policy_pins_done(ks_sched *s, sreq *r);
 void ks__policy_token_done(ks_sched *s, slot *sl, int n_decoded);
 /* Hands the slot's KV (all of slot->tokens) to the store for `why`. */
 void ks__policy_save(ks_sched *s, slot *sl, ks_reason why, bool sync);
+/* The two halves of ks__policy_save, for a save taken after the request's
+ * on_done (the finish save: its state copy must not hold back the reply's
+ * end). ks__policy_save_ask counts the save request (published with the
+ * slot, so that a client that saw the reply also sees it asked) and returns
+ * 1 when the store wants the state, 0 when not, -1 when no save applies;
+ * ks__policy_save_take, only after a 1 and before the slot's KV changes,
+ * copies the state and hands it to the store (uncounting it when the copy
+ * has no memory). */
+int ks__policy_save_ask(ks_sched *s, slot *sl, ks_reason why);
+void ks__policy_save_take(ks_sched *s, slot *sl, ks_reason why, bool sync);
 /* No request is active: frees what the policy keeps only for busy periods
  * (the copy scratch). */
 void ks__policy_idle(ks_sched *s);
@@ -180,5 +194,9 @@ bool ks__ckpt_valid(const slot *sl);
 /* step.c */
 /* One decode step over the busy slots (planned). */
 void ks__step(ks_sched *s);
+
+/* warm.c: puts the store's most recent states into the slots
+ * (ks_sched_params.warm_slots). Before the inference thread starts. */
+void ks__sched_warm(ks_sched *s);
 
 #endif

@@ -171,6 +171,9 @@ void ks_metrics_sched(ks_prom *p, const ks_sched_stats *st) {
                     (double)c->store_restored_tokens);
     ks_prom_counter(p, "kvstash_store_restore_seconds_total", "Store lookup + read + verify + state set.",
                     c->store_restore_ms_total / 1e3);
+    ks_prom_counter(p, "kvstash_warm_slots_total", "Slots that took a stored state at start (--warm-slots).",
+                    (double)c->warm_slots);
+    ks_prom_counter(p, "kvstash_warm_tokens_total", "Tokens those slots took at start.", (double)c->warm_tokens);
     ks_prom_family(p, "kvstash_store_save_requests_total", "counter", "States handed to the store, by save reason.");
     int n_reasons = (int)(sizeof c->store_save_requests / sizeof c->store_save_requests[0]);
     for (int r = 0; r < KS_REASON__N && r < n_reasons; r++)

@@ -127,6 +127,58 @@ test('restart: after SIGTERM a new process continues the conversation from the s
   }
 });
 
+// ----------------------------------------------------------------------- 1c
+// Warm start (--warm-slots): a new process puts the latest state of each of
+// the conversations A was serving into its slots before it serves, so their
+// next turns reuse the slot's prefix (mode "prefix") as in a warm process —
+// the newest first, an earlier turn of a conversation already taken skipped.
+test('warm start: --warm-slots puts the latest state of each conversation into the slots at start', async () => {
+  const dirs = await storeDir('warm');
+  const x = [sys('Warmx')];
+  const y = [sys('Warmy')];
+  const a = await startServer(['--config', dirs.config]);
+  let lastX, lastY;
+  try {
+    for (const [i, u] of ['Hello there.', 'What did I just say?', 'Tell me more.'].entries())
+      lastX = await say(a, x, u, `x turn ${i + 1}`);
+    for (const [i, u] of ['Good morning.', 'And then?'].entries()) lastY = await say(a, y, u, `y turn ${i + 1}`);
+    await settleStore(a);
+  } finally {
+    await stopOk(a);
+  }
+  const b = await startServer(['--config', dirs.config, '--warm-slots', '2', '--log', 'info']);
+  try {
+    const m0 = await metrics(b);
+    assert.equal(m0.get('kvstash_warm_slots_total'), 2, `two slots warmed:\n${b.stderr}`);
+    // Each holds its conversation's finish save: the last prompt and the
+    // reply's tokens decoded into the KV (all but a last one not fed back),
+    // more than any earlier turn's state.
+    const w = m0.get('kvstash_warm_tokens_total');
+    const most = lastX.usage.prompt_tokens + lastX.usage.completion_tokens + lastY.usage.prompt_tokens +
+      lastY.usage.completion_tokens;
+    assert.ok(w >= most - 2 && w <= most, `the latest turn of x and of y: ${w} tokens, ${most} at most`);
+    assert.match(b.stderr, /warm start: 2 of 2 slot\(s\) warmed/);
+    for (const [msgs, last, what] of [[x, lastX, 'x turn 4'], [y, lastY, 'y turn 3']]) {
+      const r = await say(b, msgs, 'Thanks, bye.', what);
+      assert.equal(r.cache.mode, 'prefix', `${what}: ${JSON.stringify(r.cache)}`);
+      assert.ok(r.usage.prompt_tokens_details.cached_tokens >= last.usage.prompt_tokens,
+        `${what}: cached ${r.usage.prompt_tokens_details.cached_tokens} < ${last.usage.prompt_tokens}`);
+    }
+    const m = await metrics(b);
+    assert.equal(m.get('kvstash_store_hits_total'), 0, 'no turn needed the store');
+  } finally {
+    await stopOk(b);
+  }
+  // Without a persistent store the setting says it does nothing.
+  const c = await startServer(['--warm-slots', '2']);
+  try {
+    assert.match(c.stderr, /--warm-slots \(store.warm_slots\) needs the persistent store/);
+    assert.equal((await metrics(c)).get('kvstash_warm_slots_total'), 0);
+  } finally {
+    await stopOk(c);
+  }
+});
+
 // ----------------------------------------------------------------------- 1b
 // Only evict and shutdown saves are on: a slot's KV must still be saved when
 // it is dropped (another conversation takes the slot) and at SIGTERM
