@@ -249,7 +249,7 @@ static const field k_model_fields[] = {
 static const field k_store_fields[] = {
     FB(ks_store_cfg, enabled),
     FS(ks_store_cfg, cache_dir, F_PATH),
-    FS(ks_store_cfg, shm_dir, F_PATH),
+    FS(ks_store_cfg, shm_dir, F_PATH), FS(ks_store_cfg, secret_file, F_PATH),
     FI(ks_store_cfg, stride, 1, 1048576),
     FI(ks_store_cfg, continued_interval, 0, 1048576),
     FI(ks_store_cfg, min_tokens, 0, 1048576),
