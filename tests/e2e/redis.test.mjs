@@ -762,3 +762,43 @@ test('concurrent requests ask Redis on connections of their own: one slow reply 
     await redis.stop();
   }
 });
+
+// ------------------------------------------------------------------------ issue 28
+// Stored states are authenticated, not only checked: an entry written into
+// Redis without the cache secret (here by a kvstash server without one, as
+// anyone who can write the Redis could, checksums and all) is refused by
+// servers that have the secret — counted as corrupt, the reply that of a miss
+// — while the entries they write themselves are restored across hosts.
+test('with a cache secret, an entry written without it is refused; tagged entries are shared', async () => {
+  const redis = await startRedis(path.join(root, 'r-secret'));
+  const url = `unix://${redis.sock}`;
+  const env = { KVSTASH_CACHE_SECRET: 'a deployment secret for the e2e hosts' };
+  const open = await host('s-open', url);
+  let b, c, d;
+  try {
+    const msgs = [sys('Secret')];
+    await say(open, msgs, 'Hello there, tell me a story.', 'unauthenticated host turn 1');
+    await settleStore(open);
+    await stopOk(open);
+    assert.ok(manifests(redis, 'kvs-test').size >= 1, 'the unauthenticated host wrote to Redis');
+    b = await host('s-b', url, {}, { env });
+    const m0 = await metrics(b);
+    const t2 = await say(b, [...msgs], 'And another one, please.', 'secret host B turn 2');
+    assert.notEqual(t2.cache.tier, 'redis', `an untagged entry was restored: ${JSON.stringify(t2.cache)}`);
+    const mb = await metrics(b);
+    assert.ok(mb.get('kvstash_store_corrupt_files_total') - (m0.get('kvstash_store_corrupt_files_total') ?? 0) >= 1,
+      'the refused entry is counted like a corrupt one');
+    await settleStore(b);
+    c = await host('s-c', url, {}, { env });
+    const own = [sys('Tagged')];
+    const u1 = await say(c, own, 'Hello there, tell me a story.', 'secret host C turn 1');
+    await settleStore(c);
+    d = await host('s-d', url, {}, { env });
+    const u2 = await say(d, own, 'And another one, please.', 'secret host D turn 2');
+    assertRedisHit(u2, u1.usage.prompt_tokens, 'secret host D turn 2');
+    assert.equal((await metrics(d)).get('kvstash_store_corrupt_files_total'), 0);
+  } finally {
+    for (const s of [b, c, d]) if (s) await stopOk(s);
+    await redis.stop();
+  }
+});
