@@ -596,6 +596,7 @@ int ks_cmd_serve(int argc, char **argv) {
     if (f.timeout >= 0) hp.timeout_s = f.timeout;
     if (f.header_timeout >= 0) hp.header_timeout_s = f.header_timeout;
     if (f.max_conns >= 0) hp.max_connections = f.max_conns;
+    hp.max_renders = cfg.max_renders;
     if (f.max_conns_client >= 0) hp.max_connections_per_client = f.max_conns_client;
     hp.cache_prompt = cfg.cache_prompt;
     hp.exact = cfg.exact;

@@ -25,6 +25,8 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "prompt/presize.h"
+#include "server/admit.h"
 #include "server/api.h"
 #include "server/server.h"
 
@@ -52,6 +54,11 @@ struct ks_server {
     /* The longest text of a token, in bytes: a prompt of B bytes is at least
      * ceil(B / max_token_bytes) tokens (plan.c, prompt_max_bytes). */
     int max_token_bytes;
+    /* What the template is known to copy into a prompt: a request sized
+     * past the context from these alone is refused before any render. */
+    ks_presize presize;
+    ks_admit admit;             /* renders and grammar builds at once (admit.h) */
+    bool admit_ok;              /* admit initialised */
     bool cache_prompt;
     bool exact;
     char store_mode[16];        /* "" : not shown */
