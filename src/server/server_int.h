@@ -28,6 +28,7 @@
 #include "prompt/presize.h"
 #include "server/admit.h"
 #include "server/api.h"
+#include "server/lptext.h"
 #include "server/server.h"
 
 struct ks_server {
@@ -110,6 +111,10 @@ typedef struct conn {
  * ctype NULL: no Content-Type (a 204). */
 enum MHD_Result ks__respond(ks_server *s, struct MHD_Connection *c, conn *cn, int status, const char *ctype,
                           char *body, size_t len, const char *const *hdrs);
+/* A whole reply o (stolen) with the logprobs of lpt[0, n) spliced in place
+ * of their placeholders (lptext.h; lptext.c); a 500 when memory runs out. */
+enum MHD_Result ks__respond_spliced(ks_server *s, struct MHD_Connection *c, conn *cn, json_t *o,
+                                  ks_lptext *const *lpt, int n);
 /* obj is stolen. */
 enum MHD_Result ks__respond_json(ks_server *s, struct MHD_Connection *c, conn *cn, int status, json_t *obj,
                                const char *const *hdrs);
