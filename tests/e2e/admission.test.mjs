@@ -19,6 +19,8 @@ let srv;
 before(async () => { srv = await startServer(['--chat-template', TEMPLATE]); });
 after(async () => { if (srv) await stopOk(srv); });
 
+// Under a sanitizer the memory is the sanitizer's: the budget is not checked there.
+const SANITIZED = process.env.KS_SANITIZED === '1';
 const hwm = () => Number(/VmHWM:\s+(\d+) kB/.exec(readFileSync(`/proc/${srv.proc.pid}/status`, 'utf8'))[1]) * 1024;
 const tools = (n) => Array.from({ length: n }, (_, i) => ({
   type: 'function',
@@ -65,7 +67,7 @@ for (const n of [3000, 6000]) {
     assert.equal(metric(m1, 'kvstash_template_renders_total'), metric(m0, 'kvstash_template_renders_total'),
       'no render');
     assert.equal(metric(m1, 'kvstash_refused_before_render_total') - metric(m0, 'kvstash_refused_before_render_total'), 1);
-    assert.ok(h1 - h0 <= 8 * bytes, `VmHWM grew ${h1 - h0} bytes for a ${bytes}-byte body (budget ${8 * bytes})`);
+    if (!SANITIZED) assert.ok(h1 - h0 <= 8 * bytes, `VmHWM grew ${h1 - h0} bytes for a ${bytes}-byte body (budget ${8 * bytes})`);
   });
 }
 

@@ -15,6 +15,8 @@ let srv;
 before(async () => { srv = await startServer(['--slots', '4', '--ctx', '1100']); });
 after(async () => { if (srv) await stopOk(srv); });
 
+// Under a sanitizer the memory is the sanitizer's: the budget is not checked there.
+const SANITIZED = process.env.KS_SANITIZED === '1';
 const hwm = () => Number(/VmHWM:\s+(\d+) kB/.exec(readFileSync(`/proc/${srv.proc.pid}/status`, 'utf8'))[1]) * 1024;
 
 async function measured(path, body) {
@@ -40,7 +42,7 @@ test('chat: n 16 x 1000 tokens x top_logprobs 20 within 4x the reply bytes', asy
     assert.equal(c.logprobs.content.map((e) => e.token).join(''), c.message.content);
   }
   assert.ok(bytes > 10e6, `reply ${bytes} bytes`);
-  assert.ok(grew <= 4 * bytes, `VmHWM grew ${grew} bytes for a ${bytes}-byte reply (budget ${4 * bytes})`);
+  if (!SANITIZED) assert.ok(grew <= 4 * bytes, `VmHWM grew ${grew} bytes for a ${bytes}-byte reply (budget ${4 * bytes})`);
 });
 
 test('completions: n 16 x 1000 tokens x logprobs 20 within 4x the reply bytes', async () => {
@@ -57,5 +59,5 @@ test('completions: n 16 x 1000 tokens x logprobs 20 within 4x the reply bytes', 
     assert.equal(lp.tokens.join(''), c.text);
     assert.equal(lp.text_offset[999], Buffer.byteLength(lp.tokens.slice(0, 999).join('')));
   }
-  assert.ok(grew <= 4 * bytes, `VmHWM grew ${grew} bytes for a ${bytes}-byte reply (budget ${4 * bytes})`);
+  if (!SANITIZED) assert.ok(grew <= 4 * bytes, `VmHWM grew ${grew} bytes for a ${bytes}-byte reply (budget ${4 * bytes})`);
 });
