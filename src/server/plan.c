@@ -120,15 +120,11 @@ int ks__plan_prompts(ks_server *s, const ks_api_request *rq, ks_plan *pl, bool b
         if (s->tmpl) {
             char err[512] = "";
             /* Sized before any render: the strings the template is known to
-             * copy (presize.h) already make more tokens than the context. */
-            size_t lb = bounded ? ks_presize_bytes(&s->presize, rq->tmpl_req) : 0;
-            if (lb > (uint64_t)max_bytes) {
+             * copy (presize.h) already render to more than the bound, so the
+             * render's own refusal is known without it. */
+            if (bounded && ks_presize_bytes(&s->presize, rq->tmpl_req) > (uint64_t)max_bytes) {
                 ks_admit_note_refused(&s->admit);
-                return ks__plan_ctx_error(s, rq, e, "and tools hold at least %zu bytes of text the chat template "
-                                          "renders, which is at least %lld tokens (no token of this model is longer "
-                                          "than %d bytes)", lb,
-                                          (long long)((lb + (size_t)s->max_token_bytes - 1) / (size_t)s->max_token_bytes),
-                                          s->max_token_bytes);
+                return too_long(s, rq, 0, e);
             }
             ks_admit_enter(&s->admit, KS_ADMIT_RENDER);
             rc = ks_prompt_tmpl_chat(s->engine, s->tmpl, rq->tmpl_req, &o, s->memo, &pl->tp, err, sizeof err);

@@ -62,7 +62,7 @@ for (const n of [3000, 6000]) {
     const r = await postJSON(srv, '/v1/chat/completions', body);
     const h1 = hwm();
     assertError(r, 400, 'context_length_exceeded', 'messages');
-    assert.match(r.json.error.message, /hold at least \d+ bytes of text the chat template renders/);
+    assert.match(r.json.error.message, /your messages render to more than \d+ bytes, which is at least 512 tokens/);
     const m1 = await metrics(srv);
     assert.equal(metric(m1, 'kvstash_template_renders_total'), metric(m0, 'kvstash_template_renders_total'),
       'no render');
