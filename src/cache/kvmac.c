@@ -10,6 +10,7 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -133,4 +134,17 @@ int ks_kvmac_tag(const ks_kvmac_key *key, const uint8_t nonce[KS_KVMAC_NONCE_LEN
 
 bool ks_kvmac_equal(const uint8_t a[KS_KVMAC_TAG_LEN], const uint8_t b[KS_KVMAC_TAG_LEN]) {
     return CRYPTO_memcmp(a, b, KS_KVMAC_TAG_LEN) == 0;
+}
+
+int ks_kvmac_text_tag(const ks_kvmac_key *key, const char *label, const char *a, const char *b,
+                      uint8_t tag[KS_KVMAC_TAG_LEN]) {
+    char in[1024 + 128];
+    int n = snprintf(in, sizeof in, "%s%c%s%c%s", label, 0, a, 0, b);
+    if (n < 0 || (size_t)n >= sizeof in) return KS_EINVAL;
+    uint8_t out[32];
+    unsigned int ol = 0;
+    if (!HMAC(EVP_sha256(), key->k, sizeof key->k, (const unsigned char *)in, (size_t)n, out, &ol) || ol != 32)
+        return KS_EIO;
+    memcpy(tag, out, KS_KVMAC_TAG_LEN);
+    return 0;
 }

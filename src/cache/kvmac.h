@@ -72,6 +72,11 @@ void ks_kvmac_free(ks_kvmac *m);
 /* One-shot: the tag of buf (len bytes). 0 or KS_ENOMEM / KS_EIO. */
 int ks_kvmac_tag(const ks_kvmac_key *key, const uint8_t nonce[KS_KVMAC_NONCE_LEN], const void *buf, size_t len,
                  uint8_t tag[KS_KVMAC_TAG_LEN]);
+/* A tag of short text (a Redis manifest, redis_fmt.h): the first 16 bytes
+ * of HMAC-SHA256(K, label || 0 || a || 0 || b). a and b are NUL-terminated;
+ * together at most 1024 bytes. 0, KS_EINVAL (too long) or KS_EIO. */
+int ks_kvmac_text_tag(const ks_kvmac_key *key, const char *label, const char *a, const char *b,
+                      uint8_t tag[KS_KVMAC_TAG_LEN]);
 /* Constant-time comparison of two tags. */
 bool ks_kvmac_equal(const uint8_t a[KS_KVMAC_TAG_LEN], const uint8_t b[KS_KVMAC_TAG_LEN]);
 

@@ -137,7 +137,7 @@ int ks_store_open(const ks_store_params *p, ks_store **out, char *err, size_t er
     if ((rc = ks_sha256(s->kv_params ? s->kv_params : "", s->kv_len, s->params_hash)) != 0) goto done;
 
     ks_tier_ident ident = {.model_fp = s->fp, .params_hash = s->params_hash,
-                           .state_version = s->state_version};
+                           .state_version = s->state_version, .mac = s->has_mac ? &s->mac : NULL};
     if (s->cfg.tier_max_bytes[KS_TIER_RAM] > 0 && (rc = ks_tier_ram_open(&ident, &s->tiers[KS_TIER_RAM])) != 0)
         goto done;
     if (s->cfg.tier_max_bytes[KS_TIER_DISK] > 0) {

@@ -315,8 +315,8 @@ int ks_cache_redis_verify(ks_cache_redis *r, const ks_kvmac_key *mac, int *good,
     char mkey[KS_REDIS_KEY_MAX];
     for (size_t i = 0; i < e.n && rc == 0; i++) {
         const ent *x = &e.v[i];
-        if (x->mrc != 0) {
-            print_bad(r, x, "manifest", x->mrc);
+        if (x->mrc != 0 || (mac && !ks_redis_manifest_verify(mac, x->member, &x->m))) {
+            print_bad(r, x, "manifest", x->mrc ? x->mrc : KS_ECORRUPT); /* no valid tag: not written with the secret */
             (*bad)++;
             continue;
         }

@@ -15,7 +15,7 @@ import { spawn, spawnSync } from 'node:child_process';
 import net from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import { startServer, stopOk, chat, metrics, sleep, settleStore, until, BIN, MODEL, makeSay } from './lib.mjs';
+import { startServer, stopOk, chat, metrics, sleep, settleStore, until, BIN, MODEL, makeSay, runBin } from './lib.mjs';
 
 const MAX_TOKENS = 8;
 let root;
@@ -797,6 +797,18 @@ test('with a cache secret, an entry written without it is refused; tagged entrie
     const u2 = await say(d, own, 'And another one, please.', 'secret host D turn 2');
     assertRedisHit(u2, u1.usage.prompt_tokens, 'secret host D turn 2');
     assert.equal((await metrics(d)).get('kvstash_store_corrupt_files_total'), 0);
+    await settleStore(d);
+    // kvstash cache verify: authenticates with the secret (the tagged entries are good, any
+    // untagged one left is bad, named by its manifest); without it, says it could not.
+    const secretFile = path.join(root, 'cache.secret');
+    writeFileSync(secretFile, env.KVSTASH_CACHE_SECRET + '\n', { mode: 0o600 });
+    const v = await runBin(['cache', 'verify', '--redis', url, '--redis-prefix', 'kvs-test', '--secret-file', secretFile]);
+    assert.match(v.stdout, /^authenticated: /m, v.stdout + v.stderr);
+    const good = Number(/(\d+) good/.exec(v.stdout)[1]);
+    assert.ok(good >= 1, v.stdout);
+    for (const line of v.stdout.split('\n').filter((l) => l.startsWith('bad: '))) assert.match(line, /: manifest: ECORRUPT/);
+    const plainVerify = await runBin(['cache', 'verify', '--redis', url, '--redis-prefix', 'kvs-test']);
+    assert.match(plainVerify.stdout, /^not authenticated: no cache secret/m);
   } finally {
     for (const s of [b, c, d]) if (s) await stopOk(s);
     await redis.stop();

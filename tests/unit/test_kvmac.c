@@ -23,6 +23,7 @@
 #include "base/base.h"
 #include "cache/kvfile.h"
 #include "cache/kvmac.h"
+#include "cache/redis_fmt.h"
 #include "cache/store_cfg.h"
 
 typedef struct fx {
@@ -222,6 +223,43 @@ static void test_secret_files(void **state) {
     assert_int_equal(ks_kvmac_key_from_secret("0123456789abcde", 15, &k), KS_EINVAL);
 }
 
+/* Redis manifests: tagged with the secret, bound to their key; an untagged
+ * line (written without the secret) still parses, and fails the check. */
+static void test_redis_manifest(void **state) {
+    fx *f = *state;
+    ks_redis_manifest m = {.n_tokens = 300, .reason = 2, .created_us = 1700000000000000ll, .chunk_bytes = 4194240,
+                           .csum = 0x1234, .nonce = 0xabcdef};
+    m.total = ks_kvfile_size(300, 200000) + KS_KVFILE_MAC_LEN;
+    m.n_chunks = ks_redis_n_chunks(m.total, m.chunk_bytes);
+    const char *member = "aa:bb", *other = "aa:bc";
+    char line[256];
+    ks_redis_manifest d;
+    int n = ks_redis_manifest_encode(&m, line, sizeof line);
+    assert_true(n > 0);
+    assert_int_equal(ks_redis_manifest_decode(line, (size_t)n, &d), 0);
+    assert_false(d.tagged);
+    assert_false(ks_redis_manifest_verify(&f->k1, member, &d)); /* written without the secret */
+    assert_int_equal(ks_redis_manifest_sign(&f->k1, member, &m), 0);
+    n = ks_redis_manifest_encode(&m, line, sizeof line);
+    assert_true(n > 0);
+    assert_int_equal(ks_redis_manifest_decode(line, (size_t)n, &d), 0);
+    assert_true(d.tagged);
+    assert_true(ks_redis_manifest_verify(&f->k1, member, &d));
+    assert_false(ks_redis_manifest_verify(&f->k2, member, &d)); /* another secret */
+    assert_false(ks_redis_manifest_verify(&f->k1, other, &d));  /* moved to another key */
+    d.n_tokens = 299;                                              /* a field changed */
+    assert_false(ks_redis_manifest_verify(&f->k1, member, &d));
+    /* not canonical: upper-case hex, a short tag, trailing bytes */
+    char bad[300];
+    snprintf(bad, sizeof bad, "%s", line);
+    for (char *p = bad + n - 32; *p; p++)
+        if (*p >= 'a' && *p <= 'f') *p = (char)(*p - 'a' + 'A');
+    if (strcmp(bad, line) != 0) assert_int_equal(ks_redis_manifest_decode(bad, strlen(bad), &d), KS_ECORRUPT);
+    assert_int_equal(ks_redis_manifest_decode(line, (size_t)n - 1, &d), KS_ECORRUPT);
+    snprintf(bad, sizeof bad, "%s 00", line);
+    assert_int_equal(ks_redis_manifest_decode(bad, strlen(bad), &d), KS_ECORRUPT);
+}
+
 int main(void) {
     ks_log_set_level(KS_LOG_ERROR);
     const struct CMUnitTest tests[] = {
@@ -229,6 +267,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_forged_checksum_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_in_memory, setup, teardown),
         cmocka_unit_test_setup_teardown(test_secret_files, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_redis_manifest, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
