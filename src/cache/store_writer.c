@@ -129,7 +129,7 @@ static int remote_failed(ks_store *s, job *j, int t, int rc, int *out) {
 static int save_to(ks_store *s, job *j, int t, int64_t pin, int *out) {
     ks_tier *tier = s->tiers[t];
     uint64_t budget = (uint64_t)s->cfg.tier_max_bytes[t];
-    uint64_t need = ks_kvfile_size(j->n, j->len);
+    uint64_t need = ks_kvfile_size_flags(j->n, j->len, KS_KVFILE_FLAG_PIN | (s->has_mac ? KS_KVFILE_FLAG_MAC : 0));
     bool existed = false;
     *out = SAVE_DROPPED;
     if (!tier) return 0;
