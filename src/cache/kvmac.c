@@ -40,7 +40,9 @@ int ks_kvmac_key_load_file(const char *path, ks_kvmac_key *out, char *err, size_
     uint8_t buf[KS_KVMAC_SECRET_MAX + 1];
     struct stat sb;
     int rc = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    /* A symlink is followed (secret mounts are often links); what it names
+     * must be a regular file, checked after the open. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
         int e = errno;
         ks_set_err(err, errlen, "cache secret file %s: %s", path, strerror(e));
