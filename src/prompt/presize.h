@@ -20,7 +20,11 @@
  * string of that kind whole — is what makes the bound a bound: with it, a
  * request refused here would have rendered to more bytes, which is more
  * tokens than the context (the caller divides by the vocabulary's longest
- * token), so no request that fits is ever refused.
+ * token), so no request that fits is ever refused. The probe renders with
+ * the template's default variables: a request's chat_template_kwargs are
+ * assumed not to make it drop such strings (true of every template in the
+ * test set, tests/unit/test_presize.c; a template whose variables did would
+ * need its probe per variable set).
  *
  * Thread model: ks_presize_probe once, at start; ks_presize_bytes then reads
  * the result only and may run on any number of threads.
