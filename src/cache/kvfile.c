@@ -17,6 +17,7 @@
  *  6. the tokens against exp->tokens.
  */
 #include "cache/kvfile.h"
+#include "cache/kvfile_int.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -47,37 +48,28 @@
 #define OFF_RESERVED 144
 #define OFF_HCHECK 152
 #define VERIFY_CHUNK (1u << 20)
-#define KNOWN_FLAGS (KS_KVFILE_FLAG_PIN | KS_KVFILE_FLAG_REASON6)
+#define KNOWN_FLAGS (KS_KVFILE_FLAG_PIN | KS_KVFILE_FLAG_REASON6 | KS_KVFILE_FLAG_MAC)
+/* Checksum and tag are computed over one chunk at a time, both while it is in
+ * the cache: a second pass over a 1 GB state would read it from memory again. */
+#define HASH_CHUNK (256u << 10)
 
 /* ------------------------------------------------------- little-endian io */
-static void put32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get32(const uint8_t *p) {
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--) v = v << 8 | p[i];
-    return v;
-}
-static uint64_t get64(const uint8_t *p) {
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
-    return v;
-}
-
-static uint64_t nonzero(uint64_t h) { return h ? h : KS_KVFILE_CSUM_ZERO; }
-
 /* The check of a trailer of len bytes: XXH3-64 of the fields before it. */
 static uint64_t trailer_check(const uint8_t *t, size_t len) { return nonzero(XXH3_64bits(t, len - 8)); }
 
-static size_t trailer_len(uint32_t flags) {
-    return (flags & KS_KVFILE_FLAG_PIN) ? KS_KVFILE_TRAILER_LEN : KS_KVFILE_TRAILER_LEN_NOPIN;
+void ks__kvfile_feed(sink *k, const void *p, size_t n) {
+    const uint8_t *b = p;
+    while (n > 0) {
+        size_t c = n < HASH_CHUNK ? n : HASH_CHUNK;
+        XXH3_64bits_update(k->st, b, c);
+        if (k->mac && ks_kvmac_update(k->mac, b, c) != 0) k->err = KS_EIO;
+        b += c;
+        n -= c;
+    }
 }
 
 /* Fills a trailer of the given flags; the pin is left out without the flag. */
-static size_t encode_trailer(uint8_t t[KS_KVFILE_TRAILER_LEN], uint32_t flags, int64_t last_hit_us, uint64_t hits,
+size_t ks__kvfile_encode_trailer(uint8_t t[KS_KVFILE_TRAILER_LEN], uint32_t flags, int64_t last_hit_us, uint64_t hits,
                              int64_t pin_until_us) {
     size_t len = trailer_len(flags);
     put64(t, (uint64_t)last_hit_us);
@@ -123,7 +115,13 @@ bool ks_kvfile_temp_parse(const char *name, pid_t *pid) {
 }
 
 /* ---------------------------------------------------------------- writing */
-static void encode_header(uint8_t h[KS_KVFILE_HEADER_LEN], const ks_kvfile_meta *m, uint32_t n,
+/* The flags a writer sets for meta. */
+uint32_t ks__kvfile_writer_flags(const ks_kvfile_meta *m) {
+    return KS_KVFILE_FLAG_PIN | (m->reason > KS_REASON_PIN ? KS_KVFILE_FLAG_REASON6 : 0) |
+           (m->mac ? KS_KVFILE_FLAG_MAC : 0);
+}
+
+void ks__kvfile_encode_header(uint8_t h[KS_KVFILE_HEADER_LEN], const ks_kvfile_meta *m, uint32_t n,
                           uint64_t len) {
     memset(h, 0, KS_KVFILE_HEADER_LEN);
     memcpy(h, KS_KVFILE_MAGIC, 8);
@@ -132,7 +130,7 @@ static void encode_header(uint8_t h[KS_KVFILE_HEADER_LEN], const ks_kvfile_meta 
     put32(h + OFF_STATE_VERSION, m->state_version);
     put32(h + OFF_REASON, m->reason);
     put32(h + OFF_N_TOKENS, n);
-    put32(h + OFF_FLAGS, KS_KVFILE_FLAG_PIN | (m->reason > KS_REASON_PIN ? KS_KVFILE_FLAG_REASON6 : 0));
+    put32(h + OFF_FLAGS, ks__kvfile_writer_flags(m));
     put64(h + OFF_PAYLOAD_LEN, len);
     put64(h + OFF_CREATED, (uint64_t)m->created_us);
     memcpy(h + OFF_FP, m->model_fp, 32);
@@ -142,16 +140,16 @@ static void encode_header(uint8_t h[KS_KVFILE_HEADER_LEN], const ks_kvfile_meta 
 }
 
 /* Writes the tokens as little-endian u32 and feeds them to the checksum. */
-static int write_tokens(int fd, XXH3_state_t *st, const int32_t *t, int n) {
+static int write_tokens(int fd, sink *st, const int32_t *t, int n) {
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-    XXH3_64bits_update(st, t, (size_t)n * 4);
+    ks__kvfile_feed(st, t, (size_t)n * 4);
     return ks_sysio_write_all(fd, t, (size_t)n * 4);
 #else
     uint8_t buf[4096];
     while (n > 0) {
         int k = n < 1024 ? n : 1024;
         for (int i = 0; i < k; i++) put32(buf + 4 * i, (uint32_t)t[i]);
-        XXH3_64bits_update(st, buf, (size_t)k * 4);
+        ks__kvfile_feed(st, buf, (size_t)k * 4);
         if (ks_sysio_write_all(fd, buf, (size_t)k * 4) != 0) return -1;
         t += k;
         n -= k;
@@ -177,14 +175,46 @@ static int write_err(int e) {
     return rc == KS_ENOENT ? KS_EIO : rc; /* the directory vanished: an I/O failure for a writer */
 }
 
+/* Starts the checks of a new entry: the checksum, and the tag when meta
+ * has a key, whose fresh nonce goes to nonce_out. 0, KS_ENOMEM or KS_EIO. */
+int ks__kvfile_tail_begin(const ks_kvfile_meta *meta, sink *k, uint8_t nonce_out[KS_KVMAC_NONCE_LEN]) {
+    if (!(k->st = XXH3_createState())) return KS_ENOMEM;
+    XXH3_64bits_reset(k->st);
+    if (!meta->mac) return 0;
+    if (ks_kvmac_nonce(nonce_out) != 0) return KS_EIO;
+    return (k->mac = ks_kvmac_begin(meta->mac, nonce_out)) ? 0 : KS_ENOMEM;
+}
+
+/* Ends them into tail: checksum, [nonce (already there, from tail_begin) +
+ * tag, which covers the checksum too], then a fresh trailer (never hit). */
+int ks__kvfile_tail_end(const ks_kvfile_meta *meta, sink *k, uint8_t *tail) {
+    uint32_t flags = ks__kvfile_writer_flags(meta);
+    put64(tail, nonzero(XXH3_64bits_digest(k->st)));
+    if (k->mac) {
+        if (k->err || ks_kvmac_update(k->mac, tail, 8) != 0 ||
+            ks_kvmac_final(k->mac, tail + 8 + KS_KVMAC_NONCE_LEN) != 0)
+            return KS_EIO;
+    }
+    ks__kvfile_encode_trailer(tail + 8 + mac_len(flags), flags, meta->created_us, 0, meta->pin_until_us);
+    return 0;
+}
+
+void ks__kvfile_sink_free(sink *k) {
+    XXH3_freeState(k->st);
+    ks_kvmac_free(k->mac);
+    k->st = NULL;
+    k->mac = NULL;
+}
+
 int ks_kvfile_write(const char *dir, const ks_kvfile_meta *meta, const int32_t *tokens, int n,
                     const uint8_t *payload, size_t len, bool *existed, uint64_t *file_bytes,
                     char *orphan) {
     int rc = 0, fd = -1, cfd;
     bool tmp_exists = false, published = false;
     char tmp[PATH_MAX], final[PATH_MAX], hex[KS_KEY_HEX_LEN + 1];
-    XXH3_state_t *st = NULL;
-    uint8_t hdr[KS_KVFILE_HEADER_LEN], tail[KS_KVFILE_TAIL_LEN];
+    sink sk = {0};
+    uint8_t hdr[KS_KVFILE_HEADER_LEN], tail[8 + KS_KVFILE_MAC_LEN + KS_KVFILE_TRAILER_LEN];
+    uint32_t flags = meta ? ks__kvfile_writer_flags(meta) : 0;
 
     if (existed) *existed = false;
     if (orphan) orphan[0] = '\0';
@@ -196,8 +226,7 @@ int ks_kvfile_write(const char *dir, const ks_kvfile_meta *meta, const int32_t *
     int w = snprintf(tmp, sizeof tmp, "%s/.%.16s.%ld.%lu.tmp", dir, hex, (long)getpid(),
                      atomic_fetch_add(&g_tmp_counter, 1) + 1);
     if (w < 0 || (size_t)w >= sizeof tmp) return KS_EINVAL;
-    if (!(st = XXH3_createState())) return KS_ENOMEM;
-    XXH3_64bits_reset(st);
+    if ((rc = ks__kvfile_tail_begin(meta, &sk, tail + 8)) != 0) goto done;
 
     fd = ks_sysio_open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0) {
@@ -205,23 +234,21 @@ int ks_kvfile_write(const char *dir, const ks_kvfile_meta *meta, const int32_t *
         goto done;
     }
     tmp_exists = true;
-    encode_header(hdr, meta, (uint32_t)n, (uint64_t)len);
-    XXH3_64bits_update(st, hdr, sizeof hdr);
-    if (ks_sysio_write_all(fd, hdr, sizeof hdr) != 0 || write_tokens(fd, st, tokens, n) != 0) {
+    ks__kvfile_encode_header(hdr, meta, (uint32_t)n, (uint64_t)len);
+    ks__kvfile_feed(&sk, hdr, sizeof hdr);
+    if (ks_sysio_write_all(fd, hdr, sizeof hdr) != 0 || write_tokens(fd, &sk, tokens, n) != 0) {
         rc = write_err(errno);
         goto done;
     }
     if (len) {
-        XXH3_64bits_update(st, payload, len);
+        ks__kvfile_feed(&sk, payload, len);
         if (ks_sysio_write_all(fd, payload, len) != 0) {
             rc = write_err(errno);
             goto done;
         }
     }
-    put64(tail, nonzero(XXH3_64bits_digest(st)));
-    /* last hit: never hit yet */
-    encode_trailer(tail + 8, KS_KVFILE_FLAG_PIN, meta->created_us, 0, meta->pin_until_us);
-    if (ks_sysio_write_all(fd, tail, sizeof tail) != 0) {
+    if ((rc = ks__kvfile_tail_end(meta, &sk, tail)) != 0) goto done;
+    if (ks_sysio_write_all(fd, tail, tail_len(flags)) != 0) {
         rc = write_err(errno);
         goto done;
     }
@@ -255,8 +282,7 @@ int ks_kvfile_write(const char *dir, const ks_kvfile_meta *meta, const int32_t *
         tmp_exists = false; /* renamed: there is no temp name to remove */
     }
     published = true;
-    if (file_bytes)
-        *file_bytes = (uint64_t)KS_KVFILE_HEADER_LEN + 4ull * (uint64_t)n + len + KS_KVFILE_TAIL_LEN;
+    if (file_bytes) *file_bytes = ks_kvfile_size_flags(n, len, flags);
     /* From here the file is published and complete: later failures only cost
      * a stray temp name (left to the caller's retry) or the durability of the
      * name, never a bad file. */
@@ -272,7 +298,7 @@ done:
         KS_WARN("kvfile", "cannot remove temp file %s: %s", tmp, strerror(errno));
         if (orphan) snprintf(orphan, PATH_MAX, "%s", tmp);
     }
-    XXH3_freeState(st);
+    ks__kvfile_sink_free(&sk);
     return rc;
 }
 
@@ -311,7 +337,7 @@ static int open_existing(const char *path, int flags, int *fd, struct stat *sb) 
 
 /* Checks the first 16 bytes of a kvfile of fsize bytes (magic, header
  * length): 0 and *hlen, or KS_ECORRUPT. */
-static int header_len(const uint8_t *h, uint64_t fsize, uint32_t *hlen) {
+int ks__kvfile_header_len(const uint8_t *h, uint64_t fsize, uint32_t *hlen) {
     if (fsize < 16 + 8 || memcmp(h, KS_KVFILE_MAGIC, 8) != 0) return KS_ECORRUPT;
     *hlen = get32(h + OFF_HEADER_LEN);
     if (*hlen < 24 || *hlen > KS_KVFILE_HEADER_MAX || *hlen > fsize) return KS_ECORRUPT;
@@ -321,7 +347,7 @@ static int header_len(const uint8_t *h, uint64_t fsize, uint32_t *hlen) {
 /* Checks a whole header of hlen bytes (its own check, version, limits, and
  * that its lengths add up to fsize) into *m: 0, KS_ECORRUPT or KS_EVERSION.
  * Every file and every in-memory kvfile goes through here. */
-static int parse_header(const uint8_t *h, uint32_t hlen, uint64_t fsize, ks_kvfile_meta *m) {
+int ks__kvfile_parse_header(const uint8_t *h, uint32_t hlen, uint64_t fsize, ks_kvfile_meta *m) {
     if (get64(h + hlen - 8) != nonzero(XXH3_64bits(h, hlen - 8))) return KS_ECORRUPT;
     m->version = get32(h + OFF_VERSION);
     if (m->version != KS_KVFILE_VERSION) return KS_EVERSION;
@@ -336,20 +362,20 @@ static int parse_header(const uint8_t *h, uint32_t hlen, uint64_t fsize, ks_kvfi
     memcpy(m->key.b, h + OFF_KEY, 32);
     m->flags = get32(h + OFF_FLAGS);
     if (m->flags & ~(uint32_t)KNOWN_FLAGS) return KS_EVERSION; /* a feature this reader does not know */
-    size_t tlen = trailer_len(m->flags);
+    size_t tlen = tail_len(m->flags);
     /* REASON6 is set exactly when the reason is one added after pins (the
      * writer's rule): a file that says otherwise was not written by kvstash */
     if (m->reason >= KS_REASON__N || (m->reason > KS_REASON_PIN) != !!(m->flags & KS_KVFILE_FLAG_REASON6) ||
         m->n_tokens > KS_KVFILE_MAX_TOKENS ||
         m->payload_len > KS_KVFILE_MAX_PAYLOAD ||
-        fsize != (uint64_t)KS_KVFILE_HEADER_LEN + 4ull * m->n_tokens + m->payload_len + 8 + tlen)
+        fsize != (uint64_t)KS_KVFILE_HEADER_LEN + 4ull * m->n_tokens + m->payload_len + tlen)
         return KS_ECORRUPT;
     return 0;
 }
 
 /* The trailer t (got bytes of the tlen expected): advisory statistics and the
  * pin, outside every check. */
-static void decode_trailer(const uint8_t *t, size_t got, ks_kvfile_meta *m) {
+void ks__kvfile_decode_trailer(const uint8_t *t, size_t got, ks_kvfile_meta *m) {
     size_t tlen = trailer_len(m->flags);
     m->trailer_ok = got == tlen && get64(t + tlen - 8) == trailer_check(t, tlen);
     m->last_hit_us = m->trailer_ok ? (int64_t)get64(t) : m->created_us;
@@ -377,7 +403,7 @@ static int open_header(const char *path, int *fd_out, ks_kvfile_meta *m) {
         rc = KS_EIO;
         goto done;
     }
-    if (r < 16 || (rc = header_len(h, fsize, &hlen)) != 0) {
+    if (r < 16 || (rc = ks__kvfile_header_len(h, fsize, &hlen)) != 0) {
         rc = KS_ECORRUPT;
         goto done;
     }
@@ -390,7 +416,7 @@ static int open_header(const char *path, int *fd_out, ks_kvfile_meta *m) {
         rc = KS_ECORRUPT;
         goto done;
     }
-    if ((rc = parse_header(h, hlen, fsize, m)) != 0) goto done;
+    if ((rc = ks__kvfile_parse_header(h, hlen, fsize, m)) != 0) goto done;
     size_t tlen = trailer_len(m->flags);
     uint8_t t[KS_KVFILE_TRAILER_LEN];
     r = ks_sysio_pread_all(fd, t, tlen, (off_t)(fsize - tlen));
@@ -398,7 +424,7 @@ static int open_header(const char *path, int *fd_out, ks_kvfile_meta *m) {
         rc = KS_EIO;
         goto done;
     }
-    decode_trailer(t, (size_t)r, m);
+    ks__kvfile_decode_trailer(t, (size_t)r, m);
     *fd_out = fd;
     fd = -1;
 done:
@@ -415,7 +441,7 @@ int ks_kvfile_read_meta(const char *path, ks_kvfile_meta *meta) {
     return rc;
 }
 
-static int check_expect_header(const ks_kvfile_meta *m, const ks_kvfile_expect *e) {
+int ks__kvfile_check_expect_header(const ks_kvfile_meta *m, const ks_kvfile_expect *e) {
     if (!e) return 0;
     if (e->check_state_version && m->state_version != e->state_version) return KS_EVERSION;
     if (e->model_fp && memcmp(m->model_fp, e->model_fp, 32) != 0) return KS_EMISMATCH;
@@ -425,15 +451,45 @@ static int check_expect_header(const ks_kvfile_meta *m, const ks_kvfile_expect *
     return 0;
 }
 
-/* Reads exactly n bytes at off and feeds them to the running checksum (st may
- * be NULL). KS_EIO on a read error, KS_ECORRUPT when the file ends early
- * (truncated under us). */
-static int read_exact(int fd, void *buf, size_t n, off_t off, XXH3_state_t *st) {
-    ssize_t r = ks_sysio_pread_all(fd, buf, n, off);
-    if (r < 0) return KS_EIO;
-    if ((size_t)r != n) return KS_ECORRUPT;
-    if (st) XXH3_64bits_update(st, buf, n);
+/* Reads exactly n bytes at off and feeds them to the running checks (k may
+ * be NULL), VERIFY_CHUNK bytes at a time so that each chunk is hashed while
+ * it is still in the cache. KS_EIO on a read error, KS_ECORRUPT when the
+ * file ends early (truncated under us). */
+static int read_exact(int fd, void *buf, size_t n, off_t off, sink *k) {
+    uint8_t *b = buf;
+    while (n > 0) {
+        size_t c = n < VERIFY_CHUNK ? n : VERIFY_CHUNK;
+        ssize_t r = ks_sysio_pread_all(fd, b, c, off);
+        if (r < 0) return KS_EIO;
+        if ((size_t)r != c) return KS_ECORRUPT;
+        if (k) ks__kvfile_feed(k, b, c);
+        b += c;
+        off += (off_t)c;
+        n -= c;
+    }
     return 0;
+}
+
+/* Starts the reader's checks of an entry of header m whose tail (checksum,
+ * [nonce + tag]) is in tail: the checksum, and the tag when exp asks for
+ * one — an entry without a tag is then refused (KS_ECORRUPT) before its body
+ * is read. */
+int ks__kvfile_check_begin(const ks_kvfile_meta *m, const ks_kvfile_expect *exp, const uint8_t *tail, sink *k) {
+    if (!(k->st = XXH3_createState())) return KS_ENOMEM;
+    XXH3_64bits_reset(k->st);
+    if (!exp || !exp->mac) return 0;
+    if (!(m->flags & KS_KVFILE_FLAG_MAC)) return KS_ECORRUPT;
+    return (k->mac = ks_kvmac_begin(exp->mac, tail + 8)) ? 0 : KS_ENOMEM;
+}
+
+/* Ends them: the checksum, then the tag over everything before the nonce.
+ * 0 or KS_ECORRUPT (KS_EIO when the MAC itself failed). */
+int ks__kvfile_check_end(sink *k, const uint8_t *tail) {
+    if (get64(tail) != nonzero(XXH3_64bits_digest(k->st))) return KS_ECORRUPT;
+    if (!k->mac) return 0;
+    uint8_t tag[KS_KVMAC_TAG_LEN];
+    if (k->err || ks_kvmac_update(k->mac, tail, 8) != 0 || ks_kvmac_final(k->mac, tag) != 0) return KS_EIO;
+    return ks_kvmac_equal(tag, tail + 8 + KS_KVMAC_NONCE_LEN) ? 0 : KS_ECORRUPT;
 }
 
 /* The reader behind ks_kvfile_read and ks_kvfile_read_buf: the payload goes
@@ -444,31 +500,29 @@ static int read_file(const char *path, const ks_kvfile_expect *exp, ks_kvfile_me
     ks_kvfile_meta m;
     int32_t *toks = NULL;
     uint8_t *chunk = NULL;
-    XXH3_state_t *st = NULL;
-    uint8_t hdr[KS_KVFILE_HEADER_LEN], csum[8];
+    sink sk = {0};
+    uint8_t hdr[KS_KVFILE_HEADER_LEN], tail[8 + KS_KVFILE_MAC_LEN];
 
     if (tokens_out) *tokens_out = NULL;
     if ((rc = open_header(path, &fd, &m)) != 0) goto done;
-    if ((rc = check_expect_header(&m, exp)) != 0) goto done;
+    if ((rc = ks__kvfile_check_expect_header(&m, exp)) != 0) goto done;
 
-    if (!(st = XXH3_createState())) {
-        rc = KS_ENOMEM;
-        goto done;
-    }
-    XXH3_64bits_reset(st);
     /* Lengths were checked against the limits and the file size: the
      * allocations below are bounded by what is really on disk. */
     size_t tok_bytes = (size_t)m.n_tokens * 4;
+    off_t off = (off_t)(KS_KVFILE_HEADER_LEN + tok_bytes);
+    if ((rc = read_exact(fd, tail, 8 + mac_len(m.flags), (off_t)(off + (off_t)m.payload_len), NULL)) != 0 ||
+        (rc = ks__kvfile_check_begin(&m, exp, tail, &sk)) != 0)
+        goto done;
     if (!(toks = malloc(tok_bytes ? tok_bytes : 1))) {
         rc = KS_ENOMEM;
         goto done;
     }
-    if ((rc = read_exact(fd, hdr, sizeof hdr, 0, st)) != 0) goto done;
-    if ((rc = read_exact(fd, toks, tok_bytes, KS_KVFILE_HEADER_LEN, st)) != 0) goto done;
+    if ((rc = read_exact(fd, hdr, sizeof hdr, 0, &sk)) != 0) goto done;
+    if ((rc = read_exact(fd, toks, tok_bytes, KS_KVFILE_HEADER_LEN, &sk)) != 0) goto done;
 #if !(defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__)
     for (uint32_t i = 0; i < m.n_tokens; i++) toks[i] = (int32_t)get32((const uint8_t *)&toks[i]);
 #endif
-    off_t off = (off_t)(KS_KVFILE_HEADER_LEN + tok_bytes);
     if (pbuf) {
         size_t need = m.payload_len ? (size_t)m.payload_len : 1;
         if (!*pbuf || *pcap < need) {
@@ -480,7 +534,7 @@ static int read_file(const char *path, const ks_kvfile_expect *exp, ks_kvfile_me
             }
             *pcap = need;
         }
-        if ((rc = read_exact(fd, *pbuf, (size_t)m.payload_len, off, st)) != 0) goto done;
+        if ((rc = read_exact(fd, *pbuf, (size_t)m.payload_len, off, &sk)) != 0) goto done;
     } else {
         if (!(chunk = malloc(VERIFY_CHUNK))) {
             rc = KS_ENOMEM;
@@ -490,16 +544,12 @@ static int read_file(const char *path, const ks_kvfile_expect *exp, ks_kvfile_me
         off_t at = off;
         while (left > 0) {
             size_t k = left < VERIFY_CHUNK ? (size_t)left : VERIFY_CHUNK;
-            if ((rc = read_exact(fd, chunk, k, at, st)) != 0) goto done;
+            if ((rc = read_exact(fd, chunk, k, at, &sk)) != 0) goto done;
             left -= k;
             at += (off_t)k;
         }
     }
-    if ((rc = read_exact(fd, csum, 8, (off_t)(off + (off_t)m.payload_len), NULL)) != 0) goto done;
-    if (get64(csum) != nonzero(XXH3_64bits_digest(st))) {
-        rc = KS_ECORRUPT;
-        goto done;
-    }
+    if ((rc = ks__kvfile_check_end(&sk, tail)) != 0) goto done;
     if (exp && exp->tokens && memcmp(toks, exp->tokens, tok_bytes) != 0) {
         rc = KS_EMISMATCH;
         goto done;
@@ -511,7 +561,7 @@ static int read_file(const char *path, const ks_kvfile_expect *exp, ks_kvfile_me
 done:
     if (meta) *meta = m;
     if (fd >= 0) ks_sysio_close(fd);
-    XXH3_freeState(st);
+    ks__kvfile_sink_free(&sk);
     free(chunk);
     free(toks);
     return rc;
@@ -567,71 +617,10 @@ int ks_kvfile_touch(const char *path, int64_t last_hit_us, uint64_t hits, int64_
     if ((flags & KS_KVFILE_FLAG_PIN) && ks_sysio_pread_all(fd, t, tlen, at) == (ssize_t)tlen &&
         get64(t + tlen - 8) == trailer_check(t, tlen) && (int64_t)get64(t + 16) > pin_until_us)
         pin_until_us = (int64_t)get64(t + 16);
-    encode_trailer(t, flags, last_hit_us, hits, pin_until_us);
+    ks__kvfile_encode_trailer(t, flags, last_hit_us, hits, pin_until_us);
     ssize_t w = ks_sysio_pwrite(fd, t, tlen, at);
     if (w != (ssize_t)tlen) rc = KS_EIO;
 done:
     if (fd >= 0) ks_sysio_close(fd);
-    return rc;
-}
-
-/* -------------------------------------------------------------- in memory */
-uint64_t ks_kvfile_size(int n, size_t len) {
-    return (uint64_t)KS_KVFILE_HEADER_LEN + 4ull * (uint64_t)(n > 0 ? n : 0) + (uint64_t)len + KS_KVFILE_TAIL_LEN;
-}
-
-int ks_kvfile_encode(const ks_kvfile_meta *meta, const int32_t *tokens, int n, const uint8_t *payload, size_t len,
-                     uint8_t **out, size_t *out_len) {
-    if (!meta || !out || !out_len || n < 0 || (uint64_t)n > KS_KVFILE_MAX_TOKENS || (n && !tokens) ||
-        (uint64_t)len > KS_KVFILE_MAX_PAYLOAD || (len && !payload))
-        return KS_EINVAL;
-    uint64_t total = ks_kvfile_size(n, len);
-    if (total > SIZE_MAX) return KS_EINVAL;
-    uint8_t *b = malloc((size_t)total);
-    if (!b) return KS_ENOMEM;
-    encode_header(b, meta, (uint32_t)n, (uint64_t)len);
-    uint8_t *p = b + KS_KVFILE_HEADER_LEN;
-    for (int i = 0; i < n; i++) put32(p + 4 * (size_t)i, (uint32_t)tokens[i]);
-    p += 4 * (size_t)n;
-    if (len) memcpy(p, payload, len);
-    p += len;
-    put64(p, nonzero(XXH3_64bits(b, (size_t)(p - b))));
-    encode_trailer(p + 8, KS_KVFILE_FLAG_PIN, meta->created_us, 0, meta->pin_until_us);
-    *out = b;
-    *out_len = (size_t)total;
-    return 0;
-}
-
-int ks_kvfile_decode(const uint8_t *buf, size_t len, const ks_kvfile_expect *exp, ks_kvfile_meta *meta,
-                     size_t *payload_off) {
-    ks_kvfile_meta m;
-    uint32_t hlen = 0;
-    int rc;
-    memset(&m, 0, sizeof m);
-    m.file_size = len;
-    if (!buf || len < 16 + 8) {
-        rc = KS_ECORRUPT;
-        goto done;
-    }
-    if ((rc = header_len(buf, len, &hlen)) != 0 || (rc = parse_header(buf, hlen, len, &m)) != 0) goto done;
-    if ((rc = check_expect_header(&m, exp)) != 0) goto done;
-    size_t tok_bytes = (size_t)m.n_tokens * 4;
-    size_t body = KS_KVFILE_HEADER_LEN + tok_bytes + (size_t)m.payload_len;
-    decode_trailer(buf + body + 8, trailer_len(m.flags), &m);
-    if (get64(buf + body) != nonzero(XXH3_64bits(buf, body))) {
-        rc = KS_ECORRUPT;
-        goto done;
-    }
-    if (exp && exp->tokens) {
-        const uint8_t *t = buf + KS_KVFILE_HEADER_LEN;
-        for (uint32_t i = 0; i < m.n_tokens; i++)
-            if ((int32_t)get32(t + 4 * (size_t)i) != exp->tokens[i]) {
-                rc = KS_EMISMATCH;
-                goto done;
-            }
-    }
-    if (payload_off) *payload_off = KS_KVFILE_HEADER_LEN + tok_bytes;
-done:
-    if (meta) *meta = m;
     return rc;
 }

@@ -7,6 +7,8 @@
  *   tokens (n_tokens x u32)
  *   payload (llama sequence state, opaque)
  *   checksum (u64: XXH3-64 of every byte before it)
+ *   [nonce (16) + Poly1305 tag (16) of every byte before the nonce: only
+ *    with flag KS_KVFILE_FLAG_MAC, written when the store has a secret]
  *   trailer (32 bytes: last-hit time, hit count, pin deadline, XXH3-64 of
  *            those 24 bytes; flag KS_KVFILE_FLAG_PIN. Files written before
  *            pins have no flag and a 24-byte trailer without the pin: still
@@ -40,6 +42,10 @@
  *     it in place (ks_kvfile_touch) never invalidates the file. A torn or
  *     damaged trailer only loses the hit statistics and the pin (trailer_ok =
  *     false).
+ *  5. A reader given a store key (exp->mac) accepts only a file with flag
+ *     KS_KVFILE_FLAG_MAC whose tag verifies under it: anything else is
+ *     KS_ECORRUPT, like a checksum failure. The tag is checked in the same
+ *     pass as the checksum, before any token or payload byte is returned.
  *
  * Thread model: every function is reentrant and works on paths; concurrent
  * readers and one writer per final name are safe (see store.h for who
@@ -54,6 +60,7 @@
 #include <sys/types.h>
 
 #include "cache/key.h"
+#include "cache/kvmac.h"
 
 #define KS_KVFILE_MAGIC "KVSTASH\0"
 #define KS_KVFILE_VERSION 1u
@@ -63,6 +70,9 @@
 #define KS_KVFILE_FLAG_REASON6 2u           /* header flag: the reason is a value added after pins
                                                (6, checkpoint): readers before it refuse the file
                                                (KS_EVERSION) instead of taking it for corrupt */
+#define KS_KVFILE_FLAG_MAC 16u              /* header flag: nonce + Poly1305 tag after the checksum
+                                               (kvmac.h); readers before it refuse the file */
+#define KS_KVFILE_MAC_LEN 32u               /* nonce (16) + tag (16), flag KS_KVFILE_FLAG_MAC */
 #define KS_KVFILE_TRAILER_LEN 32u           /* last hit, hits, pin, check (KS_KVFILE_FLAG_PIN) */
 #define KS_KVFILE_TRAILER_LEN_NOPIN 24u     /* last hit, hits, check (no flag: files before pins) */
 #define KS_KVFILE_TAIL_LEN 40u              /* checksum (8) + trailer (32), as written now */
@@ -92,6 +102,9 @@ typedef struct ks_kvfile_meta {
                                 pinned (also without KS_KVFILE_FLAG_PIN or a bad trailer) */
     bool trailer_ok;
     uint64_t file_size;      /* set by the readers */
+    /* writers only: authenticate the entry under this key (flag
+       KS_KVFILE_FLAG_MAC); NULL: no tag. Borrowed; readers set NULL */
+    const ks_kvmac_key *mac;
 } ks_kvfile_meta;
 
 /* What the reader must find; NULL pointers are not checked. */
@@ -103,6 +116,10 @@ typedef struct ks_kvfile_expect {
     const ks_key *key;
     const int32_t *tokens;       /* the exact token list, n_tokens long */
     int n_tokens;
+    /* the store key: the entry must carry a valid tag under it (flag
+       KS_KVFILE_FLAG_MAC), else KS_ECORRUPT. NULL: tags are not checked
+       (an entry with one is read like any other) */
+    const ks_kvmac_key *mac;
 } ks_kvfile_expect;
 
 /* <dir>/<hex>.kvs into out. Returns 0 or KS_EINVAL when it does not fit. */
@@ -166,6 +183,10 @@ int ks_kvfile_read_buf(const char *path, const ks_kvfile_expect *exp, ks_kvfile_
  * processes touching one file at the same instant may lose one's extension
  * (the entry is then evictable earlier; the file stays valid). */
 int ks_kvfile_touch(const char *path, int64_t last_hit_us, uint64_t hits, int64_t pin_until_us);
+
+/* The size of a file of n tokens and len payload bytes with the given
+ * KS_KVFILE_FLAG_* flags of the writer (ks_kvfile_size: without a tag). */
+uint64_t ks_kvfile_size_flags(int n, size_t len, uint32_t flags);
 
 /* In memory (the redis tier, tier_redis.c): the exact bytes of the file
  * ks_kvfile_write would write, and their reader.

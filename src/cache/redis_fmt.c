@@ -214,7 +214,35 @@ int ks_redis_manifest_encode(const ks_redis_manifest *m, char *out, size_t n) {
                                     " %016" PRIx64 " %016" PRIx64,
                      MANIFEST_VERSION, m->n_tokens, m->reason, m->created_us, m->total, m->chunk_bytes,
                      m->n_chunks, m->csum, m->nonce);
-    return (w < 0 || (size_t)w >= n) ? KS_EINVAL : w;
+    if (w < 0 || (size_t)w >= n) return KS_EINVAL;
+    if (m->tagged) {
+        char hex[2 * sizeof m->tag + 1];
+        ks_hex_encode(m->tag, sizeof m->tag, hex);
+        int t = snprintf(out + w, n - (size_t)w, " %s", hex);
+        if (t < 0 || (size_t)t >= n - (size_t)w) return KS_EINVAL;
+        w += t;
+    }
+    return w;
+}
+
+/* The text a manifest's tag covers: the line without its tag. */
+static int manifest_tag(const ks_kvmac_key *key, const char *member, const ks_redis_manifest *m, uint8_t *tag) {
+    ks_redis_manifest u = *m;
+    char line[256];
+    u.tagged = false;
+    if (ks_redis_manifest_encode(&u, line, sizeof line) < 0) return KS_EINVAL;
+    return ks_kvmac_text_tag(key, "kvstash redis manifest v1", member, line, tag);
+}
+
+int ks_redis_manifest_sign(const ks_kvmac_key *key, const char *member, ks_redis_manifest *m) {
+    int rc = manifest_tag(key, member, m, m->tag);
+    m->tagged = rc == 0;
+    return rc;
+}
+
+bool ks_redis_manifest_verify(const ks_kvmac_key *key, const char *member, const ks_redis_manifest *m) {
+    uint8_t t[sizeof m->tag];
+    return m->tagged && manifest_tag(key, member, m, t) == 0 && ks_kvmac_equal(t, m->tag);
 }
 
 int ks_redis_manifest_decode(const char *s, size_t len, ks_redis_manifest *m) {
@@ -236,8 +264,12 @@ int ks_redis_manifest_decode(const char *s, size_t len, ks_redis_manifest *m) {
     if (sscanf(buf + consumed, " %" SCNu32 " %" SCNu32 " %" SCNd64 " %" SCNu64 " %" SCNu64 " %" SCNu32
                                 " %16" SCNx64 " %16" SCNx64 "%n",
                &m->n_tokens, &m->reason, &m->created_us, &m->total, &m->chunk_bytes, &m->n_chunks, &m->csum,
-               &m->nonce, &tail) != 8 ||
-        buf[consumed + tail] != '\0')
+               &m->nonce, &tail) != 8)
+        return KS_ECORRUPT;
+    const char *rest = buf + consumed + tail;
+    if (*rest == ' ' && strlen(rest + 1) == 2 * sizeof m->tag && ks_hex_decode(rest + 1, m->tag, sizeof m->tag) == 0)
+        m->tagged = true; /* written with the cache secret; canonical form checked below */
+    else if (*rest != '\0')
         return KS_ECORRUPT;
     if (m->n_tokens > KS_KVFILE_MAX_TOKENS || m->reason >= KS_REASON__N ||
         m->chunk_bytes < (uint64_t)(KS_REDIS_CHUNK_MIN - KS_REDIS_CHUNK_SLACK) ||

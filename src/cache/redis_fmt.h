@@ -31,6 +31,7 @@
 #include <stdint.h>
 
 #include "cache/key.h"
+#include "cache/kvmac.h"
 
 /* chunk_bytes: 64 KiB .. 512 MiB (Redis's default proto-max-bulk-len). */
 #define KS_REDIS_CHUNK_MIN ((int64_t)64 << 10)
@@ -74,6 +75,8 @@ typedef struct ks_redis_manifest {
     uint32_t n_chunks;
     uint64_t csum;         /* XXH3-64 of the whole kvfile bytes (checked before decoding) */
     uint64_t nonce;        /* the writer's random name of this copy's chunks */
+    bool tagged;           /* written with the cache secret: tag follows on the line */
+    uint8_t tag[16];       /* ks_redis_manifest_sign */
 } ks_redis_manifest;
 
 /* Writes m as one line into out (n bytes, 160 are plenty). Returns its
@@ -82,6 +85,16 @@ int ks_redis_manifest_encode(const ks_redis_manifest *m, char *out, size_t n);
 /* Parses len bytes of s (not NUL-terminated). 0, KS_EVERSION (another
  * format), or KS_ECORRUPT (anything malformed or inconsistent). */
 int ks_redis_manifest_decode(const char *s, size_t len, ks_redis_manifest *m);
+
+/* The cache secret's tag on a manifest (docs/SECURITY.md): an HMAC of the
+ * entry's member ("<fp>:<key>", so a manifest cannot be moved to another
+ * key) and the manifest's line without the tag. sign sets m->tagged and
+ * m->tag (0, or KS_EINVAL / KS_EIO); verify is true when m carries the tag
+ * key gives it. A line written without the secret has no tag ("... nonce");
+ * one written with it ends " <32 hex>": readers without the secret read
+ * both. */
+int ks_redis_manifest_sign(const ks_kvmac_key *key, const char *member, ks_redis_manifest *m);
+bool ks_redis_manifest_verify(const ks_kvmac_key *key, const char *member, const ks_redis_manifest *m);
 
 /* How many chunks of chunk_bytes hold total bytes (0 for 0; chunk_bytes > 0). */
 uint32_t ks_redis_n_chunks(uint64_t total, uint64_t chunk_bytes);

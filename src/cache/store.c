@@ -117,6 +117,10 @@ int ks_store_open(const ks_store_params *p, ks_store **out, char *err, size_t er
     s->cfg = p->cfg;
     memcpy(s->fp, p->model_fp, 32);
     s->state_version = p->state_version;
+    if (p->mac) {
+        s->mac = *p->mac;
+        s->has_mac = true;
+    }
     s->queue_max = p->queue_max ? p->queue_max : 16;
     s->queue_max_bytes = p->queue_max_bytes ? p->queue_max_bytes : (1ull << 30);
     pthread_mutex_init(&s->mu, NULL);
@@ -133,7 +137,7 @@ int ks_store_open(const ks_store_params *p, ks_store **out, char *err, size_t er
     if ((rc = ks_sha256(s->kv_params ? s->kv_params : "", s->kv_len, s->params_hash)) != 0) goto done;
 
     ks_tier_ident ident = {.model_fp = s->fp, .params_hash = s->params_hash,
-                           .state_version = s->state_version};
+                           .state_version = s->state_version, .mac = s->has_mac ? &s->mac : NULL};
     if (s->cfg.tier_max_bytes[KS_TIER_RAM] > 0 && (rc = ks_tier_ram_open(&ident, &s->tiers[KS_TIER_RAM])) != 0)
         goto done;
     if (s->cfg.tier_max_bytes[KS_TIER_DISK] > 0) {
@@ -572,6 +576,10 @@ void ks_store_stats(ks_store *s, struct ks_store_stats *o) {
 
 /* ----------------------------------------------------------------- verify */
 int ks_store_verify_dir(const char *dir, ks_store_verify_cb cb, void *ud) {
+    return ks_store_verify_dir_mac(dir, NULL, cb, ud);
+}
+
+int ks_store_verify_dir_mac(const char *dir, const ks_kvmac_key *mac, ks_store_verify_cb cb, void *ud) {
     int bad = 0;
     DIR *d = opendir(dir);
     if (!d) return errno == ENOENT ? KS_ENOENT : errno == ENOTDIR ? KS_EINVAL : KS_EIO;
@@ -582,7 +590,7 @@ int ks_store_verify_dir(const char *dir, ks_store_verify_cb cb, void *ud) {
         if (!ks_kvfile_name_parse(de->d_name, &name_key)) continue;
         if (snprintf(path, sizeof path, "%s/%s", dir, de->d_name) >= (int)sizeof path) continue;
         ks_kvfile_meta m;
-        ks_kvfile_expect exp = {.key = &name_key};
+        ks_kvfile_expect exp = {.key = &name_key, .mac = mac};
         int mrc = ks_kvfile_read_meta(path, &m);
         int rc = mrc == 0 ? ks_kvfile_read(path, &exp, NULL, NULL, NULL) : mrc;
         if (rc == KS_ENOENT) continue; /* removed while we looked */

@@ -95,6 +95,7 @@
 #include <stdint.h>
 
 #include "cache/kvfile.h"
+#include "cache/kvmac.h"
 #include "cache/store_cfg.h"
 #include "cache/tier.h"
 
@@ -109,6 +110,13 @@ typedef struct ks_store_params {
     uint32_t state_version;     /* llama's sequence-state version */
     int queue_max;              /* async saves waiting for the writer (default 16) */
     uint64_t queue_max_bytes;   /* and their payload bytes (default 1 GiB) */
+    /* The store key from the deployment secret (kvmac.h; copied by open):
+     * every entry written to shm, disk and redis is authenticated under it,
+     * and an entry read from them without a valid tag is refused and
+     * counted like a corrupt one (corrupt_files). NULL: no secret — entries
+     * are only checksummed, and whoever can write a store directory or the
+     * Redis controls what is restored (docs/SECURITY.md). */
+    const ks_kvmac_key *mac;
 } ks_store_params;
 
 /* Defaults: ks_store_cfg_defaults (store_cfg.h), enabled, with the default
@@ -319,6 +327,10 @@ typedef int (*ks_store_verify_cb)(void *ud, const char *path, int rc, const ks_k
  * KS_EINVAL (dir is not a directory) or KS_EIO when dir cannot be read. cb
  * may be NULL. */
 int ks_store_verify_dir(const char *dir, ks_store_verify_cb cb, void *ud);
+/* The same, and with mac (may be NULL: the same as above) every file must
+ * carry a valid tag under it (kvmac.h): one without a tag or with a bad one
+ * is KS_ECORRUPT. */
+int ks_store_verify_dir_mac(const char *dir, const ks_kvmac_key *mac, ks_store_verify_cb cb, void *ud);
 
 /* Warm start (store_recent.c): a state read back whole with its tokens. */
 typedef struct ks_store_state {

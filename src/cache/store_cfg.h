@@ -92,6 +92,8 @@ typedef struct ks_store_cfg {
     bool enabled;                         /* the full store; default false unless a store key/flag is given */
     char cache_dir[KS_MAX_PATH];          /* disk tier; default $XDG_CACHE_HOME/kvstash or ~/.cache/kvstash */
     char shm_dir[KS_MAX_PATH];            /* default /dev/shm/kvstash-<uid> */
+    char secret_file[KS_MAX_PATH];        /* the deployment secret that authenticates stored states
+                                             (kvmac.h; also $KVSTASH_CACHE_SECRET); "": none */
     int stride;                           /* default 256 */
     int continued_interval;               /* default 512 */
     int min_tokens;                       /* default 256 */

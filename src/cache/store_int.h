@@ -71,6 +71,8 @@ struct ks_store {
     void *kv_params;
     size_t kv_len;
     uint32_t state_version;
+    ks_kvmac_key mac;         /* the store key (ks_store_params.mac) when has_mac */
+    bool has_mac;
     int queue_max;
     uint64_t queue_max_bytes;
     ks_tier *tiers[KS_TIER__N];

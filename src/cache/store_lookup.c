@@ -68,6 +68,7 @@ static ks_kvfile_expect expect_of(const ks_store *s, const ks_key *key, const in
         .key = key,
         .tokens = tokens,
         .n_tokens = n,
+        .mac = s->has_mac ? &s->mac : NULL,
     };
     return exp;
 }

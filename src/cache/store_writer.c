@@ -129,7 +129,7 @@ static int remote_failed(ks_store *s, job *j, int t, int rc, int *out) {
 static int save_to(ks_store *s, job *j, int t, int64_t pin, int *out) {
     ks_tier *tier = s->tiers[t];
     uint64_t budget = (uint64_t)s->cfg.tier_max_bytes[t];
-    uint64_t need = ks_kvfile_size(j->n, j->len);
+    uint64_t need = ks_kvfile_size_flags(j->n, j->len, KS_KVFILE_FLAG_PIN | (s->has_mac ? KS_KVFILE_FLAG_MAC : 0));
     bool existed = false;
     *out = SAVE_DROPPED;
     if (!tier) return 0;
@@ -169,6 +169,7 @@ static int save_to(ks_store *s, job *j, int t, int64_t pin, int *out) {
     memcpy(m.model_fp, s->fp, 32);
     memcpy(m.params_hash, s->params_hash, 32);
     m.key = j->key;
+    m.mac = s->has_mac ? &s->mac : NULL;
     double t0 = ks_now_ms();
     /* Lookups may copy j->payload under s->mu until the job completes (read
      * your own writes). A tier that keeps the buffer (ram) takes it from a

@@ -37,6 +37,10 @@ int ks__tier_init(ks_tier *t, const ks_tier_vt *vt, ks_tier_id id, const ks_tier
         t->ident.state_version = ident->state_version;
         t->has_ident = true;
     }
+    if (ident && ident->mac) {
+        t->ident_mac = *ident->mac;
+        t->ident.mac = &t->ident_mac;
+    }
     return pthread_rwlock_init(&t->lock, NULL) == 0 ? 0 : KS_ENOMEM;
 }
 

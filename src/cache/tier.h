@@ -92,6 +92,7 @@ typedef struct ks_tier_ident {
     const uint8_t *model_fp;     /* 32 bytes */
     const uint8_t *params_hash;  /* 32 bytes */
     uint32_t state_version;
+    const ks_kvmac_key *mac;     /* the store key (store.h); NULL: no cache secret. Copied */
 } ks_tier_ident;
 
 /* A payload handed out by get(). payload is read-only and valid until
@@ -121,7 +122,7 @@ typedef struct ks__tentry ks__tentry;
 typedef struct ks_tier_found {
     uint32_t n_tokens;
     uint32_t reason;         /* ks_reason it was saved for */
-    uint64_t priv_[8];
+    uint64_t priv_[12];
 } ks_tier_found;
 
 /* A remote tier's health and traffic (ks_tier_get_remote_stats). */
@@ -219,6 +220,7 @@ struct ks_tier {
     ks_tier_ident ident;          /* copied */
     uint8_t ident_fp[32], ident_params[32];
     bool has_ident;
+    ks_kvmac_key ident_mac;       /* ident.mac points here when there is one */
     pthread_rwlock_t lock;        /* guards everything below */
     ks_keymap map;                /* key -> ks__tentry* */
     uint64_t bytes;

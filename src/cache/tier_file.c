@@ -394,8 +394,10 @@ static int file_put(ks_tier *t, const ks_kvfile_meta *m, const int32_t *tokens, 
         ks__tentry *ce = ks_keymap_get(&t->map, &m->key);
         bool known_bad = ce && ce->bad;
         pthread_rwlock_unlock(&t->lock);
+        /* With a secret, a file without a tag is no copy of this state: it
+         * would be refused at its first lookup, so it is replaced now. */
         if (r == 0 && !known_bad && ks_key_eq(&cur.key, &m->key) &&
-            ks__tier_classify(t, &cur) == KS_ENTRY_OWN) {
+            ks__tier_classify(t, &cur) == KS_ENTRY_OWN && (!m->mac || (cur.flags & KS_KVFILE_FLAG_MAC))) {
             ks_tier_entry info;
             info_from_meta(t, &cur, &info);
             pthread_rwlock_wrlock(&t->lock);

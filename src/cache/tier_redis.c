@@ -300,8 +300,12 @@ static int rt_put(ks_tier *t, const ks_kvfile_meta *meta, const int32_t *tokens,
         .csum = XXH3_64bits(buf, total),
     };
     m.nonce = ks_random_u64();
-    int ml = ks_redis_manifest_encode(&m, line, sizeof line);
     ks_redis_member(r->fp, &meta->key, member);
+    if (meta->mac && (rc = ks_redis_manifest_sign(meta->mac, member, &m)) != 0) {
+        free(buf);
+        return rc;
+    }
+    int ml = ks_redis_manifest_encode(&m, line, sizeof line);
     key_manifest(r, member, mkey);
     if (!(rep = calloc((size_t)m.n_chunks + 8, sizeof *rep))) {
         free(buf);
@@ -461,6 +465,13 @@ static int rt_fetch(ks_tier *t, const ks_key *key, const ks_tier_found *f, const
     uint8_t *buf = NULL;
     memset(out, 0, sizeof *out);
     if (!rt_up(t)) return KS_EBUSY;
+    char member[KS_REDIS_MEMBER_LEN + 1], mkey[KS_REDIS_KEY_MAX], ck[KS_REDIS_KEY_MAX];
+    ks_redis_member(r->fp, key, member);
+    /* With a cache secret, a manifest without a valid tag for this key is
+     * not one a server with the secret wrote: refused like a corrupt entry
+     * (counted, deleted) before any chunk is fetched. The entry's own tag
+     * is checked again on its bytes (ks_redis_ops_check). */
+    if (t->ident.mac && !ks_redis_manifest_verify(t->ident.mac, member, m)) return KS_ECORRUPT;
     /* m was checked against the limits (redis_fmt.h): total is bounded. */
     if (m->total > SIZE_MAX || !(buf = malloc((size_t)m->total))) return KS_ENOMEM;
     int extra = 1 + (r->cfg.ttl > 0 ? 1 + (int)m->n_chunks : 0);
@@ -470,8 +481,6 @@ static int rt_fetch(ks_tier *t, const ks_key *key, const ks_tier_found *f, const
         free(buf);
         return KS_ENOMEM;
     }
-    char member[KS_REDIS_MEMBER_LEN + 1], mkey[KS_REDIS_KEY_MAX], ck[KS_REDIS_KEY_MAX];
-    ks_redis_member(r->fp, key, member);
     key_manifest(r, member, mkey);
     rconn *cn = rd_take(r);
     ks_redis_conn *c = conn(r, cn);

@@ -23,10 +23,12 @@
 /* --------------------------------------------------------------- verify */
 typedef struct vstate {
     int good, bad, skipped;
+    int tagged; /* files that carry a tag (KS_KVFILE_FLAG_MAC) */
 } vstate;
 
 static int verify_cb(void *ud, const char *path, int rc, const ks_kvfile_meta *m) {
     vstate *v = ud;
+    if (m && (m->flags & KS_KVFILE_FLAG_MAC)) v->tagged++;
     if (rc == 0) {
         v->good++;
     } else if (rc == KS_EINVAL) {
@@ -39,16 +41,43 @@ static int verify_cb(void *ud, const char *path, int rc, const ks_kvfile_meta *m
     return 0;
 }
 
+/* The cache secret of --secret-file (or --config's), else $KVSTASH_CACHE_SECRET:
+ * 0 with *on set when there is one, or 2 (message printed). */
+static int load_secret(const opts *o, ks_kvmac_key *k, bool *on) {
+    char err[512] = "";
+    const char *env = getenv(KS_KVMAC_ENV);
+    *on = false;
+    if (o->secret_file[0]) {
+        if (ks_kvmac_key_load_file(o->secret_file, k, err, sizeof err) != 0) {
+            fprintf(stderr, CMD " verify: %s\n", err);
+            return 2;
+        }
+    } else if (env && env[0]) {
+        if (ks_kvmac_key_from_secret(env, strlen(env), k) != 0) {
+            fprintf(stderr, CMD " verify: $" KS_KVMAC_ENV ": the secret must be %u to %u bytes\n",
+                    KS_KVMAC_SECRET_MIN, KS_KVMAC_SECRET_MAX);
+            return 2;
+        }
+    } else {
+        return 0;
+    }
+    *on = true;
+    return 0;
+}
+
 int ks__cache_verify(const opts *o) {
-    vstate v = {0, 0, 0};
+    vstate v = {0, 0, 0, 0};
+    ks_kvmac_key key;
+    bool auth = false;
     int crc = ks__cache_check_dirs(o);
     if (crc) return crc;
+    if ((crc = load_secret(o, &key, &auth)) != 0) return crc;
     /* Connected before anything is read: an unreachable Redis fails fast. */
     ks_cache_redis *redis = NULL;
     if ((crc = ks__cache_open_redis(o, &redis)) != 0) return crc;
     for (int t = KS_TIER_SHM; t <= KS_TIER_DISK; t++) {
         if (!o->use[t]) continue;
-        int rc = ks_store_verify_dir(o->dirs[t], verify_cb, &v);
+        int rc = ks_store_verify_dir_mac(o->dirs[t], auth ? &key : NULL, verify_cb, &v);
         if (rc == KS_ENOENT) continue; /* vanished since ks__cache_check_dirs */
         if (rc < 0) {
             fprintf(stderr, CMD " verify: %s: %s\n", o->dirs[t],
@@ -64,12 +93,21 @@ int ks__cache_verify(const opts *o) {
     }
     if (redis) {
         int good = 0, bad = 0;
-        crc = ks_cache_redis_verify(redis, &good, &bad);
+        crc = ks_cache_redis_verify(redis, auth ? &key : NULL, &good, &bad);
         ks_cache_redis_close(redis);
         if (crc) return crc;
         printf("%d redis entries checked: %d good, %d bad\n", good + bad, good, bad);
         v.bad += bad;
     }
+    /* Checksums alone find accidental damage only: say which check ran. */
+    if (auth)
+        printf("authenticated: every entry checked against the cache secret (entries without a valid tag are "
+               "bad)\n");
+    else
+        printf("not authenticated: no cache secret (--secret-file or $" KS_KVMAC_ENV "), so entries were checked "
+               "against their checksums only, which anyone who can write them can recompute%s\n",
+               v.tagged ? "; tagged files were not authenticated" : "");
+    memset(&key, 0, sizeof key);
     return v.bad ? 1 : 0;
 }
 

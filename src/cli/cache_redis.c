@@ -307,7 +307,7 @@ static void print_bad(const ks_cache_redis *r, const ent *x, const char *what, i
            err == KS_ENOENT ? "a chunk is missing: evicted or expired" : ks_strerror(err));
 }
 
-int ks_cache_redis_verify(ks_cache_redis *r, int *good, int *bad) {
+int ks_cache_redis_verify(ks_cache_redis *r, const ks_kvmac_key *mac, int *good, int *bad) {
     ents e;
     *good = *bad = 0;
     int rc = scan_entries(r, NULL, &e);
@@ -315,8 +315,8 @@ int ks_cache_redis_verify(ks_cache_redis *r, int *good, int *bad) {
     char mkey[KS_REDIS_KEY_MAX];
     for (size_t i = 0; i < e.n && rc == 0; i++) {
         const ent *x = &e.v[i];
-        if (x->mrc != 0) {
-            print_bad(r, x, "manifest", x->mrc);
+        if (x->mrc != 0 || (mac && !ks_redis_manifest_verify(mac, x->member, &x->m))) {
+            print_bad(r, x, "manifest", x->mrc ? x->mrc : KS_ECORRUPT); /* no valid tag: not written with the secret */
             (*bad)++;
             continue;
         }
@@ -342,7 +342,7 @@ int ks_cache_redis_verify(ks_cache_redis *r, int *good, int *bad) {
         free(rep);
         if (v == 0) {
             /* As a server restores it: its own model and key (the name must match the content). */
-            ks_kvfile_expect exp = {.model_fp = x->fp, .key = &x->key};
+            ks_kvfile_expect exp = {.model_fp = x->fp, .key = &x->key, .mac = mac};
             v = ks_redis_ops_check(buf, &x->m, &x->key, &exp, NULL, NULL);
         }
         free(buf);

@@ -47,8 +47,9 @@ int ks_cache_redis_usage(ks_cache_redis *r, uint64_t *entries, uint64_t *bytes);
 /* Reads every entry's chunks and checks them as a server would before a
  * restore (lengths, the manifest's checksum, the kvfile, its key and token
  * count); prints "bad: redis KEY: ..." for each that fails. *good and *bad
- * receive the counts. 0, or 1 when Redis failed. */
-int ks_cache_redis_verify(ks_cache_redis *r, int *good, int *bad);
+ * receive the counts; with mac (may be NULL) every entry must carry a valid
+ * tag under it (kvmac.h). 0, or 1 when Redis failed. */
+int ks_cache_redis_verify(ks_cache_redis *r, const ks_kvmac_key *mac, int *good, int *bad);
 
 /* Deletes the entries whose key starts with keyprefix (NULL: all, and the
  * model's length sets, and whatever the accounting still counts), with the

@@ -81,6 +81,9 @@ static void usage(FILE *f) {
             "  --redis-tls-ca FILE, --redis-tls-ca-dir DIR, --redis-tls-cert FILE, --redis-tls-key FILE,\n"
             "  --redis-tls-server-name NAME, --redis-tls-insecure\n"
             "                    TLS settings for a rediss:// URL, as serve's --cache-redis-tls-*\n"
+            "  --secret-file FILE  the servers' cache secret (also --config's store.secret_file or\n"
+            "                    $KVSTASH_CACHE_SECRET): verify then also authenticates every entry;\n"
+            "                    without it, verify checks checksums only and says so\n"
             "A directory given (or the default --cache-dir) that does not exist or is not a\n"
             "directory is an error (exit 2); a Redis that cannot be reached is exit 1.\n");
 }
@@ -137,10 +140,11 @@ static bool key_matches(const ks_key *k, const char *prefix) {
 
 /* The options that take a value; their index in parse. */
 enum { O_CACHE_DIR, O_SHM_DIR, O_MAX_BYTES, O_REDIS, O_REDIS_PREFIX, O_TLS_CA, O_TLS_CA_DIR, O_TLS_CERT, O_TLS_KEY,
-       O_TLS_NAME, O_CONFIG, O__N };
+       O_TLS_NAME, O_CONFIG, O_SECRET, O__N };
 static const char *const k_valued[O__N] = {"--cache-dir", "--shm-dir", "--max-bytes", "--redis", "--redis-prefix",
                                            "--redis-tls-ca", "--redis-tls-ca-dir", "--redis-tls-cert",
-                                           "--redis-tls-key", "--redis-tls-server-name", "--config"};
+                                           "--redis-tls-key", "--redis-tls-server-name", "--config",
+                                           "--secret-file"};
 
 /* Copies val into dst (n bytes) for flag; 0 or 2 (message printed). */
 static int copy_arg(char *dst, size_t n, const char *flag, const char *val) {
@@ -219,6 +223,7 @@ static int parse(int argc, char **argv, opts *o) {
                 return 2;
             }
             o->cfg = c.store;
+            if (c.store.secret_file[0]) snprintf(o->secret_file, sizeof o->secret_file, "%s", c.store.secret_file);
             continue;
         }
         case O_REDIS: o->use_redis = true; dst = o->redis.url; dst_n = sizeof o->redis.url; break;
@@ -228,6 +233,7 @@ static int parse(int argc, char **argv, opts *o) {
         case O_TLS_CERT: dst = tls->cert_file; dst_n = sizeof tls->cert_file; break;
         case O_TLS_KEY: dst = tls->key_file; dst_n = sizeof tls->key_file; break;
         case O_TLS_NAME: dst = tls->server_name; dst_n = sizeof tls->server_name; break;
+        case O_SECRET: dst = o->secret_file; dst_n = sizeof o->secret_file; break;
         default: break;
         }
         if (dst && (rc = copy_arg(dst, dst_n, k_valued[which], val)) != 0) return rc;

@@ -28,6 +28,7 @@ typedef struct opts {
     ks_store_cfg cfg;                    /* the budgets and pin share: defaults, or --config's */
     bool use_redis;                      /* --redis */
     ks_redis_cfg redis;                  /* url, key_prefix, password, tls */
+    char secret_file[KS_MAX_PATH];       /* --secret-file, else --config's store.secret_file; "": none */
 } opts;
 
 typedef struct row {

@@ -36,6 +36,7 @@
 #include "cache/spc.h"
 #include "cache/store.h"
 #include "cli/cli.h"
+#include "cli/serve_store.h"
 #include "engine/engine.h"
 #include "engine/fingerprint.h"
 #include "sched/sched.h"
@@ -90,6 +91,9 @@ static void usage(FILE *f) {
             "                            SNI (tls.server_name; default: the URL's host)\n"
             "  --cache-redis-tls-insecure  do not verify the server's certificate (tls.verify: false;\n"
             "                            testing only)\n"
+            "  --cache-secret-file FILE  a deployment secret (>= 16 bytes, mode 600) that authenticates\n"
+            "                            every stored state (store.secret_file; also\n"
+            "                            $KVSTASH_CACHE_SECRET; docs/SECURITY.md)\n"
             "  --api-key KEY             require 'Authorization: Bearer KEY' (also $KVSTASH_API_KEY)\n"
             "  --responses-ttl S         keep Responses API conversations for previous_response_id this\n"
             "                            long, seconds (default 3600; 0: keep none)\n"
@@ -144,7 +148,7 @@ typedef struct flags {
     int warm_slots; /* -1: not given */
     bool no_cache, no_exact, no_repack, imc, spc;
     int flash_attn; /* KS_FA_* */
-    const char *cache_dir, *cache_redis;
+    const char *cache_dir, *cache_redis, *secret_file;
     const char *tls_ca, *tls_ca_dir, *tls_cert, *tls_key, *tls_name; /* --cache-redis-tls-* */
     bool tls_insecure;
     const char *cors[KS_CONFIG_CORS_MAX]; /* --cors-origin, in order */
@@ -161,7 +165,8 @@ static int parse_flags(int argc, char **argv, flags *f) {
            O_MAXTOK, O_ALIAS, O_TIMEOUT, O_SHUTDOWN, O_FA, O_CONFIG, O_LOG, O_IMC, O_SPC, O_CACHEDIR, O_CACHERAM,
            O_TEMPLATE, O_REASONING, O_CORS, O_RESP_TTL, O_RESP_MAX, O_HDR_TIMEOUT, O_MAXCONN, O_MAXCONN_CLIENT,
            O_CKPT, O_CKPT_EVERY, O_CKPT_BYTES, O_CACHEREDIS, O_TLS_CA, O_TLS_CA_DIR, O_TLS_CERT, O_TLS_KEY,
-           O_TLS_NAME, O_TLS_INSECURE, O_NOREPACK, O_WARM, O_OFFLOAD, O_OFFLOAD_END = O_OFFLOAD + KS_CLI_OFFLOAD_N };
+           O_TLS_NAME, O_TLS_INSECURE, O_NOREPACK, O_WARM, O_SECRET, O_OFFLOAD,
+           O_OFFLOAD_END = O_OFFLOAD + KS_CLI_OFFLOAD_N };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},          {"host", required_argument, 0, O_HOST},
         {"port", required_argument, 0, O_PORT},        {"slots", required_argument, 0, O_SLOTS},
@@ -182,6 +187,7 @@ static int parse_flags(int argc, char **argv, flags *f) {
         {"cache-redis-tls-key", required_argument, 0, O_TLS_KEY},
         {"cache-redis-tls-server-name", required_argument, 0, O_TLS_NAME},
         {"cache-redis-tls-insecure", no_argument, 0, O_TLS_INSECURE},
+        {"cache-secret-file", required_argument, 0, O_SECRET},
         {"chat-template", required_argument, 0, O_TEMPLATE}, {"reasoning-format", required_argument, 0, O_REASONING},
         {"cors-origin", required_argument, 0, O_CORS},
         {"responses-ttl", required_argument, 0, O_RESP_TTL}, {"responses-max", required_argument, 0, O_RESP_MAX},
@@ -280,6 +286,7 @@ static int parse_flags(int argc, char **argv, flags *f) {
         case O_TLS_KEY: f->tls_key = optarg; break;
         case O_TLS_NAME: f->tls_name = optarg; break;
         case O_TLS_INSECURE: f->tls_insecure = true; break;
+        case O_SECRET: f->secret_file = optarg; break;
         case O_CACHERAM: /* MiB: the range of store.tiers.ram.max_bytes */
             if (ks_cli_parse_int(CMD, "--cache-ram", optarg, 0, (int)(KS_STORE_BYTES_MAX >> 20), &f->cache_ram))
                 return 2;
@@ -413,6 +420,7 @@ static int apply_flags(const flags *f, ks_config *c) {
     if (f->tls_key) COPY(c->store.redis.tls.key_file, f->tls_key);
     if (f->tls_name) COPY(c->store.redis.tls.server_name, f->tls_name);
     if (f->tls_insecure) c->store.redis.tls.verify = false;
+    if (f->secret_file) COPY(c->store.secret_file, f->secret_file);
     /* A password kept out of the URL (and so out of ps and shell histories). */
     const char *pw = getenv("KVSTASH_REDIS_PASSWORD");
     if (pw && strlen(pw) < sizeof c->store.redis.password) COPY(c->store.redis.password, pw);
@@ -425,55 +433,7 @@ static int apply_flags(const flags *f, ks_config *c) {
     return 0;
 }
 
-/* The redis tier's settings as a whole, once the file and the flags are
- * applied: the URL, TLS settings only with rediss://, and the TLS files
- * (read and loaded now, so that a mistake stops the server before the model
- * loads rather than showing later as a tier that never connects). Returns
- * 0 or 2 (message printed). */
-static int check_redis(const ks_config *c) {
-    const ks_redis_cfg *rc = &c->store.redis;
-    if (!rc->url[0]) {
-        if (!ks_redis_tls_cfg_given(&rc->tls)) return 0;
-        fprintf(stderr, CMD ": redis TLS settings (--cache-redis-tls-*, store.tiers.redis.tls) without a Redis "
-                        "URL: give --cache-redis rediss://...\n");
-        return 2;
-    }
-    ks_redis_url u;
-    char err[512] = "";
-    if (ks_redis_cfg_prepare(rc, &u, NULL, err, sizeof err) != 0) {
-        fprintf(stderr, CMD ": %s\n", err);
-        return 2;
-    }
-    memset(&u, 0, sizeof u); /* no copy of a password left behind */
-    return 0;
-}
 
-/* The KV store for this engine, with the settings of ks_config_store_plan:
- * keys carry the model's fingerprint and the KV-shaping parameters, so states
- * of another model or context size are never found. The fingerprint is
- * cached in the disk tier's directory only when there is one (a RAM-only
- * store writes nothing). */
-static int open_store(const ks_config *c, const ks_store_cfg *sc, const ks_engine *e, ks_store **out) {
-    ks_store_params sp = ks_store_params_default();
-    sp.cfg = *sc;
-    char err[512] = "";
-    const char *fp_dir = sc->tier_max_bytes[KS_TIER_DISK] > 0 ? sc->cache_dir : NULL;
-    int rc = ks_model_fingerprint_cached(c->model, fp_dir, sp.model_fp, NULL, err, sizeof err);
-    if (rc) {
-        fprintf(stderr, CMD ": model fingerprint: %s\n", err[0] ? err : ks_strerror(rc));
-        return rc;
-    }
-    char kv[1024];
-    ks_engine_kv_params(e, kv, sizeof kv);
-    sp.kv_params = kv;
-    sp.kv_params_len = strlen(kv);
-    sp.state_version = ks_engine_state_version();
-    rc = ks_store_open(&sp, out, err, sizeof err);
-    if (rc) fprintf(stderr, CMD ": cannot open the KV store: %s\n", err[0] ? err : ks_strerror(rc));
-    /* warm start: the file tiers' read buffers faulted in before /health */
-    else ks_store_prewarm(*out, ks_engine_state_bytes_max(e));
-    return rc;
-}
 
 static int open_engine(const ks_config *c, int flash_attn, ks_engine **e) {
     ks_engine_params ep = ks_engine_params_default();
@@ -530,7 +490,8 @@ int ks_cmd_serve(int argc, char **argv) {
         }
     }
     if ((rc = apply_flags(&f, &cfg))) return rc;
-    if ((rc = check_redis(&cfg))) return rc;
+    ks_serve_secret secret;
+    if ((rc = ks_serve_store_check(&cfg, &secret))) return rc;
     int lv = ks_log_parse_level(cfg.log);
     ks_log_set_level(lv < 0 ? KS_LOG_INFO : (ks_log_level)lv);
     if (!cfg.model[0]) {
@@ -605,12 +566,12 @@ int ks_cmd_serve(int argc, char **argv) {
     }
     ks_store_cfg store_cfg;
     ks_store_mode store_mode = ks_config_store_plan(&cfg, &store_cfg);
-    if (store_mode == KS_STORE_OFF && cfg.store.enabled)
-        KS_WARN("serve", "prompt caching is off: the KV store (%s) is not opened", cfg.store.cache_dir);
     if (store_mode != KS_STORE_OFF) {
-        if (open_store(&cfg, &store_cfg, e, &store)) goto done;
+        if (ks_serve_store_open(&cfg, &store_cfg, &secret, e, &store)) goto done;
         if ((rc = ks_metrics_add(metrics, ks_metrics_store, store))) goto done;
     }
+    ks_serve_store_report(&cfg, &store_cfg, store, &secret);
+    memset(&secret, 0, sizeof secret); /* the store keeps its copy */
 
     ks_sched_params sp = ks_sched_params_default();
     sp.engine = e;
@@ -653,6 +614,7 @@ int ks_cmd_serve(int argc, char **argv) {
     if (f.timeout >= 0) hp.timeout_s = f.timeout;
     if (f.header_timeout >= 0) hp.header_timeout_s = f.header_timeout;
     if (f.max_conns >= 0) hp.max_connections = f.max_conns;
+    hp.max_renders = cfg.max_renders;
     if (f.max_conns_client >= 0) hp.max_connections_per_client = f.max_conns_client;
     hp.cache_prompt = cfg.cache_prompt;
     hp.exact = cfg.exact;
@@ -696,18 +658,8 @@ int ks_cmd_serve(int argc, char **argv) {
             v6 ? "[" : "", cfg.host, v6 ? "]" : "", ks_server_port(srv), f.alias ? f.alias : ks_engine_model_name(e),
             cfg.slots, ks_engine_n_ctx_seq(e), where, ks_engine_exact_mode(e, cfg.exact), why);
     fprintf(stderr, "kvstash: port=%d\n", ks_server_port(srv));
-    char store_desc[KS_MAX_PATH + 32] = "off";
-    if (store && store_mode == KS_STORE_RAM_ONLY)
-        snprintf(store_desc, sizeof store_desc, "ram-only (%.0f MiB)",
-                 (double)store_cfg.tier_max_bytes[KS_TIER_RAM] / 1048576.0);
-    else if (store)
-        snprintf(store_desc, sizeof store_desc, "on at %s", store_cfg.cache_dir);
-    if (store && store_cfg.redis.url[0] && store_cfg.tier_max_bytes[KS_TIER_REDIS] > 0) {
-        char where[KS_REDIS_URL_MAX];
-        ks_redis_url_redact(store_cfg.redis.url, where, sizeof where);
-        size_t l = strlen(store_desc);
-        snprintf(store_desc + l, sizeof store_desc - l, " + redis %.200s", where);
-    }
+    char store_desc[KS_MAX_PATH + 256];
+    ks_serve_store_desc(&store_cfg, store, store_mode, store_desc, sizeof store_desc);
     KS_INFO("serve", "cache: prompt %s, imc %s, spc %s, store %s", cfg.cache_prompt ? "on" : "off",
             sp.imc ? "on" : "off", spc ? "on" : "off", store_desc);
     if (ks_engine_offload_info(e)->n_devices > 0 && reason)

@@ -132,6 +132,7 @@ void ks_config_defaults(ks_config *c) {
     c->checkpoint_bytes = 32LL << 20;
     c->checkpoint_every = 16;
     c->max_queue = 64;
+    c->max_renders = 2;
     c->max_body_bytes = 16777216;
     snprintf(c->log, sizeof c->log, "info");
     ks__config_model_defaults(&c->cache);

@@ -36,6 +36,7 @@
  *   checkpoint_every: 16     # ... one every N generated tokens (0: none while generating)
  *   api_key: secret
  *   max_queue: 64            # requests waiting for a slot, 1..1000000
+ *   max_renders: 2           # chat template renders and grammar builds at once, 1..1024
  *   max_body_bytes: 16777216 # 1KiB..1TiB
  *   log: info                # debug|info|warn|error|off
  *   cors_origins: [http://localhost:5173]   # browser origins allowed (CORS); "*": any.
@@ -172,6 +173,7 @@ typedef struct ks_config {
     float affinity_min;
     char api_key[256];
     int max_queue;
+    int max_renders;            /* default 2: renders and grammar builds at once (server/admit.h) */
     int64_t max_body_bytes;
     char log[16];
     ks_model_cache_cfg cache;   /* the resolved per-model entry (after ks_config_resolve_model) */

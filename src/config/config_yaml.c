@@ -234,6 +234,7 @@ static const field k_top_fields[] = {
     FI(ks_config, checkpoint_every, 0, KS_CONFIG_CKPT_EVERY_MAX),
     FS(ks_config, api_key, F_STR),
     FI(ks_config, max_queue, KS_CONFIG_MAX_QUEUE_MIN, KS_CONFIG_MAX_QUEUE_MAX),
+    FI(ks_config, max_renders, 1, 1024),
     FY(ks_config, max_body_bytes, KS_CONFIG_MAX_BODY_MIN, KS_CONFIG_MAX_BODY_MAX),
     FS(ks_config, log, F_LOG),
 };
@@ -250,6 +251,7 @@ static const field k_store_fields[] = {
     FB(ks_store_cfg, enabled),
     FS(ks_store_cfg, cache_dir, F_PATH),
     FS(ks_store_cfg, shm_dir, F_PATH),
+    FS(ks_store_cfg, secret_file, F_PATH),
     FI(ks_store_cfg, stride, 1, 1048576),
     FI(ks_store_cfg, continued_interval, 0, 1048576),
     FI(ks_store_cfg, min_tokens, 0, 1048576),

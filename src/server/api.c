@@ -467,6 +467,7 @@ static json_t *legacy_logprobs(const json_t *entries) {
 
 json_t *ks_api_logprobs_json(ks_api_kind kind, const json_t *entries) {
     if (!entries) return NULL;
+    if (json_is_string(entries)) return json_incref((json_t *)entries); /* a placeholder (lptext.h) */
     if (kind == KS_API_CHAT) return json_pack("{s:O, s:[]}", "content", entries, "refusal");
     return legacy_logprobs(entries);
 }

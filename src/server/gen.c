@@ -37,6 +37,7 @@
 #include <time.h>
 
 #include "base/textstream.h"
+#include "server/lptext.h"
 #include "prompt/prompt_tmpl.h"
 #include "server/api_int.h"
 #include "server/gen.h"
@@ -67,7 +68,9 @@ typedef struct choice {
     /* under g->mu */
     ks_buf pending;                /* safe text not yet taken by the connection thread (a whole
                                       reply never takes it: it is all the text) */
-    json_t *lp_pending;            /* logprob entries not yet taken (array), NULL: none asked */
+    json_t *lp_pending;            /* stream: logprob entries not yet taken (array), NULL: none asked */
+    ks_lptext lpt;                 /* whole reply: the logprobs as text (lptext.h), when lp_text */
+    bool lp_text;
     bool done;
     bool stopped;                  /* a stop string ended it */
     int stop_index;                /* which one (in the request's stops, then the template's) */
@@ -115,6 +118,7 @@ static void choice_free(choice *c) {
     ks_buf_free(&c->scratch);
     ks_buf_free(&c->pending);
     json_decref(c->lp_pending);
+    ks_lptext_free(&c->lpt);
 }
 
 static void gen_destroy(gen *g) {
@@ -175,7 +179,9 @@ ks_gen *ks__gen_create(ks_server *s, const ks_fmt *fmt, void *st, const ks_api_r
         c->g = g;
         c->index = i;
         if (!(c->ts = ks_textstream_create(pl->stops, pl->n_stops))) goto fail;
-        if (rq->logprobs && !(c->lp_pending = json_array())) goto fail;
+        c->lp_text = rq->logprobs && !rq->stream;
+        c->lpt.legacy = rq->kind != KS_API_CHAT;
+        if (rq->logprobs && rq->stream && !(c->lp_pending = json_array())) goto fail;
     }
     atomic_fetch_add(&s->n_active, 1);
     return g;
@@ -255,6 +261,7 @@ static void on_probs(void *ud, const ks_token_prob *sampled, const ks_token_prob
     else json_decref(alts);
     pthread_mutex_lock(&g->mu);
     if (e && c->lp_pending) json_array_append_new(c->lp_pending, e);
+    else if (c->lp_text) ks_lptext_add(&c->lpt, e), json_decref(e);
     else json_decref(e);
     pthread_mutex_unlock(&g->mu);
 }
@@ -666,7 +673,7 @@ static enum MHD_Result respond_whole(ks_server *s, struct MHD_Connection *c, con
         /* Every choice is done: nothing writes to them any more. */
         for (int i = 0; i < g->n_ch; i++) {
             texts[i] = g->ch[i].pending.s ? g->ch[i].pending.s : "";
-            lps[i] = g->ch[i].lp_pending;
+            lps[i] = g->ch[i].lp_text ? ks_lptext_placeholder(i) : json_incref(g->ch[i].lp_pending);
             ends[i] = choice_end(&g->ch[i]);
         }
         ks_req_result t = total_result(g);
@@ -674,9 +681,13 @@ static enum MHD_Result respond_whole(ks_server *s, struct MHD_Connection *c, con
     } else {
         ks_api_error_set(&e, 500, "server_error", "out_of_memory", NULL, "The response could not be encoded.");
     }
+    for (int i = 0; lps && i < g->n_ch; i++) json_decref(lps[i]);
     free(texts);
     free(lps);
     free(ends);
+    ks_lptext *lpt[KS_API_MAX_CHOICES];
+    for (int i = 0; i < g->n_ch && i < KS_API_MAX_CHOICES; i++) lpt[i] = &g->ch[i].lpt;
+    if (o && g->ch[0].lp_text) return ks__respond_spliced(s, c, cn, o, lpt, g->n_ch);
     return o ? ks__respond_json(s, c, cn, 200, o, NULL) : ks__respond_error(s, c, cn, &e, NULL);
 }
 

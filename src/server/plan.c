@@ -45,7 +45,9 @@ void ks__plan_pins(ks_server *s, const ks_api_request *rq, ks_plan *pl) {
     const ks_tokens *full = &pl->prompts[0].tokens;
     for (int i = 0; i < rq->n_bps; i++) {
         int upto = rq->bps[i].msg < 0 ? 0 : rq->bps[i].msg;
+        ks_admit_enter(&s->admit, KS_ADMIT_RENDER);
         int n = ks_prompt_tmpl_prefix_len(s->engine, s->tmpl, rq->tmpl_req, upto, full, pl->tp.n_gen_prompt, s->memo);
+        ks_admit_leave(&s->admit);
         if (n <= 0) {
             KS_DEBUG(MOD, "cache breakpoint after message %d: no token prefix of the prompt, dropped", upto);
             continue;
@@ -117,7 +119,16 @@ int ks__plan_prompts(ks_server *s, const ks_api_request *rq, ks_plan *pl, bool b
         ks_prompt_opts o = {.hints = true, .model_id = s->model_id, .max_bytes = max_bytes};
         if (s->tmpl) {
             char err[512] = "";
+            /* Sized before any render: the strings the template is known to
+             * copy (presize.h) already render to more than the bound, so the
+             * render's own refusal is known without it. */
+            if (bounded && ks_presize_bytes(&s->presize, rq->tmpl_req) > (uint64_t)max_bytes) {
+                ks_admit_note_refused(&s->admit);
+                return too_long(s, rq, 0, e);
+            }
+            ks_admit_enter(&s->admit, KS_ADMIT_RENDER);
             rc = ks_prompt_tmpl_chat(s->engine, s->tmpl, rq->tmpl_req, &o, s->memo, &pl->tp, err, sizeof err);
+            ks_admit_leave(&s->admit);
             if (rc == KS_ECTX) return too_long(s, rq, 0, e);
             if (rc) return template_error(rc, err, e);
             pl->templated = true;
@@ -131,7 +142,9 @@ int ks__plan_prompts(ks_server *s, const ks_api_request *rq, ks_plan *pl, bool b
                              "Tools and structured output need the model's Jinja chat template, which is not available.");
             return KS_EINVAL;
         }
+        ks_admit_enter(&s->admit, KS_ADMIT_RENDER);
         rc = ks_prompt_chat(s->engine, rq->msgs, rq->n_msgs, &o, &pl->prompts[0]);
+        ks_admit_leave(&s->admit);
         if (rc == KS_ECTX) return too_long(s, rq, 0, e);
         if (rc) return template_error(rc == KS_ETEMPLATE ? rc : rc, "llama.cpp's built-in templates do not know it", e);
         return 0;
@@ -245,7 +258,9 @@ int ks__plan_grammar(ks_server *s, const ks_api_request *rq, ks_plan *pl, ks_api
     } else {
         char *schema = rq->json_schema ? json_dumps(rq->json_schema, JSON_COMPACT) : strdup("{}");
         if (!schema) return ks__api_oom(e);
+        ks_admit_enter(&s->admit, KS_ADMIT_GRAMMAR);
         int rc = ks_chat_tmpl_schema_to_grammar(schema, &pl->grammar, err, sizeof err);
+        ks_admit_leave(&s->admit);
         free(schema);
         if (rc == KS_EINVAL) {
             ks_api_error_set(e, 400, T_INVALID, "invalid_schema", "response_format",

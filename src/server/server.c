@@ -452,6 +452,7 @@ ks_server_params ks_server_params_default(void) {
     p.exact = true;
     p.responses_max = 1024;
     p.responses_ttl_s = 3600;
+    p.max_renders = KS_ADMIT_DEFAULT;
     return p;
 }
 
@@ -523,7 +524,8 @@ int ks_server_start(const ks_server_params *p, ks_server **out, char *err, size_
     s->http.started_us = ks_now_us();
     snprintf(s->reasoning_format, sizeof s->reasoning_format, "%s", p->reasoning_format ? p->reasoning_format : "");
     if (!(s->convs = ks_convstore_create(p->responses_max, p->responses_ttl_s)) ||
-        !(s->refusals = ks_refusals_create()) || !(s->memo = ks_prompt_memo_create(KS_SERVER_MEMO))) {
+        !(s->refusals = ks_refusals_create()) || !(s->memo = ks_prompt_memo_create(KS_SERVER_MEMO)) ||
+        !(s->admit_ok = ks_admit_init(&s->admit, p->max_renders) == 0)) {
         ks_server_free(s);
         freeaddrinfo(ai);
         return KS_ENOMEM;
@@ -548,10 +550,12 @@ int ks_server_start(const ks_server_params *p, ks_server **out, char *err, size_
         if (trc)
             KS_WARN("http", "the model's chat template cannot be used (%s): chat falls back to llama.cpp's built-in "
                             "templates, without tools or structured output", terr[0] ? terr : ks_strerror(trc));
+        ks_presize_probe(s->tmpl, &s->presize);
     }
     /* The server's own sources; the caller's (SPC, store) are already in the
      * registry. Sources are only added before the daemon starts (metrics.h). */
-    if (ks_metrics_add(s->metrics, sched_source, s) || ks_metrics_add(s->metrics, ks_metrics_http, &s->http)) {
+    if (ks_metrics_add(s->metrics, sched_source, s) || ks_metrics_add(s->metrics, ks_metrics_http, &s->http) ||
+        ks_metrics_add(s->metrics, ks_metrics_admit, &s->admit)) {
         ks_server_free(s);
         freeaddrinfo(ai);
         return KS_ENOMEM;
@@ -626,6 +630,7 @@ void ks_server_free(ks_server *s) {
     ks_prompt_memo_free(s->memo);
     ks_chat_tmpl_free(s->tmpl);
     ks_convstore_free(s->convs);
+    if (s->admit_ok) ks_admit_fini(&s->admit);
     pthread_rwlock_destroy(&s->sched_lock);
     free(s);
 }

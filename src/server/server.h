@@ -132,6 +132,8 @@ typedef struct ks_server_params {
                                         scheme://host[:port], compared without case; copied.
                                         NULL or n_cors_origins 0: CORS off */
     int n_cors_origins;
+    int max_renders;          /* template renders and grammar builds at once, 1..1024
+                                 (default 2; admit.h): the others wait their turn */
     ks_metrics *metrics;      /* borrowed registry holding the caller's sources (SPC,
                                  store...); the server adds its own before serving.
                                  NULL: the server makes one */

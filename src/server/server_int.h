@@ -25,7 +25,10 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "prompt/presize.h"
+#include "server/admit.h"
 #include "server/api.h"
+#include "server/lptext.h"
 #include "server/server.h"
 
 struct ks_server {
@@ -52,6 +55,11 @@ struct ks_server {
     /* The longest text of a token, in bytes: a prompt of B bytes is at least
      * ceil(B / max_token_bytes) tokens (plan.c, prompt_max_bytes). */
     int max_token_bytes;
+    /* What the template is known to copy into a prompt: a request sized
+     * past the context from these alone is refused before any render. */
+    ks_presize presize;
+    ks_admit admit;             /* renders and grammar builds at once (admit.h) */
+    bool admit_ok;              /* admit initialised */
     bool cache_prompt;
     bool exact;
     char store_mode[16];        /* "" : not shown */
@@ -103,6 +111,10 @@ typedef struct conn {
  * ctype NULL: no Content-Type (a 204). */
 enum MHD_Result ks__respond(ks_server *s, struct MHD_Connection *c, conn *cn, int status, const char *ctype,
                           char *body, size_t len, const char *const *hdrs);
+/* A whole reply o (stolen) with the logprobs of lpt[0, n) spliced in place
+ * of their placeholders (lptext.h; lptext.c); a 500 when memory runs out. */
+enum MHD_Result ks__respond_spliced(ks_server *s, struct MHD_Connection *c, conn *cn, json_t *o,
+                                  ks_lptext *const *lpt, int n);
 /* obj is stolen. */
 enum MHD_Result ks__respond_json(ks_server *s, struct MHD_Connection *c, conn *cn, int status, json_t *obj,
                                const char *const *hdrs);

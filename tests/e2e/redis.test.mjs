@@ -15,7 +15,7 @@ import { spawn, spawnSync } from 'node:child_process';
 import net from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import { startServer, stopOk, chat, metrics, sleep, settleStore, until, BIN, MODEL, makeSay } from './lib.mjs';
+import { startServer, stopOk, chat, metrics, sleep, settleStore, until, BIN, MODEL, makeSay, runBin } from './lib.mjs';
 
 const MAX_TOKENS = 8;
 let root;
@@ -759,6 +759,58 @@ test('concurrent requests ask Redis on connections of their own: one slow reply 
       'the second lookup waited for the first one\'s connection');
   } finally {
     await stopOk(a);
+    await redis.stop();
+  }
+});
+
+// ------------------------------------------------------------------------ issue 28
+// Stored states are authenticated, not only checked: an entry written into
+// Redis without the cache secret (here by a kvstash server without one, as
+// anyone who can write the Redis could, checksums and all) is refused by
+// servers that have the secret — counted as corrupt, the reply that of a miss
+// — while the entries they write themselves are restored across hosts.
+test('with a cache secret, an entry written without it is refused; tagged entries are shared', async () => {
+  const redis = await startRedis(path.join(root, 'r-secret'));
+  const url = `unix://${redis.sock}`;
+  const env = { KVSTASH_CACHE_SECRET: 'a deployment secret for the e2e hosts' };
+  const open = await host('s-open', url);
+  let b, c, d;
+  try {
+    const msgs = [sys('Secret')];
+    await say(open, msgs, 'Hello there, tell me a story.', 'unauthenticated host turn 1');
+    await settleStore(open);
+    await stopOk(open);
+    assert.ok(manifests(redis, 'kvs-test').size >= 1, 'the unauthenticated host wrote to Redis');
+    b = await host('s-b', url, {}, { env });
+    const m0 = await metrics(b);
+    const t2 = await say(b, [...msgs], 'And another one, please.', 'secret host B turn 2');
+    assert.notEqual(t2.cache.tier, 'redis', `an untagged entry was restored: ${JSON.stringify(t2.cache)}`);
+    const mb = await metrics(b);
+    assert.ok(mb.get('kvstash_store_corrupt_files_total') - (m0.get('kvstash_store_corrupt_files_total') ?? 0) >= 1,
+      'the refused entry is counted like a corrupt one');
+    await settleStore(b);
+    c = await host('s-c', url, {}, { env });
+    const own = [sys('Tagged')];
+    const u1 = await say(c, own, 'Hello there, tell me a story.', 'secret host C turn 1');
+    await settleStore(c);
+    d = await host('s-d', url, {}, { env });
+    const u2 = await say(d, own, 'And another one, please.', 'secret host D turn 2');
+    assertRedisHit(u2, u1.usage.prompt_tokens, 'secret host D turn 2');
+    assert.equal((await metrics(d)).get('kvstash_store_corrupt_files_total'), 0);
+    await settleStore(d);
+    // kvstash cache verify: authenticates with the secret (the tagged entries are good, any
+    // untagged one left is bad, named by its manifest); without it, says it could not.
+    const secretFile = path.join(root, 'cache.secret');
+    writeFileSync(secretFile, env.KVSTASH_CACHE_SECRET + '\n', { mode: 0o600 });
+    const v = await runBin(['cache', 'verify', '--redis', url, '--redis-prefix', 'kvs-test', '--secret-file', secretFile]);
+    assert.match(v.stdout, /^authenticated: /m, v.stdout + v.stderr);
+    const good = Number(/(\d+) good/.exec(v.stdout)[1]);
+    assert.ok(good >= 1, v.stdout);
+    for (const line of v.stdout.split('\n').filter((l) => l.startsWith('bad: '))) assert.match(line, /: manifest: ECORRUPT/);
+    const plainVerify = await runBin(['cache', 'verify', '--redis', url, '--redis-prefix', 'kvs-test']);
+    assert.match(plainVerify.stdout, /^not authenticated: no cache secret/m);
+  } finally {
+    for (const s of [b, c, d]) if (s) await stopOk(s);
     await redis.stop();
   }
 });

@@ -24,7 +24,11 @@
  *     and the later of the two pin deadlines (only with KS_KVFILE_FLAG_PIN);
  *  6. written again by ks_kvfile_write from what was read, a file with the
  *     current layout (flag PIN, reserved bytes zero) is byte for byte the
- *     input up to its trailer.
+ *     input up to its trailer;
+ *  7. a reader with a store key (the cache secret, kvmac.h) refuses every
+ *     accepted file with KS_ECORRUPT: without flag MAC it has no tag, and
+ *     with it (nonce and tag bytes left as the fuzzer wrote them, which a
+ *     reader without a key does not check) its tag is not the key's.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -129,7 +133,8 @@ static void check_file(const uint8_t *d, size_t n, bool must_read) {
     int rc_meta = ks_kvfile_read_meta(g_path, &m);
     FUZZ_CHECK(rc_meta == 0 || rc_meta == KS_ECORRUPT || rc_meta == KS_EVERSION);
     FUZZ_CHECK_EQ(m.file_size, n);
-    size_t tlen = trailer_len(m.flags);
+    /* what follows the checksum: [nonce + tag] (flag MAC), then the trailer */
+    size_t tlen = trailer_len(m.flags) + ((m.flags & KS_KVFILE_FLAG_MAC) ? KS_KVFILE_MAC_LEN : 0);
     bool body_ok = false;
     if (rc_meta == 0) {
         FUZZ_CHECK_EQ(m.version, KS_KVFILE_VERSION);
@@ -186,6 +191,13 @@ static void check_file(const uint8_t *d, size_t n, bool must_read) {
         free(other);
     }
 
+    /* Property 7. */
+    ks_kvmac_key key;
+    memset(&key, 0x5a, sizeof key);
+    bad = e;
+    bad.mac = &key;
+    FUZZ_CHECK_EQ(ks_kvfile_read(g_path, &bad, NULL, NULL, NULL), KS_ECORRUPT);
+
     /* Property 6 before 5: touch rewrites the trailer of the input file. */
     check_rewrite(d, n, &m, toks, payload);
 
@@ -211,7 +223,8 @@ static bool repair(uint8_t *c, size_t n) {
     uint32_t hlen = get32(c + 12);
     if (hlen < 24 || hlen > KS_KVFILE_HEADER_MAX || hlen > n) put32(c + 12, hlen = n >= 160 ? 160 : 24);
     uint32_t flags = hlen >= 32 ? get32(c + 28) : 0;
-    size_t tlen = trailer_len(flags);
+    /* With flag MAC a nonce and a tag sit between checksum and trailer. */
+    size_t tlen = trailer_len(flags) + ((flags & KS_KVFILE_FLAG_MAC) ? KS_KVFILE_MAC_LEN : 0);
     bool sizes = false;
     if (hlen == KS_KVFILE_HEADER_LEN && n >= KS_KVFILE_HEADER_LEN + 8 + tlen) {
         uint64_t room = n - KS_KVFILE_HEADER_LEN - 8 - tlen;
@@ -228,10 +241,11 @@ static bool repair(uint8_t *c, size_t n) {
     }
     put64(c + hlen - 8, nonzero(XXH3_64bits(c, hlen - 8)));
     if (!sizes) return false;
+    size_t trl = trailer_len(flags);
     put64(c + n - tlen - 8, nonzero(XXH3_64bits(c, n - tlen - 8)));
-    put64(c + n - 8, nonzero(XXH3_64bits(c + n - tlen, tlen - 8)));
+    put64(c + n - 8, nonzero(XXH3_64bits(c + n - trl, trl - 8)));
     return get32(c + 8) == KS_KVFILE_VERSION &&
-           (flags & ~(uint32_t)(KS_KVFILE_FLAG_PIN | KS_KVFILE_FLAG_REASON6)) == 0;
+           (flags & ~(uint32_t)(KS_KVFILE_FLAG_PIN | KS_KVFILE_FLAG_REASON6 | KS_KVFILE_FLAG_MAC)) == 0;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
