@@ -347,7 +347,8 @@ typedef struct ks_store_state {
  * first, at most max of them: what a new process puts into its slots before
  * it serves (ks_sched_params.warm_slots), so that the conversations that
  * were running before a restart go on as in a warm process. Each is checked
- * as a lookup checks it (checksum, model, params, state version) and its
+ * as a lookup checks it (checksum, model, params, state version, the cache
+ * secret's tag when the store has one) and its
  * tokens against its key; a state whose tokens are a prefix of one already
  * taken (an earlier turn of the same conversation) is skipped. At most
  * max_reads files are read. out[0, *n_out) are owned (ks_store_state_free).

@@ -57,13 +57,14 @@ static bool is_prefix(const int32_t *a, int na, const int32_t *b, int nb) {
     return na <= nb && !memcmp(a, b, (size_t)na * sizeof *a);
 }
 
-/* Reads c's file whole and checks it as a lookup would, the tokens against
- * the key they must hash to. 0 and *out filled, or an error (a miss). */
+/* Reads c's file whole and checks it as a lookup would (with a cache
+ * secret, its tag too), the tokens against the key they must hash to. 0 and *out filled, or an error (a miss). */
 static int load(ks_store *s, const cand *c, ks_store_state *out) {
     char path[KS_MAX_PATH + 80];
     if (ks_kvfile_path(s->tiers[c->tier]->dir, &c->key, path, sizeof path) != 0) return KS_EINVAL;
     ks_kvfile_expect exp = {.model_fp = s->fp, .params_hash = s->params_hash, .check_state_version = true,
-                            .state_version = s->state_version, .key = &c->key};
+                            .state_version = s->state_version, .key = &c->key,
+                            .mac = s->has_mac ? &s->mac : NULL}; /* with a secret: only its tags */
     ks_kvfile_meta meta;
     int32_t *tok = NULL;
     uint8_t *payload = NULL;

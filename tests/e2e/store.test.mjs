@@ -169,6 +169,28 @@ test('warm start: --warm-slots puts the latest state of each conversation into t
   } finally {
     await stopOk(b);
   }
+  // A server with a cache secret takes no untagged state (B's and A's were
+  // written without one) into its slots: warm start checks what a lookup checks.
+  const secret = path.join(dirs.d, 'secret');
+  writeFileSync(secret, 'a cache secret of this test, 32+ bytes long', { mode: 0o600 });
+  const d = await startServer(['--config', dirs.config, '--warm-slots', '2', '--cache-secret-file', secret]);
+  try {
+    assert.equal((await metrics(d)).get('kvstash_warm_slots_total'), 0, `no slot warmed:\n${d.stderr}`);
+    assert.match(d.stderr, /warm start: no stored state to put into the slots/);
+    await say(d, x, 'One more thing.', 'x turn 5 (tagged saves)');
+    await settleStore(d);
+  } finally {
+    await stopOk(d);
+  }
+  // ...and takes the states saved under its secret.
+  const e = await startServer(['--config', dirs.config, '--warm-slots', '1', '--cache-secret-file', secret]);
+  try {
+    assert.equal((await metrics(e)).get('kvstash_warm_slots_total'), 1, `a tagged state warmed:\n${e.stderr}`);
+    const r = await say(e, x, 'Bye now.', 'x turn 6');
+    assert.equal(r.cache.mode, 'prefix', `x turn 6: ${JSON.stringify(r.cache)}`);
+  } finally {
+    await stopOk(e);
+  }
   // Without a persistent store the setting says it does nothing.
   const c = await startServer(['--warm-slots', '2']);
   try {
