@@ -40,6 +40,7 @@
 #include "engine/engine.h"
 #include "engine/fingerprint.h"
 #include "sched/sched.h"
+#include "server/keyring.h"
 #include "server/server.h"
 
 #define CMD "kvstash serve"
@@ -540,6 +541,31 @@ static int open_engine(const ks_config *c, int flash_attn, ks_engine **e) {
     return rc;
 }
 
+/* The API keys and tenant settings, checked before the model loads: a key
+ * file that cannot be read or has a bad line, a bad key or tenant_by is a
+ * usage error (exit 2). The server reads them again at start. */
+static int check_keys(const ks_config *c) {
+    unsigned bits;
+    if (ks_server_tenant_by_parse(c->tenant_by, &bits)) {
+        fprintf(stderr, CMD ": tenant_by '%s': a comma-separated list of prompt_cache_key, cache_salt, user\n",
+                c->tenant_by);
+        return 2;
+    }
+    const char *keys[1 + KS_CONFIG_KEYS_MAX];
+    int n = 0;
+    keys[n++] = c->api_key;
+    for (int i = 0; i < c->n_api_keys; i++) keys[n++] = c->api_keys[i];
+    ks_keyring *k = NULL;
+    char err[512] = "";
+    int rc = ks_keyring_create(keys, n, c->api_key_file, &k, err, sizeof err);
+    ks_keyring_free(k);
+    if (rc) {
+        fprintf(stderr, CMD ": %s\n", err[0] ? err : ks_strerror(rc));
+        return 2;
+    }
+    return 0;
+}
+
 static const char *signame(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "signal"; }
 
 int ks_cmd_serve(int argc, char **argv) {
@@ -560,6 +586,7 @@ int ks_cmd_serve(int argc, char **argv) {
     }
     if ((rc = apply_flags(&f, &cfg))) return rc;
     if ((rc = check_redis(&cfg))) return rc;
+    if ((rc = check_keys(&cfg))) return rc;
     int lv = ks_log_parse_level(cfg.log);
     ks_log_set_level(lv < 0 ? KS_LOG_INFO : (ks_log_level)lv);
     if (!cfg.model[0]) {
