@@ -343,6 +343,7 @@ static void publish_locked(ks_sched *s) {
         busy += in->busy;
         in->n_tokens = sl->tokens.n;
         in->last_used_us = sl->last_used_us;
+        in->tenant = sl->r ? sl->r->p.tenant : sl->tenant;
         if (sl->r) {
             in->req_id = sl->r->id;
             in->shown_req_id = sl->r->id;

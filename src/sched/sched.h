@@ -289,6 +289,7 @@ typedef struct ks_slot_info {
     int n_cache_written;   /* the request's breakpoint writes as planned (ks_req_result's, final at the end) */
     int n_generated;
     int64_t last_used_us;  /* monotonic */
+    uint64_t tenant;       /* whose request or KV it is (ks_req_params.tenant) */
 } ks_slot_info;
 
 /* Fills up to n slot descriptions; returns the number of slots. */

@@ -16,7 +16,7 @@ import { mkdtempSync, rmSync, writeFileSync, renameSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import {
-  startServer, stopOk, postJSON, assertError, writeConfig, writeStoreConfig, settleStore,
+  startServer, stopOk, postJSON, getJSON, assertError, writeConfig, writeStoreConfig, settleStore,
 } from './lib.mjs';
 
 const dir = mkdtempSync(path.join(os.tmpdir(), 'ks-tenants-'));
@@ -69,6 +69,14 @@ test('another key\'s guesses at a prompt look like any miss, and the victim\'s s
     const a2 = await ask(srv, 'KA', SECRET);
     assert.equal(a2.cache.slot, a1.cache.slot, JSON.stringify(a2.cache));
     assert.equal(a2.usage.prompt_tokens_details.cached_tokens, a1.usage.prompt_tokens - 1, JSON.stringify(a2.cache));
+    // /slots shows each key its own slots' counts, and of the others their state only.
+    const slotsOf = async (key) => (await getJSON(srv, '/slots', auth(key))).json;
+    const [sa, sb] = [await slotsOf('KA'), await slotsOf('KB')];
+    assert.equal(sa[a1.cache.slot].n_prompt, a1.usage.prompt_tokens);
+    assert.equal(sb[a1.cache.slot].n_prompt, null);
+    assert.equal(sb[a1.cache.slot].n_tokens, null);
+    assert.equal(typeof sb[b.cache.slot].n_prompt, 'number'); // B's own: shown
+    assert.ok(sb[b.cache.slot].n_tokens > 0);
     // Within one tenant the cache works as before: A's variant reuses A's prefix.
     const a3 = await ask(srv, 'KA', GUESSES[0]);
     assert.ok(a3.usage.prompt_tokens_details.cached_tokens > 16, JSON.stringify(a3.cache));
