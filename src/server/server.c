@@ -517,6 +517,14 @@ int ks_server_start(const ks_server_params *p, ks_server **out, char *err, size_
             return krc;
         }
         s->tenant_by = p->tenant_by;
+        int nk = ks_keyring_count(s->keys);
+        bool file = p->api_key_file && p->api_key_file[0];
+        if (nk || file || p->tenant_by)
+            KS_INFO("auth", "%d API key(s)%s%s%s: %s%s%s%s", nk, file ? " (key file " : "", file ? p->api_key_file : "",
+                    file ? ")" : "", nk <= 1 && !file ? "one tenant" : "a tenant per key (or name)",
+                    p->tenant_by & KS_TENANT_BY_PROMPT_CACHE_KEY ? ", split by prompt_cache_key" : "",
+                    p->tenant_by & KS_TENANT_BY_CACHE_SALT ? ", split by cache_salt" : "",
+                    p->tenant_by & KS_TENANT_BY_USER ? ", split by user" : "");
     }
     snprintf(s->model, sizeof s->model, "%s", model ? model : "model");
     snprintf(s->model_id, sizeof s->model_id, "%s", p->model_id ? p->model_id : s->model);
