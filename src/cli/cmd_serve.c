@@ -532,12 +532,12 @@ static int open_engine(const ks_config *c, int flash_attn, ks_engine **e) {
                 ks_engine_repacked(*e) ? "on" : "off", inv ? "keeps" : "does not keep",
                 inv ? "" : pairs ? ", decoded in pairs it does" : "", ks_engine_exact_mode(*e, c->exact),
                 why ? " (" : "", why ? why : "", why ? ")" : "");
+        /* A silently smaller context turns a client's long prompt into a
+         * refusal it cannot explain: say so at the default level. */
+        if (c->ctx > ks_engine_n_ctx_seq(*e))
+            KS_WARN("serve", "--ctx %d is more than this model takes: each slot gets %d tokens (the model's "
+                             "trained context)", c->ctx, ks_engine_n_ctx_seq(*e));
     }
-    /* A silently smaller context turns a client's long prompt into a refusal
-     * it cannot explain: say so at the default level. */
-    else if (c->ctx > ks_engine_n_ctx_seq(*e))
-        KS_WARN("serve", "--ctx %d is more than this model takes: each slot gets %d tokens (the model's trained "
-                         "context)", c->ctx, ks_engine_n_ctx_seq(*e));
     return rc;
 }
 

@@ -19,47 +19,7 @@
 #include "ggml-backend.h"
 #include "llama.h"
 
-struct ks_engine {
-    struct llama_model *model;
-    struct llama_context *ctx;
-    const struct llama_vocab *vocab;
-    char *path;
-    char desc[128];
-    char name[128];
-    const char *tmpl; /* the model's template, or "chatml"; borrowed from the model */
-    int n_ctx_seq;
-    int n_seq;
-    int n_batch;
-    int n_vocab;
-    bool flash_attn;
-    int type_k, type_v;
-    int32_t *eog;   /* every end-of-generation token of the vocabulary (ignore_eos) */
-    int n_eog;
-    bool invariant; /* the open-time probe found one-row decodes bit-identical to batches */
-    bool pairs_ok;  /* not invariant, but the probe found rows decoded as pairs (the scheduler's
-                     * fallback, step.c) bit-identical to batches */
-    bool probe_ran; /* the probe's decodes all ran (its verdict means something) */
-    int n_expert, n_expert_used; /* a mixture of experts' (GGUF ARCH.expert_count, _used_count); 0: dense */
-    bool repack;    /* weights may be repacked (llama's use_extra_bufts) */
-    double warm_ms; /* what the probe (the warm-up) took */
-    size_t state_fixed, state_per_tok; /* a sequence state's bytes: fixed + per token (measured by the probe) */
-    struct ggml_threadpool *tp;        /* the context's persistent CPU thread pool (NULL: ggml's per-graph one) */
-    void (*tp_free)(struct ggml_threadpool *);
-    ks_engine_offload off;             /* where the model runs (devices.h) */
-    bool gpu;                          /* a GPU computes some of it (off.n_devices > 0) */
-    size_t probe_diff, probe_size;     /* state bytes the probe found differing, of how many */
-    char exact_reason[256];            /* why exactness is unavailable ("" when it is not) */
-};
-
-struct ks_batch {
-    struct llama_batch b;
-    int n_max;
-};
-
-
 #define MOD "engine"
-
-static void exact_reason(ks_engine *e);
 
 /* ------------------------------------------------------------- backends */
 /* While a thread creates a grammar, llama.cpp's error lines go to its
@@ -94,8 +54,8 @@ static void llama_log_cb(enum ggml_log_level level, const char *text, void *ud) 
 static pthread_once_t g_backend_once = PTHREAD_ONCE_INIT;
 static int g_backend_count;
 static char g_cpu_backend[64] = "prebuilt";
-static bool g_patched; /* libks-ggml-cpu.so is the CPU backend */
-static int g_patch_rev; /* its patch revision: 1 matrix products, 2 also flash attention,
+bool ks__g_patched; /* libks-ggml-cpu.so is the CPU backend */
+int ks__g_patch_rev; /* its patch revision: 1 matrix products, 2 also flash attention,
                          * 3 its decode grouped by K/V head */
 
 /* The CPU backend: setup builds ggml's CPU backend from the pinned source with
@@ -122,7 +82,7 @@ static bool load_patched_cpu(const char *dir) {
         fclose(f);
         id[strcspn(id, "\r\n")] = '\0';
     }
-    if (sscanf(id, "kvstash-ggml-cpu-r%d", &g_patch_rev) != 1) g_patch_rev = 1;
+    if (sscanf(id, "kvstash-ggml-cpu-r%d", &ks__g_patch_rev) != 1) ks__g_patch_rev = 1;
     snprintf(g_cpu_backend, sizeof g_cpu_backend, "%s", id[0] ? id : "kvstash-ggml-cpu-r1");
     return true;
 }
@@ -142,8 +102,8 @@ static void backend_init(void) {
     if (!dir[0]) snprintf(dir, sizeof dir, "%s", KS_LLAMA_LIBDIR);
 #endif
     if (!getenv("GGML_NO_BACKTRACE")) setenv("GGML_NO_BACKTRACE", "1", 0);
-    g_patched = load_patched_cpu(dir);
-    if (!g_patched) ggml_backend_load_all_from_path(dir[0] ? dir : NULL);
+    ks__g_patched = load_patched_cpu(dir);
+    if (!ks__g_patched) ggml_backend_load_all_from_path(dir[0] ? dir : NULL);
     /* The GPU modules besides the CPU backend (devices.h note 1). */
     ks_devices_load_modules(dir);
     llama_backend_init();
@@ -160,153 +120,6 @@ const char *ks_engine_gpu_backends(void) {
 const char *ks_engine_cpu_backend(void) {
     pthread_once(&g_backend_once, backend_init);
     return g_cpu_backend;
-}
-
-/* The warm-up and batch-invariance probe, run once by ks_engine_open.
- * A: PROBE_N tokens prefilled in one batch in sequence 0. B: the first
- * PROBE_PRE as one batch, then the others one at a time. Both run the model's
- * real kernels on its real weights (repacked or not, whatever the CPU backend
- * chose), so an identical sequence state and identical last logits, bit for
- * bit, mean a token decoded alone computes what it computes inside a
- * prefill: the scheduler can then decode generated tokens one row each and
- * stay exact (no pairs). The probe alone cannot prove invariance: on a small
- * F16 model the prebuilt's drift is rare enough (25 state bytes in 40 tokens
- * in one run, none in this probe's 16) to slip through, so only the patched
- * backend is ever called invariant, and the probe is its safety net for
- * kernels the patch does not cover (on a real model a drift shows in
- * thousands of bytes: 332,427 of 4.5 MB for 64 tokens on the bench model).
- * It also pages the weights in and builds the one-row and
- * many-row graphs, so the first request costs what later ones do. Flash
- * attention counts as invariant only with the patch's revision 2: the stock
- * CPU kernel changes its tiling with the number of rows, the KV length and
- * the thread count, in ways 32 tokens would not show (docs/LLAMA_FACTS.md). */
-/* Whether the K/V types take the patched tiled flash-attention kernel (F16 or
- * F32, both the same); quantized ones take the stock per-row path, which
- * splits a decoded row's KV among the threads. */
-static bool kv_tiled(int type_k, int type_v) {
-    int k = type_k < 0 ? GGML_TYPE_F16 : type_k, v = type_v < 0 ? GGML_TYPE_F16 : type_v;
-    return k == v && (k == GGML_TYPE_F16 || k == GGML_TYPE_F32);
-}
-
-#define PROBE_N 32
-#define PROBE_PRE 16
-
-/* B of the probe: tok[0, PROBE_PRE) as one batch in sequence 0 (cleared
- * first), then each later token alone — or, with pairs, beside a throwaway
- * copy of itself at the next position that is removed right after, as the
- * scheduler's fallback decodes (step.c). The sequence state (sz bytes) goes
- * to st and the last token's logits to lo; false when a decode failed or the
- * state is not sz bytes. With sz_pre, the state's size after the batch. */
-static bool probe_rows(ks_engine *e, struct llama_batch *b, const llama_token *tok, bool pairs, uint8_t *st,
-                       size_t sz, float *lo, size_t *sz_pre) {
-    llama_memory_t mem = llama_get_memory(e->ctx);
-    llama_memory_clear(mem, true);
-    for (int i = 0; i < PROBE_PRE; i++) {
-        b->token[i] = tok[i]; b->pos[i] = i; b->n_seq_id[i] = 1; b->seq_id[i][0] = 0; b->logits[i] = 0;
-    }
-    b->n_tokens = PROBE_PRE;
-    bool ok = llama_decode(e->ctx, *b) == 0;
-    if (ok && sz_pre) *sz_pre = llama_state_seq_get_size(e->ctx, 0);
-    for (int i = PROBE_PRE; ok && i < PROBE_N; i++) {
-        b->token[0] = tok[i]; b->pos[0] = i; b->logits[0] = i == PROBE_N - 1;
-        b->n_tokens = 1;
-        if (pairs) {
-            b->token[1] = tok[i]; b->pos[1] = i + 1; b->n_seq_id[1] = 1; b->seq_id[1][0] = 0; b->logits[1] = 0;
-            b->n_tokens = 2;
-        }
-        ok = llama_decode(e->ctx, *b) == 0 && (!pairs || llama_memory_seq_rm(mem, 0, i + 1, -1));
-    }
-    const float *l = NULL;
-    ok = ok && (l = llama_get_logits_ith(e->ctx, 0)) != NULL && llama_state_seq_get_size(e->ctx, 0) == sz &&
-         llama_state_seq_get_data(e->ctx, st, sz, 0) == sz;
-    if (ok) memcpy(lo, l, sizeof(float) * (size_t)e->n_vocab);
-    return ok;
-}
-
-static void probe(ks_engine *e) {
-    double t0 = ks_now_ms();
-    e->invariant = false;
-    e->pairs_ok = false;
-    e->probe_ran = false;
-    if (e->n_ctx_seq < PROBE_N + 2 || e->n_batch < PROBE_N) return;
-    struct llama_batch b = llama_batch_init(PROBE_N, 0, 1);
-    float *la = malloc(sizeof(float) * (size_t)e->n_vocab), *lb = malloc(sizeof(float) * (size_t)e->n_vocab);
-    uint8_t *sa = NULL, *sb = NULL;
-    size_t sz = 0;
-    llama_memory_t mem = llama_get_memory(e->ctx);
-    bool ok = la != NULL && lb != NULL;
-    uint32_t x = 2463534242u;
-    llama_token tok[PROBE_N];
-    for (int i = 0; i < PROBE_N; i++) {
-        x ^= x << 13; x ^= x >> 17; x ^= x << 5;
-        tok[i] = (llama_token)(x % (uint32_t)e->n_vocab);
-    }
-    /* A */
-    for (int i = 0; i < PROBE_N; i++) {
-        b.token[i] = tok[i]; b.pos[i] = i; b.n_seq_id[i] = 1; b.seq_id[i][0] = 0;
-        b.logits[i] = i == PROBE_N - 1;
-    }
-    b.n_tokens = PROBE_N;
-    const float *l = NULL;
-    if (ok && llama_decode(e->ctx, b) == 0 && (l = llama_get_logits_ith(e->ctx, PROBE_N - 1))) {
-        memcpy(la, l, sizeof(float) * (size_t)e->n_vocab);
-        sz = llama_state_seq_get_size(e->ctx, 0);
-        sa = malloc(sz ? sz : 1);
-        sb = malloc(sz ? sz : 1);
-        ok = sa && sb && llama_state_seq_get_data(e->ctx, sa, sz, 0) == sz;
-    } else {
-        ok = false;
-    }
-    /* B, lone rows */
-    size_t sz_pre = 0;
-    ok = ok && probe_rows(e, &b, tok, false, sb, sz, lb, &sz_pre);
-    /* A state's size at PROBE_PRE and PROBE_N tokens: what it takes per
-     * token (KV) and apart from them (headers, a recurrent state). */
-    if (ok && sz > sz_pre) {
-        e->state_per_tok = (sz - sz_pre) / (PROBE_N - PROBE_PRE);
-        e->state_fixed = sz > e->state_per_tok * PROBE_N ? sz - e->state_per_tok * PROBE_N : 0;
-    }
-    /* Only the patched CPU backend's kernels are known to be invariant: with
-     * a GPU computing any part of the model the probe still runs there (it
-     * reports what it sees), but nothing is called invariant (note 3). */
-    bool kernels_ok = g_patched && !e->gpu && (!e->flash_attn || (g_patch_rev >= 2 && kv_tiled(e->type_k, e->type_v)));
-    if (ok) {
-        e->probe_size = sz;
-        e->probe_diff = 0;
-        for (size_t k = 0; k < sz; k++) e->probe_diff += sa[k] != sb[k];
-        bool same_logits = memcmp(la, lb, sizeof(float) * (size_t)e->n_vocab) == 0;
-        e->invariant = kernels_ok && same_logits && e->probe_diff == 0;
-        if (e->gpu)
-            KS_DEBUG(MOD, "probe on %s: %zu of %zu state bytes differ, logits %s", e->off.dev[0].name, e->probe_diff,
-                     sz, same_logits ? "identical" : "differ");
-    }
-    /* B again as pairs, where lone rows differ on the CPU and a sequence can
-     * drop its throwaway row. Pairs are only trusted where lone rows differ in
-     * the known way — one-row products summed in another order than products
-     * of two or more (the prebuilt backend) — and flash attention, whose stock
-     * kernel retiles with the KV length where 32 tokens cannot show it, is
-     * off or the patched one: a kernel that switches at more rows (the IQ
-     * panel gemm at 8, docs/LLAMA_FACTS.md) fails here, and exactness is then
-     * unavailable, not falsely claimed. A GPU picks its kernels by the row
-     * count: pairs do not make it exact (note 3). */
-    bool fa_ok = !e->flash_attn || (g_patched && g_patch_rev >= 2 && kv_tiled(e->type_k, e->type_v));
-    if (ok && !e->invariant && !e->gpu && fa_ok && ks_engine_partial_rm_ok(e)) {
-        ok = probe_rows(e, &b, tok, true, sb, sz, lb, NULL);
-        e->pairs_ok = ok && memcmp(la, lb, sizeof(float) * (size_t)e->n_vocab) == 0 && memcmp(sa, sb, sz) == 0;
-    }
-    if (ok && kernels_ok && !e->invariant)
-        KS_WARN(MOD, "this model's kernels are not batch-invariant even in the patched CPU backend "
-                     "(a lone token drifted from its prefill)%s",
-                e->pairs_ok ? "; decoding in pairs to stay exact" : "");
-    llama_memory_clear(mem, true);
-    free(la);
-    free(lb);
-    free(sa);
-    free(sb);
-    llama_batch_free(b);
-    e->warm_ms = ks_now_ms() - t0;
-    e->probe_ran = ok;
-    if (!ok) KS_WARN(MOD, "the warm-up decode failed; decoding as if kernels were not batch-invariant");
 }
 
 /* ------------------------------------------------------------ open/free */
@@ -439,7 +252,8 @@ int ks_engine_open(const ks_engine_params *p, ks_engine **out, char *err, size_t
      * With a GPU in use it is on, as llama-server's auto: exactness is not
      * kept there anyway (note 3). */
     if (p->flash_attn == KS_FA_AUTO)
-        e->flash_attn = (g_patched && g_patch_rev >= 3 && kv_tiled(p->type_k, p->type_v)) || !p->exact || e->gpu;
+        e->flash_attn = (ks__g_patched && ks__g_patch_rev >= 3 && ks__kv_tiled(p->type_k, p->type_v)) ||
+                        !p->exact || e->gpu;
     else e->flash_attn = p->flash_attn == KS_FA_ON;
 
     struct llama_model_params mp = llama_model_default_params();
@@ -542,7 +356,7 @@ int ks_engine_open(const ks_engine_params *p, ks_engine **out, char *err, size_t
     e->repack = mp.use_extra_bufts;
     e->n_expert = model_meta_int(e->model, "expert_count");
     e->n_expert_used = model_meta_int(e->model, "expert_used_count");
-    probe(e);
+    ks__engine_probe(e);
     if (p->exact && !e->gpu && e->repack && !e->invariant && !e->pairs_ok && e->probe_ran) {
         /* ggml repacks some weight types (Q4_0, Q4_K, IQ4_NL, MXFP4 on x86)
          * into interleaved blocks and multiplies groups of four rows with one
@@ -571,9 +385,9 @@ int ks_engine_open(const ks_engine_params *p, ks_engine **out, char *err, size_t
         e->tmpl = llama_model_chat_template(e->model, NULL);
         if (!e->tmpl) e->tmpl = "chatml";
         e->repack = false;
-        probe(e);
+        ks__engine_probe(e);
     }
-    exact_reason(e);
+    ks__engine_exact_reason(e);
     char where[512];
     ks_engine_offload_desc(e, where, sizeof where);
     KS_DEBUG(MOD, "model %s (%s): n_ctx_seq=%d n_seq=%d n_batch=%d threads=%d fa=%d cpu=%s repack=%d invariant=%d "
@@ -663,57 +477,6 @@ size_t ks_engine_state_bytes_max(const ks_engine *e) {
     return per_tok * (size_t)e->n_ctx_seq + 4096;
 }
 
-ks_exact_how ks_engine_exact_how(const ks_engine *e, bool exact) {
-    if (!exact) return KS_EXACT_OFF;
-    /* No GPU kernel is known to be batch-invariant, and pairs do not make a
-     * GPU exact: it picks its kernels by the batch's row count (note 3). */
-    if (e->gpu) return KS_EXACT_UNAVAILABLE;
-    if (e->invariant) return KS_EXACT_INVARIANT;
-    /* the scheduler's rule (sched.c): pairs where the probe found them exact
-     * (which needs a trimmable memory) */
-    return e->pairs_ok ? KS_EXACT_PAIRS : KS_EXACT_UNAVAILABLE;
-}
-
-const char *ks_engine_exact_mode(const ks_engine *e, bool exact) {
-    switch (ks_engine_exact_how(e, exact)) {
-    case KS_EXACT_INVARIANT: return "batch-invariant";
-    case KS_EXACT_PAIRS: return "pairs";
-    case KS_EXACT_UNAVAILABLE: return "unavailable";
-    default: return "off";
-    }
-}
-
-/* e->exact_reason for ks_engine_exact_reason, once the probe ran. */
-static void exact_reason(ks_engine *e) {
-    char *r = e->exact_reason;
-    size_t n = sizeof e->exact_reason;
-    r[0] = '\0';
-    if (e->gpu) {
-        size_t l = 0;
-        for (int i = 0; i < e->off.n_devices && l + 1 < n; i++)
-            l += (size_t)snprintf(r + l, n - l, "%s%s", i ? "+" : "", e->off.dev[i].name);
-        if (l + 1 < n) l += (size_t)snprintf(r + l, n - l, " kernels are not batch-invariant");
-        if (l + 1 < n && e->probe_ran && e->probe_diff)
-            snprintf(r + l, n - l, " (the open-time probe: %zu of %zu state bytes differ)", e->probe_diff,
-                     e->probe_size);
-    } else if (!e->invariant && !ks_engine_partial_rm_ok(e)) {
-        snprintf(r, n, "the CPU backend is not batch-invariant here and a %s memory cannot decode in pairs",
-                 ks_engine_is_hybrid(e) ? "hybrid" : "recurrent");
-    } else if (!e->invariant && !e->pairs_ok && !e->probe_ran) {
-        snprintf(r, n, "the open-time probe's decodes failed");
-    } else if (!e->invariant && !e->pairs_ok) {
-        snprintf(r, n, "this model's CPU kernels are not batch-invariant, decoded alone or in pairs (%s; "
-                       "docs/LLAMA_FACTS.md)",
-                 e->flash_attn && !(g_patched && g_patch_rev >= 2) ? "the prebuilt flash-attention kernel"
-                                                                   : "a kernel the patch does not cover, e.g. "
-                                                                     "ggml's IQ panel gemm");
-    }
-}
-
-const char *ks_engine_exact_reason(const ks_engine *e, bool exact) {
-    return ks_engine_exact_how(e, exact) == KS_EXACT_UNAVAILABLE && e->exact_reason[0] ? e->exact_reason : NULL;
-}
-
 const ks_engine_offload *ks_engine_offload_info(const ks_engine *e) { return &e->off; }
 
 void ks_engine_offload_desc(const ks_engine *e, char *buf, size_t n) {
@@ -764,98 +527,6 @@ int ks_engine_restorable_floor(const ks_engine *e, int n) {
     if (w <= 0 || n <= w) return n;
     return w + (n - w) / KS_ENGINE_SWA_ALIGN * KS_ENGINE_SWA_ALIGN;
 }
-/* ----------------------------------------------------- decode and logits */
-ks_batch *ks_batch_create(int n_max) {
-    ks_batch *b = calloc(1, sizeof *b);
-    if (!b) return NULL;
-    b->b = llama_batch_init(n_max, 0, 1);
-    b->n_max = n_max;
-    return b;
-}
-
-void ks_batch_free(ks_batch *b) {
-    if (!b) return;
-    llama_batch_free(b->b);
-    free(b);
-}
-
-void ks_batch_clear(ks_batch *b) { b->b.n_tokens = 0; }
-int ks_batch_n(const ks_batch *b) { return b->b.n_tokens; }
-
-int ks_batch_add(ks_batch *b, int32_t tok, int pos, int seq, bool logits) {
-    int i = b->b.n_tokens;
-    if (i >= b->n_max) return -1;
-    b->b.token[i] = tok;
-    b->b.pos[i] = pos;
-    b->b.n_seq_id[i] = 1;
-    b->b.seq_id[i][0] = seq;
-    b->b.logits[i] = logits ? 1 : 0;
-    b->b.n_tokens++;
-    return i;
-}
-
-int ks_engine_decode(ks_engine *e, ks_batch *b) {
-    if (b->b.n_tokens == 0) return 0;
-    int r = llama_decode(e->ctx, b->b);
-    if (r == 0) return 0;
-    if (r == 1) return KS_EFULL;
-    if (r == 2) return KS_ECANCELED;
-    KS_ERROR(MOD, "llama_decode failed (%d) on %d tokens", r, b->b.n_tokens);
-    return KS_EDECODE;
-}
-
-const float *ks_engine_logits(ks_engine *e, int i) { return llama_get_logits_ith(e->ctx, i); }
-
-/* ------------------------------------------------------- sequence memory */
-bool ks_engine_seq_rm(ks_engine *e, int seq, int p0, int p1) {
-    return llama_memory_seq_rm(llama_get_memory(e->ctx), seq, p0, p1);
-}
-
-void ks_engine_seq_clear(ks_engine *e, int seq) {
-    /* Removing the whole range always succeeds, for every memory type. */
-    llama_memory_seq_rm(llama_get_memory(e->ctx), seq, -1, -1);
-}
-
-int ks_engine_seq_pos_max(ks_engine *e, int seq) {
-    return llama_memory_seq_pos_max(llama_get_memory(e->ctx), seq);
-}
-int ks_engine_seq_pos_min(ks_engine *e, int seq) {
-    return llama_memory_seq_pos_min(llama_get_memory(e->ctx), seq);
-}
-
-size_t ks_engine_state_size(ks_engine *e, int seq) { return llama_state_seq_get_size(e->ctx, seq); }
-
-size_t ks_engine_state_get(ks_engine *e, int seq, uint8_t *buf, size_t n) {
-    return llama_state_seq_get_data(e->ctx, buf, n, seq);
-}
-
-int ks_engine_state_set(ks_engine *e, int seq, const uint8_t *buf, size_t n) {
-    size_t r = llama_state_seq_set_data(e->ctx, buf, n, seq);
-    if (r == 0) {
-        ks_engine_seq_clear(e, seq);
-        return KS_EMISMATCH;
-    }
-    return 0;
-}
-
-size_t ks_engine_state_size_partial(ks_engine *e, int seq) {
-    return llama_state_seq_get_size_ext(e->ctx, seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
-}
-
-size_t ks_engine_state_get_partial(ks_engine *e, int seq, uint8_t *buf, size_t n) {
-    return llama_state_seq_get_data_ext(e->ctx, buf, n, seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
-}
-
-int ks_engine_state_set_partial(ks_engine *e, int seq, const uint8_t *buf, size_t n) {
-    size_t r = llama_state_seq_set_data_ext(e->ctx, buf, n, seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
-    if (r == 0) {
-        /* the partial memory may be half-read: nothing of the sequence is trustworthy */
-        ks_engine_seq_clear(e, seq);
-        return KS_EMISMATCH;
-    }
-    return 0;
-}
-
 /* ------------------------------------------ for sampler.c and engine_text.c */
 const struct llama_vocab *ks__engine_vocab(const ks_engine *e) { return e->vocab; }
 struct llama_context *ks__engine_ctx(const ks_engine *e) { return e->ctx; }

@@ -30,137 +30,7 @@
 #define MOD "mkmodel"
 
 /* ------------------------------------------------------------------ presets */
-
-
-enum { FTYPE_F16 = 1, FTYPE_Q8_0 = 7, FTYPE_Q4_K_M = 15, FTYPE_MXFP4_MOE = 38 };
-
-static const preset k_presets[] = {
-    {.name = "tiny", .n_embd = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 128,
-     .n_ctx_train = 8192, .n_vocab_max = 1000, .wtype = GGML_TYPE_F16, .ftype = FTYPE_F16},
-    {.name = "bench", .n_embd = 896, .n_layer = 24, .n_head = 14, .n_head_kv = 2, .n_ff = 4864,
-     .n_ctx_train = 32768, .n_vocab_max = 32000, .rich_vocab = true, .pad_vocab = true,
-     .wtype = GGML_TYPE_Q8_0, .ftype = FTYPE_Q8_0},
-    /* the bench model in Q4_K (n_embd 1024: K-quant rows are multiples of 256), the type
-     * most local models are run in; ggml's CPU
-     * backend repacks it (docs/LLAMA_FACTS.md, batch invariance) */
-    {.name = "bench-q4k", .n_embd = 1024, .n_layer = 24, .n_head = 16, .n_head_kv = 2, .n_ff = 4864,
-     .n_ctx_train = 32768, .n_vocab_max = 32000, .rich_vocab = true, .pad_vocab = true,
-     .wtype = GGML_TYPE_Q4_K, .ftype = FTYPE_Q4_K_M},
-    /* an 8B shape (Llama 3 8B's layers: n_embd 4096, 32 layers, 32 heads, 8 KV heads, ffn
-     * 14336) in Q4_K, for GPU benchmarks: the block weights are random Q4_K blocks
-     * written directly (mkmodel.h note 8), token_embd and output Q8_0 as generated
-     * (readable output, note 4); ~4.3 GB, written in seconds */
-    {.name = "bench-8b-q4k", .n_embd = 4096, .n_layer = 32, .n_head = 32, .n_head_kv = 8, .n_ff = 14336,
-     .n_ctx_train = 32768, .n_vocab_max = 32000, .rich_vocab = true, .pad_vocab = true,
-     .wtype = GGML_TYPE_Q4_K, .ftype = FTYPE_Q4_K_M, .etype = GGML_TYPE_Q8_0, .random_blocks = true},
-    /* tiny in Q4_K (n_embd 256, a multiple of the K-quant row): repacked like
-     * bench-q4k, for the exactness tests of the repacked kernels */
-    {.name = "tiny-q4k", .n_embd = 256, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 512,
-     .n_ctx_train = 8192, .n_vocab_max = 1000, .wtype = GGML_TYPE_Q4_K, .ftype = FTYPE_Q4_K_M},
-    /* hybrid (design note 7): LFM2, short convolutions with attention in every
-     * other layer; the bench one has LFM2's own ratio, attention in one layer of three */
-    {.name = "tiny-hybrid", .n_embd = 64, .n_layer = 4, .n_head = 4, .n_head_kv = 2, .n_ff = 128,
-     .n_ctx_train = 8192, .n_vocab_max = 1000, .wtype = GGML_TYPE_F16, .ftype = FTYPE_F16,
-     .arch = MK_ARCH_LFM2, .attn_period = 2, .conv_l_cache = 3},
-    {.name = "bench-hybrid", .n_embd = 896, .n_layer = 24, .n_head = 14, .n_head_kv = 2, .n_ff = 4864,
-     .n_ctx_train = 32768, .n_vocab_max = 32000, .rich_vocab = true, .pad_vocab = true,
-     .wtype = GGML_TYPE_Q8_0, .ftype = FTYPE_Q8_0, .arch = MK_ARCH_LFM2, .attn_period = 3, .conv_l_cache = 3},
-    /* sliding-window attention: Gemma 3, sliding and global layers alternating */
-    {.name = "tiny-swa", .n_embd = 64, .n_layer = 4, .n_head = 4, .n_head_kv = 2, .n_ff = 128,
-     .n_ctx_train = 8192, .n_vocab_max = 1000, .wtype = GGML_TYPE_F16, .ftype = FTYPE_F16,
-     .arch = MK_ARCH_GEMMA3, .n_swa = 32, .swa_pattern = 2},
-    /* the tiny shape with a vocabulary that tokenizes coding agents' prompts as
-     * densely as a real model's (about 4 bytes a token, mkmodel_agent_vocab.c)
-     * and a long trained context: an agent's 100 KB first request fits */
-    {.name = "tiny-agent", .n_embd = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 128,
-     .n_ctx_train = 131072, .n_vocab_max = 24000, .agent_vocab = true, .wtype = GGML_TYPE_F16,
-     .ftype = FTYPE_F16, .eog_scale = SCALE_IM_END_AGENT},
-    /* recurrent: Mamba, state-space layers only (no attention, no feed-forward) */
-    {.name = "tiny-mamba", .n_embd = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 128,
-     .n_ctx_train = 8192, .n_vocab_max = 1000, .wtype = GGML_TYPE_F16, .ftype = FTYPE_F16,
-     .arch = MK_ARCH_MAMBA, .ssm_d_state = 16, .ssm_d_conv = 4, .ssm_dt_rank = 4},
-    /* mixture of experts (design note 9): Qwen3-MoE's layers (q/k norms, head
-     * dim 2 n_embd / n_head as Qwen3-30B-A3B's, experts in every layer, softmax
-     * top-k gating, the chosen weights renormalised). The tiny ones for tests
-     * (Q8_0, never repacked; Q4_K, repacked on x86), the bench ones at
-     * Qwen3-30B-A3B's ratios with half its width and layers: 64 experts, 8
-     * routed, ~0.5 B parameters per token of 2.6 B; bench-moe-q4k's block
-     * weights are random Q4_K blocks (note 8: seconds, not minutes, to write) */
-    {.name = "tiny-moe", .n_embd = 128, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 256,
-     .n_ctx_train = 8192, .n_vocab_max = 1000, .wtype = GGML_TYPE_Q8_0, .ftype = FTYPE_Q8_0,
-     .arch = MK_ARCH_QWEN3MOE, .head_dim = 64, .n_expert = 16, .n_expert_used = 4, .n_ff_exp = 64},
-    {.name = "tiny-moe-q4k", .n_embd = 256, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 1024,
-     .n_ctx_train = 8192, .n_vocab_max = 1000, .wtype = GGML_TYPE_Q4_K, .ftype = FTYPE_Q4_K_M,
-     .arch = MK_ARCH_QWEN3MOE, .head_dim = 64, .n_expert = 16, .n_expert_used = 4, .n_ff_exp = 256},
-    {.name = "tiny-moe-iq4xs", .n_embd = 256, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 1024,
-     .n_ctx_train = 8192, .n_vocab_max = 1000, .wtype = GGML_TYPE_IQ4_XS, .ftype = 30,
-     .arch = MK_ARCH_QWEN3MOE, .head_dim = 64, .n_expert = 16, .n_expert_used = 4, .n_ff_exp = 256},
-    {.name = "bench-moe", .n_embd = 1024, .n_layer = 24, .n_head = 16, .n_head_kv = 4, .n_ff = 4096,
-     .n_ctx_train = 32768, .n_vocab_max = 32000, .rich_vocab = true, .pad_vocab = true,
-     .wtype = GGML_TYPE_Q8_0, .ftype = FTYPE_Q8_0, .arch = MK_ARCH_QWEN3MOE, .head_dim = 128,
-     .n_expert = 64, .n_expert_used = 8, .n_ff_exp = 512},
-    {.name = "bench-moe-q4k", .n_embd = 1024, .n_layer = 24, .n_head = 16, .n_head_kv = 4, .n_ff = 4096,
-     .n_ctx_train = 32768, .n_vocab_max = 32000, .rich_vocab = true, .pad_vocab = true,
-     .wtype = GGML_TYPE_Q4_K, .ftype = FTYPE_Q4_K_M, .arch = MK_ARCH_QWEN3MOE, .head_dim = 128,
-     .n_expert = 64, .n_expert_used = 8, .n_ff_exp = 512, .random_blocks = true},
-    /* gpt-oss (design note 9): MXFP4 experts with biases, attention sinks, a
-     * 32-token sliding window in layers 0 and 2, YaRN over 4096 tokens x 32;
-     * the rest Q8_0. Meant to be written with its real template
-     * (--chat-template openai-gpt-oss-120b.jinja) */
-    {.name = "tiny-gptoss", .n_embd = 128, .n_layer = 4, .n_head = 4, .n_head_kv = 2, .n_ff = 256,
-     .n_ctx_train = 131072, .n_vocab_max = 1000, .wtype = GGML_TYPE_Q8_0, .ftype = FTYPE_MXFP4_MOE,
-     .arch = MK_ARCH_GPTOSS, .n_swa = 32, .swa_pattern = 2, .head_dim = 64, .n_expert = 8,
-     .n_expert_used = 2, .n_ff_exp = 128, .xtype = GGML_TYPE_MXFP4},
-};
-
-const char *ks_mkmodel_presets(void) {
-    return "tiny|bench|bench-q4k|bench-8b-q4k|tiny-q4k|tiny-hybrid|bench-hybrid|tiny-swa|tiny-mamba|tiny-agent|"
-           "tiny-moe|tiny-moe-q4k|tiny-moe-iq4xs|bench-moe|bench-moe-q4k|tiny-gptoss";
-}
-
-static const char *arch_name(const preset *p) {
-    switch (p->arch) {
-    case MK_ARCH_LFM2: return "lfm2";
-    case MK_ARCH_GEMMA3: return "gemma3";
-    case MK_ARCH_MAMBA: return "mamba";
-    case MK_ARCH_QWEN3MOE: return "qwen3moe";
-    case MK_ARCH_GPTOSS: return "gpt-oss";
-    default: return "llama";
-    }
-}
-
-/* lfm2: whether layer il is an attention layer (the others are convolutions). */
-static bool lfm2_is_attn(const preset *p, int il) { return il % p->attn_period == p->attn_period - 1; }
-
-static bool is_moe(const preset *p) { return p->n_expert > 0; }
-
-static const preset *find_preset(const char *name) {
-    if (!name) return NULL;
-    for (size_t i = 0; i < sizeof k_presets / sizeof k_presets[0]; i++)
-        if (!strcmp(k_presets[i].name, name)) return &k_presets[i];
-    return NULL;
-}
-
-
-
-/* Standard deviation of the token embeddings. With random weights the
- * attention output drifts towards one common vector (nearly uniform attention
- * averages the context), which makes greedy output repeat one word; embeddings
- * of the size of the layers' outputs keep the current token visible in the
- * residual stream (measured: 0.4 gave "still still still ...", 1.0 varied
- * text). RMS norm removes the overall scale anyway. */
-#define EMBD_STD 1.0f
-
-/* Gain of the residual projections. Each layer's attention adds a nearly
- * context-independent vector, and over 24 layers these add up until every
- * position predicts the same word. Scaling the residual projections down with
- * depth (as GPT-2 does at init) keeps the current token and its context
- * visible: measured on bench, gain 1 repeats one word, 1/sqrt(2 n_layer)
- * makes every reply the same chain, 1.5/sqrt(n_layer) reads varied. */
-static float resid_gain(const preset *p) {
-    float g = 1.5f / sqrtf((float)p->n_layer);
-    return g < 1.0f ? g : 1.0f;
-}
+/* The presets and what follows from one: mkmodel_presets.c (mkmodel_int.h). */
 
 /* Weights of gemma3's post-norms (post_attention_norm, post_ffw_norm). They
  * scale each block's output after an RMS norm, so the residual gain above
@@ -170,13 +40,6 @@ static float resid_gain(const preset *p) {
  * prompts but fell back into one word 150 tokens into a chat, 0.2 reads
  * varied through a 300-token chat and ends replies. */
 #define POST_NORM_GAIN 0.2f
-
-/* Standard deviation of the token embeddings as stored. Gemma multiplies
- * them by sqrt(n_embd) in the graph; dividing here gives the residual
- * stream the scale EMBD_STD gives `llama`. */
-static float embd_std(const preset *p) {
-    return p->arch == MK_ARCH_GEMMA3 ? EMBD_STD / sqrtf((float)p->n_embd) : EMBD_STD;
-}
 
 static const char k_chatml[] =
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
@@ -233,7 +96,7 @@ static inline float rng_tri(rng *r) {
 
 /* ------------------------------------------------------------------ tensors */
 /* TK_RESID: the projections that write into the residual stream
- * (attn_output, ffn_down, shortconv.out_proj), scaled by resid_gain().
+ * (attn_output, ffn_down, shortconv.out_proj), scaled by ks__mk_resid_gain().
  * TK_POST_NORM: gemma3's norms of a block's output, POST_NORM_GAIN.
  * TK_SSM_A: mamba's A (negative: the state decays, exp(dt A) < 1, as
  * trained models' -exp(A_log) do; positive would grow it without bound).
@@ -282,7 +145,7 @@ static int make_specs(const preset *p, int n_vocab, tspec **out, int *n_out) {
 #define LSPEC(suffix, a, b, ty, kd) do { snprintf(nm, sizeof nm, "blk.%d.%s", l, suffix); \
         SPEC(nm, a, b, ty, kd); } while (0)
         LSPEC("attn_norm.weight", E, 1, GGML_TYPE_F32, TK_NORM);
-        if (is_moe(p)) {
+        if (ks__mk_is_moe(p)) {
             /* qwen3moe and gpt-oss (src/models/qwen3moe.cpp, openai-moe.cpp):
              * attention, then a router (F32, as converters leave it) over
              * n_expert experts of gate/up/down, top n_expert_used per token */
@@ -332,7 +195,7 @@ static int make_specs(const preset *p, int n_vocab, tspec **out, int *n_out) {
             LSPEC("ssm_out.weight", Di, E, p->wtype, TK_RESID);
             continue; /* no feed-forward block */
         }
-        if (p->arch == MK_ARCH_LFM2 && !lfm2_is_attn(p, l)) {
+        if (p->arch == MK_ARCH_LFM2 && !ks__mk_lfm2_is_attn(p, l)) {
             /* depthwise causal convolution over conv_l_cache taps, gated:
              * in_proj makes (b, c, x), out = out_proj(c * conv(b * x)) */
             LSPEC("shortconv.conv.weight", p->conv_l_cache, E, GGML_TYPE_F32, TK_WEIGHT);
@@ -379,7 +242,7 @@ static void fill_shape(const preset *p, const vocab *v, const tspec *t, int nt, 
     out->wtype = (int)p->wtype;
     out->wtype_name = ggml_type_name(p->wtype);
     for (int i = 0; i < nt; i++) out->n_params += (uint64_t)(t[i].ne0 * t[i].ne1 * (t[i].ne2 > 1 ? t[i].ne2 : 1));
-    out->arch = arch_name(p);
+    out->arch = ks__mk_arch_name(p);
     out->n_expert = p->n_expert;
     out->n_expert_used = p->n_expert_used;
     out->tmpl_family = ti ? ti->fam->name : "chatml";
@@ -390,7 +253,7 @@ static void fill_shape(const preset *p, const vocab *v, const tspec *t, int nt, 
 }
 
 int ks_mkmodel_shape_of(const char *preset_name, ks_mkmodel_shape *out) {
-    const preset *p = find_preset(preset_name);
+    const preset *p = ks__mkmodel_find_preset(preset_name);
     if (!p || !out) return KS_EINVAL;
     vocab v;
     int rc = ks__mkmodel_build_vocab(p, NULL, &v);
@@ -559,7 +422,7 @@ static struct gguf_context *build_gguf(const preset *p, const vocab *v, const tm
     if (!g) return NULL;
     char name[64];
     snprintf(name, sizeof name, "kvstash-%s", p->name);
-    const char *arch = arch_name(p);
+    const char *arch = ks__mk_arch_name(p);
     char key[96];
 #define AKEY(suffix) (snprintf(key, sizeof key, "%s.%s", arch, suffix), key)
     gguf_set_val_str(g, "general.architecture", arch);
@@ -576,7 +439,7 @@ static struct gguf_context *build_gguf(const preset *p, const vocab *v, const tm
         /* lfm2 tells a convolution layer by its zero KV heads (is_recr) */
         uint32_t kv[256];
         assert(p->n_layer <= 256);
-        for (int l = 0; l < p->n_layer; l++) kv[l] = lfm2_is_attn(p, l) ? (uint32_t)p->n_head_kv : 0;
+        for (int l = 0; l < p->n_layer; l++) kv[l] = ks__mk_lfm2_is_attn(p, l) ? (uint32_t)p->n_head_kv : 0;
         gguf_set_arr_data(g, AKEY("attention.head_count_kv"), GGUF_TYPE_UINT32, kv, (size_t)p->n_layer);
         gguf_set_val_u32(g, AKEY("shortconv.l_cache"), (uint32_t)p->conv_l_cache);
     } else {
@@ -594,7 +457,7 @@ static struct gguf_context *build_gguf(const preset *p, const vocab *v, const tm
         gguf_set_val_u32(g, AKEY("attention.key_length"), (uint32_t)p->head_dim);
         gguf_set_val_u32(g, AKEY("attention.value_length"), (uint32_t)p->head_dim);
     }
-    if (is_moe(p)) {
+    if (ks__mk_is_moe(p)) {
         gguf_set_val_u32(g, AKEY("expert_count"), (uint32_t)p->n_expert);
         gguf_set_val_u32(g, AKEY("expert_used_count"), (uint32_t)p->n_expert_used);
         gguf_set_val_u32(g, AKEY("expert_feed_forward_length"), (uint32_t)p->n_ff_exp);
@@ -677,7 +540,7 @@ int ks_mkmodel_write(const ks_mkmodel_params *mp, const char *out_path, ks_mkmod
     }
     const char *preset_name = mp->preset;
     const uint64_t seed = mp->seed;
-    const preset *pp = find_preset(preset_name);
+    const preset *pp = ks__mkmodel_find_preset(preset_name);
     if (!pp) {
         ks_set_err(err, errlen, "unknown preset '%s' (known: %s)", preset_name ? preset_name : "(null)",
                    ks_mkmodel_presets());
@@ -761,7 +624,7 @@ int ks_mkmodel_write(const ks_mkmodel_params *mp, const char *out_path, ks_mkmod
             goto done;
         }
         size_t nbytes = gguf_get_tensor_size(g, i);
-        if (!write_tensor(&w, &t[i], seed, &v, resid_gain(p), embd_std(p), fbuf, qbuf, chunk, p->random_blocks)) break;
+        if (!write_tensor(&w, &t[i], seed, &v, ks__mk_resid_gain(p), ks__mk_embd_std(p), fbuf, qbuf, chunk, p->random_blocks)) break;
         size_t pad = GGML_PAD(nbytes, align) - nbytes;
         w_write(&w, zeros, pad);
     }

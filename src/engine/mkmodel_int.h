@@ -53,6 +53,18 @@ typedef struct preset {
     enum ggml_type xtype; /* the experts' weights (gpt-oss: MXFP4); 0 (F32, never meant): wtype */
 } preset;
 
+/* The preset named name (mkmodel_presets.c), or NULL. */
+const preset *ks__mkmodel_find_preset(const char *name);
+/* What follows from a preset (mkmodel_presets.c): its GGUF architecture name;
+ * for lfm2, whether layer il is an attention layer; whether it is a mixture
+ * of experts; the gain of its residual projections; the standard deviation
+ * of its token embeddings as stored. */
+const char *ks__mk_arch_name(const preset *p);
+bool ks__mk_lfm2_is_attn(const preset *p, int il);
+bool ks__mk_is_moe(const preset *p);
+float ks__mk_resid_gain(const preset *p);
+float ks__mk_embd_std(const preset *p);
+
 /* Output-row scales (design note 4 in mkmodel.h). */
 #define SCALE_WORD 1.0f
 #define SCALE_PUNCT 0.8f
