@@ -184,8 +184,7 @@ static int store_restore(ks_sched *s, slot *sl, sreq *r, int *n_reuse, int beat,
     for (;;) {
         max = ks_engine_restorable_floor(s->e, max);
         if (beat + 1 > max) return 0;
-        if (ks_store_lookup_range_in(s->p.store, r->p.tenant, r->prompt.v, r->prompt.n, beat + 1, max, &hit) != 0)
-            return 0;
+        if (ks_store_lookup_range_in(s->p.store, r->p.tenant, r->prompt.v, r->prompt.n, beat + 1, max, &hit)) return 0;
         if (restorable(s, hit.n_tokens)) break;
         max = hit.n_tokens - 1;
         ks_store_hit_free(&hit);
@@ -459,8 +458,8 @@ static void pin_save(ks_sched *s, slot *sl, sreq *r, int i) {
     size_t len = 0;
     uint8_t *buf = snapshot(s, sl, &len);
     if (buf) s->cst.store_save_requests[KS_REASON_PIN]++; /* the store accounts for each (store.h stats) */
-    int rc = buf ? ks_store_save_pinned_in(s->p.store, r->p.tenant, r->prompt.v, n, buf, len, until)
-                 : KS_ENOMEM; /* takes buf */
+    /* takes buf */
+    int rc = buf ? ks_store_save_pinned_in(s->p.store, r->p.tenant, r->prompt.v, n, buf, len, until) : KS_ENOMEM;
     KS_DEBUG(MOD, "slot[%d] pin %d tokens for %d s: %s", sl->id, n, r->pins[i].ttl_s,
              rc == 1 ? "saved" : rc == 0 ? "refreshed" : ks_strerror(rc));
     if (rc >= 0) {
@@ -609,11 +608,8 @@ int ks__policy_plan(ks_sched *s, slot *sl) {
     /* A miss on a slot that held another branch: that branch is gone. */
     bool took_over = rt->mode == KS_ROUTE_MISS && sl->tokens.n > 0 && cache;
     n_reuse = trim(s, sl, n_reuse);
-    /* The previous tenant's KV was saved to its namespace above and dropped
-     * (the route kept nothing of another tenant's): from here the slot's KV
-     * is this request's tenant's, and so are its saves. */
-    KS_ASSERT(sl->tenant == r->p.tenant || sl->tokens.n == 0);
-    sl->tenant = r->p.tenant;
+    KS_ASSERT(sl->tenant == r->p.tenant || sl->tokens.n == 0); /* another's KV: saved above, kept nothing */
+    sl->tenant = r->p.tenant; /* the slot's KV and its saves are this tenant's now (sched_int.h) */
 
     int n_sys = r->p.n_sys_tokens;
     /* A copy must beat the system prompt when SPC holds it: SPC's state is

@@ -326,7 +326,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (!cn->rt) cn->early = 404;
         else if (s->n_cors_origins && !strcmp(method, "OPTIONS")) cn->options = true; /* no key: reply_options */
         else if (!((get && (cn->rt->methods & M_GET)) || (post && (cn->rt->methods & M_POST)))) cn->early = 405;
-        else if (cn->rt->id != R_HEALTH && !authorized(s, c, &given, &cn->tenant)) cn->early = 401, cn->key_given = given;
+        else if (cn->rt->id != R_HEALTH && !authorized(s, c, &given, &cn->tenant))
+            cn->early = 401, cn->key_given = given;
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl) {
             char *end;
@@ -509,7 +510,8 @@ int ks_server_start(const ks_server_params *p, ks_server **out, char *err, size_
         if (p->api_key && p->api_key[0]) keys[n_keys++] = p->api_key;
         for (int i = 0; i < p->n_api_keys && p->api_keys && n_keys < (int)(sizeof keys / sizeof keys[0]); i++)
             keys[n_keys++] = p->api_keys[i];
-        int krc = p->n_api_keys > 64 ? KS_EINVAL : ks_keyring_create(keys, n_keys, p->api_key_file, &s->keys, err, errlen);
+        int krc = p->n_api_keys > 64 ? KS_EINVAL
+                                     : ks_keyring_create(keys, n_keys, p->api_key_file, &s->keys, err, errlen);
         if (krc) {
             if (p->n_api_keys > 64) ks_set_err(err, errlen, "more than 64 API keys: use a key file");
             ks_server_free(s);

@@ -109,7 +109,8 @@ typedef struct ks_server_params {
     const char *api_key;      /* NULL or "": no authentication; copied */
     /* More keys and a key file the operator may rewrite while serving
      * (keyring.h: format, reloads, and which tenant each key is; every key
-     * is its own tenant unless api_key alone is given). Copied. */
+     * is its own tenant unless api_key alone is given). Copied; at most 64
+     * (a key file holds more). */
     const char *const *api_keys;
     int n_api_keys;
     const char *api_key_file; /* NULL or "": none */
