@@ -58,6 +58,15 @@ int ks__request_parse(ks_server *s, const ks_fmt *fmt, const conn *cn, ks_api_re
     ks_fmt_env env = {.convs = s->convs, .tenant = tenant_of(s, cn, root)};
     if ((rc = fmt->parse(&env, root, rq, st, e))) return rc; /* root is the parser's */
     rq->tenant = env.tenant;
+    /* cache_salt is a field kvstash does not know, logged as ignored
+     * (refusals.h), unless --tenant-by uses it. */
+    for (int i = 0; (s->tenant_by & KS_TENANT_BY_CACHE_SALT) && i < rq->notes.n; i++)
+        if (!strcmp(rq->notes.v[i].field, "cache_salt")) {
+            memmove(&rq->notes.v[i], &rq->notes.v[i + 1], sizeof rq->notes.v[0] * (size_t)(rq->notes.n - i - 1));
+            rq->notes.n--;
+            rq->notes.n_total--;
+            i--;
+        }
     server_defaults(s, rq);
     return 0;
 }

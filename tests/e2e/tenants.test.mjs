@@ -225,6 +225,8 @@ test('--tenant-by: prompt_cache_key, cache_salt and user subdivide a key; the sa
     }
     const same = await ask(srv, null, GUESSES[1], { prompt_cache_key: 'team-1' });
     assert.ok(same.usage.prompt_tokens_details.cached_tokens > 16, JSON.stringify(same.cache));
+    // cache_salt is used here, so not logged as an ignored field.
+    assert.doesNotMatch(srv.stderr, /ignored an unknown field 'cache_salt'/);
     // Anthropic's metadata.user_id is the user.
     const msg = (user) => postJSON(srv, '/v1/messages', { model: 'm', max_tokens: 4, temperature: 0,
       metadata: { user_id: user }, messages: [{ role: 'user', content: SECRET + ' and more' }] });

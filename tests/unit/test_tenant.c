@@ -21,6 +21,7 @@
 #include "cache/key.h"
 #include "cache/msghash.h"
 #include "cache/route.h"
+#include "config/config.h"
 #include "server/api.h"
 #include "server/convstore.h"
 #include "server/keyring.h"
@@ -305,6 +306,41 @@ static void test_convstore_owner(void **state) {
     ks_convstore_free(cs);
 }
 
+/* ------------------------------------------------------------ settings */
+static void test_config_tenant_settings(void **state) {
+    (void)state;
+    ks_config c;
+    ks_config_defaults(&c);
+    assert_int_equal(c.n_api_keys, 0);
+    assert_false(c.share_system_prompt);
+    char err[512] = "";
+    const char *yaml = "api_key: one\napi_keys: [two, three]\napi_key_file: /etc/kvstash/keys\n"
+                       "tenant_by: prompt_cache_key,user\nshare_system_prompt: true\n";
+    assert_int_equal(ks_config_load_string(&c, yaml, err, sizeof err), 0);
+    assert_string_equal(c.api_key, "one");
+    assert_int_equal(c.n_api_keys, 2);
+    assert_string_equal(c.api_keys[0], "two");
+    assert_string_equal(c.api_keys[1], "three");
+    assert_string_equal(c.api_key_file, "/etc/kvstash/keys");
+    assert_string_equal(c.tenant_by, "prompt_cache_key,user");
+    assert_true(c.share_system_prompt);
+    /* one key as a scalar; a later file's list replaces the whole list */
+    assert_int_equal(ks_config_load_string(&c, "api_keys: four\n", err, sizeof err), 0);
+    assert_int_equal(c.n_api_keys, 1);
+    assert_string_equal(c.api_keys[0], "four");
+    /* refused, naming the key, and nothing changed */
+    ks_config before = c;
+    assert_int_equal(ks_config_load_string(&c, "api_keys: [a, '']\n", err, sizeof err), KS_EINVAL);
+    assert_non_null(strstr(err, "api_keys[1]"));
+    char many[512] = "api_keys: [";
+    for (int i = 0; i < KS_CONFIG_KEYS_MAX + 1; i++)
+        snprintf(many + strlen(many), sizeof many - strlen(many), "%sk%d", i ? ", " : "", i);
+    strcat(many, "]\n");
+    assert_int_equal(ks_config_load_string(&c, many, err, sizeof err), KS_EINVAL);
+    assert_int_equal(ks_config_load_string(&c, "share_system_prompt: maybe\n", err, sizeof err), KS_EINVAL);
+    assert_memory_equal(&before, &c, sizeof c);
+}
+
 int main(void) {
     ks_log_set_level(KS_LOG_ERROR);
     const struct CMUnitTest tests[] = {
@@ -316,6 +352,7 @@ int main(void) {
         cmocka_unit_test(test_keyring_file),
         cmocka_unit_test(test_keyring_threads),
         cmocka_unit_test(test_convstore_owner),
+        cmocka_unit_test(test_config_tenant_settings),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
