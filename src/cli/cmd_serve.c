@@ -14,8 +14,8 @@
  * work happens in a signal handler. The first one drains: no new
  * connections, running requests finish (up to --shutdown-timeout), the rest
  * are canceled, everything is freed, exit 0. A second signal during the
- * drain cancels at once. SIGHUP, taken the same way, has the server read its
- * API key file again (keyring.h).
+ * drain cancels at once. With --api-key-file, SIGHUP is taken the same way
+ * and has the server read its key file again (keyring.h).
  *
  * The KV store (ks_config_store_plan, config.h "Store modes"): the full store
  * with --cache-dir or a store: section; otherwise a RAM-only store (ram tier
@@ -607,7 +607,8 @@ int ks_cmd_serve(int argc, char **argv) {
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGINT);
     sigaddset(&sigs, SIGTERM);
-    sigaddset(&sigs, SIGHUP); /* reads the API key file again */
+    /* With a key file, SIGHUP reads it again (and no longer stops the server). */
+    if (cfg.api_key_file[0]) sigaddset(&sigs, SIGHUP);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
 
