@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/random.h>
 #include <time.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 /* ------------------------------------------------------------------- errors */
@@ -137,6 +138,26 @@ void ks_random_bytes(void *buf, size_t n) {
         if ((i - got) % 8 == 0) v = splitmix64(&x);
         p[i] = (unsigned char)(v >> (8 * ((i - got) % 8)));
     }
+}
+
+int ks_random_secure(void *buf, size_t n) {
+    unsigned char *p = buf;
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = getrandom(p + got, n - got, 0);
+        if (r > 0) got += (size_t)r;
+        else if (!(r < 0 && errno == EINTR)) break;
+    }
+    if (got == n) return 0;
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return KS_EIO;
+    while (got < n) {
+        ssize_t r = read(fd, p + got, n - got);
+        if (r > 0) got += (size_t)r;
+        else if (!(r < 0 && errno == EINTR)) break;
+    }
+    close(fd);
+    return got == n ? 0 : KS_EIO;
 }
 
 uint64_t ks_random_u64(void) {

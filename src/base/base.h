@@ -77,6 +77,12 @@ int64_t ks_wall_us(void);
  * both clocks, the pid and a process-wide counter: distinct on every call,
  * not secret. Ids, nonces and sampling seeds; never keys. Thread-safe. */
 void ks_random_bytes(void *buf, size_t n);
+/* Fills buf[0, n) from the system's CSPRNG (getrandom, waiting only while the
+ * kernel's pool is not yet initialised at boot; /dev/urandom where getrandom
+ * is missing). Secrets and ids a client must not guess (ks_api_make_id).
+ * 0, or KS_EIO when neither could give the bytes (buf is then unusable).
+ * Thread-safe. */
+int ks_random_secure(void *buf, size_t n);
 uint64_t ks_random_u64(void);
 
 /* ----------------------------------------------------------- token vectors */

@@ -39,29 +39,46 @@ static int feed_tokens(EVP_MD_CTX *c, const int32_t *t, int n) {
 #endif
 }
 
-static int start(EVP_MD_CTX *c, const uint8_t fp[32], const void *kv, size_t kv_len) {
-    uint8_t len_le[4] = {(uint8_t)kv_len, (uint8_t)(kv_len >> 8), (uint8_t)(kv_len >> 16),
-                         (uint8_t)(kv_len >> 24)};
+/* A tenant's keys set the length field's top bit (kv-params lengths are
+ * below 2^31) and hash the tenant after the kv params: no tenant's key can
+ * equal another's, nor one of the single-tenant keys, whose bytes are
+ * exactly what they were before tenants existed. */
+static int start(EVP_MD_CTX *c, const uint8_t fp[32], const void *kv, size_t kv_len, uint64_t tenant) {
+    uint32_t l = (uint32_t)kv_len | (tenant ? 0x80000000u : 0);
+    uint8_t len_le[4] = {(uint8_t)l, (uint8_t)(l >> 8), (uint8_t)(l >> 16), (uint8_t)(l >> 24)};
+    uint8_t t_le[8];
+    for (int i = 0; i < 8; i++) t_le[i] = (uint8_t)(tenant >> (8 * i));
     if (EVP_DigestInit_ex(c, EVP_sha256(), NULL) != 1) return KS_ENOMEM;
     if (EVP_DigestUpdate(c, fp, 32) != 1) return KS_ENOMEM;
     if (EVP_DigestUpdate(c, len_le, 4) != 1) return KS_ENOMEM;
     if (kv_len && EVP_DigestUpdate(c, kv, kv_len) != 1) return KS_ENOMEM;
+    if (tenant && EVP_DigestUpdate(c, t_le, 8) != 1) return KS_ENOMEM;
     return 0;
 }
 
 int ks_key_compute(const uint8_t fp[32], const void *kv_params, size_t kv_len,
                    const int32_t *tokens, int n, ks_key *out) {
+    return ks_key_compute_tenant(fp, kv_params, kv_len, 0, tokens, n, out);
+}
+
+int ks_key_compute_tenant(const uint8_t fp[32], const void *kv_params, size_t kv_len, uint64_t tenant,
+                          const int32_t *tokens, int n, ks_key *out) {
     int lens[1] = {n};
     if (n < 0) return KS_EINVAL;
-    return ks_key_prefixes(fp, kv_params, kv_len, tokens, n, lens, 1, out);
+    return ks_key_prefixes_tenant(fp, kv_params, kv_len, tenant, tokens, n, lens, 1, out);
 }
 
 int ks_key_prefixes(const uint8_t fp[32], const void *kv_params, size_t kv_len,
                     const int32_t *tokens, int n, const int *lens, int n_lens, ks_key *out) {
+    return ks_key_prefixes_tenant(fp, kv_params, kv_len, 0, tokens, n, lens, n_lens, out);
+}
+
+int ks_key_prefixes_tenant(const uint8_t fp[32], const void *kv_params, size_t kv_len, uint64_t tenant,
+                           const int32_t *tokens, int n, const int *lens, int n_lens, ks_key *out) {
     int rc = 0;
     EVP_MD_CTX *c = NULL, *tmp = NULL;
     if (!fp || !out || n < 0 || n_lens < 0 || (n > 0 && !tokens) || (kv_len && !kv_params) ||
-        kv_len > UINT32_MAX || (n_lens > 0 && !lens))
+        kv_len >= 0x80000000u || (n_lens > 0 && !lens))
         return KS_EINVAL;
     for (int i = 0; i < n_lens; i++)
         if (lens[i] < 0 || lens[i] > n || (i > 0 && lens[i] < lens[i - 1])) return KS_EINVAL;
@@ -71,7 +88,7 @@ int ks_key_prefixes(const uint8_t fp[32], const void *kv_params, size_t kv_len,
         rc = KS_ENOMEM;
         goto done;
     }
-    if ((rc = start(c, fp, kv_params, kv_len)) != 0) goto done;
+    if ((rc = start(c, fp, kv_params, kv_len, tenant)) != 0) goto done;
     int at = 0;
     for (int i = 0; i < n_lens; i++) {
         if (lens[i] > at) {

@@ -8,12 +8,20 @@
  *   ‖ u32le(len(kv_params)) ‖ kv_params bytes   (K/V types, n_ctx_seq, flash-attn...)
  *   ‖ tokens[0..n) as little-endian u32
  *
+ * or, for a tenant's state (tenant != 0: the server's tenants, docs/SECURITY.md),
+ *
+ *     model fingerprint ‖ u32le(len(kv_params) | 2^31) ‖ kv_params bytes
+ *   ‖ u64le(tenant) ‖ tokens
+ *
+ * so that one tenant's keys never equal another's nor the single-tenant ones
+ * (tenant 0), which are the bytes they always were.
+ *
  * The length prefix makes the split between the kv-params string and the
  * tokens unambiguous (without it, params "ab"+tokens and params "a"+tokens
  * whose first byte is 'b' could hash the same bytes).
  *
  * Invariants
- *  1. The key depends only on (fingerprint, kv_params, tokens): the same
+ *  1. The key depends only on (fingerprint, kv_params, tenant, tokens): the same
  *     inputs give the same key on every host and in every process.
  *  2. ks_key_prefixes() gives, for each requested L, exactly the key that
  *     ks_key_compute() gives for tokens[:L] (one pass over the tokens).
@@ -46,6 +54,11 @@ int ks_key_compute(const uint8_t fp[32], const void *kv_params, size_t kv_len,
 int ks_key_prefixes(const uint8_t fp[32], const void *kv_params, size_t kv_len,
                     const int32_t *tokens, int n, const int *lens, int n_lens, ks_key *out);
 
+/* The same in a tenant's namespace (tenant 0: exactly the two above). */
+int ks_key_compute_tenant(const uint8_t fp[32], const void *kv_params, size_t kv_len, uint64_t tenant,
+                          const int32_t *tokens, int n, ks_key *out);
+int ks_key_prefixes_tenant(const uint8_t fp[32], const void *kv_params, size_t kv_len, uint64_t tenant,
+                           const int32_t *tokens, int n, const int *lens, int n_lens, ks_key *out);
 /* SHA-256 of arbitrary bytes (the kv-params hash stored in kvfiles). 0 or KS_ENOMEM. */
 int ks_sha256(const void *data, size_t len, uint8_t out[32]);
 

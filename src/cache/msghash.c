@@ -61,3 +61,16 @@ uint64_t ks_msghash_system(const char *role, const char *content, const char *mo
     uint64_t seed = XXH3_64bits_digest(&st);
     return hash_message(role, content, seed);
 }
+
+uint64_t ks_msghash_tenant(uint64_t h, uint64_t tenant) {
+    static const char k_domain_tenant[] = "kvstash-tenant-v1";
+    if (tenant == 0) return h;
+    uint8_t b[sizeof k_domain_tenant - 1 + 16];
+    memcpy(b, k_domain_tenant, sizeof k_domain_tenant - 1);
+    for (int i = 0; i < 8; i++) {
+        b[sizeof k_domain_tenant - 1 + i] = (uint8_t)(h >> (8 * i));
+        b[sizeof k_domain_tenant - 1 + 8 + i] = (uint8_t)(tenant >> (8 * i));
+    }
+    uint64_t v = XXH3_64bits(b, sizeof b);
+    return v ? v : 1; /* 0 means "no key" to the SPC callers */
+}

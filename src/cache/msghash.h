@@ -42,5 +42,12 @@ void ks_msghash_prefixes(const char *const *roles, const char *const *contents, 
  * besides the text that makes KV state differ (model fingerprint, template,
  * context parameters); any argument may be NULL. */
 uint64_t ks_msghash_system(const char *role, const char *content, const char *model_id);
+/* h in a tenant's namespace (docs/SECURITY.md "Tenants"): h itself for
+ * tenant 0 (single tenant), else a hash of (h, tenant) in a domain of its
+ * own, never 0. The scheduler passes every message-prefix hash and SPC key
+ * of a tenant's request through it, so one tenant's hashes name nothing of
+ * another's; they are routing hints, and the router compares the tenants
+ * themselves too (route.h invariant 4). */
+uint64_t ks_msghash_tenant(uint64_t h, uint64_t tenant);
 
 #endif

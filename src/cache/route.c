@@ -46,7 +46,9 @@ static int pick_lru(const ks_route_slot *slots, int n) {
     return best;
 }
 
+/* Another tenant's slot shares nothing (route.h invariant 4). */
 static int common_with(const ks_route_slot *s, const ks_route_req *req) {
+    if (s->tenant != req->tenant) return 0;
     return ks_prefix_common(s->tokens, s->n_tokens, req->tokens, req->n_tokens);
 }
 
@@ -84,7 +86,7 @@ static int pick_hash(const ks_route_slot *slots, int n, const ks_route_req *req)
         if (!is_idle(s) || s->n_tokens <= 0) continue;
         /* 0 cached messages carries no information (raw completion, or the
          * empty prefix every conversation shares). */
-        if (s->n_msgs_cached <= 0 || s->n_msgs_cached > req->n_msgs) continue;
+        if (s->n_msgs_cached <= 0 || s->n_msgs_cached > req->n_msgs || s->tenant != req->tenant) continue;
         if (req->msg_prefix_hash[s->n_msgs_cached] != s->msg_hash) continue;
         if (best < 0 || s->n_msgs_cached > slots[best].n_msgs_cached ||
             (s->n_msgs_cached == slots[best].n_msgs_cached && s->id < slots[best].id))

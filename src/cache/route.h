@@ -33,6 +33,13 @@
  *     prompt token is always decoded and logits exist.
  *  3. Ties are broken by the lowest slot id; the result depends only on the
  *     inputs, which are not modified.
+ *  4. Tenants (docs/SECURITY.md): a slot whose tenant differs from the
+ *     request's shares nothing with it — no hash match, n_common 0 whatever
+ *     its tokens — so it is chosen only as an empty or LRU slot, with
+ *     n_reuse 0, and the reason is the one any miss in that table gets
+ *     ("no-slot" or "evicted"; "below-threshold" only from the request's
+ *     own tenant's slots). Another tenant's request therefore never learns
+ *     from the route (mode, n_common, reason) what a slot holds.
  *
  * Reasons ("why not more was reused"):
  *   ""                    everything reusable was reused: the whole prompt but
@@ -70,6 +77,7 @@ typedef struct ks_route_slot {
     int64_t last_used_us;  /* monotonic; the smallest is the LRU */
     uint64_t msg_hash;     /* hash of messages [0, n_msgs_cached) of the branch it holds */
     int n_msgs_cached;     /* 0: unknown (raw completion), never hash-matched */
+    uint64_t tenant;       /* whose KV it holds (0: single tenant; invariant 4) */
 } ks_route_slot;
 
 typedef struct ks_route_req {
@@ -82,6 +90,7 @@ typedef struct ks_route_req {
     int spc_tokens;                 /* > 0: the system prompt cache holds the prompt's first
                                        spc_tokens tokens, so an empty slot can get them back
                                        for the price of one state restore */
+    uint64_t tenant;                /* the request's tenant (invariant 4) */
 } ks_route_req;
 
 typedef struct ks_route_cfg {

@@ -274,7 +274,8 @@ bool ks__store_pin_held(ks_store *s, const ks_key *key, int64_t until_us) {
  * when the key was needed. Returns 0 or the error of computing the key.
  * (Whether the state is queued already is checked by the callers, under
  * s->mu.) */
-static int save_check(ks_store *s, ks_reason reason, const int32_t *tokens, int n, ks_key *key, unsigned *tiers) {
+static int save_check(ks_store *s, ks_reason reason, uint64_t tenant, const int32_t *tokens, int n, ks_key *key,
+                      unsigned *tiers) {
     *tiers = 0;
     if (n < s->cfg.min_tokens || n == 0) {
         atomic_fetch_add(&s->small_saves, 1);
@@ -288,7 +289,7 @@ static int save_check(ks_store *s, ks_reason reason, const int32_t *tokens, int 
         atomic_fetch_add(&s->dropped_saves, 1);
         return 0;
     }
-    int rc = ks_key_compute(s->fp, s->kv_params, s->kv_len, tokens, n, key);
+    int rc = ks_key_compute_tenant(s->fp, s->kv_params, s->kv_len, tenant, tokens, n, key);
     if (rc != 0) return rc;
     bool stored = ks__store_stored_anywhere(s, key);
     if (stored) local = false;
@@ -314,11 +315,15 @@ static int save_check(ks_store *s, ks_reason reason, const int32_t *tokens, int 
 }
 
 bool ks_store_wants(ks_store *s, ks_reason reason, const int32_t *tokens, int n) {
+    return ks_store_wants_in(s, 0, reason, tokens, n);
+}
+
+bool ks_store_wants_in(ks_store *s, uint64_t tenant, ks_reason reason, const int32_t *tokens, int n) {
     if (!s || (int)reason < 0 || reason >= KS_REASON__N || n <= 0 || !tokens) return false;
     /* A "no" is accounted as the save would have been: small, dropped or dedup. */
     ks_key key;
     unsigned tiers;
-    if (save_check(s, reason, tokens, n, &key, &tiers) != 0) return true; /* the save will report it */
+    if (save_check(s, reason, tenant, tokens, n, &key, &tiers) != 0) return true; /* the save will report it */
     if (!tiers) return false;
     pthread_mutex_lock(&s->mu);
     bool queued = ks_keymap_get(&s->pending, &key) != NULL;
@@ -353,6 +358,11 @@ static job *save_job(ks_tier_id tier, unsigned tiers, const ks_key *key, ks_reas
 
 int ks_store_save(ks_store *s, ks_reason reason, const int32_t *tokens, int n, uint8_t *payload,
                   size_t len, bool sync) {
+    return ks_store_save_in(s, 0, reason, tokens, n, payload, len, sync);
+}
+
+int ks_store_save_in(ks_store *s, uint64_t tenant, ks_reason reason, const int32_t *tokens, int n, uint8_t *payload,
+                     size_t len, bool sync) {
     int rc = 0;
     job *j = NULL, *rj = NULL;
     ks_key key;
@@ -362,7 +372,7 @@ int ks_store_save(ks_store *s, ks_reason reason, const int32_t *tokens, int n, u
         goto done;
     }
     unsigned tiers;
-    if ((rc = save_check(s, reason, tokens, n, &key, &tiers)) != 0 || !tiers) goto done;
+    if ((rc = save_check(s, reason, tenant, tokens, n, &key, &tiers)) != 0 || !tiers) goto done;
     /* A caller that waits (evict, shutdown: the inference thread) waits for
      * its local tier only: Redis's latency must never become its own. The
      * copy for Redis goes as a job of its own, never waited for, with a copy
@@ -434,9 +444,13 @@ done:
 }
 
 int ks_store_pin(ks_store *s, const int32_t *tokens, int n, int64_t until_us) {
+    return ks_store_pin_in(s, 0, tokens, n, until_us);
+}
+
+int ks_store_pin_in(ks_store *s, uint64_t tenant, const int32_t *tokens, int n, int64_t until_us) {
     ks_key key;
     if (!s || n < 1 || !tokens || (uint64_t)n > KS_KVFILE_MAX_TOKENS || until_us <= 0) return KS_EINVAL;
-    int rc = ks_key_compute(s->fp, s->kv_params, s->kv_len, tokens, n, &key);
+    int rc = ks_key_compute_tenant(s->fp, s->kv_params, s->kv_len, tenant, tokens, n, &key);
     if (rc != 0) return rc;
     /* Another process may hold it: one stat per directory tells (as a lookup). */
     for (int t = 0; t < KS_TIER__N; t++)
@@ -448,6 +462,11 @@ int ks_store_pin(ks_store *s, const int32_t *tokens, int n, int64_t until_us) {
 
 int ks_store_save_pinned(ks_store *s, const int32_t *tokens, int n, uint8_t *payload, size_t len,
                          int64_t until_us) {
+    return ks_store_save_pinned_in(s, 0, tokens, n, payload, len, until_us);
+}
+
+int ks_store_save_pinned_in(ks_store *s, uint64_t tenant, const int32_t *tokens, int n, uint8_t *payload, size_t len,
+                            int64_t until_us) {
     int rc = 0;
     job *j = NULL;
     ks_key key;
@@ -465,7 +484,7 @@ int ks_store_save_pinned(ks_store *s, const int32_t *tokens, int n, uint8_t *pay
         rc = KS_ENOENT;
         goto done;
     }
-    if ((rc = ks_key_compute(s->fp, s->kv_params, s->kv_len, tokens, n, &key)) != 0) goto done;
+    if ((rc = ks_key_compute_tenant(s->fp, s->kv_params, s->kv_len, tenant, tokens, n, &key)) != 0) goto done;
     if (ks__store_pin_held(s, &key, until_us)) {
         atomic_fetch_add(&s->dedup_saves, 1);
         atomic_fetch_add(&s->pin_refreshes, 1);

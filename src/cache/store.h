@@ -188,6 +188,15 @@ int ks_store_lookup(ks_store *s, const int32_t *tokens, int n, int max_len, ks_s
 int ks_store_lookup_range(ks_store *s, const int32_t *tokens, int n, int min_len, int max_len,
                           ks_store_hit *hit);
 
+/* Tenants (docs/SECURITY.md "Tenants"). Every call below that names a state
+ * by its tokens has an _in twin that names it in a tenant's namespace: the
+ * tenant is hashed into the state's key (key.h), so a lookup, pin or save of
+ * one tenant never finds, refreshes or deduplicates another's state, in any
+ * tier (Redis too). Tenant 0 is the single-tenant namespace: the calls
+ * without _in are the _in calls with tenant 0, with the keys they always had. */
+int ks_store_lookup_range_in(ks_store *s, uint64_t tenant, const int32_t *tokens, int n, int min_len, int max_len,
+                             ks_store_hit *hit);
+
 /* Remote prefetch (the redis tier). ks_store_prefetch asks Redis, on the
  * calling thread, for the longest stored prefix of tokens[0, min(n,
  * max_len)) (max_len < 0: no cap) longer than what the local tiers, the save
@@ -203,6 +212,7 @@ int ks_store_lookup_range(ks_store *s, const int32_t *tokens, int n, int min_len
  * themselves and only take prefetched states (the scheduler sets it and
  * prefetches at submit). Off by default. */
 int ks_store_prefetch(ks_store *s, const int32_t *tokens, int n, int max_len);
+int ks_store_prefetch_in(ks_store *s, uint64_t tenant, const int32_t *tokens, int n, int max_len);
 void ks_store_set_remote_prefetch(ks_store *s, bool on);
 
 /* Saves the state of tokens[0, n) for reason into cfg.reason_tier[reason].
@@ -220,6 +230,8 @@ void ks_store_set_remote_prefetch(ks_store *s, bool on);
  * Thread-safe. */
 int ks_store_save(ks_store *s, ks_reason reason, const int32_t *tokens, int n, uint8_t *payload,
                   size_t len, bool sync);
+int ks_store_save_in(ks_store *s, uint64_t tenant, ks_reason reason, const int32_t *tokens, int n, uint8_t *payload,
+                     size_t len, bool sync);
 
 /* Pins (see "Pins" above). until_us is a wall-clock deadline, µs since the
  * epoch (> 0). Both are thread-safe and never wait for the writer.
@@ -231,6 +243,7 @@ int ks_store_save(ks_store *s, ks_reason reason, const int32_t *tokens, int n, u
  * (NULL s or tokens, n < 1, until_us <= 0), KS_ENOMEM. Lets a caller skip
  * copying a state the store already holds. */
 int ks_store_pin(ks_store *s, const int32_t *tokens, int n, int64_t until_us);
+int ks_store_pin_in(ks_store *s, uint64_t tenant, const int32_t *tokens, int n, int64_t until_us);
 /* ks_store_save_pinned: saves the state of tokens[0, n) pinned until until_us,
  * for reason KS_REASON_PIN, asynchronously. Takes ownership of payload (freed
  * on every path); tokens is borrowed. cfg.min_tokens does not apply (n >= 1).
@@ -241,6 +254,8 @@ int ks_store_pin(ks_store *s, const int32_t *tokens, int n, int64_t until_us);
  * skipped), KS_EINVAL, KS_ENOMEM, KS_ESHUTDOWN. */
 int ks_store_save_pinned(ks_store *s, const int32_t *tokens, int n, uint8_t *payload, size_t len,
                          int64_t until_us);
+int ks_store_save_pinned_in(ks_store *s, uint64_t tenant, const int32_t *tokens, int n, uint8_t *payload, size_t len,
+                            int64_t until_us);
 
 /* Waits until every save queued before this call was processed, for at most
  * timeout_ms (<= 0: no limit). 0, KS_EBUSY (timeout), KS_ESHUTDOWN. */
@@ -251,6 +266,7 @@ int ks_store_flush(ks_store *s, int timeout_ms);
  * dropped; a "no" is counted in the stats as that save would have been
  * (small_saves, dropped_saves or dedup_saves). Thread-safe; computes one key. */
 bool ks_store_wants(ks_store *s, ks_reason reason, const int32_t *tokens, int n);
+bool ks_store_wants_in(ks_store *s, uint64_t tenant, ks_reason reason, const int32_t *tokens, int n);
 
 /* One garbage collection of a local tier t: a file tier is rescanned first
  * (temp files of dead writers removed, files with a bad header quarantined,

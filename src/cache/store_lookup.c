@@ -289,8 +289,8 @@ typedef struct remote_found {
  * and are tried here, longest first: 0 and *hit (of *hit_key) on a hit. Otherwise *rf
  * holds the manifests for the caller's walk and KS_ENOENT is returned (or
  * KS_ENOMEM). Redis unreachable: KS_ENOENT and nothing found. */
-static int redis_probe(ks_store *s, const int32_t *tokens, const int *lens, const ks_key *keys, int k, int min_len,
-                       int lim, remote_found *rf, ks_store_hit *hit, ks_key *hit_key) {
+static int redis_probe(ks_store *s, uint64_t tenant, const int32_t *tokens, const int *lens, const ks_key *keys, int k,
+                       int min_len, int lim, remote_found *rf, ks_store_hit *hit, ks_key *hit_key) {
     enum { XCAP = 4096 };
     ks_tier *rt = s->tiers[KS_TIER_REDIS];
     int rc = KS_ENOENT, above = 0, first = k, nx = 0;
@@ -334,7 +334,7 @@ static int redis_probe(ks_store *s, const int32_t *tokens, const int *lens, cons
         rc = KS_ENOMEM;
         goto done;
     }
-    if (ks_key_prefixes(s->fp, s->kv_params, s->kv_len, tokens, lim, xl, u, xkeys) != 0 ||
+    if (ks_key_prefixes_tenant(s->fp, s->kv_params, s->kv_len, tenant, tokens, lim, xl, u, xkeys) != 0 ||
         ks_tier_probe(rt, xkeys, u, xmans, xfound, 0, 0, NULL, NULL, 0) != 0)
         goto done;
     for (int i = u - 1; i >= 0; i--)
@@ -355,7 +355,8 @@ done:
  * keys: every stride multiple, every length a tier holds, of the saves not
  * written yet and of the prefetched states. 0 with *lens, *keys (malloc'd;
  * both NULL when *k is 0), or KS_ENOMEM. */
-static int candidates(ks_store *s, const int32_t *tokens, int lim, int **lens_out, ks_key **keys_out, int *k_out) {
+static int candidates(ks_store *s, uint64_t tenant, const int32_t *tokens, int lim, int **lens_out, ks_key **keys_out,
+                      int *k_out) {
     int k = 0;
     int *lens = NULL;
     ks_key *keys = NULL;
@@ -403,7 +404,7 @@ static int candidates(ks_store *s, const int32_t *tokens, int lim, int **lens_ou
         free(lens);
         return KS_ENOMEM;
     }
-    int kr = ks_key_prefixes(s->fp, s->kv_params, s->kv_len, tokens, lim, lens, k, keys);
+    int kr = ks_key_prefixes_tenant(s->fp, s->kv_params, s->kv_len, tenant, tokens, lim, lens, k, keys);
     if (kr != 0) {
         free(lens);
         free(keys);
@@ -417,17 +418,17 @@ static int candidates(ks_store *s, const int32_t *tokens, int lim, int **lens_ou
 
 /* One walk over the candidate lengths, longest first. 0 with *hit filled, or
  * KS_ENOENT / KS_ENOMEM. Redis is asked here only when prefetching is off. */
-static int probe(ks_store *s, const int32_t *tokens, int min_len, int lim, ks_store_hit *hit) {
+static int probe(ks_store *s, uint64_t tenant, const int32_t *tokens, int min_len, int lim, ks_store_hit *hit) {
     int rc = KS_ENOENT, k = 0;
     remote_found remote = {0};
     int *lens = NULL;
     ks_key *keys = NULL;
-    int cr = candidates(s, tokens, lim, &lens, &keys, &k);
+    int cr = candidates(s, tenant, tokens, lim, &lens, &keys, &k);
     if (cr != 0 || k == 0) return cr ? cr : KS_ENOENT;
     ks_tier *rt = s->tiers[KS_TIER_REDIS];
     if (rt && !atomic_load(&s->remote_prefetch) && ks_tier_up(rt)) {
         ks_key hk;
-        int r = redis_probe(s, tokens, lens, keys, k, min_len, lim, &remote, hit, &hk);
+        int r = redis_probe(s, tenant, tokens, lens, keys, k, min_len, lim, &remote, hit, &hk);
         if (r == 0 || r == KS_ENOMEM) {
             rc = r;
             goto done;
@@ -455,6 +456,10 @@ done:
 }
 
 int ks_store_prefetch(ks_store *s, const int32_t *tokens, int n, int max_len) {
+    return ks_store_prefetch_in(s, 0, tokens, n, max_len);
+}
+
+int ks_store_prefetch_in(ks_store *s, uint64_t tenant, const int32_t *tokens, int n, int max_len) {
     if (!s || n < 0 || (n > 0 && !tokens)) return KS_EINVAL;
     ks_tier *rt = s->tiers[KS_TIER_REDIS];
     int lim = (max_len < 0 || max_len > n) ? n : max_len;
@@ -471,8 +476,8 @@ int ks_store_prefetch(ks_store *s, const int32_t *tokens, int n, int max_len) {
     ks_store_hit hit;
     memset(&hit, 0, sizeof hit);
     hit.tier = KS_TIER_NONE;
-    if ((rc = candidates(s, tokens, lim, &lens, &keys, &k)) != 0) return rc;
-    int r = k > 0 ? redis_probe(s, tokens, lens, keys, k, 1, lim, &remote, &hit, &hk) : KS_ENOENT;
+    if ((rc = candidates(s, tenant, tokens, lim, &lens, &keys, &k)) != 0) return rc;
+    int r = k > 0 ? redis_probe(s, tenant, tokens, lens, keys, k, 1, lim, &remote, &hit, &hk) : KS_ENOENT;
     for (int i = k - 1; r == KS_ENOENT && remote.found && i >= 0; i--)
         if (remote.found[i] && redis_get(s, &keys[i], &remote.mans[i], tokens, lens[i], &hit) == 0) {
             hk = keys[i];
@@ -495,11 +500,16 @@ int ks_store_prefetch(ks_store *s, const int32_t *tokens, int n, int max_len) {
 }
 
 int ks_store_lookup(ks_store *s, const int32_t *tokens, int n, int max_len, ks_store_hit *hit) {
-    return ks_store_lookup_range(s, tokens, n, 1, max_len, hit);
+    return ks_store_lookup_range_in(s, 0, tokens, n, 1, max_len, hit);
 }
 
 int ks_store_lookup_range(ks_store *s, const int32_t *tokens, int n, int min_len, int max_len,
                           ks_store_hit *hit) {
+    return ks_store_lookup_range_in(s, 0, tokens, n, min_len, max_len, hit);
+}
+
+int ks_store_lookup_range_in(ks_store *s, uint64_t tenant, const int32_t *tokens, int n, int min_len, int max_len,
+                             ks_store_hit *hit) {
     int rc = KS_ENOENT;
     if (!hit) return KS_EINVAL;
     memset(hit, 0, sizeof *hit);
@@ -512,7 +522,7 @@ int ks_store_lookup_range(ks_store *s, const int32_t *tokens, int n, int min_len
          * one stat per directory tells, and only then is it read again. */
         for (int t = 0; t < KS_TIER__N; t++)
             if (s->tiers[t]) ks_tier_rescan(s->tiers[t], 0);
-        rc = probe(s, tokens, min_len < 1 ? 1 : min_len, lim, hit);
+        rc = probe(s, tenant, tokens, min_len < 1 ? 1 : min_len, lim, hit);
     }
     if (rc == 0) {
         atomic_fetch_add(&s->hits, 1);

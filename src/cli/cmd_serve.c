@@ -14,7 +14,8 @@
  * work happens in a signal handler. The first one drains: no new
  * connections, running requests finish (up to --shutdown-timeout), the rest
  * are canceled, everything is freed, exit 0. A second signal during the
- * drain cancels at once.
+ * drain cancels at once. With --api-key-file, SIGHUP is taken the same way
+ * and has the server read its key file again (keyring.h).
  *
  * The KV store (ks_config_store_plan, config.h "Store modes"): the full store
  * with --cache-dir or a store: section; otherwise a RAM-only store (ram tier
@@ -40,6 +41,7 @@
 #include "engine/engine.h"
 #include "engine/fingerprint.h"
 #include "sched/sched.h"
+#include "server/keyring.h"
 #include "server/server.h"
 
 #define CMD "kvstash serve"
@@ -94,7 +96,14 @@ static void usage(FILE *f) {
             "  --cache-secret-file FILE  a deployment secret (>= 16 bytes, mode 600) that authenticates\n"
             "                            every stored state (store.secret_file; also\n"
             "                            $KVSTASH_CACHE_SECRET; docs/SECURITY.md)\n"
-            "  --api-key KEY             require 'Authorization: Bearer KEY' (also $KVSTASH_API_KEY)\n"
+            "  --api-key KEY             require 'Authorization: Bearer KEY' (also $KVSTASH_API_KEY);\n"
+            "                            repeatable (up to 17): then each key is a tenant whose cache\n"
+            "                            no other key can reach (docs/SECURITY.md)\n"
+            "  --api-key-file FILE       more keys, 'KEY [TENANT-NAME]' per line (keys with one name are\n"
+            "                            one tenant); read again when it changes or on SIGHUP\n"
+            "  --tenant-by LIST          request fields that subdivide a key's tenant: prompt_cache_key,\n"
+            "                            cache_salt, user (also metadata.user_id) (default: none)\n"
+            "  --share-system-prompt     let every tenant restore a system prompt's cached state (SPC)\n"
             "  --responses-ttl S         keep Responses API conversations for previous_response_id this\n"
             "                            long, seconds (default 3600; 0: keep none)\n"
             "  --responses-max N         ... and at most this many, oldest forgotten first (default 1024)\n"
@@ -152,6 +161,10 @@ typedef struct flags {
     const char *tls_ca, *tls_ca_dir, *tls_cert, *tls_key, *tls_name; /* --cache-redis-tls-* */
     bool tls_insecure;
     const char *cors[KS_CONFIG_CORS_MAX]; /* --cors-origin, in order */
+    const char *keys[KS_CONFIG_KEYS_MAX + 1]; /* --api-key, in order */
+    int n_keys;
+    const char *key_file, *tenant_by; /* --api-key-file, --tenant-by */
+    bool share_sys;                   /* --share-system-prompt */
     int n_cors;
     int responses_ttl, responses_max; /* -1: not given */
     int ctx_checkpoints, checkpoint_every; /* -1: not given */
@@ -165,7 +178,8 @@ static int parse_flags(int argc, char **argv, flags *f) {
            O_MAXTOK, O_ALIAS, O_TIMEOUT, O_SHUTDOWN, O_FA, O_CONFIG, O_LOG, O_IMC, O_SPC, O_CACHEDIR, O_CACHERAM,
            O_TEMPLATE, O_REASONING, O_CORS, O_RESP_TTL, O_RESP_MAX, O_HDR_TIMEOUT, O_MAXCONN, O_MAXCONN_CLIENT,
            O_CKPT, O_CKPT_EVERY, O_CKPT_BYTES, O_CACHEREDIS, O_TLS_CA, O_TLS_CA_DIR, O_TLS_CERT, O_TLS_KEY,
-           O_TLS_NAME, O_TLS_INSECURE, O_NOREPACK, O_WARM, O_SECRET, O_OFFLOAD,
+           O_TLS_NAME, O_TLS_INSECURE, O_NOREPACK, O_WARM, O_SECRET, O_KEYFILE, O_TENANT_BY, O_SHARE_SYS,
+           O_OFFLOAD,
            O_OFFLOAD_END = O_OFFLOAD + KS_CLI_OFFLOAD_N };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},          {"host", required_argument, 0, O_HOST},
@@ -174,6 +188,8 @@ static int parse_flags(int argc, char **argv, flags *f) {
         {"threads", required_argument, 0, O_THREADS},  {"no-cache-prompt", no_argument, 0, O_NOCACHE},
         {"no-exact", no_argument, 0, O_NOEXACT},     {"no-repack", no_argument, 0, O_NOREPACK},
         {"api-key", required_argument, 0, O_KEY},      {"max-queue", required_argument, 0, O_QUEUE},
+        {"api-key-file", required_argument, 0, O_KEYFILE}, {"tenant-by", required_argument, 0, O_TENANT_BY},
+        {"share-system-prompt", no_argument, 0, O_SHARE_SYS},
         {"max-body-bytes", required_argument, 0, O_BODY}, {"max-tokens", required_argument, 0, O_MAXTOK},
         {"alias", required_argument, 0, O_ALIAS},      {"timeout", required_argument, 0, O_TIMEOUT},
         {"shutdown-timeout", required_argument, 0, O_SHUTDOWN}, {"flash-attn", optional_argument, 0, O_FA},
@@ -238,7 +254,24 @@ static int parse_flags(int argc, char **argv, flags *f) {
         case O_NOCACHE: f->no_cache = true; break;
         case O_NOEXACT: f->no_exact = true; break;
         case O_NOREPACK: f->no_repack = true; break;
-        case O_KEY: f->api_key = optarg; break;
+        case O_KEY:
+            if (f->n_keys == KS_CONFIG_KEYS_MAX + 1) {
+                fprintf(stderr, CMD ": --api-key: at most %d (use --api-key-file for more)\n", KS_CONFIG_KEYS_MAX + 1);
+                return 2;
+            }
+            f->keys[f->n_keys++] = f->api_key = optarg;
+            break;
+        case O_KEYFILE: f->key_file = optarg; break;
+        case O_TENANT_BY: {
+            unsigned bits;
+            if (ks_server_tenant_by_parse(optarg, &bits)) {
+                fprintf(stderr, CMD ": --tenant-by: a comma-separated list of prompt_cache_key, cache_salt, user\n");
+                return 2;
+            }
+            f->tenant_by = optarg;
+            break;
+        }
+        case O_SHARE_SYS: f->share_sys = true; break;
         case O_QUEUE:
             if (ks_cli_parse_int(CMD, "--max-queue", optarg, KS_CONFIG_MAX_QUEUE_MIN, KS_CONFIG_MAX_QUEUE_MAX,
                                  &f->max_queue))
@@ -390,8 +423,16 @@ static int parse_flags(int argc, char **argv, flags *f) {
 static int apply_flags(const flags *f, ks_config *c) {
     if (f->model) COPY(c->model, f->model);
     if (f->host) COPY(c->host, f->host);
-    if (f->api_key) COPY(c->api_key, f->api_key);
+    if (f->api_key) {
+        COPY(c->api_key, f->keys[0]);
+        memset(c->api_keys, 0, sizeof c->api_keys);
+        for (int i = 1; i < f->n_keys; i++) COPY(c->api_keys[i - 1], f->keys[i]);
+        c->n_api_keys = f->n_keys - 1;
+    }
     else if (!c->api_key[0] && getenv("KVSTASH_API_KEY")) COPY(c->api_key, getenv("KVSTASH_API_KEY"));
+    if (f->key_file) COPY(c->api_key_file, f->key_file);
+    if (f->tenant_by) COPY(c->tenant_by, f->tenant_by);
+    if (f->share_sys) c->share_system_prompt = true;
     if (f->log) COPY(c->log, f->log);
     if (f->port >= 0) c->port = f->port;
     if (f->slots >= 0) c->slots = f->slots;
@@ -471,6 +512,31 @@ static int open_engine(const ks_config *c, int flash_attn, ks_engine **e) {
     return rc;
 }
 
+/* The API keys and tenant settings, checked before the model loads: a key
+ * file that cannot be read or has a bad line, a bad key or tenant_by is a
+ * usage error (exit 2). The server reads them again at start. */
+static int check_keys(const ks_config *c) {
+    unsigned bits;
+    if (ks_server_tenant_by_parse(c->tenant_by, &bits)) {
+        fprintf(stderr, CMD ": tenant_by '%s': a comma-separated list of prompt_cache_key, cache_salt, user\n",
+                c->tenant_by);
+        return 2;
+    }
+    const char *keys[1 + KS_CONFIG_KEYS_MAX];
+    int n = 0;
+    keys[n++] = c->api_key;
+    for (int i = 0; i < c->n_api_keys; i++) keys[n++] = c->api_keys[i];
+    ks_keyring *k = NULL;
+    char err[512] = "";
+    int rc = ks_keyring_create(keys, n, c->api_key_file, &k, err, sizeof err);
+    ks_keyring_free(k);
+    if (rc) {
+        fprintf(stderr, CMD ": %s\n", err[0] ? err : ks_strerror(rc));
+        return 2;
+    }
+    return 0;
+}
+
 static const char *signame(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "signal"; }
 
 int ks_cmd_serve(int argc, char **argv) {
@@ -492,6 +558,7 @@ int ks_cmd_serve(int argc, char **argv) {
     if ((rc = apply_flags(&f, &cfg))) return rc;
     ks_serve_secret secret;
     if ((rc = ks_serve_store_check(&cfg, &secret))) return rc;
+    if ((rc = check_keys(&cfg))) return rc;
     int lv = ks_log_parse_level(cfg.log);
     ks_log_set_level(lv < 0 ? KS_LOG_INFO : (ks_log_level)lv);
     if (!cfg.model[0]) {
@@ -512,6 +579,8 @@ int ks_cmd_serve(int argc, char **argv) {
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGINT);
     sigaddset(&sigs, SIGTERM);
+    /* With a key file, SIGHUP reads it again (and no longer stops the server). */
+    if (cfg.api_key_file[0]) sigaddset(&sigs, SIGHUP);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
 
@@ -596,6 +665,7 @@ int ks_cmd_serve(int argc, char **argv) {
     sp.ckpt_max = cfg.ctx_checkpoints;
     sp.ckpt_bytes = (size_t)cfg.checkpoint_bytes;
     sp.ckpt_gen_interval = cfg.checkpoint_every;
+    sp.share_system_prompt = cfg.share_system_prompt;
     rc = ks_sched_create(&sp, &sched);
     if (rc) {
         fprintf(stderr, CMD ": cannot start the scheduler: %s\n", ks_strerror(rc));
@@ -608,6 +678,16 @@ int ks_cmd_serve(int argc, char **argv) {
     hp.host = cfg.host;
     hp.port = cfg.port;
     hp.api_key = cfg.api_key;
+    const char *extra_keys[KS_CONFIG_KEYS_MAX];
+    for (int i = 0; i < cfg.n_api_keys; i++) extra_keys[i] = cfg.api_keys[i];
+    hp.api_keys = extra_keys;
+    hp.n_api_keys = cfg.n_api_keys;
+    hp.api_key_file = cfg.api_key_file;
+    if (ks_server_tenant_by_parse(cfg.tenant_by, &hp.tenant_by)) {
+        fprintf(stderr, CMD ": tenant_by: a comma-separated list of prompt_cache_key, cache_salt, user\n");
+        exit_code = 2;
+        goto done;
+    }
     hp.model_name = f.alias;
     hp.max_body_bytes = cfg.max_body_bytes;
     if (f.max_tokens > 0) hp.default_max_tokens = f.max_tokens;
@@ -665,7 +745,8 @@ int ks_cmd_serve(int argc, char **argv) {
     if (ks_engine_offload_info(e)->n_devices > 0 && reason)
         KS_WARN("serve", "exact output is unavailable on %s: a cached reply may differ from an uncached one in "
                          "the last bits (-ngl 0 keeps the model on the CPU, where it is exact)", where);
-    if (cfg.api_key[0] == '\0' && strcmp(cfg.host, "127.0.0.1") && strcmp(cfg.host, "localhost") &&
+    bool keyed = cfg.api_key[0] || cfg.n_api_keys || cfg.api_key_file[0];
+    if (!keyed && strcmp(cfg.host, "127.0.0.1") && strcmp(cfg.host, "localhost") &&
         strcmp(cfg.host, "::1"))
         KS_WARN("serve", "listening on %s without --api-key: anyone who can reach it can use it", cfg.host);
     if (cfg.n_cors_origins) {
@@ -673,13 +754,18 @@ int ks_cmd_serve(int argc, char **argv) {
         for (int i = 0, n = 0; i < cfg.n_cors_origins && n >= 0 && (size_t)n < sizeof list; i++)
             n += snprintf(list + n, sizeof list - (size_t)n, "%s%s", i ? " " : "", cfg.cors_origins[i]);
         KS_INFO("serve", "cors: browser pages from %s may call this server", list);
-        if (cors_any && !cfg.api_key[0])
+        if (cors_any && !keyed)
             KS_WARN("serve", "--cors-origin '*' without --api-key: any web page opened in a browser that can reach "
                              "this server can use it");
     }
 
     int sig = 0;
-    while (sigwait(&sigs, &sig) != 0) {
+    while (sigwait(&sigs, &sig) != 0 || sig == SIGHUP) {
+        if (sig == SIGHUP) {
+            KS_INFO("serve", "SIGHUP: reading the API key file again");
+            ks_server_reload_keys(srv);
+            sig = 0;
+        }
     }
     KS_INFO("serve", "%s: stopping; waiting up to %d ms for %d running request(s)", signame(sig), f.shutdown_ms,
             ks_server_n_active(srv));
@@ -689,7 +775,8 @@ int ks_cmd_serve(int argc, char **argv) {
         /* Sleep 50 ms, or less when a second signal comes: then cancel now. */
         struct timespec ts = {0, 50 * 1000000L};
         int s2 = sigtimedwait(&sigs, NULL, &ts);
-        if (s2 > 0) {
+        if (s2 == SIGHUP) ks_server_reload_keys(srv);
+        else if (s2 > 0) {
             KS_WARN("serve", "%s again: canceling the running requests", signame(s2));
             break;
         }

@@ -34,7 +34,11 @@
  *   ctx_checkpoints: 8       # hybrid models: checkpoints per slot, 0..32 (0: none)
  *   checkpoint_bytes: 32MiB  # ... and their byte budget per slot
  *   checkpoint_every: 16     # ... one every N generated tokens (0: none while generating)
- *   api_key: secret
+ *   api_key: secret          # one key: a single tenant (docs/SECURITY.md "Tenants")
+ *   api_keys: [k1, k2]       # more keys, each its own tenant (at most 16 here; more in a file)
+ *   api_key_file: /etc/kvstash/keys   # "KEY [NAME]" per line, read again when it changes
+ *   tenant_by: prompt_cache_key,user  # request fields that subdivide a tenant (default none)
+ *   share_system_prompt: false        # true: system prompt states (SPC) shared by all tenants
  *   max_queue: 64            # requests waiting for a slot, 1..1000000
  *   max_renders: 2           # chat template renders and grammar builds at once, 1..1024
  *   max_body_bytes: 16777216 # 1KiB..1TiB
@@ -152,6 +156,8 @@ enum {
 /* cors_origins (and --cors-origin): at most this many, each shorter than
  * KS_CONFIG_ORIGIN_MAX bytes. */
 enum { KS_CONFIG_CORS_MAX = 16, KS_CONFIG_ORIGIN_MAX = 256 };
+/* api_keys: at most this many (a key file holds more). */
+enum { KS_CONFIG_KEYS_MAX = 16 };
 
 typedef struct ks_model_cache_cfg {
     bool system_prompt_cache;   /* SPC (default false) */
@@ -172,6 +178,15 @@ typedef struct ks_config {
     bool cache_prompt;
     float affinity_min;
     char api_key[256];
+    /* Tenants (docs/SECURITY.md): keys beyond api_key, a key file, the
+     * fields that subdivide a tenant (server.h KS_TENANT_BY_*, as a list),
+     * and whether system prompts are shared across tenants. A later file's
+     * api_keys, or any --api-key flag, replaces the whole list. */
+    char api_keys[KS_CONFIG_KEYS_MAX][256];
+    int n_api_keys;
+    char api_key_file[KS_MAX_PATH];
+    char tenant_by[128];
+    bool share_system_prompt;
     int max_queue;
     int max_renders;            /* default 2: renders and grammar builds at once (server/admit.h) */
     int64_t max_body_bytes;

@@ -233,6 +233,9 @@ static const field k_top_fields[] = {
     FY(ks_config, checkpoint_bytes, 0, KS_STORE_BYTES_MAX),
     FI(ks_config, checkpoint_every, 0, KS_CONFIG_CKPT_EVERY_MAX),
     FS(ks_config, api_key, F_STR),
+    FS(ks_config, api_key_file, F_PATH),
+    FS(ks_config, tenant_by, F_STR),
+    FB(ks_config, share_system_prompt),
     FI(ks_config, max_queue, KS_CONFIG_MAX_QUEUE_MIN, KS_CONFIG_MAX_QUEUE_MAX),
     FI(ks_config, max_renders, 1, 1024),
     FY(ks_config, max_body_bytes, KS_CONFIG_MAX_BODY_MIN, KS_CONFIG_MAX_BODY_MAX),
@@ -551,6 +554,33 @@ static int cors_origins(walk *w, const char *path, yaml_node_t *vn, ks_config *c
     return 0;
 }
 
+/* api_keys: a sequence of keys (or one as a scalar), replacing any earlier
+ * list whole. The server checks each key (keyring.h). */
+static int api_keys(walk *w, const char *path, yaml_node_t *vn, ks_config *c) {
+    bool seq = vn->type == YAML_SEQUENCE_NODE;
+    if (!seq && !scalar_of(vn)) return type_error(w, path, vn, "a list of keys");
+    ptrdiff_t n_items = seq ? vn->data.sequence.items.top - vn->data.sequence.items.start : 1;
+    if (n_items > KS_CONFIG_KEYS_MAX) {
+        ks_set_err(w->err, w->errlen, "'%s' at line %d: at most %d keys (use api_key_file for more)", path,
+                   line_of(vn), KS_CONFIG_KEYS_MAX);
+        return KS_EINVAL;
+    }
+    char list[KS_CONFIG_KEYS_MAX][256];
+    memset(list, 0, sizeof list);
+    for (int i = 0; i < (int)n_items; i++) {
+        yaml_node_t *item = seq ? yaml_document_get_node(w->doc, vn->data.sequence.items.start[i]) : vn;
+        char full[512];
+        snprintf(full, sizeof full, "%s[%d]", path, i);
+        const char *s = item ? scalar_of(item) : NULL;
+        if (!s || !s[0] || strlen(s) != item->data.scalar.length || strlen(s) >= sizeof list[i])
+            return type_error(w, full, item ? item : vn, "a key of 1..255 bytes");
+        memcpy(list[i], s, strlen(s) + 1);
+    }
+    memcpy(c->api_keys, list, sizeof list);
+    c->n_api_keys = (int)n_items;
+    return 0;
+}
+
 /* The offload keys (base/offload.h), with the parsers the flags use:
  * gpu_layers (auto | all | N), devices ("CUDA0,CUDA1" | none), split_mode
  * (none | layer | row), tensor_split ([3, 1] or "3,1"), main_gpu,
@@ -624,6 +654,7 @@ static int top_pair(walk *w, const char *path, const char *key, yaml_node_t *kn,
     int orc = offload_pair(w, key, vn, &c->offload);
     if (orc <= 0) return orc;
     if (strcmp(key, "cors_origins") == 0) return cors_origins(w, key, vn, c);
+    if (strcmp(key, "api_keys") == 0) return api_keys(w, key, vn, c);
     if (strcmp(key, "models") == 0) return each_pair(w, key, vn, models_pair, c);
     if (strcmp(key, "store") == 0) {
         store_ud su = {.s = &c->store};

@@ -44,6 +44,9 @@ typedef struct ks_prompt_opts {
     int64_t max_bytes;     /* > 0: a rendered prompt longer than this is refused with
                               KS_ECTX before it is tokenized (the caller's bound of a
                               prompt that cannot fit its context); 0: none */
+    uint64_t memo_ns;      /* the render memo's namespace (prompt_tmpl.h): the server's
+                              tenant, so that a render remembered for one tenant never
+                              saves another one's time; 0: the shared one */
 } ks_prompt_opts;
 
 /* Renders msgs[0, n) (n >= 1) with the model's template, ending with the

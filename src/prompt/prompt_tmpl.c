@@ -193,11 +193,12 @@ static json_t *head_request(const json_t *req, int upto) {
  * holds this very head for a prompt starting as full does, else one render
  * and one tokenization (then remembered). 0 when the render fails. */
 static int head_len(const ks_engine *e, const ks_chat_tmpl *t, const json_t *req, int upto, const ks_tokens *full,
-                    ks_prompt_memo *memo, bool *whole) {
+                    ks_prompt_memo *memo, uint64_t ns, bool *whole) {
     *whole = false;
     json_t *part = head_request(req, upto);
     char *c = part && memo ? canon(part) : NULL;
-    uint64_t key = c ? XXH3_64bits(c, strlen(c)) | 1 : 0;
+    /* ns: the memo's namespace (ks_prompt_opts.memo_ns); seed 0 is plain XXH3 */
+    uint64_t key = c ? XXH3_64bits_withSeed(c, strlen(c), ns) | 1 : 0;
     free(c);
     int n = 0;
     if (key && memo_get(memo, key, full, &n, whole)) {
@@ -223,13 +224,13 @@ static int head_len(const ks_engine *e, const ks_chat_tmpl *t, const json_t *req
 
 /* SPC: the leading system message rendered alone, with the same options. */
 static void sys_key(const ks_engine *e, const ks_chat_tmpl *t, const json_t *req, const char *opts,
-                    const char *model_id, ks_prompt_memo *memo, ks_prompt *p) {
+                    const char *model_id, ks_prompt_memo *memo, uint64_t ns, ks_prompt *p) {
     const json_t *msgs = json_object_get(req, "messages");
     json_t *m0 = json_array_get(msgs, 0);
     if (!m0 || strcmp(json_string_value(json_object_get(m0, "role")), "system") != 0) return;
     if (json_array_size(msgs) < 2) return;
     bool whole;
-    int n_sys = head_len(e, t, req, 0, &p->tokens, memo, &whole);
+    int n_sys = head_len(e, t, req, 0, &p->tokens, memo, ns, &whole);
     if (!whole || n_sys >= p->tokens.n) return;
     char *c = canon(m0);
     size_t n = (c ? strlen(c) : 0) + strlen(opts) + 2;
@@ -441,7 +442,7 @@ int ks_prompt_tmpl_chat(const ks_engine *e, const ks_chat_tmpl *t, const json_t 
         opts = options_text(req);
         if (opts) {
             hints_hashes(json_object_get(req, "messages"), opts, &out->p);
-            sys_key(e, t, req, opts, o->model_id, memo, &out->p);
+            sys_key(e, t, req, opts, o->model_id, memo, o->memo_ns, &out->p);
         }
     }
     free(opts);
@@ -456,13 +457,18 @@ fail:
 
 int ks_prompt_tmpl_prefix_len(const ks_engine *e, const ks_chat_tmpl *t, const json_t *req, int upto,
                               const ks_tokens *full, int n_gen_prompt, ks_prompt_memo *memo) {
+    return ks_prompt_tmpl_prefix_len_ns(e, t, req, upto, full, n_gen_prompt, memo, 0);
+}
+
+int ks_prompt_tmpl_prefix_len_ns(const ks_engine *e, const ks_chat_tmpl *t, const json_t *req, int upto,
+                                 const ks_tokens *full, int n_gen_prompt, ks_prompt_memo *memo, uint64_t ns) {
     const json_t *msgs = json_object_get(req, "messages");
     if (upto < 0 || (size_t)upto >= json_array_size(msgs)) return 0;
     /* The last message: the prompt is that render plus the generation prompt. */
     if ((size_t)upto + 1 == json_array_size(msgs) && n_gen_prompt > 0 && n_gen_prompt < full->n)
         return full->n - n_gen_prompt;
     bool whole;
-    return head_len(e, t, req, upto, full, memo, &whole);
+    return head_len(e, t, req, upto, full, memo, ns, &whole);
 }
 
 bool ks_prompt_tmpl_preserved(const int32_t *preserved, int n, int32_t tok) {

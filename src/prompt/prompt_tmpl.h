@@ -97,6 +97,9 @@ int ks_prompt_tmpl_chat(const ks_engine *e, const ks_chat_tmpl *t, const json_t 
  * message or memo (may be NULL) holds it. */
 int ks_prompt_tmpl_prefix_len(const ks_engine *e, const ks_chat_tmpl *t, const json_t *req, int upto,
                               const ks_tokens *full, int n_gen_prompt, ks_prompt_memo *memo);
+/* The same with memo entries in namespace ns (ks_prompt_opts.memo_ns). */
+int ks_prompt_tmpl_prefix_len_ns(const ks_engine *e, const ks_chat_tmpl *t, const json_t *req, int upto,
+                                 const ks_tokens *full, int n_gen_prompt, ks_prompt_memo *memo, uint64_t ns);
 
 /* true when tok is in preserved[0, n) (sorted, as ks_prompt_tmpl keeps it;
  * a caller may keep the array after the rest is freed). */

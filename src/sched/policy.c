@@ -127,7 +127,7 @@ int ks__policy_save_ask(ks_sched *s, slot *sl, ks_reason why) {
      * tier, or for a state it already holds (e.g. the finish save of the
      * request that left this KV, when the slot is evicted later). Such a "no"
      * is still a save request, counted by the store as not written. */
-    bool want = ks_store_wants(s->p.store, why, sl->tokens.v, sl->tokens.n);
+    bool want = ks_store_wants_in(s->p.store, sl->tenant, why, sl->tokens.v, sl->tokens.n);
     s->cst.store_save_requests[why]++;
     return want ? 1 : 0;
 }
@@ -139,7 +139,7 @@ void ks__policy_save_take(ks_sched *s, slot *sl, ks_reason why, bool sync) {
         s->cst.store_save_requests[why]--;
         return;
     }
-    int rc = ks_store_save(s->p.store, why, sl->tokens.v, sl->tokens.n, buf, len, sync); /* takes buf */
+    int rc = ks_store_save_in(s->p.store, sl->tenant, why, sl->tokens.v, sl->tokens.n, buf, len, sync); /* takes buf */
     KS_DEBUG(MOD, "slot[%d] save %s: %d tokens, %zu bytes%s (%s)", sl->id, ks_reason_name(why), sl->tokens.n,
              len, sync ? ", sync" : "", rc ? ks_strerror(rc) : "ok");
 }
@@ -194,7 +194,7 @@ static int store_restore(ks_sched *s, slot *sl, sreq *r, int *n_reuse, int beat,
     for (;;) {
         max = ks_engine_restorable_floor(s->e, max);
         if (beat + 1 > max) return 0;
-        if (ks_store_lookup_range(s->p.store, r->prompt.v, r->prompt.n, beat + 1, max, &hit) != 0) return 0;
+        if (ks_store_lookup_range_in(s->p.store, r->p.tenant, r->prompt.v, r->prompt.n, beat + 1, max, &hit)) return 0;
         if (restorable(s, hit.n_tokens)) break;
         max = hit.n_tokens - 1;
         ks_store_hit_free(&hit);
@@ -360,7 +360,7 @@ static int copy_source(ks_sched *s, const slot *dst, const sreq *r, int need, in
     *n_out = 0;
     for (int i = 0; i < s->n_slots; i++) {
         const slot *o = &s->slots[i];
-        if (o == dst || o->tokens.n < need || !restorable(s, o->tokens.n)) continue;
+        if (o == dst || o->tenant != r->p.tenant || o->tokens.n < need || !restorable(s, o->tokens.n)) continue;
         int n = ks_prefix_reuse(ks_prefix_common(o->tokens.v, o->tokens.n, r->prompt.v, r->prompt.n), r->prompt.n);
         n = copy_reach(s, o, n, trims);
         if (n < need) continue;
@@ -461,14 +461,15 @@ static void pin_save(ks_sched *s, slot *sl, sreq *r, int i) {
         s->cst.pin_failures++;
         return;
     }
-    if (ks_store_pin(s->p.store, r->prompt.v, n, until) == 0) {
+    if (ks_store_pin_in(s->p.store, r->p.tenant, r->prompt.v, n, until) == 0) {
         pin_held(s, r, i, false);
         return;
     }
     size_t len = 0;
     uint8_t *buf = snapshot(s, sl, &len);
     if (buf) s->cst.store_save_requests[KS_REASON_PIN]++; /* the store accounts for each (store.h stats) */
-    int rc = buf ? ks_store_save_pinned(s->p.store, r->prompt.v, n, buf, len, until) : KS_ENOMEM; /* takes buf */
+    /* takes buf */
+    int rc = buf ? ks_store_save_pinned_in(s->p.store, r->p.tenant, r->prompt.v, n, buf, len, until) : KS_ENOMEM;
     KS_DEBUG(MOD, "slot[%d] pin %d tokens for %d s: %s", sl->id, n, r->pins[i].ttl_s,
              rc == 1 ? "saved" : rc == 0 ? "refreshed" : ks_strerror(rc));
     if (rc >= 0) {
@@ -490,7 +491,7 @@ static int pins_plan(ks_sched *s, slot *sl, sreq *r, int *n_reuse) {
     int covered[KS_MAX_CACHE_PINS], n_cov = 0;
     for (int i = 0; i < r->n_pins; i++) {
         int n = r->pins[i].n_tokens;
-        if (ks_store_pin(s->p.store, r->prompt.v, n, pin_until(r, i)) == 0)
+        if (ks_store_pin_in(s->p.store, r->p.tenant, r->prompt.v, n, pin_until(r, i)) == 0)
             pin_held(s, r, i, false);
         else if (n > *n_reuse)
             r->pin_st[i] = PIN_PENDING;
@@ -617,6 +618,8 @@ int ks__policy_plan(ks_sched *s, slot *sl) {
     /* A miss on a slot that held another branch: that branch is gone. */
     bool took_over = rt->mode == KS_ROUTE_MISS && sl->tokens.n > 0 && cache;
     n_reuse = trim(s, sl, n_reuse);
+    KS_ASSERT(sl->tenant == r->p.tenant || sl->tokens.n == 0); /* another's KV: saved above, kept nothing */
+    sl->tenant = r->p.tenant; /* the slot's KV and its saves are this tenant's now (sched_int.h) */
 
     int n_sys = r->p.n_sys_tokens;
     /* A copy must beat the system prompt when SPC holds it: SPC's state is

@@ -45,6 +45,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cache/msghash.h"
 #include "cache/prefix.h"
 #include "cache/route.h"
 #include "cache/spc.h"
@@ -243,7 +244,9 @@ static int route(ks_sched *s, sreq *r, ks_route *out) {
         if (sl->state != ST_IDLE) return KS_EBUSY;
         memset(out, 0, sizeof *out);
         out->slot = sl->id;
-        out->n_common = cache ? ks_prefix_common(sl->tokens.v, sl->tokens.n, r->prompt.v, r->prompt.n) : 0;
+        out->n_common = cache && sl->tenant == r->p.tenant
+                            ? ks_prefix_common(sl->tokens.v, sl->tokens.n, r->prompt.v, r->prompt.n)
+                            : 0;
         out->n_reuse = ks_prefix_reuse(out->n_common, r->prompt.n);
         out->mode = out->n_reuse > 0 ? KS_ROUTE_PREFIX : KS_ROUTE_MISS;
         if (!cache) snprintf(out->reason, sizeof out->reason, "cache-disabled");
@@ -259,10 +262,10 @@ static int route(ks_sched *s, sreq *r, ks_route *out) {
         rs[i] = (ks_route_slot){.id = i, .busy = assigned && sl->planned, .pending = assigned && !sl->planned,
                                 .tokens = sl->tokens.v, .n_tokens = sl->tokens.n,
                                 .last_used_us = sl->last_used_us, .msg_hash = sl->msg_hash,
-                                .n_msgs_cached = sl->n_msgs_cached};
+                                .n_msgs_cached = sl->n_msgs_cached, .tenant = sl->tenant};
     }
     ks_route_req rq = {.tokens = r->prompt.v, .n_tokens = r->prompt.n, .msg_prefix_hash = r->hashes,
-                       .n_msgs = r->hashes ? r->p.n_msgs : 0, .cache_prompt = cache};
+                       .n_msgs = r->hashes ? r->p.n_msgs : 0, .cache_prompt = cache, .tenant = r->p.tenant};
     if (s->p.spc && r->p.sys_key && r->p.n_sys_tokens >= s->p.cache_min_tokens &&
         ks_spc_contains(s->p.spc, r->p.sys_key))
         rq.spc_tokens = r->p.n_sys_tokens;
@@ -351,6 +354,7 @@ static void publish_locked(ks_sched *s) {
         busy += in->busy;
         in->n_tokens = sl->tokens.n;
         in->last_used_us = sl->last_used_us;
+        in->tenant = sl->r ? sl->r->p.tenant : sl->tenant;
         if (sl->r) {
             in->req_id = sl->r->id;
             in->shown_req_id = sl->r->id;
@@ -579,14 +583,19 @@ int ks_sched_submit(ks_sched *s, const ks_req_params *p, uint64_t *id) {
         r->hashes = malloc(sizeof(uint64_t) * (size_t)(p->n_msgs + 1));
         if (!r->hashes) goto nomem;
         memcpy(r->hashes, p->msg_prefix_hash, sizeof(uint64_t) * (size_t)(p->n_msgs + 1));
+        for (int k = 0; k <= p->n_msgs; k++) r->hashes[k] = ks_msghash_tenant(r->hashes[k], p->tenant);
     }
+    /* The tenant's namespace (ks_req_params.tenant): an SPC key too, unless
+     * the operator shares system prompts. */
+    if (r->p.sys_key && !s->p.share_system_prompt) r->p.sys_key = ks_msghash_tenant(r->p.sys_key, p->tenant);
     r->t_submit = ks_now_ms();
     /* Redis is asked here, on the submitting thread, never on the inference
      * thread: the state it holds waits in the store for this request's
      * lookup (store.h, ks_store_prefetch). The first token's time counts it. */
     if (s->p.store && r->p.cache_prompt && s->p.cache_prompt) { /* returns at once without a redis tier */
         /* the longest state a restore could take (policy.c, restorable) */
-        ks_store_prefetch(s->p.store, r->prompt.v, r->prompt.n, ks_engine_restorable_floor(s->e, r->prompt.n - 1));
+        ks_store_prefetch_in(s->p.store, r->p.tenant, r->prompt.v, r->prompt.n,
+                             ks_engine_restorable_floor(s->e, r->prompt.n - 1));
     }
     pthread_mutex_lock(&s->mu);
     if (s->stop) {

@@ -99,6 +99,11 @@ typedef struct ks_sched_params {
     int ckpt_max;              /* default 8, at most KS_SCHED_CKPT_MAX */
     size_t ckpt_bytes;         /* default 32 MiB */
     int ckpt_gen_interval;     /* default 16; 0: none while generating */
+    /* Tenants (ks_req_params.tenant): true lets every tenant's request
+     * restore a system prompt's SPC state whoever computed it (the operator
+     * shares system prompts on purpose: docs/SECURITY.md); false (default):
+     * SPC keys are per tenant like everything else. */
+    bool share_system_prompt;
     /* Tests only: behave as if the memory could not remove a partial range
      * (recurrent/hybrid models), to exercise the full-rebuild fallback on
      * models that can. */
@@ -209,6 +214,15 @@ typedef struct ks_req_params {
     bool cache_prompt;      /* false: clear the slot and prefill everything */
     bool want_logits;       /* pass the first token's logits to on_done */
     int preferred_slot;     /* -1: choose; >= 0: wait for this slot (ks_chat uses 0) */
+    /* Whose request this is (docs/SECURITY.md "Tenants"); 0: the single
+     * tenant. Cache state never crosses tenants: routing compares it (route.h
+     * invariant 4), slot copies take only the same tenant's slots, the
+     * message hashes and SPC key below are taken into its namespace at submit
+     * (ks_msghash_tenant; the SPC key not with share_system_prompt), and the
+     * store's keys hash it (store.h, the _in calls). A slot keeps the tenant
+     * of the KV it holds, and its saves (evict, shutdown...) go to that
+     * tenant's namespace. */
+    uint64_t tenant;
     /* Cache hints from the HTTP layer (optional; zero/NULL when absent). */
     const uint64_t *msg_prefix_hash; /* n_msgs + 1 hashes of messages[0..k) (copied) */
     int n_msgs;
@@ -289,6 +303,7 @@ typedef struct ks_slot_info {
     int n_cache_written;   /* the request's breakpoint writes as planned (ks_req_result's, final at the end) */
     int n_generated;
     int64_t last_used_us;  /* monotonic */
+    uint64_t tenant;       /* whose request or KV it is (ks_req_params.tenant) */
 } ks_slot_info;
 
 /* Fills up to n slot descriptions; returns the number of slots. */

@@ -69,6 +69,8 @@ typedef struct slot {
                             "pending" to the router */
     bool no_store;       /* the KV was left by a cache_prompt:false request: never saved */
     ks_tokens tokens;    /* exactly what the sequence holds (sched.c, S1) */
+    uint64_t tenant;     /* whose KV that is (ks_req_params.tenant): set by the plan
+                            once the previous tenant's KV is saved and dropped */
     sreq *r;
     int n_past;          /* next prompt index to prefill */
     int chunk;           /* prompt tokens in the current batch */

@@ -5,6 +5,7 @@
 #include "server/api_int.h"
 
 #include "base/textstream.h"
+#include "cache/key.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -238,29 +239,22 @@ int ks__api_parse_prompts(json_t *root, ks_api_request *r, ks_api_error *err) {
 }
 
 /* --------------------------------------------------------------- responses */
-static uint64_t splitmix64(uint64_t x) {
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
-
+/* Every id is 128 bits fresh from the system's CSPRNG (issue 28: ids made
+ * from one seed and a counter through an invertible mix let a client who
+ * saw one id compute the others, and continue another client's stored
+ * conversation). Nothing links two ids; a collision takes about 2^64 of
+ * them. */
 void ks_api_make_id(char *buf, size_t n, const char *prefix) {
-    static _Atomic uint64_t counter;
-    static _Atomic uint64_t seed;
-    uint64_t s = atomic_load(&seed);
-    if (s == 0) {
-        uint64_t fresh = ks_random_u64() | 1; /* never 0, so the seed is drawn once */
-        uint64_t expected = 0;
-        atomic_compare_exchange_strong(&seed, &expected, fresh);
-        s = atomic_load(&seed);
+    uint8_t r[KS_API_ID_BYTES];
+    char hex[2 * KS_API_ID_BYTES + 1];
+    if (ks_random_secure(r, sizeof r) != 0) {
+        /* No kernel randomness at all (no getrandom, no /dev/urandom): the
+         * id is still unique, but guessable, and the log says so. */
+        KS_ERROR("http", "no system randomness: ids are unique but not secret");
+        ks_random_bytes(r, sizeof r);
     }
-    /* splitmix64 is a bijection, so distinct counters give distinct ids. */
-    uint64_t c = atomic_fetch_add(&counter, 1);
-    uint64_t a = splitmix64(s + c);
-    uint64_t b = splitmix64(a ^ s);
-    snprintf(buf, n, "%s%016llx%08llx", prefix, (unsigned long long)a,
-             (unsigned long long)(b & 0xffffffffull));
+    ks_hex_encode(r, sizeof r, hex);
+    snprintf(buf, n, "%s%s", prefix, hex);
 }
 
 const char *ks_api_finish_reason(const ks_req_result *r, bool stopped_by_string) {

@@ -164,6 +164,7 @@ typedef struct ks_api_request {
     ks_api_breakpoint bps[KS_API_MAX_BREAKPOINTS]; /* chat: cache_control breakpoints, in the
                                                       order given */
     int n_bps;
+    uint64_t tenant;       /* set by the server: whose request (docs/SECURITY.md), 0: single */
 
     /* owned storage behind the borrowed pointers */
     json_t *root;
@@ -271,7 +272,10 @@ typedef struct ks_api_gen {
     const ks_req_result *r;  /* counts and timings; may be NULL in chunks that need none */
 } ks_api_gen;
 
-/* A new id: prefix + 24 hex digits, unique in the process. n >= prefix + 25. */
+/* A new id: prefix + 32 hex digits, 128 bits from the system's CSPRNG
+ * (ks_random_secure): unique, and unguessable from any other id.
+ * n >= prefix + 33. Thread-safe. */
+#define KS_API_ID_BYTES 16
 void ks_api_make_id(char *buf, size_t n, const char *prefix);
 
 /* finish_reason for a scheduler result: "stop", "length" (NULL for

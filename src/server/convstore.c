@@ -14,6 +14,7 @@
 
 typedef struct entry {
     char id[64];
+    uint64_t tenant;
     json_t *msgs;
     int64_t expires_us;
 } entry;
@@ -58,7 +59,7 @@ void ks_convstore_free(ks_convstore *cs) {
     free(cs);
 }
 
-int ks_convstore_put(ks_convstore *cs, const char *id, json_t *msgs) {
+int ks_convstore_put(ks_convstore *cs, const char *id, uint64_t tenant, json_t *msgs) {
     if (!cs->cap) {
         json_decref(msgs);
         return 0;
@@ -69,6 +70,7 @@ int ks_convstore_put(ks_convstore *cs, const char *id, json_t *msgs) {
     if (cs->n == cs->cap) drop_oldest(cs);
     entry *e = &cs->ring[(cs->head + cs->n) % cs->cap];
     snprintf(e->id, sizeof e->id, "%s", id);
+    e->tenant = tenant;
     e->msgs = msgs;
     e->expires_us = now + (int64_t)cs->ttl_s * 1000000;
     cs->n++;
@@ -76,14 +78,14 @@ int ks_convstore_put(ks_convstore *cs, const char *id, json_t *msgs) {
     return 0;
 }
 
-json_t *ks_convstore_get(ks_convstore *cs, const char *id) {
+json_t *ks_convstore_get(ks_convstore *cs, const char *id, uint64_t tenant) {
     json_t *m = NULL;
     if (!cs->cap) return NULL;
     pthread_mutex_lock(&cs->mu);
     expire(cs, ks_now_us());
     for (int i = 0; i < cs->n && !m; i++) {
         entry *e = &cs->ring[(cs->head + i) % cs->cap];
-        if (!strcmp(e->id, id)) m = json_incref(e->msgs);
+        if (!strcmp(e->id, id) && e->tenant == tenant) m = json_incref(e->msgs);
     }
     pthread_mutex_unlock(&cs->mu);
     return m;

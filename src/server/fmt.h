@@ -55,11 +55,12 @@ struct ks_convstore;
 /* What a format's parser may use of the server (borrowed). */
 typedef struct ks_fmt_env {
     struct ks_convstore *convs; /* Responses conversations (previous_response_id) */
+    uint64_t tenant;            /* the request's tenant (docs/SECURITY.md): whose they are */
 } ks_fmt_env;
 
 /* What every reply shows of its generation (borrowed, read-only). */
 typedef struct ks_fmt_gen {
-    const char *id;             /* fmt->id_prefix + 24 hex digits */
+    const char *id;             /* fmt->id_prefix + 32 hex digits (ks_api_make_id) */
     int64_t created;            /* unix seconds */
     const char *model;
     int n_choices;

@@ -21,6 +21,7 @@ typedef struct resp {
                                       output when store is on */
     bool store;
     struct ks_convstore *convs;    /* borrowed from the server */
+    uint64_t tenant;               /* whose the conversation is */
     ks_api_rstream rs;             /* the stream's items and sequence numbers */
 } resp;
 
@@ -39,7 +40,7 @@ static int parse(const ks_fmt_env *env, json_t *root, ks_api_request *rq, void *
     const char *prev;
     resp *r = NULL;
     if (ks_api_responses_prev_id(root, &prev, e)) goto fail;
-    if (prev && !(hist = ks_convstore_get(env->convs, prev))) {
+    if (prev && !(hist = ks_convstore_get(env->convs, prev, env->tenant))) {
         ks_api_error_set(e, 400, T_INVALID, "previous_response_not_found", "previous_response_id",
                          "Previous response with id '%.80s' not found. This server keeps responses in memory for "
                          "%d s (and forgets them on restart); send the whole conversation as input instead.",
@@ -58,6 +59,7 @@ static int parse(const ks_fmt_env *env, json_t *root, ks_api_request *rq, void *
     r->conv = conv;
     r->store = rr.store;
     r->convs = env->convs;
+    r->tenant = env->tenant;
     ks_api_rstream_init(&r->rs, rr.tool_map);
     json_decref(hist);
     ks_api_resp_req_free(&rr);
@@ -107,7 +109,7 @@ static void keep_conversation(const resp *r, const ks_fmt_gen *g, const ks_fmt_c
         m = NULL;
         goto oom;
     }
-    ks_convstore_put(r->convs, g->id, conv);
+    ks_convstore_put(r->convs, g->id, r->tenant, conv);
     return;
 oom:
     json_decref(m);

@@ -560,6 +560,7 @@ static int submit(ks_server *s, gen *g, const ks_api_request *rq, const ks_plan 
         rp.sample.seed = rq->seed_set ? base_seed + (uint64_t)j : ks_random_u64();
         rp.ext = &x;
         rp.cache_prompt = rq->cache_prompt;
+        rp.tenant = rq->tenant;
         rp.preferred_slot = rq->id_slot;
         if (j > 0) rp.share_prefill_of = g->ch[i - j].sched_id;
         else if (pl->n_pins) {

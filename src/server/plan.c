@@ -46,7 +46,8 @@ void ks__plan_pins(ks_server *s, const ks_api_request *rq, ks_plan *pl) {
     for (int i = 0; i < rq->n_bps; i++) {
         int upto = rq->bps[i].msg < 0 ? 0 : rq->bps[i].msg;
         ks_admit_enter(&s->admit, KS_ADMIT_RENDER);
-        int n = ks_prompt_tmpl_prefix_len(s->engine, s->tmpl, rq->tmpl_req, upto, full, pl->tp.n_gen_prompt, s->memo);
+        int n = ks_prompt_tmpl_prefix_len_ns(s->engine, s->tmpl, rq->tmpl_req, upto, full, pl->tp.n_gen_prompt,
+                                             s->memo, rq->tenant);
         ks_admit_leave(&s->admit);
         if (n <= 0) {
             KS_DEBUG(MOD, "cache breakpoint after message %d: no token prefix of the prompt, dropped", upto);
@@ -116,7 +117,8 @@ int ks__plan_prompts(ks_server *s, const ks_api_request *rq, ks_plan *pl, bool b
     int rc = 0;
     int64_t max_bytes = bounded ? prompt_max_bytes(s) : 0;
     if (rq->kind == KS_API_CHAT) {
-        ks_prompt_opts o = {.hints = true, .model_id = s->model_id, .max_bytes = max_bytes};
+        /* A tenant's renders are remembered for it alone (docs/SECURITY.md). */
+        ks_prompt_opts o = {.hints = true, .model_id = s->model_id, .max_bytes = max_bytes, .memo_ns = rq->tenant};
         if (s->tmpl) {
             char err[512] = "";
             /* Sized before any render: the strings the template is known to

@@ -15,6 +15,7 @@
 #include "server/api_int.h"
 #include "server/fmt.h"
 #include "server/gen.h"
+#include "server/keyring.h"
 #include "server/plan.h"
 
 #define MOD "http"
@@ -26,6 +27,27 @@ static void server_defaults(ks_server *s, ks_api_request *rq) {
         json_object_set_new(rq->tmpl_req, "reasoning_format", json_string(s->reasoning_format));
 }
 
+/* One string field of the body, subdividing tenant (docs/SECURITY.md):
+ * tenant itself when the field is absent, empty or not a string. */
+static uint64_t subdivide(uint64_t tenant, const char *field, const json_t *v) {
+    if (!json_is_string(v) || json_string_length(v) == 0) return tenant;
+    return ks_keyring_subtenant(tenant, field, json_string_value(v), json_string_length(v));
+}
+
+/* The request's tenant: its key's, subdivided by the fields the operator
+ * named (--tenant-by), each under its own name. */
+static uint64_t tenant_of(const ks_server *s, const conn *cn, const json_t *root) {
+    uint64_t t = cn->tenant;
+    if (s->tenant_by & KS_TENANT_BY_PROMPT_CACHE_KEY)
+        t = subdivide(t, "prompt_cache_key", json_object_get(root, "prompt_cache_key"));
+    if (s->tenant_by & KS_TENANT_BY_CACHE_SALT) t = subdivide(t, "cache_salt", json_object_get(root, "cache_salt"));
+    if (s->tenant_by & KS_TENANT_BY_USER) {
+        t = subdivide(t, "user", json_object_get(root, "user"));
+        t = subdivide(t, "user", json_object_get(json_object_get(root, "metadata"), "user_id"));
+    }
+    return t;
+}
+
 int ks__request_parse(ks_server *s, const ks_fmt *fmt, const conn *cn, ks_api_request *rq, void **st,
                       ks_api_error *e) {
     json_t *root = NULL;
@@ -33,8 +55,18 @@ int ks__request_parse(ks_server *s, const ks_fmt *fmt, const conn *cn, ks_api_re
     memset(rq, 0, sizeof *rq);
     int rc = ks__api_load_object(cn->body.s, cn->body.len, &root, e);
     if (rc) return rc;
-    ks_fmt_env env = {.convs = s->convs};
-    if ((rc = fmt->parse(&env, root, rq, st, e))) return rc;
+    ks_fmt_env env = {.convs = s->convs, .tenant = tenant_of(s, cn, root)};
+    if ((rc = fmt->parse(&env, root, rq, st, e))) return rc; /* root is the parser's */
+    rq->tenant = env.tenant;
+    /* cache_salt is a field kvstash does not know, logged as ignored
+     * (refusals.h), unless --tenant-by uses it. */
+    for (int i = 0; (s->tenant_by & KS_TENANT_BY_CACHE_SALT) && i < rq->notes.n; i++)
+        if (!strcmp(rq->notes.v[i].field, "cache_salt")) {
+            memmove(&rq->notes.v[i], &rq->notes.v[i + 1], sizeof rq->notes.v[0] * (size_t)(rq->notes.n - i - 1));
+            rq->notes.n--;
+            rq->notes.n_total--;
+            i--;
+        }
     server_defaults(s, rq);
     return 0;
 }

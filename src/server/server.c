@@ -50,6 +50,7 @@
 #include "prompt/prompt_tmpl.h"
 #include "server/fmt.h"
 #include "server/gen.h"
+#include "server/keyring.h"
 #include "server/refusals.h"
 
 /* Render results the server remembers (prompt_tmpl.h): a few per
@@ -112,17 +113,12 @@ static const route *find_route(const char *url) {
 static uint64_t hard_cap(const ks_server *s) { return (uint64_t)s->max_body * 2 + (1u << 20); }
 
 /* --------------------------------------------------------------- MHD glue */
-static bool equal_ct(const char *a, const char *b) {
-    size_t na = strlen(a), nb = strlen(b);
-    unsigned char d = na != nb;
-    for (size_t i = 0; i < na && i < nb; i++) d |= (unsigned char)(a[i] ^ b[i]);
-    return d == 0;
-}
-
-/* Authorization: Bearer KEY (or X-Api-Key: KEY, as llama-server accepts). */
-static bool authorized(ks_server *s, struct MHD_Connection *c, bool *given) {
+/* Authorization: Bearer KEY (or X-Api-Key: KEY, as llama-server accepts);
+ * *tenant: the key's (keyring.h). */
+static bool authorized(ks_server *s, struct MHD_Connection *c, bool *given, uint64_t *tenant) {
     *given = false;
-    if (!s->api_key[0]) return true;
+    *tenant = 0;
+    if (!ks_keyring_required(s->keys)) return true;
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
     const char *key = NULL;
     if (h && !strncasecmp(h, "Bearer ", 7)) {
@@ -131,7 +127,7 @@ static bool authorized(ks_server *s, struct MHD_Connection *c, bool *given) {
     }
     if (!key) key = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Api-Key");
     *given = key != NULL;
-    return key && equal_ct(key, s->api_key);
+    return key && ks_keyring_check(s->keys, key, tenant);
 }
 
 /* -------------------------------------------------------------------- CORS */
@@ -330,7 +326,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (!cn->rt) cn->early = 404;
         else if (s->n_cors_origins && !strcmp(method, "OPTIONS")) cn->options = true; /* no key: reply_options */
         else if (!((get && (cn->rt->methods & M_GET)) || (post && (cn->rt->methods & M_POST)))) cn->early = 405;
-        else if (cn->rt->id != R_HEALTH && !authorized(s, c, &given)) cn->early = 401, cn->key_given = given;
+        else if (cn->rt->id != R_HEALTH && !authorized(s, c, &given, &cn->tenant))
+            cn->early = 401, cn->key_given = given;
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl) {
             char *end;
@@ -508,7 +505,30 @@ int ks_server_start(const ks_server_params *p, ks_server **out, char *err, size_
     s->sched = p->sched;
     s->quiesced_fd = MHD_INVALID_SOCKET;
     snprintf(s->host, sizeof s->host, "%s", host);
-    snprintf(s->api_key, sizeof s->api_key, "%s", p->api_key ? p->api_key : "");
+    {
+        const char *keys[1 + 64];
+        int n_keys = 0;
+        if (p->api_key && p->api_key[0]) keys[n_keys++] = p->api_key;
+        for (int i = 0; i < p->n_api_keys && p->api_keys && n_keys < (int)(sizeof keys / sizeof keys[0]); i++)
+            keys[n_keys++] = p->api_keys[i];
+        int krc = p->n_api_keys > 64 ? KS_EINVAL
+                                     : ks_keyring_create(keys, n_keys, p->api_key_file, &s->keys, err, errlen);
+        if (krc) {
+            if (p->n_api_keys > 64) ks_set_err(err, errlen, "more than 64 API keys: use a key file");
+            ks_server_free(s);
+            freeaddrinfo(ai);
+            return krc;
+        }
+        s->tenant_by = p->tenant_by;
+        int nk = ks_keyring_count(s->keys);
+        bool file = p->api_key_file && p->api_key_file[0];
+        if (nk || file || p->tenant_by)
+            KS_INFO("auth", "%d API key(s)%s%s%s: %s%s%s%s", nk, file ? " (key file " : "", file ? p->api_key_file : "",
+                    file ? ")" : "", nk <= 1 && !file ? "one tenant" : "a tenant per key (or name)",
+                    p->tenant_by & KS_TENANT_BY_PROMPT_CACHE_KEY ? ", split by prompt_cache_key" : "",
+                    p->tenant_by & KS_TENANT_BY_CACHE_SALT ? ", split by cache_salt" : "",
+                    p->tenant_by & KS_TENANT_BY_USER ? ", split by user" : "");
+    }
     snprintf(s->model, sizeof s->model, "%s", model ? model : "model");
     snprintf(s->model_id, sizeof s->model_id, "%s", p->model_id ? p->model_id : s->model);
     s->max_body = p->max_body_bytes;
@@ -597,6 +617,26 @@ int ks_server_start(const ks_server_params *p, ks_server **out, char *err, size_
 
 int ks_server_port(const ks_server *s) { return s->port; }
 
+void ks_server_reload_keys(ks_server *s) { ks_keyring_reload(s->keys); }
+
+int ks_server_tenant_by_parse(const char *list, unsigned *bits) {
+    static const struct {
+        const char *name;
+        unsigned bit;
+    } k[] = {{"prompt_cache_key", KS_TENANT_BY_PROMPT_CACHE_KEY}, {"cache_salt", KS_TENANT_BY_CACHE_SALT},
+             {"user", KS_TENANT_BY_USER}, {"none", 0}};
+    *bits = 0;
+    for (const char *p = list ? list : ""; *p;) {
+        size_t n = strcspn(p, ",");
+        bool ok = n == 0;
+        for (size_t i = 0; i < sizeof k / sizeof k[0] && !ok; i++)
+            if (strlen(k[i].name) == n && !strncmp(p, k[i].name, n)) *bits |= k[i].bit, ok = true;
+        if (!ok) return KS_EINVAL;
+        p += n + (p[n] == ',');
+    }
+    return 0;
+}
+
 void ks_server_quiesce(ks_server *s) {
     if (atomic_exchange(&s->draining, true)) return;
     if (s->d) s->quiesced_fd = MHD_quiesce_daemon(s->d);
@@ -631,6 +671,7 @@ void ks_server_free(ks_server *s) {
     ks_chat_tmpl_free(s->tmpl);
     ks_convstore_free(s->convs);
     if (s->admit_ok) ks_admit_fini(&s->admit);
+    ks_keyring_free(s->keys);
     pthread_rwlock_destroy(&s->sched_lock);
     free(s);
 }

@@ -93,12 +93,30 @@ typedef struct ks_server ks_server;
  * select() must fit below FD_SETSIZE (1024) with the spare band. */
 enum { KS_SERVER_CORS_MAX = 16, KS_SERVER_ORIGIN_MAX = 256, KS_SERVER_CONN_SPARE = 16, KS_SERVER_CONN_MAX = 960 };
 
+/* Request fields that may subdivide a tenant (ks_server_params.tenant_by):
+ * OpenAI's prompt_cache_key, vLLM's cache_salt, and the end user (OpenAI's
+ * user, Anthropic's metadata.user_id). */
+enum { KS_TENANT_BY_PROMPT_CACHE_KEY = 1u << 0, KS_TENANT_BY_CACHE_SALT = 1u << 1, KS_TENANT_BY_USER = 1u << 2 };
+/* Parses a comma-separated list of "prompt_cache_key", "cache_salt", "user"
+ * (or "none", ""): 0 and *bits, or KS_EINVAL. */
+int ks_server_tenant_by_parse(const char *list, unsigned *bits);
+
 typedef struct ks_server_params {
     ks_engine *engine;        /* borrowed; must outlive the server */
     ks_sched *sched;          /* borrowed; see ks_server_detach_sched */
     const char *host;         /* address to bind (default "127.0.0.1"); copied */
     int port;                 /* 0: a free port, see ks_server_port (default 8080) */
     const char *api_key;      /* NULL or "": no authentication; copied */
+    /* More keys and a key file the operator may rewrite while serving
+     * (keyring.h: format, reloads, and which tenant each key is; every key
+     * is its own tenant unless api_key alone is given). Copied; at most 64
+     * (a key file holds more). */
+    const char *const *api_keys;
+    int n_api_keys;
+    const char *api_key_file; /* NULL or "": none */
+    /* Which request fields subdivide a key's tenant (docs/SECURITY.md):
+     * KS_TENANT_BY_* bits, 0 (default): none. */
+    unsigned tenant_by;
     const char *model_name;   /* id in /v1/models and responses; NULL: the engine's name */
     int64_t max_body_bytes;   /* larger bodies get 413 (default 16 MiB) */
     int default_max_tokens;   /* for requests without max_tokens, capped at the context
@@ -157,6 +175,8 @@ int ks_server_n_active(ks_server *s);
  * calls in progress); requests that still wait for their on_done get it from
  * ks_sched_free. Idempotent. */
 void ks_server_detach_sched(ks_server *s);
+/* Reads the API key file again before the next request (SIGHUP). Any thread. */
+void ks_server_reload_keys(ks_server *s);
 /* Waits up to 3 s for requests still writing their reply, stops the daemon
  * (closing every connection) and frees. Call after ks_server_detach_sched
  * and ks_sched_free when a scheduler was attached. NULL is a no-op. */

@@ -44,7 +44,8 @@ struct ks_server {
     char start_err[256];
     int port;
     char host[256];
-    char api_key[256];
+    struct ks_keyring *keys;    /* API keys and their tenants (keyring.h); NULL: none */
+    unsigned tenant_by;         /* KS_TENANT_BY_* (server.h) */
     char model[256];
     char model_id[512];
     int64_t max_body;
@@ -95,6 +96,7 @@ typedef struct conn {
     char url[128];        /* as sent, truncated (for the log) */
     int early;            /* status decided when the headers came in, 0: none */
     bool key_given;       /* for the 401 message */
+    uint64_t tenant;      /* the key's tenant (keyring.h), 0: single tenant */
     bool options;         /* OPTIONS on a route with CORS on: reply_options answers */
     bool http11;          /* HTTP/1.1, not 1.0 (framing; an interim 1xx response may be sent) */
     ks_buf body;

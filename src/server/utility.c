@@ -62,6 +62,18 @@ enum MHD_Result ks__util_slots(ks_server *s, struct MHD_Connection *c, conn *cn)
     int64_t now = ks_now_us();
     for (int i = 0; a && i < n; i++) {
         const ks_slot_info *si = &info[i];
+        if (si->tenant != cn->tenant) {
+            /* Another tenant's slot (docs/SECURITY.md): its state only, none
+             * of its counts. */
+            json_t *o = json_pack("{s:i, s:s, s:b, s:n, s:n, s:n, s:n, s:n, s:n}", "id", si->id, "state",
+                                  si->busy ? "busy" : "idle", "busy", si->busy, "req_id", "n_tokens", "n_prompt",
+                                  "n_cached", "n_generated", "idle_ms");
+            if (!o || json_array_append_new(a, o)) {
+                json_decref(a);
+                a = NULL;
+            }
+            continue;
+        }
         json_t *o = json_pack("{s:i, s:s, s:b, s:I, s:i, s:i, s:i, s:i, s:o}", "id", si->id, "state",
                               si->busy ? "busy" : "idle", "busy", si->busy, "req_id", (json_int_t)si->req_id,
                               "n_tokens", si->n_tokens, "n_prompt", si->n_prompt, "n_cached", si->n_cached,

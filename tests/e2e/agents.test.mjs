@@ -18,7 +18,9 @@ import { spawn } from 'node:child_process';
 import { mkdtempSync, mkdirSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { startServer, stopOk, importClient, agentModel, templateModel, servedSince, refusedSince, CLIENTS_DIR } from './lib.mjs';
+import {
+  startServer, stopOk, importClient, agentModel, templateModel, servedSince, refusedSince, until, CLIENTS_DIR,
+} from './lib.mjs';
 
 const MODEL = 'qwen3-coder'; // what a user of a local model passes: a name the agents do not know
 let srv, dir;
@@ -199,6 +201,9 @@ async function toolLoop(srv, streamText, tool, stepCountIs, jsonSchema, createOp
   assert.equal(steps.length, 3, JSON.stringify(steps.map((x) => x.finishReason)));
   assert.equal(calls, 3);
   assert.ok(chunks > 3);
+  // The server logs each request before its reply's last bytes, but the
+  // log comes through another pipe than the reply: wait for it to arrive.
+  await until(() => servedSince(srv, from).length >= 3, 'three requests in the log').catch(() => {});
   const reqs = servedSince(srv, from);
   assert.equal(reqs.length, 3, JSON.stringify(reqs));
   for (let i = 1; i < 3; i++)

@@ -33,7 +33,7 @@ test('GET /v1/models', async () => {
 
 test('non-stream chat completion', async () => {
   const r = await chat(srv, msgs, { max_tokens: 12 });
-  assert.match(r.id, /^chatcmpl-[0-9a-f]{24}$/);
+  assert.match(r.id, /^chatcmpl-[0-9a-f]{32}$/);
   assert.equal(r.object, 'chat.completion');
   assert.equal(typeof r.created, 'number');
   assert.equal(typeof r.model, 'string');

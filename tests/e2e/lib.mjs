@@ -335,12 +335,12 @@ const sumPrefix = (m, prefix) => [...m].filter(([k]) => k.startsWith(prefix)).re
 
 // Waits until the store has processed every save the scheduler handed it:
 // nothing queued, and every save request accounted for (written or not written,
-// with its cause). Returns the final metrics.
-export async function settleStore(srv, timeoutMs = 30000) {
+// with its cause). Returns the final metrics. headers: for a server with keys.
+export async function settleStore(srv, timeoutMs = 30000, headers = {}) {
   let last;
   try {
     return await until(async () => {
-      const m = (last = await metrics(srv));
+      const m = (last = await metrics(srv, headers));
       const asked = sumPrefix(m, 'kvstash_store_save_requests_total{');
       const done = sumPrefix(m, 'kvstash_store_saves_total{') + sumPrefix(m, 'kvstash_store_saves_not_written_total{');
       return m.get('kvstash_store_queued_saves') === 0 && done === asked ? m : null;

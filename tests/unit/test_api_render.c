@@ -163,7 +163,7 @@ static void test_ids(void **state) {
     char a[64], b[64];
     ks_api_make_id(a, sizeof a, "chatcmpl-");
     ks_api_make_id(b, sizeof b, "chatcmpl-");
-    assert_int_equal(strlen(a), strlen("chatcmpl-") + 24);
+    assert_int_equal(strlen(a), strlen("chatcmpl-") + 32);
     assert_memory_equal(a, "chatcmpl-", 9);
     assert_string_not_equal(a, b);
     for (const char *p = a + 9; *p; p++) assert_non_null(strchr("0123456789abcdef", *p));
