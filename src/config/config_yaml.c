@@ -33,189 +33,9 @@
 #include "base/base.h"
 #include "cache/redis_fmt.h"
 #include "config/config_int.h"
+#include "config/config_walk.h"
 
 #define MAX_FILE_BYTES (1 << 20)
-
-/* ------------------------------------------------------------ walking */
-typedef struct walk {
-    yaml_document_t *doc;
-    char *err;
-    size_t errlen;
-} walk;
-
-static int line_of(const yaml_node_t *n) { return (int)n->start_mark.line + 1; }
-
-static const char *scalar_of(const yaml_node_t *n) {
-    return n->type == YAML_SCALAR_NODE ? (const char *)n->data.scalar.value : NULL;
-}
-
-static const char *node_desc(const yaml_node_t *n) {
-    switch (n->type) {
-    case YAML_MAPPING_NODE: return "a mapping";
-    case YAML_SEQUENCE_NODE: return "a sequence";
-    default: return "nothing";
-    }
-}
-
-/* "'path' at line N: expected X, got 'v'" — always returns KS_EINVAL. */
-static int type_error(walk *w, const char *path, const yaml_node_t *v, const char *expected) {
-    const char *s = scalar_of(v);
-    if (s)
-        ks_set_err(w->err, w->errlen, "'%s' at line %d: expected %s, got '%.80s'", path, line_of(v),
-                   expected, s);
-    else
-        ks_set_err(w->err, w->errlen, "'%s' at line %d: expected %s, got %s", path, line_of(v),
-                   expected, node_desc(v));
-    return KS_EINVAL;
-}
-
-/* Key paths longer than out are cut (they only appear in messages). */
-static void join(char *out, size_t outlen, const char *prefix, const char *key) {
-    int n = (prefix && *prefix) ? snprintf(out, outlen, "%s.%s", prefix, key) : snprintf(out, outlen, "%s", key);
-    (void)n; /* checked use of the result keeps -Wformat-truncation quiet at -O3 */
-    if (n < 0 && outlen) out[0] = '\0';
-}
-
-/* Iterates a mapping, checking that keys are scalars and unique. */
-typedef int (*pair_fn)(walk *w, const char *path, const char *key, yaml_node_t *kn,
-                       yaml_node_t *vn, void *ud);
-
-static int each_pair(walk *w, const char *path, yaml_node_t *map, pair_fn fn, void *ud) {
-    if (map->type != YAML_MAPPING_NODE) return type_error(w, path, map, "a mapping");
-    yaml_node_pair_t *begin = map->data.mapping.pairs.start;
-    yaml_node_pair_t *end = map->data.mapping.pairs.top;
-    for (yaml_node_pair_t *p = begin; p < end; p++) {
-        yaml_node_t *kn = yaml_document_get_node(w->doc, p->key);
-        yaml_node_t *vn = yaml_document_get_node(w->doc, p->value);
-        if (!kn || !vn) {
-            ks_set_err(w->err, w->errlen, "'%s': malformed mapping", path);
-            return KS_EINVAL;
-        }
-        const char *key = scalar_of(kn);
-        if (!key) {
-            ks_set_err(w->err, w->errlen, "'%s' at line %d: keys must be plain strings, got %s",
-                       *path ? path : "top level", line_of(kn), node_desc(kn));
-            return KS_EINVAL;
-        }
-        for (yaml_node_pair_t *q = begin; q < p; q++) {
-            const char *prev = scalar_of(yaml_document_get_node(w->doc, q->key));
-            if (prev && strcmp(prev, key) == 0) {
-                char full[512];
-                join(full, sizeof full, path, key);
-                ks_set_err(w->err, w->errlen, "duplicate key '%s' at line %d", full, line_of(kn));
-                return KS_EINVAL;
-            }
-        }
-        int rc = fn(w, path, key, kn, vn, ud);
-        if (rc) return rc;
-    }
-    return 0;
-}
-
-static int fail_unknown(walk *w, const char *path, const char *key, const yaml_node_t *kn) {
-    char full[512];
-    join(full, sizeof full, path, key);
-    ks_set_err(w->err, w->errlen, "unknown key '%s' at line %d", full, line_of(kn));
-    return KS_EINVAL;
-}
-
-/* ------------------------------------------------------------ scalar parsers */
-static bool parse_i64(const char *s, long long *out) {
-    if (!s || !*s || isspace((unsigned char)*s)) return false;
-    errno = 0;
-    char *end;
-    long long v = strtoll(s, &end, 10);
-    if (errno || *end) return false;
-    *out = v;
-    return true;
-}
-
-static bool parse_bool(const char *s, bool *out) {
-    static const char *const yes[] = {"true", "yes", "on"};
-    static const char *const no[] = {"false", "no", "off"};
-    for (int i = 0; s && i < 3; i++) {
-        if (strcasecmp(s, yes[i]) == 0) return *out = true, true;
-        if (strcasecmp(s, no[i]) == 0) return *out = false, true;
-    }
-    return false;
-}
-
-static bool parse_f64(const char *s, double *out) {
-    if (!s || !*s || isspace((unsigned char)*s)) return false;
-    errno = 0;
-    char *end;
-    double v = strtod(s, &end);
-    if (errno || *end || !isfinite(v)) return false;
-    *out = v;
-    return true;
-}
-
-/* "268435456", "256MiB", "512M", "1.5 GiB", "10GB". */
-static bool parse_bytes(const char *s, int64_t *out) {
-    if (!s || !isdigit((unsigned char)*s)) return false;
-    const char *p = s;
-    while (isdigit((unsigned char)*p)) p++;
-    bool frac = *p == '.';
-    if (frac) {
-        p++;
-        if (!isdigit((unsigned char)*p)) return false;
-        while (isdigit((unsigned char)*p)) p++;
-    }
-    size_t nlen = (size_t)(p - s);
-    char num[64];
-    if (nlen >= sizeof num) return false;
-    memcpy(num, s, nlen);
-    num[nlen] = '\0';
-    while (*p == ' ') p++;
-
-    static const struct { const char *sfx; long double mul; } units[] = {
-        {"", 1}, {"b", 1},
-        {"k", 1024.0L}, {"ki", 1024.0L}, {"kib", 1024.0L}, {"kb", 1e3L},
-        {"m", 1048576.0L}, {"mi", 1048576.0L}, {"mib", 1048576.0L}, {"mb", 1e6L},
-        {"g", 1073741824.0L}, {"gi", 1073741824.0L}, {"gib", 1073741824.0L}, {"gb", 1e9L},
-        {"t", 1099511627776.0L}, {"ti", 1099511627776.0L}, {"tib", 1099511627776.0L}, {"tb", 1e12L},
-    };
-    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
-        if (strcasecmp(p, units[i].sfx) != 0) continue;
-        if (units[i].mul == 1 && frac) return false; /* "1.5" bytes */
-        long double v = strtold(num, NULL) * units[i].mul;
-        if (!(v >= 0) || v > (long double)INT64_MAX) return false;
-        *out = (int64_t)v;
-        return true;
-    }
-    return false;
-}
-
-/* A byte count as the YAML may spell it: in the largest binary unit that
- * divides it ("1KiB", "1TiB", "1024TiB"), else in bytes. */
-static void fmt_size(long long v, char *out, size_t n) {
-    static const char *const units[] = {"TiB", "GiB", "MiB", "KiB"};
-    for (int i = 0; i < 4; i++) {
-        long long u = 1LL << (10 * (4 - i));
-        if (v > 0 && v % u == 0) {
-            snprintf(out, n, "%lld%s", v / u, units[i]);
-            return;
-        }
-    }
-    snprintf(out, n, "%lld", v);
-}
-
-/* ------------------------------------------------------------ field tables */
-typedef enum { F_INT, F_BOOL, F_FLOAT, F_STR, F_PATH, F_BYTES, F_LOG } field_kind;
-
-typedef struct field {
-    const char *name;
-    field_kind kind;
-    size_t off;  /* offset in the target struct */
-    size_t size; /* for strings: buffer size */
-    long long lo, hi; /* F_INT, F_FLOAT, F_BYTES: the range, inclusive */
-} field;
-
-#define FI(st, name, lo, hi) {#name, F_INT, offsetof(st, name), 0, lo, hi}
-#define FB(st, name) {#name, F_BOOL, offsetof(st, name), 0, 0, 0}
-#define FF(st, name, lo, hi) {#name, F_FLOAT, offsetof(st, name), 0, lo, hi}
-#define FS(st, name, kind) {#name, kind, offsetof(st, name), sizeof(((st *)0)->name), 0, 0}
-#define FY(st, name, lo, hi) {#name, F_BYTES, offsetof(st, name), 0, lo, hi}
 
 static const field k_top_fields[] = {
     FS(ks_config, model, F_PATH),
@@ -284,80 +104,6 @@ static const field k_redis_tls_fields[] = {
     FB(ks_redis_tls_cfg, verify),
 };
 
-#define N_FIELDS(t) (sizeof(t) / sizeof((t)[0]))
-
-static const field *find_field(const field *t, size_t n, const char *key) {
-    for (size_t i = 0; i < n; i++)
-        if (strcmp(t[i].name, key) == 0) return &t[i];
-    return NULL;
-}
-
-/* Parses vn as f into base + f->off. */
-static int set_field(walk *w, const char *path, const field *f, const yaml_node_t *vn, void *base) {
-    char *dst = (char *)base + f->off;
-    const char *s = scalar_of(vn);
-    char expected[160];
-    switch (f->kind) {
-    case F_INT: {
-        long long v;
-        snprintf(expected, sizeof expected, "an integer %lld..%lld", f->lo, f->hi);
-        if (!s || !parse_i64(s, &v) || v < f->lo || v > f->hi)
-            return type_error(w, path, vn, expected);
-        *(int *)dst = (int)v;
-        return 0;
-    }
-    case F_BOOL:
-        if (!s || !parse_bool(s, (bool *)dst)) return type_error(w, path, vn, "true or false");
-        return 0;
-    case F_FLOAT: {
-        double v;
-        snprintf(expected, sizeof expected, "a number %lld..%lld", f->lo, f->hi);
-        if (!s || !parse_f64(s, &v) || v < (double)f->lo || v > (double)f->hi)
-            return type_error(w, path, vn, expected);
-        *(float *)dst = (float)v;
-        return 0;
-    }
-    case F_BYTES: {
-        int64_t v;
-        char lo[32], hi[32];
-        fmt_size(f->lo, lo, sizeof lo);
-        fmt_size(f->hi, hi, sizeof hi);
-        snprintf(expected, sizeof expected, "a byte size %s..%s (e.g. 268435456, 256MiB, 1GiB)", lo, hi);
-        if (!s || !parse_bytes(s, &v) || v < f->lo || v > f->hi) return type_error(w, path, vn, expected);
-        *(int64_t *)dst = v;
-        return 0;
-    }
-    case F_STR:
-        /* An empty api_key means "no key"; an empty host cannot be bound. */
-        if (!s || (!*s && strcmp(f->name, "host") == 0))
-            return type_error(w, path, vn, "a non-empty string");
-        if (strlen(s) != vn->data.scalar.length || strlen(s) >= f->size) {
-            snprintf(expected, sizeof expected, "a string of at most %zu bytes", f->size - 1);
-            return type_error(w, path, vn, expected);
-        }
-        memcpy(dst, s, strlen(s) + 1);
-        return 0;
-    case F_LOG:
-        if (!s || ks_log_parse_level(s) < 0 || strlen(s) >= f->size)
-            return type_error(w, path, vn, "one of debug|info|warn|error|off");
-        memcpy(dst, s, strlen(s) + 1);
-        return 0;
-    case F_PATH: {
-        /* The top-level model may be left empty (no model); directories may not. */
-        bool may_be_empty = strcmp(f->name, "model") == 0;
-        if (!s || strlen(s) != vn->data.scalar.length || (!*s && !may_be_empty))
-            return type_error(w, path, vn, "a path");
-        char why[160];
-        if (ks__config_expand_path(s, dst, f->size, why, sizeof why) != 0) {
-            ks_set_err(w->err, w->errlen, "'%s' at line %d: %s", path, line_of(vn), why);
-            return KS_EINVAL;
-        }
-        return 0;
-    }
-    }
-    return KS_EINVAL;
-}
-
 /* ------------------------------------------------------------ sections */
 typedef struct model_ud {
     ks_model_cache_cfg *m;
@@ -367,11 +113,11 @@ typedef struct model_ud {
 static int model_pair(walk *w, const char *path, const char *key, yaml_node_t *kn, yaml_node_t *vn,
                       void *ud) {
     model_ud *mu = ud;
-    const field *f = find_field(k_model_fields, N_FIELDS(k_model_fields), key);
-    if (!f) return fail_unknown(w, path, key, kn);
+    const field *f = ks__cfg_find_field(k_model_fields, N_FIELDS(k_model_fields), key);
+    if (!f) return ks__cfg_fail_unknown(w, path, key, kn);
     char full[512];
-    join(full, sizeof full, path, key);
-    int rc = set_field(w, full, f, vn, mu->m);
+    ks__cfg_join(full, sizeof full, path, key);
+    int rc = ks__cfg_set_field(w, full, f, vn, mu->m);
     if (rc == 0 && strcmp(key, "slots") == 0) mu->has_slots = true;
     return rc;
 }
@@ -380,7 +126,7 @@ static int models_pair(walk *w, const char *path, const char *key, yaml_node_t *
                        void *ud) {
     ks_config *c = ud;
     char full[512];
-    join(full, sizeof full, path, key);
+    ks__cfg_join(full, sizeof full, path, key);
     if (!*key || (int)strlen(key) >= MODEL_KEY_MAX) {
         ks_set_err(w->err, w->errlen, "'%s' at line %d: a model name must be 1..%d bytes",
                    full, line_of(kn), MODEL_KEY_MAX - 1);
@@ -397,7 +143,7 @@ static int models_pair(walk *w, const char *path, const char *key, yaml_node_t *
     }
     model_ud mu = {.m = &c->models[i], .has_slots = fresh ? false : c->model_has_slots[i]};
     if (fresh) ks__config_model_defaults(&c->models[i]);
-    int rc = each_pair(w, full, vn, model_pair, &mu);
+    int rc = ks__cfg_each_pair(w, full, vn, model_pair, &mu);
     if (rc) return rc;
     if (fresh) {
         snprintf(c->model_keys[i], sizeof c->model_keys[i], "%s", key);
@@ -410,26 +156,26 @@ static int models_pair(walk *w, const char *path, const char *key, yaml_node_t *
 static int tier_pair(walk *w, const char *path, const char *key, yaml_node_t *kn, yaml_node_t *vn,
                      void *ud) {
     int64_t *max_bytes = ud;
-    if (strcmp(key, "max_bytes") != 0) return fail_unknown(w, path, key, kn);
+    if (strcmp(key, "max_bytes") != 0) return ks__cfg_fail_unknown(w, path, key, kn);
     char full[512];
-    join(full, sizeof full, path, key);
+    ks__cfg_join(full, sizeof full, path, key);
     static const field f = {"max_bytes", F_BYTES, 0, 0, 0, KS_STORE_BYTES_MAX};
-    return set_field(w, full, &f, vn, max_bytes);
+    return ks__cfg_set_field(w, full, &f, vn, max_bytes);
 }
 
 /* store.tiers.redis.reasons: a list of reason names (or one as a scalar),
  * replacing the default set. */
 static int redis_reasons(walk *w, const char *path, yaml_node_t *vn, unsigned *mask) {
     bool seq = vn->type == YAML_SEQUENCE_NODE;
-    if (!seq && !scalar_of(vn)) return type_error(w, path, vn, "a list of save reasons");
+    if (!seq && !ks__cfg_scalar_of(vn)) return ks__cfg_type_error(w, path, vn, "a list of save reasons");
     ptrdiff_t n = seq ? vn->data.sequence.items.top - vn->data.sequence.items.start : 1;
     unsigned m = 0;
     for (ptrdiff_t i = 0; i < n; i++) {
         yaml_node_t *item = seq ? yaml_document_get_node(w->doc, vn->data.sequence.items.start[i]) : vn;
-        const char *s = item ? scalar_of(item) : NULL;
+        const char *s = item ? ks__cfg_scalar_of(item) : NULL;
         int r = ks_reason_parse(s);
         if (r < 0 || r == KS_REASON_PIN)
-            return type_error(w, path, item ? item : vn, "reasons among cold|continued|finish|evict|shutdown");
+            return ks__cfg_type_error(w, path, item ? item : vn, "reasons among cold|continued|finish|evict|shutdown");
         m |= 1u << r;
     }
     *mask = m;
@@ -437,23 +183,23 @@ static int redis_reasons(walk *w, const char *path, yaml_node_t *vn, unsigned *m
 }
 
 static int redis_tls_pair(walk *w, const char *path, const char *key, yaml_node_t *kn, yaml_node_t *vn, void *ud) {
-    const field *f = find_field(k_redis_tls_fields, N_FIELDS(k_redis_tls_fields), key);
-    if (!f) return fail_unknown(w, path, key, kn);
+    const field *f = ks__cfg_find_field(k_redis_tls_fields, N_FIELDS(k_redis_tls_fields), key);
+    if (!f) return ks__cfg_fail_unknown(w, path, key, kn);
     char full[512];
-    join(full, sizeof full, path, key);
-    return set_field(w, full, f, vn, ud);
+    ks__cfg_join(full, sizeof full, path, key);
+    return ks__cfg_set_field(w, full, f, vn, ud);
 }
 
 static int redis_pair(walk *w, const char *path, const char *key, yaml_node_t *kn, yaml_node_t *vn, void *ud) {
     ks_store_cfg *s = ud;
     char full[512];
-    join(full, sizeof full, path, key);
-    if (strcmp(key, "tls") == 0) return each_pair(w, full, vn, redis_tls_pair, &s->redis.tls);
+    ks__cfg_join(full, sizeof full, path, key);
+    if (strcmp(key, "tls") == 0) return ks__cfg_each_pair(w, full, vn, redis_tls_pair, &s->redis.tls);
     if (strcmp(key, "max_bytes") == 0) return tier_pair(w, path, key, kn, vn, &s->tier_max_bytes[KS_TIER_REDIS]);
     if (strcmp(key, "reasons") == 0) return redis_reasons(w, full, vn, &s->redis.reasons);
-    const field *f = find_field(k_redis_fields, N_FIELDS(k_redis_fields), key);
-    if (!f) return fail_unknown(w, path, key, kn);
-    int rc = set_field(w, full, f, vn, &s->redis);
+    const field *f = ks__cfg_find_field(k_redis_fields, N_FIELDS(k_redis_fields), key);
+    if (!f) return ks__cfg_fail_unknown(w, path, key, kn);
+    int rc = ks__cfg_set_field(w, full, f, vn, &s->redis);
     if (rc) return rc;
     if (strcmp(key, "url") == 0 && s->redis.url[0]) {
         ks_redis_url u;
@@ -465,7 +211,7 @@ static int redis_pair(walk *w, const char *path, const char *key, yaml_node_t *k
         memset(&u, 0, sizeof u); /* no copy of a password left behind */
     }
     if (strcmp(key, "key_prefix") == 0 && (!s->redis.key_prefix[0] || strpbrk(s->redis.key_prefix, " \t\r\n")))
-        return type_error(w, full, vn, "a non-empty prefix without spaces");
+        return ks__cfg_type_error(w, full, vn, "a non-empty prefix without spaces");
     return 0;
 }
 
@@ -473,24 +219,24 @@ static int tiers_pair(walk *w, const char *path, const char *key, yaml_node_t *k
                       void *ud) {
     ks_store_cfg *s = ud;
     int t = ks_tier_parse(key);
-    if (t < 0) return fail_unknown(w, path, key, kn);
+    if (t < 0) return ks__cfg_fail_unknown(w, path, key, kn);
     char full[512];
-    join(full, sizeof full, path, key);
-    if (t == KS_TIER_REDIS) return each_pair(w, full, vn, redis_pair, s);
-    return each_pair(w, full, vn, tier_pair, &s->tier_max_bytes[t]);
+    ks__cfg_join(full, sizeof full, path, key);
+    if (t == KS_TIER_REDIS) return ks__cfg_each_pair(w, full, vn, redis_pair, s);
+    return ks__cfg_each_pair(w, full, vn, tier_pair, &s->tier_max_bytes[t]);
 }
 
 static int reasons_pair(walk *w, const char *path, const char *key, yaml_node_t *kn,
                         yaml_node_t *vn, void *ud) {
     ks_store_cfg *s = ud;
     int r = ks_reason_parse(key);
-    if (r < 0) return fail_unknown(w, path, key, kn);
+    if (r < 0) return ks__cfg_fail_unknown(w, path, key, kn);
     char full[512];
-    join(full, sizeof full, path, key);
-    const char *v = scalar_of(vn);
+    ks__cfg_join(full, sizeof full, path, key);
+    const char *v = ks__cfg_scalar_of(vn);
     int t = ks_tier_parse(v);
     /* Redis takes saves besides a local tier: store.tiers.redis.reasons. */
-    if (t == -2 || t == KS_TIER_REDIS) return type_error(w, full, vn, "one of ram|shm|disk|none");
+    if (t == -2 || t == KS_TIER_REDIS) return ks__cfg_type_error(w, full, vn, "one of ram|shm|disk|none");
     s->reason_tier[r] = t;
     s->reasons_given |= 1u << r;
     return 0;
@@ -506,16 +252,16 @@ static int store_pair(walk *w, const char *path, const char *key, yaml_node_t *k
                       void *ud) {
     store_ud *su = ud;
     char full[512];
-    join(full, sizeof full, path, key);
+    ks__cfg_join(full, sizeof full, path, key);
     int rc;
     if (strcmp(key, "tiers") == 0) {
-        rc = each_pair(w, full, vn, tiers_pair, su->s);
+        rc = ks__cfg_each_pair(w, full, vn, tiers_pair, su->s);
     } else if (strcmp(key, "reasons") == 0) {
-        rc = each_pair(w, full, vn, reasons_pair, su->s);
+        rc = ks__cfg_each_pair(w, full, vn, reasons_pair, su->s);
     } else {
-        const field *f = find_field(k_store_fields, N_FIELDS(k_store_fields), key);
-        if (!f) return fail_unknown(w, path, key, kn);
-        rc = set_field(w, full, f, vn, su->s);
+        const field *f = ks__cfg_find_field(k_store_fields, N_FIELDS(k_store_fields), key);
+        if (!f) return ks__cfg_fail_unknown(w, path, key, kn);
+        rc = ks__cfg_set_field(w, full, f, vn, su->s);
     }
     if (strcmp(key, "enabled") == 0) su->enabled_given = true;
     else su->other_given = true;
@@ -526,7 +272,7 @@ static int store_pair(walk *w, const char *path, const char *key, yaml_node_t *k
  * earlier list whole: a later file says which origins, not which more. */
 static int cors_origins(walk *w, const char *path, yaml_node_t *vn, ks_config *c) {
     bool seq = vn->type == YAML_SEQUENCE_NODE;
-    if (!seq && !scalar_of(vn)) return type_error(w, path, vn, "a list of origins");
+    if (!seq && !ks__cfg_scalar_of(vn)) return ks__cfg_type_error(w, path, vn, "a list of origins");
     ptrdiff_t n_items = seq ? vn->data.sequence.items.top - vn->data.sequence.items.start : 1;
     if (n_items > KS_CONFIG_CORS_MAX) {
         ks_set_err(w->err, w->errlen, "'%s' at line %d: at most %d origins", path, line_of(vn), KS_CONFIG_CORS_MAX);
@@ -539,9 +285,9 @@ static int cors_origins(walk *w, const char *path, yaml_node_t *vn, ks_config *c
         yaml_node_t *item = seq ? yaml_document_get_node(w->doc, vn->data.sequence.items.start[i]) : vn;
         char full[512];
         snprintf(full, sizeof full, "%s[%d]", path, i);
-        const char *s = item ? scalar_of(item) : NULL;
+        const char *s = item ? ks__cfg_scalar_of(item) : NULL;
         if (!s || strlen(s) != item->data.scalar.length)
-            return type_error(w, full, item ? item : vn, "an origin such as http://localhost:5173, or *");
+            return ks__cfg_type_error(w, full, item ? item : vn, "an origin such as http://localhost:5173, or *");
         char why[256];
         if (ks_config_check_origin(s, why, sizeof why)) {
             ks_set_err(w->err, w->errlen, "'%s' at line %d: %s", full, line_of(item), why);
@@ -558,7 +304,7 @@ static int cors_origins(walk *w, const char *path, yaml_node_t *vn, ks_config *c
  * list whole. The server checks each key (keyring.h). */
 static int api_keys(walk *w, const char *path, yaml_node_t *vn, ks_config *c) {
     bool seq = vn->type == YAML_SEQUENCE_NODE;
-    if (!seq && !scalar_of(vn)) return type_error(w, path, vn, "a list of keys");
+    if (!seq && !ks__cfg_scalar_of(vn)) return ks__cfg_type_error(w, path, vn, "a list of keys");
     ptrdiff_t n_items = seq ? vn->data.sequence.items.top - vn->data.sequence.items.start : 1;
     if (n_items > KS_CONFIG_KEYS_MAX) {
         ks_set_err(w->err, w->errlen, "'%s' at line %d: at most %d keys (use api_key_file for more)", path,
@@ -571,9 +317,9 @@ static int api_keys(walk *w, const char *path, yaml_node_t *vn, ks_config *c) {
         yaml_node_t *item = seq ? yaml_document_get_node(w->doc, vn->data.sequence.items.start[i]) : vn;
         char full[512];
         snprintf(full, sizeof full, "%s[%d]", path, i);
-        const char *s = item ? scalar_of(item) : NULL;
+        const char *s = item ? ks__cfg_scalar_of(item) : NULL;
         if (!s || !s[0] || strlen(s) != item->data.scalar.length || strlen(s) >= sizeof list[i])
-            return type_error(w, full, item ? item : vn, "a key of 1..255 bytes");
+            return ks__cfg_type_error(w, full, item ? item : vn, "a key of 1..255 bytes");
         memcpy(list[i], s, strlen(s) + 1);
     }
     memcpy(c->api_keys, list, sizeof list);
@@ -586,28 +332,28 @@ static int api_keys(walk *w, const char *path, yaml_node_t *vn, ks_config *c) {
  * (none | layer | row), tensor_split ([3, 1] or "3,1"), main_gpu,
  * kv_offload, op_offload. Returns 1 when key is none of them. */
 static int offload_pair(walk *w, const char *key, yaml_node_t *vn, ks_offload *o) {
-    const char *s = scalar_of(vn);
+    const char *s = ks__cfg_scalar_of(vn);
     char why[256];
     if (strcmp(key, "gpu_layers") == 0) {
         if (!s || ks_offload_parse_layers(s, &o->n_gpu_layers, why, sizeof why))
-            return type_error(w, key, vn, "a layer count, auto or all");
+            return ks__cfg_type_error(w, key, vn, "a layer count, auto or all");
         return 0;
     }
     if (strcmp(key, "split_mode") == 0) {
         if (!s || ks_offload_parse_split_mode(s, &o->split_mode, why, sizeof why))
-            return type_error(w, key, vn, "none, layer or row");
+            return ks__cfg_type_error(w, key, vn, "none, layer or row");
         return 0;
     }
     if (strcmp(key, "main_gpu") == 0) {
         long long v;
-        if (!s || !parse_i64(s, &v) || v < 0 || v >= KS_OFFLOAD_DEVICES_MAX)
-            return type_error(w, key, vn, "a device index 0..15");
+        if (!s || !ks__cfg_parse_i64(s, &v) || v < 0 || v >= KS_OFFLOAD_DEVICES_MAX)
+            return ks__cfg_type_error(w, key, vn, "a device index 0..15");
         o->main_gpu = (int)v;
         return 0;
     }
     if (strcmp(key, "kv_offload") == 0 || strcmp(key, "op_offload") == 0) {
-        if (!s || !parse_bool(s, key[0] == 'k' ? &o->kv_offload : &o->op_offload))
-            return type_error(w, key, vn, "true or false");
+        if (!s || !ks__cfg_parse_bool(s, key[0] == 'k' ? &o->kv_offload : &o->op_offload))
+            return ks__cfg_type_error(w, key, vn, "true or false");
         return 0;
     }
     if (strcmp(key, "devices") == 0) {
@@ -616,7 +362,7 @@ static int offload_pair(walk *w, const char *key, yaml_node_t *vn, ks_offload *o
                 ks_set_err(w->err, w->errlen, "'%s' at line %d: %s", key, line_of(vn), why);
                 return KS_EINVAL;
             }
-            return type_error(w, key, vn, "device names like CUDA0,CUDA1, or none");
+            return ks__cfg_type_error(w, key, vn, "device names like CUDA0,CUDA1, or none");
         }
         snprintf(o->devices, sizeof o->devices, "%s", s);
         return 0;
@@ -628,16 +374,16 @@ static int offload_pair(walk *w, const char *key, yaml_node_t *vn, ks_offload *o
             ptrdiff_t n = vn->data.sequence.items.top - vn->data.sequence.items.start;
             for (ptrdiff_t i = 0; i < n; i++) {
                 yaml_node_t *item = yaml_document_get_node(w->doc, vn->data.sequence.items.start[i]);
-                const char *is = item ? scalar_of(item) : NULL;
+                const char *is = item ? ks__cfg_scalar_of(item) : NULL;
                 size_t l = strlen(text);
                 if (!is || strlen(is) > 24 || i >= KS_OFFLOAD_DEVICES_MAX)
-                    return type_error(w, key, item ? item : vn, "at most 16 proportions like [3, 1]");
+                    return ks__cfg_type_error(w, key, item ? item : vn, "at most 16 proportions like [3, 1]");
                 snprintf(text + l, sizeof text - l, "%s%s", i ? "," : "", is);
             }
         } else if (s && strlen(s) < sizeof text) {
             snprintf(text, sizeof text, "%s", s);
         } else {
-            return type_error(w, key, vn, "proportions like [3, 1]");
+            return ks__cfg_type_error(w, key, vn, "proportions like [3, 1]");
         }
         if (ks_offload_parse_tensor_split(text, o->tensor_split, &o->n_tensor_split, why, sizeof why)) {
             ks_set_err(w->err, w->errlen, "'%s' at line %d: %s", key, line_of(vn), why);
@@ -655,18 +401,18 @@ static int top_pair(walk *w, const char *path, const char *key, yaml_node_t *kn,
     if (orc <= 0) return orc;
     if (strcmp(key, "cors_origins") == 0) return cors_origins(w, key, vn, c);
     if (strcmp(key, "api_keys") == 0) return api_keys(w, key, vn, c);
-    if (strcmp(key, "models") == 0) return each_pair(w, key, vn, models_pair, c);
+    if (strcmp(key, "models") == 0) return ks__cfg_each_pair(w, key, vn, models_pair, c);
     if (strcmp(key, "store") == 0) {
         store_ud su = {.s = &c->store};
-        int rc = each_pair(w, key, vn, store_pair, &su);
+        int rc = ks__cfg_each_pair(w, key, vn, store_pair, &su);
         /* Configuring any part of the store turns it on, unless the same
          * section says enabled: false. */
         if (rc == 0 && su.other_given && !su.enabled_given) c->store.enabled = true;
         return rc;
     }
-    const field *f = find_field(k_top_fields, N_FIELDS(k_top_fields), key);
-    if (!f) return fail_unknown(w, path, key, kn);
-    return set_field(w, key, f, vn, c);
+    const field *f = ks__cfg_find_field(k_top_fields, N_FIELDS(k_top_fields), key);
+    if (!f) return ks__cfg_fail_unknown(w, path, key, kn);
+    return ks__cfg_set_field(w, key, f, vn, c);
 }
 
 /* ------------------------------------------------------------ loading */
@@ -701,7 +447,7 @@ static int load_text(ks_config *c, const char *text, size_t len, char *err, size
         if (root->type != YAML_MAPPING_NODE) {
             ks_set_err(err, errlen, "top level at line %d: expected a mapping of settings, got %s",
                        line_of(root),
-                       root->type == YAML_SCALAR_NODE ? "a scalar" : node_desc(root));
+                       root->type == YAML_SCALAR_NODE ? "a scalar" : ks__cfg_node_desc(root));
             rc = KS_EINVAL;
             goto done;
         }
@@ -716,7 +462,7 @@ static int load_text(ks_config *c, const char *text, size_t len, char *err, size
          * from a string. */
         memcpy(tmp, c, sizeof *tmp);
         walk w = {.doc = &doc, .err = err, .errlen = errlen};
-        rc = each_pair(&w, "", root, top_pair, tmp);
+        rc = ks__cfg_each_pair(&w, "", root, top_pair, tmp);
         if (rc == 0) memcpy(c, tmp, sizeof *c);
     }
     goto done;

@@ -149,7 +149,7 @@ void ks__policy_save(ks_sched *s, slot *sl, ks_reason why, bool sync) {
 }
 
 /* SPC: the slot's sequence holds exactly the system prompt now: keep a copy. */
-static void spc_capture(ks_sched *s, slot *sl) {
+void ks__policy_spc_capture(ks_sched *s, slot *sl) {
     size_t got = 0;
     uint8_t *buf = snapshot(s, sl, &got);
     if (!buf) return;
@@ -453,7 +453,7 @@ static void pin_held(ks_sched *s, sreq *r, int i, bool saved) {
 
 /* Pin i: the slot's sequence holds exactly its prefix now. A state the store
  * got meanwhile is only refreshed; else it is copied and saved pinned. */
-static void pin_save(ks_sched *s, slot *sl, sreq *r, int i) {
+void ks__policy_pin_save(ks_sched *s, slot *sl, sreq *r, int i) {
     int n = r->pins[i].n_tokens;
     int64_t until = pin_until(r, i);
     if (!restorable(s, n)) { /* a sliding window: no restore would take it */
@@ -500,7 +500,7 @@ static int pins_plan(ks_sched *s, slot *sl, sreq *r, int *n_reuse) {
     }
     if (n_cov == 0) return 0;
     /* A pin exactly at the reuse's end is a copy of what the slot holds. */
-    if (r->pins[covered[n_cov - 1]].n_tokens == sl->tokens.n) pin_save(s, sl, r, covered[--n_cov]);
+    if (r->pins[covered[n_cov - 1]].n_tokens == sl->tokens.n) ks__policy_pin_save(s, sl, r, covered[--n_cov]);
     if (n_cov == 0) return 0;
 
     int n_full = sl->tokens.n;
@@ -519,7 +519,7 @@ static int pins_plan(ks_sched *s, slot *sl, sreq *r, int *n_reuse) {
             if (!ks_engine_seq_rm(s->e, sl->id, n, -1)) break; /* the whole state is set again below */
             ks_tokens_truncate(&sl->tokens, n);
             uint64_t saves = s->cst.pin_saves;
-            pin_save(s, sl, r, i);
+            ks__policy_pin_save(s, sl, r, i);
             s->cst.pin_rewinds += s->cst.pin_saves - saves;
         }
         int rc = restore_state(s, sl, full, len, r->prompt.v, n_full);
@@ -546,7 +546,7 @@ static int pins_plan(ks_sched *s, slot *sl, sreq *r, int *n_reuse) {
     for (int k = 0; k < n_cov; k++) {
         int i = covered[k];
         if (r->pins[i].n_tokens == *n_reuse)
-            pin_save(s, sl, r, i);
+            ks__policy_pin_save(s, sl, r, i);
         else
             r->pin_st[i] = PIN_PENDING;
     }
@@ -554,7 +554,7 @@ static int pins_plan(ks_sched *s, slot *sl, sreq *r, int *n_reuse) {
 }
 
 /* The first pending pin after pos, or -1. */
-static int pin_next(const sreq *r, int pos) {
+int ks__policy_pin_next(const sreq *r, int pos) {
     for (int i = 0; i < r->n_pins; i++)
         if (r->pin_st[i] == PIN_PENDING && r->pins[i].n_tokens > pos) return r->pins[i].n_tokens;
     return -1;
@@ -669,69 +669,4 @@ int ks__policy_plan(ks_sched *s, slot *sl) {
     KS_DEBUG(MOD, "slot[%d] req %llu: prompt %d, reuse %d (mode %s%s%s)", sl->id, (unsigned long long)r->id,
              r->prompt.n, n_reuse, r->res.cache_mode, rt->reason[0] ? ", " : "", rt->reason);
     return 0;
-}
-
-/* ------------------------------------------------------ save points */
-/* Whether this slot's prefill takes cold saves at all: a store with a stride,
- * and a request that caches (no_store mirrors cache_prompt, set in plan). */
-static bool cold_saves(const ks_sched *s, const slot *sl) {
-    return s->p.store && s->p.store_stride > 0 && !sl->no_store;
-}
-
-int ks__policy_chunk(ks_sched *s, slot *sl, int take, int budget) {
-    sreq *r = sl->r;
-    int remaining = r->prompt.n - sl->n_past;
-    sl->snap_store = -1;
-    /* The next snapshot point: the SPC capture or a cache pin, the nearer. */
-    int cut = sl->snap_sys > sl->n_past ? sl->snap_sys : -1;
-    int pin = pin_next(r, sl->n_past);
-    if (pin > 0 && (cut < 0 || pin < cut)) cut = pin;
-    if (sl->snap_ckpt > sl->n_past && (cut < 0 || sl->snap_ckpt < cut)) cut = sl->snap_ckpt;
-    if (cut > 0 && take > cut - sl->n_past) take = cut - sl->n_past;
-    if (!cold_saves(s, sl)) return take;
-    ks_savepoint_cfg c = {.stride = s->p.store_stride, .min_tokens = s->p.store_min_tokens};
-    if (ks_engine_n_swa(s->e) > 0) {
-        /* Sliding window: only restorable lengths are saved (restorable), so
-         * every prefill, cold or warm, saves at the last stride boundary of
-         * its prompt that is one, its chunk cut there. Other saves rarely
-         * land on one, so this is what a conversation's next turn, another
-         * slot, process or host finds. */
-        int b = r->prompt.n / c.stride * c.stride;
-        while (b > sl->n_past && !restorable(s, b)) b -= c.stride;
-        if (b > sl->n_past && b >= c.min_tokens && b - sl->n_past <= take) {
-            sl->snap_store = b;
-            return b - sl->n_past;
-        }
-        return take;
-    }
-    if (take < remaining)
-        return ks_savepoint_cut(&c, sl->n_past, take, r->prompt.n, cut, budget, r->res.n_cached, &sl->snap_store);
-    return ks_savepoint_cut_last(&c, sl->n_past, take, r->res.n_cached, r->prompt.n, &sl->snap_store);
-}
-
-void ks__policy_chunk_done(ks_sched *s, slot *sl) {
-    if (sl->n_past == sl->snap_sys) {
-        spc_capture(s, sl);
-        sl->snap_sys = -1;
-    }
-    sreq *r = sl->r;
-    for (int i = 0; i < r->n_pins; i++)
-        if (r->pin_st[i] == PIN_PENDING && r->pins[i].n_tokens == sl->n_past) pin_save(s, sl, r, i);
-    /* After a pin at the same point the cold save is a dedup of it. */
-    if (sl->n_past == sl->snap_store) ks__policy_save(s, sl, KS_REASON_COLD, false);
-    sl->snap_store = -1;
-    /* Checkpoints: the system prompt's end, and the prompt's end (the next
-     * turn of a chat diverges inside this reply). The prompt's end goes to
-     * the store too (a whole state), for a slot, process or host that gets
-     * the next turn without this slot's checkpoints. */
-    if (sl->n_past == sl->snap_ckpt || sl->n_past == r->prompt.n) ks__ckpt_take(s, sl, false);
-    if (s->ckpt_on && sl->n_past == r->prompt.n) ks__policy_save(s, sl, KS_REASON_CHECKPOINT, false);
-    if (sl->n_past >= sl->snap_ckpt) sl->snap_ckpt = -1;
-}
-
-void ks__policy_token_done(ks_sched *s, slot *sl, int n_decoded) {
-    if (s->p.store && s->p.continued_interval > 0 && n_decoded % s->p.continued_interval == 0 && !sl->no_store)
-        ks__policy_save(s, sl, KS_REASON_CONTINUED, false);
-    if (s->ckpt_on && s->p.ckpt_gen_interval > 0 && n_decoded % s->p.ckpt_gen_interval == 0)
-        ks__ckpt_take(s, sl, true);
 }

@@ -9,6 +9,8 @@
  *             (what is reused);
  *   step.c    one decode step: batch assembly, the exactness rule (every
  *             sequence at 0 or >= 2 rows), sampling (how it is computed);
+ *   chunk.c   where a prefill's chunks end and what is saved there (cold
+ *             saves, pins, captures, checkpoints), a generation's saves;
  *   ckpt.c    a hybrid model's checkpoints;
  *   warm.c    warm start: the store's latest states into the slots at
  *             creation.
@@ -164,6 +166,12 @@ void ks__policy_pins_done(ks_sched *s, sreq *r);
 void ks__policy_token_done(ks_sched *s, slot *sl, int n_decoded);
 /* Hands the slot's KV (all of slot->tokens) to the store for `why`. */
 void ks__policy_save(ks_sched *s, slot *sl, ks_reason why, bool sync);
+/* policy.c's steps that chunk.c takes at a chunk's end: the SPC capture of
+ * the system prompt's state, the save of request pin i, and the next pin
+ * point after pos (0: none). */
+void ks__policy_spc_capture(ks_sched *s, slot *sl);
+void ks__policy_pin_save(ks_sched *s, slot *sl, sreq *r, int i);
+int ks__policy_pin_next(const sreq *r, int pos);
 /* The two halves of ks__policy_save, for a save taken after the request's
  * on_done (the finish save: its state copy must not hold back the reply's
  * end). ks__policy_save_ask counts the save request (published with the

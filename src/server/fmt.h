@@ -86,6 +86,9 @@ typedef struct ks_fmt_choice {
 typedef struct ks_fmt {
     const char *name;           /* "chat", "completions", "responses", "messages" (logs, tests) */
     const char *id_prefix;      /* "chatcmpl-", "cmpl-", "resp_", "msg_" */
+    bool logprobs_legacy;       /* a whole reply's logprobs as OpenAI's legacy parallel arrays
+                                   (completions: tokens, token_logprobs, top_logprobs,
+                                   text_offset; lptext.h) rather than chat's entries */
     /* The request: root (stolen, also on error) into *rq (free with
      * ks_api_request_free) and the format's own state *st (free with
      * free_state). 0, or a KS_E* code with e filled and nothing to free. */

@@ -135,6 +135,7 @@ const ks_fmt ks__fmt_chat = {
 const ks_fmt ks__fmt_completions = {
     .name = "completions",
     .id_prefix = "cmpl-",
+    .logprobs_legacy = true,
     .parse = parse_completions,
     .free_state = free,
     .error_json = ks_api_error_json,

@@ -180,7 +180,7 @@ ks_gen *ks__gen_create(ks_server *s, const ks_fmt *fmt, void *st, const ks_api_r
         c->index = i;
         if (!(c->ts = ks_textstream_create(pl->stops, pl->n_stops))) goto fail;
         c->lp_text = rq->logprobs && !rq->stream;
-        c->lpt.legacy = rq->kind != KS_API_CHAT;
+        c->lpt.legacy = fmt->logprobs_legacy;
         if (rq->logprobs && rq->stream && !(c->lp_pending = json_array())) goto fail;
     }
     atomic_fetch_add(&s->n_active, 1);

@@ -1,0 +1,52 @@
+/*
+ * serve_flags.h — the command line of `kvstash serve`: its usage text, its
+ * flags as given, and their application over the settings of the YAML file
+ * (flags win; docs/SERVER.md lists them). cmd_serve.c runs the server.
+ *
+ * Thread model: the main thread, before any other starts.
+ */
+#ifndef KS_CLI_SERVE_FLAGS_H
+#define KS_CLI_SERVE_FLAGS_H
+
+#include <stdbool.h>
+#include <stdio.h>
+
+#include "base/offload.h"
+#include "config/config.h"
+
+/* The flags as given, applied over the file's values. */
+typedef struct ks_serve_flags {
+    const char *model, *host, *api_key, *config, *log, *alias, *chat_template, *reasoning_format;
+    int port, slots, ctx, batch, threads, max_queue, max_tokens, timeout, shutdown_ms; /* -1: not given */
+    int header_timeout, max_conns, max_conns_client; /* -1: not given */
+    long long max_body;
+    int cache_ram; /* MiB, -1: not given */
+    int warm_slots; /* -1: not given */
+    bool no_cache, no_exact, no_repack, imc, spc;
+    int flash_attn; /* KS_FA_* */
+    const char *cache_dir, *cache_redis, *secret_file;
+    const char *tls_ca, *tls_ca_dir, *tls_cert, *tls_key, *tls_name; /* --cache-redis-tls-* */
+    bool tls_insecure;
+    const char *cors[KS_CONFIG_CORS_MAX]; /* --cors-origin, in order */
+    const char *keys[KS_CONFIG_KEYS_MAX + 1]; /* --api-key, in order */
+    int n_keys;
+    const char *key_file, *tenant_by; /* --api-key-file, --tenant-by */
+    bool share_sys;                   /* --share-system-prompt */
+    int n_cors;
+    int responses_ttl, responses_max; /* -1: not given */
+    int ctx_checkpoints, checkpoint_every; /* -1: not given */
+    long long checkpoint_bytes;            /* -1: not given */
+    ks_offload offload;                    /* the offload flags, those in offload_given */
+    unsigned offload_given;
+} ks_serve_flags;
+
+/* The usage text to f. */
+void ks_serve_usage(FILE *f);
+/* Parses argv into *f (zeroed first): 0, -1 for --help (usage printed), or
+ * 2 after printing why a flag is refused. */
+int ks_serve_parse_flags(int argc, char **argv, ks_serve_flags *f);
+/* Applies the flags given in f over c (and the environment's
+ * KVSTASH_API_KEY, KVSTASH_REDIS_PASSWORD): 0, or 2 after printing why. */
+int ks_serve_apply_flags(const ks_serve_flags *f, ks_config *c);
+
+#endif
