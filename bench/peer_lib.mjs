@@ -69,7 +69,7 @@ export function words(n, seed, list = WORDS) {
 
 export async function label(url) {
   try {
-    const p = await (await fetch(`${url}/props`)).json();
+    const p = await (await fetch(`${url}/props`, { headers: auth() })).json();
     if (p.build_info) return p.kvstash ? `kvstash (${p.build_info})` : `llama-server ${p.build_info}`;
   } catch {
     /* no /props */
@@ -82,11 +82,14 @@ export async function label(url) {
 // first content or finish chunk), total, text, finish, usage, timings } —
 // usage, timings and cache (kvstash's cache object, on the finish chunk) from
 // whichever chunk carried them.
+// KS_BENCH_KEY: the API key the servers require (every server measured gets it).
+const auth = () => (process.env.KS_BENCH_KEY ? { Authorization: `Bearer ${process.env.KS_BENCH_KEY}` } : {});
+
 export async function streamChat(url, body) {
   const t0 = now();
   const res = await fetch(`${url}/v1/chat/completions`, {
     method: 'POST',
-    headers: { 'Content-Type': 'application/json' },
+    headers: { 'Content-Type': 'application/json', ...auth() },
     body: JSON.stringify({ ...body, stream: true, stream_options: { include_usage: true } }),
   });
   if (res.status !== 200) throw new Error(`${url}: HTTP ${res.status} ${await res.text()}`);
