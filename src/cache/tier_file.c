@@ -66,7 +66,14 @@ typedef struct file_tier {
     size_t spare_cap;
 } file_tier;
 
-#define SPARE_MAX ((size_t)256 << 20) /* larger buffers are not kept */
+/* Larger buffers are not kept. A GPU server's states run to gigabytes (an
+ * 8B model's at 7K tokens: 842 MB), and a fresh buffer's first fill costs
+ * ~0.5 s per GiB in page faults (493 ms measured on the 2-core test
+ * machine), more than the read itself: at 256 MiB every such restore paid
+ * them (1.2 s of a 1.3 s restore on an H100 machine, docs/BENCHMARKS.md
+ * "Restart on a GPU"). The server prewarms one of its largest state's size
+ * (ks_store_prewarm). */
+#define SPARE_MAX ((size_t)4 << 30)
 
 /* Keeps buf as the spare read buffer when it is the larger one (and not too
  * large to keep), else frees it. NULL is a no-op. */
