@@ -140,10 +140,11 @@ void ks_store_default_dirs(char *cache_dir, char *shm_dir);
 int ks_store_open(const ks_store_params *p, ks_store **out, char *err, size_t errlen);
 
 /* Warm start (before the server reports ready): each file tier keeps a read
- * buffer of bytes (the largest state a slot can hold) with its pages already
- * faulted in, so a new process's first restore costs what later ones do.
- * Costs that much memory per file tier up front, which the first restore
- * would have taken anyway. Any thread, before requests run. */
+ * buffer of bytes (the largest state a slot can hold; at most 1 GiB) with
+ * its pages already faulted in, so a new process's first restore costs what
+ * later ones do. Costs that much memory per file tier up front, which the
+ * first restore would have taken anyway; a buffer is kept after a restore
+ * up to 4 GiB (tier_file.c). Any thread, before requests run. */
 void ks_store_prewarm(ks_store *s, size_t bytes);
 
 /* Writes what is queued (for at most cfg.shutdown_timeout_ms; later saves

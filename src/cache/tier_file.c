@@ -71,8 +71,8 @@ typedef struct file_tier {
  * ~0.5 s per GiB in page faults (493 ms measured on the 2-core test
  * machine), more than the read itself: at 256 MiB every such restore paid
  * them (1.2 s of a 1.3 s restore on an H100 machine, docs/BENCHMARKS.md
- * "Restart on a GPU"). The server prewarms one of its largest state's size
- * (ks_store_prewarm). */
+ * "Restart on a GPU"). The server prewarms one of its largest state's size,
+ * up to PREWARM_MAX (ks_store_prewarm). */
 #define SPARE_MAX ((size_t)4 << 30)
 
 /* Keeps buf as the spare read buffer when it is the larger one (and not too
@@ -91,9 +91,14 @@ static void spare_put(ks_tier *t, void *buf, size_t cap) {
     free(buf);
 }
 
+/* Prewarmed at most: the largest state a slot can hold is rarely reached,
+ * and faulting it in costs memory and ~0.5 s per GiB at start, per tier; a
+ * larger state's buffer is kept after its first restore (SPARE_MAX). */
+#define PREWARM_MAX ((size_t)1 << 30)
+
 void ks_tier_file_prewarm(ks_tier *t, size_t bytes) {
     if (!t || t->id == KS_TIER_RAM || bytes == 0) return;
-    if (bytes > SPARE_MAX) bytes = SPARE_MAX;
+    if (bytes > PREWARM_MAX) bytes = PREWARM_MAX;
     file_tier *ft = (file_tier *)t;
     pthread_mutex_lock(&ft->spare_mu);
     bool have = ft->spare && ft->spare_cap >= bytes;
