@@ -127,6 +127,10 @@ void ks__store_enqueue_locked(ks_store *s, job *j);
 int ks__store_wait_job_locked(ks_store *s, job *j, int timeout_ms);
 /* Queues a barrier-like job (GC/FLUSH) and waits for it. */
 int ks__store_run_waited(ks_store *s, job_kind kind, int timeout_ms);
+/* What a stored state of key (tokens[0, n)) must match to be restored
+ * (store_lookup.c): this store's model, params, state version, the key, the
+ * tokens (NULL: not compared) and the cache secret's tag when it has one. */
+ks_kvfile_expect ks__store_expect(const ks_store *s, const ks_key *key, const int32_t *tokens, int n);
 /* Frees every prefetched state (store_lookup.c; close). */
 void ks__store_prefetch_clear(ks_store *s);
 /* The writer thread (store_writer.c). */

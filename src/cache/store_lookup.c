@@ -58,8 +58,7 @@ static void report_bad(ks_store *s, int t, const ks_key *key, int L, int rc) {
     queue_quarantine(s, t, key);
 }
 
-/* What a stored state of key (tokens[0, n)) must match to be restored. */
-static ks_kvfile_expect expect_of(const ks_store *s, const ks_key *key, const int32_t *tokens, int n) {
+ks_kvfile_expect ks__store_expect(const ks_store *s, const ks_key *key, const int32_t *tokens, int n) {
     ks_kvfile_expect exp = {
         .model_fp = s->fp,
         .params_hash = s->params_hash,
@@ -91,7 +90,7 @@ static int tiers_get(ks_store *s, const ks_key *key, const int32_t *tokens, int 
         ks_tier_entry e;
         if (!s->tiers[t] || !ks_tier_has(s->tiers[t], key, &e)) continue;
         if (e.cls == KS_ENTRY_FOREIGN) continue;
-        ks_kvfile_expect exp = expect_of(s, key, tokens, n);
+        ks_kvfile_expect exp = ks__store_expect(s, key, tokens, n);
         double t0 = ks_now_ms();
         int r = ks_tier_get(s->tiers[t], key, &exp, &hit->blob_);
         if (r == 0) {
@@ -113,7 +112,7 @@ static int redis_get(ks_store *s, const ks_key *key, const ks_tier_found *m, con
                      ks_store_hit *hit) {
     ks_tier *rt = s->tiers[KS_TIER_REDIS];
     if (m->n_tokens != (uint32_t)n) return KS_ENOENT;
-    ks_kvfile_expect exp = expect_of(s, key, tokens, n);
+    ks_kvfile_expect exp = ks__store_expect(s, key, tokens, n);
     double t0 = ks_now_ms();
     int r = ks_tier_fetch(rt, key, m, &exp, &hit->blob_);
     if (r == 0) {

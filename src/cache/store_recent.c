@@ -62,9 +62,7 @@ static bool is_prefix(const int32_t *a, int na, const int32_t *b, int nb) {
 static int load(ks_store *s, const cand *c, ks_store_state *out) {
     char path[KS_MAX_PATH + 80];
     if (ks_kvfile_path(s->tiers[c->tier]->dir, &c->key, path, sizeof path) != 0) return KS_EINVAL;
-    ks_kvfile_expect exp = {.model_fp = s->fp, .params_hash = s->params_hash, .check_state_version = true,
-                            .state_version = s->state_version, .key = &c->key,
-                            .mac = s->has_mac ? &s->mac : NULL}; /* with a secret: only its tags */
+    ks_kvfile_expect exp = ks__store_expect(s, &c->key, NULL, 0); /* the tokens: against the key, below */
     ks_kvfile_meta meta;
     int32_t *tok = NULL;
     uint8_t *payload = NULL;

@@ -163,11 +163,9 @@ void ks__policy_spc_capture(ks_sched *s, slot *sl) {
 }
 
 /* ------------------------------------------------------------- restores */
-/* Replaces the slot's sequence with a state standing for tokens[0, n).
- * Returns 0; KS_EMISMATCH when llama rejects the state (the slot is then
- * empty and consistent); KS_ENOMEM when the token list cannot hold the
- * tokens (the sequence is cleared too, P1). */
-static int restore_state(ks_sched *s, slot *sl, const uint8_t *state, size_t len, const int32_t *tokens, int n) {
+/* ks__policy_restore_state: sched_int.h. */
+int ks__policy_restore_state(ks_sched *s, slot *sl, const uint8_t *state, size_t len, const int32_t *tokens,
+                             int n) {
     ks_engine_seq_clear(s->e, sl->id);
     ks_tokens_truncate(&sl->tokens, 0);
     ks__ckpt_drop(sl, 0);
@@ -202,7 +200,7 @@ static int store_restore(ks_sched *s, slot *sl, sreq *r, int *n_reuse, int beat,
     int ret = 0;
     if (hit.n_tokens <= *n_reuse) goto done;
     if (sl->tokens.n > *n_reuse) ks__policy_save(s, sl, KS_REASON_EVICT, true); /* about to drop unsaved KV */
-    int rc = restore_state(s, sl, hit.payload, hit.payload_len, r->prompt.v, hit.n_tokens);
+    int rc = ks__policy_restore_state(s, sl, hit.payload, hit.payload_len, r->prompt.v, hit.n_tokens);
     if (rc) {
         if (rc == KS_EMISMATCH)
             KS_WARN(MOD, "slot[%d] stored state of %d tokens rejected by llama; prefilling", sl->id, hit.n_tokens);
@@ -244,7 +242,7 @@ static int spc_restore(ks_sched *s, slot *sl, sreq *r, int *n_reuse) {
         goto done;
     }
     double t0 = ks_now_ms();
-    int rc = restore_state(s, sl, e->blob, e->len, e->tokens.v, n_sys);
+    int rc = ks__policy_restore_state(s, sl, e->blob, e->len, e->tokens.v, n_sys);
     if (rc) {
         if (rc == KS_EMISMATCH) KS_WARN(MOD, "slot[%d] SPC state rejected by llama; prefilling", sl->id);
         s->cst.spc_misses++;
@@ -404,7 +402,7 @@ static int slot_copy(ks_sched *s, slot *sl, sreq *r, int *n_reuse, int beat) {
     if (len == 0) return 0;
     /* The slot's own tokens are a prefix of the source's (both start with
      * prompt[0, *n_reuse)), so replacing them loses nothing. */
-    int rc = restore_state(s, sl, s->copy_buf, len, src->tokens.v, src->tokens.n);
+    int rc = ks__policy_restore_state(s, sl, s->copy_buf, len, src->tokens.v, src->tokens.n);
     if (rc) {
         if (rc == KS_EMISMATCH)
             KS_WARN(MOD, "slot[%d] copy of slot[%d] rejected by llama; prefilling", sl->id, src->id);
@@ -522,7 +520,7 @@ static int pins_plan(ks_sched *s, slot *sl, sreq *r, int *n_reuse) {
             ks__policy_pin_save(s, sl, r, i);
             s->cst.pin_rewinds += s->cst.pin_saves - saves;
         }
-        int rc = restore_state(s, sl, full, len, r->prompt.v, n_full);
+        int rc = ks__policy_restore_state(s, sl, full, len, r->prompt.v, n_full);
         free(full);
         for (int k = 0; k < n_cov; k++)
             if (r->pin_st[covered[k]] == PIN_IGNORED) {

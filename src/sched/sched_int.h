@@ -170,6 +170,12 @@ void ks__policy_save(ks_sched *s, slot *sl, ks_reason why, bool sync);
  * the system prompt's state, the save of request pin i, and the next pin
  * point after pos (0: none). */
 void ks__policy_spc_capture(ks_sched *s, slot *sl);
+/* Replaces the slot's sequence with a state standing for tokens[0, n)
+ * (policy.c; warm.c too). Returns 0; KS_EMISMATCH when llama rejects the
+ * state (the slot is then empty and consistent); KS_ENOMEM when the token
+ * list cannot hold the tokens (the sequence is cleared too, P1). */
+int ks__policy_restore_state(ks_sched *s, slot *sl, const uint8_t *state, size_t len, const int32_t *tokens,
+                             int n);
 void ks__policy_pin_save(ks_sched *s, slot *sl, sreq *r, int i);
 int ks__policy_pin_next(const sreq *r, int pos);
 /* The two halves of ks__policy_save, for a save taken after the request's

@@ -36,14 +36,11 @@ void ks__sched_warm(ks_sched *s) {
         /* The lengths a lookup would restore: within the context, and on a
          * sliding-window model only where a restore is exact. */
         if (st[i].n_tokens >= s->n_ctx_seq || !ks_engine_state_restorable(s->e, st[i].n_tokens)) continue;
-        if (ks_engine_state_set(s->e, sl->id, st[i].payload, st[i].len) != 0) {
-            ks_engine_seq_clear(s->e, sl->id);
+        int rc = ks__policy_restore_state(s, sl, st[i].payload, st[i].len, st[i].tokens, st[i].n_tokens);
+        if (rc == KS_ENOMEM) break;
+        if (rc) {
             KS_WARN(MOD, "warm start: a stored state of %d tokens rejected by llama", st[i].n_tokens);
             continue;
-        }
-        if (ks_tokens_assign(&sl->tokens, st[i].tokens, st[i].n_tokens) != 0) {
-            ks_engine_seq_clear(s->e, sl->id);
-            break;
         }
         /* The newest state the most recently used slot: LRU takes the others first. */
         sl->last_used_us = now - i;
