@@ -69,6 +69,17 @@ refused flag "--cache-ram=1073741825" "--cache-ram"
 accepted yaml $'store:\n  enabled: false\n  tiers: { ram: { max_bytes: 1024TiB } }'
 refused yaml $'store:\n  enabled: false\n  tiers: { ram: { max_bytes: 1025TiB } }' "'store.tiers.ram.max_bytes'"
 
+# --warm-slots N|all and store.warm_slots: the slots range, from 0.
+accepted flag "--warm-slots=0"
+accepted flag "--warm-slots=256"
+accepted flag "--warm-slots=all"
+refused flag "--warm-slots=-1" "--warm-slots"
+refused flag "--warm-slots=257" "--warm-slots"
+refused flag "--warm-slots=some" "--warm-slots"
+accepted yaml $'store:\n  warm_slots: 256'
+refused yaml $'store:\n  warm_slots: -1' "'store.warm_slots'"
+refused yaml $'store:\n  warm_slots: all' "'store.warm_slots'"
+
 # Sizes far beyond any range: a config error naming the key, not an overflow.
 refused yaml "max_body_bytes: 9223372036854775807" "'max_body_bytes'"
 refused yaml "max_body_bytes: 8EiB" "'max_body_bytes'"
