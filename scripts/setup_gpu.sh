@@ -23,8 +23,8 @@
 # default: the gpu-path tests load it (KS_GPU_MODULES) on Mesa's software
 # Vulkan device, so that CI exercises the device code paths without a GPU.
 #
-# The CUDA build: ggml's CMake project of the pinned source in
-# $DEPS/cuda/src/ggml, built in $DEPS/cuda/build (kept: an incremental rebuild
+# The CUDA build: ggml's CMake project of the pinned source, with
+# scripts/patches/ggml-cuda-batch-invariant.patch applied, in $DEPS/cuda/src/ggml, built in $DEPS/cuda/build (kept: an incremental rebuild
 # after a kernel patch takes minutes, not the whole build) with the flags
 # below. One architecture with every flash-attention kernel took 35-52
 # minutes on 2 cores (docs/LLAMA_FACTS.md, "GPU backends"). A tree already
@@ -36,6 +36,8 @@ GPU_VK_SHA512=bBxqU+JOcBu1nb5Qj2zcMci+JByT1E8EajHvYodyNfVIPkEhXh+/HMwR1/BT7xP08Y
 GPU_CUDA_PKG=@node-llama-cpp/linux-x64-cuda@3.22.1
 GPU_CUDA_SHA512=8rQCjyNNLZJUFit+YpjwlC4hwkKgOMIkB2wuycKBf8NU2O3ySKbiWZQ8aw9ku2nUTXjSnUIrE6KB88itduTBuA==
 GPU_VK_DEBS="libvulkan1 mesa-vulkan-drivers"
+GPU_CUDA_PATCH=$top/scripts/patches/ggml-cuda-batch-invariant.patch
+GPU_CUDA_REV=1 # the patch's revision, in the module's id and its stamp
 GPU_VK_DIR=$DEPS/vulkan
 # The CUDA tree by its real path: CMake keys its build on the source and
 # build paths, and the same tree reached through a symlinked build/deps (a
@@ -147,6 +149,14 @@ gpu_cuda_build() { # $1 = nvcc, $2 = architectures: builds or adopts $GPU_CUDA_D
     # As in setup_cpu.sh: llama.cpp's copy of ggml lacks the standalone
     # build's pkg-config template; nothing is installed, so an empty one does.
     : >"$fresh/ggml/ggml.pc.in"
+    # kvstash's batch-invariance patch (docs/LLAMA_FACTS.md, "Batch invariance
+    # on CUDA"): its kernels run only where GGML_CUDA_KS_INVARIANT is set (the
+    # engine sets it in exact mode), the stock ones otherwise.
+    if ! (cd "$fresh" && patch -s -p1 <"$GPU_CUDA_PATCH"); then
+        rm -rf "$fresh"
+        say "the CUDA batch-invariance patch does not apply to this llama.cpp source"
+        exit 1
+    fi
     if [ -d "$src/ggml" ] && diff -rq "$fresh/ggml" "$src/ggml" >/dev/null 2>&1; then
         rm -rf "$fresh"
     else
@@ -205,8 +215,8 @@ gpu_cuda_build() { # $1 = nvcc, $2 = architectures: builds or adopts $GPU_CUDA_D
     # Stripped: 46 MB with symbols, 39.5 MB without; the build tree keeps the full one.
     strip --strip-unneeded -o "$LLAMA/lib/libks-ggml-cuda.so.tmp" "$mod"
     mv "$LLAMA/lib/libks-ggml-cuda.so.tmp" "$LLAMA/lib/libks-ggml-cuda.so"
-    echo "kvstash-ggml-cuda-$SRC_COMMIT-sm$tag" >"$LLAMA/lib/libks-ggml-cuda.id"
-    touch "$GPU_CUDA_DIR/.ok-$SRC_COMMIT-$tag"
+    echo "kvstash-ggml-cuda-$SRC_COMMIT-sm$tag-inv$GPU_CUDA_REV" >"$LLAMA/lib/libks-ggml-cuda.id"
+    touch "$GPU_CUDA_DIR/.ok-$SRC_COMMIT-$tag-inv$GPU_CUDA_REV"
     say "CUDA backend (sm$tag) ready in $LLAMA/lib ($(($(date +%s) - t0)) s)"
 }
 
@@ -224,7 +234,7 @@ if [ $gpu_want_cuda = 1 ]; then
             exit 1
         fi
         gpu_tag=$(echo "$gpu_archs" | sed 's/-real//g; s/;/-/g')
-        gpu_commit_stamp=$(ls "$GPU_CUDA_DIR"/.ok-*-"$gpu_tag" 2>/dev/null | head -n 1 || true)
+        gpu_commit_stamp=$(ls "$GPU_CUDA_DIR"/.ok-*-"$gpu_tag-inv$GPU_CUDA_REV" 2>/dev/null | head -n 1 || true)
         if [ -z "$gpu_commit_stamp" ] || [ ! -f "$LLAMA/lib/libks-ggml-cuda.so" ]; then
             gpu_has_nvidia || say "note: no NVIDIA GPU is visible here (nvidia-smi): the CUDA backend is built for $gpu_tag, and kvstash runs on the CPU until it runs where such a GPU is"
             gpu_cuda_build "$gpu_nvcc_bin" "$gpu_archs"

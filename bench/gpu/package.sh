@@ -5,6 +5,8 @@
 # at most 64 MiB in all — the device tool's carry limit):
 #   payload.tar.zst   (zstd -19) holding
 #     bin/kvstash                  stripped
+#     bin/cuda_invariance          tests/gpu/cuda_invariance.c: lone rows against prefills on the GPU
+#     bin/jq                       for tests/gpu/test_*.sh (run.sh's gputests step)
 #     lib/libkvstash.so*           the library (for completeness; kvstash links it statically)
 #     llama/lib/                   the prebuilt libllama, libggml, libggml-base (no prebuilt
 #                                  CPU variants: the patched module is used), and setup's
@@ -55,6 +57,9 @@ PEERBIN=$ROOT/build/peer-cuda/build/bin
 st=$DEST.tmp/stage
 rm -rf "$DEST.tmp" && mkdir -p "$st"/{bin,lib,llama/lib,debs,peer}
 strip -o "$st/bin/kvstash" "$ROOT/build/kvstash"
+strip -o "$st/bin/cuda_invariance" "$ROOT/build/cuda_invariance"
+# jq for the gpu-labelled tests (run.sh's gputests step); its libraries go with the others
+cp /usr/bin/jq "$st/bin/jq"
 cp -a "$ROOT"/build/libkvstash.so* "$st/lib/" 2>/dev/null || true
 for f in libllama.v0.5.0.so libggml.v0.5.0.so libggml-base.so libks-ggml-cuda.id; do cp "$LIB/$f" "$st/llama/lib/"; done
 ln -s libllama.v0.5.0.so "$st/llama/lib/libllama.so"
@@ -80,7 +85,7 @@ for f in "$st"/peer/*; do [ -L "$f" ] || strip --strip-unneeded "$f" 2>/dev/null
 # the C and C++ runtimes (the GPU machine's own are newer; CUDA needs those).
 # The CUDA libraries are the GPU machine's own (the CUDA 13 runtime is installed there).
 skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libstdc\+\+\.so|libgcc_s\.so|libllama|libggml|libkvstash|libmtmd|libllama-common|libcu|libnv)'
-for b in "$ROOT/build/kvstash" "$PEERBIN/llama-server" "$PEERBIN"/*.so; do
+for b in "$ROOT/build/kvstash" /usr/bin/jq "$PEERBIN/llama-server" "$PEERBIN"/*.so; do
     [ "$(basename "$b")" = libggml-cuda.so ] && continue
     LD_LIBRARY_PATH=$LIB:$PEERBIN ldd "$b" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }'
 done | sort -u | while read -r name path; do

@@ -30,7 +30,7 @@
 #      env.txt (GPU, driver, CPU flags, builds), the servers' /props and logs.
 #
 # usage: bench/gpu/run.sh          (environment: OUT, WORK, CARRY, BUDGET,
-#                                   MODELS="bench bench-8b-q4k", STEPS="turns long decode exact",
+#                                   MODELS="bench bench-8b-q4k", STEPS="invariance turns long decode exact",
 #                                   NGL=all, PEER_NGL=99 — a dry run on a CPU machine:
 #                                   MODELS=tiny NGL=0 PEER_NGL=0 bench/gpu/run.sh)
 set -uo pipefail
@@ -41,7 +41,7 @@ OUT=${OUT:-$ROOT/bench/out/gpu}
 WORK=${WORK:-/tmp/kvstash-gpu}
 BUDGET=${BUDGET:-450}
 MODELS=${MODELS:-bench bench-8b-q4k}
-STEPS=${STEPS:-turns long decode exact subagents restart}
+STEPS=${STEPS:-invariance turns long decode exact subagents restart}
 NGL=${NGL:-all} PEER_NGL=${PEER_NGL:-99}
 T0=$(date +%s)
 mkdir -p "$OUT"
@@ -139,11 +139,43 @@ step() {
     echo >>"$RES"
 }
 
+# gputests: the gpu-labelled tests (tests/gpu/test_*.sh) against the carried build, on the
+# tiny models (they report PASS, FAIL or SKIP)
+case " $STEPS " in *" gputests "*)
+    for m in tiny tiny-q4k; do
+        [ -f "$WORK/models/$m.gguf" ] || "$KS" mkmodel --preset "$m" --seed 1 "$WORK/models/$m.gguf" >>"$OUT/run.log" 2>&1
+    done
+    : >"$OUT/gputests.md"
+    for t in "$ROOT"/tests/gpu/test_*.sh; do
+        n=$(basename "$t" .sh)
+        PATH=$WORK/bin:$PATH KS_BIN=$KS KS_TINY_MODEL=$WORK/models/tiny.gguf KS_TINY_Q4K_MODEL=$WORK/models/tiny-q4k.gguf \
+            KS_CUDA_MODULE=$WORK/llama/lib/libks-ggml-cuda.so KS_CUDA_INVARIANCE=$WORK/bin/cuda_invariance \
+            timeout 300 bash "$t" >"$OUT/gputest-$n.log" 2>&1
+        rc=$?
+        r=PASS; [ $rc = 77 ] && r=SKIP; [ $rc != 0 ] && [ $rc != 77 ] && r="FAIL (exit $rc)"
+        echo "- $n: $r" >>"$OUT/gputests.md"
+        say "gpu test $n: $r"
+    done ;;
+esac
+
 echo "# GPU benchmark: kvstash vs llama-server (CUDA, same llama.cpp source and CUDA module)" >"$RES"
 echo '```' >>"$RES"; cat "$OUT/env.txt" >>"$RES"; echo '```' >>"$RES"
 for m in $MODELS; do
     [ "$(left)" -lt 60 ] && { say "no time left for $m"; echo "_$m: not run (time budget)_" >>"$RES"; continue; }
     model=$WORK/models/$m.gguf
+    # invariance: lone rows against prefills on the GPU (tests/gpu/cuda_invariance.c), with the
+    # patch's kernels (as kvstash's exact mode sets them) and with the stock ones
+    case " $STEPS " in *" invariance "*)
+        for inv in 7 0; do
+            echo "### $m-invariance (GGML_CUDA_KS_INVARIANT=$inv)" >>"$RES"
+            GGML_CUDA_KS_INVARIANT=$inv timeout 120 "$WORK/bin/cuda_invariance" "$model" all \
+                >"$OUT/$m-invariance-$inv.md" 2>"$OUT/$m-invariance-$inv.log"
+            echo "(exit $?)" >>"$OUT/$m-invariance-$inv.md"
+            cat "$OUT/$m-invariance-$inv.md" >>"$RES"
+            echo >>"$RES"
+        done
+        say "$m invariance done" ;;
+    esac
     "$KS" serve -m "$model" --port $P_KS -ngl "$NGL" --slots 2 --ctx 16384 --log info >"$OUT/$m-kvstash.log" 2>&1 &
     ks=$!
     pids+=("$ks")
@@ -220,5 +252,6 @@ for m in $MODELS; do
     esac
     say "$m done"
 done
+[ -f "$OUT/gputests.md" ] && { echo "### gpu-labelled tests"; cat "$OUT/gputests.md"; } >>"$RES"
 say "done in $(($(date +%s) - T0)) s: $RES"
 cat "$RES"

@@ -19,6 +19,7 @@
 static char g_modules[512];      /* ids of the loaded GPU modules, comma-separated */
 static char g_module_names[128]; /* their backends' names ("CUDA", "Vulkan") */
 static int g_n_found;            /* devices they found */
+static bool g_cuda_patched;      /* the CUDA module exports ggml_cuda_ks_invariant */
 
 /* The build id next to a module: <path without .so>.id, first line; the
  * file's base name when there is none. */
@@ -58,6 +59,7 @@ static int load_module(const char *path) {
         return 0;
     }
     ggml_backend_reg_t reg = ggml_backend_load(path);
+    bool patched = dlsym(h, "ggml_cuda_ks_invariant") != NULL;
     dlclose(h); /* ggml holds its own handle */
     if (!reg) {
         KS_WARN(MOD, "the GPU backend %s could not be loaded (see the error above); running without it", path);
@@ -67,6 +69,7 @@ static int load_module(const char *path) {
     module_id(path, id, sizeof id);
     append(g_modules, sizeof g_modules, id);
     append(g_module_names, sizeof g_module_names, ggml_backend_reg_name(reg));
+    if (patched && !strcmp(ggml_backend_reg_name(reg), "CUDA")) g_cuda_patched = true;
     int n = (int)ggml_backend_reg_dev_count(reg);
     g_n_found += n;
     KS_DEBUG(MOD, "GPU backend %s (%s): %d device(s)", id, ggml_backend_reg_name(reg), n);
@@ -96,6 +99,7 @@ int ks_devices_load_modules(const char *dir) {
 }
 
 const char *ks_devices_modules(void) { return g_modules; }
+bool ks_devices_cuda_patched(void) { return g_cuda_patched; }
 
 /* ------------------------------------------------------------- the model */
 /* What the GGUF says about the layers, read without loading any weight. */
@@ -104,6 +108,7 @@ typedef struct model_shape {
     double *layer_bytes;  /* n_layer + 1: each layer's weights, the output layer last */
     double kv_per_cell;   /* K and V bytes of one cell of one layer */
     int n_vocab, n_embd, n_ff;
+    bool weights_quant;   /* every matrix weight but token_embd quantized */
 } model_shape;
 
 static int64_t key_of(const struct gguf_context *g, const char *arch, const char *suffix) {
@@ -165,8 +170,18 @@ static int read_shape(const ks_devices_req *req, model_shape *ms, char *err, siz
     }
     double embd_bytes = 0.0;
     bool has_output = false;
+    ms->weights_quant = true;
+    bool embd_quant = true;
     for (int64_t t = 0; t < gguf_get_n_tensors(g); t++) {
         const char *name = gguf_get_tensor_name(g, t);
+        /* a matrix weight (norms and biases are vectors; token_embd is read
+         * by rows, not multiplied) of a float type takes the F16/F32 product
+         * kernels, which the CUDA patch does not cover */
+        enum ggml_type ty = gguf_get_tensor_type(g, t);
+        if (!strcmp(name, "token_embd.weight")) embd_quant = ggml_is_quantized(ty);
+        else if (!ggml_is_quantized(ty) && strstr(name, ".weight") &&
+            !strstr(name, "norm") && strncmp(name, "rope_freqs", 10))
+            ms->weights_quant = false;
         double sz = (double)gguf_get_tensor_size(g, t);
         int il;
         if (sscanf(name, "blk.%d.", &il) == 1 && il >= 0 && il < n_layer) ms->layer_bytes[il] += sz;
@@ -176,8 +191,12 @@ static int read_shape(const ks_devices_req *req, model_shape *ms, char *err, siz
             has_output |= !strcmp(name, "output.weight");
         }
     }
-    /* tied embeddings: the output layer gets its own copy of token_embd */
-    if (!has_output) ms->layer_bytes[n_layer] += embd_bytes;
+    /* tied embeddings: the output layer gets its own copy of token_embd (and
+     * multiplies by it) */
+    if (!has_output) {
+        ms->layer_bytes[n_layer] += embd_bytes;
+        ms->weights_quant &= embd_quant;
+    }
     long long n_embd = count_of(g, key_of(g, arch, "embedding_length"));
     long long n_head = count_of(g, key_of(g, arch, "attention.head_count"));
     long long n_head_kv = count_of(g, key_of(g, arch, "attention.head_count_kv"));
@@ -325,6 +344,7 @@ int ks_devices_resolve(const ks_devices_req *req, ks_engine_offload *out, void *
     int rc = read_shape(req, &ms, err, errlen);
     if (rc) return rc;
     out->n_layers = ms.n_layer + 1;
+    out->weights_quant = ms.weights_quant;
     if (o->n_gpu_layers > out->n_layers) {
         ks_set_err(err, errlen, "GPU layers %d (-ngl): the model has %d layers and an output layer, %d in all; "
                    "give 0..%d, or all", o->n_gpu_layers, ms.n_layer, out->n_layers, out->n_layers);

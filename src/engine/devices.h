@@ -48,6 +48,12 @@
 /* Loads the GPU backend modules (note 1) from dir (libllama's directory).
  * Returns how many loaded. */
 int ks_devices_load_modules(const char *dir);
+/* Whether the CUDA module loaded carries kvstash's batch-invariance patch
+ * (scripts/patches/ggml-cuda-batch-invariant.patch: it exports
+ * ggml_cuda_ks_invariant). The patch's kernels run only in a process whose
+ * environment has GGML_CUDA_KS_INVARIANT set (the engine sets it in exact
+ * mode, before the first decode); without it the module runs the stock ones. */
+bool ks_devices_cuda_patched(void);
 /* The ids of the GPU modules loaded, comma-separated ("" when none).
  * Static string, valid after ks_devices_load_modules. */
 const char *ks_devices_modules(void);

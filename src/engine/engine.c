@@ -243,6 +243,17 @@ int ks_engine_open(const ks_engine_params *p, ks_engine **out, char *err, size_t
         if (rc) goto fail;
         e->gpu = e->off.n_devices > 0;
     }
+    /* CUDA's batch-invariant kernels (devices.h): asked for through the
+     * environment, read by the module at its first launch, so before any
+     * decode of this process. Only for exact mode with every device CUDA;
+     * GGML_CUDA_KS_INVARIANT already set (0 included) is left as it is. */
+    if (e->gpu && p->exact && ks_devices_cuda_patched()) {
+        bool all_cuda = true;
+        for (int i = 0; i < e->off.n_devices; i++) all_cuda &= !strncmp(e->off.dev[i].name, "CUDA", 4);
+        if (all_cuda) setenv("GGML_CUDA_KS_INVARIANT", "7", 0);
+        const char *inv = getenv("GGML_CUDA_KS_INVARIANT");
+        e->off.cuda_invariant = all_cuda && inv && (atoi(inv) & 7) == 7;
+    }
 
     /* auto is on where it keeps the promise: with setup's patched CPU backend
      * from revision 3 (exact, and its decode packs K and V once per K/V head,
@@ -432,8 +443,9 @@ void ks_engine_kv_params(const ks_engine *e, char *buf, size_t n) {
      * CPU alone, so that CPU states keep the keys they always had. */
     const ks_engine_offload *o = &e->off;
     if (!e->gpu || l < 0 || (size_t)l >= n) return;
-    l += snprintf(buf + l, n - (size_t)l, ";gpu=%s;ngl=%d/%d;kqv=%d;opo=%d;sm=%d;mg=%d;dev=", ks_devices_modules(),
-                  o->n_gpu_layers, o->n_layers, (int)o->kv_offload, (int)o->op_offload, o->split_mode, o->main_gpu);
+    l += snprintf(buf + l, n - (size_t)l, ";gpu=%s;ngl=%d/%d;kqv=%d;opo=%d;sm=%d;mg=%d;%sdev=", ks_devices_modules(),
+                  o->n_gpu_layers, o->n_layers, (int)o->kv_offload, (int)o->op_offload, o->split_mode, o->main_gpu,
+                  o->cuda_invariant ? "inv=7;" : "");
     for (int i = 0; i < o->n_devices && l > 0 && (size_t)l < n; i++)
         l += snprintf(buf + l, n - (size_t)l, "%s%s:%s:%d", i ? "," : "", o->dev[i].name, o->dev[i].desc,
                       o->dev[i].n_layers);

@@ -188,6 +188,10 @@ typedef struct ks_engine_offload {
     int split_mode;      /* KS_SPLIT_* */
     int main_gpu;
     char kv[160];        /* where the KV lives: "CPU", "CUDA0", "CPU+CUDA0", "CUDA0+CUDA1" */
+    bool weights_quant;  /* every matrix weight but the input embedding is of a quantized type (the
+                            products the CUDA patch makes batch-invariant, MMQ) */
+    bool cuda_invariant; /* every device in use is CUDA, its module carries kvstash's batch-invariance
+                            patch, and the engine turned it on (exact mode) */
 } ks_engine_offload;
 
 /* Borrowed, valid until free. */

@@ -103,6 +103,32 @@ static void gpu_warm(ks_engine *e) {
     llama_batch_free(b);
 }
 
+/* Whether every kernel the model runs is one kvstash knows to be
+ * batch-invariant on its GPU (docs/LLAMA_FACTS.md, "Batch invariance on
+ * CUDA"): the CUDA module's patch in force on every device (its MMQ products
+ * and its one flash-attention kernel), so every matrix weight quantized, flash
+ * attention on over an F16 KV, a per-sequence context that is a multiple of
+ * the kernel's 256-cell KV chunks, and layers left on the CPU only with the
+ * patched CPU backend. When not, why (into why[0..n) when given). */
+bool ks__gpu_kernels_ok(const ks_engine *e, char *why, size_t n) {
+    const ks_engine_offload *o = &e->off;
+    const char *r = NULL;
+    if (!o->cuda_invariant)
+        r = ks_devices_cuda_patched() ? "the CUDA module's batch-invariant kernels are off (GGML_CUDA_KS_INVARIANT)"
+                                      : "kvstash's CUDA patch is the only GPU kernel set known to be (CUDA "
+                                        "devices)";
+    else if (!o->weights_quant)
+        r = "the model has matrix weights of a float type, whose CUDA products the patch does not cover";
+    else if (!e->flash_attn || !ks__kv_tiled(e->type_k, e->type_v) || e->type_k == GGML_TYPE_F32)
+        r = "the patched CUDA attention is the flash-attention kernel over an F16 KV cache";
+    else if (e->n_ctx_seq % 256)
+        r = "the per-sequence context is not a multiple of 256 cells (the patched flash attention's KV chunk)";
+    else if (o->n_gpu_layers < o->n_layers && !(ks__g_patched && ks__g_patch_rev >= 2))
+        r = "layers left on the CPU need setup's patched CPU backend";
+    if (r && why) snprintf(why, n, "%s", r);
+    return r == NULL;
+}
+
 void ks__engine_probe(ks_engine *e) {
     double t0 = ks_now_ms();
     e->invariant = false;
@@ -151,6 +177,7 @@ void ks__engine_probe(ks_engine *e) {
      * reports what it sees), but nothing is called invariant (note 3). */
     bool kernels_ok = ks__g_patched && !e->gpu &&
                       (!e->flash_attn || (ks__g_patch_rev >= 2 && ks__kv_tiled(e->type_k, e->type_v)));
+    if (e->gpu) kernels_ok = ks__gpu_kernels_ok(e, NULL, 0);
     if (ok) {
         e->probe_size = sz;
         e->probe_diff = 0;
@@ -193,10 +220,10 @@ void ks__engine_probe(ks_engine *e) {
 
 ks_exact_how ks_engine_exact_how(const ks_engine *e, bool exact) {
     if (!exact) return KS_EXACT_OFF;
-    /* No GPU kernel is known to be batch-invariant, and pairs do not make a
-     * GPU exact: it picks its kernels by the batch's row count (note 3). */
-    if (e->gpu) return KS_EXACT_UNAVAILABLE;
     if (e->invariant) return KS_EXACT_INVARIANT;
+    /* Pairs do not make a GPU exact: it picks its kernels by the batch's row
+     * count (note 3); only the patched CUDA kernels are (ks__gpu_kernels_ok). */
+    if (e->gpu) return KS_EXACT_UNAVAILABLE;
     /* the scheduler's rule (sched.c): pairs where the probe found them exact
      * (which needs a trimmable memory) */
     return e->pairs_ok ? KS_EXACT_PAIRS : KS_EXACT_UNAVAILABLE;
@@ -218,9 +245,14 @@ void ks__engine_exact_reason(ks_engine *e) {
     r[0] = '\0';
     if (e->gpu) {
         size_t l = 0;
+        char why[160];
         for (int i = 0; i < e->off.n_devices && l + 1 < n; i++)
             l += (size_t)snprintf(r + l, n - l, "%s%s", i ? "+" : "", e->off.dev[i].name);
-        if (l + 1 < n) l += (size_t)snprintf(r + l, n - l, " kernels are not batch-invariant");
+        if (!ks__gpu_kernels_ok(e, why, sizeof why)) {
+            if (l + 1 < n) l += (size_t)snprintf(r + l, n - l, " kernels are not batch-invariant here: %s", why);
+        } else if (l + 1 < n) {
+            l += (size_t)snprintf(r + l, n - l, " kernels drifted in the open-time probe");
+        }
         if (l + 1 < n && e->probe_ran && e->probe_diff)
             snprintf(r + l, n - l, " (the open-time probe: %zu of %zu state bytes differ)", e->probe_diff,
                      e->probe_size);

@@ -68,6 +68,7 @@ void ks__engine_probe(ks_engine *e);
 void ks__engine_exact_reason(ks_engine *e);
 /* Whether the K/V types take the patched tiled flash-attention kernel. */
 bool ks__kv_tiled(int type_k, int type_v);
+bool ks__gpu_kernels_ok(const ks_engine *e, char *why, size_t n);
 
 /* Borrowed for the engine's life. */
 const struct llama_vocab *ks__engine_vocab(const ks_engine *e);
