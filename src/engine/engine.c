@@ -250,9 +250,12 @@ int ks_engine_open(const ks_engine_params *p, ks_engine **out, char *err, size_t
     if (e->gpu && p->exact && ks_devices_cuda_patched()) {
         bool all_cuda = true;
         for (int i = 0; i < e->off.n_devices; i++) all_cuda &= !strncmp(e->off.dev[i].name, "CUDA", 4);
-        if (all_cuda) setenv("GGML_CUDA_KS_INVARIANT", "7", 0);
+        if (all_cuda) setenv("GGML_CUDA_KS_INVARIANT", "15", 0);
         const char *inv = getenv("GGML_CUDA_KS_INVARIANT");
-        e->off.cuda_invariant = all_cuda && inv && (atoi(inv) & 7) == 7;
+        int m = inv ? atoi(inv) : 0;
+        /* MMQ for every row count (1), split alike for every row count (2 or
+         * 8), one flash-attention kernel and KV split (4) */
+        e->off.cuda_invariant = all_cuda && (m & 1) && (m & 4) && (m & 10);
     }
 
     /* auto is on where it keeps the promise: with setup's patched CPU backend
@@ -445,7 +448,7 @@ void ks_engine_kv_params(const ks_engine *e, char *buf, size_t n) {
     if (!e->gpu || l < 0 || (size_t)l >= n) return;
     l += snprintf(buf + l, n - (size_t)l, ";gpu=%s;ngl=%d/%d;kqv=%d;opo=%d;sm=%d;mg=%d;%sdev=", ks_devices_modules(),
                   o->n_gpu_layers, o->n_layers, (int)o->kv_offload, (int)o->op_offload, o->split_mode, o->main_gpu,
-                  o->cuda_invariant ? "inv=7;" : "");
+                  o->cuda_invariant ? "inv=1;" : "");
     for (int i = 0; i < o->n_devices && l > 0 && (size_t)l < n; i++)
         l += snprintf(buf + l, n - (size_t)l, "%s%s:%s:%d", i ? "," : "", o->dev[i].name, o->dev[i].desc,
                       o->dev[i].n_layers);

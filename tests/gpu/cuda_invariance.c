@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/base.h"
 #include "engine/engine.h"
 
 static int argmax(const float *l, int n) {
@@ -126,6 +127,34 @@ done:
     return out;
 }
 
+/* What the kernels in force cost: a 2,048-token prefill in chunks of 512,
+ * then 64 lone rows after it (tokens per second, wall clock, one run). */
+static void speed(ks_engine *e) {
+    enum { P = 2048, G = 64 };
+    int nv = ks_engine_n_vocab(e);
+    int32_t *t = malloc(sizeof(int32_t) * (P + G));
+    ks_batch *b = ks_batch_create(512);
+    if (!t || !b) goto done;
+    fill_prompt(t, P + G, nv, 77);
+    ks_engine_seq_clear(e, 0);
+    double t0 = ks_now_ms();
+    for (int i0 = 0; i0 < P; i0 += 512)
+        if (prefill(e, b, t, i0, i0 + 512, 0)) goto done;
+    (void)ks_engine_logits(e, -1);
+    double t1 = ks_now_ms();
+    for (int g = 0; g < G; g++) {
+        if (prefill(e, b, t, P + g, P + g + 1, 0)) goto done;
+        (void)ks_engine_logits(e, -1);
+    }
+    double t2 = ks_now_ms();
+    printf("\nspeed: prefill of %d tokens %.0f tok/s; %d lone rows after it %.1f tok/s\n", P, P / (t1 - t0) * 1e3, G,
+           G / (t2 - t1) * 1e3);
+done:
+    free(t);
+    ks_batch_free(b);
+    ks_engine_seq_clear(e, 0);
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: cuda_invariance MODEL [NGL]\n");
@@ -162,6 +191,7 @@ int main(int argc, char **argv) {
         if (d < 0) failed++;
         else bad += d > 0;
     }
+    speed(e);
     long bs = beside(e);
     if (bs < 0) failed++;
     else bad += bs > 0;
