@@ -166,7 +166,7 @@ for m in $MODELS; do
     # invariance: lone rows against prefills on the GPU (tests/gpu/cuda_invariance.c), with the
     # patch's kernels (as kvstash's exact mode sets them) and with the stock ones
     case " $STEPS " in *" invariance "*)
-        for inv in 7 0; do
+        for inv in 15 7 0; do
             echo "### $m-invariance (GGML_CUDA_KS_INVARIANT=$inv)" >>"$RES"
             GGML_CUDA_KS_INVARIANT=$inv timeout 120 "$WORK/bin/cuda_invariance" "$model" all \
                 >"$OUT/$m-invariance-$inv.md" 2>"$OUT/$m-invariance-$inv.log"
