@@ -168,7 +168,7 @@ for m in $MODELS; do
     case " $STEPS " in *" invariance "*)
         for inv in 15 7 0; do
             echo "### $m-invariance (GGML_CUDA_KS_INVARIANT=$inv)" >>"$RES"
-            GGML_CUDA_KS_INVARIANT=$inv timeout 120 "$WORK/bin/cuda_invariance" "$model" all \
+            GGML_CUDA_KS_INVARIANT=$inv timeout 120 "$WORK/bin/cuda_invariance" "$model" "$NGL" \
                 >"$OUT/$m-invariance-$inv.md" 2>"$OUT/$m-invariance-$inv.log"
             echo "(exit $?)" >>"$OUT/$m-invariance-$inv.md"
             cat "$OUT/$m-invariance-$inv.md" >>"$RES"

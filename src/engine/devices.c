@@ -19,7 +19,7 @@
 static char g_modules[512];      /* ids of the loaded GPU modules, comma-separated */
 static char g_module_names[128]; /* their backends' names ("CUDA", "Vulkan") */
 static int g_n_found;            /* devices they found */
-static bool g_cuda_patched;      /* the CUDA module exports ggml_cuda_ks_invariant */
+static bool g_cuda_patched;      /* the CUDA module exports ggml_cuda_ks_patch_rev */
 
 /* The build id next to a module: <path without .so>.id, first line; the
  * file's base name when there is none. */
@@ -59,7 +59,7 @@ static int load_module(const char *path) {
         return 0;
     }
     ggml_backend_reg_t reg = ggml_backend_load(path);
-    bool patched = dlsym(h, "ggml_cuda_ks_invariant") != NULL;
+    bool patched = dlsym(h, "ggml_cuda_ks_patch_rev") != NULL;
     dlclose(h); /* ggml holds its own handle */
     if (!reg) {
         KS_WARN(MOD, "the GPU backend %s could not be loaded (see the error above); running without it", path);

@@ -50,7 +50,7 @@
 int ks_devices_load_modules(const char *dir);
 /* Whether the CUDA module loaded carries kvstash's batch-invariance patch
  * (scripts/patches/ggml-cuda-batch-invariant.patch: it exports
- * ggml_cuda_ks_invariant). The patch's kernels run only in a process whose
+ * ggml_cuda_ks_patch_rev, a C name). The patch's kernels run only in a process whose
  * environment has GGML_CUDA_KS_INVARIANT set (the engine sets it in exact
  * mode, before the first decode); without it the module runs the stock ones. */
 bool ks_devices_cuda_patched(void);
