@@ -55,7 +55,7 @@ int ks__request_parse(ks_server *s, const ks_fmt *fmt, const conn *cn, ks_api_re
     memset(rq, 0, sizeof *rq);
     int rc = ks__api_load_object(cn->body.s, cn->body.len, &root, e);
     if (rc) return rc;
-    ks_fmt_env env = {.convs = s->convs, .tenant = tenant_of(s, cn, root)};
+    ks_fmt_env env = {.convs = s->convs, .tenant = tenant_of(s, cn, root), .media = &s->media};
     if ((rc = fmt->parse(&env, root, rq, st, e))) return rc; /* root is the parser's */
     rq->tenant = env.tenant;
     /* cache_salt is a field kvstash does not know, logged as ignored
@@ -144,7 +144,7 @@ enum MHD_Result ks__request_count_tokens(ks_server *s, struct MHD_Connection *c,
     ks_plan pl = {0};
     enum MHD_Result ret;
     if (ks__api_load_object(cn->body.s, cn->body.len, &root, &e) || ks_api_messages_to_chat(root, true, &mr, &e) ||
-        ks_api_parse_root(KS_API_CHAT, json_incref(mr.chat), &rq, &e)) {
+        ks_api_parse_root_media(KS_API_CHAT, json_incref(mr.chat), &s->media, &rq, &e)) {
         ret = ks__respond_error(s, c, cn, &e, NULL);
         goto out;
     }
