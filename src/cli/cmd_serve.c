@@ -262,6 +262,10 @@ int ks_cmd_serve(int argc, char **argv) {
     }
     hp.model_name = f.alias;
     hp.max_body_bytes = cfg.max_body_bytes;
+    hp.media.max_bytes = cfg.media.max_bytes;
+    hp.media.max_items = cfg.media.max_items;
+    hp.media.max_total_bytes = cfg.media.max_total_bytes;
+    hp.media.max_pixels = cfg.media.max_pixels;
     if (f.max_tokens > 0) hp.default_max_tokens = f.max_tokens;
     if (f.timeout >= 0) hp.timeout_s = f.timeout;
     if (f.header_timeout >= 0) hp.header_timeout_s = f.header_timeout;

@@ -20,6 +20,8 @@ typedef struct ks_serve_flags {
     int port, slots, ctx, batch, threads, max_queue, max_tokens, timeout, shutdown_ms; /* -1: not given */
     int header_timeout, max_conns, max_conns_client; /* -1: not given */
     long long max_body;
+    long long media_max_bytes, media_max_total, media_max_pixels; /* --media-*, -1: not given */
+    int media_max_items;                                          /* -1: not given */
     int cache_ram; /* MiB, -1: not given */
     int warm_slots; /* -1: not given */
     bool no_cache, no_exact, no_repack, imc, spc;
