@@ -274,6 +274,7 @@ typedef struct ks_api_props {
     bool flash_attn;           /* flash attention in effect (after --flash-attn auto) */
     const char *cpu_backend;   /* ks_engine_cpu_backend(); NULL: not shown */
     const char *store;         /* "off", "ram-only", "full"; NULL: not shown */
+    bool vision, audio;        /* image / audio input (a projector: --mmproj) */
 } ks_api_props;
 
 /* llama-server's /props object with the fields that apply to kvstash
