@@ -294,6 +294,12 @@ void ks_http_count(ks_http_counters *c, int status) {
         atomic_fetch_add(&c->by_status[status - KS_HTTP_STATUS_MIN], 1);
 }
 
+void ks_http_count_media(ks_http_counters *c, int n_images, int n_audio, int64_t bytes) {
+    atomic_fetch_add(&c->media_items[0], (uint64_t)n_images);
+    atomic_fetch_add(&c->media_items[1], (uint64_t)n_audio);
+    atomic_fetch_add(&c->media_bytes, (uint64_t)bytes);
+}
+
 void ks_metrics_http(void *ud, ks_prom *p) {
     ks_http_counters *c = ud;
     ks_prom_counter(p, "kvstash_http_requests_total", "HTTP requests answered.",
@@ -311,6 +317,12 @@ void ks_metrics_http(void *ud, ks_prom *p) {
     ks_prom_counter(p, "kvstash_client_disconnects_total",
                     "Generations canceled because the client went away.",
                     (double)atomic_load(&c->client_disconnects));
+    ks_prom_family(p, "kvstash_media_items_total", "counter",
+                   "Images and audio clips in requests that parsed (each request's, counted once).");
+    ks_prom_sample(p, "kvstash_media_items_total", "kind", "image", (double)atomic_load(&c->media_items[0]));
+    ks_prom_sample(p, "kvstash_media_items_total", "kind", "audio", (double)atomic_load(&c->media_items[1]));
+    ks_prom_counter(p, "kvstash_media_bytes_total", "Their bytes, decoded (the files as sent).",
+                    (double)atomic_load(&c->media_bytes));
     ks_prom_gauge(p, "kvstash_uptime_seconds", "Seconds since the server started.",
                   c->started_us ? (double)(ks_now_us() - c->started_us) / 1e6 : 0.0);
 }

@@ -58,6 +58,11 @@ int ks__request_parse(ks_server *s, const ks_fmt *fmt, const conn *cn, ks_api_re
     ks_fmt_env env = {.convs = s->convs, .tenant = tenant_of(s, cn, root), .media = &s->media};
     if ((rc = fmt->parse(&env, root, rq, st, e))) return rc; /* root is the parser's */
     rq->tenant = env.tenant;
+    if (rq->n_media) {
+        int n_images = 0;
+        for (int i = 0; i < rq->n_media; i++) n_images += rq->media[i].kind == KS_MEDIA_IN_IMAGE;
+        ks_http_count_media(&s->http, n_images, rq->n_media - n_images, rq->media_bytes);
+    }
     /* cache_salt is a field kvstash does not know, logged as ignored
      * (refusals.h), unless --tenant-by uses it. */
     for (int i = 0; (s->tenant_by & KS_TENANT_BY_CACHE_SALT) && i < rq->notes.n; i++)
