@@ -86,6 +86,8 @@ typedef struct ks_engine_params {
     bool repack;     /* default true: let ggml repack weights into its interleaved
                         layouts (Q4_0, Q4_K, IQ4_NL, MXFP4 on x86; llama's use_extra_bufts,
                         llama-server's --no-repack turns it off) */
+    const char *mmproj_path; /* a multimodal projector (mtmd's mmproj GGUF) for images and
+                                audio in prompts (engine/media.h); NULL: text only */
 } ks_engine_params;
 
 ks_engine_params ks_engine_params_default(void);
