@@ -40,6 +40,7 @@
 #include "engine/fingerprint.h"
 #include "sched/sched.h"
 #include "server/keyring.h"
+#include "engine/media.h"
 #include "server/server.h"
 
 #define CMD "kvstash serve"
@@ -266,6 +267,11 @@ int ks_cmd_serve(int argc, char **argv) {
     hp.media.max_items = cfg.media.max_items;
     hp.media.max_total_bytes = cfg.media.max_total_bytes;
     hp.media.max_pixels = cfg.media.max_pixels;
+    /* What the projector (--mmproj) takes; none without one. */
+    ks_media *mm = ks_engine_media(e);
+    hp.media.modalities = (mm && ks_media_vision(mm) ? KS_MEDIA_IN_IMAGE : 0u) |
+                          (mm && ks_media_audio(mm) ? KS_MEDIA_IN_AUDIO : 0u);
+    hp.media.marker = ks_media_marker();
     if (f.max_tokens > 0) hp.default_max_tokens = f.max_tokens;
     if (f.timeout >= 0) hp.timeout_s = f.timeout;
     if (f.header_timeout >= 0) hp.header_timeout_s = f.header_timeout;
