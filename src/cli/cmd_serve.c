@@ -38,6 +38,7 @@
 #include "cli/serve_store.h"
 #include "engine/engine.h"
 #include "engine/fingerprint.h"
+#include "engine/media.h"
 #include "sched/sched.h"
 #include "server/keyring.h"
 #include "engine/media.h"
@@ -191,6 +192,19 @@ int ks_cmd_serve(int argc, char **argv) {
         }
     }
 
+    {
+        /* The projector: --mmproj, else the model's entry's, else the top-level one. */
+        const char *mm = f.mmproj ? f.mmproj : cfg.cache.mmproj[0] ? cfg.cache.mmproj : cfg.mmproj;
+        char err[1024] = "";
+        if (mm[0] && (rc = ks_engine_media_open(e, mm, err, sizeof err))) {
+            fprintf(stderr, CMD ": %s\n", err[0] ? err : ks_strerror(rc));
+            goto done;
+        }
+        if (mm[0])
+            KS_INFO("serve", "projector %s: %s%s%s input", mm, ks_media_vision(ks_engine_media(e)) ? "image" : "",
+                    ks_media_vision(ks_engine_media(e)) && ks_media_audio(ks_engine_media(e)) ? " and " : "",
+                    ks_media_audio(ks_engine_media(e)) ? "audio" : "");
+    }
     if (f.imc) cfg.cache.incremental_cache = true;
     if (f.spc) cfg.cache.system_prompt_cache = true;
 

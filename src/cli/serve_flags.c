@@ -21,7 +21,8 @@ void ks_serve_usage(FILE *f) {
     fprintf(f,
             "usage: kvstash serve -m MODEL [options]\n"
             "  -m, --model PATH          GGUF model file (required here or as model: in --config)\n"
-            "  --host ADDR               address to bind (default 127.0.0.1)\n"
+            "  --mmproj FILE             multimodal projector (mmproj GGUF) for images and audio in\n"
+            "                            prompts (mmproj, models.<name>.mmproj; default: none)\n"            "  --host ADDR               address to bind (default 127.0.0.1)\n"
             "  --port N                  TCP port; 0 picks a free one (default 8080)\n"
             "  --slots N                 parallel sequences, 1..256 (default 4)\n"
             "  --ctx N                   context per slot, tokens, 64..16777216 (default 4096)\n"
@@ -121,7 +122,7 @@ void ks_serve_usage(FILE *f) {
 
 
 int ks_serve_parse_flags(int argc, char **argv, ks_serve_flags *f) {
-    enum { O_HOST = 256, O_PORT, O_SLOTS, O_CTX, O_BATCH, O_THREADS, O_NOCACHE, O_NOEXACT, O_KEY, O_QUEUE, O_BODY,
+    enum { O_HOST = 256, O_MMPROJ, O_PORT, O_SLOTS, O_CTX, O_BATCH, O_THREADS, O_NOCACHE, O_NOEXACT, O_KEY, O_QUEUE, O_BODY,
            O_MAXTOK, O_ALIAS, O_TIMEOUT, O_SHUTDOWN, O_FA, O_CONFIG, O_LOG, O_IMC, O_SPC, O_CACHEDIR, O_CACHERAM,
            O_TEMPLATE, O_REASONING, O_CORS, O_RESP_TTL, O_RESP_MAX, O_HDR_TIMEOUT, O_MAXCONN, O_MAXCONN_CLIENT,
            O_CKPT, O_CKPT_EVERY, O_CKPT_BYTES, O_CACHEREDIS, O_TLS_CA, O_TLS_CA_DIR, O_TLS_CERT, O_TLS_KEY,
@@ -131,6 +132,7 @@ int ks_serve_parse_flags(int argc, char **argv, ks_serve_flags *f) {
            O_OFFLOAD_END = O_OFFLOAD + KS_CLI_OFFLOAD_N };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},          {"host", required_argument, 0, O_HOST},
+        {"mmproj", required_argument, 0, O_MMPROJ},
         {"port", required_argument, 0, O_PORT},        {"slots", required_argument, 0, O_SLOTS},
         {"ctx", required_argument, 0, O_CTX},          {"batch", required_argument, 0, O_BATCH},
         {"threads", required_argument, 0, O_THREADS},  {"no-cache-prompt", no_argument, 0, O_NOCACHE},
@@ -187,6 +189,7 @@ int ks_serve_parse_flags(int argc, char **argv, ks_serve_flags *f) {
     while ((c = getopt_long(argc, argv, ":m:h", opts, NULL)) != -1) {
         switch (c) {
         case 'm': f->model = optarg; break;
+        case O_MMPROJ: f->mmproj = optarg; break;
         case O_HOST: f->host = optarg; break;
         /* The ranges of settings that are also YAML keys come from config.h. */
         case O_PORT:

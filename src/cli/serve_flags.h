@@ -17,6 +17,7 @@
 /* The flags as given, applied over the file's values. */
 typedef struct ks_serve_flags {
     const char *model, *host, *api_key, *config, *log, *alias, *chat_template, *reasoning_format;
+    const char *mmproj; /* --mmproj: wins over models.<name>.mmproj and mmproj */
     int port, slots, ctx, batch, threads, max_queue, max_tokens, timeout, shutdown_ms; /* -1: not given */
     int header_timeout, max_conns, max_conns_client; /* -1: not given */
     long long max_body;

@@ -12,6 +12,7 @@
  * YAML layout (every key optional):
  *
  *   model: /path/to/model.gguf
+ *   mmproj: /path/to/mmproj.gguf   # images/audio in prompts (engine/media.h; --mmproj)
  *   host: 127.0.0.1
  *   port: 8080
  *   slots: 4                 # parallel sequences, 1..256
@@ -57,6 +58,7 @@
  *       cache_min_tokens: 100
  *       slots: 3             # overrides the top-level slots for this model (1..256)
  *       spc_max_bytes: 268435456         # 0..1024TiB
+ *       mmproj: /path/to/mmproj.gguf     # this model's projector (over the top-level mmproj)
  *   store:
  *     enabled: true                    # the full store (shm and disk tiers); see "Store modes"
  *     cache_dir: ~/.cache/kvstash      # disk tier directory
@@ -184,10 +186,12 @@ typedef struct ks_model_cache_cfg {
     int cache_min_tokens;       /* default 100 */
     int slots;                  /* 0: use the top-level value */
     int64_t spc_max_bytes;      /* default 256 MiB */
+    char mmproj[KS_MAX_PATH];   /* the model's projector ("": the top-level mmproj) */
 } ks_model_cache_cfg;
 
 typedef struct ks_config {
     char model[KS_MAX_PATH];
+    char mmproj[KS_MAX_PATH];   /* projector for images and audio ("": none; --mmproj) */
     char host[256];
     int port;
     int slots;

@@ -39,6 +39,7 @@
 
 static const field k_top_fields[] = {
     FS(ks_config, model, F_PATH),
+    FS(ks_config, mmproj, F_PATH),
     FS(ks_config, host, F_STR),
     FI(ks_config, port, KS_CONFIG_PORT_MIN, KS_CONFIG_PORT_MAX), /* 0: any free port */
     FI(ks_config, slots, KS_CONFIG_SLOTS_MIN, KS_CONFIG_SLOTS_MAX),
@@ -68,6 +69,7 @@ static const field k_model_fields[] = {
     FI(ks_model_cache_cfg, cache_min_tokens, 0, 10000000),
     FI(ks_model_cache_cfg, slots, KS_CONFIG_SLOTS_MIN, KS_CONFIG_SLOTS_MAX),
     FY(ks_model_cache_cfg, spc_max_bytes, 0, KS_STORE_BYTES_MAX),
+    FS(ks_model_cache_cfg, mmproj, F_PATH),
 };
 
 static const field k_store_fields[] = {

@@ -80,6 +80,12 @@ typedef struct ks_media_item {
 /* The engine's projector, NULL when it has none. Borrowed, valid until
  * ks_engine_free. */
 ks_media *ks_engine_media(const ks_engine *e);
+/* Opens the projector at path for e when ks_engine_params.mmproj_path was
+ * not given (the server learns a models.<name>.mmproj only from the model's
+ * name). Errors as ks_engine_open's for it (KS_ENOENT, KS_EMODEL with the
+ * reason), KS_EINVAL when e has a projector already. Before e is used by a
+ * scheduler (the thread that opened e). */
+int ks_engine_media_open(ks_engine *e, const char *path, char *err, size_t errlen);
 bool ks_media_vision(const ks_media *m);
 bool ks_media_audio(const ks_media *m);
 /* The projector file's XXH3-64 (its identity in every pseudo-token). */

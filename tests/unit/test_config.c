@@ -660,6 +660,23 @@ static void test_resolve_model(void **state) {
     assert_false(d.cache.incremental_cache);
 }
 
+/* Issue 29: the projector, top-level and per model; an entry's wins once
+ * resolved, and a model without one keeps the top-level path. */
+static void test_mmproj(void **state) {
+    (void)state;
+    ks_config c;
+    ks_config_defaults(&c);
+    assert_string_equal(c.mmproj, "");
+    load_ok(&c, "mmproj: /p/top-mmproj.gguf\n"
+                "models:\n  vlm:\n    mmproj: /p/vlm-mmproj.gguf\n  other:\n    slots: 2\n");
+    assert_string_equal(c.mmproj, "/p/top-mmproj.gguf");
+    ks_config_resolve_model(&c, "vlm", NULL);
+    assert_string_equal(c.cache.mmproj, "/p/vlm-mmproj.gguf");
+    ks_config_resolve_model(&c, "other", NULL);
+    assert_string_equal(c.cache.mmproj, "");
+    expect_error("mmproj: [a, b]\n", "mmproj");
+}
+
 static void test_model_entry_limits(void **state) {
     (void)state;
     ks_buf b = {0};
@@ -689,6 +706,7 @@ int main(void) {
         cmocka_unit_test(test_store_plan),
         cmocka_unit_test(test_resolve_model),
         cmocka_unit_test(test_model_entry_limits),
+        cmocka_unit_test(test_mmproj),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
