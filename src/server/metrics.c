@@ -140,6 +140,13 @@ void ks_metrics_sched(ks_prom *p, const ks_sched_stats *st) {
     ks_prom_sample(p, "kvstash_cache_decisions_total", "decision", "store", (double)c->store_hits);
     ks_prom_sample(p, "kvstash_cache_decisions_total", "decision", "copy", (double)c->slot_copies);
     ks_prom_sample(p, "kvstash_cache_decisions_total", "decision", "miss", (double)c->mode_miss);
+    ks_prom_counter(p, "kvstash_media_encodes_total", "Media chunks (images, audio) run through the projector.",
+                    (double)c->media_encodes);
+    ks_prom_counter(p, "kvstash_media_encode_seconds_total", "Time the projector took.", c->media_encode_ms_total / 1e3);
+    ks_prom_counter(p, "kvstash_media_tokens_prefilled_total", "Media tokens decoded into a sequence (embeddings).",
+                    (double)c->media_tokens_decoded);
+    ks_prom_counter(p, "kvstash_media_tokens_reused_total", "Media tokens of prompts found in the cache, not encoded "
+                    "again.", (double)c->media_tokens_reused);
     ks_prom_counter(p, "kvstash_imc_salvaged_tokens_total", "Tokens kept by IMC token-prefix salvage.",
                     (double)c->imc_salvaged_tokens);
     ks_prom_counter(p, "kvstash_slot_evictions_total", "Non-empty slots taken over for another branch.",
