@@ -208,3 +208,35 @@ test('metrics count the images received', async () => {
   assert.ok(m.get('kvstash_media_bytes_total') > 0);
   assert.ok(m.get('kvstash_media_tokens_reused_total') > 0);
 });
+
+// With the incremental message cache (--imc) conversations are routed by
+// message hashes, which carry each image's SHA-256: turn 2 of a screenshot
+// conversation is an imc-hash hit, and the same text with another image is
+// not (its hash differs at the image's message), so it never routes onto
+// the first conversation's branch as if the messages matched.
+test('imc: the message hashes tell two images apart', async () => {
+  const s2 = await startServer(['-m', model, '--mmproj', mmproj, '--ctx', '2048', '--slots', '2', '--imc']);
+  try {
+    const post = async (body) => {
+      const r = await postJSON(s2, CHAT, { max_tokens: 8, temperature: 0, ...body });
+      assert.equal(r.status, 200, r.text);
+      return r.json;
+    };
+    const sys = { role: 'system', content: 'You are a screen reader.' };
+    const conv = (seed) => [sys, ...userWith(chatImage(png(64, 64, seed)))];
+    const a1 = await post({ messages: conv(51) });
+    const a2 = await post({ messages: [...conv(51), { role: 'assistant', content: a1.choices[0].message.content },
+      { role: 'user', content: 'More detail, please.' }] });
+    assert.equal(a2.cache.mode, 'imc-hash', JSON.stringify(a2.cache));
+    assert.ok(a2.usage.prompt_tokens_details.cached_tokens >= a1.usage.prompt_tokens);
+    const b2 = await post({ messages: [...conv(52), { role: 'assistant', content: a1.choices[0].message.content },
+      { role: 'user', content: 'More detail, please.' }] });
+    assert.notEqual(b2.cache.mode, 'imc-hash', JSON.stringify(b2.cache));
+    assert.ok(b2.usage.prompt_tokens_details.cached_tokens < a1.usage.prompt_tokens - 32, JSON.stringify(b2.cache));
+    const u = await postJSON(s2, CHAT, { max_tokens: 8, temperature: 0, cache_prompt: false, messages: [...conv(52),
+      { role: 'assistant', content: a1.choices[0].message.content }, { role: 'user', content: 'More detail, please.' }] });
+    assert.equal(u.json.choices[0].message.content, b2.choices[0].message.content);
+  } finally {
+    await stopOk(s2);
+  }
+});
