@@ -6,7 +6,8 @@
  * rule here is unit-tested without a model (tests/unit/test_api*.c). Which
  * file holds what: api_fields.c errors and the typed field getters; api.c
  * the OpenAI request entry and replies; api_chat.c chat's fields and the
- * field policy; api_responses.c / api_responses_out.c and api_messages.c the
+ * field policy; api_media.c the image and audio parts (media_in.c their
+ * pure checks); api_responses.c / api_responses_out.c and api_messages.c the
  * Responses and Messages translations and reply shapes; api_utility.c the
  * utility endpoints.
  *
