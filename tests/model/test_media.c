@@ -414,6 +414,62 @@ static void test_split_run_is_exact(void **st) {
     free(a.b);
 }
 
+/* Another slot holds the image's conversation: the prompt is copied from it
+ * (mode "copy"), nothing encoded, the output that of an uncached run. */
+static void test_copy_from_other_slot(void **st) {
+    (void)st;
+    ks_engine_params ep = ks_engine_params_default();
+    ep.model_path = getenv("KS_TINY_MM_MODEL");
+    ep.mmproj_path = getenv("KS_TINY_MMPROJ");
+    ep.n_seq = 2;
+    ep.n_ctx_seq = 1024;
+    ep.n_batch = 32;
+    ep.n_threads = 1;
+    ks_engine *e = NULL;
+    char err[256];
+    assert_int_equal(ks_engine_open(&ep, &e, err, sizeof err), 0);
+    ks_sched_params sp = ks_sched_params_default();
+    sp.engine = e;
+    sp.n_slots = 2;
+    ks_sched *s = NULL;
+    assert_int_equal(ks_sched_create(&sp, &s), 0);
+    img a = make_img(64, 64, 61);
+    prompt p1, p2, r2;
+    tokenize(e, SYS USER("Compare <__media__> with yours.") ASST, &a, 1, &p1);
+    tokenize(e, SYS USER("Compare <__media__> with yours.") ASST "Sure.<|im_end|>\n" USER("More?") ASST, &a, 1, &p2);
+    tokenize(g_ref_e, SYS USER("Compare <__media__> with yours.") ASST "Sure.<|im_end|>\n" USER("More?") ASST, &a, 1,
+             &r2);
+    run x, y, z;
+    once(s, &p1, true, &x); /* slot 0 */
+    ks_media_stats m0 = mstats(e);
+    run_init(&y);
+    ks_req_params rp = {0};
+    rp.tokens = p2.t.v;
+    rp.n_tokens = p2.t.n;
+    rp.max_tokens = MAX_GEN;
+    rp.sample = ks_sample_params_default();
+    rp.cache_prompt = true;
+    rp.preferred_slot = 1;
+    rp.media = p2.set;
+    rp.on_token = run_on_token;
+    rp.on_done = run_on_done;
+    rp.ud = &y;
+    assert_int_equal(ks_sched_submit(s, &rp, NULL), 0);
+    run_wait(&y);
+    once(g_ref, &r2, false, &z);
+    assert_int_equal(y.res.slot, 1);
+    assert_string_equal(y.res.cache_mode, "copy");
+    assert_true(y.res.n_cached >= p1.t.n - 1);
+    assert_int_equal(mstats(e).encodes, m0.encodes);
+    assert_int_equal(y.out.n, z.out.n);
+    assert_memory_equal(y.out.v, z.out.v, sizeof(int32_t) * (size_t)y.out.n);
+    ks_sched_free(s);
+    ks_engine_free(e);
+    run_free(&x), run_free(&y), run_free(&z);
+    prompt_free(&p1), prompt_free(&p2), prompt_free(&r2);
+    free(a.b);
+}
+
 /* ------------------------------------------------------------- fixture */
 static ks_engine *open_engine(int n_batch) {
     ks_engine_params ep = ks_engine_params_default();
@@ -491,6 +547,7 @@ int main(void) {
         cmocka_unit_test(test_image_later_extends_text),
         cmocka_unit_test(test_different_images_never_share),
         cmocka_unit_test(test_other_engine_restores_without_encode),
+        cmocka_unit_test(test_copy_from_other_slot),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
