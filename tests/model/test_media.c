@@ -1,7 +1,7 @@
 /*
- * Model tests of images in the cache (engine/media.h, issue 29) on the tiny
- * model and its random-weight projector (kvstash mkmodel --mmproj: 64 tokens
- * an image): tokenization into pseudo-tokens, and through the scheduler that
+ * Model tests of images and audio in the cache (engine/media.h, issue 29) on
+ * the tiny model and its random-weight projector (kvstash mkmodel --mmproj
+ * --mmproj-audio: 64 tokens an image, 125 per 30 s of audio): tokenization into pseudo-tokens, and through the scheduler that
  * a cached prompt with an image gives the output of an uncached one, that the
  * next turn reads the image from the cache without encoding it again, that
  * an image added to a text conversation extends the cached text, that two
@@ -29,7 +29,8 @@
 #include "sched/sched.h"
 #include "run_util.h"
 
-#define N_IMG 64 /* tokens of an image of the tiny projector */
+#define N_IMG 64  /* tokens of an image of the tiny projector */
+#define N_AUD 125 /* tokens of each 30 s of audio (a shorter clip: one chunk) */
 #define MAX_GEN 12
 
 static char g_root[64];
@@ -54,6 +55,35 @@ static img make_img(int w, int h, uint32_t seed) {
     for (size_t i = (size_t)hl; i < m.n; i++) {
         x ^= x << 13, x ^= x >> 17, x ^= x << 5;
         m.b[i] = (uint8_t)x;
+    }
+    return m;
+}
+
+/* A 16 kHz mono 16-bit WAV of n samples (miniaudio reads it). */
+static void put32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static img make_wav(int n, uint32_t seed) {
+    img m = {calloc(1, 44 + (size_t)n * 2), 44 + (size_t)n * 2};
+    memcpy(m.b, "RIFF", 4);
+    put32(m.b + 4, (uint32_t)m.n - 8);
+    memcpy(m.b + 8, "WAVEfmt ", 8);
+    put32(m.b + 16, 16);
+    m.b[20] = 1; /* PCM */
+    m.b[22] = 1; /* mono */
+    put32(m.b + 24, 16000);
+    put32(m.b + 28, 32000);
+    m.b[32] = 2;
+    m.b[34] = 16;
+    memcpy(m.b + 36, "data", 4);
+    put32(m.b + 40, (uint32_t)n * 2);
+    uint32_t x = seed * 2654435761u + 1;
+    for (int i = 0; i < n; i++) {
+        x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+        int16_t v = (int16_t)((int)(x % 16000) - 8000);
+        m.b[44 + 2 * i] = (uint8_t)(v & 0xff);
+        m.b[45 + 2 * i] = (uint8_t)((uint16_t)v >> 8);
     }
     return m;
 }
@@ -147,7 +177,7 @@ static void test_tokenize(void **st) {
     ks_media *m = ks_engine_media(g_e);
     assert_non_null(m);
     assert_true(ks_media_vision(m));
-    assert_false(ks_media_audio(m));
+    assert_true(ks_media_audio(m));
     assert_string_equal(ks_media_marker(), "<__media__>");
     img a = make_img(64, 64, 1), b = make_img(64, 64, 2), c = make_img(100, 80, 3);
     prompt pa, pa2, pb, pc;
@@ -315,7 +345,7 @@ static void test_other_engine_restores_without_encode(void **st) {
 
     ks_engine_params ep = ks_engine_params_default();
     ep.model_path = getenv("KS_TINY_MM_MODEL");
-    ep.mmproj_path = getenv("KS_TINY_MMPROJ");
+    ep.mmproj_path = getenv("KS_TINY_MMPROJ_AV");
     ep.n_seq = 1;
     ep.n_ctx_seq = 2048;
     ep.n_batch = 32;
@@ -369,7 +399,7 @@ static void test_split_run_is_exact(void **st) {
     (void)st;
     ks_engine_params ep = ks_engine_params_default();
     ep.model_path = getenv("KS_TINY_MM_MODEL");
-    ep.mmproj_path = getenv("KS_TINY_MMPROJ");
+    ep.mmproj_path = getenv("KS_TINY_MMPROJ_AV");
     ep.n_seq = 3;
     ep.n_ctx_seq = 512;
     ep.n_batch = 32;
@@ -420,7 +450,7 @@ static void test_copy_from_other_slot(void **st) {
     (void)st;
     ks_engine_params ep = ks_engine_params_default();
     ep.model_path = getenv("KS_TINY_MM_MODEL");
-    ep.mmproj_path = getenv("KS_TINY_MMPROJ");
+    ep.mmproj_path = getenv("KS_TINY_MMPROJ_AV");
     ep.n_seq = 2;
     ep.n_ctx_seq = 1024;
     ep.n_batch = 32;
@@ -470,11 +500,49 @@ static void test_copy_from_other_slot(void **st) {
     free(a.b);
 }
 
+/* Audio as images: a clip of 50 s is two chunks (two runs, told apart by
+ * their place in the item); cached == uncached; the next turn encodes
+ * nothing. */
+static void test_audio(void **st) {
+    (void)st;
+    ks_sched_clear_slot(g_s, 0);
+    img w = make_wav(16000 * 50, 71), w2 = make_wav(16000 * 2, 72);
+    prompt pw;
+    tokenize(g_e, SYS USER("Hear <__media__> now") ASST, &w, 1, &pw);
+    assert_int_equal(ks_media_set_n_runs(pw.set), 2);
+    int p0, n0, p1, n1;
+    ks_media_set_run(pw.set, 0, &p0, &n0);
+    ks_media_set_run(pw.set, 1, &p1, &n1);
+    assert_int_equal(n0, N_AUD);
+    assert_int_equal(p1, p0 + n0);
+    assert_int_not_equal(pw.t.v[p0], pw.t.v[p1]);
+    prompt_free(&pw);
+
+    ks_media_stats m0 = mstats(g_e);
+    run x;
+    prompt q1;
+    char t1[4096], reply[2048], t2[8192];
+    snprintf(t1, sizeof t1, SYS USER("What do you hear in <__media__> this?") ASST);
+    twin(t1, &w2, 1, &x, &q1);
+    ks_media_stats m1 = mstats(g_e);
+    assert_int_equal(m1.encodes - m0.encodes, 1);
+    assert_int_equal(m1.decoded_tokens - m0.decoded_tokens, N_AUD);
+    reply_text(g_e, &x.out, reply, sizeof reply);
+    snprintf(t2, sizeof t2, "%s%s<|im_end|>\n" USER("Louder?") ASST, t1, reply);
+    run y;
+    twin(t2, &w2, 1, &y, NULL);
+    assert_true(y.res.n_cached >= q1.t.n);
+    assert_int_equal(mstats(g_e).encodes, m1.encodes);
+    run_free(&x), run_free(&y);
+    prompt_free(&q1);
+    free(w.b), free(w2.b);
+}
+
 /* ------------------------------------------------------------- fixture */
 static ks_engine *open_engine(int n_batch) {
     ks_engine_params ep = ks_engine_params_default();
     ep.model_path = getenv("KS_TINY_MM_MODEL");
-    ep.mmproj_path = getenv("KS_TINY_MMPROJ");
+    ep.mmproj_path = getenv("KS_TINY_MMPROJ_AV");
     ep.n_seq = 1;
     ep.n_ctx_seq = 2048;
     ep.n_batch = n_batch;
@@ -488,7 +556,7 @@ static ks_engine *open_engine(int n_batch) {
 
 static int setup(void **st) {
     (void)st;
-    if (!getenv("KS_TINY_MM_MODEL") || !getenv("KS_TINY_MMPROJ")) return -1;
+    if (!getenv("KS_TINY_MM_MODEL") || !getenv("KS_TINY_MMPROJ_AV")) return -1;
     snprintf(g_root, sizeof g_root, "/tmp/ks-media-XXXXXX");
     if (!mkdtemp(g_root)) return -1;
     g_e = open_engine(32);
@@ -548,6 +616,7 @@ int main(void) {
         cmocka_unit_test(test_different_images_never_share),
         cmocka_unit_test(test_other_engine_restores_without_encode),
         cmocka_unit_test(test_copy_from_other_slot),
+        cmocka_unit_test(test_audio),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

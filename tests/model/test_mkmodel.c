@@ -92,16 +92,17 @@ static void test_mmproj(void **st) {
     path_in(d, sizeof d, "d-mmproj.gguf");
     char err[256] = "";
     ks_mkmodel_mmproj_shape ms;
-    assert_int_equal(ks_mkmodel_mmproj("tiny", 7, a, &ms, err, sizeof err), 0);
+    assert_int_equal(ks_mkmodel_mmproj("tiny", 7, false, a, &ms, err, sizeof err), 0);
     assert_int_equal(ms.n_tokens, 64);
     assert_int_equal(ms.n_embd_text, 64);
-    assert_int_equal(ks_mkmodel_mmproj("tiny", 7, b, NULL, err, sizeof err), 0);
-    assert_int_equal(ks_mkmodel_mmproj("tiny", 8, c, NULL, err, sizeof err), 0);
+    assert_int_equal(ks_mkmodel_mmproj("tiny", 7, false, b, NULL, err, sizeof err), 0);
+    assert_int_equal(ks_mkmodel_mmproj("tiny", 8, false, c, NULL, err, sizeof err), 0);
     assert_true(mk_same_file(a, b));
     assert_false(mk_same_file(a, c));
-    assert_int_equal(ks_mkmodel_mmproj("tiny-q4k", 7, c, &ms, err, sizeof err), 0);
+    assert_int_equal(ks_mkmodel_mmproj("tiny-q4k", 7, true, c, &ms, err, sizeof err), 0);
     assert_int_equal(ms.n_embd_text, 256);
-    assert_int_equal(ks_mkmodel_mmproj("no-such", 7, d, NULL, err, sizeof err), KS_EINVAL);
+    assert_true(ms.audio);
+    assert_int_equal(ks_mkmodel_mmproj("no-such", 7, false, d, NULL, err, sizeof err), KS_EINVAL);
     assert_int_equal(access(d, F_OK), -1);
 }
 
