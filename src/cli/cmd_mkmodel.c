@@ -75,8 +75,10 @@ static void mkmodel_usage(FILE *f) {
             "                  default: the preset's), the most a server gives a slot\n"
             "  --mmproj FILE   also write a random-weight vision projector for the model\n"
             "                  (LLaVA's MLP over a CLIP ViT, for kvstash serve --mmproj):\n"
-            "                  n_embd <= 256: 64x64 images, 64 tokens each (< 100 KiB);\n"
+            "                  n_embd <= 256: 64x64 images, 64 tokens each (~70 KiB);\n"
             "                  larger: 224x224 images, 196 tokens, a ViT-S-sized encoder\n"
+            "  --mmproj-audio  the projector also takes audio: Ultravox's Whisper encoder,\n"
+            "                  125 tokens per 30 s of audio (~360 KiB more)\n"
             "  -h, --help      this help\n");
 }
 
@@ -98,6 +100,7 @@ int ks_cmd_mkmodel(int argc, char **argv) {
     uint64_t seed = 1;
     int ctx_train = 0;
     const char *mmproj = NULL;
+    bool mmproj_audio = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -136,6 +139,8 @@ int ks_cmd_mkmodel(int argc, char **argv) {
                 return 2;
             }
             mmproj = v;
+        } else if (!strcmp(a, "--mmproj-audio")) {
+            mmproj_audio = true;
         } else if (a[0] == '-' && a[1] != '\0') {
             fprintf(stderr, "kvstash mkmodel: unknown option '%s'\n", a);
             mkmodel_usage(stderr);
@@ -168,6 +173,10 @@ int ks_cmd_mkmodel(int argc, char **argv) {
         return 2;
     }
 
+    if (mmproj_audio && !mmproj) {
+        fprintf(stderr, "kvstash mkmodel: --mmproj-audio needs --mmproj FILE\n");
+        return 2;
+    }
     char *tmpl = NULL;
     if (tmpl_path && (rc = ks_cli_read_template("kvstash mkmodel", tmpl_path, &tmpl)) != 0) return rc;
 
@@ -203,7 +212,7 @@ int ks_cmd_mkmodel(int argc, char **argv) {
     if (mmproj) {
         ks_mkmodel_mmproj_shape ms;
         t0 = ks_now_ms();
-        rc = ks_mkmodel_mmproj(preset, seed, mmproj, &ms, err, sizeof err);
+        rc = ks_mkmodel_mmproj(preset, seed, mmproj_audio, mmproj, &ms, err, sizeof err);
         if (rc) {
             fprintf(stderr, "kvstash mkmodel: --mmproj '%s': %s\n", mmproj, err[0] ? err : ks_strerror(rc));
             return rc == KS_EINVAL ? 2 : 1;
@@ -211,8 +220,9 @@ int ks_cmd_mkmodel(int argc, char **argv) {
         bytes = stat(mmproj, &st) == 0 ? (long long)st.st_size : -1;
         fprintf(stderr,
                 "kvstash mkmodel: projector mlp (ViT %d layers, n_embd %d, %dx%d images, %d tokens each -> n_embd "
-                "%d), %lld bytes, %.3f s -> %s\n",
-                ms.n_layer, ms.n_embd, ms.image_size, ms.image_size, ms.n_tokens, ms.n_embd_text, bytes,
+                "%d)%s, %lld bytes, %.3f s -> %s\n",
+                ms.n_layer, ms.n_embd, ms.image_size, ms.image_size, ms.n_tokens, ms.n_embd_text,
+                ms.audio ? " + audio ultravox (125 tokens per 30 s)" : "", bytes,
                 (ks_now_ms() - t0) / 1e3, mmproj);
     }
     return 0;

@@ -439,7 +439,9 @@ static int decode_rows(ks_media *m, struct llama_context *lctx, llama_batch &b, 
         b.n_tokens++;
     }
     int ret = llama_decode(lctx, b);
-    if (pad) llama_memory_seq_rm(llama_get_memory(lctx), seq, i + take, -1);
+    /* A memory that cannot drop the copy (recurrent, hybrid) never decodes in
+     * pairs (engine.h): the sequence would hold a row too many. */
+    if (pad && !llama_memory_seq_rm(llama_get_memory(lctx), seq, i + take, -1) && ret == 0) return KS_EINVAL;
     if (ret == 0) return 0;
     if (ret == 1) return KS_EFULL;
     if (ret == 2) return KS_ECANCELED;

@@ -130,7 +130,9 @@ bool ks_media_set_covers(const ks_media_set *set, const int32_t *toks, int n);
 /* Decodes prompt rows [p0, p1) of the set's run k (p0 >= its pos, p1 <= its
  * end) into sequence seq at positions p0.. (note 3): encodes the chunk first
  * if this set has not yet (*encoded then true; may be NULL). pairs: no decode
- * call holds a single row. Errors: KS_EINVAL (bad range), KS_EDECODE (the
+ * call holds a single row (only for memories that can drop the throwaway
+ * row, ks_engine_partial_rm_ok: else KS_EINVAL after the decode, the
+ * sequence holding one row too many). Errors: KS_EINVAL (bad range), KS_EDECODE (the
  * projector or llama_decode failed), KS_EFULL (no KV cell), KS_ENOMEM.
  * Inference thread. */
 int ks_media_decode(ks_engine *e, ks_media_set *set, int k, int p0, int p1, int seq, bool pairs, bool *encoded);

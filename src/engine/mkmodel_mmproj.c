@@ -11,6 +11,16 @@
  * source read for "mlp"; images are resized to image_size (mtmd's fixed-size
  * preprocessor), so every image takes (image_size / patch_size)^2 tokens.
  *
+ * With audio asked for, the file also has an audio encoder (mtmd loads both
+ * from one file, each with its own projector type): Ultravox's, a Whisper encoder (two
+ * 1-D convolutions over 80 mel bins, 3000 frames per 30 s chunk -> 1500
+ * positions, pre-norm blocks with no bias on K) whose frames are stacked by
+ * 12 and projected by an RMS-normed SwiGLU MLP: 125 tokens per 30 s chunk, a
+ * shorter clip being padded to one chunk by mtmd's preprocessor. (The stack
+ * factor must divide 1500: clip.cpp counts ceil(3000 / f) / 2 tokens where
+ * the graph makes ceil(1500 / f), and aborts when they differ — 8, Ultravox's
+ * own, gives 187 against 188.)
+ *
  * Thread model: reentrant, as ks_mkmodel.
  */
 #include <errno.h>
@@ -123,6 +133,68 @@ static int add_tensors(struct ggml_context *ctx, struct gguf_context *g, const v
     return rc;
 }
 
+/* The audio encoder: Whisper's shape in miniature, for every preset. */
+enum { A_MEL = 80, A_EMBD = 32, A_LAYER = 2, A_HEAD = 2, A_FF = 64, A_POS = 1500, A_STACK = 12 };
+
+static int add_audio_tensors(struct ggml_context *ctx, struct gguf_context *g, int text_embd, uint64_t seed) {
+    int E = A_EMBD, F = A_FF, T = text_embd, S = E * A_STACK;
+    int rc = 0;
+    char nm[96];
+    float se = 1.0f / sqrtf((float)E);
+    rc = rc ? rc : add_tensor(ctx, g, "a.conv1d.1.weight", 3, NE(3, A_MEL, E), true, FILL_RANDOM,
+                              1.0f / sqrtf(3.0f * A_MEL), seed);
+    rc = rc ? rc : add_tensor(ctx, g, "a.conv1d.1.bias", 2, NE(1, E), false, FILL_ZEROS, 0, seed);
+    rc = rc ? rc : add_tensor(ctx, g, "a.conv1d.2.weight", 3, NE(3, E, E), true, FILL_RANDOM,
+                              1.0f / sqrtf(3.0f * E), seed);
+    rc = rc ? rc : add_tensor(ctx, g, "a.conv1d.2.bias", 2, NE(1, E), false, FILL_ZEROS, 0, seed);
+    rc = rc ? rc : add_tensor(ctx, g, "a.position_embd.weight", 2, NE(E, A_POS), false, FILL_RANDOM, 0.5f, seed);
+    for (int il = 0; il < A_LAYER && !rc; il++) {
+        static const char *const attn[] = {"attn_q", "attn_k", "attn_v", "attn_out"};
+        for (int j = 0; j < 4 && !rc; j++) {
+            snprintf(nm, sizeof nm, "a.blk.%d.%s.weight", il, attn[j]);
+            rc = add_tensor(ctx, g, nm, 2, NE(E, E), true, FILL_RANDOM, se, seed);
+            if (j == 1) continue; /* Whisper's K has no bias (whisper-enc.cpp asserts it) */
+            snprintf(nm, sizeof nm, "a.blk.%d.%s.bias", il, attn[j]);
+            rc = rc ? rc : add_tensor(ctx, g, nm, 1, NE(E), false, FILL_ZEROS, 0, seed);
+        }
+        for (int j = 1; j <= 2 && !rc; j++) {
+            snprintf(nm, sizeof nm, "a.blk.%d.ln%d.weight", il, j);
+            rc = add_tensor(ctx, g, nm, 1, NE(E), false, FILL_ONES, 0, seed);
+            snprintf(nm, sizeof nm, "a.blk.%d.ln%d.bias", il, j);
+            rc = rc ? rc : add_tensor(ctx, g, nm, 1, NE(E), false, FILL_ZEROS, 0, seed);
+        }
+        snprintf(nm, sizeof nm, "a.blk.%d.ffn_up.weight", il);
+        rc = rc ? rc : add_tensor(ctx, g, nm, 2, NE(E, F), true, FILL_RANDOM, se, seed);
+        snprintf(nm, sizeof nm, "a.blk.%d.ffn_up.bias", il);
+        rc = rc ? rc : add_tensor(ctx, g, nm, 1, NE(F), false, FILL_ZEROS, 0, seed);
+        snprintf(nm, sizeof nm, "a.blk.%d.ffn_down.weight", il);
+        rc = rc ? rc : add_tensor(ctx, g, nm, 2, NE(F, E), true, FILL_RANDOM, 1.0f / sqrtf((float)F), seed);
+        snprintf(nm, sizeof nm, "a.blk.%d.ffn_down.bias", il);
+        rc = rc ? rc : add_tensor(ctx, g, nm, 1, NE(E), false, FILL_ZEROS, 0, seed);
+    }
+    /* Ultravox's projector: RMS norm, SwiGLU up to 2T, RMS norm, down to T. */
+    rc = rc ? rc : add_tensor(ctx, g, "mm.a.norm_pre.weight", 1, NE(S), false, FILL_ONES, 0, seed);
+    rc = rc ? rc : add_tensor(ctx, g, "mm.a.mlp.1.weight", 2, NE(S, 2 * T), true, FILL_RANDOM,
+                              1.0f / sqrtf((float)S), seed);
+    rc = rc ? rc : add_tensor(ctx, g, "mm.a.norm_mid.weight", 1, NE(T), false, FILL_ONES, 0, seed);
+    rc = rc ? rc : add_tensor(ctx, g, "mm.a.mlp.2.weight", 2, NE(T, T), true, FILL_RANDOM,
+                              1.5f / sqrtf((float)T), seed);
+    return rc;
+}
+
+static void set_audio_keys(struct gguf_context *g, int text_embd) {
+    gguf_set_val_bool(g, "clip.has_audio_encoder", true);
+    gguf_set_val_str(g, "clip.audio.projector_type", "ultravox");
+    gguf_set_val_u32(g, "clip.audio.num_mel_bins", A_MEL);
+    gguf_set_val_u32(g, "clip.audio.embedding_length", A_EMBD);
+    gguf_set_val_u32(g, "clip.audio.feed_forward_length", A_FF);
+    gguf_set_val_u32(g, "clip.audio.block_count", A_LAYER);
+    gguf_set_val_u32(g, "clip.audio.projection_dim", (uint32_t)text_embd);
+    gguf_set_val_u32(g, "clip.audio.attention.head_count", A_HEAD);
+    gguf_set_val_f32(g, "clip.audio.attention.layer_norm_epsilon", 1e-5f);
+    gguf_set_val_u32(g, "clip.audio.projector.stack_factor", A_STACK);
+}
+
 static void set_keys(struct gguf_context *g, const vshape *v, int text_embd, const char *preset) {
     char name[96];
     snprintf(name, sizeof name, "kvstash random mmproj for %s", preset);
@@ -130,7 +202,9 @@ static void set_keys(struct gguf_context *g, const vshape *v, int text_embd, con
     gguf_set_val_str(g, "general.name", name);
     gguf_set_val_u32(g, "general.file_type", 1); /* mostly F16 */
     gguf_set_val_bool(g, "clip.has_vision_encoder", true);
-    gguf_set_val_str(g, "clip.projector_type", "mlp");
+    /* Per modality (the file may hold an audio encoder too): mtmd reads
+     * clip.vision.projector_type when clip.projector_type is absent. */
+    gguf_set_val_str(g, "clip.vision.projector_type", "mlp");
     gguf_set_val_bool(g, "clip.use_gelu", true);
     gguf_set_val_u32(g, "clip.vision.image_size", (uint32_t)v->image_size);
     gguf_set_val_u32(g, "clip.vision.patch_size", (uint32_t)v->patch_size);
@@ -153,8 +227,8 @@ static int fsync_path(const char *path, bool dir) {
     return rc;
 }
 
-int ks_mkmodel_mmproj(const char *text_preset, uint64_t seed, const char *out_path, ks_mkmodel_mmproj_shape *shape,
-                      char *err, size_t errlen) {
+int ks_mkmodel_mmproj(const char *text_preset, uint64_t seed, bool audio, const char *out_path,
+                      ks_mkmodel_mmproj_shape *shape, char *err, size_t errlen) {
     ks_mkmodel_shape ts;
     if (!out_path || !out_path[0]) {
         ks_set_err(err, errlen, "no output path for the projector");
@@ -177,7 +251,9 @@ int ks_mkmodel_mmproj(const char *text_preset, uint64_t seed, const char *out_pa
         goto done;
     }
     set_keys(g, &v, ts.n_embd, ts.preset);
+    if (audio) set_audio_keys(g, ts.n_embd);
     rc = add_tensors(ctx, g, &v, ts.n_embd, seed);
+    if (!rc && audio) rc = add_audio_tensors(ctx, g, ts.n_embd, seed);
     if (rc) goto done;
     /* Atomic: temp file, fsync, rename, fsync the directory (mkmodel.h note 2). */
     tmp = malloc(strlen(out_path) + 16);
@@ -212,6 +288,7 @@ int ks_mkmodel_mmproj(const char *text_preset, uint64_t seed, const char *out_pa
         shape->n_layer = v.n_layer;
         shape->n_tokens = (v.image_size / v.patch_size) * (v.image_size / v.patch_size);
         shape->n_embd_text = ts.n_embd;
+        shape->audio = audio;
     }
 done:
     if (rc == KS_ENOMEM) ks_set_err(err, errlen, "out of memory writing the projector");

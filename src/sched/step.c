@@ -35,10 +35,12 @@
  * prefill never stalls the other streams for more than one step.
  *
  * Media (engine/media.h): a prompt's media run is decoded as embeddings,
- * which a token batch cannot carry, so a step that reaches one decodes that
- * run's remaining rows alone (ks_media_decode, in calls of at most n_batch
- * rows, each >= 2 rows with pairs) and nothing else: the generating slots
- * wait one step, as for a long chunk. Text chunks end where a run begins.
+ * which a token batch cannot carry, so a step that reaches one decodes up to
+ * a chunk's worth of that run's rows (the prefill budget add_prefill would
+ * give; never leaving a lone last row with pairs) in a call of its own and
+ * nothing else: the generating slots wait one step, as they would for a text
+ * chunk, and the run goes on at the next step. Text chunks end where a run
+ * begins.
  */
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -180,7 +182,13 @@ static bool media_step(ks_sched *s) {
         if (run < 0) continue;
         int pos, len;
         ks_media_set_run(r->p.media, run, &pos, &len);
-        int end = pos + len;
+        /* add_prefill's budget: smaller while others generate */
+        int budget = s->n_batch, end = pos + len;
+        for (int i = 0; i < s->n_slots; i++)
+            if (s->slots[i].state == ST_GEN) budget = s->n_batch / 4 > 64 ? s->n_batch / 4 : 64;
+        if (budget > s->n_batch) budget = s->n_batch;
+        if (end - sl->n_past > budget) end = sl->n_past + budget;
+        if (s->pairs && pos + len - end == 1) end--; /* no lone row left: budget >= 4 */
         s->prefill_rr = (sl->id + 1) % s->n_slots;
         int rc = ks_media_decode(s->e, r->p.media, run, sl->n_past, end, sl->id, s->pairs, NULL);
         if (rc == 0 && ks_tokens_append(&sl->tokens, r->prompt.v + sl->n_past, end - sl->n_past)) rc = KS_ENOMEM;
