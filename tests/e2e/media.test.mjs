@@ -240,3 +240,49 @@ test('imc: the message hashes tell two images apart', async () => {
     await stopOk(s2);
   }
 });
+
+// Audio (a projector with an audio encoder: mkmodel --mmproj-audio): input_audio
+// through chat and Responses, cached like an image, with its own checks.
+test('audio: input_audio through chat and responses, from the cache on turn 2', async () => {
+  const av = path.join(dir, 'tiny-mmproj-av.gguf');
+  const avModel = path.join(dir, 'tiny-av.gguf');
+  execFileSync(BIN, ['mkmodel', '--preset', 'tiny', '--seed', '1', '--chat-template',
+    path.join(process.env.KS_TEMPLATES_DIR, QWEN25_TEMPLATE), '--mmproj', av, '--mmproj-audio', avModel], { stdio: 'ignore' });
+  const s3 = await startServer(['-m', avModel, '--mmproj', av, '--ctx', '2048', '--slots', '2']);
+  try {
+    const p = await (await fetch(s3.base + '/props')).json();
+    assert.deepEqual(p.modalities, { vision: true, video: false, audio: true });
+    const clip = wav(16000, 16000, 3);
+    const c3 = new OpenAI({ baseURL: s3.base + '/v1', apiKey: 'none', maxRetries: 0, timeout: 120000 });
+    const t1 = { model: 'x', max_tokens: 8, temperature: 0,
+      messages: [{ role: 'user', content: [{ type: 'text', text: 'Transcribe this.' }, chatAudio(clip)] }] };
+    const r1 = await c3.chat.completions.create(t1);
+    const e1 = (await metrics(s3)).get('kvstash_media_encodes_total');
+    assert.ok(e1 > 0);
+    const r2 = await c3.chat.completions.create({ ...t1, messages: [...t1.messages,
+      { role: 'assistant', content: r1.choices[0].message.content }, { role: 'user', content: 'Louder?' }] });
+    assert.ok(r2.usage.prompt_tokens_details.cached_tokens >= r1.usage.prompt_tokens);
+    assert.equal((await metrics(s3)).get('kvstash_media_encodes_total'), e1);
+    const u = await postJSON(s3, CHAT, { ...t1, cache_prompt: false });
+    assert.equal(u.json.choices[0].message.content, r1.choices[0].message.content);
+    // Responses' input_audio: the same prompt, so the same tokens and the cache's.
+    const rr = await c3.responses.create({ model: 'x', max_output_tokens: 8, temperature: 0, input: [{ role: 'user',
+      content: [{ type: 'input_text', text: 'Transcribe this.' }, { type: 'input_audio', input_audio: {
+        data: clip.toString('base64'), format: 'wav' } }] }] });
+    assert.equal(rr.usage.input_tokens, r1.usage.prompt_tokens);
+    assert.ok(rr.usage.input_tokens_details.cached_tokens >= r1.usage.prompt_tokens - 1);
+    // Its checks: the declared format against the bytes, an image where audio was announced.
+    const a = (part) => postJSON(s3, CHAT, { max_tokens: 4, messages: [{ role: 'user', content: [part] }] });
+    assertError(await a(chatAudio(clip, 'mp3')), 400, 'media_type_mismatch', 'messages[0].content[0].input_audio.data');
+    assertError(await a(chatAudio(png(8, 8), 'wav')), 400, 'media_type_mismatch', 'messages[0].content[0].input_audio.data');
+    assertError(await a(chatAudio(clip, 'ogg')), 400, 'invalid_value', 'messages[0].content[0].input_audio.format');
+    assertError(await a({ type: 'input_audio', input_audio: { data: clip.toString('base64') } }), 400,
+      'missing_required_parameter', 'messages[0].content[0].input_audio.format');
+    // RIFF/WAVE magic and no format chunk behind it: the decoder refuses it.
+    const bad = assertError(await a(chatAudio(Buffer.concat([clip.subarray(0, 12), Buffer.from('garbage!garbage!')]))), 400,
+      'invalid_audio_format', 'messages[0].content[0].input_audio.data');
+    assert.match(bad.message, /could not be decoded/);
+  } finally {
+    await stopOk(s3);
+  }
+});
