@@ -124,6 +124,12 @@ test('chat: turn 2 with the same screenshot reads turn 1 from the cache, no new 
   assert.ok(r2.usage.prompt_tokens_details.cached_tokens >= r1.usage.prompt_tokens,
     `turn 2 read ${r2.usage.prompt_tokens_details.cached_tokens} cached tokens, turn 1 had ${r1.usage.prompt_tokens}`);
   assert.equal(await encodes(), e1, 'the image was not encoded again');
+  // Streamed, the same turn from the cache gives the same text.
+  let streamed = '';
+  for await (const ch of await oai.chat.completions.create({ model: 'x', ...t2, stream: true }))
+    streamed += ch.choices[0]?.delta?.content ?? '';
+  assert.equal(streamed, r2.choices[0].message.content);
+  assert.equal(await encodes(), e1);
   for (const [body, r] of [[t1, r1], [t2, r2]]) {
     const u = await postJSON(srv, CHAT, { ...body, cache_prompt: false });
     assert.equal(u.status, 200, u.text);
@@ -186,6 +192,9 @@ test('messages: a screenshot in a tool result, then the next turn from the cache
   const e1 = await encodes();
   assert.ok(e1 > e0);
   const n1 = m1.usage.input_tokens + m1.usage.cache_read_input_tokens + (m1.usage.cache_creation_input_tokens ?? 0);
+  // count_tokens counts the image's tokens as the generation does.
+  const ct = await ant.messages.countTokens({ model: 'x', tools, messages: history });
+  assert.equal(ct.input_tokens, n1);
   const text1 = m1.content.filter((b) => b.type === 'text').map((b) => b.text).join('');
   const m2 = await ant.messages.create({ model: 'x', max_tokens: 10, temperature: 0, tools, messages: [...history,
     { role: 'assistant', content: text1 || '.' }, { role: 'user', content: [{ type: 'text', text: 'Zoom in.' }] }] });
