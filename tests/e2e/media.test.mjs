@@ -15,7 +15,8 @@ import { execFileSync } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { BIN, startServer, stopOk, postJSON, importClient, assertError, metrics, QWEN25_TEMPLATE } from './lib.mjs';
+import { BIN, startServer, stopOk, postJSON, importClient, assertError, metrics, QWEN25_TEMPLATE, writeStoreConfig,
+  settleStore } from './lib.mjs';
 import { png, pngHeaderOnly, wav, dataUrl, chatImage, chatAudio, respImage, msgImage } from './media.mjs';
 
 let dir, model, mmproj, srv, OpenAI, Anthropic, oai, ant;
@@ -293,5 +294,53 @@ test('audio: input_audio through chat and responses, from the cache on turn 2', 
     assert.match(bad.message, /could not be decoded/);
   } finally {
     await stopOk(s3);
+  }
+});
+
+// An image added at turn 4 of a text conversation extends what the slot holds
+// (the text before it is read from the cache), and after a restart the
+// store gives the image's conversation back: no prefill of the image, no
+// encode, the same output.
+test('an image mid-conversation extends it; a restarted server restores it from the store', async () => {
+  const storeDirPath = path.join(dir, 'store');
+  const config = await writeStoreConfig(path.join(dir, 'store.yaml'), { cacheDir: path.join(storeDirPath, 'disk'),
+    shmDir: path.join(storeDirPath, 'shm') });
+  const args = ['-m', model, '--mmproj', mmproj, '--ctx', '2048', '--slots', '2', '--config', config];
+  let s4 = await startServer(args);
+  const turn = async (srvx, messages) => {
+    const r = await postJSON(srvx, CHAT, { messages, max_tokens: 8, temperature: 0 });
+    assert.equal(r.status, 200, r.text);
+    return r.json;
+  };
+  const msgs = [{ role: 'system', content: 'You help with a web page. '.repeat(4) }];
+  let last, withImage;
+  try {
+    for (const q of ['Open the page.', 'Scroll down.', 'What is at the bottom?']) {
+      msgs.push({ role: 'user', content: q });
+      last = await turn(s4, msgs);
+      msgs.push({ role: 'assistant', content: last.choices[0].message.content });
+    }
+    msgs.push(...userWith(chatImage(png(64, 64, 61))));
+    withImage = await turn(s4, msgs);
+    assert.ok(withImage.usage.prompt_tokens_details.cached_tokens >= last.usage.prompt_tokens,
+      `turn 4 read ${withImage.usage.prompt_tokens_details.cached_tokens}, turn 3's prompt was ${last.usage.prompt_tokens}`);
+    msgs.push({ role: 'assistant', content: withImage.choices[0].message.content });
+    await settleStore(s4);
+  } finally {
+    await stopOk(s4);
+  }
+  s4 = await startServer(args);
+  try {
+    msgs.push({ role: 'user', content: 'And the footer links?' });
+    const after = await turn(s4, msgs);
+    assert.equal(after.cache.mode, 'store', JSON.stringify(after.cache));
+    // The whole of turn 4's prompt, image included, comes back from the store.
+    assert.ok(after.usage.prompt_tokens_details.cached_tokens >= withImage.usage.prompt_tokens,
+      JSON.stringify([after.cache, withImage.usage]));
+    assert.equal((await metrics(s4)).get('kvstash_media_encodes_total'), 0, 'the restored image was not encoded');
+    const u = await postJSON(s4, CHAT, { messages: msgs, max_tokens: 8, temperature: 0, cache_prompt: false });
+    assert.equal(u.json.choices[0].message.content, after.choices[0].message.content);
+  } finally {
+    await stopOk(s4);
   }
 });
