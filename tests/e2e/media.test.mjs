@@ -8,7 +8,12 @@
 //    not run again (/metrics kvstash_media_encodes_total), and every answer
 //    equals the one with cache_prompt: false;
 //  - two conversations with different images of the same size share no
-//    cached prefix past the text before the image.
+//    cached prefix past the text before the image, and with --imc their
+//    message hashes differ;
+//  - an image at turn 4 extends a text conversation, and a restarted server
+//    restores the image's conversation from the store without encoding it;
+//  - audio (mkmodel --mmproj-audio) through chat and Responses, cached the
+//    same way, with its own checks.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
