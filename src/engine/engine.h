@@ -3,7 +3,8 @@
  *
  * Owns one llama_model and one llama_context with n_seq sequences (one per
  * scheduler slot; system-prompt states are captured from a slot's own
- * sequence, so there are no spare ones). Everything
+ * sequence, so there are no spare ones), and with mmproj_path a multimodal
+ * projector (media.h: images and audio as pseudo-tokens). Everything
  * llama-specific — backend loading, tokenizer, chat template, batches,
  * logits, samplers, sequence memory and sequence state — goes through here, so
  * that a rename in llama.cpp's API touches one file.
