@@ -147,7 +147,9 @@ int ks__plan_prompts(ks_server *s, const ks_api_request *rq, ks_plan *pl, bool b
              * templates (no Jinja template) have no media path. */
             if (!pm.mm || !s->tmpl) {
                 ks_api_error_set(e, 400, T_INVALID, "invalid_value", rq->media[0].param,
-                                 "Invalid '%s': this model takes no image or audio input here.", rq->media[0].param);
+                                 "Invalid '%s': %s.", rq->media[0].param,
+                                 pm.mm ? "images and audio need the model's Jinja chat template, which is not available"
+                                       : "this model takes no image or audio input");
                 return KS_EINVAL;
             }
             ks_media_item *items = calloc((size_t)rq->n_media, sizeof *items);
