@@ -10,6 +10,8 @@
 #                             llama.cpp git bundle of the same release
 #   3. llama.cpp's common library (chat templates, tool calls, JSON schema →
 #      grammar), built from the same release's source: scripts/setup_common.sh.
+#   3b. llama.cpp's mtmd library (images and audio for --mmproj), from the same
+#      source: scripts/setup_mtmd.sh.
 #   4. ggml's CPU backend with kvstash's batch-invariant patch: setup_cpu.sh.
 #   5. GPU backends (CUDA, Vulkan) as KS_GPU asks (default auto: CUDA only
 #      where nvcc and an NVIDIA GPU are both present): setup_gpu.sh.
@@ -114,6 +116,10 @@ pinned_source() {
 # --- 3. llama.cpp's common library, from source ----------------------------
 # shellcheck source=scripts/setup_common.sh
 . "$top/scripts/setup_common.sh"
+
+# --- 3b. llama.cpp's multimodal library (mtmd), from source -----------------
+# shellcheck source=scripts/setup_mtmd.sh
+. "$top/scripts/setup_mtmd.sh"
 
 # --- 4. ggml's CPU backend with the batch-invariant patch, from source -----
 # shellcheck source=scripts/setup_cpu.sh

@@ -1,6 +1,6 @@
 /*
  * cmd_mkmodel.c — `kvstash mkmodel --preset NAME [--seed N]
- * [--chat-template FILE] [--ctx-train N] OUT.gguf`.
+ * [--chat-template FILE] [--ctx-train N] [--mmproj FILE] OUT.gguf`.
  *
  * Writes a random-weight GGUF model (engine/mkmodel.h). Exit codes:
  * 0 written, 1 I/O or memory error (also: the template file cannot be
@@ -22,7 +22,8 @@
 
 static void mkmodel_usage(FILE *f) {
     fprintf(f,
-            "usage: kvstash mkmodel --preset NAME [--seed N] [--chat-template FILE] [--ctx-train N] OUT.gguf\n"
+            "usage: kvstash mkmodel --preset NAME [--seed N] [--chat-template FILE] [--ctx-train N]\n"
+            "                       [--mmproj FILE] OUT.gguf\n"
             "\n"
             "Writes a random-weight GGUF model (architecture `llama`, or `lfm2`,\n"
             "`gemma3`, `mamba`, `qwen3moe`, `gpt-oss` for the presets that say so) with a ChatML\n"
@@ -72,6 +73,12 @@ static void mkmodel_usage(FILE *f) {
             "                  gpt-oss, ChatML families)\n"
             "  --ctx-train N   the trained context written to the model (64..16777216;\n"
             "                  default: the preset's), the most a server gives a slot\n"
+            "  --mmproj FILE   also write a random-weight vision projector for the model\n"
+            "                  (LLaVA's MLP over a CLIP ViT, for kvstash serve --mmproj):\n"
+            "                  n_embd <= 256: 64x64 images, 64 tokens each (~70 KiB);\n"
+            "                  larger: 224x224 images, 196 tokens, a ViT-S-sized encoder\n"
+            "  --mmproj-audio  the projector also takes audio: Ultravox's Whisper encoder,\n"
+            "                  125 tokens per 30 s of audio (~360 KiB more)\n"
             "  -h, --help      this help\n");
 }
 
@@ -92,6 +99,8 @@ int ks_cmd_mkmodel(int argc, char **argv) {
     const char *tmpl_path = NULL;
     uint64_t seed = 1;
     int ctx_train = 0;
+    const char *mmproj = NULL;
+    bool mmproj_audio = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -123,6 +132,15 @@ int ks_cmd_mkmodel(int argc, char **argv) {
             if (ks_cli_parse_int("kvstash mkmodel", "--ctx-train", v, KS_MKMODEL_CTX_MIN, KS_MKMODEL_CTX_MAX,
                                  &ctx_train))
                 return 2;
+        } else if (!strcmp(a, "--mmproj") || !strncmp(a, "--mmproj=", 9)) {
+            const char *v = a[8] == '=' ? a + 9 : (i + 1 < argc ? argv[++i] : NULL);
+            if (!v || !*v) {
+                fprintf(stderr, "kvstash mkmodel: --mmproj needs a file\n");
+                return 2;
+            }
+            mmproj = v;
+        } else if (!strcmp(a, "--mmproj-audio")) {
+            mmproj_audio = true;
         } else if (a[0] == '-' && a[1] != '\0') {
             fprintf(stderr, "kvstash mkmodel: unknown option '%s'\n", a);
             mkmodel_usage(stderr);
@@ -155,6 +173,10 @@ int ks_cmd_mkmodel(int argc, char **argv) {
         return 2;
     }
 
+    if (mmproj_audio && !mmproj) {
+        fprintf(stderr, "kvstash mkmodel: --mmproj-audio needs --mmproj FILE\n");
+        return 2;
+    }
     char *tmpl = NULL;
     if (tmpl_path && (rc = ks_cli_read_template("kvstash mkmodel", tmpl_path, &tmpl)) != 0) return rc;
 
@@ -187,5 +209,21 @@ int ks_cmd_mkmodel(int argc, char **argv) {
                 "kvstash mkmodel: chat template %s (%s family): %d special tokens, BOS %s%s, end of turn %s\n",
                 tmpl_path, shape.tmpl_family, shape.n_tmpl_specials, shape.bos,
                 shape.add_bos ? " (added)" : " (not added)", shape.eog);
+    if (mmproj) {
+        ks_mkmodel_mmproj_shape ms;
+        t0 = ks_now_ms();
+        rc = ks_mkmodel_mmproj(preset, seed, mmproj_audio, mmproj, &ms, err, sizeof err);
+        if (rc) {
+            fprintf(stderr, "kvstash mkmodel: --mmproj '%s': %s\n", mmproj, err[0] ? err : ks_strerror(rc));
+            return rc == KS_EINVAL ? 2 : 1;
+        }
+        bytes = stat(mmproj, &st) == 0 ? (long long)st.st_size : -1;
+        fprintf(stderr,
+                "kvstash mkmodel: projector mlp (ViT %d layers, n_embd %d, %dx%d images, %d tokens each -> n_embd "
+                "%d)%s, %lld bytes, %.3f s -> %s\n",
+                ms.n_layer, ms.n_embd, ms.image_size, ms.image_size, ms.n_tokens, ms.n_embd_text,
+                ms.audio ? " + audio ultravox (125 tokens per 30 s)" : "", bytes,
+                (ks_now_ms() - t0) / 1e3, mmproj);
+    }
     return 0;
 }

@@ -38,8 +38,10 @@
 #include "cli/serve_store.h"
 #include "engine/engine.h"
 #include "engine/fingerprint.h"
+#include "engine/media.h"
 #include "sched/sched.h"
 #include "server/keyring.h"
+#include "engine/media.h"
 #include "server/server.h"
 
 #define CMD "kvstash serve"
@@ -190,6 +192,19 @@ int ks_cmd_serve(int argc, char **argv) {
         }
     }
 
+    {
+        /* The projector: --mmproj, else the model's entry's, else the top-level one. */
+        const char *mm = f.mmproj ? f.mmproj : cfg.cache.mmproj[0] ? cfg.cache.mmproj : cfg.mmproj;
+        char err[1024] = "";
+        if (mm[0] && (rc = ks_engine_media_open(e, mm, err, sizeof err))) {
+            fprintf(stderr, CMD ": %s\n", err[0] ? err : ks_strerror(rc));
+            goto done;
+        }
+        if (mm[0])
+            KS_INFO("serve", "projector %s: %s%s%s input", mm, ks_media_vision(ks_engine_media(e)) ? "image" : "",
+                    ks_media_vision(ks_engine_media(e)) && ks_media_audio(ks_engine_media(e)) ? " and " : "",
+                    ks_media_audio(ks_engine_media(e)) ? "audio" : "");
+    }
     if (f.imc) cfg.cache.incremental_cache = true;
     if (f.spc) cfg.cache.system_prompt_cache = true;
 
@@ -262,6 +277,15 @@ int ks_cmd_serve(int argc, char **argv) {
     }
     hp.model_name = f.alias;
     hp.max_body_bytes = cfg.max_body_bytes;
+    hp.media.max_bytes = cfg.media.max_bytes;
+    hp.media.max_items = cfg.media.max_items;
+    hp.media.max_total_bytes = cfg.media.max_total_bytes;
+    hp.media.max_pixels = cfg.media.max_pixels;
+    /* What the projector (--mmproj) takes; none without one. */
+    ks_media *mm = ks_engine_media(e);
+    hp.media.modalities = (mm && ks_media_vision(mm) ? KS_MEDIA_IN_IMAGE : 0u) |
+                          (mm && ks_media_audio(mm) ? KS_MEDIA_IN_AUDIO : 0u);
+    hp.media.marker = ks_media_marker();
     if (f.max_tokens > 0) hp.default_max_tokens = f.max_tokens;
     if (f.timeout >= 0) hp.timeout_s = f.timeout;
     if (f.header_timeout >= 0) hp.header_timeout_s = f.header_timeout;

@@ -21,7 +21,8 @@ void ks_serve_usage(FILE *f) {
     fprintf(f,
             "usage: kvstash serve -m MODEL [options]\n"
             "  -m, --model PATH          GGUF model file (required here or as model: in --config)\n"
-            "  --host ADDR               address to bind (default 127.0.0.1)\n"
+            "  --mmproj FILE             multimodal projector (mmproj GGUF) for images and audio in\n"
+            "                            prompts (mmproj, models.<name>.mmproj; default: none)\n"            "  --host ADDR               address to bind (default 127.0.0.1)\n"
             "  --port N                  TCP port; 0 picks a free one (default 8080)\n"
             "  --slots N                 parallel sequences, 1..256 (default 4)\n"
             "  --ctx N                   context per slot, tokens, 64..16777216 (default 4096)\n"
@@ -79,6 +80,11 @@ void ks_serve_usage(FILE *f) {
             "                            (cors_origins; default: none, CORS off)\n"
             "  --max-queue N             requests waiting for a slot, 1..1000000; beyond: 503 (default 64)\n"
             "  --max-body-bytes N        largest request body, 1024..2^40; beyond: 413 (default 16777216)\n"
+            "  --media-max-bytes N       largest image or audio clip, decoded, 1024..2^30 (media.max_bytes;\n"
+            "                            default 10485760); --media-max-total-bytes N: all of a request's\n"
+            "                            (default 33554432); --media-max-items N: items per request,\n"
+            "                            1..1024 (default 32); --media-max-pixels N: width x height of an\n"
+            "                            image (default 16777216). Beyond any: 400\n"
             "  --max-tokens N            max_tokens of requests that give none (default 2048;\n"
             "                            always capped by the context left after the prompt)\n"
             "  --alias NAME              model id in /v1/models and responses (default: the model's name)\n"
@@ -116,15 +122,17 @@ void ks_serve_usage(FILE *f) {
 
 
 int ks_serve_parse_flags(int argc, char **argv, ks_serve_flags *f) {
-    enum { O_HOST = 256, O_PORT, O_SLOTS, O_CTX, O_BATCH, O_THREADS, O_NOCACHE, O_NOEXACT, O_KEY, O_QUEUE, O_BODY,
+    enum { O_HOST = 256, O_MMPROJ, O_PORT, O_SLOTS, O_CTX, O_BATCH, O_THREADS, O_NOCACHE, O_NOEXACT, O_KEY, O_QUEUE, O_BODY,
            O_MAXTOK, O_ALIAS, O_TIMEOUT, O_SHUTDOWN, O_FA, O_CONFIG, O_LOG, O_IMC, O_SPC, O_CACHEDIR, O_CACHERAM,
            O_TEMPLATE, O_REASONING, O_CORS, O_RESP_TTL, O_RESP_MAX, O_HDR_TIMEOUT, O_MAXCONN, O_MAXCONN_CLIENT,
            O_CKPT, O_CKPT_EVERY, O_CKPT_BYTES, O_CACHEREDIS, O_TLS_CA, O_TLS_CA_DIR, O_TLS_CERT, O_TLS_KEY,
            O_TLS_NAME, O_TLS_INSECURE, O_NOREPACK, O_WARM, O_SECRET, O_KEYFILE, O_TENANT_BY, O_SHARE_SYS,
+           O_MEDIA_BYTES, O_MEDIA_TOTAL, O_MEDIA_ITEMS, O_MEDIA_PIXELS,
            O_OFFLOAD,
            O_OFFLOAD_END = O_OFFLOAD + KS_CLI_OFFLOAD_N };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},          {"host", required_argument, 0, O_HOST},
+        {"mmproj", required_argument, 0, O_MMPROJ},
         {"port", required_argument, 0, O_PORT},        {"slots", required_argument, 0, O_SLOTS},
         {"ctx", required_argument, 0, O_CTX},          {"batch", required_argument, 0, O_BATCH},
         {"threads", required_argument, 0, O_THREADS},  {"no-cache-prompt", no_argument, 0, O_NOCACHE},
@@ -154,6 +162,10 @@ int ks_serve_parse_flags(int argc, char **argv, ks_serve_flags *f) {
         {"ctx-checkpoints", required_argument, 0, O_CKPT}, {"swa-checkpoints", required_argument, 0, O_CKPT},
         {"checkpoint-every", required_argument, 0, O_CKPT_EVERY},
         {"checkpoint-bytes", required_argument, 0, O_CKPT_BYTES},
+        {"media-max-bytes", required_argument, 0, O_MEDIA_BYTES},
+        {"media-max-total-bytes", required_argument, 0, O_MEDIA_TOTAL},
+        {"media-max-items", required_argument, 0, O_MEDIA_ITEMS},
+        {"media-max-pixels", required_argument, 0, O_MEDIA_PIXELS},
         KS_CLI_OFFLOAD_OPTS(O_OFFLOAD),
         {"help", no_argument, 0, 'h'},                 {0, 0, 0, 0}};
     memset(f, 0, sizeof *f);
@@ -163,6 +175,8 @@ int ks_serve_parse_flags(int argc, char **argv, ks_serve_flags *f) {
     f->shutdown_ms = 10000;
     f->flash_attn = KS_FA_AUTO;
     f->max_body = -1;
+    f->media_max_bytes = f->media_max_total = f->media_max_pixels = -1;
+    f->media_max_items = -1;
     f->cache_ram = -1;
     f->warm_slots = -1;
     f->responses_ttl = f->responses_max = -1;
@@ -175,6 +189,7 @@ int ks_serve_parse_flags(int argc, char **argv, ks_serve_flags *f) {
     while ((c = getopt_long(argc, argv, ":m:h", opts, NULL)) != -1) {
         switch (c) {
         case 'm': f->model = optarg; break;
+        case O_MMPROJ: f->mmproj = optarg; break;
         case O_HOST: f->host = optarg; break;
         /* The ranges of settings that are also YAML keys come from config.h. */
         case O_PORT:
@@ -222,6 +237,24 @@ int ks_serve_parse_flags(int argc, char **argv, ks_serve_flags *f) {
         case O_BODY:
             if (ks_cli_parse_ll(CMD, "--max-body-bytes", optarg, KS_CONFIG_MAX_BODY_MIN, KS_CONFIG_MAX_BODY_MAX,
                                 &f->max_body))
+                return 2;
+            break;
+        case O_MEDIA_BYTES:
+            if (ks_cli_parse_ll(CMD, "--media-max-bytes", optarg, KS_CONFIG_MEDIA_BYTES_MIN, KS_CONFIG_MEDIA_BYTES_MAX,
+                                &f->media_max_bytes))
+                return 2;
+            break;
+        case O_MEDIA_TOTAL:
+            if (ks_cli_parse_ll(CMD, "--media-max-total-bytes", optarg, KS_CONFIG_MEDIA_BYTES_MIN,
+                                KS_CONFIG_MEDIA_TOTAL_MAX, &f->media_max_total))
+                return 2;
+            break;
+        case O_MEDIA_ITEMS:
+            if (ks_cli_parse_int(CMD, "--media-max-items", optarg, 1, KS_CONFIG_MEDIA_ITEMS_MAX, &f->media_max_items))
+                return 2;
+            break;
+        case O_MEDIA_PIXELS:
+            if (ks_cli_parse_ll(CMD, "--media-max-pixels", optarg, 1, KS_CONFIG_MEDIA_PIXELS_MAX, &f->media_max_pixels))
                 return 2;
             break;
         case O_MAXTOK: if (ks_cli_parse_int(CMD, "--max-tokens", optarg, 1, 1 << 24, &f->max_tokens)) return 2; break;
@@ -383,6 +416,10 @@ int ks_serve_apply_flags(const ks_serve_flags *f, ks_config *c) {
     if (f->threads >= 0) c->threads = f->threads;
     if (f->max_queue >= 0) c->max_queue = f->max_queue;
     if (f->max_body >= 0) c->max_body_bytes = f->max_body;
+    if (f->media_max_bytes >= 0) c->media.max_bytes = f->media_max_bytes;
+    if (f->media_max_total >= 0) c->media.max_total_bytes = f->media_max_total;
+    if (f->media_max_items >= 0) c->media.max_items = f->media_max_items;
+    if (f->media_max_pixels >= 0) c->media.max_pixels = f->media_max_pixels;
     if (f->no_cache) c->cache_prompt = false;
     if (f->no_exact) c->exact = false;
     ks_cli_offload_apply(&f->offload, f->offload_given, &c->offload);

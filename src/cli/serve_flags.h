@@ -17,9 +17,12 @@
 /* The flags as given, applied over the file's values. */
 typedef struct ks_serve_flags {
     const char *model, *host, *api_key, *config, *log, *alias, *chat_template, *reasoning_format;
+    const char *mmproj; /* --mmproj: wins over models.<name>.mmproj and mmproj */
     int port, slots, ctx, batch, threads, max_queue, max_tokens, timeout, shutdown_ms; /* -1: not given */
     int header_timeout, max_conns, max_conns_client; /* -1: not given */
     long long max_body;
+    long long media_max_bytes, media_max_total, media_max_pixels; /* --media-*, -1: not given */
+    int media_max_items;                                          /* -1: not given */
     int cache_ram; /* MiB, -1: not given */
     int warm_slots; /* -1: not given */
     bool no_cache, no_exact, no_repack, imc, spc;

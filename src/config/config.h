@@ -12,6 +12,7 @@
  * YAML layout (every key optional):
  *
  *   model: /path/to/model.gguf
+ *   mmproj: /path/to/mmproj.gguf   # images/audio in prompts (engine/media.h; --mmproj)
  *   host: 127.0.0.1
  *   port: 8080
  *   slots: 4                 # parallel sequences, 1..256
@@ -42,6 +43,11 @@
  *   max_queue: 64            # requests waiting for a slot, 1..1000000
  *   max_renders: 2           # chat template renders and grammar builds at once, 1..1024
  *   max_body_bytes: 16777216 # 1KiB..1TiB
+ *   media:                   # image and audio input (with a projector; docs/SERVER.md "Media input")
+ *     max_bytes: 10MiB       # one item, decoded (--media-max-bytes), 1KiB..1GiB
+ *     max_items: 32          # items per request (--media-max-items), 1..1024
+ *     max_total_bytes: 32MiB # all of a request's items, decoded (--media-max-total-bytes), 1KiB..4GiB
+ *     max_pixels: 16777216   # width x height of one image (--media-max-pixels), 1..2^31
  *   log: info                # debug|info|warn|error|off
  *   cors_origins: [http://localhost:5173]   # browser origins allowed (CORS); "*": any.
  *                            # Absent or []: CORS off. One origin may be given as a scalar.
@@ -52,6 +58,7 @@
  *       cache_min_tokens: 100
  *       slots: 3             # overrides the top-level slots for this model (1..256)
  *       spc_max_bytes: 268435456         # 0..1024TiB
+ *       mmproj: /path/to/mmproj.gguf     # this model's projector (over the top-level mmproj)
  *   store:
  *     enabled: true                    # the full store (shm and disk tiers); see "Store modes"
  *     cache_dir: ~/.cache/kvstash      # disk tier directory
@@ -159,16 +166,32 @@ enum { KS_CONFIG_CORS_MAX = 16, KS_CONFIG_ORIGIN_MAX = 256 };
 /* api_keys: at most this many (a key file holds more). */
 enum { KS_CONFIG_KEYS_MAX = 16 };
 
+/* media.* (and the --media-* flags): the limits on a request's images and
+ * audio (server/media_in.h takes them as ks_media_limits), and their ranges. */
+typedef struct ks_media_cfg {
+    int64_t max_bytes;          /* default 10 MiB */
+    int max_items;              /* default 32 */
+    int64_t max_total_bytes;    /* default 32 MiB */
+    int64_t max_pixels;         /* default 16 Mi (4096 x 4096) */
+} ks_media_cfg;
+#define KS_CONFIG_MEDIA_BYTES_MIN ((int64_t)1024)
+#define KS_CONFIG_MEDIA_BYTES_MAX ((int64_t)1 << 30)
+#define KS_CONFIG_MEDIA_TOTAL_MAX ((int64_t)4 << 30)
+#define KS_CONFIG_MEDIA_ITEMS_MAX 1024
+#define KS_CONFIG_MEDIA_PIXELS_MAX ((int64_t)1 << 31)
+
 typedef struct ks_model_cache_cfg {
     bool system_prompt_cache;   /* SPC (default false) */
     bool incremental_cache;     /* IMC (default false) */
     int cache_min_tokens;       /* default 100 */
     int slots;                  /* 0: use the top-level value */
     int64_t spc_max_bytes;      /* default 256 MiB */
+    char mmproj[KS_MAX_PATH];   /* the model's projector ("": the top-level mmproj) */
 } ks_model_cache_cfg;
 
 typedef struct ks_config {
     char model[KS_MAX_PATH];
+    char mmproj[KS_MAX_PATH];   /* projector for images and audio ("": none; --mmproj) */
     char host[256];
     int port;
     int slots;
@@ -190,6 +213,7 @@ typedef struct ks_config {
     int max_queue;
     int max_renders;            /* default 2: renders and grammar builds at once (server/admit.h) */
     int64_t max_body_bytes;
+    ks_media_cfg media;         /* image and audio input limits */
     char log[16];
     ks_model_cache_cfg cache;   /* the resolved per-model entry (after ks_config_resolve_model) */
     ks_store_cfg store;

@@ -39,6 +39,7 @@
 
 static const field k_top_fields[] = {
     FS(ks_config, model, F_PATH),
+    FS(ks_config, mmproj, F_PATH),
     FS(ks_config, host, F_STR),
     FI(ks_config, port, KS_CONFIG_PORT_MIN, KS_CONFIG_PORT_MAX), /* 0: any free port */
     FI(ks_config, slots, KS_CONFIG_SLOTS_MIN, KS_CONFIG_SLOTS_MAX),
@@ -68,6 +69,7 @@ static const field k_model_fields[] = {
     FI(ks_model_cache_cfg, cache_min_tokens, 0, 10000000),
     FI(ks_model_cache_cfg, slots, KS_CONFIG_SLOTS_MIN, KS_CONFIG_SLOTS_MAX),
     FY(ks_model_cache_cfg, spc_max_bytes, 0, KS_STORE_BYTES_MAX),
+    FS(ks_model_cache_cfg, mmproj, F_PATH),
 };
 
 static const field k_store_fields[] = {
@@ -91,6 +93,14 @@ static const field k_redis_fields[] = {
     FI(ks_redis_cfg, timeout_ms, 10, 60000),
     FI(ks_redis_cfg, breaker_errors, 1, 1000),
     FI(ks_redis_cfg, breaker_ms, 0, 3600000),
+};
+
+/* media: the limits on a request's images and audio. */
+static const field k_media_fields[] = {
+    FY(ks_media_cfg, max_bytes, KS_CONFIG_MEDIA_BYTES_MIN, KS_CONFIG_MEDIA_BYTES_MAX),
+    FI(ks_media_cfg, max_items, 1, KS_CONFIG_MEDIA_ITEMS_MAX),
+    FY(ks_media_cfg, max_total_bytes, KS_CONFIG_MEDIA_BYTES_MIN, KS_CONFIG_MEDIA_TOTAL_MAX),
+    FY(ks_media_cfg, max_pixels, 1, KS_CONFIG_MEDIA_PIXELS_MAX),
 };
 
 /* store.tiers.redis.tls (rediss:// only: cmd_serve.c checks the whole with
@@ -180,6 +190,14 @@ static int redis_reasons(walk *w, const char *path, yaml_node_t *vn, unsigned *m
     }
     *mask = m;
     return 0;
+}
+
+static int media_pair(walk *w, const char *path, const char *key, yaml_node_t *kn, yaml_node_t *vn, void *ud) {
+    const field *f = ks__cfg_find_field(k_media_fields, N_FIELDS(k_media_fields), key);
+    if (!f) return ks__cfg_fail_unknown(w, path, key, kn);
+    char full[512];
+    ks__cfg_join(full, sizeof full, path, key);
+    return ks__cfg_set_field(w, full, f, vn, ud);
 }
 
 static int redis_tls_pair(walk *w, const char *path, const char *key, yaml_node_t *kn, yaml_node_t *vn, void *ud) {
@@ -402,6 +420,7 @@ static int top_pair(walk *w, const char *path, const char *key, yaml_node_t *kn,
     if (strcmp(key, "cors_origins") == 0) return cors_origins(w, key, vn, c);
     if (strcmp(key, "api_keys") == 0) return api_keys(w, key, vn, c);
     if (strcmp(key, "models") == 0) return ks__cfg_each_pair(w, key, vn, models_pair, c);
+    if (strcmp(key, "media") == 0) return ks__cfg_each_pair(w, key, vn, media_pair, &c->media);
     if (strcmp(key, "store") == 0) {
         store_ud su = {.s = &c->store};
         int rc = ks__cfg_each_pair(w, key, vn, store_pair, &su);

@@ -16,6 +16,7 @@
 #include "engine/devices.h"
 #include "engine/engine_int.h"
 #include "engine/grammar.h"
+#include "engine/media.h"
 #include "ggml-backend.h"
 #include "llama.h"
 
@@ -402,6 +403,9 @@ int ks_engine_open(const ks_engine_params *p, ks_engine **out, char *err, size_t
         ks__engine_probe(e);
     }
     ks__engine_exact_reason(e);
+    /* The projector, against the text model it feeds (media.h note 2). */
+    e->n_threads = n_threads;
+    if (p->mmproj_path && p->mmproj_path[0] && (rc = ks_engine_media_open(e, p->mmproj_path, err, errlen))) goto fail;
     char where[512];
     ks_engine_offload_desc(e, where, sizeof where);
     KS_DEBUG(MOD, "model %s (%s): n_ctx_seq=%d n_seq=%d n_batch=%d threads=%d fa=%d cpu=%s repack=%d invariant=%d "
@@ -416,6 +420,7 @@ fail:
 
 void ks_engine_free(ks_engine *e) {
     if (!e) return;
+    ks__media_close(e->media); /* before the model it was opened against */
     if (e->ctx) llama_free(e->ctx);
     if (e->tp) e->tp_free(e->tp); /* after the context that used it */
     if (e->model) llama_model_free(e->model);
@@ -474,6 +479,14 @@ char *ks_engine_meta_dump(const ks_engine *e) {
 }
 
 bool ks_engine_batch_invariant(const ks_engine *e) { return e->invariant; }
+ks_media *ks_engine_media(const ks_engine *e) { return e->media; }
+int ks_engine_media_open(ks_engine *e, const char *path, char *err, size_t errlen) {
+    if (e->media) {
+        ks_set_err(err, errlen, "a projector is open already");
+        return KS_EINVAL;
+    }
+    return ks__media_open(e, path, e->n_threads, e->gpu, &e->media, err, errlen);
+}
 bool ks_engine_flash_attn(const ks_engine *e) { return e->flash_attn; }
 bool ks_engine_repacked(const ks_engine *e) { return e->repack; }
 

@@ -3,7 +3,8 @@
  *
  * Owns one llama_model and one llama_context with n_seq sequences (one per
  * scheduler slot; system-prompt states are captured from a slot's own
- * sequence, so there are no spare ones). Everything
+ * sequence, so there are no spare ones), and with mmproj_path a multimodal
+ * projector (media.h: images and audio as pseudo-tokens). Everything
  * llama-specific — backend loading, tokenizer, chat template, batches,
  * logits, samplers, sequence memory and sequence state — goes through here, so
  * that a rename in llama.cpp's API touches one file.
@@ -86,6 +87,8 @@ typedef struct ks_engine_params {
     bool repack;     /* default true: let ggml repack weights into its interleaved
                         layouts (Q4_0, Q4_K, IQ4_NL, MXFP4 on x86; llama's use_extra_bufts,
                         llama-server's --no-repack turns it off) */
+    const char *mmproj_path; /* a multimodal projector (mtmd's mmproj GGUF) for images and
+                                audio in prompts (engine/media.h); NULL: text only */
 } ks_engine_params;
 
 ks_engine_params ks_engine_params_default(void);

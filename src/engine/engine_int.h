@@ -49,6 +49,8 @@ struct ks_engine {
     bool gpu;                          /* a GPU computes some of it (off.n_devices > 0) */
     size_t probe_diff, probe_size;     /* state bytes the probe found differing, of how many */
     char exact_reason[256];            /* why exactness is unavailable ("" when it is not) */
+    struct ks_media *media;            /* the projector (media.h), NULL: text only */
+    int n_threads;                     /* the context's (the projector's encoder takes as many) */
 };
 
 struct ks_batch {

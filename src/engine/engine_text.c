@@ -36,7 +36,10 @@ int ks_engine_tokenize(const ks_engine *e, const char *text, size_t len, bool ad
     return 0;
 }
 
+/* A media pseudo-token (media.h, negative) has no text: 0 bytes, where
+ * llama.cpp would throw out of its vocabulary's bounds. */
 int ks_engine_piece(const ks_engine *e, int32_t tok, char *buf, size_t n) {
+    if (tok < 0) return 0;
     int r = llama_token_to_piece(ks__engine_vocab(e), tok, buf, (int32_t)n, 0, false);
     return r < 0 ? -r : r; /* negative = the size needed */
 }
@@ -44,6 +47,7 @@ int ks_engine_piece(const ks_engine *e, int32_t tok, char *buf, size_t n) {
 bool ks_engine_is_eog(const ks_engine *e, int32_t tok) { return llama_vocab_is_eog(ks__engine_vocab(e), tok); }
 
 int ks_engine_token_text(const ks_engine *e, int32_t tok, char *buf, size_t n) {
+    if (tok < 0) return 0;
     int r = llama_token_to_piece(ks__engine_vocab(e), tok, buf, (int32_t)n, 0, true);
     return r < 0 ? -r : r;
 }

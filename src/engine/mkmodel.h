@@ -152,7 +152,21 @@
  *       Its real template, openai-gpt-oss-120b.jinja (note 6, harmony
  *       family), is given with --chat-template; the preset alone has ChatML.
  *
-
+ * 10. Vision projectors (mkmodel_mmproj.c, `--mmproj FILE`): a random-weight
+ *     mmproj GGUF that llama.cpp's mtmd loads beside a preset's text model
+ *     (engine/media.h): LLaVA's, a CLIP ViT with clip.cpp's simplest
+ *     projector ("mlp": mm.0 -> GELU -> mm.2) into the text model's n_embd.
+ *     Text presets of n_embd <= 256 get a tiny one (64x64 images, 8x8
+ *     patches: 64 tokens an image; ViT of 2 blocks of 32, ~70 KiB), the
+ *     others a bench one (224x224, 16x16 patches: 196 tokens; ViT-S-sized, 6
+ *     blocks of 384, 6 heads, ffn 1536; ~24 MiB). F16 matrices, F32 biases
+ *     (zero), norms (one) and position embeddings. A pure function of (preset,
+ *     seed), written atomically like the model. With audio (`--mmproj-audio`)
+ *     the file also has an audio encoder (clip.{vision,audio}.projector_type):
+ *     Ultravox's, a Whisper encoder (80 mel bins, 2 blocks of 32, ~360 KiB)
+ *     with frames stacked by 12 and an RMS-normed SwiGLU projector: 125 tokens
+ *     per 30 s chunk of audio (mkmodel_mmproj.c).
+ *
  * Thread model: ks_mkmodel and ks_mkmodel_shape_of are reentrant (no global
  * state of their own); ggml's quantizer is thread-safe.
  */
@@ -238,5 +252,20 @@ int ks_mkmodel(const char *preset, uint64_t seed, const char *out_path, char *er
  * tokens (the message in err says which); then nothing is written. */
 int ks_mkmodel_write(const ks_mkmodel_params *p, const char *out_path, ks_mkmodel_shape *shape,
                      char *err, size_t errlen);
+
+/* What ks_mkmodel_mmproj wrote (note 10). */
+typedef struct ks_mkmodel_mmproj_shape {
+    int image_size, patch_size; /* images are resized to image_size^2 */
+    int n_embd, n_layer;        /* the ViT's */
+    int n_tokens;               /* KV tokens per image: (image_size / patch_size)^2 */
+    int n_embd_text;            /* the text model's embedding size it projects to */
+    bool audio;                 /* an audio encoder too (note 10) */
+} ks_mkmodel_mmproj_shape;
+
+/* Writes the random-weight vision projector for text preset `preset` made
+ * from seed to out_path, atomically (note 10), with an audio encoder too when
+ * audio. shape (may be NULL) gets its shape. Errors as ks_mkmodel's. */
+int ks_mkmodel_mmproj(const char *preset, uint64_t seed, bool audio, const char *out_path,
+                      ks_mkmodel_mmproj_shape *shape, char *err, size_t errlen);
 
 #endif

@@ -47,6 +47,8 @@ typedef struct ks_prompt_opts {
     uint64_t memo_ns;      /* the render memo's namespace (prompt_tmpl.h): the server's
                               tenant, so that a render remembered for one tenant never
                               saves another one's time; 0: the shared one */
+    const struct ks_prompt_media *media; /* the prompt's images and audio (prompt_tmpl.h; the
+                                            server's chat path only); NULL: none */
 } ks_prompt_opts;
 
 /* Renders msgs[0, n) (n >= 1) with the model's template, ending with the

@@ -431,7 +431,14 @@ int ks_prompt_tmpl_chat(const ks_engine *e, const ks_chat_tmpl *t, const json_t 
     out->continuation = json_is_true(json_object_get(parse, "is_continuation"));
     rc = KS_ECTX;
     if (o && o->max_bytes > 0 && strlen(text) > (uint64_t)o->max_bytes) goto fail;
-    if ((rc = tokenize(e, text, &out->p.tokens))) goto fail;
+    if (o && o->media && o->media->n_items > 0) {
+        rc = ks_media_tokenize(o->media->mm, text, strlen(text), true, true, o->media->items, o->media->n_items,
+                               &out->p.tokens, &out->media, err, errlen);
+        if (rc == KS_EINVAL) rc = KS_EDECODE; /* the media's fault, not the template's */
+        if (rc) goto fail;
+    } else if ((rc = tokenize(e, text, &out->p.tokens))) {
+        goto fail;
+    }
     json_t *ptc = json_object_get(req, "parallel_tool_calls");
     const char *choice = json_string_value(json_object_get(req, "tool_choice"));
     if ((rc = sampling_parts(e, res, !json_is_false(ptc), choice && !strcmp(choice, "required"), out))) goto fail;
@@ -486,5 +493,6 @@ void ks_prompt_tmpl_free(ks_prompt_tmpl *p) {
     free_strs(p->stops, p->n_stops);
     free(p->parse);
     free(p->format);
+    ks_media_set_unref(p->media);
     memset(p, 0, sizeof *p);
 }

@@ -46,7 +46,20 @@
 #include <jansson.h>
 
 #include "engine/chat_tmpl.h"
+#include "engine/media.h"
 #include "prompt/prompt.h"
+
+/* A chat prompt's images and audio: the rendered text holds one
+ * ks_media_marker() per item, in the order of items, and the prompt is
+ * tokenized with the projector (media.h: each item's chunks become
+ * pseudo-tokens, and the prompt's media set goes with the tokens). The
+ * cache hints need nothing more: the message JSON they hash carries each
+ * item's SHA-256 (server/api_media.c). */
+typedef struct ks_prompt_media {
+    ks_media *mm;               /* the engine's projector */
+    const ks_media_item *items; /* borrowed for the call */
+    int n_items;
+} ks_prompt_media;
 
 typedef struct ks_prompt_tmpl {
     ks_prompt p;               /* tokens; hints: msg_hashes has n_msgs + 2 values (the
@@ -70,6 +83,8 @@ typedef struct ks_prompt_tmpl {
     char *format;              /* the output format's name, for the logs */
     int n_gen_prompt;          /* p.tokens ends with the generation prompt's this many tokens
                                   (0: it does not, e.g. a continued final message) */
+    ks_media_set *media;       /* the prompt's media (one reference, dropped by
+                                  ks_prompt_tmpl_free), NULL: none */
 } ks_prompt_tmpl;
 
 /* Render results remembered across requests (see above): at most n entries,
@@ -81,10 +96,15 @@ void ks_prompt_memo_free(ks_prompt_memo *m);
 void ks_prompt_memo_stats(ks_prompt_memo *m, uint64_t *hits, uint64_t *misses);
 
 /* Renders req (chat_tmpl.h's request object: messages, tools, ...) and
- * tokenizes it. out must be zeroed or freed. Errors: KS_EINVAL (the
- * request or its schema cannot be rendered: err says why, a client error),
- * KS_ETEMPLATE (the template raised), KS_ECTX (the rendered prompt is
- * longer than o->max_bytes: not tokenized), KS_ENOMEM; out is freed then. */
+ * tokenizes it (with o->media's items when it has any). out must be zeroed
+ * or freed. Errors: KS_EINVAL (the request or its schema cannot be
+ * rendered: err says why, a client error), KS_ETEMPLATE (the template
+ * raised), KS_ECTX (the rendered prompt is longer than o->max_bytes: not
+ * tokenized), KS_EDECODE (the media could not be tokenized: err says why,
+ * "media item N ..." when one item is the cause; a client error),
+ * KS_ENOMEM; out is freed then.
+ * Breakpoints (ks_prompt_tmpl_prefix_len) render without the media: a
+ * breakpoint after an image finds the prefix up to that image's marker. */
 int ks_prompt_tmpl_chat(const ks_engine *e, const ks_chat_tmpl *t, const json_t *req, const ks_prompt_opts *o,
                         ks_prompt_memo *memo, ks_prompt_tmpl *out, char *err, size_t errlen);
 

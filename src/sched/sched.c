@@ -83,6 +83,7 @@ ks_sched_params ks_sched_params_default(void) {
 static void sreq_free(sreq *r) {
     if (!r) return;
     ks_tokens_free(&r->prompt);
+    ks_media_set_unref(r->p.media);
     free(r->hashes);
     free(r->ext);
     free(r);
@@ -171,6 +172,9 @@ void ks__sched_finish(ks_sched *s, slot *sl, ks_finish f, int err, bool eog) {
         save = false;
     }
     ks__policy_pins_done(s, r);
+    if (r->p.media)
+        for (int i = 0; i < r->res.n_cached && i < r->prompt.n; i++)
+            s->cst.media_tokens_reused += ks_token_is_media(r->prompt.v[i]);
     double now = ks_now_ms();
     r->res.slot = sl->id;
     r->res.n_generated = sl->n_generated;
@@ -368,6 +372,11 @@ static void publish_locked(ks_sched *s) {
     }
     s->st.slots_busy = busy;
     s->st.queue_depth = s->q_n;
+    ks_media_stats ms; /* written by this (the inference) thread */
+    ks_media_stats_get(s->e, &ms);
+    s->cst.media_encodes = ms.encodes;
+    s->cst.media_encode_ms_total = ms.encode_ms_total;
+    s->cst.media_tokens_decoded = ms.decoded_tokens;
     s->st.cache = s->cst;
 }
 
@@ -565,9 +574,14 @@ int ks_sched_submit(ks_sched *s, const ks_req_params *p, uint64_t *id) {
     if (p->preferred_slot >= s->n_slots) return KS_EINVAL;
     if (ks_sampler_ext_check(s->e, p->ext) != 0) return KS_EINVAL;
     if ((int64_t)p->n_tokens + p->max_tokens > s->n_ctx_seq) return KS_ECTX;
+    /* Media: every pseudo-token is the set's, and the prompt ends in text (its
+     * last row gives the first token's logits). */
+    if (!ks_media_set_covers(p->media, p->tokens, p->n_tokens) || ks_token_is_media(p->tokens[p->n_tokens - 1]))
+        return KS_EINVAL;
     sreq *r = calloc(1, sizeof *r);
     if (!r) return KS_ENOMEM;
     r->p = *p;
+    r->p.media = ks_media_set_ref(p->media);
     r->p.tokens = NULL;
     r->p.msg_prefix_hash = NULL;
     r->p.ext = NULL;

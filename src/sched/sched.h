@@ -34,6 +34,7 @@
 #include "base/base.h"
 #include "cache/store.h"
 #include "engine/engine.h"
+#include "engine/media.h"
 
 typedef struct ks_sched ks_sched;
 
@@ -249,6 +250,15 @@ typedef struct ks_req_params {
      * store. */
     const ks_cache_pin *pins;
     int n_pins;
+    /* Images and audio (engine/media.h): the prompt's media set from
+     * ks_media_tokenize, whose pseudo-tokens the prompt holds; borrowed
+     * (submit takes a reference of its own, dropped when the request ends).
+     * NULL: the prompt has no pseudo-token. Every pseudo-token of the prompt
+     * must be the set's at its position, and the last token must be text;
+     * else KS_EINVAL. The cache works on the tokens as on text: a cached
+     * prefix may end anywhere, inside a media run too (media.h note 3); a run
+     * is encoded (once per set) only when its rows are prefilled. */
+    ks_media_set *media;
     /* Called for each sampled token with its text piece (may be empty or an
      * incomplete UTF-8 sequence). Return non-zero to stop (finish = stop). */
     int (*on_token)(void *ud, int32_t tok, const char *piece, int len);
@@ -350,6 +360,11 @@ typedef struct ks_sched_cache_stats {
     uint64_t warm_slots;            /* slots that took a stored state at creation */
     uint64_t warm_tokens;           /* the tokens they hold */
     double warm_ms_total;           /* reading, verifying and setting those states */
+    /* Media (ks_req_params.media) */
+    uint64_t media_encodes;         /* media chunks run through the projector */
+    double media_encode_ms_total;
+    uint64_t media_tokens_decoded;  /* media pseudo-tokens prefilled (embeddings decoded) */
+    uint64_t media_tokens_reused;   /* media pseudo-tokens of prompts found in the cache */
 } ks_sched_cache_stats;
 
 typedef struct ks_sched_stats {

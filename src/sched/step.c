@@ -33,6 +33,14 @@
  * Invariant (sched.h, 3): a step holds one token per generating slot and at
  * most one prefill chunk, sized smaller while others generate, so a long
  * prefill never stalls the other streams for more than one step.
+ *
+ * Media (engine/media.h): a prompt's media run is decoded as embeddings,
+ * which a token batch cannot carry, so a step that reaches one decodes up to
+ * a chunk's worth of that run's rows (the prefill budget add_prefill would
+ * give; never leaving a lone last row with pairs) in a call of its own and
+ * nothing else: the generating slots wait one step, as they would for a text
+ * chunk, and the run goes on at the next step. Text chunks end where a run
+ * begins.
  */
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -152,6 +160,52 @@ static int add_generating(ks_sched *s, ks_batch *b) {
     return n_gen;
 }
 
+/* The first media run at or after prompt position p: its start, or n. */
+static int next_media(const sreq *r, int p) {
+    const ks_media_set *m = r->p.media;
+    for (int k = 0, n = ks_media_set_n_runs(m); k < n; k++) {
+        int pos, len;
+        ks_media_set_run(m, k, &pos, &len);
+        if (pos + len > p) return pos > p ? pos : p;
+    }
+    return r->prompt.n;
+}
+
+/* A prefilling slot (round-robin) whose next prompt rows are a media run's:
+ * decodes the rest of that run (the step's only decode) and returns true. */
+static bool media_step(ks_sched *s) {
+    for (int k = 0; k < s->n_slots; k++) {
+        slot *sl = &s->slots[(s->prefill_rr + k) % s->n_slots];
+        if (sl->state != ST_PREFILL || !sl->r->p.media || atomic_load(&sl->r->cancel)) continue;
+        sreq *r = sl->r;
+        int run = ks_media_set_find(r->p.media, sl->n_past);
+        if (run < 0) continue;
+        int pos, len;
+        ks_media_set_run(r->p.media, run, &pos, &len);
+        /* add_prefill's budget: smaller while others generate */
+        int budget = s->n_batch, end = pos + len;
+        for (int i = 0; i < s->n_slots; i++)
+            if (s->slots[i].state == ST_GEN) budget = s->n_batch / 4 > 64 ? s->n_batch / 4 : 64;
+        if (budget > s->n_batch) budget = s->n_batch;
+        if (end - sl->n_past > budget) end = sl->n_past + budget;
+        if (s->pairs && pos + len - end == 1) end--; /* no lone row left: budget >= 4 */
+        s->prefill_rr = (sl->id + 1) % s->n_slots;
+        int rc = ks_media_decode(s->e, r->p.media, run, sl->n_past, end, sl->id, s->pairs, NULL);
+        if (rc == 0 && ks_tokens_append(&sl->tokens, r->prompt.v + sl->n_past, end - sl->n_past)) rc = KS_ENOMEM;
+        if (rc) {
+            KS_ERROR(MOD, "media rows [%d, %d) of slot %d: %s", sl->n_past, end, sl->id, ks_strerror(rc));
+            ks__sched_fail(s, sl, rc); /* the sequence may hold part of the run: dropped */
+            return true;
+        }
+        sl->n_past = end;
+        sl->snap_store = -1;
+        if (r->p.on_progress) r->p.on_progress(r->p.ud, sl->n_past, r->prompt.n);
+        ks__policy_chunk_done(s, sl);
+        return true;
+    }
+    return false;
+}
+
 /* One prefill chunk, round-robin among prefilling slots. While others
  * generate, keep it small so their streams keep flowing. */
 static void add_prefill(ks_sched *s, ks_batch *b, int n_gen) {
@@ -164,7 +218,8 @@ static void add_prefill(ks_sched *s, ks_batch *b, int n_gen) {
         slot *sl = &s->slots[(s->prefill_rr + k) % s->n_slots];
         if (sl->state != ST_PREFILL) continue;
         sreq *r = sl->r;
-        int remaining = r->prompt.n - sl->n_past;
+        int remaining = (r->p.media ? next_media(r, sl->n_past) : r->prompt.n) - sl->n_past;
+        if (remaining <= 0) continue; /* a media run: media_step's */
         int take = ks__policy_chunk(s, sl, remaining < budget ? remaining : budget, budget);
         if (n_gen > 0 && take == 3) take = 2; /* see the note: never 3 beside 2-row sequences */
         if (sl->snap_store != sl->n_past + take) sl->snap_store = -1;
@@ -211,6 +266,7 @@ static void after_decode(ks_sched *s, slot *sl) {
 void ks__step(ks_sched *s) {
     ks_batch *b = s->batch;
     ks_batch_clear(b);
+    if (media_step(s)) return;
     int n_gen = add_generating(s, b);
     add_prefill(s, b, n_gen);
     if (ks_batch_n(b) == 0) return;

@@ -122,7 +122,13 @@ int ks_api_parse(ks_api_kind kind, const char *body, size_t len, ks_api_request 
 }
 
 int ks_api_parse_root(ks_api_kind kind, json_t *root, ks_api_request *out, ks_api_error *err) {
+    return ks_api_parse_root_media(kind, root, NULL, out, err);
+}
+
+int ks_api_parse_root_media(ks_api_kind kind, json_t *root, const ks_media_limits *media, ks_api_request *out,
+                            ks_api_error *err) {
     memset(out, 0, sizeof *out);
+    out->media_limits = media;
     out->kind = kind;
     out->max_tokens = -1;
     out->sample = ks_api_sample_defaults();
@@ -150,6 +156,7 @@ void ks_api_request_free(ks_api_request *r) {
     for (int i = 0; i < r->n_prompts; i++) free(r->prompts[i].tokens);
     free(r->prompts);
     free(r->bias);
+    ks__api_media_free(r);
     if (r->tmpl_req) json_decref(r->tmpl_req);
     if (r->root) json_decref(r->root);
     memset(r, 0, sizeof *r);

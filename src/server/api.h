@@ -6,7 +6,8 @@
  * rule here is unit-tested without a model (tests/unit/test_api*.c). Which
  * file holds what: api_fields.c errors and the typed field getters; api.c
  * the OpenAI request entry and replies; api_chat.c chat's fields and the
- * field policy; api_responses.c / api_responses_out.c and api_messages.c the
+ * field policy; api_media.c the image and audio parts (media_in.c their
+ * pure checks); api_responses.c / api_responses_out.c and api_messages.c the
  * Responses and Messages translations and reply shapes; api_utility.c the
  * utility endpoints.
  *
@@ -40,6 +41,7 @@
 #include "base/base.h"
 #include "engine/engine.h"
 #include "sched/sched.h"
+#include "server/media_in.h"
 
 #define KS_API_MAX_STOPS 16
 /* Upper bound on a stop string's length; longer ones are refused (400). */
@@ -114,6 +116,18 @@ typedef struct ks_api_breakpoint {
     int ttl_s;            /* "5m": 300 (the default), "1h": 3600 */
 } ks_api_breakpoint;
 
+/* One image or audio clip of a chat request (api_media.c), in the order
+ * of the markers in the messages' text. */
+typedef struct ks_api_media {
+    ks_media_in_kind kind;
+    ks_media_in_format format;   /* from the magic bytes */
+    uint8_t *data;               /* owned: the decoded file's bytes (PNG, WAV, ...) */
+    size_t n;
+    int64_t width, height;       /* an image's, from its header; 0 for audio */
+    uint8_t sha256[32];          /* of data: the item's identity */
+    char param[96];              /* where the request had it, for later errors */
+} ks_api_media;
+
 typedef struct ks_api_request {
     ks_api_kind kind;
     /* chat: roles are static strings ("system", "user", "assistant"; "developer"
@@ -165,6 +179,12 @@ typedef struct ks_api_request {
                                                       order given */
     int n_bps;
     uint64_t tenant;       /* set by the server: whose request (docs/SECURITY.md), 0: single */
+    /* chat: the images and audio of the messages, in order; each stands at
+     * one marker (media_limits->marker) in its message's text. */
+    const ks_media_limits *media_limits; /* borrowed for the parse; NULL: no media input */
+    ks_api_media *media;   /* owned */
+    int n_media;
+    int64_t media_bytes;   /* their bytes together */
 
     /* owned storage behind the borrowed pointers */
     json_t *root;
@@ -187,6 +207,11 @@ int ks_api_parse(ks_api_kind kind, const char *body, size_t len, ks_api_request 
  * Responses and Anthropic Messages endpoints translate their requests into
  * a chat request and parse that. */
 int ks_api_parse_root(ks_api_kind kind, json_t *root, ks_api_request *out, ks_api_error *err);
+/* The same with media input: image and audio parts are checked against
+ * media (borrowed for the call; NULL, or modalities 0: every such part is a
+ * 400 that says the model takes no image or audio input). */
+int ks_api_parse_root_media(ks_api_kind kind, json_t *root, const ks_media_limits *media, ks_api_request *out,
+                            ks_api_error *err);
 /* Frees what ks_api_parse allocated; zeroes *r. NULL-safe, idempotent. */
 void ks_api_request_free(ks_api_request *r);
 
@@ -250,6 +275,7 @@ typedef struct ks_api_props {
     bool flash_attn;           /* flash attention in effect (after --flash-attn auto) */
     const char *cpu_backend;   /* ks_engine_cpu_backend(); NULL: not shown */
     const char *store;         /* "off", "ram-only", "full"; NULL: not shown */
+    bool vision, audio;        /* image / audio input (a projector: --mmproj) */
 } ks_api_props;
 
 /* llama-server's /props object with the fields that apply to kvstash

@@ -134,9 +134,12 @@ static int message_breakpoints(json_t *m, size_t i, ks_api_request *r, ks_api_er
 /* ------------------------------------------------------------ message content */
 /* One message's content: a string, or an array of {type:"text", text} parts
  * joined with "\n" (as llama.cpp's server flattens them for templates that
- * take plain text). null only for an assistant message (a tool-call turn). */
-int ks__api_parse_content(json_t *m, size_t i, bool assistant, ks_api_request *r,
+ * take plain text), image and audio parts as the media marker with no "\n"
+ * next to it (llama-server's rule, common/chat.cpp). null only for an
+ * assistant message (a tool-call turn). */
+int ks__api_parse_content(json_t *m, size_t i, const char *role, ks_api_request *r,
                           const char **out, ks_api_error *err) {
+    bool assistant = !strcmp(role, "assistant"), after_marker = false;
     char param[64];
     snprintf(param, sizeof param, "messages[%zu].content", i);
     json_t *c = ks__api_field(m, "content");
@@ -174,17 +177,27 @@ int ks__api_parse_content(json_t *m, size_t i, bool assistant, ks_api_request *r
                 code = type ? "invalid_type" : "missing_required_parameter";
                 msg = "a content part needs a string 'type'";
                 snprintf(where, sizeof where, "%s.type", pp);
+            } else if (ks__api_media_type(json_string_value(type))) {
+                int rc = ks__api_media_part(part, json_string_value(type), pp, role, r, err);
+                if (rc) {
+                    ks_buf_free(&b);
+                    return rc;
+                }
+                const char *mk = ks__api_media_marker(r);
+                if (ks_buf_append(&b, mk, strlen(mk))) goto nomem;
+                after_marker = true;
             } else if (strcmp(json_string_value(type), "text") != 0) {
                 code = "invalid_value";
-                msg = "only content parts of type 'text' are supported";
+                msg = "only content parts of type 'text', 'image_url' and 'input_audio' are supported";
                 snprintf(where, sizeof where, "%s.type", pp);
             } else if (!text || !json_is_string(text)) {
                 code = text ? "invalid_type" : "missing_required_parameter";
                 msg = "a text content part needs a string 'text'";
                 snprintf(where, sizeof where, "%s.text", pp);
             } else {
-                if (b.len && ks_buf_append(&b, "\n", 1)) goto nomem;
+                if (b.len && !after_marker && ks_buf_append(&b, "\n", 1)) goto nomem;
                 if (ks_buf_append(&b, json_string_value(text), json_string_length(text))) goto nomem;
+                after_marker = false;
             }
         }
         if (msg) {
@@ -300,11 +313,12 @@ static int parse_message(json_t *m, size_t i, ks_api_request *r, json_t *out, ks
         if (json_array_size(tc_out) == 0) json_object_del(o, "tool_calls");
     }
     /* An assistant turn that only calls tools may have no content. */
-    bool may_omit = assistant;
-    if ((rc = ks__api_parse_content(m, i, may_omit, r, &r->msgs[i].content, err))) return rc;
+    int n_media = r->n_media;
+    if ((rc = ks__api_parse_content(m, i, canon, r, &r->msgs[i].content, err))) return rc;
     r->msgs[i].role = canon;
     json_t *c = ks__api_field(m, "content");
-    if (json_object_set_new(o, "content", c ? json_string(r->msgs[i].content) : json_null()))
+    if (json_object_set_new(o, "content", c ? json_string(r->msgs[i].content) : json_null()) ||
+        ks__api_media_tag(r, n_media, o))
         return ks__api_oom(err);
 
     if (!strcmp(canon, "tool")) {

@@ -51,9 +51,10 @@ void ks__api_note_unknown(json_t *root, ks_api_notes *notes, const char *const *
                           const char *const *l3);
 
 /* api_chat.c */
-/* messages[i].content: a string or text parts joined with "\n"; absent or
- * null only when assistant (then ""). */
-int ks__api_parse_content(json_t *m, size_t i, bool assistant, ks_api_request *r, const char **out,
+/* messages[i].content of a message of role (canonical): a string, or text
+ * parts joined with "\n" and image / audio parts as markers (api_media.c);
+ * absent or null only for an assistant (then ""). */
+int ks__api_parse_content(json_t *m, size_t i, const char *role, ks_api_request *r, const char **out,
                           ks_api_error *err);
 
 /* The request-field policy (docs/SERVER.md, "Request fields"): a field of the
@@ -68,6 +69,32 @@ int ks__api_parse_chat(json_t *root, ks_api_request *r, ks_api_error *err);
 int ks__api_parse_structured(json_t *root, ks_api_request *r, json_t *tr, ks_api_error *err);
 /* logit_bias, penalties, ignore_eos, id_slot, n_probs, n. After the prompts. */
 int ks__api_parse_sampling(json_t *root, ks_api_request *r, ks_api_error *err);
+
+/* api_media.c */
+/* type is a media part's type (image_url, input_audio). */
+bool ks__api_media_type(const char *type);
+/* The marker an item leaves in its message's text. */
+const char *ks__api_media_marker(const ks_api_request *r);
+/* A media part of type at pp (its "ks_param" wins: a translation's path) in
+ * a message of role: checked against r->media_limits, decoded, appended to
+ * r->media. 0, or a 400 (KS_EINVAL) / KS_ENOMEM with err filled. */
+int ks__api_media_part(json_t *part, const char *type, const char *pp, const char *role, ks_api_request *r,
+                       ks_api_error *err);
+/* Sets msg's "ks_media" to the SHA-256 (hex) of r->media[from..]: the
+ * message's items, for the hints computed over its JSON. KS_ENOMEM. */
+int ks__api_media_tag(const ks_api_request *r, int from, json_t *msg);
+/* Frees r->media. */
+void ks__api_media_free(ks_api_request *r);
+/* For the translations: a chat part {type, <type>: body, ks_param: param}
+ * (new reference, NULL on ENOMEM); and a message's content from chat parts
+ * ({type: text, text} and media parts): the parts when has_media, else the
+ * texts joined with "\n" (new reference, NULL on ENOMEM). */
+json_t *ks__api_media_chat_part(const char *type, json_t *body, const char *param);
+json_t *ks__api_parts_content(json_t *parts, bool has_media);
+/* An Anthropic image block at q as a chat image part with q's path (new
+ * reference); NULL with err filled (400: a source that is not base64, a
+ * media type Anthropic does not take; or ENOMEM). */
+json_t *ks__api_messages_image(json_t *blk, const char *q, ks_api_error *err);
 
 /* api.c */
 /* prompt (one or several), grammar / json_schema, logprobs, echo, suffix, best_of. */

@@ -106,30 +106,62 @@ static const char *block_type(json_t *blk, const char *q, ks_api_error *err) {
     return ty;
 }
 
-/* tool_result content: a string or text blocks. */
-static int result_text(json_t *c, const char *p, ks_buf *b, ks_api_error *err) {
-    if (!c) return 0;
-    if (json_is_string(c)) return ks_buf_append(b, json_string_value(c), json_string_length(c)) ? ks__api_oom(err) : 0;
-    if (!json_is_array(c))
-        BAD("invalid_type", p, "%s: expected a string or an array of text blocks, but got %s instead.", p,
-            ks__api_json_type_name(c));
+/* One block of a user message or tool result at q: a text block, or an
+ * image block, appended to parts as a chat part (*media set). 1: neither
+ * (the caller's to handle), 0, or an error. */
+static int content_block(json_t *blk, const char *ty, const char *q, json_t *parts, bool *media, ks_api_error *err) {
+    json_t *part;
+    if (!strcmp(ty, "text")) {
+        if (!json_is_string(json_object_get(blk, "text")))
+            BAD("invalid_value", q, "%s.text: expected a string.", q);
+        part = json_pack("{s:s, s:O}", "type", "text", "text", json_object_get(blk, "text"));
+    } else if (!strcmp(ty, "image")) {
+        if (!(part = ks__api_messages_image(blk, q, err))) return KS_EINVAL;
+        *media = true;
+    } else {
+        return 1;
+    }
+    return !part || json_array_append_new(parts, part) ? ks__api_oom(err) : 0;
+}
+
+/* tool_result content: a string, or text and image blocks, into *content. */
+static int result_content(json_t *c, const char *p, json_t **content, ks_api_error *err) {
+    if (!c) c = json_string("");
+    else json_incref(c);
+    if (!c || json_is_string(c)) return (*content = c) ? 0 : ks__api_oom(err);
+    json_t *parts = json_array();
+    bool media = false;
+    int rc = parts ? 0 : ks__api_oom(err);
+    if (!rc && !json_is_array(c))
+        ks_api_error_set(err, 400, T_INVALID, "invalid_type", p, "%s: expected a string or an array of text blocks, "
+                         "but got %s instead.", p, ks__api_json_type_name(c)), rc = KS_EINVAL;
     size_t i;
     json_t *blk;
-    json_array_foreach(c, i, blk) {
-        if (!json_is_object(blk) || strcmp(ks__api_str(blk, "type"), "text"))
-            BAD("invalid_value", p, "%s: only text blocks are supported in a tool result.", p);
-        if (join(b, ks__api_str(blk, "text"))) return ks__api_oom(err);
+    if (!rc) json_array_foreach(c, i, blk) {
+        char q[160];
+        snprintf(q, sizeof q, "%s.%zu", p, i);
+        const char *ty = json_is_object(blk) ? ks__api_str(blk, "type") : "";
+        if ((rc = content_block(blk, ty, q, parts, &media, err)) == 1) {
+            ks_api_error_set(err, 400, T_INVALID, "invalid_value", p,
+                             "%s: only text and image blocks are supported in a tool result.", p);
+            rc = KS_EINVAL;
+        }
+        if (rc) break;
     }
-    return 0;
+    if (!rc && !(*content = ks__api_parts_content(parts, media))) rc = ks__api_oom(err);
+    json_decref(parts);
+    json_decref(c);
+    return rc;
 }
 
 static int user_to_chat(json_t *c, const char *p, json_t *msgs, ks_api_error *err) {
-    ks_buf text = {0};
+    json_t *parts = json_array();
+    bool media = false;
     json_t *text_cc = NULL;
-    int rc = 0;
+    int rc = parts ? 0 : ks__api_oom(err);
     size_t i;
     json_t *blk;
-    json_array_foreach(c, i, blk) {
+    if (!rc) json_array_foreach(c, i, blk) {
         char q[96];
         snprintf(q, sizeof q, "%s.content.%zu", p, i);
         const char *ty = block_type(blk, q, err);
@@ -138,34 +170,22 @@ static int user_to_chat(json_t *c, const char *p, json_t *msgs, ks_api_error *er
             break;
         }
         json_t *cc = json_object_get(blk, "cache_control");
-        if (!strcmp(ty, "text")) {
-            if (!json_is_string(json_object_get(blk, "text"))) {
-                rc = KS_EINVAL;
-                ks_api_error_set(err, 400, T_INVALID, "invalid_value", q, "%s.text: expected a string.", q);
-                break;
-            }
-            if (join(&text, ks__api_str(blk, "text"))) {
-                rc = ks__api_oom(err);
-                break;
-            }
+        if ((rc = content_block(blk, ty, q, parts, &media, err)) != 1) {
+            if (rc) break;
             if (cc) text_cc = cc;
         } else if (!strcmp(ty, "tool_result")) {
+            rc = 0;
             json_t *id = json_object_get(blk, "tool_use_id");
             if (!json_is_string(id)) {
                 rc = KS_EINVAL;
                 ks_api_error_set(err, 400, T_INVALID, "invalid_value", q, "%s.tool_use_id: expected a string.", q);
                 break;
             }
-            ks_buf r = {0};
+            json_t *content = NULL;
             char rp[112];
             snprintf(rp, sizeof rp, "%s.content", q);
-            if ((rc = result_text(json_object_get(blk, "content"), rp, &r, err))) {
-                ks_buf_free(&r);
-                break;
-            }
-            json_t *m = json_pack("{s:s, s:O, s:s%}", "role", "tool", "tool_call_id", id, "content", r.s ? r.s : "",
-                                  r.len);
-            ks_buf_free(&r);
+            if ((rc = result_content(json_object_get(blk, "content"), rp, &content, err))) break;
+            json_t *m = json_pack("{s:s, s:O, s:o}", "role", "tool", "tool_call_id", id, "content", content);
             if (m && cc) json_object_set(m, "cache_control", cc);
             if (!m || json_array_append_new(msgs, m)) {
                 rc = ks__api_oom(err);
@@ -174,17 +194,21 @@ static int user_to_chat(json_t *c, const char *p, json_t *msgs, ks_api_error *er
         } else {
             rc = KS_EINVAL;
             ks_api_error_set(err, 400, T_INVALID, "invalid_value", q,
-                             "%s: '%.32s' blocks are not supported in a user message; this server takes text and "
-                             "tool_result blocks.", q, ty);
+                             "%s: '%.32s' blocks are not supported in a user message; this server takes text, image "
+                             "and tool_result blocks.", q, ty);
             break;
         }
     }
-    if (!rc && (text.len || json_array_size(c) == 0)) {
-        json_t *m = json_pack("{s:s, s:s%}", "role", "user", "content", text.s ? text.s : "", text.len);
+    json_t *content = rc ? NULL : ks__api_parts_content(parts, media);
+    if (!rc && !content) rc = ks__api_oom(err);
+    /* Text (or media) makes a user message; tool results alone do not. */
+    if (!rc && (media || json_string_length(content) || json_array_size(c) == 0)) {
+        json_t *m = json_pack("{s:s, s:O}", "role", "user", "content", content);
         if (m && text_cc) json_object_set(m, "cache_control", text_cc);
         if (!m || json_array_append_new(msgs, m)) rc = ks__api_oom(err);
     }
-    ks_buf_free(&text);
+    json_decref(content);
+    json_decref(parts);
     return rc;
 }
 

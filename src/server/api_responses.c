@@ -87,55 +87,99 @@ static int push_msg(tr *t, json_t *m, ks_api_error *err) {
     return 0;
 }
 
+/* An input_image part at q ({image_url: a data URL, detail} — file_id
+ * refused: there is no Files API here) as a chat image part with q's path
+ * (new reference); NULL with err filled. */
+static json_t *input_image(json_t *part, const char *q, ks_api_error *err) {
+    json_t *url = json_object_get(part, "image_url"), *detail = json_object_get(part, "detail");
+    char uq[128];
+    snprintf(uq, sizeof uq, "%s.image_url", q);
+    if (!url && json_object_get(part, "file_id")) {
+        snprintf(uq, sizeof uq, "%s.file_id", q);
+        ks_api_error_set(err, 400, T_INVALID, "unsupported_value", uq, "Invalid '%s': this server has no Files API; "
+                         "send the image as 'image_url' with a base64 data URL (data:image/png;base64,...).", uq);
+        return NULL;
+    }
+    if (!json_is_string(url)) {
+        ks_api_error_set(err, 400, T_INVALID, url ? "invalid_type" : "missing_required_parameter", uq,
+                         "Invalid '%s': expected a string (a base64 data URL).", uq);
+        return NULL;
+    }
+    json_t *body = json_pack("{s:O}", "url", url);
+    if (body && detail) json_object_set(body, "detail", detail);
+    json_t *p = body ? ks__api_media_chat_part("image_url", body, uq) : NULL;
+    json_decref(body);
+    if (!p) ks__api_oom(err);
+    return p;
+}
+
 /* content: a string, or parts of type input_text / output_text / text /
- * refusal joined with "\n" (the chat parser's rule). The parts' cache_control
- * goes to the message. */
+ * refusal joined with "\n" (the chat parser's rule), input_image and
+ * input_audio as chat media parts (api_media.c checks them). The parts'
+ * cache_control goes to the message. */
 static int item_content(json_t *c, const char *p, json_t *msg, ks_api_error *err) {
     if (json_is_string(c)) return json_object_set(msg, "content", c) ? ks__api_oom(err) : 0;
     if (!json_is_array(c))
         BAD("invalid_type", p, "Invalid type for '%s': expected a string or an array of content parts, but got %s instead.",
             p, ks__api_json_type_name(c));
-    ks_buf b = {0};
+    json_t *parts = json_array();
+    if (!parts) return ks__api_oom(err);
+    bool media = false;
+    int rc = 0;
     size_t j;
     json_t *part;
     json_array_foreach(c, j, part) {
-        char q[112];
-        snprintf(q, sizeof q, "%s[%zu]", p, j);
+        char q[144], pq[112];
+        snprintf(pq, sizeof pq, "%s[%zu]", p, j);
+        json_t *cp = NULL;
+        const char *type = json_is_object(part) ? json_string_value(json_object_get(part, "type")) : NULL;
+        snprintf(q, sizeof q, "%s.type", pq);
         if (!json_is_object(part)) {
-            ks_buf_free(&b);
-            BAD("invalid_type", q, "Invalid type for '%s': expected a content part object.", q);
+            ks_api_error_set(err, 400, T_INVALID, "invalid_type", pq, "Invalid type for '%s': expected a content part "
+                             "object.", pq);
+        } else if (!type) {
+            ks_api_error_set(err, 400, T_INVALID, "missing_required_parameter", q, "Missing required parameter: "
+                             "'%s'.", q);
+        } else if (!strcmp(type, "input_image")) {
+            cp = input_image(part, pq, err);
+            media = true;
+        } else if (!strcmp(type, "input_audio")) {
+            snprintf(q, sizeof q, "%s.input_audio", pq);
+            json_t *a = json_object_get(part, "input_audio");
+            cp = json_is_object(a) ? ks__api_media_chat_part("input_audio", a, pq) : NULL;
+            if (!cp) ks_api_error_set(err, 400, T_INVALID, "invalid_value", q, "Invalid '%s': expected {\"data\": "
+                                      "base64, \"format\": \"wav\" | \"mp3\"}.", q);
+            media = true;
+        } else if (strcmp(type, "input_text") && strcmp(type, "output_text") && strcmp(type, "text") &&
+                   strcmp(type, "refusal")) {
+            ks_api_error_set(err, 400, T_INVALID, "unsupported_value", q,
+                             "Invalid value for '%s': '%.32s' is not supported; this server takes input_text, "
+                             "output_text, refusal, input_image and input_audio.", q, type);
+        } else {
+            const char *key = !strcmp(type, "refusal") ? "refusal" : "text";
+            json_t *text = json_object_get(part, key);
+            snprintf(q, sizeof q, "%s.%s", pq, key);
+            if (!json_is_string(text))
+                ks_api_error_set(err, 400, T_INVALID, "missing_required_parameter", q,
+                                 "Missing required parameter: '%s' (a string).", q);
+            else if (!(cp = json_pack("{s:s, s:O}", "type", "text", "text", text)))
+                ks__api_oom(err);
         }
-        const char *type = json_string_value(json_object_get(part, "type"));
-        snprintf(q, sizeof q, "%s[%zu].type", p, j);
-        if (!type) {
-            ks_buf_free(&b);
-            BAD("missing_required_parameter", q, "Missing required parameter: '%s'.", q);
+        if (!cp) {
+            rc = err->status == 500 ? KS_ENOMEM : KS_EINVAL;
+            break;
         }
-        const char *key = !strcmp(type, "refusal") ? "refusal" : "text";
-        if (strcmp(type, "input_text") && strcmp(type, "output_text") && strcmp(type, "text") &&
-            strcmp(type, "refusal")) {
-            ks_buf_free(&b);
-            BAD("unsupported_value", q,
-                "Invalid value for '%s': '%.32s' is not supported; this server takes text only (input_text, "
-                "output_text, refusal).", q, type);
-        }
-        const char *text = json_string_value(json_object_get(part, key));
-        if (!text) {
-            ks_buf_free(&b);
-            snprintf(q, sizeof q, "%s[%zu].%s", p, j, key);
-            BAD("missing_required_parameter", q, "Missing required parameter: '%s' (a string).", q);
-        }
-        if ((b.len && ks_buf_append(&b, "\n", 1)) || ks_buf_append(&b, text, strlen(text))) {
-            ks_buf_free(&b);
-            return ks__api_oom(err);
+        if (json_array_append_new(parts, cp)) {
+            rc = ks__api_oom(err);
+            break;
         }
         json_t *cc = json_object_get(part, "cache_control");
         if (cc) json_object_set(msg, "cache_control", cc);
     }
-    json_t *s = json_stringn(b.s ? b.s : "", b.len);
-    ks_buf_free(&b);
-    if (!s || json_object_set_new(msg, "content", s)) return ks__api_oom(err);
-    return 0;
+    json_t *content = rc ? NULL : ks__api_parts_content(parts, media);
+    json_decref(parts);
+    if (!rc && (!content || json_object_set_new(msg, "content", content))) rc = ks__api_oom(err);
+    return rc;
 }
 
 /* it.key, required, into *v; a string unless any (content may be parts); q

@@ -238,7 +238,7 @@ json_t *ks_api_props_json(const ks_api_props *p) {
                      "total_slots", p->total_slots,
                      "model_alias", str_or_empty(p->model_alias),
                      "model_path", str_or_empty(p->model_path),
-                     "modalities", "vision", false, "video", false, "audio", false,
+                     "modalities", "vision", p->vision, "video", false, "audio", p->audio,
                      "endpoint_slots", true, "endpoint_props", false, "endpoint_metrics", true,
                      "chat_template", str_or_empty(p->chat_template),
                      "bos_token", str_or_empty(p->bos_token),

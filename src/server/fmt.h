@@ -56,6 +56,8 @@ struct ks_convstore;
 typedef struct ks_fmt_env {
     struct ks_convstore *convs; /* Responses conversations (previous_response_id) */
     uint64_t tenant;            /* the request's tenant (docs/SECURITY.md): whose they are */
+    const ks_media_limits *media; /* what the model takes of images and audio, and the limits
+                                     (media_in.h); NULL: none */
 } ks_fmt_env;
 
 /* What every reply shows of its generation (borrowed, read-only). */

@@ -28,11 +28,10 @@ static void free_state(void *st) {
 }
 
 static int parse(const ks_fmt_env *env, json_t *root, ks_api_request *rq, void **st, ks_api_error *e) {
-    (void)env;
     ks_api_msg_req mr = {0};
     int rc = ks_api_messages_to_chat(root, false, &mr, e);
     json_decref(root);
-    if (!rc) rc = ks_api_parse_root(KS_API_CHAT, json_incref(mr.chat), rq, e);
+    if (!rc) rc = ks_api_parse_root_media(KS_API_CHAT, json_incref(mr.chat), env->media, rq, e);
     if (rc) {
         ks_api_msg_req_free(&mr);
         return rc;

@@ -14,8 +14,8 @@ typedef struct oai {
     bool include_usage;    /* stream_options.include_usage */
 } oai;
 
-static int parse_kind(ks_api_kind kind, json_t *root, ks_api_request *rq, void **st, ks_api_error *e) {
-    int rc = ks_api_parse_root(kind, root, rq, e);
+static int parse_kind(const ks_fmt_env *env, ks_api_kind kind, json_t *root, ks_api_request *rq, void **st, ks_api_error *e) {
+    int rc = ks_api_parse_root_media(kind, root, env->media, rq, e);
     if (rc) return rc;
     oai *o = calloc(1, sizeof *o);
     if (!o) {
@@ -29,13 +29,11 @@ static int parse_kind(ks_api_kind kind, json_t *root, ks_api_request *rq, void *
 }
 
 static int parse_chat(const ks_fmt_env *env, json_t *root, ks_api_request *rq, void **st, ks_api_error *e) {
-    (void)env;
-    return parse_kind(KS_API_CHAT, root, rq, st, e);
+    return parse_kind(env, KS_API_CHAT, root, rq, st, e);
 }
 
 static int parse_completions(const ks_fmt_env *env, json_t *root, ks_api_request *rq, void **st, ks_api_error *e) {
-    (void)env;
-    return parse_kind(KS_API_COMPLETION, root, rq, st, e);
+    return parse_kind(env, KS_API_COMPLETION, root, rq, st, e);
 }
 
 static ks_api_gen api_gen(const oai *o, const ks_fmt_gen *g, int index) {

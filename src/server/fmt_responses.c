@@ -53,7 +53,7 @@ static int parse(const ks_fmt_env *env, json_t *root, ks_api_request *rq, void *
         ks__api_oom(e);
         goto fail;
     }
-    if (ks_api_parse_root(KS_API_CHAT, json_incref(rr.chat), rq, e)) goto fail;
+    if (ks_api_parse_root_media(KS_API_CHAT, json_incref(rr.chat), env->media, rq, e)) goto fail;
     rq->notes = rr.notes; /* what the Responses request carried and the server went on without */
     r->req = root;
     r->conv = conv;

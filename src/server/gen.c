@@ -574,6 +574,7 @@ static int submit(ks_server *s, gen *g, const ks_api_request *rq, const ks_plan 
         }
         rp.sys_key = p->sys_key;
         rp.n_sys_tokens = p->n_sys_tokens;
+        rp.media = pl->tp.media; /* a chat prompt's images and audio (one prompt) */
         rp.on_token = on_token;
         rp.on_probs = rq->logprobs ? on_probs : NULL;
         rp.on_done = on_done;

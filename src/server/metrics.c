@@ -140,6 +140,13 @@ void ks_metrics_sched(ks_prom *p, const ks_sched_stats *st) {
     ks_prom_sample(p, "kvstash_cache_decisions_total", "decision", "store", (double)c->store_hits);
     ks_prom_sample(p, "kvstash_cache_decisions_total", "decision", "copy", (double)c->slot_copies);
     ks_prom_sample(p, "kvstash_cache_decisions_total", "decision", "miss", (double)c->mode_miss);
+    ks_prom_counter(p, "kvstash_media_encodes_total", "Media chunks (images, audio) run through the projector.",
+                    (double)c->media_encodes);
+    ks_prom_counter(p, "kvstash_media_encode_seconds_total", "Time the projector took.", c->media_encode_ms_total / 1e3);
+    ks_prom_counter(p, "kvstash_media_tokens_prefilled_total", "Media tokens decoded into a sequence (embeddings).",
+                    (double)c->media_tokens_decoded);
+    ks_prom_counter(p, "kvstash_media_tokens_reused_total", "Media tokens of prompts found in the cache, not encoded "
+                    "again.", (double)c->media_tokens_reused);
     ks_prom_counter(p, "kvstash_imc_salvaged_tokens_total", "Tokens kept by IMC token-prefix salvage.",
                     (double)c->imc_salvaged_tokens);
     ks_prom_counter(p, "kvstash_slot_evictions_total", "Non-empty slots taken over for another branch.",
@@ -294,6 +301,12 @@ void ks_http_count(ks_http_counters *c, int status) {
         atomic_fetch_add(&c->by_status[status - KS_HTTP_STATUS_MIN], 1);
 }
 
+void ks_http_count_media(ks_http_counters *c, int n_images, int n_audio, int64_t bytes) {
+    atomic_fetch_add(&c->media_items[0], (uint64_t)n_images);
+    atomic_fetch_add(&c->media_items[1], (uint64_t)n_audio);
+    atomic_fetch_add(&c->media_bytes, (uint64_t)bytes);
+}
+
 void ks_metrics_http(void *ud, ks_prom *p) {
     ks_http_counters *c = ud;
     ks_prom_counter(p, "kvstash_http_requests_total", "HTTP requests answered.",
@@ -311,6 +324,12 @@ void ks_metrics_http(void *ud, ks_prom *p) {
     ks_prom_counter(p, "kvstash_client_disconnects_total",
                     "Generations canceled because the client went away.",
                     (double)atomic_load(&c->client_disconnects));
+    ks_prom_family(p, "kvstash_media_items_total", "counter",
+                   "Images and audio clips in requests that parsed (each request's, counted once).");
+    ks_prom_sample(p, "kvstash_media_items_total", "kind", "image", (double)atomic_load(&c->media_items[0]));
+    ks_prom_sample(p, "kvstash_media_items_total", "kind", "audio", (double)atomic_load(&c->media_items[1]));
+    ks_prom_counter(p, "kvstash_media_bytes_total", "Their bytes, decoded (the files as sent).",
+                    (double)atomic_load(&c->media_bytes));
     ks_prom_gauge(p, "kvstash_uptime_seconds", "Seconds since the server started.",
                   c->started_us ? (double)(ks_now_us() - c->started_us) / 1e6 : 0.0);
 }

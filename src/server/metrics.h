@@ -69,12 +69,17 @@ typedef struct ks_http_counters {
     _Atomic uint64_t by_status[KS_HTTP_STATUS_MAX - KS_HTTP_STATUS_MIN + 1];
     _Atomic uint64_t client_disconnects;
     _Atomic int connections; /* open now, each counted once from accept to close */
+    _Atomic uint64_t media_items[2]; /* images [0] and audio clips [1] of parsed requests */
+    _Atomic uint64_t media_bytes;    /* their decoded bytes */
     int64_t started_us; /* monotonic, set once before serving */
 } ks_http_counters;
 
 void ks_http_count(ks_http_counters *c, int status);
+/* One parsed request's media: n_images, n_audio, bytes (decoded). */
+void ks_http_count_media(ks_http_counters *c, int n_images, int n_audio, int64_t bytes);
 /* kvstash_http_requests_total, kvstash_http_errors_total{code="4xx|5xx"},
  * kvstash_http_connections, kvstash_client_disconnects_total,
+ * kvstash_media_items_total{kind}, kvstash_media_bytes_total,
  * kvstash_uptime_seconds. ud: ks_http_counters. */
 void ks_metrics_http(void *ud, ks_prom *p);
 

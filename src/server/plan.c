@@ -37,6 +37,28 @@ static int template_error(int rc, const char *err, ks_api_error *e) {
     return rc;
 }
 
+/* The 400 of media the projector could not take (ks_prompt_tmpl_chat's
+ * KS_EDECODE): the item's part when the reason names one ("media item N"),
+ * a marker in the request's own text when the counts differ. */
+static int media_error(const ks_api_request *rq, const char *err, ks_api_error *e) {
+    const char *at = strstr(err, "media item ");
+    int k = at ? atoi(at + 11) : -1;
+    if (k >= 0 && k < rq->n_media) {
+        const ks_api_media *m = &rq->media[k];
+        ks_api_error_set(e, 400, T_INVALID, m->kind == KS_MEDIA_IN_AUDIO ? "invalid_audio_format" : "invalid_image_format",
+                         m->param, "Invalid '%s': the %s could not be decoded (%.200s).", m->param,
+                         m->kind == KS_MEDIA_IN_AUDIO ? "audio" : "image", err);
+    } else if (strstr(err, "media markers")) {
+        ks_api_error_set(e, 400, T_INVALID, "invalid_value", NULL,
+                         "The request's text contains '%s', which stands for an image or audio clip in this "
+                         "model's prompts (%.200s).", ks_media_marker(), err);
+    } else {
+        ks_api_error_set(e, 400, T_INVALID, "invalid_value", rq->n_media ? rq->media[0].param : NULL,
+                         "The images or audio could not be used: %.300s", err);
+    }
+    return KS_EINVAL;
+}
+
 /* Where the request's cache breakpoints fall in its prompt: one render of
  * the conversation up to each marked message (a breakpoint on the tools
  * ends with the first message, where templates put them). A breakpoint
@@ -119,19 +141,39 @@ int ks__plan_prompts(ks_server *s, const ks_api_request *rq, ks_plan *pl, bool b
     if (rq->kind == KS_API_CHAT) {
         /* A tenant's renders are remembered for it alone (docs/SECURITY.md). */
         ks_prompt_opts o = {.hints = true, .model_id = s->model_id, .max_bytes = max_bytes, .memo_ns = rq->tenant};
+        ks_prompt_media pm = {.mm = ks_engine_media(s->engine), .n_items = rq->n_media};
+        if (rq->n_media > 0) {
+            /* The parser refuses media without a projector; the built-in
+             * templates (no Jinja template) have no media path. */
+            if (!pm.mm || !s->tmpl) {
+                ks_api_error_set(e, 400, T_INVALID, "invalid_value", rq->media[0].param,
+                                 "Invalid '%s': %s.", rq->media[0].param,
+                                 pm.mm ? "images and audio need the model's Jinja chat template, which is not available"
+                                       : "this model takes no image or audio input");
+                return KS_EINVAL;
+            }
+            ks_media_item *items = calloc((size_t)rq->n_media, sizeof *items);
+            if (!items) return ks__api_oom(e);
+            for (int i = 0; i < rq->n_media; i++) items[i] = (ks_media_item){rq->media[i].data, rq->media[i].n};
+            pm.items = items;
+            o.media = &pm;
+        }
         if (s->tmpl) {
             char err[512] = "";
             /* Sized before any render: the strings the template is known to
              * copy (presize.h) already render to more than the bound, so the
              * render's own refusal is known without it. */
             if (bounded && ks_presize_bytes(&s->presize, rq->tmpl_req) > (uint64_t)max_bytes) {
+                free((void *)pm.items);
                 ks_admit_note_refused(&s->admit);
                 return too_long(s, rq, 0, e);
             }
             ks_admit_enter(&s->admit, KS_ADMIT_RENDER);
             rc = ks_prompt_tmpl_chat(s->engine, s->tmpl, rq->tmpl_req, &o, s->memo, &pl->tp, err, sizeof err);
             ks_admit_leave(&s->admit);
+            free((void *)pm.items);
             if (rc == KS_ECTX) return too_long(s, rq, 0, e);
+            if (rc == KS_EDECODE) return media_error(rq, err, e);
             if (rc) return template_error(rc, err, e);
             pl->templated = true;
             /* The prompt moves to prompts[0]; the rest stays with tp. */

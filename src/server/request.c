@@ -55,9 +55,14 @@ int ks__request_parse(ks_server *s, const ks_fmt *fmt, const conn *cn, ks_api_re
     memset(rq, 0, sizeof *rq);
     int rc = ks__api_load_object(cn->body.s, cn->body.len, &root, e);
     if (rc) return rc;
-    ks_fmt_env env = {.convs = s->convs, .tenant = tenant_of(s, cn, root)};
+    ks_fmt_env env = {.convs = s->convs, .tenant = tenant_of(s, cn, root), .media = &s->media};
     if ((rc = fmt->parse(&env, root, rq, st, e))) return rc; /* root is the parser's */
     rq->tenant = env.tenant;
+    if (rq->n_media) {
+        int n_images = 0;
+        for (int i = 0; i < rq->n_media; i++) n_images += rq->media[i].kind == KS_MEDIA_IN_IMAGE;
+        ks_http_count_media(&s->http, n_images, rq->n_media - n_images, rq->media_bytes);
+    }
     /* cache_salt is a field kvstash does not know, logged as ignored
      * (refusals.h), unless --tenant-by uses it. */
     for (int i = 0; (s->tenant_by & KS_TENANT_BY_CACHE_SALT) && i < rq->notes.n; i++)
@@ -144,7 +149,7 @@ enum MHD_Result ks__request_count_tokens(ks_server *s, struct MHD_Connection *c,
     ks_plan pl = {0};
     enum MHD_Result ret;
     if (ks__api_load_object(cn->body.s, cn->body.len, &root, &e) || ks_api_messages_to_chat(root, true, &mr, &e) ||
-        ks_api_parse_root(KS_API_CHAT, json_incref(mr.chat), &rq, &e)) {
+        ks_api_parse_root_media(KS_API_CHAT, json_incref(mr.chat), &s->media, &rq, &e)) {
         ret = ks__respond_error(s, c, cn, &e, NULL);
         goto out;
     }

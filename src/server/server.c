@@ -450,6 +450,7 @@ ks_server_params ks_server_params_default(void) {
     p.responses_max = 1024;
     p.responses_ttl_s = 3600;
     p.max_renders = KS_ADMIT_DEFAULT;
+    p.media = ks_media_in_limits_default();
     return p;
 }
 
@@ -543,6 +544,7 @@ int ks_server_start(const ks_server_params *p, ks_server **out, char *err, size_
     s->created = ks_wall_s();
     s->http.started_us = ks_now_us();
     snprintf(s->reasoning_format, sizeof s->reasoning_format, "%s", p->reasoning_format ? p->reasoning_format : "");
+    s->media = p->media;
     if (!(s->convs = ks_convstore_create(p->responses_max, p->responses_ttl_s)) ||
         !(s->refusals = ks_refusals_create()) || !(s->memo = ks_prompt_memo_create(KS_SERVER_MEMO)) ||
         !(s->admit_ok = ks_admit_init(&s->admit, p->max_renders) == 0)) {

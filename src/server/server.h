@@ -82,6 +82,7 @@
 
 #include "engine/engine.h"
 #include "sched/sched.h"
+#include "server/media_in.h"
 #include "server/metrics.h"
 
 typedef struct ks_server ks_server;
@@ -152,6 +153,9 @@ typedef struct ks_server_params {
     int n_cors_origins;
     int max_renders;          /* template renders and grammar builds at once, 1..1024
                                  (default 2; admit.h): the others wait their turn */
+    ks_media_limits media;    /* image and audio input (media_in.h): modalities the model
+                                 takes (default 0: media parts refused) and the limits
+                                 (default ks_media_in_limits_default); marker borrowed */
     ks_metrics *metrics;      /* borrowed registry holding the caller's sources (SPC,
                                  store...); the server adds its own before serving.
                                  NULL: the server makes one */

@@ -49,6 +49,7 @@ struct ks_server {
     char model[256];
     char model_id[512];
     int64_t max_body;
+    ks_media_limits media;      /* image and audio input: what the model takes, the limits */
     int default_max_tokens;
     unsigned timeout_s;         /* idle keep-alive (server.h note 9) */
     unsigned header_timeout_s;  /* headers and body */

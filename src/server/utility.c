@@ -34,9 +34,14 @@ enum MHD_Result ks__util_health(ks_server *s, struct MHD_Connection *c, conn *cn
 }
 
 enum MHD_Result ks__util_models(ks_server *s, struct MHD_Connection *c, conn *cn) {
-    json_t *o = json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:{s:i, s:i, s:i, s:s, s:b}}]}", "object", "list",
-                          "data", "id", s->model, "object", "model", "created", (json_int_t)s->created,
-                          "owned_by", "kvstash", "meta", "n_ctx_seq", ks_engine_n_ctx_seq(s->engine),
+    /* capabilities as llama-server lists them ("multimodal" with a projector),
+     * and which inputs, as /props says. */
+    bool vision = s->media.modalities & KS_MEDIA_IN_IMAGE, audio = s->media.modalities & KS_MEDIA_IN_AUDIO;
+    json_t *caps = vision || audio ? json_pack("[s,s]", "completion", "multimodal") : json_pack("[s]", "completion");
+    json_t *o = json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:o, s:{s:b, s:b}, s:{s:i, s:i, s:i, s:s, s:b}}]}", "object",
+                          "list", "data", "id", s->model, "object", "model", "created", (json_int_t)s->created,
+                          "owned_by", "kvstash", "capabilities", caps, "modalities", "vision", vision, "audio", audio,
+                          "meta", "n_ctx_seq", ks_engine_n_ctx_seq(s->engine),
                           "n_vocab", ks_engine_n_vocab(s->engine), "n_slots", ks_engine_n_seq(s->engine),
                           "desc", ks_engine_model_desc(s->engine), "cache_prompt", s->cache_prompt);
     return ks__respond_json(s, c, cn, 200, o, NULL);
@@ -242,6 +247,8 @@ enum MHD_Result ks__util_props(ks_server *s, struct MHD_Connection *c, conn *cn)
             .n_expert_used = n_expert_used,
             .cpu_backend = ks_engine_cpu_backend(),
             .store = s->store_mode[0] ? s->store_mode : NULL,
+            .vision = s->media.modalities & KS_MEDIA_IN_IMAGE,
+            .audio = s->media.modalities & KS_MEDIA_IN_AUDIO,
         };
         o = ks_api_props_json(&p);
     }

@@ -27,6 +27,8 @@ const cases = [
   ['missing role', CHAT, { messages: [{ content: 'x' }] }, 400, 'missing_required_parameter', 'messages[0].role'],
   ['content of wrong type', CHAT, { messages: [{ role: 'user', content: 7 }] }, 400, 'invalid_type', 'messages[0].content'],
   ['image content part', CHAT, { messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: 'x' } }] }] },
+    400, 'invalid_value', 'messages[0].content[0]'], // no projector: the model takes no images
+  ['unknown content part', CHAT, { messages: [{ role: 'user', content: [{ type: 'file', file: {} }] }] },
     400, 'invalid_value', 'messages[0].content[0].type'],
   ['temperature as string', CHAT, { messages: user, temperature: 'hot' }, 400, 'invalid_type', 'temperature'],
   ['temperature out of range', CHAT, { messages: user, temperature: 3 }, 400, 'decimal_above_max_value', 'temperature'],

@@ -225,6 +225,8 @@ test('bad requests: a 400 naming the field, the server stays up', async () => {
   assertError(await postJSON(srv, '/v1/responses', { input: [{ type: 'input_image', image_url: 'x' }] }), 400,
     'unsupported_value', 'input[0].type');
   assertError(await postJSON(srv, '/v1/responses', { input: [{ role: 'user', content: [{ type: 'input_image' }] }] }),
+    400, 'missing_required_parameter', 'input[0].content[0].image_url');
+  assertError(await postJSON(srv, '/v1/responses', { input: [{ role: 'user', content: [{ type: 'input_file' }] }] }),
     400, 'unsupported_value', 'input[0].content[0].type');
   assertError(await postJSON(srv, '/v1/responses', { input: 'x', tools: [{ type: 'wizardry' , name: 'w' }, { name: 'f' }] }),
     400, 'missing_required_parameter', 'tools[1].type');

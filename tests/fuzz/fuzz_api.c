@@ -25,7 +25,10 @@
  *     template as JSON text, each message also hashed as canonical JSON);
  *  4. the template either renders the chat request into a result with a
  *     prompt string, or refuses it with KS_EINVAL / KS_ETEMPLATE and a
- *     message.
+ *     message;
+ *  5. with media input on (small limits), every item of an accepted request
+ *     is within the limits, its format the one its magic bytes say, an
+ *     image's size within max_pixels (api_media.c).
  */
 #include <stdbool.h>
 #include <stdlib.h>
@@ -112,8 +115,26 @@ static void check_render(const json_t *tmpl_req) {
     free(out);
 }
 
+/* Property 5: small limits, so that bodies the fuzzer finds reach each one. */
+static const ks_media_limits g_media = {.modalities = KS_MEDIA_IN_IMAGE | KS_MEDIA_IN_AUDIO, .max_bytes = 4096,
+                                        .max_items = 4, .max_total_bytes = 8192, .max_pixels = 1 << 20};
+
+static void check_media(const ks_api_request *r) {
+    FUZZ_CHECK(r->n_media >= 0 && r->n_media <= g_media.max_items && r->media_bytes <= g_media.max_total_bytes);
+    int64_t total = 0;
+    for (int i = 0; i < r->n_media; i++) {
+        const ks_api_media *m = &r->media[i];
+        FUZZ_CHECK(m->data && m->n > 0 && (int64_t)m->n <= g_media.max_bytes);
+        FUZZ_CHECK(ks_media_in_sniff(m->data, m->n) == m->format && ks_media_in_format_kind(m->format) == m->kind);
+        if (m->kind == KS_MEDIA_IN_IMAGE) FUZZ_CHECK(m->width > 0 && m->height > 0 && m->width * m->height <= g_media.max_pixels);
+        total += (int64_t)m->n;
+    }
+    FUZZ_CHECK(total == r->media_bytes);
+}
+
 /* Property 3. */
 static void check_request(const ks_api_request *r) {
+    check_media(r);
     FUZZ_CHECK(r->n_stops >= 0 && r->n_stops <= KS_API_MAX_STOPS);
     for (int i = 0; i < r->n_stops; i++) {
         FUZZ_CHECK(text_ok(r->stops[i]) && r->stops[i][0] != '\0');
@@ -170,7 +191,7 @@ static void parse_chat(json_t *chat) {
     ks_api_request r;
     ks_api_error e;
     memset(&e, 0, sizeof e);
-    int rc = ks_api_parse_root(KS_API_CHAT, json_incref(chat), &r, &e);
+    int rc = ks_api_parse_root_media(KS_API_CHAT, json_incref(chat), &g_media, &r, &e);
     if (rc == 0) {
         check_request(&r);
         ks_api_request_free(&r);
@@ -192,6 +213,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         check_refusal(rc, &e);
         return 0;
     }
+    parse_chat(root); /* /v1/chat/completions with a projector */
     /* /v1/responses, without a stored conversation (previous_response_id is
      * resolved by the server; an unknown one is a 400 before this). */
     const char *prev = NULL;

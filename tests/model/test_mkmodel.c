@@ -80,6 +80,32 @@ static void test_deterministic(void **st) {
     assert_true(mk_same_file(a, c));
 }
 
+/* Issue 29: the projector is a pure function of preset and seed, sized to
+ * the preset's n_embd (mkmodel.h note 10); a preset it does not know is
+ * refused and nothing is written. (test_media loads it through mtmd.) */
+static void test_mmproj(void **st) {
+    (void)st;
+    char a[512], b[512], c[512], d[512];
+    path_in(a, sizeof a, "a-mmproj.gguf");
+    path_in(b, sizeof b, "b-mmproj.gguf");
+    path_in(c, sizeof c, "c-mmproj.gguf");
+    path_in(d, sizeof d, "d-mmproj.gguf");
+    char err[256] = "";
+    ks_mkmodel_mmproj_shape ms;
+    assert_int_equal(ks_mkmodel_mmproj("tiny", 7, false, a, &ms, err, sizeof err), 0);
+    assert_int_equal(ms.n_tokens, 64);
+    assert_int_equal(ms.n_embd_text, 64);
+    assert_int_equal(ks_mkmodel_mmproj("tiny", 7, false, b, NULL, err, sizeof err), 0);
+    assert_int_equal(ks_mkmodel_mmproj("tiny", 8, false, c, NULL, err, sizeof err), 0);
+    assert_true(mk_same_file(a, b));
+    assert_false(mk_same_file(a, c));
+    assert_int_equal(ks_mkmodel_mmproj("tiny-q4k", 7, true, c, &ms, err, sizeof err), 0);
+    assert_int_equal(ms.n_embd_text, 256);
+    assert_true(ms.audio);
+    assert_int_equal(ks_mkmodel_mmproj("no-such", 7, false, d, NULL, err, sizeof err), KS_EINVAL);
+    assert_int_equal(access(d, F_OK), -1);
+}
+
 static void test_tiny_size_and_shape(void **st) {
     (void)st;
     struct stat sb;
@@ -392,6 +418,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_deterministic),
         cmocka_unit_test(test_tiny_size_and_shape),
+        cmocka_unit_test(test_mmproj),
         cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_unwritable_path),
         cmocka_unit_test(test_creates_parent_dirs),

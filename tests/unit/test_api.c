@@ -132,7 +132,9 @@ static void test_bad_messages(void **state) {
     expect_bad(KS_API_CHAT,
                "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},"
                "{\"type\":\"image_url\",\"image_url\":{\"url\":\"x\"}}]}]}",
-               400, "invalid_value", "messages[0].content[1].type");
+               400, "invalid_value", "messages[0].content[1]"); /* no projector: no image input */
+    expect_bad(KS_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"file\"}]}]}", 400,
+               "invalid_value", "messages[0].content[0].type");
     expect_bad(KS_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\"}]}]}", 400,
                "missing_required_parameter", "messages[0].content[0].text");
     expect_bad(KS_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":3}]}]}",

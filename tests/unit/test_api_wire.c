@@ -422,7 +422,9 @@ static void test_messages_errors(void **state) {
     expect_msg_error("{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"output_config\":"
                      "{\"format\":{\"type\":\"json_schema\"}}}", false, "output_config.format");
     expect_msg_error("{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image\"}]}]}", false,
-                     "messages.0.content.0");
+                     "messages.0.content.0.source");
+    expect_msg_error("{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"document\"}]}]}",
+                     false, "messages.0.content.0");
     expect_msg_error("{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":"
                      "\"bash_20250124\",\"name\":\"bash\"}]}", false, "tools.0");
     expect_msg_error("{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":{\"type\":"

@@ -33,6 +33,25 @@ static void load_ok(ks_config *c, const char *yaml) {
     if (rc != 0) fail_msg("yaml:\n%s\nrc %d: %s", yaml, rc, err);
 }
 
+/* media: the limits on images and audio, their defaults, ranges and key paths. */
+static void test_media_limits(void **state) {
+    (void)state;
+    ks_config c;
+    ks_config_defaults(&c);
+    assert_int_equal(c.media.max_bytes, 10 << 20);
+    assert_int_equal(c.media.max_items, 32);
+    assert_int_equal(c.media.max_total_bytes, 32 << 20);
+    assert_int_equal(c.media.max_pixels, 16 << 20);
+    load_ok(&c, "media:\n  max_bytes: 2MiB\n  max_items: 4\n  max_total_bytes: 3MiB\n  max_pixels: 1000000\n");
+    assert_int_equal(c.media.max_bytes, 2 << 20);
+    assert_int_equal(c.media.max_items, 4);
+    assert_int_equal(c.media.max_total_bytes, 3 << 20);
+    assert_int_equal(c.media.max_pixels, 1000000);
+    expect_error("media:\n  max_item: 4\n", "unknown key 'media.max_item' at line 2");
+    expect_error("media:\n  max_items: 0\n", "'media.max_items' at line 2");
+    expect_error("media:\n  max_bytes: 2GiB\n", "'media.max_bytes' at line 2");
+}
+
 /* ------------------------------------------------------------ defaults */
 static void test_defaults(void **state) {
     (void)state;
@@ -641,6 +660,23 @@ static void test_resolve_model(void **state) {
     assert_false(d.cache.incremental_cache);
 }
 
+/* Issue 29: the projector, top-level and per model; an entry's wins once
+ * resolved, and a model without one keeps the top-level path. */
+static void test_mmproj(void **state) {
+    (void)state;
+    ks_config c;
+    ks_config_defaults(&c);
+    assert_string_equal(c.mmproj, "");
+    load_ok(&c, "mmproj: /p/top-mmproj.gguf\n"
+                "models:\n  vlm:\n    mmproj: /p/vlm-mmproj.gguf\n  other:\n    slots: 2\n");
+    assert_string_equal(c.mmproj, "/p/top-mmproj.gguf");
+    ks_config_resolve_model(&c, "vlm", NULL);
+    assert_string_equal(c.cache.mmproj, "/p/vlm-mmproj.gguf");
+    ks_config_resolve_model(&c, "other", NULL);
+    assert_string_equal(c.cache.mmproj, "");
+    expect_error("mmproj: [a, b]\n", "mmproj");
+}
+
 static void test_model_entry_limits(void **state) {
     (void)state;
     ks_buf b = {0};
@@ -664,11 +700,13 @@ int main(void) {
         cmocka_unit_test(test_out_of_range),
         cmocka_unit_test(test_size_suffixes),
         cmocka_unit_test(test_ranges_match_flags),
+        cmocka_unit_test(test_media_limits),
         cmocka_unit_test(test_paths_expand),
         cmocka_unit_test(test_store_enabled_rule),
         cmocka_unit_test(test_store_plan),
         cmocka_unit_test(test_resolve_model),
         cmocka_unit_test(test_model_entry_limits),
+        cmocka_unit_test(test_mmproj),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
