@@ -189,6 +189,10 @@ static bool media_step(ks_sched *s) {
         if (budget > s->n_batch) budget = s->n_batch;
         if (end - sl->n_past > budget) end = sl->n_past + budget;
         if (s->pairs && pos + len - end == 1) end--; /* no lone row left: budget >= 4 */
+        /* A cache pin inside the run ends the rows there, as it ends a text
+         * chunk (its state then ends inside the run: media.h note 3). */
+        int pin = ks__policy_pin_next(r, sl->n_past);
+        if (pin > sl->n_past && pin < end) end = pin;
         s->prefill_rr = (sl->id + 1) % s->n_slots;
         int rc = ks_media_decode(s->e, r->p.media, run, sl->n_past, end, sl->id, s->pairs, NULL);
         if (rc == 0 && ks_tokens_append(&sl->tokens, r->prompt.v + sl->n_past, end - sl->n_past)) rc = KS_ENOMEM;

@@ -541,6 +541,59 @@ static void test_audio(void **st) {
     free(w.b), free(w2.b);
 }
 
+/* A cache pin inside an image: the pinned state ends inside the run, and a
+ * prompt that shares the image but not what follows restores it and
+ * prefills the rest of the run from there (media.h note 3), with the output
+ * of an uncached run. */
+static void test_pin_inside_image(void **st) {
+    (void)st;
+    ks_sched_clear_slot(g_s, 0);
+    img a = make_img(64, 64, 81);
+    prompt pa, pb, rb;
+    tokenize(g_e, SYS USER("Keep <__media__> in mind, first.") ASST, &a, 1, &pa);
+    int pos, n;
+    ks_media_set_run(pa.set, 0, &pos, &n);
+    ks_cache_pin pin = {pos + 20, 300};
+    run x;
+    run_init(&x);
+    ks_req_params rp = {0};
+    rp.tokens = pa.t.v;
+    rp.n_tokens = pa.t.n;
+    rp.max_tokens = MAX_GEN;
+    rp.sample = ks_sample_params_default();
+    rp.cache_prompt = true;
+    rp.preferred_slot = 0;
+    rp.media = pa.set;
+    rp.pins = &pin;
+    rp.n_pins = 1;
+    rp.on_token = run_on_token;
+    rp.on_done = run_on_done;
+    rp.ud = &x;
+    assert_int_equal(ks_sched_submit(g_s, &rp, NULL), 0);
+    run_wait(&x);
+    assert_int_equal(x.res.n_pinned, pos + 20);
+    assert_int_equal(ks_store_flush(g_store, 30000), 0);
+    ks_sched_clear_slot(g_s, 0);
+
+    const char *tb = SYS USER("Keep <__media__> in mind, second time around.") ASST;
+    tokenize(g_e, tb, &a, 1, &pb);
+    tokenize(g_ref_e, tb, &a, 1, &rb);
+    ks_media_stats m0 = mstats(g_e);
+    run y, z;
+    once(g_s, &pb, true, &y);
+    once(g_ref, &rb, false, &z);
+    ks_media_stats m1 = mstats(g_e);
+    assert_string_equal(y.res.cache_mode, "store");
+    assert_int_equal(y.res.n_cached, pos + 20);
+    assert_int_equal(m1.encodes - m0.encodes, 1);
+    assert_int_equal(m1.decoded_tokens - m0.decoded_tokens, n - 20); /* the rest of the run only */
+    assert_int_equal(y.out.n, z.out.n);
+    assert_memory_equal(y.out.v, z.out.v, sizeof(int32_t) * (size_t)y.out.n);
+    run_free(&x), run_free(&y), run_free(&z);
+    prompt_free(&pa), prompt_free(&pb), prompt_free(&rb);
+    free(a.b);
+}
+
 /* ------------------------------------------------------------- fixture */
 static ks_engine *open_engine(int n_batch) {
     ks_engine_params ep = ks_engine_params_default();
@@ -620,6 +673,7 @@ int main(void) {
         cmocka_unit_test(test_other_engine_restores_without_encode),
         cmocka_unit_test(test_copy_from_other_slot),
         cmocka_unit_test(test_audio),
+        cmocka_unit_test(test_pin_inside_image),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
