@@ -204,7 +204,7 @@ const ks_engine_offload *ks_engine_offload_info(const ks_engine *e);
  * "0/25 layers on the GPU, op offload to CUDA0". */
 void ks_engine_offload_desc(const ks_engine *e, char *buf, size_t n);
 /* The GPU backend modules loaded, by build id, comma-separated
- * ("kvstash-ggml-cuda-de3ff81-sm90a"); "" when none. Loads the backends if
+ * ("kvstash-ggml-cuda-de3ff81-sm90a-inv1"); "" when none. Loads the backends if
  * not yet done. Static string. */
 const char *ks_engine_gpu_backends(void);
 

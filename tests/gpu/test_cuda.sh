@@ -2,7 +2,8 @@
 # The device paths on a real NVIDIA GPU (label gpu): setup's CUDA module
 # (KS_GPU=cuda) with every layer and the KV of the tiny model on CUDA0.
 # /props and the listening line name the device and say that exact mode is
-# unavailable (no CUDA kernel is batch-invariant yet); a chat reuses its
+# unavailable (the tiny model's F16 weights take CUDA products the batch-
+# invariance patch does not cover); a chat reuses its
 # slot; n=2 copies a prompt between slots on the device; a takeover on one
 # slot restores from the RAM store; -ngl 0 keeps the model on the CPU,
 # exact. Exit 77 (skipped, CTest SKIP_RETURN_CODE) with the reason where
