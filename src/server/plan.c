@@ -91,6 +91,40 @@ static int too_long(ks_server *s, const ks_api_request *rq, size_t n_bytes, ks_a
                               ks_engine_n_ctx_seq(s->engine), s->max_token_bytes);
 }
 
+int ks__plan_prescan_error(ks_server *s, ks_api_error *e) {
+    const ks_api_request chat = {.kind = KS_API_CHAT};
+    return too_long(s, &chat, 0, e);
+}
+
+int ks__plan_prescan(ks_server *s, ks_prescan_shape shape, const char *body, size_t len, ks_api_error *e) {
+    int64_t max = prompt_max_bytes(s);
+    /* The same condition as the size check in ks__plan_prompts: the probe
+     * is of the Jinja template, and a count of 0 refuses nothing. */
+    if (!s->tmpl || shape == KS_PRESCAN_NONE || max <= 0) return 0;
+    if (ks_prescan_bytes(&s->presize, shape, body, len) <= (uint64_t)max) return 0;
+    ks_admit_note_refused(&s->admit);
+    return ks__plan_prescan_error(s, e);
+}
+
+int ks__plan_presize(ks_server *s, const ks_api_request *rq, ks_api_error *e) {
+    int64_t max = prompt_max_bytes(s);
+    if (!s->tmpl || max <= 0 || ks_presize_bytes(&s->presize, rq->tmpl_req) <= (uint64_t)max) return 0;
+    ks_admit_note_refused(&s->admit);
+    return too_long(s, rq, 0, e);
+}
+
+bool ks__plan_prescan_partial(ks_server *s, ks_prescan_shape shape, const char *body, size_t len, uint64_t *next) {
+    int64_t max = prompt_max_bytes(s);
+    /* No prefix of max bytes or fewer holds more than max bytes of strings;
+     * after that, one scan each time the body has doubled: about twice the
+     * body's bytes scanned in all. */
+    if (!s->tmpl || shape == KS_PRESCAN_NONE || max <= 0 || len <= (uint64_t)max || len < *next) return false;
+    *next = (uint64_t)len * 2;
+    if (ks_prescan_prefix_bytes(&s->presize, shape, body, len) <= (uint64_t)max) return false;
+    ks_admit_note_refused(&s->admit);
+    return true;
+}
+
 int ks__plan_ctx_error(const ks_server *s, const ks_api_request *rq, ks_api_error *e, const char *fmt, ...) {
     const char *what = rq->kind == KS_API_CHAT ? "messages" : "prompt";
     char detail[200];
@@ -124,10 +158,7 @@ int ks__plan_prompts(ks_server *s, const ks_api_request *rq, ks_plan *pl, bool b
             /* Sized before any render: the strings the template is known to
              * copy (presize.h) already render to more than the bound, so the
              * render's own refusal is known without it. */
-            if (bounded && ks_presize_bytes(&s->presize, rq->tmpl_req) > (uint64_t)max_bytes) {
-                ks_admit_note_refused(&s->admit);
-                return too_long(s, rq, 0, e);
-            }
+            if (bounded && (rc = ks__plan_presize(s, rq, e))) return rc;
             ks_admit_enter(&s->admit, KS_ADMIT_RENDER);
             rc = ks_prompt_tmpl_chat(s->engine, s->tmpl, rq->tmpl_req, &o, s->memo, &pl->tp, err, sizeof err);
             ks_admit_leave(&s->admit);

@@ -14,6 +14,7 @@
 #define KS_PLAN_H
 
 #include "prompt/prompt_tmpl.h"
+#include "server/prescan.h"
 #include "server/server_int.h"
 
 /* Everything a request is turned into before it is queued. */
@@ -39,6 +40,24 @@ void ks__plan_free(ks_plan *pl);
  * longer than the context could hold in bytes before tokenizing it (a
  * generation; not a token count). 0, or a KS_E* code with e filled. */
 int ks__plan_prompts(ks_server *s, const ks_api_request *rq, ks_plan *pl, bool bounded, ks_api_error *e);
+/* A chat request sized from its body's bytes (prescan.h), before its JSON
+ * is parsed: the 400 context_length_exceeded of ks__plan_prompts when the
+ * strings the template is known to copy are already more than the context
+ * holds. 0, or KS_ECTX with e filled (counted as refused before render). */
+int ks__plan_prescan(ks_server *s, ks_prescan_shape shape, const char *body, size_t len, ks_api_error *e);
+/* The same while the body comes in (server.c), on body[0, len), the part
+ * come so far: true when it already holds too much (ks_prescan_prefix_bytes;
+ * counted as refused before render; ks__plan_prescan_error then says so).
+ * Scans only once len has passed the bound and *next, and sets *next (0 at
+ * the start of a body) to twice len. */
+bool ks__plan_prescan_partial(ks_server *s, ks_prescan_shape shape, const char *body, size_t len, uint64_t *next);
+/* A parsed chat request sized before its render (presize.h): the 400 of
+ * ks__plan_prompts when the strings its template is known to copy are more
+ * than the context holds. 0, or KS_ECTX with e filled (counted). */
+int ks__plan_presize(ks_server *s, const ks_api_request *rq, ks_api_error *e);
+/* The 400 context_length_exceeded of a request refused by its known
+ * strings' bytes. Returns KS_ECTX. */
+int ks__plan_prescan_error(ks_server *s, ks_api_error *e);
 /* The 400 of a prompt that does not fit the context (context_length_exceeded,
  * one wording for every cause): fmt says what is known of its length
  * ("resulted in %d tokens"). Returns KS_ECTX. */

@@ -51,6 +51,7 @@
 #include "server/fmt.h"
 #include "server/gen.h"
 #include "server/keyring.h"
+#include "server/plan.h"
 #include "server/refusals.h"
 
 /* Render results the server remembers (prompt_tmpl.h): a few per
@@ -60,6 +61,7 @@
 
 #define MOD "http"
 #define FREE_WAIT_MS 3000
+#define EARLY_TOO_LONG 1400 /* cn->early: a 400 context_length_exceeded, decided from the body's start */
 
 /* ------------------------------------------------------------------ routes */
 enum { R_HEALTH = 1, R_MODELS, R_METRICS, R_SLOTS, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE, R_PROPS, R_APPLY_TEMPLATE,
@@ -212,6 +214,9 @@ static enum MHD_Result reply_early(ks_server *s, struct MHD_Connection *c, conn 
         const char *const h[] = {MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer", NULL};
         return ks__respond_error(s, c, cn, &e, h);
     }
+    case EARLY_TOO_LONG: /* its known strings are longer than the context (prescan.h) */
+        ks__plan_prescan_error(s, &e);
+        return ks__respond_error(s, c, cn, &e, NULL);
     case 413:
         ks_api_error_set(&e, 413, "invalid_request_error", "request_too_large", NULL,
                          "The request body is larger than the limit of %lld bytes.", (long long)s->max_body);
@@ -353,6 +358,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                 ks_buf_free(&cn->body);
             } else if (ks_buf_append(&cn->body, upload_data, n)) {
                 cn->early = 500;
+                ks_buf_free(&cn->body);
+            } else if (cn->fmt && ks__plan_prescan_partial(s, cn->fmt->prescan, cn->body.s, cn->body.len, &cn->prescan_next)) {
+                /* Refused by what has come: the rest is read and dropped. */
+                cn->early = EARLY_TOO_LONG;
+                cn->discarded = cn->body.len;
                 ks_buf_free(&cn->body);
             } else {
                 return MHD_YES;

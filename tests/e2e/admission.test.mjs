@@ -1,13 +1,17 @@
 // admission.test.mjs — regression test for issue 28, "one request can cost
 // seconds and gigabytes before it is refused": a tools array of 3,000 or
-// 6,000 functions (1.8 and 3.5 MB) under a template that renders tools
+// 6,000 functions (1.6 and 3.3 MB) under a template that renders tools
 // (Qwen3's) is refused with the 400 context_length_exceeded from its size
 // alone — no template render (kvstash_template_renders_total unchanged,
-// kvstash_refused_before_render_total counts it) and the server's peak
-// resident memory (VmHWM) growing by at most 8 bytes per body byte (the
-// parsed body), where the render cost 483 MB and 1.98 GB before. A request
-// with tools that fits is still served, and one whose known strings fit but
-// whose render does not is still refused after the render. No timing.
+// kvstash_refused_before_render_total counts it), in every wire format and
+// on count_tokens. It is refused from its body's bytes while they come in
+// (src/server/prescan.h): the server's peak resident memory (VmHWM) grows by
+// at most an eighth of the body — less than a request with one tool that
+// fits grows it (+1.6 MB on a fresh server) — where the render cost 483 MB
+// and 1.98 GB at first, and the parsed body 12 and 24 MB after the size
+// bound came. A request with tools that fits is still served, and one whose
+// known strings fit but whose render does not is still refused after the
+// render. No timing.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
@@ -54,7 +58,7 @@ test('tools whose known text fits but whose render does not: refused after the r
 });
 
 for (const n of [3000, 6000]) {
-  test(`${n} tools: refused before any render, peak memory within 8 bytes per body byte`, async () => {
+  test(`${n} tools: refused before any render or parse, peak memory within an eighth of the body`, async () => {
     const body = { messages: [{ role: 'user', content: 'Hello' }], max_tokens: 4, tools: tools(n) };
     const bytes = Buffer.byteLength(JSON.stringify(body));
     const m0 = await metrics(srv);
@@ -67,9 +71,47 @@ for (const n of [3000, 6000]) {
     assert.equal(metric(m1, 'kvstash_template_renders_total'), metric(m0, 'kvstash_template_renders_total'),
       'no render');
     assert.equal(metric(m1, 'kvstash_refused_before_render_total') - metric(m0, 'kvstash_refused_before_render_total'), 1);
-    if (!SANITIZED) assert.ok(h1 - h0 <= 8 * bytes, `VmHWM grew ${h1 - h0} bytes for a ${bytes}-byte body (budget ${8 * bytes})`);
+    if (!SANITIZED) assert.ok(h1 - h0 <= bytes / 8, `VmHWM grew ${h1 - h0} bytes for a ${bytes}-byte body (budget ${bytes / 8})`);
   });
 }
+
+// The same 6,000 tools in each format's own shape, and 100,000 short user
+// messages (presize counts them too): each refused from its first bytes.
+const anthropicTools = (n) => tools(n).map((t) => ({ name: t.function.name, description: t.function.description,
+  input_schema: t.function.parameters }));
+// (The messages first: VmHWM is a high-water mark, and count_tokens rendered
+// 6,000 tools — 2 GB — before; nothing may hide another's growth.)
+const others = [
+  ['/v1/chat/completions', { max_tokens: 4, messages: Array.from({ length: 100000 }, () => ({ role: 'user', content: 'hi there' })) }],
+  ['/v1/responses', { input: 'Hello', max_output_tokens: 4,
+    tools: tools(6000).map((t) => ({ type: 'function', ...t.function })) }],
+  ['/v1/messages', { model: 'm', max_tokens: 4, messages: [{ role: 'user', content: 'Hello' }], tools: anthropicTools(6000) }],
+  ['/v1/messages/count_tokens', { model: 'm', messages: [{ role: 'user', content: 'Hello' }], tools: anthropicTools(6000) }],
+];
+for (const [route, body] of others) {
+  test(`${route}, ${Buffer.byteLength(JSON.stringify(body))} bytes: refused from its first bytes, no render`, async () => {
+    const bytes = Buffer.byteLength(JSON.stringify(body));
+    const m0 = await metrics(srv);
+    const h0 = hwm();
+    const r = await postJSON(srv, route, body);
+    const h1 = hwm();
+    assert.equal(r.status, 400, JSON.stringify(r.json));
+    assert.match(JSON.stringify(r.json), /render to more than \d+ bytes, which is at least 512 tokens/);
+    const m1 = await metrics(srv);
+    assert.equal(metric(m1, 'kvstash_template_renders_total'), metric(m0, 'kvstash_template_renders_total'));
+    assert.equal(metric(m1, 'kvstash_refused_before_render_total') - metric(m0, 'kvstash_refused_before_render_total'), 1);
+    if (!SANITIZED) assert.ok(h1 - h0 <= bytes / 8, `VmHWM grew ${h1 - h0} bytes for a ${bytes}-byte body`);
+  });
+}
+
+test('tools are sized whole, whatever tool_choice names: OpenAI renders every tool too', async () => {
+  const r = await ask({ tools: tools(3000), tool_choice: { type: 'function', function: { name: 'tool_1' } } });
+  assertError(r, 400, 'context_length_exceeded', 'messages');
+  // One tool named among a few that fit: served, as before.
+  const ok = await ask({ tools: tools(2).map((t) => ({ ...t, function: { ...t.function, description: 'short' } })),
+    tool_choice: { type: 'function', function: { name: 'tool_1' } } });
+  assert.equal(ok.status, 200, JSON.stringify(ok.json));
+});
 
 test('a user message longer than the context is refused before the render too', async () => {
   const m0 = await metrics(srv);
@@ -77,4 +119,39 @@ test('a user message longer than the context is refused before the render too', 
   assertError(r, 400, 'context_length_exceeded', 'messages');
   const m1 = await metrics(srv);
   assert.equal(metric(m1, 'kvstash_template_renders_total'), metric(m0, 'kvstash_template_renders_total'));
+});
+
+// count_tokens and /apply-template render too: sized and bounded as a
+// generation is (before, count_tokens rendered and tokenized any body: the
+// 6,000 tools above took 15 s and 2 GB, and /apply-template rendered
+// outside the render limit).
+test('count_tokens: a prompt longer than the context is refused before the render; one that fits is counted', async () => {
+  const m0 = await metrics(srv);
+  const long = await postJSON(srv, '/v1/messages/count_tokens',
+    { model: 'm', messages: [{ role: 'user', content: 'word '.repeat(20000) }] });
+  assert.equal(long.status, 400, JSON.stringify(long.json));
+  assert.equal(long.json.type, 'error');
+  assert.match(long.json.error.message, /maximum context length is 512 tokens/);
+  const m1 = await metrics(srv);
+  assert.equal(metric(m1, 'kvstash_template_renders_total'), metric(m0, 'kvstash_template_renders_total'));
+  assert.equal(metric(m1, 'kvstash_refused_before_render_total') - metric(m0, 'kvstash_refused_before_render_total'), 1);
+  const ok = await postJSON(srv, '/v1/messages/count_tokens', { model: 'm', messages: [{ role: 'user', content: 'Hello' }] });
+  assert.equal(ok.status, 200, JSON.stringify(ok.json));
+  assert.ok(ok.json.input_tokens > 0);
+  const m2 = await metrics(srv);
+  assert.equal(metric(m2, 'kvstash_template_renders_total') - metric(m1, 'kvstash_template_renders_total'), 1,
+    'counted under the render limit');
+});
+
+test('/apply-template: tools longer than the context refused before the render; a small request rendered, counted', async () => {
+  const m0 = await metrics(srv);
+  const big = await postJSON(srv, '/apply-template', { messages: [{ role: 'user', content: 'Hello' }], tools: tools(3000) });
+  assertError(big, 400, 'context_length_exceeded', 'messages');
+  const m1 = await metrics(srv);
+  assert.equal(metric(m1, 'kvstash_template_renders_total'), metric(m0, 'kvstash_template_renders_total'));
+  const ok = await postJSON(srv, '/apply-template', { messages: [{ role: 'user', content: 'Hello' }] });
+  assert.equal(ok.status, 200, JSON.stringify(ok.json));
+  assert.match(ok.json.prompt, /Hello/);
+  const m2 = await metrics(srv);
+  assert.equal(metric(m2, 'kvstash_template_renders_total') - metric(m1, 'kvstash_template_renders_total'), 1);
 });
