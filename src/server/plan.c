@@ -10,6 +10,7 @@
 #include "prompt/prompt.h"
 #include "server/api_int.h"
 #include "server/plan.h"
+#include "server/schemasize.h"
 
 #define MOD "http"
 
@@ -106,8 +107,41 @@ int ks__plan_prescan(ks_server *s, ks_prescan_shape shape, const char *body, siz
     return ks__plan_prescan_error(s, e);
 }
 
+/* One schema of the request added to *sz: the 400 schema_too_large when
+ * it passes a limit (schemasize.h). param: where it is. */
+static int schema_add(ks_schema_size *sz, const json_t *schema, const char *param, ks_api_error *e) {
+    char why[300];
+    if (!ks_schema_size_add(sz, schema, why, sizeof why)) return 0;
+    ks_api_error_set(e, 400, T_INVALID, "schema_too_large", param,
+                     "The JSON schema in '%s' is too large to build a grammar from: %s.", param, why);
+    return KS_EINVAL;
+}
+
+int ks__plan_schemas(const ks_api_request *rq, ks_api_error *e) {
+    ks_schema_size sz = {0};
+    int rc;
+    if (rq->kind != KS_API_CHAT) return rq->json_schema ? schema_add(&sz, rq->json_schema, "response_format", e) : 0;
+    /* Where chat_tmpl.cpp takes them from: json_schema, response_format's
+     * schema or json_schema.schema, each tool's parameters. */
+    const json_t *rf = json_object_get(rq->tmpl_req, "response_format");
+    if ((rc = schema_add(&sz, json_object_get(rq->tmpl_req, "json_schema"), "json_schema", e)) ||
+        (rc = schema_add(&sz, json_object_get(rf, "schema"), "response_format", e)) ||
+        (rc = schema_add(&sz, json_object_get(json_object_get(rf, "json_schema"), "schema"), "response_format", e)))
+        return rc;
+    size_t i;
+    const json_t *t;
+    json_array_foreach(json_object_get(rq->tmpl_req, "tools"), i, t) {
+        char param[48];
+        snprintf(param, sizeof param, "tools[%zu]", i);
+        if ((rc = schema_add(&sz, json_object_get(json_object_get(t, "function"), "parameters"), param, e))) return rc;
+    }
+    return 0;
+}
+
 int ks__plan_presize(ks_server *s, const ks_api_request *rq, ks_api_error *e) {
     int64_t max = prompt_max_bytes(s);
+    int rc = ks__plan_schemas(rq, e);
+    if (rc) return rc;
     if (!s->tmpl || max <= 0 || ks_presize_bytes(&s->presize, rq->tmpl_req) <= (uint64_t)max) return 0;
     ks_admit_note_refused(&s->admit);
     return too_long(s, rq, 0, e);
@@ -289,10 +323,12 @@ int ks__plan_grammar(ks_server *s, const ks_api_request *rq, ks_plan *pl, ks_api
     if (rq->grammar) {
         if (!(pl->grammar = strdup(rq->grammar))) return ks__api_oom(e);
     } else {
+        int rc = ks__plan_schemas(rq, e);
+        if (rc) return rc;
         char *schema = rq->json_schema ? json_dumps(rq->json_schema, JSON_COMPACT) : strdup("{}");
         if (!schema) return ks__api_oom(e);
         ks_admit_enter(&s->admit, KS_ADMIT_GRAMMAR);
-        int rc = ks_chat_tmpl_schema_to_grammar(schema, &pl->grammar, err, sizeof err);
+        rc = ks_chat_tmpl_schema_to_grammar(schema, &pl->grammar, err, sizeof err);
         ks_admit_leave(&s->admit);
         free(schema);
         if (rc == KS_EINVAL) {

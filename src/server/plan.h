@@ -51,9 +51,15 @@ int ks__plan_prescan(ks_server *s, ks_prescan_shape shape, const char *body, siz
  * Scans only once len has passed the bound and *next, and sets *next (0 at
  * the start of a body) to twice len. */
 bool ks__plan_prescan_partial(ks_server *s, ks_prescan_shape shape, const char *body, size_t len, uint64_t *next);
-/* A parsed chat request sized before its render (presize.h): the 400 of
- * ks__plan_prompts when the strings its template is known to copy are more
- * than the context holds. 0, or KS_ECTX with e filled (counted). */
+/* A parsed request's JSON schemas (response format, tools' parameters)
+ * sized before any grammar is built from them (schemasize.h): 0, or
+ * KS_EINVAL with e filled (400 schema_too_large). */
+int ks__plan_schemas(const ks_api_request *rq, ks_api_error *e);
+/* A parsed chat request sized before its render: its schemas
+ * (ks__plan_schemas), then the strings its template is known to copy
+ * (presize.h), the 400 context_length_exceeded of ks__plan_prompts when
+ * they are more than the context holds. 0, or KS_EINVAL / KS_ECTX with e
+ * filled (the latter counted as refused before render). */
 int ks__plan_presize(ks_server *s, const ks_api_request *rq, ks_api_error *e);
 /* The 400 context_length_exceeded of a request refused by its known
  * strings' bytes. Returns KS_ECTX. */

@@ -155,3 +155,51 @@ test('/apply-template: tools longer than the context refused before the render; 
   const m2 = await metrics(srv);
   assert.equal(metric(m2, 'kvstash_template_renders_total') - metric(m1, 'kvstash_template_renders_total'), 1);
 });
+
+// JSON schemas are sized before any grammar is built from them (src/server/
+// schemasize.h): 1,000 optional properties took 7.4 s to convert, an enum of
+// 10,000 values 7.5 s to sample one token, 100,000 values more than a
+// minute, a pattern (a{0,1000}){0,1000} 3.1 s. Each is now a 400
+// schema_too_large naming the limit, before any render or grammar build, in
+// every place a schema comes from; a schema within the limits is served.
+const optional = (n) => ({ type: 'object', properties: Object.fromEntries(Array.from({ length: n }, (_, i) => [`p${i}`, { type: 'string' }])) });
+const bigEnum = { type: 'string', enum: Array.from({ length: 100000 }, (_, i) => `value${i}`) };
+const nested = { type: 'string', pattern: '^((a{0,1000}){0,1000})$' };
+const schemaCases = [
+  ['chat response_format', '/v1/chat/completions', 'response_format', /optional properties/,
+    { messages: [{ role: 'user', content: 'Hi' }], max_tokens: 4, response_format: { type: 'json_schema', json_schema: { name: 'x', schema: optional(1000) } } }],
+  ['a tool\'s parameters', '/v1/chat/completions', 'tools[1]', /enum values/,
+    { messages: [{ role: 'user', content: 'Hi' }], max_tokens: 4, tools: [
+      { type: 'function', function: { name: 'ok', parameters: { type: 'object', properties: {} } } },
+      { type: 'function', function: { name: 'pick', parameters: { type: 'object', properties: { v: bigEnum } } } }] }],
+  ['Responses text.format', '/v1/responses', 'response_format', /nested quantifiers/,
+    { input: 'Hi', max_output_tokens: 4, text: { format: { type: 'json_schema', name: 'x', schema: { type: 'object', properties: { s: nested }, required: ['s'] } } } }],
+  ['Messages output_config.format', '/v1/messages', 'response_format', /optional properties/,
+    { model: 'm', max_tokens: 4, messages: [{ role: 'user', content: 'Hi' }], output_config: { format: { type: 'json_schema', schema: optional(1000) } } }],
+  ['completions response_format', '/v1/completions', 'response_format', /enum values/,
+    { prompt: 'Hi', max_tokens: 4, response_format: { type: 'json_schema', json_schema: { name: 'x', schema: bigEnum } } }],
+];
+for (const [what, route, param, why, body] of schemaCases) {
+  test(`a schema too large for its grammar (${what}): 400 schema_too_large before any grammar is built`, async () => {
+    const m0 = await metrics(srv);
+    const r = await postJSON(srv, route, body);
+    assert.equal(r.status, 400, JSON.stringify(r.json).slice(0, 300));
+    const err = r.json.error;
+    assert.match(err.message, /too large to build a grammar from/);
+    assert.match(err.message, why);
+    if (route !== '/v1/messages') { assert.equal(err.code, 'schema_too_large'); assert.equal(err.param, param); }
+    const m1 = await metrics(srv);
+    assert.equal(metric(m1, 'kvstash_template_renders_total'), metric(m0, 'kvstash_template_renders_total'));
+    assert.equal(metric(m1, 'kvstash_grammar_builds_total'), metric(m0, 'kvstash_grammar_builds_total'));
+  });
+}
+
+test('a schema within the limits is served (256 optional properties, 1,000 enum values)', async () => {
+  const schema = { type: 'object', properties: { ...optional(256).properties }, required: [] };
+  let r = await postJSON(srv, '/v1/chat/completions', { messages: [{ role: 'user', content: 'Hi' }], max_tokens: 4,
+    response_format: { type: 'json_schema', json_schema: { name: 'x', schema } } });
+  assert.equal(r.status, 200, JSON.stringify(r.json).slice(0, 300));
+  r = await postJSON(srv, '/v1/completions', { prompt: 'Hi', max_tokens: 4,
+    response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { enum: Array.from({ length: 1000 }, (_, i) => i) } } } });
+  assert.equal(r.status, 200, JSON.stringify(r.json).slice(0, 300));
+});
