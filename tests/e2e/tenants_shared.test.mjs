@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { startServer, stopOk, writeStoreConfig } from './lib.mjs';
+import { startServer, stopOk, writeStoreConfig, postJSON } from './lib.mjs';
 
 const dir = mkdtempSync(path.join(os.tmpdir(), 'ks-tenants-shared-'));
 after(() => rmSync(dir, { recursive: true, force: true }));
@@ -41,5 +41,56 @@ test('the default shm directory: a warning at start with keys or a cache secret,
     } finally {
       await stopOk(srv);
     }
+  }
+});
+
+// Fairness between tenants (src/cache/route.h invariant 5): a tenant's run
+// of requests evicts its own slots before anyone else's. Before, B's second
+// unrelated request took the least recently used slot of all — A's — and
+// A's next turn was a miss on its slot. And id_slot cannot name another
+// tenant's slot to evict it.
+const auth = (key) => ({ headers: { authorization: `Bearer ${key}` } });
+async function ask(srv, key, content, extra = {}) {
+  const r = await postJSON(srv, '/v1/chat/completions',
+    { messages: [{ role: 'user', content }], temperature: 0, max_tokens: 4, ...extra }, auth(key));
+  assert.equal(r.status, 200, r.text);
+  return r.json;
+}
+const TOPICS = ['tulips in spring and the gardens of the old town', 'the rules of cricket explained slowly',
+  'a recipe for bread with rye and caraway seeds', 'why the sky is blue at noon and red at dusk',
+  'the history of the printing press in Europe', 'how bees find their way back to the hive'];
+
+test('B\'s burst of requests reuses B\'s own slot and leaves A\'s idle slot alone', async () => {
+  const srv = await startServer(['--slots', '2', '--api-key', 'KA', '--api-key', 'KB']);
+  try {
+    const A = 'my notes on the quarterly budget review and the numbers for the board meeting';
+    const a1 = await ask(srv, 'KA', A);
+    const b1 = await ask(srv, 'KB', TOPICS[0]);
+    assert.notEqual(b1.cache.slot, a1.cache.slot);
+    for (const t of TOPICS.slice(1)) {
+      const r = await ask(srv, 'KB', t);
+      assert.equal(r.cache.slot, b1.cache.slot, `B took A's idle slot: ${JSON.stringify(r.cache)}`);
+    }
+    // A's slot survived: its next turn continues there.
+    const a2 = await postJSON(srv, '/v1/chat/completions', { temperature: 0, max_tokens: 4,
+      messages: [{ role: 'user', content: A }, a1.choices[0].message, { role: 'user', content: 'and the totals?' }] },
+    auth('KA'));
+    assert.equal(a2.status, 200, a2.text);
+    assert.equal(a2.json.cache.slot, a1.cache.slot, JSON.stringify(a2.json.cache));
+    assert.notEqual(a2.json.cache.mode, 'miss', JSON.stringify(a2.json.cache));
+    assert.ok(a2.json.usage.prompt_tokens_details.cached_tokens >= a1.usage.prompt_tokens - 1, JSON.stringify(a2.json.cache));
+    // id_slot naming A's slot: routed as any request of B's, A's slot kept.
+    const pinned = await ask(srv, 'KB', TOPICS[0] + ' again', { id_slot: a1.cache.slot });
+    assert.equal(pinned.cache.slot, b1.cache.slot, JSON.stringify(pinned.cache));
+    const a3 = await postJSON(srv, '/v1/chat/completions', { temperature: 0, max_tokens: 4,
+      messages: [{ role: 'user', content: A }, a1.choices[0].message, { role: 'user', content: 'and the totals?' }] },
+    auth('KA'));
+    assert.equal(a3.json.cache.slot, a1.cache.slot);
+    assert.notEqual(a3.json.cache.mode, 'miss', JSON.stringify(a3.json.cache));
+    // A's own pin is honoured.
+    const a4 = await ask(srv, 'KA', A, { id_slot: a1.cache.slot });
+    assert.equal(a4.cache.slot, a1.cache.slot);
+  } finally {
+    await stopOk(srv);
   }
 });
