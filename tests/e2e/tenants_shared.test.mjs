@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { startServer, stopOk, writeStoreConfig, postJSON } from './lib.mjs';
+import { startServer, stopOk, writeStoreConfig, postJSON, getJSON, assertError } from './lib.mjs';
 
 const dir = mkdtempSync(path.join(os.tmpdir(), 'ks-tenants-shared-'));
 after(() => rmSync(dir, { recursive: true, force: true }));
@@ -93,4 +93,46 @@ test('B\'s burst of requests reuses B\'s own slot and leaves A\'s idle slot alon
   } finally {
     await stopOk(srv);
   }
+});
+
+// /metrics counts every tenant's requests together (hits, misses,
+// evictions): with several tenants a tenant's key does not open it, only the
+// metrics key does (src/server/auth.c). Before, any key holder read the
+// hit counters and learnt when other tenants hit.
+test('/metrics with several tenants answers only the metrics key; with one tenant any key, as before', async () => {
+  const get = (srv, key) => getJSON(srv, '/metrics', key ? auth(key) : {});
+  let srv = await startServer(['--api-key', 'KA', '--api-key', 'KB']);
+  try {
+    const r = await get(srv, 'KA');
+    assertError(r, 403, 'permission_denied');
+    assert.match(r.json.error.message, /--metrics-key/);
+    assert.equal((await get(srv, null)).status, 401);
+    assert.match(srv.stderr, /\/metrics shows every tenant's counters: no metrics key/);
+  } finally { await stopOk(srv); }
+  srv = await startServer(['--api-key', 'KA', '--api-key', 'KB', '--metrics-key', 'MK']);
+  try {
+    const ok = await get(srv, 'MK');
+    assert.equal(ok.status, 200);
+    assert.match(ok.text, /kvstash_prompt_tokens_cached_total/);
+    assertError(await get(srv, 'KB'), 403, 'permission_denied');
+    assert.equal((await get(srv, 'nope')).status, 401);
+    // the metrics key opens /metrics only
+    const chat = await postJSON(srv, '/v1/chat/completions', { messages: [{ role: 'user', content: 'hi' }], max_tokens: 1 }, auth('MK'));
+    assert.equal(chat.status, 401);
+    assert.equal((await getJSON(srv, '/slots', auth('MK'))).status, 401);
+  } finally { await stopOk(srv); }
+  // One tenant: its key opens /metrics as before, and so does a metrics key.
+  srv = await startServer(['--api-key', 'KA', '--metrics-key', 'MK']);
+  try {
+    assert.equal((await get(srv, 'KA')).status, 200);
+    assert.equal((await get(srv, 'MK')).status, 200);
+  } finally { await stopOk(srv); }
+  // No API keys: a metrics key alone guards /metrics; the API stays open.
+  srv = await startServer(['--metrics-key', 'MK']);
+  try {
+    assert.equal((await get(srv, null)).status, 401);
+    assert.equal((await get(srv, 'MK')).status, 200);
+    const chat = await postJSON(srv, '/v1/chat/completions', { messages: [{ role: 'user', content: 'hi' }], max_tokens: 1 });
+    assert.equal(chat.status, 200);
+  } finally { await stopOk(srv); }
 });
