@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { startServer, stopOk, writeStoreConfig, postJSON, getJSON, assertError } from './lib.mjs';
+import { startServer, stopOk, writeStoreConfig, postJSON, getJSON, assertError, settleStore, metrics } from './lib.mjs';
 
 const dir = mkdtempSync(path.join(os.tmpdir(), 'ks-tenants-shared-'));
 after(() => rmSync(dir, { recursive: true, force: true }));
@@ -135,4 +135,49 @@ test('/metrics with several tenants answers only the metrics key; with one tenan
     const chat = await postJSON(srv, '/v1/chat/completions', { messages: [{ role: 'user', content: 'hi' }], max_tokens: 1 });
     assert.equal(chat.status, 200);
   } finally { await stopOk(srv); }
+});
+
+// Warm start (--warm-slots) takes every tenant's states: each kvfile records
+// its tenant (its key binds it), and the slot takes that tenant as its owner.
+// Before, warm start recomputed every key as tenant 0's: a server with keys
+// warmed no slot at all ("no stored state").
+test('warm start puts each tenant\'s latest conversation into the slots, owned by that tenant', async () => {
+  const d = mkdtempSync(path.join(dir, 'warm-'));
+  const cfg = await writeStoreConfig(path.join(d, 'c.yaml'),
+    { cacheDir: path.join(d, 'disk'), shmDir: path.join(d, 'shm'), stride: 16, minTokens: 16 });
+  const keys = ['--api-key', 'KA', '--api-key', 'KB', '--api-key', 'KC', '--metrics-key', 'MK'];
+  const sys = (topic) => ({ role: 'system', content: `${topic}: you are a careful assistant who answers briefly. `.repeat(3) });
+  const say = async (srv, key, msgs, content) => {
+    msgs.push({ role: 'user', content });
+    const r = await postJSON(srv, '/v1/chat/completions', { messages: msgs, temperature: 0, max_tokens: 8 }, auth(key));
+    assert.equal(r.status, 200, r.text);
+    msgs.push({ role: 'assistant', content: r.json.choices[0].message.content ?? '' });
+    return r.json;
+  };
+  const x = [sys('Warmx')], y = [sys('Warmy')];
+  let lastX, lastY;
+  const a = await startServer(['--config', cfg, ...keys]);
+  try {
+    for (const u of ['Hello there.', 'What did I just say?']) lastX = await say(a, 'KA', x, u);
+    for (const u of ['Good morning.', 'And then?']) lastY = await say(a, 'KB', y, u);
+    await settleStore(a, 30000, { authorization: 'Bearer MK' });
+  } finally {
+    await stopOk(a);
+  }
+  const b = await startServer(['--config', cfg, ...keys, '--warm-slots', '2']);
+  try {
+    const m0 = await metrics(b, { authorization: 'Bearer MK' });
+    assert.equal(m0.get('kvstash_warm_slots_total'), 2, `two slots warmed:\n${b.stderr}`);
+    for (const [key, msgs, last] of [['KA', x, lastX], ['KB', y, lastY]]) {
+      const r = await say(b, key, msgs, 'Thanks, bye.');
+      assert.equal(r.cache.mode, 'prefix', `${key}: ${JSON.stringify(r.cache)}`);
+      assert.ok(r.usage.prompt_tokens_details.cached_tokens >= last.usage.prompt_tokens, `${key}: ${JSON.stringify(r.cache)}`);
+    }
+    // C sends A's very conversation: it takes a slot (A's, the least recently
+    // used) and reuses nothing of it.
+    const c = await postJSON(b, '/v1/chat/completions', { messages: x, temperature: 0, max_tokens: 4 }, auth('KC'));
+    assert.equal(c.json.usage.prompt_tokens_details.cached_tokens, 0, JSON.stringify(c.json.cache));
+  } finally {
+    await stopOk(b);
+  }
 });
