@@ -92,19 +92,45 @@ static int too_long(ks_server *s, const ks_api_request *rq, size_t n_bytes, ks_a
                               ks_engine_n_ctx_seq(s->engine), s->max_token_bytes);
 }
 
-int ks__plan_prescan_error(ks_server *s, ks_api_error *e) {
-    const ks_api_request chat = {.kind = KS_API_CHAT};
-    return too_long(s, &chat, 0, e);
+/* The most keys and values a body may hold (prescan.h ks_prescan_counts):
+ * ~60 MB of parsed tree at most on a 512-token context, for any shape of
+ * JSON; token arrays of four whole contexts fit. */
+static size_t max_items(const ks_server *s) {
+    return (size_t)KS_BODY_ITEMS_BASE + (size_t)KS_BODY_ITEMS_PER_TOKEN * (size_t)ks_engine_n_ctx_seq(s->engine);
 }
 
-int ks__plan_prescan(ks_server *s, ks_prescan_shape shape, const char *body, size_t len, ks_api_error *e) {
-    int64_t max = prompt_max_bytes(s);
-    /* The same condition as the size check in ks__plan_prompts: the probe
-     * is of the Jinja template, and a count of 0 refuses nothing. */
-    if (!s->tmpl || shape == KS_PRESCAN_NONE || max <= 0) return 0;
-    if (ks_prescan_bytes(&s->presize, shape, body, len) <= (uint64_t)max) return 0;
-    ks_admit_note_refused(&s->admit);
-    return ks__plan_prescan_error(s, e);
+int ks__plan_body(ks_server *s, ks_prescan_shape shape, const char *body, size_t len, uint64_t *next) {
+    /* The size bound is presize's: only with the Jinja template it probed. */
+    int64_t max = s->tmpl ? prompt_max_bytes(s) : 0;
+    size_t items = max_items(s);
+    if (next) {
+        /* No prefix shorter than a bound passes it (an item takes a byte at
+         * least, a counted string's byte one of the body's); after that, one
+         * scan each time the body has doubled: about twice its bytes in all. */
+        uint64_t first = max > 0 && (uint64_t)max < items ? (uint64_t)max : items;
+        if (len <= first || len < *next) return 0;
+        *next = (uint64_t)len * 2;
+    }
+    ks_prescan_counts n;
+    ks_prescan_count(&s->presize, max > 0 ? shape : KS_PRESCAN_NONE, body, len, next != NULL, &n);
+    if (n.items > items) return KS_BODY_TOO_MANY;
+    if (max > 0 && n.bytes > (uint64_t)max) {
+        ks_admit_note_refused(&s->admit);
+        return KS_BODY_TOO_LONG;
+    }
+    return 0;
+}
+
+void ks__plan_body_error(ks_server *s, int why, ks_api_error *e) {
+    if (why == KS_BODY_TOO_MANY) {
+        ks_api_error_set(e, 413, T_INVALID, "request_too_large", NULL,
+                         "The request body holds more than %zu JSON keys and values (%d, and %d per token of the "
+                         "model's context): it is refused before it is parsed.",
+                         max_items(s), KS_BODY_ITEMS_BASE, KS_BODY_ITEMS_PER_TOKEN);
+        return;
+    }
+    const ks_api_request chat = {.kind = KS_API_CHAT};
+    too_long(s, &chat, 0, e);
 }
 
 /* One schema of the request added to *sz: the 400 schema_too_large when
@@ -145,18 +171,6 @@ int ks__plan_presize(ks_server *s, const ks_api_request *rq, ks_api_error *e) {
     if (!s->tmpl || max <= 0 || ks_presize_bytes(&s->presize, rq->tmpl_req) <= (uint64_t)max) return 0;
     ks_admit_note_refused(&s->admit);
     return too_long(s, rq, 0, e);
-}
-
-bool ks__plan_prescan_partial(ks_server *s, ks_prescan_shape shape, const char *body, size_t len, uint64_t *next) {
-    int64_t max = prompt_max_bytes(s);
-    /* No prefix of max bytes or fewer holds more than max bytes of strings;
-     * after that, one scan each time the body has doubled: about twice the
-     * body's bytes scanned in all. */
-    if (!s->tmpl || shape == KS_PRESCAN_NONE || max <= 0 || len <= (uint64_t)max || len < *next) return false;
-    *next = (uint64_t)len * 2;
-    if (ks_prescan_prefix_bytes(&s->presize, shape, body, len) <= (uint64_t)max) return false;
-    ks_admit_note_refused(&s->admit);
-    return true;
 }
 
 int ks__plan_ctx_error(const ks_server *s, const ks_api_request *rq, ks_api_error *e, const char *fmt, ...) {

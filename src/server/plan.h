@@ -40,17 +40,21 @@ void ks__plan_free(ks_plan *pl);
  * longer than the context could hold in bytes before tokenizing it (a
  * generation; not a token count). 0, or a KS_E* code with e filled. */
 int ks__plan_prompts(ks_server *s, const ks_api_request *rq, ks_plan *pl, bool bounded, ks_api_error *e);
-/* A chat request sized from its body's bytes (prescan.h), before its JSON
- * is parsed: the 400 context_length_exceeded of ks__plan_prompts when the
- * strings the template is known to copy are already more than the context
- * holds. 0, or KS_ECTX with e filled (counted as refused before render). */
-int ks__plan_prescan(ks_server *s, ks_prescan_shape shape, const char *body, size_t len, ks_api_error *e);
-/* The same while the body comes in (server.c), on body[0, len), the part
- * come so far: true when it already holds too much (ks_prescan_prefix_bytes;
- * counted as refused before render; ks__plan_prescan_error then says so).
- * Scans only once len has passed the bound and *next, and sets *next (0 at
- * the start of a body) to twice len. */
-bool ks__plan_prescan_partial(ks_server *s, ks_prescan_shape shape, const char *body, size_t len, uint64_t *next);
+/* A body sized before it is parsed (prescan.h), whole (next NULL) or the
+ * part come so far while it comes in (server.c): KS_BODY_TOO_MANY when it
+ * holds more keys and values than KS_BODY_ITEMS_BASE and
+ * KS_BODY_ITEMS_PER_TOKEN per token of context (any route), KS_BODY_TOO_LONG
+ * when the strings the chat template is known to copy, in the route's
+ * shape, are more than the context holds (counted as refused before
+ * render), else 0. With next, scans only once len has passed a bound and
+ * *next, and sets *next (0 at the start of a body) to twice len. */
+enum { KS_BODY_TOO_LONG = 1400, KS_BODY_TOO_MANY = 1413 };
+#define KS_BODY_ITEMS_BASE 262144
+#define KS_BODY_ITEMS_PER_TOKEN 4
+int ks__plan_body(ks_server *s, ks_prescan_shape shape, const char *body, size_t len, uint64_t *next);
+/* The error of a body ks__plan_body refused (why: its result): 413
+ * request_too_large, or the 400 context_length_exceeded of ks__plan_prompts. */
+void ks__plan_body_error(ks_server *s, int why, ks_api_error *e);
 /* A parsed request's JSON schemas (response format, tools' parameters)
  * sized before any grammar is built from them (schemasize.h): 0, or
  * KS_EINVAL with e filled (400 schema_too_large). */
@@ -61,9 +65,6 @@ int ks__plan_schemas(const ks_api_request *rq, ks_api_error *e);
  * they are more than the context holds. 0, or KS_EINVAL / KS_ECTX with e
  * filled (the latter counted as refused before render). */
 int ks__plan_presize(ks_server *s, const ks_api_request *rq, ks_api_error *e);
-/* The 400 context_length_exceeded of a request refused by its known
- * strings' bytes. Returns KS_ECTX. */
-int ks__plan_prescan_error(ks_server *s, ks_api_error *e);
 /* The 400 of a prompt that does not fit the context (context_length_exceeded,
  * one wording for every cause): fmt says what is known of its length
  * ("resulted in %d tokens"). Returns KS_ECTX. */

@@ -18,6 +18,7 @@ typedef struct sc {
     const char *p, *e;
     int depth;
     bool bad;
+    size_t items; /* keys and values begun */
 } sc;
 
 /* A measured string: n decoded bytes, trim of them between the first and
@@ -96,6 +97,7 @@ static bool escape(sc *c, size_t *k, unsigned *ch) {
 
 static bool str(sc *c, strm *m) {
     if (!eat(c, '"')) return fail(c);
+    c->items++;
     size_t n = 0, lead = 0, end = 0, nl = 0;
     bool seen = false;
     m->lit_ok = true;
@@ -139,6 +141,7 @@ static bool member(sc *c, int *st, strm *k) {
     if (*st == 0) {
         if (!eat(c, '{') || ++c->depth > KS_PRESCAN_MAX_DEPTH) return fail(c);
         *st = 1;
+        c->items++;
         if (eat(c, '}')) return c->depth--, false;
     } else {
         if (eat(c, '}')) return c->depth--, false;
@@ -153,6 +156,7 @@ static bool element(sc *c, int *st) {
     if (*st == 0) {
         if (!eat(c, '[') || ++c->depth > KS_PRESCAN_MAX_DEPTH) return fail(c);
         *st = 1;
+        c->items++;
         if (eat(c, ']')) return c->depth--, false;
         return true;
     }
@@ -182,10 +186,11 @@ static bool skip(sc *c) {
         while (element(c, &st))
             if (!skip(c)) return false;
         return !c->bad;
-    case 't': return literal(c, "true");
-    case 'f': return literal(c, "false");
-    case 'n': return literal(c, "null");
+    case 't': return c->items++, literal(c, "true");
+    case 'f': return c->items++, literal(c, "false");
+    case 'n': return c->items++, literal(c, "null");
     default: {
+        c->items++;
         const char *s = c->p;
         while (c->p < c->e && (strchr("0123456789+-.eE", *c->p) && *c->p)) c->p++;
         return c->p > s || fail(c);
@@ -325,16 +330,26 @@ static size_t tool(sc *c, const ks_presize *p, ks_prescan_shape sh) {
     return (sh == KS_PRESCAN_MESSAGES ? type >= 0 : type == 1) && !c->bad ? n : 0;
 }
 
-/* The count of body[0, len): of the whole body (0 unless it is followed to
- * its end), or of what its prefix holds whole (prefix). */
-static size_t scan(const ks_presize *p, ks_prescan_shape sh, const char *body, size_t len, bool prefix) {
-    if (sh == KS_PRESCAN_NONE || !p || !body) return 0;
-    sc c = {body, body + len, 0, false};
+void ks_prescan_count(const ks_presize *p, ks_prescan_shape sh, const char *body, size_t len, bool prefix,
+                      ks_prescan_counts *out) {
+    *out = (ks_prescan_counts){0};
+    if (!body) return;
+    static const ks_presize none;
+    if (!p || sh == KS_PRESCAN_NONE) p = &none, sh = KS_PRESCAN_NONE;
+    sc c = {body, body + len, 0, false, 0};
     size_t msgs = 0, tools = 0;
     int st = 0;
     strm k, v;
-    if (!at(&c, '{')) return 0;
+    if (!at(&c, '{')) { /* not an object (the parser refuses it): its items all the same */
+        skip(&c);
+        out->items = c.items;
+        return;
+    }
     while (member(&c, &st, &k)) {
+        if (sh == KS_PRESCAN_NONE) {
+            skip(&c);
+            continue;
+        }
         int el = 0;
         if (sh != KS_PRESCAN_RESPONSES && is(&k, "messages") && at(&c, '[')) {
             while (element(&c, &el)) msgs += message(&c, p, sh);
@@ -355,15 +370,19 @@ static size_t scan(const ks_presize *p, ks_prescan_shape sh, const char *body, s
             skip(&c);
         }
     }
-    if (prefix) return msgs + tools;
+    out->items = c.items;
     ws(&c);
-    return c.bad || c.p != c.e ? 0 : msgs + tools;
+    out->bytes = prefix || !(c.bad || c.p != c.e) ? msgs + tools : 0;
 }
 
 size_t ks_prescan_bytes(const ks_presize *p, ks_prescan_shape sh, const char *body, size_t len) {
-    return scan(p, sh, body, len, false);
+    ks_prescan_counts n;
+    ks_prescan_count(p, sh, body, len, false, &n);
+    return n.bytes;
 }
 
 size_t ks_prescan_prefix_bytes(const ks_presize *p, ks_prescan_shape sh, const char *body, size_t len) {
-    return scan(p, sh, body, len, true);
+    ks_prescan_counts n;
+    ks_prescan_count(p, sh, body, len, true, &n);
+    return n.bytes;
 }

@@ -53,10 +53,9 @@ int ks__request_parse(ks_server *s, const ks_fmt *fmt, const conn *cn, ks_api_re
     json_t *root = NULL;
     *st = NULL;
     memset(rq, 0, sizeof *rq);
-    /* Sized before the parse: a request refused here costs its body's
-     * bytes, not the JSON tree they would make (prescan.h). */
-    int rc = ks__plan_prescan(s, fmt->prescan, cn->body.s, cn->body.len, e);
-    if (!rc) rc = ks__api_load_object(cn->body.s, cn->body.len, &root, e);
+    /* Sized before the parse (server.c, ks__plan_body): a request refused
+     * there cost its body's bytes, not the JSON tree they would make. */
+    int rc = ks__api_load_object(cn->body.s, cn->body.len, &root, e);
     if (rc) return rc;
     ks_fmt_env env = {.convs = s->convs, .tenant = tenant_of(s, cn, root)};
     if ((rc = fmt->parse(&env, root, rq, st, e))) return rc; /* root is the parser's */
@@ -146,10 +145,9 @@ enum MHD_Result ks__request_count_tokens(ks_server *s, struct MHD_Connection *c,
     ks_api_request rq = {0};
     ks_plan pl = {0};
     enum MHD_Result ret;
-    /* Sized and bounded as a generation is: before the parse, before the
-     * render, and a render of at most the bytes the context holds. */
-    if (ks__plan_prescan(s, KS_PRESCAN_MESSAGES, cn->body.s, cn->body.len, &e) ||
-        ks__api_load_object(cn->body.s, cn->body.len, &root, &e) || ks_api_messages_to_chat(root, true, &mr, &e) ||
+    /* Sized and bounded as a generation is: before the parse (server.c),
+     * before the render, and a render of at most the bytes the context holds. */
+    if (ks__api_load_object(cn->body.s, cn->body.len, &root, &e) || ks_api_messages_to_chat(root, true, &mr, &e) ||
         ks_api_parse_root(KS_API_CHAT, json_incref(mr.chat), &rq, &e)) {
         ret = ks__respond_error(s, c, cn, &e, NULL);
         goto out;

@@ -61,7 +61,6 @@
 
 #define MOD "http"
 #define FREE_WAIT_MS 3000
-#define EARLY_TOO_LONG 1400 /* cn->early: a 400 context_length_exceeded, decided from the body's start */
 
 /* ------------------------------------------------------------------ routes */
 enum { R_HEALTH = 1, R_MODELS, R_METRICS, R_SLOTS, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE, R_PROPS, R_APPLY_TEMPLATE,
@@ -204,8 +203,9 @@ static enum MHD_Result reply_early(ks_server *s, struct MHD_Connection *c, conn 
                          "/metrics counts every tenant's requests together: on a server with several API keys it "
                          "answers only the metrics key (--metrics-key), not an API key.");
         return ks__respond_error(s, c, cn, &e, NULL);
-    case EARLY_TOO_LONG: /* its known strings are longer than the context (prescan.h) */
-        ks__plan_prescan_error(s, &e);
+    case KS_BODY_TOO_LONG: /* sized before its parse (plan.h, prescan.h) */
+    case KS_BODY_TOO_MANY:
+        ks__plan_body_error(s, cn->early, &e);
         return ks__respond_error(s, c, cn, &e, NULL);
     case 413:
         ks_api_error_set(&e, 413, "invalid_request_error", "request_too_large", NULL,
@@ -348,9 +348,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             } else if (ks_buf_append(&cn->body, upload_data, n)) {
                 cn->early = 500;
                 ks_buf_free(&cn->body);
-            } else if (cn->fmt && ks__plan_prescan_partial(s, cn->fmt->prescan, cn->body.s, cn->body.len, &cn->prescan_next)) {
+            } else if ((cn->early = ks__plan_body(s, cn->fmt ? cn->fmt->prescan : KS_PRESCAN_NONE, cn->body.s,
+                                                  cn->body.len, &cn->prescan_next))) {
                 /* Refused by what has come: the rest is read and dropped. */
-                cn->early = EARLY_TOO_LONG;
                 cn->discarded = cn->body.len;
                 ks_buf_free(&cn->body);
             } else {
@@ -366,6 +366,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
      * may take long to make (a generation turns the timeout off) and to
      * send, and then the connection waits idle for the next request. */
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, s->timeout_s);
+    if (!cn->early && cn->post)
+        cn->early = ks__plan_body(s, cn->fmt ? cn->fmt->prescan : KS_PRESCAN_NONE, cn->body.s, cn->body.len, NULL);
     if (cn->early) return reply_early(s, c, cn, method, url);
     if (cn->options) return reply_options(s, c, cn);
     switch (cn->rt->id) {

@@ -103,7 +103,7 @@ typedef struct conn {
     bool http11;          /* HTTP/1.1, not 1.0 (framing; an interim 1xx response may be sent) */
     ks_buf body;
     uint64_t discarded;
-    uint64_t prescan_next; /* the body length of the next prescan (plan.h ks__plan_prescan_partial) */
+    uint64_t prescan_next; /* the body length of the next prescan (plan.h ks__plan_body) */
     int status;
     double t0;
     ks_gen *g;            /* the HTTP reference of a generation, dropped when the request ends */

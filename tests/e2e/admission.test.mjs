@@ -104,6 +104,38 @@ for (const [route, body] of others) {
   });
 }
 
+// A body's keys and values are counted before the parse, on every route:
+// each becomes a parser allocation (up to ~230 bytes for an empty object),
+// so 15 MB of empty objects parsed to 1.1 GB (VmHWM +1,120 MB) before the
+// chat parser refused them. Past 262,144 + 4 per token of context: 413
+// request_too_large while the body comes in.
+const empties = (n) => '{"messages":[' + '{},'.repeat(n - 1) + '{}]}';
+const raw = async (route, body) => {
+  const res = await fetch(srv.base + route, { method: 'POST', headers: { 'content-type': 'application/json' }, body });
+  const text = await res.text();
+  return { status: res.status, json: JSON.parse(text) };
+};
+for (const [route, body] of [
+  ['/v1/chat/completions', empties(5_000_000)],
+  ['/v1/chat/completions', '[' + '{},'.repeat(3_000_000) + '{}]'],
+  ['/detokenize', '{"tokens":[' + '1,'.repeat(3_000_000) + '1]}'],
+  ['/v1/completions', '{"max_tokens":1,"prompt":[' + '1,'.repeat(3_000_000) + '1]}'],
+]) {
+  test(`${route}, ${(body.length / 1e6).toFixed(1)} MB of ${body.slice(0, 14)}...: 413 before the parse, memory within an eighth`, async () => {
+    const h0 = hwm();
+    const r = await raw(route, body);
+    const h1 = hwm();
+    assertError(r, 413, 'request_too_large');
+    assert.match(r.json.error.message, /more than \d+ JSON keys and values/);
+    if (!SANITIZED) assert.ok(h1 - h0 <= body.length / 8, `VmHWM grew ${h1 - h0} bytes for a ${body.length}-byte body`);
+  });
+}
+
+test('a body within the count is parsed as before: 200,000 token ids detokenized', async () => {
+  const r = await raw('/detokenize', JSON.stringify({ tokens: Array.from({ length: 200000 }, () => 1) }));
+  assert.equal(r.status, 200, JSON.stringify(r.json).slice(0, 200));
+});
+
 test('tools are sized whole, whatever tool_choice names: OpenAI renders every tool too', async () => {
   const r = await ask({ tools: tools(3000), tool_choice: { type: 'function', function: { name: 'tool_1' } } });
   assertError(r, 400, 'context_length_exceeded', 'messages');

@@ -198,12 +198,34 @@ static void test_named_choice(void **state) {
     assert_int_equal(ks_prescan_bytes(&ALL, KS_PRESCAN_MESSAGES, msgs, strlen(msgs)), 1 + 1 + 2);
 }
 
+/* Keys and values, counted in every shape (the parse's cost: prescan.h). */
+static void test_items(void **state) {
+    (void)state;
+    const char *b = "{\"a\":[1,2,{}],\"b\":\"x\",\"c\":true,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}";
+    ks_prescan_counts n;
+    /* { a [ 1 2 {} b "x" c true messages [ { role "user" content "hi": 17 */
+    for (int sh = KS_PRESCAN_NONE; sh <= KS_PRESCAN_MESSAGES; sh++) {
+        ks_prescan_count(&ALL, (ks_prescan_shape)sh, b, strlen(b), false, &n);
+        assert_int_equal(n.items, 17);
+        assert_int_equal(n.bytes, sh == KS_PRESCAN_CHAT || sh == KS_PRESCAN_MESSAGES ? 2 : 0);
+    }
+    /* not an object, and not JSON past a point: what was followed */
+    ks_prescan_count(&ALL, KS_PRESCAN_CHAT, "[{},{},{}]", 10, false, &n);
+    assert_int_equal(n.items, 4);
+    ks_prescan_count(&ALL, KS_PRESCAN_CHAT, "[{},{},{} junk", 14, false, &n);
+    assert_int_equal(n.items, 4);
+    /* a prefix: what it began */
+    ks_prescan_count(&ALL, KS_PRESCAN_CHAT, b, 12, true, &n);
+    assert_int_equal(n.items, 6);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bound),
         cmocka_unit_test(test_kinds),
         cmocka_unit_test(test_unfollowed),
         cmocka_unit_test(test_named_choice),
+        cmocka_unit_test(test_items),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
