@@ -45,7 +45,7 @@
 #define OFF_FP 48
 #define OFF_PARAMS 80
 #define OFF_KEY 112
-#define OFF_RESERVED 144
+#define OFF_TENANT 144 /* "reserved", always 0, before tenants: what readers from then ignore */
 #define OFF_HCHECK 152
 #define VERIFY_CHUNK (1u << 20)
 #define KNOWN_FLAGS (KS_KVFILE_FLAG_PIN | KS_KVFILE_FLAG_REASON6 | KS_KVFILE_FLAG_MAC)
@@ -136,6 +136,7 @@ void ks__kvfile_encode_header(uint8_t h[KS_KVFILE_HEADER_LEN], const ks_kvfile_m
     memcpy(h + OFF_FP, m->model_fp, 32);
     memcpy(h + OFF_PARAMS, m->params_hash, 32);
     memcpy(h + OFF_KEY, m->key.b, 32);
+    put64(h + OFF_TENANT, m->tenant);
     put64(h + OFF_HCHECK, nonzero(XXH3_64bits(h, OFF_HCHECK)));
 }
 
@@ -360,6 +361,7 @@ int ks__kvfile_parse_header(const uint8_t *h, uint32_t hlen, uint64_t fsize, ks_
     memcpy(m->model_fp, h + OFF_FP, 32);
     memcpy(m->params_hash, h + OFF_PARAMS, 32);
     memcpy(m->key.b, h + OFF_KEY, 32);
+    m->tenant = get64(h + OFF_TENANT);
     m->flags = get32(h + OFF_FLAGS);
     if (m->flags & ~(uint32_t)KNOWN_FLAGS) return KS_EVERSION; /* a feature this reader does not know */
     size_t tlen = tail_len(m->flags);

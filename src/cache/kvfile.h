@@ -95,6 +95,7 @@ typedef struct ks_kvfile_meta {
     uint8_t model_fp[32];
     uint8_t params_hash[32]; /* SHA-256 of the kv-params bytes */
     ks_key key;
+    uint64_t tenant;         /* whose state (the key's tenant, key.h; 0: single tenant) */
     /* trailer (not checksummed) */
     int64_t last_hit_us;     /* created_us when never hit or when the trailer is bad */
     uint64_t hits;

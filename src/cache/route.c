@@ -46,6 +46,20 @@ static int pick_lru(const ks_route_slot *slots, int n) {
     return best;
 }
 
+/* The slot a miss takes when none is empty (route.h invariant 5): the
+ * least recently used idle slot of the request's own tenant, else the
+ * least recently used idle slot; -1 when none is idle. */
+static int pick_victim(const ks_route_slot *slots, int n, uint64_t tenant) {
+    int best = -1;
+    for (int i = 0; i < n; i++) {
+        if (!is_idle(&slots[i]) || slots[i].tenant != tenant) continue;
+        if (best < 0 || slots[i].last_used_us < slots[best].last_used_us ||
+            (slots[i].last_used_us == slots[best].last_used_us && slots[i].id < slots[best].id))
+            best = i;
+    }
+    return best >= 0 ? best : pick_lru(slots, n);
+}
+
 /* Another tenant's slot shares nothing (route.h invariant 4). */
 static int common_with(const ks_route_slot *s, const ks_route_req *req) {
     if (s->tenant != req->tenant) return 0;
@@ -112,7 +126,7 @@ int ks_route_select(const ks_route_slot *slots, int n_slots, const ks_route_req 
         return KS_EINVAL;
 
     int empty = pick_empty(slots, n_slots);
-    int lru = pick_lru(slots, n_slots);
+    int lru = pick_victim(slots, n_slots, req->tenant);
     if (lru < 0) return KS_EBUSY; /* no idle slot at all */
 
     ks_route r = {.slot = -1, .mode = KS_ROUTE_MISS};

@@ -19,7 +19,8 @@
  *                     slot with the longest common prefix, when it covers at
  *                     least affinity_min of the prompt.
  *   miss              none of the above: an empty idle slot, else the
- *                     least-recently-used idle slot (its cache is evicted).
+ *                     least-recently-used idle slot (its cache is evicted):
+ *                     the request's own tenant's first (invariant 5).
  *
  * Invariants
  *  1. Only idle slots (!busy && !pending) are ever chosen; with none,
@@ -40,6 +41,12 @@
  *     ("no-slot" or "evicted"; "below-threshold" only from the request's
  *     own tenant's slots). Another tenant's request therefore never learns
  *     from the route (mode, n_common, reason) what a slot holds.
+ *  5. Fairness between tenants: a miss that finds no empty slot takes the
+ *     least recently used idle slot of the request's own tenant, and
+ *     another tenant's only when its own tenant has no idle slot (all of
+ *     them busy, or none at all). So a tenant's run of requests evicts its
+ *     own slots before anyone else's; with one tenant this is the plain
+ *     least recently used slot.
  *
  * Reasons ("why not more was reused"):
  *   ""                    everything reusable was reused: the whole prompt but

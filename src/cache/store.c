@@ -335,8 +335,8 @@ bool ks_store_wants_in(ks_store *s, uint64_t tenant, ks_reason reason, const int
 /* A new save job for tiers (tier: the one a lookup of the queued save
  * names) with a copy of tokens[0, n) and no payload yet, waited for unless
  * async; NULL when out of memory. */
-static job *save_job(ks_tier_id tier, unsigned tiers, const ks_key *key, ks_reason reason, const int32_t *tokens,
-                     int n, size_t len, bool async) {
+static job *save_job(ks_tier_id tier, unsigned tiers, const ks_key *key, uint64_t tenant, ks_reason reason,
+                     const int32_t *tokens, int n, size_t len, bool async) {
     job *j = calloc(1, sizeof *j);
     if (!j || !(j->tokens = malloc(n ? (size_t)n * sizeof *tokens : 1))) {
         free(j);
@@ -347,6 +347,7 @@ static job *save_job(ks_tier_id tier, unsigned tiers, const ks_key *key, ks_reas
     j->tier = tier;
     j->tiers = tiers;
     j->key = *key;
+    j->tenant = tenant;
     j->reason = reason;
     j->n = n;
     j->len = len;
@@ -383,7 +384,7 @@ int ks_store_save_in(ks_store *s, uint64_t tenant, ks_reason reason, const int32
             sync = false;
         } else {
             tiers &= ~redis_bit;
-            rj = save_job(KS_TIER_REDIS, redis_bit, &key, reason, tokens, n, len, true);
+            rj = save_job(KS_TIER_REDIS, redis_bit, &key, tenant, reason, tokens, n, len, true);
             if (rj && (rj->payload = malloc(len ? len : 1))) {
                 memcpy(rj->payload, payload, len);
                 rj->uncounted = true;
@@ -398,7 +399,7 @@ int ks_store_save_in(ks_store *s, uint64_t tenant, ks_reason reason, const int32
     ks_tier_id first = KS_TIER_REDIS;
     for (int t = KS_TIER__LOCAL - 1; t >= 0; t--)
         if (tiers & (1u << t)) first = (ks_tier_id)t;
-    if (!(j = save_job(first, tiers, &key, reason, tokens, n, len, !sync))) {
+    if (!(j = save_job(first, tiers, &key, tenant, reason, tokens, n, len, !sync))) {
         rc = KS_ENOMEM;
         goto done;
     }
@@ -491,7 +492,7 @@ int ks_store_save_pinned_in(ks_store *s, uint64_t tenant, const int32_t *tokens,
         goto done; /* 0: held, its pin extended */
     }
     ks_tier_id first = (tiers & (1u << KS_TIER_RAM)) ? KS_TIER_RAM : (ks_tier_id)pt;
-    if (!(j = save_job(first, tiers, &key, KS_REASON_PIN, tokens, n, len, true))) {
+    if (!(j = save_job(first, tiers, &key, tenant, KS_REASON_PIN, tokens, n, len, true))) {
         rc = KS_ENOMEM;
         goto done;
     }

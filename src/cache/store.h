@@ -357,6 +357,7 @@ typedef struct ks_store_state {
     size_t len;
     ks_tier_id tier;  /* KS_TIER_SHM or KS_TIER_DISK */
     ks_reason reason;
+    uint64_t tenant;  /* whose state (the file records it; its key binds it): the slot's tenant */
     double load_ms;   /* reading and verifying it */
 } ks_store_state;
 
@@ -366,8 +367,10 @@ typedef struct ks_store_state {
  * were running before a restart go on as in a warm process. Each is checked
  * as a lookup checks it (checksum, model, params, state version, the cache
  * secret's tag when the store has one) and its
- * tokens against its key; a state whose tokens are a prefix of one already
- * taken (an earlier turn of the same conversation) is skipped. At most
+ * tokens against its key in the tenant the file records (every tenant's
+ * states are candidates; a file whose recorded tenant is not its key's is
+ * refused); a state whose tokens are a prefix of one already taken for the
+ * same tenant (an earlier turn of the same conversation) is skipped. At most
  * max_reads files are read. out[0, *n_out) are owned (ks_store_state_free).
  * Returns 0 (also when nothing is stored), KS_EINVAL or KS_ENOMEM.
  * Any thread; reads files only. */

@@ -28,6 +28,7 @@ typedef struct job {
     job_kind kind;
     ks_tier_id tier;   /* quarantine: the tier; save: the first of `tiers` a lookup names */
     ks_key key;
+    uint64_t tenant;   /* save: whose state (recorded in the file: warm start reads it back) */
     /* save */
     unsigned tiers;    /* 1 << ks_tier_id of every tier it goes to (a pinned save: two) */
     int64_t pin_until_us; /* 0: not pinned; extended under s->mu by later pins of the key */

@@ -68,15 +68,18 @@ static int load(ks_store *s, const cand *c, ks_store_state *out) {
     uint8_t *payload = NULL;
     int rc = ks_kvfile_read(path, &exp, &meta, &tok, &payload);
     if (rc) return rc;
+    /* The tenant the file records must be the one its key was made for: the
+     * key binds it (a file that names another tenant is a mismatch). */
     ks_key k;
-    if ((rc = ks_key_compute(s->fp, s->kv_params, s->kv_len, tok, (int)meta.n_tokens, &k)) != 0 ||
+    if ((rc = ks_key_compute_tenant(s->fp, s->kv_params, s->kv_len, meta.tenant, tok, (int)meta.n_tokens, &k)) != 0 ||
         !ks_key_eq(&k, &c->key)) {
         free(tok);
         free(payload);
         return rc ? rc : KS_EMISMATCH;
     }
     *out = (ks_store_state){.tokens = tok, .n_tokens = (int)meta.n_tokens, .payload = payload,
-                            .len = (size_t)meta.payload_len, .tier = c->tier, .reason = (ks_reason)meta.reason};
+                            .len = (size_t)meta.payload_len, .tier = c->tier, .reason = (ks_reason)meta.reason,
+                            .tenant = meta.tenant};
     return 0;
 }
 
@@ -103,8 +106,9 @@ int ks_store_recent(ks_store *s, int max, int max_reads, ks_store_state *out, in
         if (load(s, &l.v[i], &st) != 0) continue; /* gone, or bad: a lookup reports and quarantines it */
         st.load_ms = ks_now_ms() - t0;
         bool dup = false;
-        for (int j = 0; j < n && !dup; j++) dup = is_prefix(st.tokens, st.n_tokens, out[j].tokens, out[j].n_tokens);
-        if (dup) { /* an earlier turn of a conversation already taken */
+        for (int j = 0; j < n && !dup; j++)
+            dup = out[j].tenant == st.tenant && is_prefix(st.tokens, st.n_tokens, out[j].tokens, out[j].n_tokens);
+        if (dup) { /* an earlier turn of a conversation already taken (of the same tenant) */
             ks_store_state_free(&st);
             continue;
         }

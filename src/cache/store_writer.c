@@ -169,6 +169,7 @@ static int save_to(ks_store *s, job *j, int t, int64_t pin, int *out) {
     memcpy(m.model_fp, s->fp, 32);
     memcpy(m.params_hash, s->params_hash, 32);
     m.key = j->key;
+    m.tenant = j->tenant;
     m.mac = s->has_mac ? &s->mac : NULL;
     double t0 = ks_now_ms();
     /* Lookups may copy j->payload under s->mu until the job completes (read

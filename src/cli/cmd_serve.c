@@ -270,6 +270,7 @@ int ks_cmd_serve(int argc, char **argv) {
     hp.api_keys = extra_keys;
     hp.n_api_keys = cfg.n_api_keys;
     hp.api_key_file = cfg.api_key_file;
+    hp.metrics_key = cfg.metrics_key;
     if (ks_server_tenant_by_parse(cfg.tenant_by, &hp.tenant_by)) {
         fprintf(stderr, CMD ": tenant_by: a comma-separated list of prompt_cache_key, cache_salt, user\n");
         exit_code = 2;

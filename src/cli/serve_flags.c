@@ -72,6 +72,8 @@ void ks_serve_usage(FILE *f) {
             "  --tenant-by LIST          request fields that subdivide a key's tenant: prompt_cache_key,\n"
             "                            cache_salt, user (also metadata.user_id) (default: none)\n"
             "  --share-system-prompt     let every tenant restore a system prompt's cached state (SPC)\n"
+            "  --metrics-key KEY         the key of /metrics (metrics_key); with several API keys the\n"
+            "                            only one: their counters are every tenant's\n"
             "  --responses-ttl S         keep Responses API conversations for previous_response_id this\n"
             "                            long, seconds (default 3600; 0: keep none)\n"
             "  --responses-max N         ... and at most this many, oldest forgotten first (default 1024)\n"
@@ -126,7 +128,7 @@ int ks_serve_parse_flags(int argc, char **argv, ks_serve_flags *f) {
            O_MAXTOK, O_ALIAS, O_TIMEOUT, O_SHUTDOWN, O_FA, O_CONFIG, O_LOG, O_IMC, O_SPC, O_CACHEDIR, O_CACHERAM,
            O_TEMPLATE, O_REASONING, O_CORS, O_RESP_TTL, O_RESP_MAX, O_HDR_TIMEOUT, O_MAXCONN, O_MAXCONN_CLIENT,
            O_CKPT, O_CKPT_EVERY, O_CKPT_BYTES, O_CACHEREDIS, O_TLS_CA, O_TLS_CA_DIR, O_TLS_CERT, O_TLS_KEY,
-           O_TLS_NAME, O_TLS_INSECURE, O_NOREPACK, O_WARM, O_SECRET, O_KEYFILE, O_TENANT_BY, O_SHARE_SYS,
+           O_TLS_NAME, O_TLS_INSECURE, O_NOREPACK, O_WARM, O_SECRET, O_KEYFILE, O_TENANT_BY, O_SHARE_SYS, O_METRICS_KEY,
            O_MEDIA_BYTES, O_MEDIA_TOTAL, O_MEDIA_ITEMS, O_MEDIA_PIXELS,
            O_OFFLOAD,
            O_OFFLOAD_END = O_OFFLOAD + KS_CLI_OFFLOAD_N };
@@ -139,7 +141,7 @@ int ks_serve_parse_flags(int argc, char **argv, ks_serve_flags *f) {
         {"no-exact", no_argument, 0, O_NOEXACT},     {"no-repack", no_argument, 0, O_NOREPACK},
         {"api-key", required_argument, 0, O_KEY},      {"max-queue", required_argument, 0, O_QUEUE},
         {"api-key-file", required_argument, 0, O_KEYFILE}, {"tenant-by", required_argument, 0, O_TENANT_BY},
-        {"share-system-prompt", no_argument, 0, O_SHARE_SYS},
+        {"share-system-prompt", no_argument, 0, O_SHARE_SYS}, {"metrics-key", required_argument, 0, O_METRICS_KEY},
         {"max-body-bytes", required_argument, 0, O_BODY}, {"max-tokens", required_argument, 0, O_MAXTOK},
         {"alias", required_argument, 0, O_ALIAS},      {"timeout", required_argument, 0, O_TIMEOUT},
         {"shutdown-timeout", required_argument, 0, O_SHUTDOWN}, {"flash-attn", optional_argument, 0, O_FA},
@@ -219,6 +221,7 @@ int ks_serve_parse_flags(int argc, char **argv, ks_serve_flags *f) {
             f->keys[f->n_keys++] = f->api_key = optarg;
             break;
         case O_KEYFILE: f->key_file = optarg; break;
+        case O_METRICS_KEY: f->metrics_key = optarg; break;
         case O_TENANT_BY: {
             unsigned bits;
             if (ks_server_tenant_by_parse(optarg, &bits)) {
@@ -408,6 +411,7 @@ int ks_serve_apply_flags(const ks_serve_flags *f, ks_config *c) {
     if (f->key_file) COPY(c->api_key_file, f->key_file);
     if (f->tenant_by) COPY(c->tenant_by, f->tenant_by);
     if (f->share_sys) c->share_system_prompt = true;
+    if (f->metrics_key) COPY(c->metrics_key, f->metrics_key);
     if (f->log) COPY(c->log, f->log);
     if (f->port >= 0) c->port = f->port;
     if (f->slots >= 0) c->slots = f->slots;

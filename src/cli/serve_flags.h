@@ -35,6 +35,7 @@ typedef struct ks_serve_flags {
     int n_keys;
     const char *key_file, *tenant_by; /* --api-key-file, --tenant-by */
     bool share_sys;                   /* --share-system-prompt */
+    const char *metrics_key;          /* --metrics-key */
     int n_cors;
     int responses_ttl, responses_max; /* -1: not given */
     int ctx_checkpoints, checkpoint_every; /* -1: not given */

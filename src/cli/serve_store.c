@@ -121,6 +121,20 @@ void ks_serve_store_report(const ks_config *c, const ks_store_cfg *sc, const ks_
         KS_INFO("serve", "store: shm tier %s%s is shared with every kvstash process of uid %ld on this host that "
                 "uses it (any model and settings: states are apart only by their keys)",
                 sc->shm_dir, is_default ? " (the default)" : "", (long)getuid());
+        /* The default directory was not chosen for this server: where keys
+         * or a secret say its states are not everyone's, say whom it still
+         * shares them with (docs/SECURITY.md "Who shares the shm directory"). */
+        bool keys = c->api_key[0] || c->n_api_keys > 0 || c->api_key_file[0];
+        if (is_default && keys)
+            KS_WARN("serve", "store: the default shm tier %s is shared with every kvstash process of uid %ld on this "
+                    "host: one without keys, or with a key or tenant name of this server's, on the same model, shares "
+                    "the cached prompts of this server's tenants (hits, cache fields, timing); give store.shm_dir a "
+                    "directory of this server's own (docs/SECURITY.md)", sc->shm_dir, (long)getuid());
+        if (is_default && sec->on)
+            KS_WARN("serve", "store: the default shm tier %s is shared with every kvstash process of uid %ld on this "
+                    "host: the entries those without this cache secret write there are refused here, counted corrupt "
+                    "and quarantined; give store.shm_dir a directory of this server's own (docs/SECURITY.md)",
+                    sc->shm_dir, (long)getuid());
     }
     if (sec->on) {
         KS_INFO("serve", "store: stored states are authenticated (Poly1305 under the secret from %s); entries "

@@ -40,6 +40,7 @@
  *   api_key_file: /etc/kvstash/keys   # "KEY [NAME]" per line, read again when it changes
  *   tenant_by: prompt_cache_key,user  # request fields that subdivide a tenant (default none)
  *   share_system_prompt: false        # true: system prompt states (SPC) shared by all tenants
+ *   metrics_key: secret      # the key of /metrics; with several tenants the only one
  *   max_queue: 64            # requests waiting for a slot, 1..1000000
  *   max_renders: 2           # chat template renders and grammar builds at once, 1..1024
  *   max_body_bytes: 16777216 # 1KiB..1TiB
@@ -208,6 +209,7 @@ typedef struct ks_config {
     char api_keys[KS_CONFIG_KEYS_MAX][256];
     int n_api_keys;
     char api_key_file[KS_MAX_PATH];
+    char metrics_key[256];      /* /metrics (server.h metrics_key); "": none */
     char tenant_by[128];
     bool share_system_prompt;
     int max_queue;

@@ -55,6 +55,7 @@ static const field k_top_fields[] = {
     FI(ks_config, checkpoint_every, 0, KS_CONFIG_CKPT_EVERY_MAX),
     FS(ks_config, api_key, F_STR),
     FS(ks_config, api_key_file, F_PATH),
+    FS(ks_config, metrics_key, F_STR),
     FS(ks_config, tenant_by, F_STR),
     FB(ks_config, share_system_prompt),
     FI(ks_config, max_queue, KS_CONFIG_MAX_QUEUE_MIN, KS_CONFIG_MAX_QUEUE_MAX),

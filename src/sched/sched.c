@@ -243,7 +243,12 @@ static void finish_unassigned(ks_sched *s, sreq *r, ks_finish f) {
  * waits for its slot and reuses its common prefix. KS_EBUSY: no slot now. */
 static int route(ks_sched *s, sreq *r, ks_route *out) {
     bool cache = r->p.cache_prompt && s->p.cache_prompt;
-    if (r->p.preferred_slot >= 0) {
+    /* A pin to a slot that holds another tenant's KV is not honoured: the
+     * request is routed as any other (route.h invariant 5), so that id_slot
+     * can neither evict another tenant's slot nor tell whose it is. */
+    const slot *pin = r->p.preferred_slot >= 0 ? &s->slots[r->p.preferred_slot] : NULL;
+    if (pin && pin->tokens.n > 0 && pin->tenant != r->p.tenant) pin = NULL;
+    if (pin) {
         slot *sl = &s->slots[r->p.preferred_slot];
         if (sl->state != ST_IDLE) return KS_EBUSY;
         memset(out, 0, sizeof *out);

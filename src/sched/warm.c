@@ -4,6 +4,8 @@
  * so that the conversations a previous process was serving go on after a
  * restart as they would have in it: their next turn reuses the slot's prefix
  * (cache mode "prefix") instead of restoring the state on its critical path.
+ * Every tenant's states are candidates: each file records its tenant (bound
+ * by its key), and the slot takes it as its owner.
  * sched.h, ks_sched_params.warm_slots.
  *
  * Thread model: called by ks_sched_create before the inference thread
@@ -42,6 +44,9 @@ void ks__sched_warm(ks_sched *s) {
             KS_WARN(MOD, "warm start: a stored state of %d tokens rejected by llama", st[i].n_tokens);
             continue;
         }
+        /* The slot holds that tenant's KV: only its tenant's requests reuse
+         * it (route.h invariant 4), as if that tenant's request had left it. */
+        sl->tenant = st[i].tenant;
         /* The newest state the most recently used slot: LRU takes the others first. */
         sl->last_used_us = now - i;
         double ms = ks_now_ms() - t1;

@@ -49,6 +49,7 @@
 
 #include "base/base.h"
 #include "server/api.h"
+#include "server/prescan.h"
 
 struct ks_convstore;
 
@@ -88,6 +89,7 @@ typedef struct ks_fmt_choice {
 typedef struct ks_fmt {
     const char *name;           /* "chat", "completions", "responses", "messages" (logs, tests) */
     const char *id_prefix;      /* "chatcmpl-", "cmpl-", "resp_", "msg_" */
+    ks_prescan_shape prescan;   /* how its body is sized before the parse (prescan.h) */
     bool logprobs_legacy;       /* a whole reply's logprobs as OpenAI's legacy parallel arrays
                                    (completions: tokens, token_logprobs, top_logprobs,
                                    text_offset; lptext.h) rather than chat's entries */

@@ -138,6 +138,7 @@ static int stream_done(void *st, const ks_fmt_gen *g, const ks_req_result *total
 
 const ks_fmt ks__fmt_messages = {
     .name = "messages",
+    .prescan = KS_PRESCAN_MESSAGES,
     .id_prefix = "msg_",
     .parse = parse,
     .free_state = free_state,

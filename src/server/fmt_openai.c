@@ -118,6 +118,7 @@ static int stream_done(void *st, const ks_fmt_gen *g, const ks_req_result *total
 
 const ks_fmt ks__fmt_chat = {
     .name = "chat",
+    .prescan = KS_PRESCAN_CHAT,
     .id_prefix = "chatcmpl-",
     .parse = parse_chat,
     .free_state = free,

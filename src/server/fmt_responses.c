@@ -166,6 +166,7 @@ static int stream_done(void *st, const ks_fmt_gen *g, const ks_req_result *total
 
 const ks_fmt ks__fmt_responses = {
     .name = "responses",
+    .prescan = KS_PRESCAN_RESPONSES,
     .id_prefix = "resp_",
     .parse = parse,
     .free_state = free_state,

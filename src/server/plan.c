@@ -10,6 +10,7 @@
 #include "prompt/prompt.h"
 #include "server/api_int.h"
 #include "server/plan.h"
+#include "server/schemasize.h"
 
 #define MOD "http"
 
@@ -113,6 +114,87 @@ static int too_long(ks_server *s, const ks_api_request *rq, size_t n_bytes, ks_a
                               ks_engine_n_ctx_seq(s->engine), s->max_token_bytes);
 }
 
+/* The most keys and values a body may hold (prescan.h ks_prescan_counts):
+ * ~60 MB of parsed tree at most on a 512-token context, for any shape of
+ * JSON; token arrays of four whole contexts fit. */
+static size_t max_items(const ks_server *s) {
+    return (size_t)KS_BODY_ITEMS_BASE + (size_t)KS_BODY_ITEMS_PER_TOKEN * (size_t)ks_engine_n_ctx_seq(s->engine);
+}
+
+int ks__plan_body(ks_server *s, ks_prescan_shape shape, const char *body, size_t len, uint64_t *next) {
+    /* The size bound is presize's: only with the Jinja template it probed. */
+    int64_t max = s->tmpl ? prompt_max_bytes(s) : 0;
+    size_t items = max_items(s);
+    if (next) {
+        /* No prefix shorter than a bound passes it (an item takes a byte at
+         * least, a counted string's byte one of the body's); after that, one
+         * scan each time the body has doubled: about twice its bytes in all. */
+        uint64_t first = max > 0 && (uint64_t)max < items ? (uint64_t)max : items;
+        if (len <= first || len < *next) return 0;
+        *next = (uint64_t)len * 2;
+    }
+    ks_prescan_counts n;
+    ks_prescan_count(&s->presize, max > 0 ? shape : KS_PRESCAN_NONE, body, len, next != NULL, &n);
+    if (n.items > items) return KS_BODY_TOO_MANY;
+    if (max > 0 && n.bytes > (uint64_t)max) {
+        ks_admit_note_refused(&s->admit);
+        return KS_BODY_TOO_LONG;
+    }
+    return 0;
+}
+
+void ks__plan_body_error(ks_server *s, int why, ks_api_error *e) {
+    if (why == KS_BODY_TOO_MANY) {
+        ks_api_error_set(e, 413, T_INVALID, "request_too_large", NULL,
+                         "The request body holds more than %zu JSON keys and values (%d, and %d per token of the "
+                         "model's context): it is refused before it is parsed.",
+                         max_items(s), KS_BODY_ITEMS_BASE, KS_BODY_ITEMS_PER_TOKEN);
+        return;
+    }
+    const ks_api_request chat = {.kind = KS_API_CHAT};
+    too_long(s, &chat, 0, e);
+}
+
+/* One schema of the request added to *sz: the 400 schema_too_large when
+ * it passes a limit (schemasize.h). param: where it is. */
+static int schema_add(ks_schema_size *sz, const json_t *schema, const char *param, ks_api_error *e) {
+    char why[300];
+    if (!ks_schema_size_add(sz, schema, why, sizeof why)) return 0;
+    ks_api_error_set(e, 400, T_INVALID, "schema_too_large", param,
+                     "The JSON schema in '%s' is too large to build a grammar from: %s.", param, why);
+    return KS_EINVAL;
+}
+
+int ks__plan_schemas(const ks_api_request *rq, ks_api_error *e) {
+    ks_schema_size sz = {0};
+    int rc;
+    if (rq->kind != KS_API_CHAT) return rq->json_schema ? schema_add(&sz, rq->json_schema, "response_format", e) : 0;
+    /* Where chat_tmpl.cpp takes them from: json_schema, response_format's
+     * schema or json_schema.schema, each tool's parameters. */
+    const json_t *rf = json_object_get(rq->tmpl_req, "response_format");
+    if ((rc = schema_add(&sz, json_object_get(rq->tmpl_req, "json_schema"), "json_schema", e)) ||
+        (rc = schema_add(&sz, json_object_get(rf, "schema"), "response_format", e)) ||
+        (rc = schema_add(&sz, json_object_get(json_object_get(rf, "json_schema"), "schema"), "response_format", e)))
+        return rc;
+    size_t i;
+    const json_t *t;
+    json_array_foreach(json_object_get(rq->tmpl_req, "tools"), i, t) {
+        char param[48];
+        snprintf(param, sizeof param, "tools[%zu]", i);
+        if ((rc = schema_add(&sz, json_object_get(json_object_get(t, "function"), "parameters"), param, e))) return rc;
+    }
+    return 0;
+}
+
+int ks__plan_presize(ks_server *s, const ks_api_request *rq, ks_api_error *e) {
+    int64_t max = prompt_max_bytes(s);
+    int rc = ks__plan_schemas(rq, e);
+    if (rc) return rc;
+    if (!s->tmpl || max <= 0 || ks_presize_bytes(&s->presize, rq->tmpl_req) <= (uint64_t)max) return 0;
+    ks_admit_note_refused(&s->admit);
+    return too_long(s, rq, 0, e);
+}
+
 int ks__plan_ctx_error(const ks_server *s, const ks_api_request *rq, ks_api_error *e, const char *fmt, ...) {
     const char *what = rq->kind == KS_API_CHAT ? "messages" : "prompt";
     char detail[200];
@@ -163,10 +245,9 @@ int ks__plan_prompts(ks_server *s, const ks_api_request *rq, ks_plan *pl, bool b
             /* Sized before any render: the strings the template is known to
              * copy (presize.h) already render to more than the bound, so the
              * render's own refusal is known without it. */
-            if (bounded && ks_presize_bytes(&s->presize, rq->tmpl_req) > (uint64_t)max_bytes) {
+            if (bounded && (rc = ks__plan_presize(s, rq, e))) {
                 free((void *)pm.items);
-                ks_admit_note_refused(&s->admit);
-                return too_long(s, rq, 0, e);
+                return rc;
             }
             ks_admit_enter(&s->admit, KS_ADMIT_RENDER);
             rc = ks_prompt_tmpl_chat(s->engine, s->tmpl, rq->tmpl_req, &o, s->memo, &pl->tp, err, sizeof err);
@@ -300,10 +381,12 @@ int ks__plan_grammar(ks_server *s, const ks_api_request *rq, ks_plan *pl, ks_api
     if (rq->grammar) {
         if (!(pl->grammar = strdup(rq->grammar))) return ks__api_oom(e);
     } else {
+        int rc = ks__plan_schemas(rq, e);
+        if (rc) return rc;
         char *schema = rq->json_schema ? json_dumps(rq->json_schema, JSON_COMPACT) : strdup("{}");
         if (!schema) return ks__api_oom(e);
         ks_admit_enter(&s->admit, KS_ADMIT_GRAMMAR);
-        int rc = ks_chat_tmpl_schema_to_grammar(schema, &pl->grammar, err, sizeof err);
+        rc = ks_chat_tmpl_schema_to_grammar(schema, &pl->grammar, err, sizeof err);
         ks_admit_leave(&s->admit);
         free(schema);
         if (rc == KS_EINVAL) {

@@ -14,6 +14,7 @@
 #define KS_PLAN_H
 
 #include "prompt/prompt_tmpl.h"
+#include "server/prescan.h"
 #include "server/server_int.h"
 
 /* Everything a request is turned into before it is queued. */
@@ -39,6 +40,31 @@ void ks__plan_free(ks_plan *pl);
  * longer than the context could hold in bytes before tokenizing it (a
  * generation; not a token count). 0, or a KS_E* code with e filled. */
 int ks__plan_prompts(ks_server *s, const ks_api_request *rq, ks_plan *pl, bool bounded, ks_api_error *e);
+/* A body sized before it is parsed (prescan.h), whole (next NULL) or the
+ * part come so far while it comes in (server.c): KS_BODY_TOO_MANY when it
+ * holds more keys and values than KS_BODY_ITEMS_BASE and
+ * KS_BODY_ITEMS_PER_TOKEN per token of context (any route), KS_BODY_TOO_LONG
+ * when the strings the chat template is known to copy, in the route's
+ * shape, are more than the context holds (counted as refused before
+ * render), else 0. With next, scans only once len has passed a bound and
+ * *next, and sets *next (0 at the start of a body) to twice len. */
+enum { KS_BODY_TOO_LONG = 1400, KS_BODY_TOO_MANY = 1413 };
+#define KS_BODY_ITEMS_BASE 262144
+#define KS_BODY_ITEMS_PER_TOKEN 4
+int ks__plan_body(ks_server *s, ks_prescan_shape shape, const char *body, size_t len, uint64_t *next);
+/* The error of a body ks__plan_body refused (why: its result): 413
+ * request_too_large, or the 400 context_length_exceeded of ks__plan_prompts. */
+void ks__plan_body_error(ks_server *s, int why, ks_api_error *e);
+/* A parsed request's JSON schemas (response format, tools' parameters)
+ * sized before any grammar is built from them (schemasize.h): 0, or
+ * KS_EINVAL with e filled (400 schema_too_large). */
+int ks__plan_schemas(const ks_api_request *rq, ks_api_error *e);
+/* A parsed chat request sized before its render: its schemas
+ * (ks__plan_schemas), then the strings its template is known to copy
+ * (presize.h), the 400 context_length_exceeded of ks__plan_prompts when
+ * they are more than the context holds. 0, or KS_EINVAL / KS_ECTX with e
+ * filled (the latter counted as refused before render). */
+int ks__plan_presize(ks_server *s, const ks_api_request *rq, ks_api_error *e);
 /* The 400 of a prompt that does not fit the context (context_length_exceeded,
  * one wording for every cause): fmt says what is known of its length
  * ("resulted in %d tokens"). Returns KS_ECTX. */

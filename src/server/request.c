@@ -3,7 +3,7 @@
  * (server_int.h): the body through the route's format's parser (fmt.h) into
  * the internal request, the server's defaults, the plan (plan.c), the
  * generation (gen.c) and its reply. Also /v1/messages/count_tokens, which
- * stops after the plan's prompt.
+ * stops after the plan's prompt (sized and bounded as a generation's).
  *
  * The path is the same for every format; which one it is, only the table
  * says.
@@ -53,6 +53,8 @@ int ks__request_parse(ks_server *s, const ks_fmt *fmt, const conn *cn, ks_api_re
     json_t *root = NULL;
     *st = NULL;
     memset(rq, 0, sizeof *rq);
+    /* Sized before the parse (server.c, ks__plan_body): a request refused
+     * there cost its body's bytes, not the JSON tree they would make. */
     int rc = ks__api_load_object(cn->body.s, cn->body.len, &root, e);
     if (rc) return rc;
     ks_fmt_env env = {.convs = s->convs, .tenant = tenant_of(s, cn, root), .media = &s->media};
@@ -148,13 +150,15 @@ enum MHD_Result ks__request_count_tokens(ks_server *s, struct MHD_Connection *c,
     ks_api_request rq = {0};
     ks_plan pl = {0};
     enum MHD_Result ret;
+    /* Sized and bounded as a generation is: before the parse (server.c),
+     * before the render, and a render of at most the bytes the context holds. */
     if (ks__api_load_object(cn->body.s, cn->body.len, &root, &e) || ks_api_messages_to_chat(root, true, &mr, &e) ||
         ks_api_parse_root_media(KS_API_CHAT, json_incref(mr.chat), &s->media, &rq, &e)) {
         ret = ks__respond_error(s, c, cn, &e, NULL);
         goto out;
     }
     server_defaults(s, &rq);
-    if (ks__plan_prompts(s, &rq, &pl, false, &e)) {
+    if (ks__plan_prompts(s, &rq, &pl, true, &e)) {
         ret = ks__respond_error(s, c, cn, &e, NULL);
     } else {
         ks__log_notes(s, cn, &mr.notes);

@@ -51,6 +51,7 @@
 #include "server/fmt.h"
 #include "server/gen.h"
 #include "server/keyring.h"
+#include "server/plan.h"
 #include "server/refusals.h"
 
 /* Render results the server remembers (prompt_tmpl.h): a few per
@@ -115,21 +116,6 @@ static uint64_t hard_cap(const ks_server *s) { return (uint64_t)s->max_body * 2 
 /* --------------------------------------------------------------- MHD glue */
 /* Authorization: Bearer KEY (or X-Api-Key: KEY, as llama-server accepts);
  * *tenant: the key's (keyring.h). */
-static bool authorized(ks_server *s, struct MHD_Connection *c, bool *given, uint64_t *tenant) {
-    *given = false;
-    *tenant = 0;
-    if (!ks_keyring_required(s->keys)) return true;
-    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-    const char *key = NULL;
-    if (h && !strncasecmp(h, "Bearer ", 7)) {
-        key = h + 7;
-        while (*key == ' ') key++;
-    }
-    if (!key) key = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Api-Key");
-    *given = key != NULL;
-    return key && ks_keyring_check(s->keys, key, tenant);
-}
-
 /* -------------------------------------------------------------------- CORS */
 /* A preflight's answer is cached by the browser this long (seconds). */
 #define CORS_MAX_AGE "600"
@@ -212,6 +198,15 @@ static enum MHD_Result reply_early(ks_server *s, struct MHD_Connection *c, conn 
         const char *const h[] = {MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer", NULL};
         return ks__respond_error(s, c, cn, &e, h);
     }
+    case 403:
+        ks_api_error_set(&e, 403, "invalid_request_error", "permission_denied", NULL,
+                         "/metrics counts every tenant's requests together: on a server with several API keys it "
+                         "answers only the metrics key (--metrics-key), not an API key.");
+        return ks__respond_error(s, c, cn, &e, NULL);
+    case KS_BODY_TOO_LONG: /* sized before its parse (plan.h, prescan.h) */
+    case KS_BODY_TOO_MANY:
+        ks__plan_body_error(s, cn->early, &e);
+        return ks__respond_error(s, c, cn, &e, NULL);
     case 413:
         ks_api_error_set(&e, 413, "invalid_request_error", "request_too_large", NULL,
                          "The request body is larger than the limit of %lld bytes.", (long long)s->max_body);
@@ -301,7 +296,6 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (cn->rt) cn->fmt = cn->rt->fmt;
         bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
         bool post = !strcmp(method, "POST");
-        bool given;
         cn->post = post;
         snprintf(cn->method, sizeof cn->method, "%s", method);
         /* the route's path when there is one: the log then names one cause per
@@ -326,8 +320,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (!cn->rt) cn->early = 404;
         else if (s->n_cors_origins && !strcmp(method, "OPTIONS")) cn->options = true; /* no key: reply_options */
         else if (!((get && (cn->rt->methods & M_GET)) || (post && (cn->rt->methods & M_POST)))) cn->early = 405;
-        else if (cn->rt->id != R_HEALTH && !authorized(s, c, &given, &cn->tenant))
-            cn->early = 401, cn->key_given = given;
+        else if (cn->rt->id != R_HEALTH)
+            cn->early = ks__auth_check(s, c, cn->rt->id == R_METRICS, &cn->key_given, &cn->tenant);
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl) {
             char *end;
@@ -354,6 +348,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             } else if (ks_buf_append(&cn->body, upload_data, n)) {
                 cn->early = 500;
                 ks_buf_free(&cn->body);
+            } else if ((cn->early = ks__plan_body(s, cn->fmt ? cn->fmt->prescan : KS_PRESCAN_NONE, cn->body.s,
+                                                  cn->body.len, &cn->prescan_next))) {
+                /* Refused by what has come: the rest is read and dropped. */
+                cn->discarded = cn->body.len;
+                ks_buf_free(&cn->body);
             } else {
                 return MHD_YES;
             }
@@ -367,6 +366,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
      * may take long to make (a generation turns the timeout off) and to
      * send, and then the connection waits idle for the next request. */
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, s->timeout_s);
+    if (!cn->early && cn->post)
+        cn->early = ks__plan_body(s, cn->fmt ? cn->fmt->prescan : KS_PRESCAN_NONE, cn->body.s, cn->body.len, NULL);
     if (cn->early) return reply_early(s, c, cn, method, url);
     if (cn->options) return reply_options(s, c, cn);
     switch (cn->rt->id) {
@@ -506,29 +507,11 @@ int ks_server_start(const ks_server_params *p, ks_server **out, char *err, size_
     s->sched = p->sched;
     s->quiesced_fd = MHD_INVALID_SOCKET;
     snprintf(s->host, sizeof s->host, "%s", host);
-    {
-        const char *keys[1 + 64];
-        int n_keys = 0;
-        if (p->api_key && p->api_key[0]) keys[n_keys++] = p->api_key;
-        for (int i = 0; i < p->n_api_keys && p->api_keys && n_keys < (int)(sizeof keys / sizeof keys[0]); i++)
-            keys[n_keys++] = p->api_keys[i];
-        int krc = p->n_api_keys > 64 ? KS_EINVAL
-                                     : ks_keyring_create(keys, n_keys, p->api_key_file, &s->keys, err, errlen);
-        if (krc) {
-            if (p->n_api_keys > 64) ks_set_err(err, errlen, "more than 64 API keys: use a key file");
-            ks_server_free(s);
-            freeaddrinfo(ai);
-            return krc;
-        }
-        s->tenant_by = p->tenant_by;
-        int nk = ks_keyring_count(s->keys);
-        bool file = p->api_key_file && p->api_key_file[0];
-        if (nk || file || p->tenant_by)
-            KS_INFO("auth", "%d API key(s)%s%s%s: %s%s%s%s", nk, file ? " (key file " : "", file ? p->api_key_file : "",
-                    file ? ")" : "", nk <= 1 && !file ? "one tenant" : "a tenant per key (or name)",
-                    p->tenant_by & KS_TENANT_BY_PROMPT_CACHE_KEY ? ", split by prompt_cache_key" : "",
-                    p->tenant_by & KS_TENANT_BY_CACHE_SALT ? ", split by cache_salt" : "",
-                    p->tenant_by & KS_TENANT_BY_USER ? ", split by user" : "");
+    int krc = ks__auth_open(s, p, err, errlen);
+    if (krc) {
+        ks_server_free(s);
+        freeaddrinfo(ai);
+        return krc;
     }
     snprintf(s->model, sizeof s->model, "%s", model ? model : "model");
     snprintf(s->model_id, sizeof s->model_id, "%s", p->model_id ? p->model_id : s->model);
@@ -674,6 +657,7 @@ void ks_server_free(ks_server *s) {
     ks_convstore_free(s->convs);
     if (s->admit_ok) ks_admit_fini(&s->admit);
     ks_keyring_free(s->keys);
+    ks_keyring_free(s->metrics_keys);
     pthread_rwlock_destroy(&s->sched_lock);
     free(s);
 }

@@ -115,6 +115,10 @@ typedef struct ks_server_params {
     const char *const *api_keys;
     int n_api_keys;
     const char *api_key_file; /* NULL or "": none */
+    /* The key that opens /metrics (auth.c): with several tenants the only
+     * one (an API key gets 403); else as well as the API keys. NULL or "":
+     * none. Copied. */
+    const char *metrics_key;
     /* Which request fields subdivide a key's tenant (docs/SECURITY.md):
      * KS_TENANT_BY_* bits, 0 (default): none. */
     unsigned tenant_by;

@@ -45,6 +45,8 @@ struct ks_server {
     int port;
     char host[256];
     struct ks_keyring *keys;    /* API keys and their tenants (keyring.h); NULL: none */
+    struct ks_keyring *metrics_keys; /* the metrics key (auth.c); NULL: none */
+    bool tenants;               /* several tenants: a key or key file per tenant (keyring.h 3) */
     unsigned tenant_by;         /* KS_TENANT_BY_* (server.h) */
     char model[256];
     char model_id[512];
@@ -102,11 +104,20 @@ typedef struct conn {
     bool http11;          /* HTTP/1.1, not 1.0 (framing; an interim 1xx response may be sent) */
     ks_buf body;
     uint64_t discarded;
+    uint64_t prescan_next; /* the body length of the next prescan (plan.h ks__plan_body) */
     int status;
     double t0;
     ks_gen *g;            /* the HTTP reference of a generation, dropped when the request ends */
     const struct ks_fmt *fmt; /* the route's format (fmt.h): its errors' shape; NULL: OpenAI's */
 } conn;
+
+/* Who may use a route (auth.c). ks__auth_open makes the key rings of p
+ * (their errors in err: KS_EINVAL, KS_ENOMEM) and says at start what they
+ * are. ks__auth_check: 0 (allowed; *tenant the key's), 401 (no key or a
+ * wrong one; *given whether one came) or 403 (/metrics with a tenant's key
+ * on a server of several tenants). metrics: the route is /metrics. */
+int ks__auth_open(ks_server *s, const ks_server_params *p, char *err, size_t errlen);
+int ks__auth_check(ks_server *s, struct MHD_Connection *c, bool metrics, bool *given, uint64_t *tenant);
 
 /* Replies (respond.c). Each queues the response, counts its status and sets
  * cn->status (cn may be NULL). */

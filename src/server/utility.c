@@ -18,6 +18,7 @@
 #include "engine/chat_tmpl.h"
 #include "server/api_int.h"
 #include "server/fmt.h"
+#include "server/plan.h"
 #include "server/server_int.h"
 
 /* ------------------------------------------------------------- GET endpoints */
@@ -263,7 +264,10 @@ enum MHD_Result ks__util_props(ks_server *s, struct MHD_Connection *c, conn *cn)
  * with the model's own Jinja template, as llama-server's /apply-template.
  * The body is parsed as a chat request (the same checks, the same
  * translation into the template's request, the server's defaults), so the
- * prompt shown is the one /v1/chat/completions renders for that body. */
+ * prompt shown is the one /v1/chat/completions renders for that body; it is
+ * sized and rendered under the same limits (docs/SECURITY.md "Bounded cost
+ * before admission"): a request whose known strings are longer than the
+ * context is refused before the render, and the render waits its turn. */
 enum MHD_Result ks__util_apply_template(ks_server *s, struct MHD_Connection *c, conn *cn) {
     ks_api_error e;
     ks_api_request rq;
@@ -274,13 +278,19 @@ enum MHD_Result ks__util_apply_template(ks_server *s, struct MHD_Connection *c, 
     char err[512] = "";
     int rc = 0;
     char *req = NULL, *res = NULL;
+    if (ks__plan_presize(s, &rq, &e)) {
+        ks_api_request_free(&rq);
+        return ks__respond_error(s, c, cn, &e, NULL);
+    }
     if (!s->tmpl) {
         rc = KS_ETEMPLATE;
         snprintf(err, sizeof err, "the model's chat template could not be loaded at start");
     } else if (!(req = ks_api_dump(rq.tmpl_req))) {
         rc = KS_ENOMEM;
     } else {
+        ks_admit_enter(&s->admit, KS_ADMIT_RENDER);
         rc = ks_chat_tmpl_apply(s->tmpl, req, &res, err, sizeof err);
+        ks_admit_leave(&s->admit);
     }
     free(req);
     ks_api_request_free(&rq);

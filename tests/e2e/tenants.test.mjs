@@ -90,18 +90,18 @@ test('the store keeps tenants apart: another key never restores A\'s saved state
   const cfg = await writeStoreConfig(path.join(d, 'c.yaml'),
     { cacheDir: path.join(d, 'disk'), shmDir: path.join(d, 'shm'), stride: 16, minTokens: 16 });
   const srv = await startServer(['--slots', '1', '--config', cfg, '--api-key', 'KA', '--api-key', 'KB',
-    '--api-key', 'KC']);
+    '--api-key', 'KC', '--metrics-key', 'MK']);
   try {
     const a1 = await ask(srv, 'KA', SECRET);
     await ask(srv, 'KC', CONTROLS[0]); // takes A's slot over: A's state is saved (evict, finish)
-    await settleStore(srv, 30000, { authorization: 'Bearer KA' });
+    await settleStore(srv, 30000, { authorization: 'Bearer MK' });
     // B guesses with the slot holding C's state and A's in the store; C
     // sends a control in the same situation (the slot now B's).
     const b = await ask(srv, 'KB', SECRET);
     const c = await ask(srv, 'KC', CONTROLS[1]);
     assert.deepEqual(seen(b), MISS('evicted'), JSON.stringify(b.cache));
     assert.deepEqual(seen(c), MISS('evicted'), JSON.stringify(c.cache));
-    await settleStore(srv, 30000, { authorization: 'Bearer KA' });
+    await settleStore(srv, 30000, { authorization: 'Bearer MK' });
     // A's own state is still there for A.
     const a2 = await ask(srv, 'KA', SECRET);
     assert.equal(a2.cache.mode, 'store', JSON.stringify(a2.cache));

@@ -29,6 +29,11 @@
  *  5. with media input on (small limits), every item of an accepted request
  *     is within the limits, its format the one its magic bytes say, an
  *     image's size within max_pixels (api_media.c).
+ *  6. the size bound from the body's bytes (server/prescan.h) never
+ *     exceeds presize's bound of the chat request the format's parser made
+ *     of an accepted body (a request that fits is never refused), unless a
+ *     named tool_choice kept only one tool (tools count whole, prescan.h
+ *     invariant 1); no prefix of the body counts more than the whole.
  */
 #include <stdbool.h>
 #include <stdlib.h>
@@ -41,6 +46,7 @@
 #include "fuzz.h"
 #include "server/api.h"
 #include "server/api_int.h"
+#include "server/prescan.h"
 
 static ks_chat_tmpl *g_tmpl;
 
@@ -173,6 +179,25 @@ static void check_request(const ks_api_request *r) {
     }
 }
 
+/* Property 5. */
+static void check_prescan(ks_prescan_shape sh, const uint8_t *data, size_t size, const ks_api_request *r) {
+    static const ks_presize all = {{true, true}, true, true, true, true};
+    ks_prescan_counts whole, part;
+    ks_prescan_count(&all, sh, (const char *)data, size, false, &whole);
+    /* A named tool_choice (an object but Messages' auto/any/none) keeps one tool. */
+    json_t *root = json_loadb((const char *)data, size, JSON_REJECT_DUPLICATES, NULL);
+    const json_t *tc = json_object_get(root, "tool_choice");
+    const char *ty = json_string_value(json_object_get(tc, "type"));
+    bool named = json_is_object(tc) && !(sh == KS_PRESCAN_MESSAGES && ty &&
+                                         (!strcmp(ty, "auto") || !strcmp(ty, "any") || !strcmp(ty, "none")));
+    json_decref(root);
+    if (!named) FUZZ_CHECK(whole.bytes <= ks_presize_bytes(&all, r->tmpl_req));
+    for (size_t n = 0; n <= size; n += size / 7 + 1) {
+        ks_prescan_count(&all, sh, (const char *)data, n, true, &part);
+        FUZZ_CHECK(part.bytes <= whole.bytes && part.items <= whole.items);
+    }
+}
+
 static void parse_body(ks_api_kind kind, const uint8_t *data, size_t size) {
     ks_api_request r;
     ks_api_error e;
@@ -180,6 +205,7 @@ static void parse_body(ks_api_kind kind, const uint8_t *data, size_t size) {
     int rc = ks_api_parse(kind, (const char *)data, size, &r, &e);
     if (rc == 0) {
         check_request(&r);
+        if (kind == KS_API_CHAT) check_prescan(KS_PRESCAN_CHAT, data, size, &r);
         ks_api_request_free(&r);
     } else {
         check_refusal(rc, &e);
@@ -187,13 +213,14 @@ static void parse_body(ks_api_kind kind, const uint8_t *data, size_t size) {
 }
 
 /* A translated request goes through the chat parser, as gen.c does. */
-static void parse_chat(json_t *chat) {
+static void parse_chat(json_t *chat, ks_prescan_shape sh, const uint8_t *data, size_t size) {
     ks_api_request r;
     ks_api_error e;
     memset(&e, 0, sizeof e);
     int rc = ks_api_parse_root_media(KS_API_CHAT, json_incref(chat), &g_media, &r, &e);
     if (rc == 0) {
         check_request(&r);
+        check_prescan(sh, data, size, &r);
         ks_api_request_free(&r);
     } else {
         check_refusal(rc, &e);
@@ -213,7 +240,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         check_refusal(rc, &e);
         return 0;
     }
-    parse_chat(root); /* /v1/chat/completions with a projector */
+    parse_chat(root, KS_PRESCAN_CHAT, data, size); /* /v1/chat/completions with a projector */
     /* /v1/responses, without a stored conversation (previous_response_id is
      * resolved by the server; an unknown one is a 400 before this). */
     const char *prev = NULL;
@@ -221,7 +248,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (rc == 0) {
         ks_api_resp_req rr = {0};
         rc = ks_api_responses_to_chat(root, NULL, &rr, &e);
-        if (rc == 0) parse_chat(rr.chat);
+        if (rc == 0) parse_chat(rr.chat, KS_PRESCAN_RESPONSES, data, size);
         else check_refusal(rc, &e);
         ks_api_resp_req_free(&rr);
     } else {
@@ -232,7 +259,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         ks_api_msg_req mr = {0};
         memset(&e, 0, sizeof e);
         rc = ks_api_messages_to_chat(root, count, &mr, &e);
-        if (rc == 0) parse_chat(mr.chat);
+        if (rc == 0) parse_chat(mr.chat, KS_PRESCAN_MESSAGES, data, size);
         else check_refusal(rc, &e);
         ks_api_msg_req_free(&mr);
     }

@@ -182,6 +182,33 @@ static void reseal(uint8_t *b);
 /* A reason added after pins (checkpoint) sets flag REASON6, so that a
  * reader from before it refuses the file (another version) rather than
  * quarantining it as corrupt; this reader takes it. */
+/* The tenant a state belongs to is in the header (the bytes that were
+ * "reserved, 0" before tenants: 0 is the single tenant, as every file from
+ * before reads), covered by the header check; the in-memory form too. */
+static void test_tenant(void **state) {
+    fx *f = *state;
+    write_ok(f); /* a writer that names no tenant: 0 */
+    ks_kvfile_meta m;
+    assert_int_equal(ks_kvfile_read_meta(f->path, &m), 0);
+    assert_int_equal(m.tenant, 0);
+    unlink(f->path);
+    f->meta.tenant = 0x1122334455667788ull;
+    write_ok(f);
+    assert_int_equal(ks_kvfile_read_meta(f->path, &m), 0);
+    assert_true(m.tenant == 0x1122334455667788ull);
+    ks_kvfile_expect e = expect_all(f);
+    assert_int_equal(ks_kvfile_read(f->path, &e, &m, NULL, NULL), 0);
+    assert_true(m.tenant == 0x1122334455667788ull);
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    assert_int_equal(ks_kvfile_encode(&f->meta, f->toks, 5, f->payload, sizeof f->payload, &buf, &len), 0);
+    memset(&m, 0, sizeof m);
+    assert_int_equal(ks_kvfile_decode(buf, len, &e, &m, NULL), 0);
+    assert_true(m.tenant == 0x1122334455667788ull);
+    free(buf);
+    f->meta.tenant = 0;
+}
+
 static void test_reason_after_pins(void **state) {
     fx *f = *state;
     f->meta.reason = KS_REASON_CHECKPOINT;
@@ -691,6 +718,7 @@ int main(void) {
     ks_log_set_level(KS_LOG_ERROR);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_round_trip, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_tenant, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reason_after_pins, setup, teardown),
         cmocka_unit_test_setup_teardown(test_read_into_buffer, setup, teardown),
         cmocka_unit_test(test_names),

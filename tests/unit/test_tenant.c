@@ -120,6 +120,49 @@ static void test_route_other_tenant_shares_nothing(void **state) {
     assert_string_equal(r.reason, "evicted");
 }
 
+/* Fairness (route.h invariant 5): B's miss with no empty slot takes B's own
+ * least recently used slot, not A's older one; A's only when B has none
+ * idle; one tenant: the plain LRU, as before. */
+static void test_route_lru_own_tenant_first(void **state) {
+    (void)state;
+    int32_t a[20], b[20], b2[20], q[20];
+    for (int i = 0; i < 20; i++) a[i] = 100 + i, b[i] = 300 + i, b2[i] = 500 + i, q[i] = 900 + i;
+    ks_route_slot slots[3] = {
+        {.id = 0, .tokens = a, .n_tokens = 20, .last_used_us = 1, .tenant = 0xA},  /* the oldest: A's */
+        {.id = 1, .tokens = b, .n_tokens = 20, .last_used_us = 5, .tenant = 0xB},
+        {.id = 2, .tokens = b2, .n_tokens = 20, .last_used_us = 3, .tenant = 0xB}, /* B's oldest */
+    };
+    ks_route_cfg cfg[2] = {{.imc = false, .affinity_min = 0.05f}, {.imc = true, .cache_min_tokens = 4}};
+    for (int m = 0; m < 2; m++) {
+        ks_route r;
+        ks_route_req req = {.tokens = q, .n_tokens = 20, .cache_prompt = true, .tenant = 0xB};
+        assert_int_equal(ks_route_select(slots, 3, &req, &cfg[m], &r), 0);
+        assert_int_equal(r.slot, 2);
+        assert_string_equal(r.reason, "evicted");
+        /* cache_prompt false clears its slot: B's own too */
+        req.cache_prompt = false;
+        assert_int_equal(ks_route_select(slots, 3, &req, &cfg[m], &r), 0);
+        assert_int_equal(r.slot, 2);
+        req.cache_prompt = true;
+        /* B's slots busy: then the LRU of all, A's */
+        slots[1].busy = slots[2].pending = true;
+        assert_int_equal(ks_route_select(slots, 3, &req, &cfg[m], &r), 0);
+        assert_int_equal(r.slot, 0);
+        /* a tenant with no slot at all: the LRU of all */
+        slots[1].busy = slots[2].pending = false;
+        req.tenant = 0xC;
+        assert_int_equal(ks_route_select(slots, 3, &req, &cfg[m], &r), 0);
+        assert_int_equal(r.slot, 0);
+        /* one tenant: the plain LRU */
+        ks_route_slot one[3];
+        memcpy(one, slots, sizeof one);
+        for (int i = 0; i < 3; i++) one[i].tenant = 0;
+        req.tenant = 0;
+        assert_int_equal(ks_route_select(one, 3, &req, &cfg[m], &r), 0);
+        assert_int_equal(r.slot, 0);
+    }
+}
+
 /* ------------------------------------------------------------------- ids */
 static int cmp_str(const void *a, const void *b) { return strcmp((const char *)a, (const char *)b); }
 
@@ -347,6 +390,7 @@ int main(void) {
         cmocka_unit_test(test_key_tenant),
         cmocka_unit_test(test_msghash_tenant),
         cmocka_unit_test(test_route_other_tenant_shares_nothing),
+        cmocka_unit_test(test_route_lru_own_tenant_first),
         cmocka_unit_test(test_ids_random_128_bits),
         cmocka_unit_test(test_keyring_tenants),
         cmocka_unit_test(test_keyring_file),
