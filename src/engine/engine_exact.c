@@ -115,8 +115,8 @@ bool ks__gpu_kernels_ok(const ks_engine *e, char *why, size_t n) {
     const char *r = NULL;
     if (!o->cuda_invariant)
         r = ks_devices_cuda_patched() ? "the CUDA module's batch-invariant kernels are off (GGML_CUDA_KS_INVARIANT)"
-                                      : "kvstash's CUDA patch is the only GPU kernel set known to be (CUDA "
-                                        "devices)";
+                                      : "only CUDA devices with kvstash's patched module have batch-invariant "
+                                        "kernels";
     else if (!o->weights_quant)
         r = "the model has matrix weights of a float type, whose CUDA products the patch does not cover";
     else if (!e->flash_attn || !ks__kv_tiled(e->type_k, e->type_v) || e->type_k == GGML_TYPE_F32)
