@@ -18,10 +18,16 @@ set ylabel 'TTFT (ms, log scale)'
 set xlabel 'turn (1: the image, nothing cached; the last: the next turn sent to restarted servers)'
 set grid ytics mytics xtics
 set xtics 1
+set xrange [0.7:turns + 1.3]
 set xtics add (sprintf("%d\nafter restart", turns + 1) turns + 1)
 set format y '%g'
 set key top center opaque box
 set arrow from turns + 0.5, graph 0 to turns + 0.5, graph 1 nohead dt 2 lc rgb '#888888'
 set label 'restart' at turns + 0.55, graph 0.95 tc rgb '#666666'
-plot csv using 1:2 with linespoints lw 2.5 pt 7 lc rgb '#1f77b4' title columnhead(2), \
-     csv using 1:3 with linespoints lw 1.5 pt 5 dt 2 lc rgb '#d62728' title columnhead(3)
+# turns 1..turns joined by lines; the turn after the restart a point of its own
+before(c) = column(1) <= turns ? column(c) : 1/0
+after(c) = column(1) > turns ? column(c) : 1/0
+plot csv using 1:(before(2)) with linespoints lw 2.5 pt 7 ps 1.2 lc rgb '#1f77b4' title columnhead(2), \
+     csv using 1:(before(3)) with linespoints lw 1.5 pt 5 ps 1.2 dt 2 lc rgb '#d62728' title columnhead(3), \
+     csv using 1:(after(2)) with points pt 7 ps 1.6 lc rgb '#1f77b4' notitle, \
+     csv using 1:(after(3)) with points pt 5 ps 1.6 lc rgb '#d62728' notitle
