@@ -52,6 +52,6 @@ CMD=(node "$ROOT/bench/media_peer.mjs" --bin "$BIN" --model "$MODEL" --mmproj "$
 echo "\$ ${CMD[*]}" >&2
 "${CMD[@]}"
 
-gnuplot -e "csv='$OUT/${NAME}_ttft.csv'; out='$IMG/$NAME.png'; turns=$TURNS; subtitle='$(basename "$MODEL") + $(basename "$MMPROJ"), a ${SIZE}x${SIZE} image in turn 1, $MSG_WORDS-word messages, $MAX_TOKENS-token replies, $SLOTS slots, $THREADS threads, store tiers: $TIERS, median of $REPEAT'" \
+gnuplot -e "csv='$OUT/${NAME}_ttft.csv'; out='$IMG/$NAME.png'; turns=$TURNS; subtitle='$(basename "$MODEL") + $(basename "$MMPROJ"), a ${SIZE}x${SIZE} PNG in turn 1, $MSG_WORDS-word messages, $MAX_TOKENS-token replies, $SLOTS slots, $THREADS threads, store: $TIERS, median of $REPEAT'" \
     "$ROOT/bench/plot_media_peer.gp"
 echo >&2 "media_peer.sh: table in $OUT/$NAME.md, plot in $IMG/$NAME.png"
