@@ -179,7 +179,7 @@ for m in $MODELS; do
     "$KS" serve -m "$model" --port $P_KS -ngl "$NGL" --slots 2 --ctx 16384 --log info >"$OUT/$m-kvstash.log" 2>&1 &
     ks=$!
     pids+=("$ks")
-    "$PEER" -m "$model" --host 127.0.0.1 --port $P_PEER -ngl "$PEER_NGL" -np 2 -c 32768 --no-webui >"$OUT/$m-llama-server.log" 2>&1 &
+    env -u GGML_CUDA_KS_INVARIANT "$PEER" -m "$model" --host 127.0.0.1 --port $P_PEER -ngl "$PEER_NGL" -np 2 -c 32768 --no-webui >"$OUT/$m-llama-server.log" 2>&1 &
     peer=$!
     pids+=("$peer")
     up=1

@@ -251,7 +251,7 @@ int ks_engine_open(const ks_engine_params *p, ks_engine **out, char *err, size_t
     if (e->gpu && p->exact && ks_devices_cuda_patched()) {
         bool all_cuda = true;
         for (int i = 0; i < e->off.n_devices; i++) all_cuda &= !strncmp(e->off.dev[i].name, "CUDA", 4);
-        if (all_cuda) setenv("GGML_CUDA_KS_INVARIANT", "15", 0);
+        if (all_cuda) setenv("GGML_CUDA_KS_INVARIANT", "31", 0);
         const char *inv = getenv("GGML_CUDA_KS_INVARIANT");
         int m = inv ? atoi(inv) : 0;
         /* MMQ for every row count (1), split alike for every row count (2 or
