@@ -178,6 +178,15 @@ void ks__api_note_unknown(json_t *root, ks_api_notes *notes, const char *const *
 /* The body as a JSON object into *root (new reference), or 400. */
 int ks__api_load_object(const char *body, size_t len, json_t **root, ks_api_error *err) {
     json_error_t je;
+    *root = NULL;
+    /* A raw NUL byte is never valid JSON (RFC 8259: control characters
+     * must be escaped in strings and are not white space), but jansson
+     * takes some bodies with one; refused here so that the parser and the
+     * byte pre-scan (prescan.h), which refuses them too, agree. */
+    const char *nul = body ? memchr(body, '\0', len) : NULL;
+    if (nul)
+        BAD("invalid_json", NULL, "We could not parse the JSON body of your request: a NUL byte at offset %zu.",
+            (size_t)(nul - body));
     *root = json_loadb(body ? body : "", len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &je);
     if (!*root)
         BAD("invalid_json", NULL, "We could not parse the JSON body of your request: %s (line %d, column %d).",
