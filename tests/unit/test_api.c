@@ -53,6 +53,18 @@ static void test_bad_json(void **state) {
     expect_bad(KS_API_CHAT, "{\"messages\":[}", 400, "invalid_json", NULL);
     expect_bad(KS_API_CHAT, "{\"a\":1} trailing", 400, "invalid_json", NULL);
     expect_bad(KS_API_CHAT, "\xff\xfe{}", 400, "invalid_json", NULL);
+    {
+        /* A raw NUL byte after a number (jansson takes it; the byte
+         * pre-scan does not): refused before the parse. */
+        static const char nul[] = "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"temperature\":5\0,\"seed\":7}";
+        ks_api_request r;
+        ks_api_error e;
+        memset(&e, 0, sizeof e);
+        assert_int_equal(ks_api_parse(KS_API_CHAT, nul, sizeof nul - 1, &r, &e), KS_EINVAL);
+        assert_int_equal(e.status, 400);
+        assert_string_equal(e.code, "invalid_json");
+        assert_non_null(strstr(e.message, "NUL byte at offset"));
+    }
     /* Invalid UTF-8 inside a string and NUL escapes are refused by jansson. */
     expect_bad(KS_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"\xc3\x28\"}]}", 400, "invalid_json", NULL);
     expect_bad(KS_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\\u0000b\"}]}", 400,
