@@ -472,10 +472,10 @@ test('hybrid model: the next turn on host B restores the previous prompt from th
 
 // ------------------------------------------------------------------------ 7b
 test('a Redis that does not answer holds up only the request that asks it, never the others', async () => {
-  const redis = await startRedis(path.join(root, 'r8'));
+  const redis = await startRedis(path.join(root, 'r8b'));
   const url = `unix://${redis.sock}`;
   // A long timeout: a lookup on the inference thread would stall every slot for 3 s.
-  const a = await host('a8', url, { timeout_ms: 3000, breaker_errors: 1, breaker_ms: 10000 });
+  const a = await host('a8b', url, { timeout_ms: 3000, breaker_errors: 1, breaker_ms: 10000 });
   try {
     const order = [];
     const m0 = await metrics(a);
@@ -525,6 +525,10 @@ test('TLS: a conversation begun on host A continues on host B through rediss://,
     await settleStore(b);
     const t3 = await say(a, msgs, 'Thanks. One more?', 'A turn 3');
     assertRedisHit(t3, t2.usage.prompt_tokens, 'A turn 3 (TLS)');
+    // Turn 3's saves land after the reply: wait for them, or `cache ls` below
+    // and the count of manifests may see different sets.
+    await settleStore(a);
+    await settleStore(b);
     for (const s of [a, b]) {
       const m = await metrics(s);
       assert.equal(m.get('kvstash_store_redis_errors_total'), 0, 'no Redis error over TLS');
