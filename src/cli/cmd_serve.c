@@ -24,6 +24,7 @@
  * with --cache-ram 0 or --no-cache-prompt.
  */
 #include <signal.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -282,6 +283,19 @@ int ks_cmd_serve(int argc, char **argv) {
     hp.media.max_items = cfg.media.max_items;
     hp.media.max_total_bytes = cfg.media.max_total_bytes;
     hp.media.max_pixels = cfg.media.max_pixels;
+    /* Images by URL: off unless named (media_fetch.h). A directory that is
+     * not one is the operator's mistake, said now rather than per request. */
+    if (cfg.media.path[0]) {
+        struct stat mst;
+        if (stat(cfg.media.path, &mst) || !S_ISDIR(mst.st_mode)) {
+            fprintf(stderr, CMD ": media path '%s' is not a directory\n", cfg.media.path);
+            exit_code = 2;
+            goto done;
+        }
+    }
+    hp.media_fetch = (ks_media_fetch_cfg){.dir = cfg.media.path, .hosts = cfg.media.fetch_hosts,
+                                          .timeout_ms = cfg.media.fetch_timeout_ms,
+                                          .max_redirects = cfg.media.fetch_max_redirects};
     /* What the projector (--mmproj) takes; none without one. */
     ks_media *mm = ks_engine_media(e);
     hp.media.modalities = (mm && ks_media_vision(mm) ? KS_MEDIA_IN_IMAGE : 0u) |

@@ -87,6 +87,11 @@ void ks_serve_usage(FILE *f) {
             "                            (default 33554432); --media-max-items N: items per request,\n"
             "                            1..1024 (default 32); --media-max-pixels N: width x height of an\n"
             "                            image (default 16777216). Beyond any: 400\n"
+            "  --media-path DIR          serve file:// image URLs from below DIR (relative paths only;\n"
+            "                            media.path; default: file:// URLs refused)\n"
+            "  --media-fetch-hosts LIST  fetch http(s):// image URLs from these hosts, comma-separated,\n"
+            "                            * for any (media.fetch_hosts; default: none, remote URLs refused);\n"
+            "                            --media-fetch-timeout-ms N: per fetch, 100..600000 (default 10000)\n"
             "  --max-tokens N            max_tokens of requests that give none (default 2048;\n"
             "                            always capped by the context left after the prompt)\n"
             "  --alias NAME              model id in /v1/models and responses (default: the model's name)\n"
@@ -129,7 +134,7 @@ int ks_serve_parse_flags(int argc, char **argv, ks_serve_flags *f) {
            O_TEMPLATE, O_REASONING, O_CORS, O_RESP_TTL, O_RESP_MAX, O_HDR_TIMEOUT, O_MAXCONN, O_MAXCONN_CLIENT,
            O_CKPT, O_CKPT_EVERY, O_CKPT_BYTES, O_CACHEREDIS, O_TLS_CA, O_TLS_CA_DIR, O_TLS_CERT, O_TLS_KEY,
            O_TLS_NAME, O_TLS_INSECURE, O_NOREPACK, O_WARM, O_SECRET, O_KEYFILE, O_TENANT_BY, O_SHARE_SYS, O_METRICS_KEY,
-           O_MEDIA_BYTES, O_MEDIA_TOTAL, O_MEDIA_ITEMS, O_MEDIA_PIXELS,
+           O_MEDIA_BYTES, O_MEDIA_TOTAL, O_MEDIA_ITEMS, O_MEDIA_PIXELS, O_MEDIA_PATH, O_MEDIA_HOSTS, O_MEDIA_FTIMEOUT,
            O_OFFLOAD,
            O_OFFLOAD_END = O_OFFLOAD + KS_CLI_OFFLOAD_N };
     static const struct option opts[] = {
@@ -168,6 +173,9 @@ int ks_serve_parse_flags(int argc, char **argv, ks_serve_flags *f) {
         {"media-max-total-bytes", required_argument, 0, O_MEDIA_TOTAL},
         {"media-max-items", required_argument, 0, O_MEDIA_ITEMS},
         {"media-max-pixels", required_argument, 0, O_MEDIA_PIXELS},
+        {"media-path", required_argument, 0, O_MEDIA_PATH},
+        {"media-fetch-hosts", required_argument, 0, O_MEDIA_HOSTS},
+        {"media-fetch-timeout-ms", required_argument, 0, O_MEDIA_FTIMEOUT},
         KS_CLI_OFFLOAD_OPTS(O_OFFLOAD),
         {"help", no_argument, 0, 'h'},                 {0, 0, 0, 0}};
     memset(f, 0, sizeof *f);
@@ -179,6 +187,7 @@ int ks_serve_parse_flags(int argc, char **argv, ks_serve_flags *f) {
     f->max_body = -1;
     f->media_max_bytes = f->media_max_total = f->media_max_pixels = -1;
     f->media_max_items = -1;
+    f->media_fetch_timeout = -1;
     f->cache_ram = -1;
     f->warm_slots = -1;
     f->responses_ttl = f->responses_max = -1;
@@ -258,6 +267,12 @@ int ks_serve_parse_flags(int argc, char **argv, ks_serve_flags *f) {
             break;
         case O_MEDIA_PIXELS:
             if (ks_cli_parse_ll(CMD, "--media-max-pixels", optarg, 1, KS_CONFIG_MEDIA_PIXELS_MAX, &f->media_max_pixels))
+                return 2;
+            break;
+        case O_MEDIA_PATH: f->media_path = optarg; break;
+        case O_MEDIA_HOSTS: f->media_fetch_hosts = optarg; break;
+        case O_MEDIA_FTIMEOUT:
+            if (ks_cli_parse_int(CMD, "--media-fetch-timeout-ms", optarg, 100, 600000, &f->media_fetch_timeout))
                 return 2;
             break;
         case O_MAXTOK: if (ks_cli_parse_int(CMD, "--max-tokens", optarg, 1, 1 << 24, &f->max_tokens)) return 2; break;
@@ -424,6 +439,9 @@ int ks_serve_apply_flags(const ks_serve_flags *f, ks_config *c) {
     if (f->media_max_total >= 0) c->media.max_total_bytes = f->media_max_total;
     if (f->media_max_items >= 0) c->media.max_items = f->media_max_items;
     if (f->media_max_pixels >= 0) c->media.max_pixels = f->media_max_pixels;
+    if (f->media_path) COPY(c->media.path, f->media_path);
+    if (f->media_fetch_hosts) COPY(c->media.fetch_hosts, f->media_fetch_hosts);
+    if (f->media_fetch_timeout >= 0) c->media.fetch_timeout_ms = f->media_fetch_timeout;
     if (f->no_cache) c->cache_prompt = false;
     if (f->no_exact) c->exact = false;
     ks_cli_offload_apply(&f->offload, f->offload_given, &c->offload);

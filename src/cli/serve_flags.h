@@ -23,6 +23,8 @@ typedef struct ks_serve_flags {
     long long max_body;
     long long media_max_bytes, media_max_total, media_max_pixels; /* --media-*, -1: not given */
     int media_max_items;                                          /* -1: not given */
+    const char *media_path, *media_fetch_hosts;                   /* --media-path, --media-fetch-hosts */
+    int media_fetch_timeout;                                      /* --media-fetch-timeout-ms, -1: not given */
     int cache_ram; /* MiB, -1: not given */
     int warm_slots; /* -1: not given */
     bool no_cache, no_exact, no_repack, imc, spc;

@@ -135,7 +135,8 @@ void ks_config_defaults(ks_config *c) {
     c->max_renders = 2;
     c->max_body_bytes = 16777216;
     c->media = (ks_media_cfg){.max_bytes = 10LL << 20, .max_items = 32, .max_total_bytes = 32LL << 20,
-                              .max_pixels = 16LL << 20};
+                              .max_pixels = 16LL << 20, .fetch_timeout_ms = 10000,
+                              .fetch_max_redirects = 3};
     snprintf(c->log, sizeof c->log, "info");
     ks__config_model_defaults(&c->cache);
 

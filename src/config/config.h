@@ -49,6 +49,11 @@
  *     max_items: 32          # items per request (--media-max-items), 1..1024
  *     max_total_bytes: 32MiB # all of a request's items, decoded (--media-max-total-bytes), 1KiB..4GiB
  *     max_pixels: 16777216   # width x height of one image (--media-max-pixels), 1..2^31
+ *     path: /srv/images      # file:// image URLs, relative to it (--media-path; default none)
+ *     fetch_hosts: "cdn.example.com,127.0.0.1"  # http(s):// image URLs from these hosts, "*": any
+ *                            # (--media-fetch-hosts; default none: remote URLs refused)
+ *     fetch_timeout_ms: 10000   # per fetch and redirect hop, 100..600000
+ *     fetch_max_redirects: 3    # 0..10, each target's host checked again
  *   log: info                # debug|info|warn|error|off
  *   cors_origins: [http://localhost:5173]   # browser origins allowed (CORS); "*": any.
  *                            # Absent or []: CORS off. One origin may be given as a scalar.
@@ -174,6 +179,11 @@ typedef struct ks_media_cfg {
     int max_items;              /* default 32 */
     int64_t max_total_bytes;    /* default 32 MiB */
     int64_t max_pixels;         /* default 16 Mi (4096 x 4096) */
+    char path[KS_MAX_PATH];     /* file:// image URLs below this directory ("": refused; --media-path) */
+    char fetch_hosts[1024];     /* http(s):// image URLs from these hosts, comma-separated, "*": any
+                                   ("": refused; --media-fetch-hosts) */
+    int fetch_timeout_ms;       /* per fetch hop (default 10000; --media-fetch-timeout-ms) */
+    int fetch_max_redirects;    /* redirects followed, each target checked (default 3) */
 } ks_media_cfg;
 #define KS_CONFIG_MEDIA_BYTES_MIN ((int64_t)1024)
 #define KS_CONFIG_MEDIA_BYTES_MAX ((int64_t)1 << 30)

@@ -102,6 +102,10 @@ static const field k_media_fields[] = {
     FI(ks_media_cfg, max_items, 1, KS_CONFIG_MEDIA_ITEMS_MAX),
     FY(ks_media_cfg, max_total_bytes, KS_CONFIG_MEDIA_BYTES_MIN, KS_CONFIG_MEDIA_TOTAL_MAX),
     FY(ks_media_cfg, max_pixels, 1, KS_CONFIG_MEDIA_PIXELS_MAX),
+    FS(ks_media_cfg, path, F_PATH),
+    FS(ks_media_cfg, fetch_hosts, F_STR),
+    FI(ks_media_cfg, fetch_timeout_ms, 100, 600000),
+    FI(ks_media_cfg, fetch_max_redirects, 0, 10),
 };
 
 /* store.tiers.redis.tls (rediss:// only: cmd_serve.c checks the whole with

@@ -23,6 +23,7 @@
 
 #include "cache/key.h"
 #include "server/api_int.h"
+#include "server/media_fetch.h"
 #include "server/media_in.h"
 
 #define KIND_NAME(k) ((k) == KS_MEDIA_IN_AUDIO ? "audio" : "image")
@@ -72,6 +73,9 @@ static int check_bytes(ks_api_request *r, ks_media_in_kind want, ks_media_in_for
     return 0;
 }
 
+static int take_bytes(ks_api_request *r, ks_media_in_kind want, ks_media_in_format declared, const char *declared_name,
+                      uint8_t *d, size_t n, const char *param, ks_api_error *err);
+
 /* One item from base64 text: limits, decode, checks, then appended to r->media. */
 static int add_item(ks_api_request *r, ks_media_in_kind want, ks_media_in_format declared, const char *declared_name,
                     const char *b64, size_t b64_len, const char *param, ks_api_error *err) {
@@ -93,20 +97,31 @@ static int add_item(ks_api_request *r, ks_media_in_kind want, ks_media_in_format
             "Invalid '%s': the %s is %zu bytes; this server takes at most %lld bytes per item (--media-max-bytes).",
             param, KIND_NAME(want), m / 4 * 3 + (m % 4 ? m % 4 - 1 : 0), (long long)lim->max_bytes);
     size_t max = ks_media_in_b64_max(b64_len);
-    ks_api_media *v = realloc(r->media, sizeof *v * ((size_t)r->n_media + 1));
-    if (!v) return ks__api_oom(err);
-    r->media = v;
-    ks_api_media *it = &v[r->n_media];
-    memset(it, 0, sizeof *it);
     uint8_t *d = malloc(max ? max : 1);
     if (!d) return ks__api_oom(err);
     size_t n = 0, bad = 0;
-    int rc = 0;
     if (ks_media_in_b64_decode(b64, b64_len, d, &n, &bad)) {
-        ks_api_error_set(err, 400, T_INVALID, "invalid_base64", param,
-                         "Invalid '%s': the data is not valid base64 (at character %zu).", param, bad);
-        rc = KS_EINVAL;
-    } else if (n == 0) {
+        free(d);
+        BAD("invalid_base64", param, "Invalid '%s': the data is not valid base64 (at character %zu).", param, bad);
+    }
+    return take_bytes(r, want, declared, declared_name, d, n, param, err);
+}
+
+/* One item's decoded bytes d[0, n) (taken: freed on failure): limits,
+ * checks, identity, then appended to r->media. */
+static int take_bytes(ks_api_request *r, ks_media_in_kind want, ks_media_in_format declared, const char *declared_name,
+                      uint8_t *d, size_t n, const char *param, ks_api_error *err) {
+    const ks_media_limits *lim = r->media_limits;
+    ks_api_media *v = realloc(r->media, sizeof *v * ((size_t)r->n_media + 1));
+    if (!v) {
+        free(d);
+        return ks__api_oom(err);
+    }
+    r->media = v;
+    ks_api_media *it = &v[r->n_media];
+    memset(it, 0, sizeof *it);
+    int rc = 0;
+    if (n == 0) {
         ks_api_error_set(err, 400, T_INVALID, "invalid_value", param, "Invalid '%s': the %s is empty.", param,
                          KIND_NAME(want));
         rc = KS_EINVAL;
@@ -137,23 +152,46 @@ static int add_item(ks_api_request *r, ks_media_in_kind want, ks_media_in_format
     return 0;
 }
 
-/* An image URL: a base64 data URL, else refused with the reason. */
+/* An image named by an http(s):// or file:// URL: fetched where the operator
+ * allows it (media_fetch.h), then checked as inline bytes are. The type the
+ * remote declared is not used: servers label images loosely, the magic
+ * bytes decide. */
+static int remote_image(ks_api_request *r, const char *url, size_t len, const char *param, ks_api_error *err) {
+    const ks_media_limits *lim = r->media_limits;
+    if (r->n_media >= lim->max_items)
+        BAD("too_many_media_items", param,
+            "Invalid '%s': a request may carry at most %d images and audio clips (--media-max-items).", param,
+            lim->max_items);
+    uint8_t *d = NULL;
+    size_t n = 0;
+    char ct[128], why[320];
+    ks_fetch_result fr = ks_media_fetch(lim->fetch, url, len, lim->max_bytes, &d, &n, ct, sizeof ct, why, sizeof why);
+    switch (fr) {
+    case KS_FETCH_OK: break;
+    case KS_FETCH_NOMEM: return ks__api_oom(err);
+    case KS_FETCH_TOO_LARGE: BAD("media_too_large", param, "Invalid '%s': %s.", param, why);
+    case KS_FETCH_REFUSED:
+        BAD("invalid_image_url", param, "Invalid '%s': %s; send the image inline as a base64 data URL "
+            "(data:image/png;base64,...).", param, why);
+    case KS_FETCH_FAILED: BAD("image_fetch_failed", param, "Invalid '%s': %s.", param, why);
+    default: BAD("invalid_image_url", param, "Invalid '%s': %s.", param, why);
+    }
+    return take_bytes(r, KS_MEDIA_IN_IMAGE, KS_MEDIA_IN_UNKNOWN, "", d, n, param, err);
+}
+
+/* An image URL: a base64 data URL, an allowed remote or local one, else
+ * refused with the reason. */
 static int image_url(ks_api_request *r, const char *url, size_t len, const char *param, ks_api_error *err) {
+    if (ks_media_fetch_is_url(url, len)) return remote_image(r, url, len, param, err);
     const char *mime, *b64;
     size_t mime_len, b64_len;
     int rc = ks_media_in_data_url(url, len, &mime, &mime_len, &b64, &b64_len);
     if (rc == KS_ENOENT)
         BAD("invalid_image_url", param,
             "Invalid '%s': only base64 data URLs are supported (data:image/png;base64,...).", param);
-    if (rc) {
-        bool remote = (len >= 7 && !strncmp(url, "http://", 7)) || (len >= 8 && !strncmp(url, "https://", 8));
-        if (remote)
-            BAD("invalid_image_url", param,
-                "Invalid '%s': this server does not fetch remote images; send the image inline as a base64 data "
-                "URL (data:image/png;base64,...).", param);
+    if (rc)
         BAD("invalid_image_url", param, "Invalid '%s': expected a base64 data URL (data:image/png;base64,...).",
             param);
-    }
     bool any = false;
     ks_media_in_format declared = ks_media_in_mime_format(mime, mime_len, &any);
     char name[64];
@@ -276,11 +314,21 @@ json_t *ks__api_messages_image(json_t *blk, const char *q, ks_api_error *err) {
                          "\"media_type\": ..., \"data\": ...}.", sq);
         return NULL;
     }
+    if (!strcmp(st, "url")) { /* fetched where allowed, as a chat image_url (remote_image) */
+        json_t *u = json_object_get(src, "url");
+        if (!json_is_string(u)) {
+            ks_api_error_set(err, 400, T_INVALID, "invalid_value", sq, "%s.url: expected a string.", sq);
+            return NULL;
+        }
+        json_t *body = json_pack("{s:O}", "url", u);
+        json_t *part = body ? ks__api_media_chat_part("image_url", body, sq) : NULL;
+        json_decref(body);
+        if (!part) ks__api_oom(err);
+        return part;
+    }
     if (strcmp(st, "base64")) {
-        ks_api_error_set(err, 400, T_INVALID, "invalid_value", sq,
-                         !strcmp(st, "url") ? "%s: this server does not fetch remote images; send the image as a "
-                                              "base64 source."
-                                            : "%s: only base64 image sources are supported.", sq);
+        ks_api_error_set(err, 400, T_INVALID, "invalid_value", sq, "%s: only base64 and url image sources are "
+                         "supported.", sq);
         return NULL;
     }
     const char *mt = json_string_value(json_object_get(src, "media_type"));

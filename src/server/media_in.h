@@ -62,6 +62,8 @@ typedef struct ks_media_limits {
     int64_t max_pixels;      /* per image, width × height from its header */
     const char *marker;      /* the text that stands for an item in the prompt (the engine's
                                 media marker); NULL: KS_MEDIA_IN_MARKER */
+    const struct ks_media_fetch_cfg *fetch; /* what image URLs may be fetched (media_fetch.h);
+                                NULL: none, only data URLs */
 } ks_media_limits;
 
 /* mtmd's default media marker (mtmd_default_marker()). */

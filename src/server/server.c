@@ -528,7 +528,13 @@ int ks_server_start(const ks_server_params *p, ks_server **out, char *err, size_
     s->http.started_us = ks_now_us();
     snprintf(s->reasoning_format, sizeof s->reasoning_format, "%s", p->reasoning_format ? p->reasoning_format : "");
     s->media = p->media;
-    if (!(s->convs = ks_convstore_create(p->responses_max, p->responses_ttl_s)) ||
+    s->fetch = p->media_fetch;
+    s->fetch.dir = p->media_fetch.dir && *p->media_fetch.dir ? strdup(p->media_fetch.dir) : NULL;
+    s->fetch.hosts = p->media_fetch.hosts && *p->media_fetch.hosts ? strdup(p->media_fetch.hosts) : NULL;
+    s->media.fetch = &s->fetch;
+    if ((p->media_fetch.dir && *p->media_fetch.dir && !s->fetch.dir) ||
+        (p->media_fetch.hosts && *p->media_fetch.hosts && !s->fetch.hosts) ||
+        !(s->convs = ks_convstore_create(p->responses_max, p->responses_ttl_s)) ||
         !(s->refusals = ks_refusals_create()) || !(s->memo = ks_prompt_memo_create(KS_SERVER_MEMO)) ||
         !(s->admit_ok = ks_admit_init(&s->admit, p->max_renders) == 0)) {
         ks_server_free(s);
@@ -657,6 +663,8 @@ void ks_server_free(ks_server *s) {
     ks_convstore_free(s->convs);
     if (s->admit_ok) ks_admit_fini(&s->admit);
     ks_keyring_free(s->keys);
+    free((char *)s->fetch.dir);
+    free((char *)s->fetch.hosts);
     ks_keyring_free(s->metrics_keys);
     pthread_rwlock_destroy(&s->sched_lock);
     free(s);

@@ -82,6 +82,7 @@
 
 #include "engine/engine.h"
 #include "sched/sched.h"
+#include "server/media_fetch.h"
 #include "server/media_in.h"
 #include "server/metrics.h"
 
@@ -160,6 +161,8 @@ typedef struct ks_server_params {
     ks_media_limits media;    /* image and audio input (media_in.h): modalities the model
                                  takes (default 0: media parts refused) and the limits
                                  (default ks_media_in_limits_default); marker borrowed */
+    ks_media_fetch_cfg media_fetch; /* images named by http(s):// and file:// URLs (media_fetch.h);
+                                       default all zero: refused. Strings copied */
     ks_metrics *metrics;      /* borrowed registry holding the caller's sources (SPC,
                                  store...); the server adds its own before serving.
                                  NULL: the server makes one */

@@ -52,6 +52,7 @@ struct ks_server {
     char model_id[512];
     int64_t max_body;
     ks_media_limits media;      /* image and audio input: what the model takes, the limits */
+    ks_media_fetch_cfg fetch;   /* media.fetch points here; its strings are owned */
     int default_max_tokens;
     unsigned timeout_s;         /* idle keep-alive (server.h note 9) */
     unsigned header_timeout_s;  /* headers and body */

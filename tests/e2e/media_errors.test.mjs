@@ -72,11 +72,15 @@ test('messages: an image block is a 400 in Anthropic\'s shape', async () => {
     { role: 'user', content: [{ type: 'tool_result', tool_use_id: 't1', content: [msgImage(IMG)] }] }] });
   assert.equal(r.status, 400, r.text);
   assert.match(r.json.error.message, /messages\.2\.content\.0\.content\.0\.source.*no image input/);
-  // Sources kvstash does not take are refused by what they are, before any decoding.
+  // A url source is refused as any image is here, before anything is fetched.
   const u = await postJSON(srv, '/v1/messages', { model: 'x', max_tokens: 4, messages: [{ role: 'user', content: [
     { type: 'image', source: { type: 'url', url: 'https://example.com/cat.png' } }] }] });
   assert.equal(u.status, 400);
-  assert.match(u.json.error.message, /does not fetch remote images/);
+  assert.match(u.json.error.message, /messages\.0\.content\.0\.source.*no image input/);
+  const f = await postJSON(srv, '/v1/messages', { model: 'x', max_tokens: 4, messages: [{ role: 'user', content: [
+    { type: 'image', source: { type: 'file', file_id: 'f1' } }] }] });
+  assert.equal(f.status, 400);
+  assert.match(f.json.error.message, /only base64 and url image sources/);
   const t = await postJSON(srv, '/v1/messages', { model: 'x', max_tokens: 4, messages: [{ role: 'user', content: [
     { type: 'image', source: { type: 'base64', media_type: 'image/tiff', data: 'AAAA' } }] }] });
   assert.equal(t.status, 400);

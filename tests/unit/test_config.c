@@ -50,6 +50,20 @@ static void test_media_limits(void **state) {
     expect_error("media:\n  max_item: 4\n", "unknown key 'media.max_item' at line 2");
     expect_error("media:\n  max_items: 0\n", "'media.max_items' at line 2");
     expect_error("media:\n  max_bytes: 2GiB\n", "'media.max_bytes' at line 2");
+    /* Images by URL: off by default. */
+    ks_config_defaults(&c);
+    assert_string_equal(c.media.path, "");
+    assert_string_equal(c.media.fetch_hosts, "");
+    assert_int_equal(c.media.fetch_timeout_ms, 10000);
+    assert_int_equal(c.media.fetch_max_redirects, 3);
+    load_ok(&c, "media:\n  path: /srv/images\n  fetch_hosts: \"cdn.example.com, 127.0.0.1\"\n"
+                "  fetch_timeout_ms: 2500\n  fetch_max_redirects: 0\n");
+    assert_string_equal(c.media.path, "/srv/images");
+    assert_string_equal(c.media.fetch_hosts, "cdn.example.com, 127.0.0.1");
+    assert_int_equal(c.media.fetch_timeout_ms, 2500);
+    assert_int_equal(c.media.fetch_max_redirects, 0);
+    expect_error("media:\n  fetch_timeout_ms: 50\n", "'media.fetch_timeout_ms' at line 2");
+    expect_error("media:\n  fetch_max_redirects: 11\n", "'media.fetch_max_redirects' at line 2");
 }
 
 /* ------------------------------------------------------------ defaults */
