@@ -52,7 +52,7 @@
  *     path: /srv/images      # file:// image URLs, relative to it (--media-path; default none)
  *     fetch_hosts: "cdn.example.com,127.0.0.1"  # http(s):// image URLs from these hosts, "*": any
  *                            # (--media-fetch-hosts; default none: remote URLs refused)
- *     fetch_timeout_ms: 10000   # per fetch and redirect hop, 100..600000
+ *     fetch_timeout_ms: 10000   # per image URL, its redirects included, 100..600000
  *     fetch_max_redirects: 3    # 0..10, each target's host checked again
  *   log: info                # debug|info|warn|error|off
  *   cors_origins: [http://localhost:5173]   # browser origins allowed (CORS); "*": any.
@@ -182,7 +182,7 @@ typedef struct ks_media_cfg {
     char path[KS_MAX_PATH];     /* file:// image URLs below this directory ("": refused; --media-path) */
     char fetch_hosts[1024];     /* http(s):// image URLs from these hosts, comma-separated, "*": any
                                    ("": refused; --media-fetch-hosts) */
-    int fetch_timeout_ms;       /* per fetch hop (default 10000; --media-fetch-timeout-ms) */
+    int fetch_timeout_ms;       /* per image URL, redirects included (default 10000) */
     int fetch_max_redirects;    /* redirects followed, each target checked (default 3) */
 } ks_media_cfg;
 #define KS_CONFIG_MEDIA_BYTES_MIN ((int64_t)1024)

@@ -204,8 +204,15 @@ static ks_fetch_result fetch_http(const ks_media_fetch_cfg *c, const char *first
     char *url = strdup(first);
     if (!url) return KS_FETCH_NOMEM;
     ks_fetch_result r = KS_FETCH_FAILED;
+    const double deadline = ks_now_ms() + timeout; /* the redirects' hops share it */
     for (int hop = 0;; hop++) {
         if ((r = check_url(c, url, err, errlen)) != KS_FETCH_OK) break;
+        long left = (long)(deadline - ks_now_ms());
+        if (left < 1) {
+            ks_set_err(err, errlen, "the image could not be fetched: timeout after %d ms", timeout);
+            r = KS_FETCH_FAILED;
+            break;
+        }
         CURL *h = curl_easy_init();
         if (!h) {
             r = KS_FETCH_NOMEM;
@@ -217,8 +224,8 @@ static ks_fetch_result fetch_http(const ks_media_fetch_cfg *c, const char *first
         curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 0L);
         curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
         curl_easy_setopt(h, CURLOPT_PROXY, ""); /* not from the environment */
-        curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)timeout);
-        curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, (long)timeout);
+        curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, left);
+        curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, left);
         curl_easy_setopt(h, CURLOPT_MAXFILESIZE_LARGE, (curl_off_t)max_bytes);
         curl_easy_setopt(h, CURLOPT_USERAGENT, "kvstash");
         curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);

@@ -8,8 +8,8 @@
  *
  * NOTES ON THE DESIGN
  *  1. libcurl does the transfer (Debian's libcurl4-openssl-dev): http and
- *     https only, certificates verified, no proxy from the environment, a
- *     timeout on the whole transfer and on connecting, and the body refused
+ *     https only, certificates verified, no proxy from the environment, one
+ *     timeout for the whole fetch (its redirects included), and the body refused
  *     as soon as it passes max_bytes (the Content-Length first, then what
  *     has arrived), so a large or endless body costs at most max_bytes.
  *  2. Redirects are followed by hand, at most max_redirects of them, and
@@ -26,7 +26,7 @@
  *     limits, header). No fetched byte is trusted here.
  *
  * Thread model: reentrant; ks_media_fetch blocks its caller (the request's
- * connection thread) for at most timeout_ms per hop. curl_global_init is
+ * connection thread) for at most about timeout_ms. curl_global_init is
  * called once, at the first fetch (pthread_once).
  */
 #ifndef KS_MEDIA_FETCH_H
@@ -35,13 +35,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define KS_MEDIA_FETCH_TIMEOUT_MS 10000 /* default: one hop, connect and body */
+#define KS_MEDIA_FETCH_TIMEOUT_MS 10000 /* default: one fetch, redirects, connects and bodies */
 #define KS_MEDIA_FETCH_REDIRECTS 3      /* default: redirects followed */
 
 typedef struct ks_media_fetch_cfg {
     const char *dir;   /* file:// root; NULL or "": file:// refused */
     const char *hosts; /* comma-separated hosts http(s):// may name, "*": any; NULL or "": refused */
-    int timeout_ms;    /* per hop; <= 0: KS_MEDIA_FETCH_TIMEOUT_MS */
+    int timeout_ms;    /* per URL, its redirects included; <= 0: KS_MEDIA_FETCH_TIMEOUT_MS */
     int max_redirects; /* < 0: KS_MEDIA_FETCH_REDIRECTS */
 } ks_media_fetch_cfg;
 
