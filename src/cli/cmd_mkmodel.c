@@ -76,7 +76,9 @@ static void mkmodel_usage(FILE *f) {
             "  --mmproj FILE   also write a random-weight vision projector for the model\n"
             "                  (LLaVA's MLP over a CLIP ViT, for kvstash serve --mmproj):\n"
             "                  n_embd <= 256: 64x64 images, 64 tokens each (~70 KiB);\n"
-            "                  larger: 224x224 images, 196 tokens, a ViT-S-sized encoder\n"
+            "                  larger: 224x224 images, 196 tokens, a ViT-S-sized encoder;\n"
+            "                  for a gemma3 preset (tiny-swa) Gemma 3's projector instead\n"
+            "                  (pooled patches, non-causal image tokens): 100 tokens each\n"
             "  --mmproj-audio  the projector also takes audio: Ultravox's Whisper encoder,\n"
             "                  125 tokens per 30 s of audio (~360 KiB more)\n"
             "  -h, --help      this help\n");
@@ -219,9 +221,10 @@ int ks_cmd_mkmodel(int argc, char **argv) {
         }
         bytes = stat(mmproj, &st) == 0 ? (long long)st.st_size : -1;
         fprintf(stderr,
-                "kvstash mkmodel: projector mlp (ViT %d layers, n_embd %d, %dx%d images, %d tokens each -> n_embd "
+                "kvstash mkmodel: projector %s (ViT %d layers, n_embd %d, %dx%d images, %d tokens each -> n_embd "
                 "%d)%s, %lld bytes, %.3f s -> %s\n",
-                ms.n_layer, ms.n_embd, ms.image_size, ms.image_size, ms.n_tokens, ms.n_embd_text,
+                ms.gemma3 ? "gemma3" : "mlp", ms.n_layer, ms.n_embd, ms.image_size, ms.image_size, ms.n_tokens,
+                ms.n_embd_text,
                 ms.audio ? " + audio ultravox (125 tokens per 30 s)" : "", bytes,
                 (ks_now_ms() - t0) / 1e3, mmproj);
     }

@@ -32,6 +32,7 @@ struct ks_media {
     uint64_t proj_hash;
     bool vision, audio;
     int n_embd;
+    int n_batch; /* the engine's n_batch = n_ubatch: the largest whole run (note 2a) */
     ks_media_stats st; /* inference thread */
 };
 
@@ -41,6 +42,7 @@ struct run {
     int pos, n;
     const mtmd_input_chunk *chunk; /* borrowed from the set's chunks */
     float *embd;                   /* n * n_embd, once encoded; malloc'd */
+    bool whole;                    /* decoded in one call, non-causal (media.h note 2a) */
 };
 
 } // namespace
@@ -176,7 +178,9 @@ extern "C" int ks__media_open(ks_engine *e, const char *path, int n_threads, boo
     m->vision = mtmd_support_vision(m->ctx);
     m->audio = mtmd_support_audio(m->ctx);
     m->n_embd = llama_model_n_embd_inp(ks__engine_model(e));
-    KS_DEBUG(MOD, "projector %s: vision=%d audio=%d n_embd=%d", path, (int)m->vision, (int)m->audio, m->n_embd);
+    m->n_batch = ks_engine_n_batch(e);
+    KS_DEBUG(MOD, "projector %s: vision=%d audio=%d n_embd=%d non-causal=%d", path, (int)m->vision, (int)m->audio,
+             m->n_embd, (int)mtmd_decode_use_non_causal(m->ctx, nullptr));
     *out = m;
     return 0;
 }
@@ -289,8 +293,14 @@ static int take_chunks(ks_media *m, ks_media_set *s, ks_tokens *out, char *err, 
                        "supported yet", (int)mtmd_input_chunk_get_n_pos(ch), n);
             return KS_EINVAL;
         }
-        if (mtmd_decode_use_non_causal(m->ctx, ch)) {
-            ks_set_err(err, errlen, "this projector's media are decoded with non-causal attention: not supported yet");
+        /* Non-causal (Gemma 3): one llama_decode of the whole chunk, which
+         * llama.cpp allows only within one micro-batch (it asserts
+         * n_ubatch >= n_tokens: an abort, so refused here, note 2a). */
+        bool whole = mtmd_decode_use_non_causal(m->ctx, ch);
+        if (whole && n > m->n_batch) {
+            ks_set_err(err, errlen, "this projector's media are decoded with non-causal attention, each item in one "
+                       "batch: an item of %d tokens needs a batch of at least %d (the engine's is %d: raise "
+                       "--batch)", n, n, m->n_batch);
             return KS_EINVAL;
         }
         const char *id = mtmd_input_chunk_get_id(ch);
@@ -299,7 +309,7 @@ static int take_chunks(ks_media *m, ks_media_set *s, ks_tokens *out, char *err, 
         last_item = item;
         uint64_t hdr[3] = {item, (uint64_t)ordinal, (uint64_t)n};
         uint64_t h = XXH3_64bits(hdr, sizeof hdr);
-        run r = {out->n, n, ch, nullptr};
+        run r = {out->n, n, ch, nullptr, whole};
         for (int i = 0; i < n; i++) {
             int32_t t = pseudo_token(h, i);
             if (ks_tokens_push(out, t)) return KS_ENOMEM;
@@ -386,7 +396,24 @@ extern "C" int ks_media_set_find(const ks_media_set *set, int p) {
     return -1;
 }
 
+extern "C" bool ks_media_set_run_whole(const ks_media_set *set, int k) {
+    return set && k >= 0 && k < (int)set->runs.size() && set->runs[(size_t)k].whole;
+}
+
+extern "C" int ks_media_set_cut(const ks_media_set *set, int n) {
+    int k = ks_media_set_find(set, n);
+    if (k < 0) return n;
+    const run &r = set->runs[(size_t)k];
+    return r.whole && r.pos < n ? r.pos : n;
+}
+
 extern "C" bool ks_media_set_covers(const ks_media_set *set, const int32_t *toks, int n) {
+    /* Every run that starts before n is all there: a run cut by text would
+     * have text rows decoded as media rows (and a whole run, note 2a, could
+     * not be decoded at all). */
+    if (set)
+        for (const run &r : set->runs)
+            if (r.pos < n && r.pos + r.n > n) return false;
     size_t j = 0; /* index into set->toks, run by run */
     int k = 0;
     for (int i = 0; i < n; i++) {
@@ -399,6 +426,11 @@ extern "C" bool ks_media_set_covers(const ks_media_set *set, const int32_t *toks
         if (k >= (int)set->runs.size() || i < set->runs[(size_t)k].pos) return false;
         if (set->toks[j + (size_t)(i - set->runs[(size_t)k].pos)] != toks[i]) return false;
     }
+    /* ... and no text token inside a run. */
+    if (set)
+        for (const run &r : set->runs)
+            for (int i = r.pos; i < r.pos + r.n && i < n; i++)
+                if (!ks_token_is_media(toks[i])) return false;
     return true;
 }
 
@@ -456,16 +488,30 @@ extern "C" int ks_media_decode(ks_engine *e, ks_media_set *set, int k, int p0, i
     if (!m || !set || set->m != m || k < 0 || k >= (int)set->runs.size()) return KS_EINVAL;
     run &r = set->runs[(size_t)k];
     if (p0 < r.pos || p1 > r.pos + r.n || p0 >= p1) return KS_EINVAL;
+    int n_batch = ks_engine_n_batch(e);
+    /* A whole run (note 2a): all of it or nothing, in one call. */
+    if (r.whole && (p0 != r.pos || p1 != r.pos + r.n || r.n > n_batch)) return KS_EINVAL;
     if (!r.embd) {
         int rc = encode_run(m, r);
         if (rc) return rc;
         if (encoded) *encoded = true;
     }
     struct llama_context *lctx = ks__engine_ctx(e);
-    int n_batch = ks_engine_n_batch(e);
     llama_batch b = llama_batch_init(n_batch + 1, m->n_embd, 1);
     if (!b.embd) return KS_ENOMEM;
     int rc = 0;
+    if (r.whole) {
+        /* Its rows see each other both ways, and only them beyond the
+         * sequence before p0 (the caller's duty): no throwaway row, which the
+         * run's rows would see. The context goes back to causal at once:
+         * every other decode is causal. */
+        llama_set_causal_attn(lctx, false);
+        rc = decode_rows(m, lctx, b, r, p0, p1 - p0, seq, false);
+        llama_set_causal_attn(lctx, true);
+        if (!rc) m->st.decoded_tokens += (uint64_t)(p1 - p0);
+        llama_batch_free(b);
+        return rc;
+    }
     for (int i = p0; i < p1 && !rc;) {
         int take = p1 - i < n_batch ? p1 - i : n_batch;
         /* Never leave a lone row for the last call (pairs): n_batch >= 4. */

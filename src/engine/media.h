@@ -23,16 +23,30 @@
  *  2. Positions. kvstash keeps token i at KV position i (sched.h invariant
  *     1), so a chunk's positions must equal its tokens: projectors whose
  *     chunks take another number of positions (M-RoPE: Qwen2-VL and kin) and
- *     text models decoded with M-RoPE are refused for now (open, tokenize);
- *     so are chunks mtmd decodes with non-causal attention (Gemma 3), whose
- *     rows depend on the rows after them.
+ *     text models decoded with M-RoPE are refused for now (open, tokenize).
+ *  2a. Whole runs. A chunk mtmd decodes with non-causal attention (Gemma 3's
+ *     projector: mtmd_decode_use_non_causal) has rows that attend to the rows
+ *     after them, so its rows computed in pieces are not its rows computed
+ *     whole. Such a run is "whole": it is always decoded in one llama_decode
+ *     of exactly its rows [pos, pos + n), causal attention off for that call
+ *     (llama_set_causal_attn, as mtmd-helper's mtmd_helper_decode_image_chunk
+ *     does), whether the prompt before it was cached or not; llama.cpp
+ *     aborts a non-causal batch larger than n_ubatch (= the engine's
+ *     n_batch), so ks_media_tokenize refuses a whole chunk of more than
+ *     n_batch tokens. No cache may end strictly inside a whole run:
+ *     ks_media_set_cut moves such a prefix length back to the run's start
+ *     (the scheduler applies it to every reuse, copy, restore and pin), and
+ *     ks_media_decode refuses any other range of a whole run. The sequence
+ *     before the run is exact (token i at position i, the same bits cached or
+ *     not) and the call is the same, so the run's rows are too.
  *  3. Prefill. The scheduler decodes a media run's rows [p0, p1) with
  *     ks_media_decode: the chunk is encoded once per set (the embeddings kept
  *     in the set), then its rows go to llama_decode as embeddings in batches
  *     of at most n_batch rows, alone in their decode calls. The attention is
  *     causal and every row's bits do not depend on the batch (the engine's
  *     exactness modes), so decoding rows [k, n) after a restored [0, k) gives
- *     the bits of decoding [0, n): a cached prefix may end inside a run.
+ *     the bits of decoding [0, n): a cached prefix may end inside a run
+ *     (except a whole run: note 2a).
  *     With pairs (a backend that is not batch-invariant), every call holds at
  *     least two rows: a last lone row gets a throwaway copy at the next
  *     position, removed after (sched/step.c's rule, for embeddings).
@@ -100,8 +114,8 @@ uint64_t ks_media_proj_hash(const ks_media *m);
  * Errors: KS_EINVAL with the reason in err (markers and items differ in
  * number; an item that is not an image or audio file mtmd decodes; audio for
  * a projector without audio or an image for one without vision; chunks whose
- * positions differ from their tokens, or decoded non-causally: note 2),
- * KS_ENOMEM. On error out keeps what it had and *set is NULL. Any thread. */
+ * positions differ from their tokens: note 2; a whole chunk, note 2a, of more
+ * tokens than the engine's n_batch), KS_ENOMEM. On error out keeps what it had and *set is NULL. Any thread. */
 int ks_media_tokenize(ks_media *m, const char *text, size_t len, bool add_special, bool parse_special,
                       const ks_media_item *items, int n_items, ks_tokens *out, ks_media_set **set, char *err,
                       size_t errlen);
@@ -122,9 +136,17 @@ int ks_media_set_n_runs(const ks_media_set *set);
 void ks_media_set_run(const ks_media_set *set, int k, int *pos, int *n);
 /* The run holding prompt position p, -1 when none. */
 int ks_media_set_find(const ks_media_set *set, int p);
+/* Whether run k must be decoded whole, in one call with causal attention off
+ * (note 2a). */
+bool ks_media_set_run_whole(const ks_media_set *set, int k);
+/* The longest prefix length <= n that a cache may end at (note 2a): n, or the
+ * start of the whole run that holds both positions n - 1 and n. NULL set: n. */
+int ks_media_set_cut(const ks_media_set *set, int n);
 /* Whether every pseudo-token of toks[0, n) lies in one of the set's runs and
- * equals the token the run put there (set may be NULL: then whether toks has
- * no pseudo-token at all). */
+ * equals the token the run put there, and every run that starts before n
+ * ends at or before n with all its tokens there (a run is never cut by text
+ * or by the end of toks). set may be NULL: then whether toks has no
+ * pseudo-token at all. */
 bool ks_media_set_covers(const ks_media_set *set, const int32_t *toks, int n);
 
 /* Decodes prompt rows [p0, p1) of the set's run k (p0 >= its pos, p1 <= its
@@ -132,7 +154,11 @@ bool ks_media_set_covers(const ks_media_set *set, const int32_t *toks, int n);
  * if this set has not yet (*encoded then true; may be NULL). pairs: no decode
  * call holds a single row (only for memories that can drop the throwaway
  * row, ks_engine_partial_rm_ok: else KS_EINVAL after the decode, the
- * sequence holding one row too many). Errors: KS_EINVAL (bad range), KS_EDECODE (the
+ * sequence holding one row too many). A whole run (note 2a) takes only its
+ * whole range, in one call with causal attention off and no throwaway row,
+ * pairs or not; the sequence must hold nothing at or after p0 (the caller's
+ * duty: the run's rows would see it). Errors: KS_EINVAL (bad range; a part of
+ * a whole run; a whole run of more rows than n_batch), KS_EDECODE (the
  * projector or llama_decode failed), KS_EFULL (no KV cell), KS_ENOMEM.
  * Inference thread. */
 int ks_media_decode(ks_engine *e, ks_media_set *set, int k, int p0, int p1, int seq, bool pairs, bool *encoded);

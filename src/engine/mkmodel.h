@@ -165,7 +165,12 @@
  *     the file also has an audio encoder (clip.{vision,audio}.projector_type):
  *     Ultravox's, a Whisper encoder (80 mel bins, 2 blocks of 32, ~360 KiB)
  *     with frames stacked by 12 and an RMS-normed SwiGLU projector: 125 tokens
- *     per 30 s chunk of audio (mkmodel_mmproj.c).
+ *     per 30 s chunk of audio (mkmodel_mmproj.c). For a gemma3 text preset
+ *     (tiny-swa) the projector is Gemma 3's instead (clip.cpp "gemma3": the
+ *     ViT's patches average-pooled 2x2, RMS-normed, projected by
+ *     mm.input_projection): tiny 80x80 images in 4x4 patches, 100 tokens
+ *     an image, which mtmd decodes with non-causal attention (engine/media.h
+ *     note 2a).
  *
  * Thread model: ks_mkmodel and ks_mkmodel_shape_of are reentrant (no global
  * state of their own); ggml's quantizer is thread-safe.
@@ -257,7 +262,8 @@ int ks_mkmodel_write(const ks_mkmodel_params *p, const char *out_path, ks_mkmode
 typedef struct ks_mkmodel_mmproj_shape {
     int image_size, patch_size; /* images are resized to image_size^2 */
     int n_embd, n_layer;        /* the ViT's */
-    int n_tokens;               /* KV tokens per image: (image_size / patch_size)^2 */
+    int n_tokens;               /* KV tokens per image: (image_size / patch_size)^2, pooled for Gemma 3 */
+    bool gemma3;                /* Gemma 3's projector (non-causal image tokens), else LLaVA's */
     int n_embd_text;            /* the text model's embedding size it projects to */
     bool audio;                 /* an audio encoder too (note 10) */
 } ks_mkmodel_mmproj_shape;

@@ -11,6 +11,15 @@
  * source read for "mlp"; images are resized to image_size (mtmd's fixed-size
  * preprocessor), so every image takes (image_size / patch_size)^2 tokens.
  *
+ * For a Gemma 3 text preset (arch gemma3: tiny-swa) the projector is Gemma
+ * 3's instead (clip.cpp's PROJECTOR_TYPE_GEMMA3, built by clip_graph_siglip):
+ * the same ViT (its last block's output, then a post-norm v.post_ln), the
+ * patch grid average-pooled by clip.vision.projector.scale_factor a side,
+ * RMS-normed with mm.soft_emb_norm and projected by mm.input_projection
+ * (n_embd_vit x n_embd_text, no bias). mtmd decodes its image tokens with
+ * non-causal attention (mtmd_decode_use_non_causal: engine/media.h note 2a)
+ * and wraps them in <start_of_image> ... <end_of_image> text.
+ *
  * With audio asked for, the file also has an audio encoder (mtmd loads both
  * from one file, each with its own projector type): Ultravox's, a Whisper encoder (two
  * 1-D convolutions over 80 mel bins, 3000 frames per 30 s chunk -> 1500
@@ -40,14 +49,32 @@
 /* The projector's shape for a text model of n_embd. */
 typedef struct vshape {
     int image_size, patch_size, n_embd, n_layer, n_head, n_ff;
+    int n_merge; /* Gemma 3: the average pool's side (0: LLaVA) */
 } vshape;
 
 /* tiny: 64 image tokens from a 64x64 image; bench: 196 tokens of 224x224
  * through a ViT-S-sized encoder (6 blocks of 384, 6 heads), the cost of a
- * small real one. */
-static vshape shape_for(int text_embd) {
+ * small real one. Gemma 3: 80x80 in 4x4 patches pooled 2x2, 100 tokens
+ * (more than a scheduler's smallest prefill chunk, 64: the tests see a run
+ * that must not be cut); or 224x224 in 16x16 patches pooled 2x2, 49 tokens
+ * (the pool's side must divide the grid's). */
+static vshape shape_for(int text_embd, bool gemma3) {
+    if (gemma3) {
+        if (text_embd <= 256)
+            return (vshape){.image_size = 80, .patch_size = 4, .n_embd = 32, .n_layer = 2, .n_head = 2, .n_ff = 64,
+                            .n_merge = 2};
+        return (vshape){.image_size = 224, .patch_size = 16, .n_embd = 384, .n_layer = 6, .n_head = 6, .n_ff = 1536,
+                        .n_merge = 2};
+    }
     if (text_embd <= 256) return (vshape){.image_size = 64, .patch_size = 8, .n_embd = 32, .n_layer = 2, .n_head = 2, .n_ff = 64};
     return (vshape){.image_size = 224, .patch_size = 16, .n_embd = 384, .n_layer = 6, .n_head = 6, .n_ff = 1536};
+}
+
+/* Image tokens of a projector of shape v. */
+static int n_image_tokens(const vshape *v) {
+    int side = v->image_size / v->patch_size;
+    if (v->n_merge > 0) side /= v->n_merge;
+    return side * side;
 }
 
 static uint64_t smix(uint64_t *s) {
@@ -123,6 +150,19 @@ static int add_tensors(struct ggml_context *ctx, struct gguf_context *g, const v
         rc = rc ? rc : add_tensor(ctx, g, nm, 2, NE(F, E), true, FILL_RANDOM, 1.0f / sqrtf((float)F), seed);
         snprintf(nm, sizeof nm, "v.blk.%d.ffn_down.bias", il);
         rc = rc ? rc : add_tensor(ctx, g, nm, 1, NE(E), false, FILL_ZEROS, 0, seed);
+    }
+    if (v->n_merge > 0) {
+        /* Gemma 3: post-norm, then (after the pool) RMS norm and a plain
+         * projection, whose output (unit rows in, weights of 1/sqrt(E)) is at
+         * about the scale the text model's token embeddings take in its
+         * graph (mkmodel.h note 5: gemma3's are multiplied by sqrt(n_embd)
+         * there, media embeddings are not). */
+        rc = rc ? rc : add_tensor(ctx, g, "v.post_ln.weight", 1, NE(E), false, FILL_ONES, 0, seed);
+        rc = rc ? rc : add_tensor(ctx, g, "v.post_ln.bias", 1, NE(E), false, FILL_ZEROS, 0, seed);
+        rc = rc ? rc : add_tensor(ctx, g, "mm.soft_emb_norm.weight", 1, NE(E), false, FILL_ONES, 0, seed);
+        rc = rc ? rc : add_tensor(ctx, g, "mm.input_projection.weight", 2, NE(T, E), true, FILL_RANDOM,
+                                  1.0f / sqrtf((float)E), seed);
+        return rc;
     }
     /* The LLaVA projection into the text model's space: its output at about
      * the scale of the text model's token embeddings (mkmodel.h note 5). */
@@ -204,7 +244,8 @@ static void set_keys(struct gguf_context *g, const vshape *v, int text_embd, con
     gguf_set_val_bool(g, "clip.has_vision_encoder", true);
     /* Per modality (the file may hold an audio encoder too): mtmd reads
      * clip.vision.projector_type when clip.projector_type is absent. */
-    gguf_set_val_str(g, "clip.vision.projector_type", "mlp");
+    gguf_set_val_str(g, "clip.vision.projector_type", v->n_merge > 0 ? "gemma3" : "mlp");
+    if (v->n_merge > 0) gguf_set_val_u32(g, "clip.vision.projector.scale_factor", (uint32_t)v->n_merge);
     gguf_set_val_bool(g, "clip.use_gelu", true);
     gguf_set_val_u32(g, "clip.vision.image_size", (uint32_t)v->image_size);
     gguf_set_val_u32(g, "clip.vision.patch_size", (uint32_t)v->patch_size);
@@ -239,7 +280,8 @@ int ks_mkmodel_mmproj(const char *text_preset, uint64_t seed, bool audio, const 
         ks_set_err(err, errlen, "unknown preset '%s'", text_preset ? text_preset : "(null)");
         return rc;
     }
-    vshape v = shape_for(ts.n_embd);
+    const preset *tp = ks__mkmodel_find_preset(text_preset);
+    vshape v = shape_for(ts.n_embd, tp && tp->arch == MK_ARCH_GEMMA3);
     size_t mem = 64u << 20;
     if (ts.n_embd > 256) mem = 256u << 20;
     struct ggml_init_params ip = {.mem_size = mem, .mem_buffer = NULL, .no_alloc = false};
@@ -286,7 +328,8 @@ int ks_mkmodel_mmproj(const char *text_preset, uint64_t seed, bool audio, const 
         shape->patch_size = v.patch_size;
         shape->n_embd = v.n_embd;
         shape->n_layer = v.n_layer;
-        shape->n_tokens = (v.image_size / v.patch_size) * (v.image_size / v.patch_size);
+        shape->n_tokens = n_image_tokens(&v);
+        shape->gemma3 = v.n_merge > 0;
         shape->n_embd_text = ts.n_embd;
         shape->audio = audio;
     }

@@ -13,7 +13,10 @@
  *  2. KV the slot is about to drop is saved first (`evict`, sync) unless the
  *     store holds it already.
  *  3. The slot keeps the route's common prefix (llama_memory_seq_rm; a full
- *     rebuild where the memory cannot drop a suffix).
+ *     rebuild where the memory cannot drop a suffix). Every length reused,
+ *     copied, restored or pinned is first cut back to the start of a whole
+ *     media run it would end inside (ks_media_set_cut, media.h note 2a), so
+ *     no sequence ever holds part of such a run.
  *  4. Copy: when another slot — busy or idle, whatever the router could not
  *     give — holds a prefix of the prompt at least copy_min_tokens longer
  *     than what this slot keeps (and than the system prompt when SPC holds
@@ -193,7 +196,9 @@ static int store_restore(ks_sched *s, slot *sl, sreq *r, int *n_reuse, int beat,
         max = ks_engine_restorable_floor(s->e, max);
         if (beat + 1 > max) return 0;
         if (ks_store_lookup_range_in(s->p.store, r->p.tenant, r->prompt.v, r->prompt.n, beat + 1, max, &hit)) return 0;
-        if (restorable(s, hit.n_tokens)) break;
+        /* Nor is one that ends inside a whole media run (media.h note 2a):
+         * none is ever saved there, this is defence. */
+        if (restorable(s, hit.n_tokens) && ks_media_set_cut(r->p.media, hit.n_tokens) == hit.n_tokens) break;
         max = hit.n_tokens - 1;
         ks_store_hit_free(&hit);
     }
@@ -229,7 +234,7 @@ done:
  * is restored (spc.h, invariant 5). Returns as store_restore. */
 static int spc_restore(ks_sched *s, slot *sl, sreq *r, int *n_reuse) {
     int n_sys = r->p.n_sys_tokens;
-    if (!restorable(s, n_sys)) return 0;
+    if (!restorable(s, n_sys) || ks_media_set_cut(r->p.media, n_sys) != n_sys) return 0;
     const ks_spc_entry *e = ks_spc_acquire(s->p.spc, r->p.sys_key);
     int ret = 0;
     if (!e) {
@@ -360,7 +365,7 @@ static int copy_source(ks_sched *s, const slot *dst, const sreq *r, int need, in
         const slot *o = &s->slots[i];
         if (o == dst || o->tenant != r->p.tenant || o->tokens.n < need || !restorable(s, o->tokens.n)) continue;
         int n = ks_prefix_reuse(ks_prefix_common(o->tokens.v, o->tokens.n, r->prompt.v, r->prompt.n), r->prompt.n);
-        n = copy_reach(s, o, n, trims);
+        n = copy_reach(s, o, ks_media_set_cut(r->p.media, n), trims);
         if (n < need) continue;
         /* The copy restores o's whole state, whose first window then starts
          * at o->tokens.n - n_swa, and cuts it back to n. */
@@ -489,7 +494,12 @@ static int pins_plan(ks_sched *s, slot *sl, sreq *r, int *n_reuse) {
     int covered[KS_MAX_CACHE_PINS], n_cov = 0;
     for (int i = 0; i < r->n_pins; i++) {
         int n = r->pins[i].n_tokens;
-        if (ks_store_pin_in(s->p.store, r->p.tenant, r->prompt.v, n, pin_until(r, i)) == 0)
+        if (ks_media_set_cut(r->p.media, n) != n) {
+            /* Inside a whole media run (media.h note 2a): no state may end
+             * there, so the pin cannot be held. */
+            r->pin_st[i] = PIN_FAILED;
+            s->cst.pin_failures++;
+        } else if (ks_store_pin_in(s->p.store, r->p.tenant, r->prompt.v, n, pin_until(r, i)) == 0)
             pin_held(s, r, i, false);
         else if (n > *n_reuse)
             r->pin_st[i] = PIN_PENDING;
@@ -601,6 +611,9 @@ int ks__policy_plan(ks_sched *s, slot *sl) {
     ks_sampler_accept_history(sl->smpl, r->prompt.v, r->prompt.n);
 
     int n_reuse = rt->n_reuse < sl->tokens.n ? rt->n_reuse : sl->tokens.n;
+    /* Never inside a whole media run (media.h note 2a): its rows see the
+     * rows after them, so the run is prefilled again from its start. */
+    n_reuse = ks_media_set_cut(r->p.media, n_reuse);
     /* evict (sync): the KV about to be dropped goes to the store first,
      * unless it is there already (ks__policy_save asks the store) — when
      * another conversation takes the slot (most of it is dropped). A turn

@@ -18,7 +18,9 @@
  *     scheduler never touches its callbacks again.
  *  3. Each llama_decode batch holds one token per generating slot plus prefill
  *     chunks of prefilling slots, at most n_batch tokens: a long prefill never
- *     stalls the other streams for more than one step.
+ *     stalls the other streams for more than one step. (A whole media run,
+ *     engine/media.h note 2a, is one step of its own of up to n_batch rows,
+ *     even where a prefill chunk would be smaller.)
  *
  * Thread model: ks_sched_submit, ks_sched_cancel, ks_sched_slots and
  * ks_sched_stats are safe from any thread. Callbacks (on_token, on_probs,
@@ -254,10 +256,13 @@ typedef struct ks_req_params {
      * ks_media_tokenize, whose pseudo-tokens the prompt holds; borrowed
      * (submit takes a reference of its own, dropped when the request ends).
      * NULL: the prompt has no pseudo-token. Every pseudo-token of the prompt
-     * must be the set's at its position, and the last token must be text;
+     * must be the set's at its position, every run the prompt reaches must
+     * be all there (ks_media_set_covers), and the last token must be text;
      * else KS_EINVAL. The cache works on the tokens as on text: a cached
-     * prefix may end anywhere, inside a media run too (media.h note 3); a run
-     * is encoded (once per set) only when its rows are prefilled. */
+     * prefix may end anywhere, inside a media run too (media.h note 3), but
+     * never inside a whole run (note 2a: Gemma 3's non-causal images), where
+     * it falls back to the run's start; a run is encoded (once per set) only
+     * when its rows are prefilled. */
     ks_media_set *media;
     /* Called for each sampled token with its text piece (may be empty or an
      * incomplete UTF-8 sequence). Return non-zero to stop (finish = stop). */

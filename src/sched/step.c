@@ -40,7 +40,8 @@
  * give; never leaving a lone last row with pairs) in a call of its own and
  * nothing else: the generating slots wait one step, as they would for a text
  * chunk, and the run goes on at the next step. Text chunks end where a run
- * begins.
+ * begins. A whole run (media.h note 2a: non-causal, Gemma 3) is never cut:
+ * its step decodes all of it, up to n_batch rows, budget or not.
  */
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -182,19 +183,31 @@ static bool media_step(ks_sched *s) {
         if (run < 0) continue;
         int pos, len;
         ks_media_set_run(r->p.media, run, &pos, &len);
-        /* add_prefill's budget: smaller while others generate */
-        int budget = s->n_batch, end = pos + len;
-        for (int i = 0; i < s->n_slots; i++)
-            if (s->slots[i].state == ST_GEN) budget = s->n_batch / 4 > 64 ? s->n_batch / 4 : 64;
-        if (budget > s->n_batch) budget = s->n_batch;
-        if (end - sl->n_past > budget) end = sl->n_past + budget;
-        if (s->pairs && pos + len - end == 1) end--; /* no lone row left: budget >= 4 */
-        /* A cache pin inside the run ends the rows there, as it ends a text
-         * chunk (its state then ends inside the run: media.h note 3). */
-        int pin = ks__policy_pin_next(r, sl->n_past);
-        if (pin > sl->n_past && pin < end) end = pin;
+        int end = pos + len, rc = 0;
+        if (ks_media_set_run_whole(r->p.media, run)) {
+            /* A whole run (media.h note 2a) is one decode of all its rows,
+             * whatever the budget (it fits n_batch: ks_media_tokenize), and no
+             * reuse, restore or pin ever ends inside it (ks_media_set_cut in
+             * policy.c), so the slot is at its start. */
+            if (sl->n_past != pos) {
+                KS_ERROR(MOD, "slot %d at %d, inside a whole media run [%d, %d)", sl->id, sl->n_past, pos, end);
+                rc = KS_EINVAL;
+            }
+        } else {
+            /* add_prefill's budget: smaller while others generate */
+            int budget = s->n_batch;
+            for (int i = 0; i < s->n_slots; i++)
+                if (s->slots[i].state == ST_GEN) budget = s->n_batch / 4 > 64 ? s->n_batch / 4 : 64;
+            if (budget > s->n_batch) budget = s->n_batch;
+            if (end - sl->n_past > budget) end = sl->n_past + budget;
+            if (s->pairs && pos + len - end == 1) end--; /* no lone row left: budget >= 4 */
+            /* A cache pin inside the run ends the rows there, as it ends a text
+             * chunk (its state then ends inside the run: media.h note 3). */
+            int pin = ks__policy_pin_next(r, sl->n_past);
+            if (pin > sl->n_past && pin < end) end = pin;
+        }
         s->prefill_rr = (sl->id + 1) % s->n_slots;
-        int rc = ks_media_decode(s->e, r->p.media, run, sl->n_past, end, sl->id, s->pairs, NULL);
+        if (!rc) rc = ks_media_decode(s->e, r->p.media, run, sl->n_past, end, sl->id, s->pairs, NULL);
         if (rc == 0 && ks_tokens_append(&sl->tokens, r->prompt.v + sl->n_past, end - sl->n_past)) rc = KS_ENOMEM;
         if (rc) {
             KS_ERROR(MOD, "media rows [%d, %d) of slot %d: %s", sl->n_past, end, sl->id, ks_strerror(rc));

@@ -95,6 +95,14 @@ static void test_mmproj(void **st) {
     assert_int_equal(ks_mkmodel_mmproj("tiny", 7, false, a, &ms, err, sizeof err), 0);
     assert_int_equal(ms.n_tokens, 64);
     assert_int_equal(ms.n_embd_text, 64);
+    assert_false(ms.gemma3);
+    /* A gemma3 preset gets Gemma 3's projector: 80x80, 4x4 patches pooled
+     * 2x2 (test_media_gemma3 loads it through mtmd). */
+    assert_int_equal(ks_mkmodel_mmproj("tiny-swa", 7, false, b, &ms, err, sizeof err), 0);
+    assert_true(ms.gemma3);
+    assert_int_equal(ms.n_tokens, 100);
+    assert_int_equal(ms.image_size, 80);
+    assert_int_equal(ms.n_embd_text, 64);
     assert_int_equal(ks_mkmodel_mmproj("tiny", 7, false, b, NULL, err, sizeof err), 0);
     assert_int_equal(ks_mkmodel_mmproj("tiny", 8, false, c, NULL, err, sizeof err), 0);
     assert_true(mk_same_file(a, b));
