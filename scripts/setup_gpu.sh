@@ -37,7 +37,7 @@ GPU_CUDA_PKG=@node-llama-cpp/linux-x64-cuda@3.22.1
 GPU_CUDA_SHA512=8rQCjyNNLZJUFit+YpjwlC4hwkKgOMIkB2wuycKBf8NU2O3ySKbiWZQ8aw9ku2nUTXjSnUIrE6KB88itduTBuA==
 GPU_VK_DEBS="libvulkan1 mesa-vulkan-drivers"
 GPU_CUDA_PATCH=$top/scripts/patches/ggml-cuda-batch-invariant.patch
-GPU_CUDA_REV=2 # the patch's revision, in the module's id and its stamp
+GPU_CUDA_REV=3 # the patch's revision, in the module's id and its stamp
 GPU_VK_DIR=$DEPS/vulkan
 # The CUDA tree by its real path: CMake keys its build on the source and
 # build paths, and the same tree reached through a symlinked build/deps (a

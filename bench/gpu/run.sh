@@ -31,7 +31,7 @@
 #
 # usage: bench/gpu/run.sh          (environment: OUT, WORK, CARRY, BUDGET,
 #                                   MODELS="bench bench-8b-q4k", STEPS="invariance turns long decode exact",
-#                                   NGL=all, PEER_NGL=99, INV_MASKS="15 7 0" (the invariance step's GGML_CUDA_KS_INVARIANT values) — a dry run on a CPU machine:
+#                                   NGL=all, PEER_NGL=99, INV_MASKS="63 31 0" (the invariance step's GGML_CUDA_KS_INVARIANT values) — a dry run on a CPU machine:
 #                                   MODELS=tiny NGL=0 PEER_NGL=0 bench/gpu/run.sh)
 set -uo pipefail
 
@@ -166,7 +166,7 @@ for m in $MODELS; do
     # invariance: lone rows against prefills on the GPU (tests/gpu/cuda_invariance.c), with the
     # patch's kernels (as kvstash's exact mode sets them) and with the stock ones
     case " $STEPS " in *" invariance "*)
-        for inv in ${INV_MASKS:-15 7 0}; do
+        for inv in ${INV_MASKS:-63 31 0}; do
             echo "### $m-invariance (GGML_CUDA_KS_INVARIANT=$inv)" >>"$RES"
             GGML_CUDA_KS_INVARIANT=$inv timeout 120 "$WORK/bin/cuda_invariance" "$model" "$NGL" \
                 >"$OUT/$m-invariance-$inv.md" 2>"$OUT/$m-invariance-$inv.log"
