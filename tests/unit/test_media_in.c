@@ -406,6 +406,18 @@ static void test_translations(void **state) {
 
     root = json_loads("{\"model\":\"m\",\"max_tokens\":8,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":"
                       "\"image\",\"source\":{\"type\":\"url\",\"url\":\"https://x/y.png\"}}]}]}", 0, NULL);
+    /* A url source becomes an image URL, which this server (no fetch settings) refuses, by
+     * Anthropic's path, before any connection. */
+    assert_int_equal(ks_api_messages_to_chat(root, false, &mr, &e), 0);
+    assert_int_equal(ks_api_parse_root_media(KS_API_CHAT, json_incref(mr.chat), &lim, &r, &e), KS_EINVAL);
+    assert_string_equal(e.code, "invalid_image_url");
+    assert_string_equal(e.param, "messages.0.content.0.source");
+    assert_non_null(strstr(e.message, "does not fetch remote images"));
+    ks_api_request_free(&r);
+    ks_api_msg_req_free(&mr);
+    json_decref(root);
+    root = json_loads("{\"model\":\"m\",\"max_tokens\":8,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":"
+                      "\"image\",\"source\":{\"type\":\"file\",\"file_id\":\"f\"}}]}]}", 0, NULL);
     assert_int_equal(ks_api_messages_to_chat(root, false, &mr, &e), KS_EINVAL);
     assert_string_equal(e.param, "messages.0.content.0.source");
     ks_api_msg_req_free(&mr);
