@@ -192,8 +192,53 @@ static json_t *head_request(const json_t *req, int upto) {
  * *whole when all of the head's tokens are that prefix. From memo when it
  * holds this very head for a prompt starting as full does, else one render
  * and one tokenization (then remembered). 0 when the render fails. */
+/* The token prefix full shares with text, where full was tokenized with its
+ * media (ks_media_tokenize: the text split at the markers, each piece
+ * tokenized alone, BOS first, each item's chunks as pseudo-tokens) and text
+ * holds the same markers: piece by piece, each marker stepping over the next
+ * media run of full (after at most a few tokens of the projector's own text
+ * before it, such as Gemma 3's <start_of_image>). Only where every item is
+ * one run; otherwise -1 (the caller compares the text whole, which stops at
+ * the first marker). */
+static int media_head(const ks_engine *e, const char *text, const ks_tokens *full, const ks_media_set *m,
+                      bool *whole) {
+    int n_runs = ks_media_set_n_runs(m);
+    if (n_runs == 0 || n_runs != ks_media_set_n_items(m)) return -1;
+    const char *mk = ks_media_marker();
+    size_t ml = strlen(mk);
+    int i = 0, run = 0;
+    bool first = true;
+    for (const char *p = text;;) {
+        const char *q = strstr(p, mk);
+        size_t len = q ? (size_t)(q - p) : strlen(p);
+        if (len > 0 || first) {
+            ks_tokens seg = {0};
+            if (ks_engine_tokenize(e, p, len, first, true, &seg)) {
+                ks_tokens_free(&seg);
+                return i;
+            }
+            int k = 0;
+            while (k < seg.n && i < full->n && seg.v[k] == full->v[i]) k++, i++;
+            bool all = k == seg.n;
+            ks_tokens_free(&seg);
+            if (!all) return i;
+        }
+        if (!q) {
+            *whole = i > 0;
+            return i;
+        }
+        if (run >= n_runs) return i;
+        int pos, n;
+        ks_media_set_run(m, run++, &pos, &n);
+        if (pos < i || pos - i > 8) return i;
+        i = pos + n;
+        p = q + ml;
+        first = false;
+    }
+}
+
 static int head_len(const ks_engine *e, const ks_chat_tmpl *t, const json_t *req, int upto, const ks_tokens *full,
-                    ks_prompt_memo *memo, uint64_t ns, bool *whole) {
+                    const ks_media_set *media, ks_prompt_memo *memo, uint64_t ns, bool *whole) {
     *whole = false;
     json_t *part = head_request(req, upto);
     char *c = part && memo ? canon(part) : NULL;
@@ -210,7 +255,11 @@ static int head_len(const ks_engine *e, const ks_chat_tmpl *t, const json_t *req
     char err[64];
     if (part && apply(t, part, &res, err, sizeof err) == 0) {
         const char *text = json_string_value(json_object_get(res, "prompt"));
-        if (text && tokenize(e, text, &tok) == 0) {
+        int nm = text && media ? media_head(e, text, full, media, whole) : -1;
+        if (nm >= 0) {
+            n = nm;
+            if (key && n > 0) memo_put(memo, key, full, n, *whole);
+        } else if (text && tokenize(e, text, &tok) == 0) {
             while (n < tok.n && n < full->n && tok.v[n] == full->v[n]) n++;
             *whole = n > 0 && n == tok.n;
             if (key && n > 0) memo_put(memo, key, full, n, *whole);
@@ -230,7 +279,7 @@ static void sys_key(const ks_engine *e, const ks_chat_tmpl *t, const json_t *req
     if (!m0 || strcmp(json_string_value(json_object_get(m0, "role")), "system") != 0) return;
     if (json_array_size(msgs) < 2) return;
     bool whole;
-    int n_sys = head_len(e, t, req, 0, &p->tokens, memo, ns, &whole);
+    int n_sys = head_len(e, t, req, 0, &p->tokens, NULL, memo, ns, &whole);
     if (!whole || n_sys >= p->tokens.n) return;
     char *c = canon(m0);
     size_t n = (c ? strlen(c) : 0) + strlen(opts) + 2;
@@ -464,18 +513,19 @@ fail:
 
 int ks_prompt_tmpl_prefix_len(const ks_engine *e, const ks_chat_tmpl *t, const json_t *req, int upto,
                               const ks_tokens *full, int n_gen_prompt, ks_prompt_memo *memo) {
-    return ks_prompt_tmpl_prefix_len_ns(e, t, req, upto, full, n_gen_prompt, memo, 0);
+    return ks_prompt_tmpl_prefix_len_ns(e, t, req, upto, full, NULL, n_gen_prompt, memo, 0);
 }
 
 int ks_prompt_tmpl_prefix_len_ns(const ks_engine *e, const ks_chat_tmpl *t, const json_t *req, int upto,
-                                 const ks_tokens *full, int n_gen_prompt, ks_prompt_memo *memo, uint64_t ns) {
+                                 const ks_tokens *full, const ks_media_set *media, int n_gen_prompt,
+                                 ks_prompt_memo *memo, uint64_t ns) {
     const json_t *msgs = json_object_get(req, "messages");
     if (upto < 0 || (size_t)upto >= json_array_size(msgs)) return 0;
     /* The last message: the prompt is that render plus the generation prompt. */
     if ((size_t)upto + 1 == json_array_size(msgs) && n_gen_prompt > 0 && n_gen_prompt < full->n)
         return full->n - n_gen_prompt;
     bool whole;
-    return head_len(e, t, req, upto, full, memo, ns, &whole);
+    return head_len(e, t, req, upto, full, media, memo, ns, &whole);
 }
 
 bool ks_prompt_tmpl_preserved(const int32_t *preserved, int n, int32_t tok) {

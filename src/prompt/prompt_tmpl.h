@@ -103,8 +103,9 @@ void ks_prompt_memo_stats(ks_prompt_memo *m, uint64_t *hits, uint64_t *misses);
  * tokenized), KS_EDECODE (the media could not be tokenized: err says why,
  * "media item N ..." when one item is the cause; a client error),
  * KS_ENOMEM; out is freed then.
- * Breakpoints (ks_prompt_tmpl_prefix_len) render without the media: a
- * breakpoint after an image finds the prefix up to that image's marker. */
+ * Breakpoints (ks_prompt_tmpl_prefix_len_ns with the prompt's media set)
+ * render the text with its markers and step over each item's run in the
+ * prompt: a breakpoint after an image falls after the image. */
 int ks_prompt_tmpl_chat(const ks_engine *e, const ks_chat_tmpl *t, const json_t *req, const ks_prompt_opts *o,
                         ks_prompt_memo *memo, ks_prompt_tmpl *out, char *err, size_t errlen);
 
@@ -117,9 +118,13 @@ int ks_prompt_tmpl_chat(const ks_engine *e, const ks_chat_tmpl *t, const json_t 
  * message or memo (may be NULL) holds it. */
 int ks_prompt_tmpl_prefix_len(const ks_engine *e, const ks_chat_tmpl *t, const json_t *req, int upto,
                               const ks_tokens *full, int n_gen_prompt, ks_prompt_memo *memo);
-/* The same with memo entries in namespace ns (ks_prompt_opts.memo_ns). */
+/* The same with memo entries in namespace ns (ks_prompt_opts.memo_ns), and
+ * full's media set (ks_prompt_tmpl.media; NULL: none): each media marker of
+ * the render steps over its item's run in full, where every item is one run
+ * (images); otherwise the prefix stops at the first marker. */
 int ks_prompt_tmpl_prefix_len_ns(const ks_engine *e, const ks_chat_tmpl *t, const json_t *req, int upto,
-                                 const ks_tokens *full, int n_gen_prompt, ks_prompt_memo *memo, uint64_t ns);
+                                 const ks_tokens *full, const ks_media_set *media, int n_gen_prompt,
+                                 ks_prompt_memo *memo, uint64_t ns);
 
 /* true when tok is in preserved[0, n) (sorted, as ks_prompt_tmpl keeps it;
  * a caller may keep the array after the rest is freed). */

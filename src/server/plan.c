@@ -69,8 +69,8 @@ void ks__plan_pins(ks_server *s, const ks_api_request *rq, ks_plan *pl) {
     for (int i = 0; i < rq->n_bps; i++) {
         int upto = rq->bps[i].msg < 0 ? 0 : rq->bps[i].msg;
         ks_admit_enter(&s->admit, KS_ADMIT_RENDER);
-        int n = ks_prompt_tmpl_prefix_len_ns(s->engine, s->tmpl, rq->tmpl_req, upto, full, pl->tp.n_gen_prompt,
-                                             s->memo, rq->tenant);
+        int n = ks_prompt_tmpl_prefix_len_ns(s->engine, s->tmpl, rq->tmpl_req, upto, full, pl->tp.media,
+                                             pl->tp.n_gen_prompt, s->memo, rq->tenant);
         ks_admit_leave(&s->admit);
         if (n <= 0) {
             KS_DEBUG(MOD, "cache breakpoint after message %d: no token prefix of the prompt, dropped", upto);

@@ -217,6 +217,25 @@ test('messages: a screenshot in a tool result, then the next turn from the cache
     /png but its type says image\/gif/.test(e.message));
 });
 
+test('messages: a cache breakpoint after an image falls after the image, not at its marker', async () => {
+  const shot = png(64, 64, 43);
+  const first = [{ role: 'user', content: [{ type: 'text', text: 'What does this screenshot show?' }, msgImage(shot),
+    { type: 'text', text: 'Answer briefly.', cache_control: { type: 'ephemeral' } }] }];
+  // On the last message the breakpoint is the prompt without its generation prompt.
+  const a = await ant.messages.create({ model: 'x', max_tokens: 4, temperature: 0, messages: first });
+  const whole = a.cache?.pinned_tokens;
+  assert.ok(whole > 0, JSON.stringify(a.cache));
+  const before = await tokensBeforeImage({ messages: [{ role: 'user', content: [
+    { type: 'text', text: 'What does this screenshot show?' }, chatImage(shot)] }] });
+  assert.ok(whole > before + 1, `the pin (${whole}) lies past the image (which starts at ${before})`);
+  // The same breakpoint as an earlier message's: found by rendering the conversation up to
+  // it, its image stepped over — the same tokens.
+  const text = a.content.filter((x) => x.type === 'text').map((x) => x.text).join('') || '.';
+  const b = await ant.messages.create({ model: 'x', max_tokens: 4, temperature: 0, messages: [...first,
+    { role: 'assistant', content: text }, { role: 'user', content: 'And the corner?' }] });
+  assert.equal(b.cache?.pinned_tokens, whole, JSON.stringify(b.cache));
+});
+
 test('metrics count the images received', async () => {
   const m = await metrics(srv);
   assert.ok(m.get('kvstash_media_items_total{kind="image"}') >= 6, JSON.stringify([...m]));
