@@ -368,3 +368,31 @@ test('an image mid-conversation extends it; a restarted server restores it from 
     await stopOk(s4);
   }
 });
+
+test('a second process beside the first restores the image conversation from the shared store', async () => {
+  const storeDirPath = path.join(dir, 'store2');
+  const config = await writeStoreConfig(path.join(dir, 'store2.yaml'), { cacheDir: path.join(storeDirPath, 'disk'),
+    shmDir: path.join(storeDirPath, 'shm') });
+  const args = ['-m', model, '--mmproj', mmproj, '--ctx', '2048', '--slots', '2', '--config', config];
+  const a = await startServer(args);
+  const b = await startServer(args);
+  try {
+    const msgs = [{ role: 'system', content: 'You read dashboards. '.repeat(4) }, ...userWith(chatImage(png(64, 64, 71)))];
+    const r1 = await postJSON(a, CHAT, { messages: msgs, max_tokens: 8, temperature: 0 });
+    assert.equal(r1.status, 200, r1.text);
+    await settleStore(a);
+    msgs.push({ role: 'assistant', content: r1.json.choices[0].message.content },
+      { role: 'user', content: 'Which panel is red?' });
+    const r2 = await postJSON(b, CHAT, { messages: msgs, max_tokens: 8, temperature: 0 });
+    assert.equal(r2.status, 200, r2.text);
+    assert.equal(r2.json.cache.mode, 'store', JSON.stringify(r2.json.cache));
+    assert.ok(r2.json.usage.prompt_tokens_details.cached_tokens >= r1.json.usage.prompt_tokens,
+      JSON.stringify([r2.json.cache, r1.json.usage]));
+    assert.equal((await metrics(b)).get('kvstash_media_encodes_total'), 0, 'process B encoded nothing');
+    const u = await postJSON(b, CHAT, { messages: msgs, max_tokens: 8, temperature: 0, cache_prompt: false });
+    assert.equal(u.json.choices[0].message.content, r2.json.choices[0].message.content);
+  } finally {
+    await stopOk(a);
+    await stopOk(b);
+  }
+});

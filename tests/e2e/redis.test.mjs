@@ -16,6 +16,7 @@ import net from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { startServer, stopOk, chat, metrics, sleep, settleStore, until, BIN, MODEL, makeSay, runBin } from './lib.mjs';
+import { png, chatImage } from './media.mjs';
 
 const MAX_TOKENS = 8;
 let root;
@@ -815,6 +816,37 @@ test('with a cache secret, an entry written without it is refused; tagged entrie
     assert.match(plainVerify.stdout, /^not authenticated: no cache secret/m);
   } finally {
     for (const s of [b, c, d]) if (s) await stopOk(s);
+    await redis.stop();
+  }
+});
+
+// Images through Redis (issue 29): host B, which never saw the image, reads
+// the conversation with its image's KV from Redis and does not run the
+// projector; the reply is the uncached one.
+test('an image conversation begun on host A continues on host B from Redis, the image not encoded again', async () => {
+  const model = process.env.KS_TINY_MM_MODEL;
+  const proj = process.env.KS_TINY_MMPROJ;
+  assert.ok(model && proj, 'KS_TINY_MM_MODEL / KS_TINY_MMPROJ are not set (run through ctest)');
+  const redis = await startRedis(path.join(root, 'r12'));
+  const url = `unix://${redis.sock}`;
+  const media = { args: ['-m', model, '--mmproj', proj] };
+  const a = await host('a12', url, {}, media);
+  const b = await host('b12', url, {}, media);
+  try {
+    const opts = { max_tokens: MAX_TOKENS, temperature: 0 };
+    const msgs = [sys('Screens'), { role: 'user', content: [{ type: 'text', text: 'What is on this screen?' },
+      chatImage(png(64, 64, 81))] }];
+    const r1 = await chat(a, msgs, opts);
+    await settleStore(a);
+    msgs.push({ role: 'assistant', content: r1.choices[0].message.content }, { role: 'user', content: 'And the menu?' });
+    const r2 = await chat(b, msgs, opts);
+    assertRedisHit(r2, r1.usage.prompt_tokens, 'host B');
+    assert.equal((await metrics(b)).get('kvstash_media_encodes_total'), 0, 'host B encoded the image');
+    const u = await chat(b, msgs, { ...opts, cache_prompt: false });
+    assert.equal(r2.choices[0].message.content, u.choices[0].message.content);
+  } finally {
+    await stopOk(a);
+    await stopOk(b);
     await redis.stop();
   }
 });
