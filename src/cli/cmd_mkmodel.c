@@ -26,7 +26,7 @@ static void mkmodel_usage(FILE *f) {
             "                       [--mmproj FILE] OUT.gguf\n"
             "\n"
             "Writes a random-weight GGUF model (architecture `llama`, or `lfm2`,\n"
-            "`gemma3`, `mamba`, `qwen3moe`, `gpt-oss` for the presets that say so) with a ChatML\n"
+            "`gemma3`, `mamba`, `qwen3moe`, `gpt-oss`, `qwen2vl` for the presets that say so) with a ChatML\n"
             "template, for tests, demos and benchmarks. The file is a pure function of\n"
             "the preset, the seed and the template, and is written atomically (temp\n"
             "file + rename).\n"
@@ -65,6 +65,8 @@ static void mkmodel_usage(FILE *f) {
             "                         with attention sinks, a 32-token sliding window in layers 0\n"
             "                         and 2, 8 MXFP4 experts of 128, 2 per token, YaRN; give it\n"
             "                         --chat-template openai-gpt-oss-120b.jinja\n"
+            "                  tiny-mrope: `qwen2vl`, the tiny shape with q/k/v biases and\n"
+            "                         M-RoPE (4 position sections a token)\n"
             "  --seed N        weights seed, an unsigned 64-bit integer (default 1)\n"
             "  --chat-template FILE\n"
             "                  a Jinja chat template (UTF-8, at most 1 MiB) to write\n"
@@ -78,7 +80,9 @@ static void mkmodel_usage(FILE *f) {
             "                  n_embd <= 256: 64x64 images, 64 tokens each (~70 KiB);\n"
             "                  larger: 224x224 images, 196 tokens, a ViT-S-sized encoder;\n"
             "                  for a gemma3 preset (tiny-swa) Gemma 3's projector instead\n"
-            "                  (pooled patches, non-causal image tokens): 100 tokens each\n"
+            "                  (pooled patches, non-causal image tokens): 100 tokens each;\n"
+            "                  for a qwen2vl preset (tiny-mrope) Qwen2-VL's merger (M-RoPE:\n"
+            "                  a 112x112 image is 16 tokens over 4 KV positions)\n"
             "  --mmproj-audio  the projector also takes audio: Ultravox's Whisper encoder,\n"
             "                  125 tokens per 30 s of audio (~360 KiB more)\n"
             "  -h, --help      this help\n");
@@ -223,7 +227,7 @@ int ks_cmd_mkmodel(int argc, char **argv) {
         fprintf(stderr,
                 "kvstash mkmodel: projector %s (ViT %d layers, n_embd %d, %dx%d images, %d tokens each -> n_embd "
                 "%d)%s, %lld bytes, %.3f s -> %s\n",
-                ms.gemma3 ? "gemma3" : "mlp", ms.n_layer, ms.n_embd, ms.image_size, ms.image_size, ms.n_tokens,
+                ms.qwen2vl ? "qwen2vl_merger" : ms.gemma3 ? "gemma3" : "mlp", ms.n_layer, ms.n_embd, ms.image_size, ms.image_size, ms.n_tokens,
                 ms.n_embd_text,
                 ms.audio ? " + audio ultravox (125 tokens per 30 s)" : "", bytes,
                 (ks_now_ms() - t0) / 1e3, mmproj);

@@ -32,7 +32,8 @@ struct ks_media {
     uint64_t proj_hash;
     bool vision, audio;
     int n_embd;
-    int n_batch; /* the engine's n_batch = n_ubatch: the largest whole run (note 2a) */
+    int n_batch; /* the engine's n_batch = n_ubatch: the largest non-causal run (note 2a) */
+    bool mrope;  /* the text model takes 4 positions a row (M-RoPE): note 2 */
     ks_media_stats st; /* inference thread */
 };
 
@@ -40,9 +41,11 @@ namespace {
 
 struct run {
     int pos, n;
+    int n_pos;                     /* KV positions it takes (< n: M-RoPE images, media.h note 2) */
     const mtmd_input_chunk *chunk; /* borrowed from the set's chunks */
     float *embd;                   /* n * n_embd, once encoded; malloc'd */
-    bool whole;                    /* decoded in one call, non-causal (media.h note 2a) */
+    bool whole;                    /* decoded all at once, never cut (media.h note 2a) */
+    bool non_causal;               /* ... in one call with causal attention off (note 2a) */
 };
 
 } // namespace
@@ -167,10 +170,14 @@ extern "C" int ks__media_open(ks_engine *e, const char *path, int n_threads, boo
             return KS_EMODEL;
         }
     }
-    if (mtmd_decode_use_mrope(m->ctx)) {
+    m->mrope = mtmd_decode_use_mrope(m->ctx);
+    if (m->mrope && ks_engine_n_swa(e) > 0) {
+        /* kvstash's sliding-window rules (ks_engine_state_restorable, the
+         * window a cut must keep) count the window in tokens, and llama.cpp
+         * cannot shift M-RoPE positions: no M-RoPE model has a window yet. */
         ks_set_err(err, errlen,
-                   "projector file '%s' is for an M-RoPE model (Qwen2-VL and kin): its media take other KV "
-                   "positions than tokens, which kvstash does not support yet", path);
+                   "projector file '%s' is for an M-RoPE model with a sliding window: its media take fewer KV "
+                   "positions than tokens, which kvstash's window rules do not support", path);
         mtmd_free(m->ctx);
         delete m;
         return KS_EMODEL;
@@ -179,8 +186,8 @@ extern "C" int ks__media_open(ks_engine *e, const char *path, int n_threads, boo
     m->audio = mtmd_support_audio(m->ctx);
     m->n_embd = llama_model_n_embd_inp(ks__engine_model(e));
     m->n_batch = ks_engine_n_batch(e);
-    KS_DEBUG(MOD, "projector %s: vision=%d audio=%d n_embd=%d non-causal=%d", path, (int)m->vision, (int)m->audio,
-             m->n_embd, (int)mtmd_decode_use_non_causal(m->ctx, nullptr));
+    KS_DEBUG(MOD, "projector %s: vision=%d audio=%d n_embd=%d non-causal=%d mrope=%d", path, (int)m->vision,
+             (int)m->audio, m->n_embd, (int)mtmd_decode_use_non_causal(m->ctx, nullptr), (int)m->mrope);
     *out = m;
     return 0;
 }
@@ -195,6 +202,7 @@ extern "C" const char *ks_media_marker(void) { return mtmd_default_marker(); }
 extern "C" bool ks_media_vision(const ks_media *m) { return m && m->vision; }
 extern "C" bool ks_media_audio(const ks_media *m) { return m && m->audio; }
 extern "C" uint64_t ks_media_proj_hash(const ks_media *m) { return m ? m->proj_hash : 0; }
+extern "C" bool ks_media_mrope(const ks_media *m) { return m && m->mrope; }
 
 /* ---------------------------------------------------------------- tokenize */
 static void set_free(ks_media_set *s) {
@@ -288,16 +296,22 @@ static int take_chunks(ks_media *m, ks_media_set *s, ks_tokens *out, char *err, 
         }
         int n = (int)mtmd_input_chunk_get_n_tokens(ch);
         if (n <= 0) continue;
-        if ((int)mtmd_input_chunk_get_n_pos(ch) != n) {
-            ks_set_err(err, errlen, "this projector's media take %d KV positions for %d tokens (M-RoPE): not "
-                       "supported yet", (int)mtmd_input_chunk_get_n_pos(ch), n);
+        int n_pos = (int)mtmd_input_chunk_get_n_pos(ch);
+        if (n_pos <= 0 || n_pos > n || (n_pos != n && (!m->mrope || mtmd_input_chunk_get_type(ch) !=
+                                                                         MTMD_INPUT_CHUNK_TYPE_IMAGE))) {
+            ks_set_err(err, errlen, "this projector's media take %d KV positions for %d tokens: not supported",
+                       n_pos, n);
             return KS_EINVAL;
         }
         /* Non-causal (Gemma 3): one llama_decode of the whole chunk, which
          * llama.cpp allows only within one micro-batch (it asserts
          * n_ubatch >= n_tokens: an abort, so refused here, note 2a). */
-        bool whole = mtmd_decode_use_non_causal(m->ctx, ch);
-        if (whole && n > m->n_batch) {
+        bool non_causal = mtmd_decode_use_non_causal(m->ctx, ch);
+        /* M-RoPE images (note 2): every row's KV cell has the run's first
+         * position, so no cache may end inside the run (a cut removes by
+         * position), which is what a whole run is. */
+        bool whole = non_causal || n_pos != n;
+        if (non_causal && n > m->n_batch) {
             ks_set_err(err, errlen, "this projector's media are decoded with non-causal attention, each item in one "
                        "batch: an item of %d tokens needs a batch of at least %d (the engine's is %d: raise "
                        "--batch)", n, n, m->n_batch);
@@ -309,7 +323,7 @@ static int take_chunks(ks_media *m, ks_media_set *s, ks_tokens *out, char *err, 
         last_item = item;
         uint64_t hdr[3] = {item, (uint64_t)ordinal, (uint64_t)n};
         uint64_t h = XXH3_64bits(hdr, sizeof hdr);
-        run r = {out->n, n, ch, nullptr, whole};
+        run r = {out->n, n, n_pos, ch, nullptr, whole, non_causal};
         for (int i = 0; i < n; i++) {
             int32_t t = pseudo_token(h, i);
             if (ks_tokens_push(out, t)) return KS_ENOMEM;
@@ -400,6 +414,26 @@ extern "C" bool ks_media_set_run_whole(const ks_media_set *set, int k) {
     return set && k >= 0 && k < (int)set->runs.size() && set->runs[(size_t)k].whole;
 }
 
+extern "C" int ks_media_set_kv_pos(const ks_media_set *set, int i) {
+    if (!set) return i;
+    int shift = 0; /* tokens beyond positions of the runs before i */
+    for (const run &r : set->runs) {
+        if (r.pos + r.n <= i) shift += r.n - r.n_pos;
+        else {
+            if (r.pos <= i && r.n_pos != r.n) return r.pos - shift;
+            break;
+        }
+    }
+    return i - shift;
+}
+
+extern "C" bool ks_media_set_shifts(const ks_media_set *set) {
+    if (set)
+        for (const run &r : set->runs)
+            if (r.n_pos != r.n) return true;
+    return false;
+}
+
 extern "C" int ks_media_set_cut(const ks_media_set *set, int n) {
     int k = ks_media_set_find(set, n);
     if (k < 0) return n;
@@ -454,17 +488,35 @@ static int encode_run(ks_media *m, run &r) {
     return 0;
 }
 
-/* One decode call of rows [i, i + take) of r (positions i..), with a
- * throwaway copy of a lone row at the next position when pad. */
-static int decode_rows(ks_media *m, struct llama_context *lctx, llama_batch &b, const run &r, int i, int take,
-                       int seq, bool pad) {
+/* One decode call of rows [i, i + take) of r, with a throwaway copy of a
+ * lone row at the next position when pad. kv0: the KV position of the run's
+ * first row (ks_media_set_kv_pos). pos: room for 4 (take + 1) positions when
+ * the text model takes 4 a row (M-RoPE), in llama_batch's layout: section s
+ * of row j at s * n_tokens + j. */
+static int decode_rows(ks_media *m, struct llama_context *lctx, llama_batch &b, llama_pos *pos, const run &r, int kv0,
+                       int i, int take, int seq, bool pad) {
     int n_embd = m->n_embd;
+    int n = take + (pad ? 1 : 0);
+    const mtmd_image_tokens *img = m->mrope ? mtmd_input_chunk_get_tokens_image(r.chunk) : nullptr;
     b.n_tokens = 0;
-    for (int j = 0; j < take + (pad ? 1 : 0); j++) {
+    b.pos = pos;
+    for (int j = 0; j < n; j++) {
         int row = i + (j < take ? j : take - 1) - r.pos;
         memcpy(b.embd + (size_t)j * (size_t)n_embd, r.embd + (size_t)row * (size_t)n_embd,
                sizeof(float) * (size_t)n_embd);
-        b.pos[j] = i + j;
+        /* Rows one position each (the pad: the next one); an M-RoPE image's
+         * rows as mtmd-helper's mtmd_helper_decode_image_chunk gives them
+         * (t, y, x, z: set_position_mrope_2d's order). */
+        int p = kv0 + row + (j < take ? 0 : 1);
+        if (!m->mrope) pos[j] = p;
+        else if (img) {
+            mtmd_decoder_pos dp = mtmd_image_tokens_get_decoder_pos(img, kv0, (size_t)row);
+            pos[j] = (llama_pos)dp.t;
+            pos[j + n] = (llama_pos)dp.y;
+            pos[j + 2 * n] = (llama_pos)dp.x;
+            pos[j + 3 * n] = (llama_pos)dp.z;
+        } else
+            for (int s = 0; s < 4; s++) pos[j + s * n] = p;
         b.n_seq_id[j] = 1;
         b.seq_id[j][0] = seq;
         b.logits[j] = 0;
@@ -472,8 +524,10 @@ static int decode_rows(ks_media *m, struct llama_context *lctx, llama_batch &b, 
     }
     int ret = llama_decode(lctx, b);
     /* A memory that cannot drop the copy (recurrent, hybrid) never decodes in
-     * pairs (engine.h): the sequence would hold a row too many. */
-    if (pad && !llama_memory_seq_rm(llama_get_memory(lctx), seq, i + take, -1) && ret == 0) return KS_EINVAL;
+     * pairs (engine.h): the sequence would hold a row too many. Never for a
+     * run of fewer positions than rows: whole runs take no pad. */
+    if (pad && !llama_memory_seq_rm(llama_get_memory(lctx), seq, kv0 + (i + take - r.pos), -1) && ret == 0)
+        return KS_EINVAL;
     if (ret == 0) return 0;
     if (ret == 1) return KS_EFULL;
     if (ret == 2) return KS_ECANCELED;
@@ -489,8 +543,8 @@ extern "C" int ks_media_decode(ks_engine *e, ks_media_set *set, int k, int p0, i
     run &r = set->runs[(size_t)k];
     if (p0 < r.pos || p1 > r.pos + r.n || p0 >= p1) return KS_EINVAL;
     int n_batch = ks_engine_n_batch(e);
-    /* A whole run (note 2a): all of it or nothing, in one call. */
-    if (r.whole && (p0 != r.pos || p1 != r.pos + r.n || r.n > n_batch)) return KS_EINVAL;
+    /* A whole run (note 2a): all of it or nothing, a non-causal one in one call. */
+    if (r.whole && (p0 != r.pos || p1 != r.pos + r.n || (r.non_causal && r.n > n_batch))) return KS_EINVAL;
     if (!r.embd) {
         int rc = encode_run(m, r);
         if (rc) return rc;
@@ -499,16 +553,44 @@ extern "C" int ks_media_decode(ks_engine *e, ks_media_set *set, int k, int p0, i
     struct llama_context *lctx = ks__engine_ctx(e);
     llama_batch b = llama_batch_init(n_batch + 1, m->n_embd, 1);
     if (!b.embd) return KS_ENOMEM;
+    /* Positions: the batch's own array has one a row; M-RoPE takes 4. */
+    llama_pos *pos_own = b.pos;
+    llama_pos *pos = (llama_pos *)malloc(sizeof(llama_pos) * 4 * (size_t)(n_batch + 1));
+    if (!pos) {
+        llama_batch_free(b);
+        return KS_ENOMEM;
+    }
+    int kv0 = ks_media_set_kv_pos(set, r.pos);
     int rc = 0;
+    if (r.whole && !r.non_causal) {
+        /* An M-RoPE image (note 2): causal (the mask orders its rows, which
+         * share one position, by their (y, x)), decoded from its first row
+         * in the same calls every time: n_batch rows each, never a lone
+         * last one nor a throwaway row (it would take a position inside
+         * the run's), so cached or not the calls are the same. */
+        for (int i = p0; i < p1 && !rc;) {
+            int take = p1 - i < n_batch ? p1 - i : n_batch;
+            if (p1 - (i + take) == 1 && take > 2) take--;
+            rc = decode_rows(m, lctx, b, pos, r, kv0, i, take, seq, false);
+            if (!rc) m->st.decoded_tokens += (uint64_t)take;
+            i += take;
+        }
+        b.pos = pos_own;
+        free(pos);
+        llama_batch_free(b);
+        return rc;
+    }
     if (r.whole) {
         /* Its rows see each other both ways, and only them beyond the
          * sequence before p0 (the caller's duty): no throwaway row, which the
          * run's rows would see. The context goes back to causal at once:
          * every other decode is causal. */
         llama_set_causal_attn(lctx, false);
-        rc = decode_rows(m, lctx, b, r, p0, p1 - p0, seq, false);
+        rc = decode_rows(m, lctx, b, pos, r, kv0, p0, p1 - p0, seq, false);
         llama_set_causal_attn(lctx, true);
         if (!rc) m->st.decoded_tokens += (uint64_t)(p1 - p0);
+        b.pos = pos_own;
+        free(pos);
         llama_batch_free(b);
         return rc;
     }
@@ -516,10 +598,12 @@ extern "C" int ks_media_decode(ks_engine *e, ks_media_set *set, int k, int p0, i
         int take = p1 - i < n_batch ? p1 - i : n_batch;
         /* Never leave a lone row for the last call (pairs): n_batch >= 4. */
         if (pairs && p1 - (i + take) == 1 && take > 2) take--;
-        rc = decode_rows(m, lctx, b, r, i, take, seq, pairs && take == 1);
+        rc = decode_rows(m, lctx, b, pos, r, kv0, i, take, seq, pairs && take == 1);
         if (!rc) m->st.decoded_tokens += (uint64_t)take;
         i += take;
     }
+    b.pos = pos_own;
+    free(pos);
     llama_batch_free(b);
     return rc;
 }

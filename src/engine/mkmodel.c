@@ -202,11 +202,15 @@ static int make_specs(const preset *p, int n_vocab, tspec **out, int *n_out) {
             LSPEC("shortconv.in_proj.weight", E, 3 * E, p->wtype, TK_WEIGHT);
             LSPEC("shortconv.out_proj.weight", E, E, p->wtype, TK_RESID);
         } else {
+            bool qkv_b = p->arch == MK_ARCH_QWEN2VL; /* qwen2's q/k/v biases */
             LSPEC("attn_q.weight", E, Hd, p->wtype, TK_WEIGHT);
+            if (qkv_b) LSPEC("attn_q.bias", Hd, 1, GGML_TYPE_F32, TK_BIAS);
             LSPEC("attn_k.weight", E, Hkvd, p->wtype, TK_WEIGHT);
+            if (qkv_b) LSPEC("attn_k.bias", Hkvd, 1, GGML_TYPE_F32, TK_BIAS);
             LSPEC("attn_v.weight", E, Hkvd, p->wtype, TK_WEIGHT);
+            if (qkv_b) LSPEC("attn_v.bias", Hkvd, 1, GGML_TYPE_F32, TK_BIAS);
             LSPEC("attn_output.weight", Hd, E, p->wtype, TK_RESID);
-            if (p->arch != MK_ARCH_LLAMA) {
+            if (p->arch != MK_ARCH_LLAMA && p->arch != MK_ARCH_QWEN2VL) {
                 LSPEC("attn_q_norm.weight", d, 1, GGML_TYPE_F32, TK_NORM);
                 LSPEC("attn_k_norm.weight", d, 1, GGML_TYPE_F32, TK_NORM);
             }
@@ -475,6 +479,15 @@ static struct gguf_context *build_gguf(const preset *p, const vocab *v, const tm
         gguf_set_val_u32(g, AKEY("ssm.inner_size"), (uint32_t)(2 * p->n_embd));
         gguf_set_val_u32(g, AKEY("ssm.state_size"), (uint32_t)p->ssm_d_state);
         gguf_set_val_u32(g, AKEY("ssm.time_step_rank"), (uint32_t)p->ssm_dt_rank);
+    }
+    if (p->arch == MK_ARCH_QWEN2VL) {
+        /* M-RoPE: the rotary pairs (head_dim / 2) split into sections for the
+         * temporal, height and width positions (and a fourth, unused),
+         * Qwen2-VL's proportions 16:24:24 of 64 */
+        int half = (int)(p->n_embd / p->n_head) / 2;
+        int32_t sec[4] = {half / 4, (half - half / 4) / 2, 0, 0};
+        sec[2] = half - sec[0] - sec[1];
+        gguf_set_arr_data(g, AKEY("rope.dimension_sections"), GGUF_TYPE_INT32, sec, 4);
     }
     if (p->arch == MK_ARCH_GEMMA3) {
         gguf_set_val_u32(g, AKEY("attention.sliding_window"), (uint32_t)p->n_swa);

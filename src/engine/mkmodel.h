@@ -170,7 +170,12 @@
  *     ViT's patches average-pooled 2x2, RMS-normed, projected by
  *     mm.input_projection): tiny 80x80 images in 4x4 patches, 100 tokens
  *     an image, which mtmd decodes with non-causal attention (engine/media.h
- *     note 2a).
+ *     note 2a). For a qwen2vl text preset (tiny-mrope) it is Qwen2-VL's
+ *     (clip.cpp "qwen2vl_merger": two patch convolutions summed, 2-D M-RoPE
+ *     in a ViT of one block, each 2x2 patch group merged by mm.0 -> GELU ->
+ *     mm.2): images keep their aspect (sides rounded to 28, at least 8
+ *     tokens), an image of nx x ny tokens takes max(nx, ny) KV positions
+ *     (engine/media.h note 2).
  *
  * Thread model: ks_mkmodel and ks_mkmodel_shape_of are reentrant (no global
  * state of their own); ggml's quantizer is thread-safe.
@@ -264,6 +269,7 @@ typedef struct ks_mkmodel_mmproj_shape {
     int n_embd, n_layer;        /* the ViT's */
     int n_tokens;               /* KV tokens per image: (image_size / patch_size)^2, pooled for Gemma 3 */
     bool gemma3;                /* Gemma 3's projector (non-causal image tokens), else LLaVA's */
+    bool qwen2vl;               /* Qwen2-VL's (M-RoPE image tokens; n_tokens: an image_size^2 image's) */
     int n_embd_text;            /* the text model's embedding size it projects to */
     bool audio;                 /* an audio encoder too (note 10) */
 } ks_mkmodel_mmproj_shape;

@@ -18,8 +18,10 @@ enum mk_arch {
     MK_ARCH_GEMMA3, /* "gemma3": sliding-window and global attention layers (iSWA KV cache) */
     MK_ARCH_MAMBA,  /* "mamba": selective state-space layers only (recurrent memory, no KV) */
     MK_ARCH_QWEN3MOE, /* "qwen3moe": attention with q/k norms, routed experts (top-k of n_expert) */
-    MK_ARCH_GPTOSS    /* "gpt-oss": attention with sinks, alternating sliding-window layers,
+    MK_ARCH_GPTOSS,   /* "gpt-oss": attention with sinks, alternating sliding-window layers,
                        * routed experts with biases (MXFP4) */
+    MK_ARCH_QWEN2VL   /* "qwen2vl": llama's layers with q/k/v biases, M-RoPE (4 position
+                       * sections a token: rope.dimension_sections) */
 };
 
 typedef struct preset {

@@ -50,6 +50,7 @@
 typedef struct vshape {
     int image_size, patch_size, n_embd, n_layer, n_head, n_ff;
     int n_merge; /* Gemma 3: the average pool's side (0: LLaVA) */
+    bool qwen2vl; /* Qwen2-VL's merger (M-RoPE): images of any size, 2x2 patches a token */
 } vshape;
 
 /* tiny: 64 image tokens from a 64x64 image; bench: 196 tokens of 224x224
@@ -58,7 +59,15 @@ typedef struct vshape {
  * (more than a scheduler's smallest prefill chunk, 64: the tests see a run
  * that must not be cut); or 224x224 in 16x16 patches pooled 2x2, 49 tokens
  * (the pool's side must divide the grid's). */
-static vshape shape_for(int text_embd, bool gemma3) {
+static vshape shape_for(int text_embd, bool gemma3, bool qwen2vl) {
+    if (qwen2vl)
+        /* One block of one head: mtmd's warm-up encodes a 1288x1288 image
+         * (46x46 tokens, 8464 patches) whatever the file says. image_size is
+         * the side of the tests' images, kept as they are (a multiple of 28
+         * above the minimum of 8 tokens): 112x112 gives 4x4 tokens over 4
+         * positions. */
+        return (vshape){.image_size = 112, .patch_size = 14, .n_embd = 32, .n_layer = 1, .n_head = 1, .n_ff = 64,
+                        .n_merge = 2, .qwen2vl = true};
     if (gemma3) {
         if (text_embd <= 256)
             return (vshape){.image_size = 80, .patch_size = 4, .n_embd = 32, .n_layer = 2, .n_head = 2, .n_ff = 64,
@@ -126,8 +135,17 @@ static int add_tensors(struct ggml_context *ctx, struct gguf_context *g, const v
     char nm[96];
     rc = rc ? rc : add_tensor(ctx, g, "v.patch_embd.weight", 4, NE(P, P, 3, E), true, FILL_RANDOM,
                               1.0f / sqrtf((float)(P * P * 3)), seed);
-    rc = rc ? rc : add_tensor(ctx, g, "v.patch_embd.bias", 1, NE(E), false, FILL_ZEROS, 0, seed);
-    rc = rc ? rc : add_tensor(ctx, g, "v.position_embd.weight", 2, NE(E, n_patches), false, FILL_RANDOM, 0.5f, seed);
+    if (v->qwen2vl) {
+        /* Qwen2-VL: a second patch convolution (the temporal pair's other
+         * frame, summed for a still image), no bias, no position embeddings
+         * (2-D M-RoPE in the ViT's attention instead) */
+        rc = rc ? rc : add_tensor(ctx, g, "v.patch_embd.weight.1", 4, NE(P, P, 3, E), true, FILL_RANDOM,
+                                  1.0f / sqrtf((float)(P * P * 3)), seed);
+    } else {
+        rc = rc ? rc : add_tensor(ctx, g, "v.patch_embd.bias", 1, NE(E), false, FILL_ZEROS, 0, seed);
+        rc = rc ? rc : add_tensor(ctx, g, "v.position_embd.weight", 2, NE(E, n_patches), false, FILL_RANDOM, 0.5f,
+                                  seed);
+    }
     for (int il = 0; il < v->n_layer && !rc; il++) {
         static const char *const attn[] = {"attn_q", "attn_k", "attn_v", "attn_out"};
         for (int j = 0; j < 4 && !rc; j++) {
@@ -150,6 +168,16 @@ static int add_tensors(struct ggml_context *ctx, struct gguf_context *g, const v
         rc = rc ? rc : add_tensor(ctx, g, nm, 2, NE(F, E), true, FILL_RANDOM, 1.0f / sqrtf((float)F), seed);
         snprintf(nm, sizeof nm, "v.blk.%d.ffn_down.bias", il);
         rc = rc ? rc : add_tensor(ctx, g, nm, 1, NE(E), false, FILL_ZEROS, 0, seed);
+    }
+    if (v->qwen2vl) {
+        /* The merger: each 2x2 group of patches (4 E wide) through mm.0 ->
+         * GELU -> mm.2 into the text model's space (mkmodel.h note 5). */
+        int M = 4 * E;
+        rc = rc ? rc : add_tensor(ctx, g, "mm.0.weight", 2, NE(M, M), true, FILL_RANDOM, 1.0f / sqrtf((float)M), seed);
+        rc = rc ? rc : add_tensor(ctx, g, "mm.0.bias", 1, NE(M), false, FILL_ZEROS, 0, seed);
+        rc = rc ? rc : add_tensor(ctx, g, "mm.2.weight", 2, NE(M, T), true, FILL_RANDOM, 1.5f / sqrtf((float)M), seed);
+        rc = rc ? rc : add_tensor(ctx, g, "mm.2.bias", 1, NE(T), false, FILL_ZEROS, 0, seed);
+        return rc;
     }
     if (v->n_merge > 0) {
         /* Gemma 3: post-norm, then (after the pool) RMS norm and a plain
@@ -244,8 +272,9 @@ static void set_keys(struct gguf_context *g, const vshape *v, int text_embd, con
     gguf_set_val_bool(g, "clip.has_vision_encoder", true);
     /* Per modality (the file may hold an audio encoder too): mtmd reads
      * clip.vision.projector_type when clip.projector_type is absent. */
-    gguf_set_val_str(g, "clip.vision.projector_type", v->n_merge > 0 ? "gemma3" : "mlp");
-    if (v->n_merge > 0) gguf_set_val_u32(g, "clip.vision.projector.scale_factor", (uint32_t)v->n_merge);
+    gguf_set_val_str(g, "clip.vision.projector_type",
+                     v->qwen2vl ? "qwen2vl_merger" : v->n_merge > 0 ? "gemma3" : "mlp");
+    if (v->n_merge > 0 && !v->qwen2vl) gguf_set_val_u32(g, "clip.vision.projector.scale_factor", (uint32_t)v->n_merge);
     gguf_set_val_bool(g, "clip.use_gelu", true);
     gguf_set_val_u32(g, "clip.vision.image_size", (uint32_t)v->image_size);
     gguf_set_val_u32(g, "clip.vision.patch_size", (uint32_t)v->patch_size);
@@ -281,7 +310,7 @@ int ks_mkmodel_mmproj(const char *text_preset, uint64_t seed, bool audio, const 
         return rc;
     }
     const preset *tp = ks__mkmodel_find_preset(text_preset);
-    vshape v = shape_for(ts.n_embd, tp && tp->arch == MK_ARCH_GEMMA3);
+    vshape v = shape_for(ts.n_embd, tp && tp->arch == MK_ARCH_GEMMA3, tp && tp->arch == MK_ARCH_QWEN2VL);
     size_t mem = 64u << 20;
     if (ts.n_embd > 256) mem = 256u << 20;
     struct ggml_init_params ip = {.mem_size = mem, .mem_buffer = NULL, .no_alloc = false};
@@ -329,7 +358,8 @@ int ks_mkmodel_mmproj(const char *text_preset, uint64_t seed, bool audio, const 
         shape->n_embd = v.n_embd;
         shape->n_layer = v.n_layer;
         shape->n_tokens = n_image_tokens(&v);
-        shape->gemma3 = v.n_merge > 0;
+        shape->gemma3 = v.n_merge > 0 && !v.qwen2vl;
+        shape->qwen2vl = v.qwen2vl;
         shape->n_embd_text = ts.n_embd;
         shape->audio = audio;
     }

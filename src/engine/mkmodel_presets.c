@@ -92,11 +92,17 @@ static const preset k_presets[] = {
      .n_ctx_train = 131072, .n_vocab_max = 1000, .wtype = GGML_TYPE_Q8_0, .ftype = FTYPE_MXFP4_MOE,
      .arch = MK_ARCH_GPTOSS, .n_swa = 32, .swa_pattern = 2, .head_dim = 64, .n_expert = 8,
      .n_expert_used = 2, .n_ff_exp = 128, .xtype = GGML_TYPE_MXFP4},
+    /* M-RoPE: Qwen2-VL's text model (qwen2vl), the tiny shape; with --mmproj
+     * Qwen2-VL's projector, whose image tokens take fewer KV positions than
+     * tokens (engine/media.h note 2) */
+    {.name = "tiny-mrope", .n_embd = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 128,
+     .n_ctx_train = 8192, .n_vocab_max = 1000, .wtype = GGML_TYPE_F16, .ftype = FTYPE_F16,
+     .arch = MK_ARCH_QWEN2VL},
 };
 
 const char *ks_mkmodel_presets(void) {
     return "tiny|bench|bench-q4k|bench-8b-q4k|tiny-q4k|tiny-hybrid|bench-hybrid|tiny-swa|tiny-mamba|tiny-agent|"
-           "tiny-moe|tiny-moe-q4k|tiny-moe-iq4xs|bench-moe|bench-moe-q4k|tiny-gptoss";
+           "tiny-moe|tiny-moe-q4k|tiny-moe-iq4xs|bench-moe|bench-moe-q4k|tiny-gptoss|tiny-mrope";
 }
 
 const preset *ks__mkmodel_find_preset(const char *name) {
@@ -113,6 +119,7 @@ const char *ks__mk_arch_name(const preset *p) {
     case MK_ARCH_MAMBA: return "mamba";
     case MK_ARCH_QWEN3MOE: return "qwen3moe";
     case MK_ARCH_GPTOSS: return "gpt-oss";
+    case MK_ARCH_QWEN2VL: return "qwen2vl";
     default: return "llama";
     }
 }

@@ -120,7 +120,7 @@ int ks__ckpt_restore(ks_sched *s, slot *sl, int n) {
         KS_WARN(MOD, "slot[%d] checkpoint at %d tokens rejected by llama; rebuilding", sl->id, c->n_tokens);
         return 0;
     }
-    if (!ks_engine_seq_rm(s->e, sl->id, c->n_tokens, -1)) {
+    if (!ks_engine_seq_rm(s->e, sl->id, ks__kv_pos(sl, c->n_tokens), -1)) {
         /* The recurrent part is at the checkpoint, the attention KV is not:
          * the caller clears the sequence (P1). */
         KS_WARN(MOD, "slot[%d] trim after the checkpoint at %d tokens refused; rebuilding", sl->id, c->n_tokens);

@@ -313,7 +313,7 @@ static int trim(ks_sched *s, slot *sl, int n_reuse) {
     }
     if (rt->mode == KS_ROUTE_IMC_TOKEN_PREFIX)
         KS_DEBUG("imc", "imc-trim-prefix slot[%d]: cached_tokens=%d trim_pos=%d", sl->id, sl->tokens.n, n_reuse);
-    if (s->p.simulate_no_partial_rm || !ks_engine_seq_rm(s->e, sl->id, n_reuse, -1)) {
+    if (s->p.simulate_no_partial_rm || !ks_engine_seq_rm(s->e, sl->id, ks__kv_pos(sl, n_reuse), -1)) {
         /* Recurrent/hybrid memory cannot drop a suffix: back to a checkpoint,
          * else rebuild. */
         int k = s->p.simulate_no_partial_rm ? 0 : ks__ckpt_restore(s, sl, n_reuse);
@@ -524,7 +524,7 @@ static int pins_plan(ks_sched *s, slot *sl, sreq *r, int *n_reuse) {
         /* Rewind: deepest first, each cut from the previous one. */
         for (int k = n_cov - 1; k >= 0; k--) {
             int i = covered[k], n = r->pins[i].n_tokens;
-            if (!ks_engine_seq_rm(s->e, sl->id, n, -1)) break; /* the whole state is set again below */
+            if (!ks_engine_seq_rm(s->e, sl->id, ks__kv_pos(sl, n), -1)) break; /* the whole state is set again below */
             ks_tokens_truncate(&sl->tokens, n);
             uint64_t saves = s->cst.pin_saves;
             ks__policy_pin_save(s, sl, r, i);
@@ -628,6 +628,10 @@ int ks__policy_plan(ks_sched *s, slot *sl) {
     sl->no_store = !cache;
     /* A miss on a slot that held another branch: that branch is gone. */
     bool took_over = rt->mode == KS_ROUTE_MISS && sl->tokens.n > 0 && cache;
+    /* From the trim on, the slot's tokens are a prefix of this prompt (or of
+     * a copy's or restore's that this prompt's set covers up to their cut):
+     * their KV positions are this request's set's (media.h note 2). */
+    ks__slot_media(sl, r->p.media);
     n_reuse = trim(s, sl, n_reuse);
     KS_ASSERT(sl->tenant == r->p.tenant || sl->tokens.n == 0); /* another's KV: saved above, kept nothing */
     sl->tenant = r->p.tenant; /* the slot's KV and its saves are this tenant's now (sched_int.h) */

@@ -143,7 +143,8 @@ __attribute__((unused)) static bool slots_consistent(ks_sched *s) {
     for (int i = 0; i < s->n_slots; i++) {
         const slot *sl = &s->slots[i];
         if (sl->id != i || !ks__ckpt_valid(sl)) return false;
-        if (ks_engine_seq_pos_max(s->e, sl->id) != sl->tokens.n - 1) {
+        int last = sl->tokens.n > 0 ? ks__kv_pos(sl, sl->tokens.n - 1) : -1;
+        if (ks_engine_seq_pos_max(s->e, sl->id) != last) {
             KS_ERROR(MOD, "slot[%d] (state %d, planned %d, n_past %d): sequence ends at %d, token list holds %d", i,
                      (int)sl->state, (int)sl->planned, sl->n_past, ks_engine_seq_pos_max(s->e, sl->id), sl->tokens.n);
             return false;
@@ -491,6 +492,7 @@ static void free_all(ks_sched *s) {
     for (int i = 0; s->slots && i < s->n_slots; i++) {
         ks_tokens_free(&s->slots[i].tokens);
         ks_sampler_free(s->slots[i].smpl);
+        ks_media_set_unref(s->slots[i].media);
         ks__ckpt_drop(&s->slots[i], 0);
     }
     ks_batch_free(s->batch);

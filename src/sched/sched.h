@@ -11,8 +11,10 @@
  * were decoded) so that the next request can reuse the longest common prefix.
  *
  * Invariants
- *  1. slot.tokens[i] is exactly the token at position i of the slot's sequence,
- *     for i < slot.tokens.n; nothing else is in the sequence.
+ *  1. slot.tokens[i] is exactly the token at index i of the slot's sequence,
+ *     for i < slot.tokens.n; nothing else is in the sequence. Its KV position
+ *     is i but after an M-RoPE image (engine/media.h note 2): always
+ *     ks_media_set_kv_pos of the slot's media set (sched_int.h).
  *  2. A request is assigned only to an IDLE slot; every submitted request gets
  *     exactly one on_done call (also when canceled or failed), after which the
  *     scheduler never touches its callbacks again.
@@ -20,7 +22,8 @@
  *     chunks of prefilling slots, at most n_batch tokens: a long prefill never
  *     stalls the other streams for more than one step. (A whole media run,
  *     engine/media.h note 2a, is one step of its own of up to n_batch rows,
- *     even where a prefill chunk would be smaller.)
+ *     even where a prefill chunk would be smaller; an M-RoPE image, whole
+ *     too, is one step of all its rows, in decode calls of n_batch.)
  *
  * Thread model: ks_sched_submit, ks_sched_cancel, ks_sched_slots and
  * ks_sched_stats are safe from any thread. Callbacks (on_token, on_probs,

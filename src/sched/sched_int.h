@@ -74,6 +74,9 @@ typedef struct slot {
     uint64_t tenant;     /* whose KV that is (ks_req_params.tenant): set by the plan
                             once the previous tenant's KV is saved and dropped */
     sreq *r;
+    ks_media_set *media; /* the media set the tokens' runs are in (a reference): the
+                            last planned request's, whose prompt they are a prefix of,
+                            when it has M-RoPE images; NULL: token i at KV position i */
     int n_past;          /* next prompt index to prefill */
     int chunk;           /* prompt tokens in the current batch */
     int32_t next_tok;    /* sampled, to be decoded next */
@@ -206,6 +209,20 @@ int ks__ckpt_restore(ks_sched *s, slot *sl, int n);
 void ks__ckpt_copy(slot *dst, const slot *src, int n);
 /* C1 holds for sl's checkpoints (KS_ASSERT). */
 bool ks__ckpt_valid(const slot *sl);
+
+/* The KV position of the slot's token i (engine/media.h note 2; sched.h
+ * invariant 1): i but after an M-RoPE image of the slot's media set. */
+static inline int ks__kv_pos(const slot *sl, int i) { return ks_media_set_kv_pos(sl->media, i); }
+/* Makes set (the planned request's) the slot's media set: before the slot's
+ * tokens become a prefix of that request's prompt (its first trim). Only a
+ * set whose positions are not the tokens' is kept (NULL gives the same
+ * positions): an idle slot holds no other set, nor its embeddings. */
+static inline void ks__slot_media(slot *sl, ks_media_set *set) {
+    if (!ks_media_set_shifts(set)) set = NULL;
+    if (sl->media == set) return;
+    ks_media_set_unref(sl->media);
+    sl->media = ks_media_set_ref(set);
+}
 
 /* step.c */
 /* One decode step over the busy slots (planned). */

@@ -128,14 +128,16 @@ static ending sample_slot(ks_sched *s, slot *sl) {
  * contributes at least two rows: a lone token gets a throwaway companion at
  * the next position, removed right after the decode (NOTE ON EXACTNESS). */
 static void add_rows(ks_sched *s, ks_batch *b, slot *sl, const int32_t *toks, int pos0, int n, bool logits_last) {
+    /* Text tokens: one KV position each from pos0's (media.h note 2). */
+    int kv0 = ks__kv_pos(sl, pos0);
     for (int j = 0; j < n; j++) {
-        int idx = ks_batch_add(b, toks[j], pos0 + j, sl->id, logits_last && j == n - 1);
+        int idx = ks_batch_add(b, toks[j], kv0 + j, sl->id, logits_last && j == n - 1);
         if (logits_last && j == n - 1) sl->i_logits = idx;
     }
     sl->pad_pos = -1;
     if (n == 1 && s->pairs) {
-        ks_batch_add(b, toks[0], pos0 + 1, sl->id, false);
-        sl->pad_pos = pos0 + 1;
+        ks_batch_add(b, toks[0], kv0 + 1, sl->id, false);
+        sl->pad_pos = kv0 + 1;
     }
 }
 
@@ -186,7 +188,8 @@ static bool media_step(ks_sched *s) {
         int end = pos + len, rc = 0;
         if (ks_media_set_run_whole(r->p.media, run)) {
             /* A whole run (media.h note 2a) is one decode of all its rows,
-             * whatever the budget (it fits n_batch: ks_media_tokenize), and no
+             * whatever the budget (a non-causal one fits n_batch:
+             * ks_media_tokenize; an M-RoPE image takes calls of n_batch), and no
              * reuse, restore or pin ever ends inside it (ks_media_set_cut in
              * policy.c), so the slot is at its start. */
             if (sl->n_past != pos) {

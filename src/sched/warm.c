@@ -22,6 +22,13 @@
  * newer than other conversations' states only rarely. */
 #define WARM_READS_PER_SLOT 3
 
+static bool has_mrope_media(const ks_sched *s, const ks_store_state *st) {
+    if (!ks_media_mrope(ks_engine_media(s->e))) return false;
+    for (int j = 0; j < st->n_tokens; j++)
+        if (ks_token_is_media(st->tokens[j])) return true;
+    return false;
+}
+
 void ks__sched_warm(ks_sched *s) {
     int want = s->p.warm_slots < s->n_slots ? s->p.warm_slots : s->n_slots;
     if (want <= 0 || !s->p.store) return;
@@ -38,6 +45,10 @@ void ks__sched_warm(ks_sched *s) {
         /* The lengths a lookup would restore: within the context, and on a
          * sliding-window model only where a restore is exact. */
         if (st[i].n_tokens >= s->n_ctx_seq || !ks_engine_state_restorable(s->e, st[i].n_tokens)) continue;
+        /* Images of an M-RoPE projector take fewer KV positions than tokens
+         * (engine/media.h note 2), which only a request's media set tells:
+         * such a state waits for its conversation's next turn in the store. */
+        if (has_mrope_media(s, &st[i])) continue;
         int rc = ks__policy_restore_state(s, sl, st[i].payload, st[i].len, st[i].tokens, st[i].n_tokens);
         if (rc == KS_ENOMEM) break;
         if (rc) {

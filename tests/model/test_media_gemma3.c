@@ -184,6 +184,9 @@ static void test_whole_run(void **st) {
     assert_int_equal(ks_media_set_cut(p.set, pos + n), pos + n);
     assert_int_equal(ks_media_set_cut(p.set, p.t.n), p.t.n);
     assert_int_equal(ks_media_set_cut(NULL, pos + 1), pos + 1);
+    /* Not M-RoPE: every token at its own KV position (media.h note 2). */
+    assert_false(ks_media_set_shifts(p.set));
+    for (int i = 0; i <= p.t.n; i++) assert_int_equal(ks_media_set_kv_pos(p.set, i), i);
     /* A prompt that cuts the run with text (or ends inside it) is refused. */
     assert_true(ks_media_set_covers(p.set, p.t.v, p.t.n));
     assert_false(ks_media_set_covers(p.set, p.t.v, pos + 20));

@@ -103,6 +103,13 @@ static void test_mmproj(void **st) {
     assert_int_equal(ms.n_tokens, 100);
     assert_int_equal(ms.image_size, 80);
     assert_int_equal(ms.n_embd_text, 64);
+    /* A qwen2vl preset gets Qwen2-VL's (M-RoPE): a 112x112 image in 14x14
+     * patches merged 2x2, 16 tokens (test_media_mrope loads it). */
+    assert_int_equal(ks_mkmodel_mmproj("tiny-mrope", 7, false, b, &ms, err, sizeof err), 0);
+    assert_true(ms.qwen2vl);
+    assert_false(ms.gemma3);
+    assert_int_equal(ms.n_tokens, 16);
+    assert_int_equal(ms.image_size, 112);
     assert_int_equal(ks_mkmodel_mmproj("tiny", 7, false, b, NULL, err, sizeof err), 0);
     assert_int_equal(ks_mkmodel_mmproj("tiny", 8, false, c, NULL, err, sizeof err), 0);
     assert_true(mk_same_file(a, b));
