@@ -144,6 +144,15 @@ int ks_cmd_serve(int argc, char **argv) {
     /* A models.<name> entry may set slots; the --slots flag still wins. The
      * entry is matched by file name first (the engine, which knows
      * general.name, is sized by the slot count), then again below. */
+    /* A media directory that is not one is the operator's mistake, said now
+     * (before the model loads) rather than per request. */
+    if (cfg.media.path[0]) {
+        struct stat mst;
+        if (stat(cfg.media.path, &mst) || !S_ISDIR(mst.st_mode)) {
+            fprintf(stderr, CMD ": media path '%s' is not a directory\n", cfg.media.path);
+            return 2;
+        }
+    }
     int top_slots = cfg.slots; /* before any models entry touches it */
     ks_config_resolve_model(&cfg, NULL, cfg.model);
     if (f.slots >= 0) cfg.slots = f.slots;
@@ -283,16 +292,8 @@ int ks_cmd_serve(int argc, char **argv) {
     hp.media.max_items = cfg.media.max_items;
     hp.media.max_total_bytes = cfg.media.max_total_bytes;
     hp.media.max_pixels = cfg.media.max_pixels;
-    /* Images by URL: off unless named (media_fetch.h). A directory that is
-     * not one is the operator's mistake, said now rather than per request. */
-    if (cfg.media.path[0]) {
-        struct stat mst;
-        if (stat(cfg.media.path, &mst) || !S_ISDIR(mst.st_mode)) {
-            fprintf(stderr, CMD ": media path '%s' is not a directory\n", cfg.media.path);
-            exit_code = 2;
-            goto done;
-        }
-    }
+    /* Images by URL: off unless named (media_fetch.h; --media-path checked
+     * before the model loaded). */
     hp.media_fetch = (ks_media_fetch_cfg){.dir = cfg.media.path, .hosts = cfg.media.fetch_hosts,
                                           .timeout_ms = cfg.media.fetch_timeout_ms,
                                           .max_redirects = cfg.media.fetch_max_redirects};

@@ -158,7 +158,8 @@ test('a server without --media-fetch-hosts or --media-path fetches nothing', asy
     await stopOk(plain);
   }
   // A media path that is not a directory is refused at start.
-  const s = execFileSync('sh', ['-c', `"${BIN}" serve -m "${path.join(dir, 'tiny.gguf')}" --media-path ` +
+  // --threads 1 as startServer gives it: ggml's own thread pool is not instrumented for TSan.
+  const s = execFileSync('sh', ['-c', `"${BIN}" serve -m "${path.join(dir, 'tiny.gguf')}" --threads 1 --media-path ` +
     `"${path.join(dir, 'outside.png')}" 2>&1; echo "exit $?"`], { encoding: 'utf8' });
   assert.match(s, /media path .* is not a directory[\s\S]*exit 2/);
 });
