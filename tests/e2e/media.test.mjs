@@ -236,6 +236,22 @@ test('messages: a cache breakpoint after an image falls after the image, not at 
   assert.equal(b.cache?.pinned_tokens, whole, JSON.stringify(b.cache));
 });
 
+test('chat: a second image at turn 2 extends from the first, which is not encoded again', async () => {
+  const t1 = { messages: userWith(chatImage(png(64, 64, 51))), max_tokens: 8, temperature: 0 };
+  const r1 = await postJSON(srv, CHAT, t1);
+  assert.equal(r1.status, 200, r1.text);
+  const e1 = await encodes();
+  const t2 = { ...t1, messages: [...t1.messages, { role: 'assistant', content: r1.json.choices[0].message.content },
+    { role: 'user', content: [{ type: 'text', text: 'And this one, after it?' }, chatImage(png(64, 64, 52))] }] };
+  const r2 = await postJSON(srv, CHAT, t2);
+  assert.equal(r2.status, 200, r2.text);
+  assert.ok(r2.json.usage.prompt_tokens_details.cached_tokens >= r1.json.usage.prompt_tokens,
+    `turn 2 read ${r2.json.usage.prompt_tokens_details.cached_tokens}, turn 1 had ${r1.json.usage.prompt_tokens}`);
+  assert.equal(await encodes(), e1 + 1, 'only the second image was encoded');
+  const u = await postJSON(srv, CHAT, { ...t2, cache_prompt: false });
+  assert.equal(u.json.choices[0].message.content, r2.json.choices[0].message.content);
+});
+
 test('metrics count the images received', async () => {
   const m = await metrics(srv);
   assert.ok(m.get('kvstash_media_items_total{kind="image"}') >= 6, JSON.stringify([...m]));
