@@ -25,12 +25,12 @@
 #include "engine/engine.h"
 #include "engine/media.h"
 #include "sched/sched.h"
+#include "media_util.h"
 #include "run_util.h"
 
 #define N_IMG 100 /* tokens of an image of the tiny Gemma 3 projector */
 #define MAX_GEN 12
 
-static char g_root[64];
 static ks_engine *g_e, *g_ref_e;
 static ks_store *g_store;
 static ks_sched *g_s;   /* cache on, two slots, the store in RAM */
@@ -418,57 +418,27 @@ static void test_pin_inside_whole_run_fails(void **st) {
 }
 
 /* ------------------------------------------------------------- fixture */
+static media_fx g_fx;
+
 static int setup(void **st) {
     (void)st;
     if (!getenv("KS_TINY_G3_MODEL") || !getenv("KS_TINY_G3_MMPROJ")) return -1;
-    snprintf(g_root, sizeof g_root, "/tmp/ks-media-g3-XXXXXX");
-    if (!mkdtemp(g_root)) return -1;
     char err[256] = "";
     g_e = open_engine(2, 128, err, sizeof err);
     g_ref_e = open_engine(1, 256, err, sizeof err);
-    if (!g_e || !g_ref_e) return -1;
-    ks_store_params p = ks_store_params_default();
-    snprintf(p.cfg.cache_dir, sizeof p.cfg.cache_dir, "%s/disk", g_root);
-    snprintf(p.cfg.shm_dir, sizeof p.cfg.shm_dir, "%s/shm", g_root);
-    p.cfg.stride = 16;
-    p.cfg.min_tokens = 16;
-    p.cfg.shutdown_timeout_ms = 30000;
-    for (int t = 0; t < KS_TIER__N; t++) p.cfg.tier_max_bytes[t] = 0;
-    p.cfg.tier_max_bytes[KS_TIER_RAM] = 256u << 20;
-    for (int r = 0; r < KS_REASON__N; r++) p.cfg.reason_tier[r] = KS_TIER_RAM;
-    p.cfg.reason_tier[KS_REASON_SHUTDOWN] = KS_TIER_NONE;
-    char kv[256];
-    ks_engine_kv_params(g_e, kv, sizeof kv);
-    p.kv_params = kv;
-    p.kv_params_len = strlen(kv);
-    p.state_version = ks_engine_state_version();
-    if (ks_store_open(&p, &g_store, err, sizeof err) != 0) {
-        fprintf(stderr, "ks_store_open: %s\n", err);
-        return -1;
-    }
-    ks_sched_params sp = ks_sched_params_default();
-    sp.engine = g_e;
-    sp.n_slots = 2;
-    sp.store = g_store;
-    sp.store_stride = 16;
-    sp.store_min_tokens = 16;
-    if (ks_sched_create(&sp, &g_s) != 0) return -1;
-    sp = ks_sched_params_default();
-    sp.engine = g_ref_e;
-    sp.n_slots = 1;
-    return ks_sched_create(&sp, &g_ref) == 0 ? 0 : -1;
+    if (!g_e || !g_ref_e || media_fx_open(&g_fx, "media-g3", g_e, g_ref_e, 2)) return -1;
+    g_store = g_fx.store;
+    g_s = g_fx.s;
+    g_ref = g_fx.ref;
+    return 0;
 }
 
 static int teardown(void **st) {
     (void)st;
-    ks_sched_free(g_s);
-    ks_sched_free(g_ref);
-    ks_store_close(g_store);
+    int rc = media_fx_close(&g_fx);
     ks_engine_free(g_e);
     ks_engine_free(g_ref_e);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_root);
-    return system(cmd) == 0 ? 0 : -1;
+    return rc;
 }
 
 int main(void) {
