@@ -562,45 +562,31 @@ extern "C" int ks_media_decode(ks_engine *e, ks_media_set *set, int k, int p0, i
     }
     int kv0 = ks_media_set_kv_pos(set, r.pos);
     int rc = 0;
-    if (r.whole && !r.non_causal) {
-        /* An M-RoPE image (note 2): causal (the mask orders its rows, which
-         * share one position, by their (y, x)), decoded from its first row
-         * in the same calls every time: n_batch rows each, never a lone
-         * last one nor a throwaway row (it would take a position inside
-         * the run's), so cached or not the calls are the same. */
-        for (int i = p0; i < p1 && !rc;) {
-            int take = p1 - i < n_batch ? p1 - i : n_batch;
-            if (p1 - (i + take) == 1 && take > 2) take--;
-            rc = decode_rows(m, lctx, b, pos, r, kv0, i, take, seq, false);
-            if (!rc) m->st.decoded_tokens += (uint64_t)take;
-            i += take;
-        }
-        b.pos = pos_own;
-        free(pos);
-        llama_batch_free(b);
-        return rc;
-    }
-    if (r.whole) {
-        /* Its rows see each other both ways, and only them beyond the
-         * sequence before p0 (the caller's duty): no throwaway row, which the
-         * run's rows would see. The context goes back to causal at once:
-         * every other decode is causal. */
+    if (r.non_causal) {
+        /* A whole non-causal run: its rows see each other both ways, and
+         * only them beyond the sequence before p0 (the caller's duty): one
+         * call, no throwaway row, which the run's rows would see. The context
+         * goes back to causal at once: every other decode is causal. */
         llama_set_causal_attn(lctx, false);
         rc = decode_rows(m, lctx, b, pos, r, kv0, p0, p1 - p0, seq, false);
         llama_set_causal_attn(lctx, true);
         if (!rc) m->st.decoded_tokens += (uint64_t)(p1 - p0);
-        b.pos = pos_own;
-        free(pos);
-        llama_batch_free(b);
-        return rc;
-    }
-    for (int i = p0; i < p1 && !rc;) {
-        int take = p1 - i < n_batch ? p1 - i : n_batch;
-        /* Never leave a lone row for the last call (pairs): n_batch >= 4. */
-        if (pairs && p1 - (i + take) == 1 && take > 2) take--;
-        rc = decode_rows(m, lctx, b, pos, r, kv0, i, take, seq, pairs && take == 1);
-        if (!rc) m->st.decoded_tokens += (uint64_t)take;
-        i += take;
+    } else {
+        /* Calls of n_batch rows, never leaving a lone row for the last one
+         * (n_batch >= 4): with pairs, a lone row gets a throwaway companion.
+         * An M-RoPE image (whole, note 2: causal, the mask orders its rows,
+         * which share one position, by their (y, x)) is decoded from its
+         * first row in the same calls every time and takes no throwaway row
+         * (it would take a position inside the run's), so cached or not the
+         * calls are the same. */
+        bool pad = pairs && !r.whole;
+        for (int i = p0; i < p1 && !rc;) {
+            int take = p1 - i < n_batch ? p1 - i : n_batch;
+            if ((pairs || r.whole) && p1 - (i + take) == 1 && take > 2) take--;
+            rc = decode_rows(m, lctx, b, pos, r, kv0, i, take, seq, pad && take == 1);
+            if (!rc) m->st.decoded_tokens += (uint64_t)take;
+            i += take;
+        }
     }
     b.pos = pos_own;
     free(pos);
