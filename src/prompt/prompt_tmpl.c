@@ -258,12 +258,11 @@ static int head_len(const ks_engine *e, const ks_chat_tmpl *t, const json_t *req
         int nm = text && media ? media_head(e, text, full, media, whole) : -1;
         if (nm >= 0) {
             n = nm;
-            if (key && n > 0) memo_put(memo, key, full, n, *whole);
         } else if (text && tokenize(e, text, &tok) == 0) {
             while (n < tok.n && n < full->n && tok.v[n] == full->v[n]) n++;
             *whole = n > 0 && n == tok.n;
-            if (key && n > 0) memo_put(memo, key, full, n, *whole);
         }
+        if (key && n > 0) memo_put(memo, key, full, n, *whole);
     }
     json_decref(part);
     json_decref(res);
