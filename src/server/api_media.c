@@ -76,14 +76,21 @@ static int check_bytes(ks_api_request *r, ks_media_in_kind want, ks_media_in_for
 static int take_bytes(ks_api_request *r, ks_media_in_kind want, ks_media_in_format declared, const char *declared_name,
                       uint8_t *d, size_t n, const char *param, ks_api_error *err);
 
+/* --media-max-items: room for one more item, checked before its bytes are
+ * decoded or fetched. */
+static int room_for_one(const ks_api_request *r, const char *param, ks_api_error *err) {
+    if (r->n_media >= r->media_limits->max_items)
+        BAD("too_many_media_items", param,
+            "Invalid '%s': a request may carry at most %d images and audio clips (--media-max-items).", param,
+            r->media_limits->max_items);
+    return 0;
+}
+
 /* One item from base64 text: limits, decode, checks, then appended to r->media. */
 static int add_item(ks_api_request *r, ks_media_in_kind want, ks_media_in_format declared, const char *declared_name,
                     const char *b64, size_t b64_len, const char *param, ks_api_error *err) {
     const ks_media_limits *lim = r->media_limits;
-    if (r->n_media >= lim->max_items)
-        BAD("too_many_media_items", param,
-            "Invalid '%s': a request may carry at most %d images and audio clips (--media-max-items).", param,
-            lim->max_items);
+    if (room_for_one(r, param, err)) return KS_EINVAL;
     /* The decoded length is known before decoding (6 bits per character that
      * is neither padding nor whitespace): a body of many megabytes is refused
      * before anything is allocated for it. */
@@ -158,14 +165,11 @@ static int take_bytes(ks_api_request *r, ks_media_in_kind want, ks_media_in_form
  * bytes decide. */
 static int remote_image(ks_api_request *r, const char *url, size_t len, const char *param, ks_api_error *err) {
     const ks_media_limits *lim = r->media_limits;
-    if (r->n_media >= lim->max_items)
-        BAD("too_many_media_items", param,
-            "Invalid '%s': a request may carry at most %d images and audio clips (--media-max-items).", param,
-            lim->max_items);
+    if (room_for_one(r, param, err)) return KS_EINVAL;
     uint8_t *d = NULL;
     size_t n = 0;
-    char ct[128], why[320];
-    ks_fetch_result fr = ks_media_fetch(lim->fetch, url, len, lim->max_bytes, &d, &n, ct, sizeof ct, why, sizeof why);
+    char why[320];
+    ks_fetch_result fr = ks_media_fetch(lim->fetch, url, len, lim->max_bytes, &d, &n, why, sizeof why);
     switch (fr) {
     case KS_FETCH_OK: break;
     case KS_FETCH_NOMEM: return ks__api_oom(err);

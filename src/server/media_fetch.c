@@ -193,7 +193,7 @@ static ks_fetch_result check_url(const ks_media_fetch_cfg *c, const char *url, c
 }
 
 static ks_fetch_result fetch_http(const ks_media_fetch_cfg *c, const char *first, int64_t max_bytes, uint8_t **data,
-                                  size_t *n, char *ctype, size_t ctype_len, char *err, size_t errlen) {
+                                  size_t *n, char *err, size_t errlen) {
     pthread_once(&g_once, curl_init_once);
     if (!g_curl_ok) {
         ks_set_err(err, errlen, "the server's HTTP client could not start");
@@ -264,9 +264,6 @@ static ks_fetch_result fetch_http(const ks_media_fetch_cfg *c, const char *first
             ks_set_err(err, errlen, "the image's URL answered HTTP %ld", status);
             r = KS_FETCH_FAILED;
         } else {
-            char *ct = NULL;
-            curl_easy_getinfo(h, CURLINFO_CONTENT_TYPE, &ct);
-            snprintf(ctype, ctype_len, "%s", ct ? ct : "");
             *data = s.d ? s.d : malloc(1);
             *n = s.n;
             s.d = NULL;
@@ -281,10 +278,9 @@ static ks_fetch_result fetch_http(const ks_media_fetch_cfg *c, const char *first
 }
 
 ks_fetch_result ks_media_fetch(const ks_media_fetch_cfg *cfg, const char *url, size_t len, int64_t max_bytes,
-                               uint8_t **data, size_t *n, char *ctype, size_t ctype_len, char *err, size_t errlen) {
+                               uint8_t **data, size_t *n, char *err, size_t errlen) {
     *data = NULL;
     *n = 0;
-    if (ctype_len) ctype[0] = 0;
     if (!ks_media_fetch_is_url(url, len)) return KS_FETCH_NOT_URL;
     if (len >= URL_MAX || memchr(url, 0, len)) {
         ks_set_err(err, errlen, "the URL is malformed or longer than %d bytes", URL_MAX - 1);
@@ -297,5 +293,5 @@ ks_fetch_result ks_media_fetch(const ks_media_fetch_cfg *cfg, const char *url, s
     const ks_media_fetch_cfg *c = cfg ? cfg : &none;
     if (has_prefix(buf, len, "file://"))
         return fetch_file(c, buf + 7, max_bytes, data, n, err, errlen);
-    return fetch_http(c, buf, max_bytes, data, n, ctype, ctype_len, err, errlen);
+    return fetch_http(c, buf, max_bytes, data, n, err, errlen);
 }

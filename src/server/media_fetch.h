@@ -21,9 +21,10 @@
  *  4. file:// paths are relative to the directory; absolute paths and ".."
  *     are refused, and the file's real path (links resolved) must lie in
  *     the directory's real path.
- *  5. What comes back is bytes and the type the server declared; the caller
- *     checks them as it checks inline data (api_media.c: magic bytes,
- *     limits, header). No fetched byte is trusted here.
+ *  5. What comes back is bytes, not the type the remote declared (servers
+ *     label images loosely); the caller checks them as it checks inline
+ *     data (api_media.c: magic bytes, limits, header). No fetched byte is
+ *     trusted here.
  *
  * Thread model: reentrant; ks_media_fetch blocks its caller (the request's
  * connection thread) for at most about timeout_ms. curl_global_init is
@@ -60,11 +61,10 @@ typedef enum {
  * file://, case-insensitive scheme), allowed or not. */
 int ks_media_fetch_is_url(const char *url, size_t len);
 
-/* Fetches url into *data (malloc'd, *n bytes; owned by the caller) and
- * copies the declared Content-Type (may be empty; file://: empty) into
- * ctype[ctype_len]. On failure err says why in words a client may read (no
- * local path beyond what the client sent). */
+/* Fetches url into *data (malloc'd, *n bytes; owned by the caller). On
+ * failure err says why in words a client may read (no local path beyond
+ * what the client sent). */
 ks_fetch_result ks_media_fetch(const ks_media_fetch_cfg *cfg, const char *url, size_t len, int64_t max_bytes,
-                               uint8_t **data, size_t *n, char *ctype, size_t ctype_len, char *err, size_t errlen);
+                               uint8_t **data, size_t *n, char *err, size_t errlen);
 
 #endif
