@@ -87,9 +87,9 @@ static int apply(const ks_chat_tmpl *t, const json_t *req, json_t **res, char *e
     return *res ? 0 : KS_ENOMEM;
 }
 
-static int tokenize(const ks_engine *e, const char *text, ks_tokens *out) {
-    return ks_engine_tokenize(e, text, strlen(text), true, true, out);
-}
+/* As ks_engine_tokenize with BOS and special tokens, through the memo's
+ * tokenization cache when it has one (ns: its namespace). */
+static int tokenize(const ks_engine *e, const ks_prompt_memo *memo, uint64_t ns, const char *text, ks_tokens *out);
 
 /* ------------------------------------------------------------ memo */
 typedef struct memo_ent {
@@ -105,7 +105,15 @@ struct ks_prompt_memo {
     memo_ent *v;
     int n;
     uint64_t clock, hits, misses;
+    ks_tokcache *tc; /* borrowed; set before the memo is shared */
 };
+
+static int tokenize(const ks_engine *e, const ks_prompt_memo *memo, uint64_t ns, const char *text, ks_tokens *out) {
+    if (memo && memo->tc) return ks_tokcache_tokenize(memo->tc, ns, text, strlen(text), out);
+    return ks_engine_tokenize(e, text, strlen(text), true, true, out);
+}
+
+void ks_prompt_memo_use_tokcache(ks_prompt_memo *m, ks_tokcache *tc) { m->tc = tc; }
 
 ks_prompt_memo *ks_prompt_memo_create(int n) {
     ks_prompt_memo *m = n > 0 ? calloc(1, sizeof *m) : NULL;
@@ -258,7 +266,7 @@ static int head_len(const ks_engine *e, const ks_chat_tmpl *t, const json_t *req
         int nm = text && media ? media_head(e, text, full, media, whole) : -1;
         if (nm >= 0) {
             n = nm;
-        } else if (text && tokenize(e, text, &tok) == 0) {
+        } else if (text && tokenize(e, memo, ns, text, &tok) == 0) {
             while (n < tok.n && n < full->n && tok.v[n] == full->v[n]) n++;
             *whole = n > 0 && n == tok.n;
         }
@@ -484,7 +492,7 @@ int ks_prompt_tmpl_chat(const ks_engine *e, const ks_chat_tmpl *t, const json_t 
                                &out->p.tokens, &out->media, err, errlen);
         if (rc == KS_EINVAL) rc = KS_EDECODE; /* the media's fault, not the template's */
         if (rc) goto fail;
-    } else if ((rc = tokenize(e, text, &out->p.tokens))) {
+    } else if ((rc = tokenize(e, memo, o ? o->memo_ns : 0, text, &out->p.tokens))) {
         goto fail;
     }
     json_t *ptc = json_object_get(req, "parallel_tool_calls");

@@ -47,6 +47,7 @@
 
 #include "engine/chat_tmpl.h"
 #include "engine/media.h"
+#include "engine/tokcache.h"
 #include "prompt/prompt.h"
 
 /* A chat prompt's images and audio: the rendered text holds one
@@ -94,6 +95,10 @@ ks_prompt_memo *ks_prompt_memo_create(int n);
 void ks_prompt_memo_free(ks_prompt_memo *m);
 /* Renders answered from the memo / done and remembered, since created. */
 void ks_prompt_memo_stats(ks_prompt_memo *m, uint64_t *hits, uint64_t *misses);
+/* Renders with this memo are tokenized through tc (engine/tokcache.h: the
+ * pieces of text seen before are not tokenized again), in the memo's
+ * namespace; borrowed, set before the memo is shared; NULL: none. */
+void ks_prompt_memo_use_tokcache(ks_prompt_memo *m, struct ks_tokcache *tc);
 
 /* Renders req (chat_tmpl.h's request object: messages, tools, ...) and
  * tokenizes it (with o->media's items when it has any). out must be zeroed

@@ -57,6 +57,10 @@
 /* Render results the server remembers (prompt_tmpl.h): a few per
  * conversation (its system message, its breakpoints), for many at once. */
 #define KS_SERVER_MEMO 256
+/* Rendered prompts' pieces and their tokens kept for the next render
+ * (engine/tokcache.h): 64 MiB, some seven million tokens of text, the
+ * messages of about eighty 80K-token agent conversations. */
+#define KS_SERVER_TOKCACHE ((size_t)64 << 20)
 #include "server/server_int.h"
 
 #define MOD "http"
@@ -414,6 +418,20 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
     KS_DEBUG("mhd", "%s", line);
 }
 
+/* The tokenization cache's counters (engine/tokcache.h). */
+static void tokcache_source(void *ud, ks_prom *p) {
+    ks_server *s = ud;
+    ks_tokcache_stats st;
+    ks_tokcache_get_stats(s->tokcache, &st);
+    ks_prom_counter(p, "kvstash_prompt_tokens_untokenized_total",
+                    "Tokens of rendered prompts taken from the tokenization cache: pieces of text seen before.",
+                    (double)st.hit_tokens);
+    ks_prom_counter(p, "kvstash_prompt_tokens_tokenized_total", "Tokens of rendered prompts the tokenizer produced.",
+                    (double)st.miss_tokens);
+    ks_prom_gauge(p, "kvstash_tokcache_bytes", "Bytes the tokenization cache holds (texts and tokens).",
+                  (double)st.bytes);
+}
+
 static void sched_source(void *ud, ks_prom *p) {
     ks_server *s = ud;
     ks_sched_stats st = {0};
@@ -536,11 +554,13 @@ int ks_server_start(const ks_server_params *p, ks_server **out, char *err, size_
         (p->media_fetch.hosts && *p->media_fetch.hosts && !s->fetch.hosts) ||
         !(s->convs = ks_convstore_create(p->responses_max, p->responses_ttl_s)) ||
         !(s->refusals = ks_refusals_create()) || !(s->memo = ks_prompt_memo_create(KS_SERVER_MEMO)) ||
+        !(s->tokcache = ks_tokcache_create(p->engine, KS_SERVER_TOKCACHE)) ||
         !(s->admit_ok = ks_admit_init(&s->admit, p->max_renders) == 0)) {
         ks_server_free(s);
         freeaddrinfo(ai);
         return KS_ENOMEM;
     }
+    ks_prompt_memo_use_tokcache(s->memo, s->tokcache);
     for (int i = 0; i < n_cors; i++) {
         snprintf(s->cors_origins[i], sizeof s->cors_origins[i], "%s", p->cors_origins[i]);
         if (!strcmp(p->cors_origins[i], "*")) s->cors_any = true;
@@ -566,7 +586,7 @@ int ks_server_start(const ks_server_params *p, ks_server **out, char *err, size_
     /* The server's own sources; the caller's (SPC, store) are already in the
      * registry. Sources are only added before the daemon starts (metrics.h). */
     if (ks_metrics_add(s->metrics, sched_source, s) || ks_metrics_add(s->metrics, ks_metrics_http, &s->http) ||
-        ks_metrics_add(s->metrics, ks_metrics_admit, &s->admit)) {
+        ks_metrics_add(s->metrics, ks_metrics_admit, &s->admit) || ks_metrics_add(s->metrics, tokcache_source, s)) {
         ks_server_free(s);
         freeaddrinfo(ai);
         return KS_ENOMEM;
@@ -659,6 +679,7 @@ void ks_server_free(ks_server *s) {
     if (s->own_metrics) ks_metrics_free(s->metrics);
     ks_refusals_free(s->refusals);
     ks_prompt_memo_free(s->memo);
+    ks_tokcache_free(s->tokcache);
     ks_chat_tmpl_free(s->tmpl);
     ks_convstore_free(s->convs);
     if (s->admit_ok) ks_admit_fini(&s->admit);

@@ -80,6 +80,7 @@ struct ks_server {
     struct ks_convstore *convs; /* Responses conversations, for previous_response_id */
     struct ks_refusals *refusals; /* refused requests, logged once per cause (refusals.h) */
     struct ks_prompt_memo *memo;  /* render results across requests (prompt_tmpl.h) */
+    struct ks_tokcache *tokcache; /* rendered prompts' pieces, tokenized (engine/tokcache.h) */
     /* CORS (server.h note 7): the allowed origins, none: off. */
     char cors_origins[KS_SERVER_CORS_MAX][KS_SERVER_ORIGIN_MAX];
     int n_cors_origins;

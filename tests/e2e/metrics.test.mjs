@@ -50,6 +50,26 @@ test('the cached-token counter and the hit ratio move with a second turn', async
   assert.equal(m1.get('kvstash_queue_depth'), 0);
 });
 
+test('a conversation sent again is tokenized only where it grew (the tokenization cache)', async () => {
+  const msgs = [{ role: 'system', content: 'You are a careful assistant. '.repeat(10) },
+    { role: 'user', content: 'Tell me about prompt caches. '.repeat(8) }];
+  const m0 = await metrics(srv);
+  const r1 = await chat(srv, msgs, { max_tokens: 4 });
+  const m1 = await metrics(srv);
+  msgs.push({ role: 'assistant', content: r1.choices[0].message.content }, { role: 'user', content: 'Go on.' });
+  const r2 = await chat(srv, msgs, { max_tokens: 4 });
+  const m2 = await metrics(srv);
+  const d = (a, b, k) => b.get(k) - a.get(k);
+  // the first request tokenized most of its prompt (pieces such as '<|im_end|>\n' are
+  // met before); the second took its first two messages from the cache
+  assert.ok(d(m0, m1, 'kvstash_prompt_tokens_tokenized_total') > r1.usage.prompt_tokens / 2);
+  const reused = d(m1, m2, 'kvstash_prompt_tokens_untokenized_total');
+  const fresh = d(m1, m2, 'kvstash_prompt_tokens_tokenized_total');
+  assert.ok(reused > r1.usage.prompt_tokens - 20, `untokenized ${reused} of ${r2.usage.prompt_tokens}`);
+  assert.ok(fresh < r2.usage.prompt_tokens - r1.usage.prompt_tokens + 20, `tokenized ${fresh}`);
+  assert.ok(m2.get('kvstash_tokcache_bytes') > 0);
+});
+
 test('HTTP errors are counted by status', async () => {
   const m0 = await metrics(srv);
   await getJSON(srv, '/does-not-exist');
