@@ -17,7 +17,8 @@
 #            (--no-exact), kvstash-prebuilt (KS_GGML_CPU=prebuilt: the npm CPU
 #            variants, so exactness by pair decoding), kvstash-fa-off (--flash-attn
 #            off), kvstash-no-ckpt (--ctx-checkpoints 0: hybrid models rebuild),
-#            kvstash-no-repack (--no-repack), llama-server (its defaults: flash attention
+#            kvstash-no-repack (--no-repack), kvstash-no-tokcache (KS_TOKCACHE=0: every
+#            prompt tokenized whole), llama-server (its defaults: flash attention
 #            auto = on for the CPU, as kvstash's default), llama-server-fa-off
 #            (--flash-attn off), llama-server-no-repack (--no-repack)
 #   THREADS [2]  SLOTS [2]  CTX [4096] (context per slot; llama-server gets
@@ -50,7 +51,7 @@ peer_start_servers() { # $1 = script name (for messages), $2 = log prefix
     for s in "${want[@]}"; do
         log=$OUT/$prefix-$s.log
         case $s in
-        kvstash | kvstash-no-exact | kvstash-prebuilt | kvstash-fa-off | kvstash-no-ckpt | kvstash-no-repack)
+        kvstash | kvstash-no-exact | kvstash-prebuilt | kvstash-fa-off | kvstash-no-ckpt | kvstash-no-repack | kvstash-no-tokcache)
             args=$KS_ARGS envs=()
             [ "$s" = kvstash-no-repack ] && args="${args:+$args }--no-repack"
             [ "$s" = kvstash-no-exact ] && args="${args:+$args }--no-exact"
@@ -59,6 +60,8 @@ peer_start_servers() { # $1 = script name (for messages), $2 = log prefix
             [ "$s" = kvstash-no-ckpt ] && args="${args:+$args }--ctx-checkpoints 0"
             # the npm prebuilt CPU variants: not batch-invariant, so exact means pairs
             [ "$s" = kvstash-prebuilt ] && envs=(KS_GGML_CPU=prebuilt)
+            # every prompt tokenized whole, as before the tokenization cache
+            [ "$s" = kvstash-no-tokcache ] && envs=(KS_TOKCACHE=0)
             # shellcheck disable=SC2086 # args is a list of flags
             env "${envs[@]}" "$BIN" serve -m "$MODEL" --port 0 --threads "$THREADS" --slots "$SLOTS" --ctx "$CTX" $args 2>"$log" &
             pids+=($!)
@@ -83,7 +86,7 @@ peer_start_servers() { # $1 = script name (for messages), $2 = log prefix
             pids+=($!)
             names+=(--name "llama-server $("$ROOT/bench/peer.sh" version | sed -n 's/.*build \([0-9]*\), commit \([0-9a-f]*\).*/b\1-\2/p')${peer_args:+ $peer_args}")
             ;;
-        *) echo "$me: unknown server '$s' (kvstash, kvstash-no-exact, kvstash-prebuilt, kvstash-fa-off, kvstash-no-ckpt, kvstash-no-repack, llama-server, llama-server-fa-off, llama-server-no-repack)" >&2; exit 2 ;;
+        *) echo "$me: unknown server '$s' (kvstash, kvstash-no-exact, kvstash-prebuilt, kvstash-fa-off, kvstash-no-ckpt, kvstash-no-repack, kvstash-no-tokcache, llama-server, llama-server-fa-off, llama-server-no-repack)" >&2; exit 2 ;;
         esac
         keys+=("$s")
         urls+=("http://127.0.0.1:$port")

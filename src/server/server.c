@@ -560,7 +560,10 @@ int ks_server_start(const ks_server_params *p, ks_server **out, char *err, size_
         freeaddrinfo(ai);
         return KS_ENOMEM;
     }
-    ks_prompt_memo_use_tokcache(s->memo, s->tokcache);
+    /* KS_TOKCACHE=0: every prompt tokenized whole (a diagnostic, and the
+     * benchmarks' baseline: bench/peer_lib.sh kvstash-no-tokcache) */
+    const char *tc_env = getenv("KS_TOKCACHE");
+    if (!(tc_env && !strcmp(tc_env, "0"))) ks_prompt_memo_use_tokcache(s->memo, s->tokcache);
     for (int i = 0; i < n_cors; i++) {
         snprintf(s->cors_origins[i], sizeof s->cors_origins[i], "%s", p->cors_origins[i]);
         if (!strcmp(p->cors_origins[i], "*")) s->cors_any = true;
