@@ -22,6 +22,7 @@
 #include "engine/engine.h"
 #include "engine/mkmodel.h"
 #include "model/mkmodel_util.h"
+#include "model/tmpl_util.h"
 #include "prompt/prompt_tmpl.h"
 
 static const char *const TEMPLATES[] = {
@@ -46,41 +47,19 @@ static char g_dir[64];
 
 static int setup(void **st) {
     (void)st;
-    snprintf(g_dir, sizeof g_dir, "/tmp/ks_test_prompt_tmpl.XXXXXX");
-    return mkdtemp(g_dir) ? 0 : -1;
+    return tmpl_dir_make(g_dir, sizeof g_dir, "test_prompt_tmpl");
 }
 
 static int teardown(void **st) {
     (void)st;
-    char p[128];
-    for (size_t i = 0; i < sizeof TEMPLATES / sizeof TEMPLATES[0]; i++) {
-        snprintf(p, sizeof p, "%s/%zu.gguf", g_dir, i);
-        unlink(p);
-    }
-    rmdir(g_dir);
+    tmpl_dir_remove(g_dir, sizeof TEMPLATES / sizeof TEMPLATES[0]);
     return 0;
 }
 
-typedef struct fixture {
-    ks_engine *e;
-    ks_chat_tmpl *t;
-} fixture;
+typedef tmpl_fixture fixture;
 
 /* The tiny model with template i, its engine and its template object. */
-static fixture open_model(size_t i) {
-    const char *dir = getenv("KS_TEMPLATES_DIR");
-    char tpath[1024], mpath[128], err[512] = "";
-    snprintf(tpath, sizeof tpath, "%s/%s.jinja", dir ? dir : "build/deps/common/templates", TEMPLATES[i]);
-    snprintf(mpath, sizeof mpath, "%s/%zu.gguf", g_dir, i);
-    char *src = mk_slurp(tpath, NULL);
-    ks_mkmodel_params mp = ks_mkmodel_params_default();
-    mp.chat_template = src;
-    if (ks_mkmodel_write(&mp, mpath, NULL, err, sizeof err)) fail_msg("%s: %s", TEMPLATES[i], err);
-    free(src);
-    fixture f = {mk_open_engine(mpath, 4096), NULL};
-    if (ks_chat_tmpl_create_from_file(mpath, NULL, &f.t, err, sizeof err)) fail_msg("%s: %s", TEMPLATES[i], err);
-    return f;
-}
+static fixture open_model(size_t i) { return tmpl_open(g_dir, i, TEMPLATES[i]); }
 
 static void render(const fixture *f, const json_t *req, ks_prompt_memo *memo, ks_prompt_tmpl *out) {
     ks_prompt_opts o = {.hints = true, .model_id = "test"};
@@ -143,8 +122,7 @@ static void test_breakpoints_and_system_as_rendered(void **st) {
         ks_prompt_tmpl_free(&again);
         ks_prompt_memo_free(memo);
         json_decref(req);
-        ks_chat_tmpl_free(f.t);
-        ks_engine_free(f.e);
+        tmpl_close(&f);
     }
 }
 
@@ -165,8 +143,7 @@ static void test_continued_message_renders(void **st) {
     assert_int_equal(ks_prompt_tmpl_prefix_len(f.e, f.t, req, last, &p.p.tokens, p.n_gen_prompt, NULL), slow);
     ks_prompt_tmpl_free(&p);
     json_decref(req);
-    ks_chat_tmpl_free(f.t);
-    ks_engine_free(f.e);
+    tmpl_close(&f);
 }
 
 int main(void) {

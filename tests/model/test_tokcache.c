@@ -26,6 +26,7 @@
 #include "engine/mkmodel.h"
 #include "engine/tokcache.h"
 #include "model/mkmodel_util.h"
+#include "model/tmpl_util.h"
 #include "prompt/prompt_tmpl.h"
 
 static const char *const TEMPLATES[] = {
@@ -52,48 +53,19 @@ static char g_dir[64];
 static int setup(void **st) {
     (void)st;
     unsetenv("KS_TOKCACHE_CHECK");
-    snprintf(g_dir, sizeof g_dir, "/tmp/ks_test_tokcache.XXXXXX");
-    return mkdtemp(g_dir) ? 0 : -1;
+    return tmpl_dir_make(g_dir, sizeof g_dir, "test_tokcache");
 }
 
 static int teardown(void **st) {
     (void)st;
-    char p[128];
-    for (size_t i = 0; i < N_TEMPLATES; i++) {
-        snprintf(p, sizeof p, "%s/%zu.gguf", g_dir, i);
-        unlink(p);
-    }
-    rmdir(g_dir);
+    tmpl_dir_remove(g_dir, N_TEMPLATES);
     return 0;
 }
 
-typedef struct fixture {
-    ks_engine *e;
-    ks_chat_tmpl *t;
-} fixture;
+typedef tmpl_fixture fixture;
 
-/* The tiny model with template i (its special tokens in the vocabulary). */
-static fixture open_model(size_t i) {
-    const char *dir = getenv("KS_TEMPLATES_DIR");
-    char tpath[1024], mpath[128], err[512] = "";
-    snprintf(tpath, sizeof tpath, "%s/%s.jinja", dir ? dir : "build/deps/common/templates", TEMPLATES[i]);
-    snprintf(mpath, sizeof mpath, "%s/%zu.gguf", g_dir, i);
-    if (access(mpath, F_OK) != 0) {
-        char *src = mk_slurp(tpath, NULL);
-        ks_mkmodel_params mp = ks_mkmodel_params_default();
-        mp.chat_template = src;
-        if (ks_mkmodel_write(&mp, mpath, NULL, err, sizeof err)) fail_msg("%s: %s", TEMPLATES[i], err);
-        free(src);
-    }
-    fixture f = {mk_open_engine(mpath, 4096), NULL};
-    if (ks_chat_tmpl_create_from_file(mpath, NULL, &f.t, err, sizeof err)) fail_msg("%s: %s", TEMPLATES[i], err);
-    return f;
-}
-
-static void close_model(fixture *f) {
-    ks_chat_tmpl_free(f->t);
-    ks_engine_free(f->e);
-}
+/* The tiny model with template i, its engine and its template object. */
+static fixture open_model(size_t i) { return tmpl_open(g_dir, i, TEMPLATES[i]); }
 
 /* The tokens of text through c must be the whole text's. */
 static void expect_same(const fixture *f, ks_tokcache *c, uint64_t ns, const char *text, size_t len, const char *what) {
@@ -160,7 +132,7 @@ static void test_pieces_are_the_whole(void **st) {
         ks_tokcache_get_stats(c, &s);
         assert_true(s.hit_tokens > 0 && s.miss_tokens > 0);
         ks_tokcache_free(c);
-        close_model(&f);
+        tmpl_close(&f);
     }
 }
 
@@ -214,7 +186,7 @@ static void test_conversation_reuses_its_messages(void **st) {
         json_decref(req);
         ks_prompt_memo_free(memo);
         ks_tokcache_free(c);
-        close_model(&f);
+        tmpl_close(&f);
     }
 }
 
@@ -237,7 +209,7 @@ static void test_namespaces_apart(void **st) {
     assert_true(a.hit_tokens > b.hit_tokens);
     assert_int_equal(a.miss_tokens, b.miss_tokens);
     ks_tokcache_free(c);
-    close_model(&f);
+    tmpl_close(&f);
 }
 
 /* A small budget: what is held stays within it, and results stay right. */
@@ -259,7 +231,7 @@ static void test_budget_holds(void **st) {
     ks_tokcache_get_stats(c, &s);
     assert_true(s.entries > 0);
     ks_tokcache_free(c);
-    close_model(&f);
+    tmpl_close(&f);
 }
 
 int main(void) {
