@@ -52,6 +52,7 @@ struct ks_tokcache {
     int n_sp, max_len;
     int first[257];  /* sp[first[b], first[b + 1]) start with byte b */
     bool *is_sp;     /* by token id: a special token (text length in sp_len) */
+    bool *is_cut;    /* by token id: a special token a piece may start with */
     int *sp_len;
     int n_vocab;
     pthread_mutex_t mu;
@@ -84,7 +85,8 @@ static bool load_specials(ks_tokcache *c, const struct llama_model *model) {
     c->n_vocab = n;
     c->is_sp = calloc((size_t)n, sizeof *c->is_sp);
     c->sp_len = calloc((size_t)n, sizeof *c->sp_len);
-    if (!c->is_sp || !c->sp_len) return false;
+    c->is_cut = calloc((size_t)n, sizeof *c->is_cut);
+    if (!c->is_sp || !c->sp_len || !c->is_cut) return false;
     const int mask = LLAMA_TOKEN_ATTR_CONTROL | LLAMA_TOKEN_ATTR_USER_DEFINED | LLAMA_TOKEN_ATTR_UNKNOWN;
     int k = 0;
     for (int id = 0; id < n; id++) k += (llama_vocab_get_attr(v, id) & mask) != 0;
@@ -98,6 +100,7 @@ static bool load_specials(ks_tokcache *c, const struct llama_model *model) {
         if (len == 0 || len > 4096) return false; /* an empty special would match everywhere */
         c->sp[c->n_sp++] = (special){t, (int)len, id, !(a & LLAMA_TOKEN_ATTR_LSTRIP)};
         c->is_sp[id] = true;
+        c->is_cut[id] = !(a & LLAMA_TOKEN_ATTR_LSTRIP);
         c->sp_len[id] = (int)len;
         if ((int)len > c->max_len) c->max_len = (int)len;
     }
@@ -134,6 +137,7 @@ void ks_tokcache_free(ks_tokcache *c) {
     free(c->sp);
     free(c->is_sp);
     free(c->sp_len);
+    free(c->is_cut);
     free(c);
 }
 
@@ -403,6 +407,58 @@ int ks_tokcache_tokenize(ks_tokcache *c, uint64_t ns, const char *text, size_t l
         ks_tokens_free(&w);
     }
     return 0;
+}
+
+/* One run of a token list back to text, checked and kept (ks_tokcache_seed). */
+static bool seed_run(ks_tokcache *c, uint64_t ns, bool first, const int32_t *tok, int n, ks_tokens *scratch,
+                     char **text, size_t *cap) {
+    if (n <= 0) return false;
+    int32_t len;
+    for (;;) {
+        len = llama_detokenize(c->vocab, tok, n, *text, (int32_t)(*cap > INT32_MAX ? INT32_MAX : *cap), false, true);
+        if (len >= 0) break;
+        size_t want = (size_t)-len + 1;
+        char *t = realloc(*text, want);
+        if (!t) return false;
+        *text = t;
+        *cap = want;
+    }
+    ks_tokens_truncate(scratch, 0);
+    if (len == 0 || tokenize_raw(c, *text, (size_t)len, first, scratch) != 0) return false;
+    /* the run the text tokenizes to, BOS included on the first */
+    if (scratch->n != n + (first && llama_vocab_get_add_bos(c->vocab) ? 1 : 0)) return false;
+    const int32_t *got = scratch->v + (scratch->n - n);
+    if (memcmp(got, tok, sizeof *tok * (size_t)n) != 0) return false;
+    uint64_t h = piece_hash(ns, first, *text, (size_t)len);
+    pthread_mutex_lock(&c->mu);
+    tab_put(c, h, ns, first, *text, (size_t)len, scratch->v, scratch->n);
+    pthread_mutex_unlock(&c->mu);
+    return true;
+}
+
+int ks_tokcache_seed(ks_tokcache *c, uint64_t ns, const int32_t *tok, int n) {
+    if (!c->pieces || n <= 0) return 0;
+    int end = 0;
+    while (end < n && tok[end] >= 0 && tok[end] < c->n_vocab) end++; /* media pseudo-tokens are negative */
+    int start = 0;
+    bool bos = llama_vocab_get_add_bos(c->vocab);
+    if (bos) {
+        if (end == 0 || tok[0] != llama_vocab_bos(c->vocab)) return 0;
+        start = 1;
+    }
+    ks_tokens scratch = {0};
+    char *text = NULL;
+    size_t cap = 0;
+    int kept = 0;
+    for (int a = start; a < end;) {
+        int b = a + 1;
+        while (b < end && !c->is_cut[tok[b]]) b++;
+        kept += seed_run(c, ns, a == start, tok + a, b - a, &scratch, &text, &cap);
+        a = b;
+    }
+    free(text);
+    ks_tokens_free(&scratch);
+    return kept;
 }
 
 void ks_tokcache_get_stats(ks_tokcache *c, ks_tokcache_stats *st) {

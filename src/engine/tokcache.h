@@ -60,6 +60,15 @@ void ks_tokcache_free(ks_tokcache *c);
  * Errors as ks_engine_tokenize. */
 int ks_tokcache_tokenize(ks_tokcache *c, uint64_t ns, const char *text, size_t len, ks_tokens *out);
 
+/* Puts the pieces of a token list into the cache, as if its text had been
+ * tokenized (ns as above): the list is cut before the special tokens a text
+ * is cut at, each run is turned back into text, and kept only where that text
+ * tokenizes to the very run (the first with BOS when the model adds one; a
+ * media pseudo-token ends the list). For a restarted process: the
+ * conversations warm start put into slots come back first, and their renders
+ * then find their pieces. Returns the pieces kept. */
+int ks_tokcache_seed(ks_tokcache *c, uint64_t ns, const int32_t *tok, int n);
+
 typedef struct ks_tokcache_stats {
     uint64_t hit_tokens;  /* tokens taken from the cache */
     uint64_t miss_tokens; /* tokens tokenized (pieces not in it, or whole texts) */

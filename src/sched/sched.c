@@ -501,7 +501,16 @@ static void free_all(ks_sched *s) {
     free(s->piece);
     free(s->slots);
     free(s->clear_pending);
+    for (int i = 0; i < s->n_warm; i++) ks_tokens_free(&s->warm_toks[i]);
+    free(s->warm_toks);
+    free(s->warm_tenants);
     free(s);
+}
+
+int ks_sched_warm_list(const ks_sched *s, const ks_tokens **toks, const uint64_t **tenants) {
+    *toks = s->warm_toks;
+    *tenants = s->warm_tenants;
+    return s->n_warm;
 }
 
 int ks_sched_create(const ks_sched_params *p, ks_sched **out) {

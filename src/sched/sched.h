@@ -327,6 +327,13 @@ typedef struct ks_slot_info {
 /* Fills up to n slot descriptions; returns the number of slots. */
 int ks_sched_slots(ks_sched *s, ks_slot_info *out, int n);
 
+/* The token lists warm start put into slots (ks_sched_params.warm_slots), with
+ * their tenants: the conversations a restarted process expects first, for
+ * caches keyed by what they will send again (the server's tokenization cache,
+ * engine/tokcache.h). Returns how many; the arrays are the scheduler's,
+ * read-only and valid until ks_sched_free; any thread. */
+int ks_sched_warm_list(const ks_sched *s, const ks_tokens **toks, const uint64_t **tenants);
+
 /* The cache decisions, one count per request by its final mode, and the
  * store and SPC traffic. Written by the inference thread only. */
 typedef struct ks_sched_cache_stats {

@@ -136,6 +136,11 @@ struct ks_sched {
                                than the copy itself; freed when the scheduler goes idle */
     size_t copy_cap;
     bool ckpt_on;           /* checkpoints: a hybrid model and a budget (sched.h) */
+    /* What warm start put into slots (warm.c), copied for ks_sched_warm_list:
+     * written before the inference thread starts, read-only after. */
+    ks_tokens *warm_toks;
+    uint64_t *warm_tenants;
+    int n_warm;
 };
 
 /* sched.c */

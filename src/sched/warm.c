@@ -39,6 +39,10 @@ void ks__sched_warm(ks_sched *s) {
     if (ks_store_recent(s->p.store, want, want * WARM_READS_PER_SLOT, st, &n) != 0) n = 0;
     int64_t now = ks_now_us();
     int put = 0;
+    /* ks_sched_warm_list's copies (none when out of memory: only a cache
+     * elsewhere is then cold) */
+    s->warm_toks = calloc((size_t)want, sizeof *s->warm_toks);
+    s->warm_tenants = calloc((size_t)want, sizeof *s->warm_tenants);
     for (int i = 0; i < n; i++) {
         slot *sl = &s->slots[put];
         double t1 = ks_now_ms();
@@ -61,6 +65,9 @@ void ks__sched_warm(ks_sched *s) {
         /* The newest state the most recently used slot: LRU takes the others first. */
         sl->last_used_us = now - i;
         double ms = ks_now_ms() - t1;
+        if (s->warm_toks && s->warm_tenants &&
+            ks_tokens_assign(&s->warm_toks[s->n_warm], st[i].tokens, st[i].n_tokens) == 0)
+            s->warm_tenants[s->n_warm++] = st[i].tenant;
         s->cst.warm_slots++;
         s->cst.warm_tokens += (uint64_t)st[i].n_tokens;
         s->cst.warm_ms_total += ms + st[i].load_ms;

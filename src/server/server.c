@@ -563,7 +563,20 @@ int ks_server_start(const ks_server_params *p, ks_server **out, char *err, size_
     /* KS_TOKCACHE=0: every prompt tokenized whole (a diagnostic, and the
      * benchmarks' baseline: bench/peer_lib.sh kvstash-no-tokcache) */
     const char *tc_env = getenv("KS_TOKCACHE");
-    if (!(tc_env && !strcmp(tc_env, "0"))) ks_prompt_memo_use_tokcache(s->memo, s->tokcache);
+    if (!(tc_env && !strcmp(tc_env, "0"))) {
+        ks_prompt_memo_use_tokcache(s->memo, s->tokcache);
+        /* After a restart the conversations warm start put into the slots come
+         * back first: their renders find their pieces (a seed is checked by
+         * tokenizing each piece once, here, before anything is served). */
+        const ks_tokens *wt;
+        const uint64_t *wn;
+        int n_warm = ks_sched_warm_list(p->sched, &wt, &wn), kept = 0;
+        double t0 = ks_now_ms();
+        for (int i = 0; i < n_warm; i++) kept += ks_tokcache_seed(s->tokcache, wn[i], wt[i].v, wt[i].n);
+        if (n_warm > 0)
+            KS_INFO("http", "tokenization cache: %d pieces from the %d warm slot(s)' conversations in %.1f ms", kept,
+                    n_warm, ks_now_ms() - t0);
+    }
     for (int i = 0; i < n_cors; i++) {
         snprintf(s->cors_origins[i], sizeof s->cors_origins[i], "%s", p->cors_origins[i]);
         if (!strcmp(p->cors_origins[i], "*")) s->cors_any = true;

@@ -158,8 +158,16 @@ test('warm start: --warm-slots puts the latest state of each conversation into t
       lastY.usage.completion_tokens;
     assert.ok(w >= most - 2 && w <= most, `the latest turn of x and of y: ${w} tokens, ${most} at most`);
     assert.match(b.stderr, /warm start: 2 of 2 slot\(s\) warmed/);
+    // The tokenization cache took the warm slots' conversations in pieces:
+    // their next renders are tokenized only where they grew.
+    assert.match(b.stderr, /tokenization cache: [1-9]\d* pieces from the 2 warm slot\(s\)' conversations/);
+    assert.ok(m0.get('kvstash_tokcache_bytes') > 0);
     for (const [msgs, last, what] of [[x, lastX, 'x turn 4'], [y, lastY, 'y turn 3']]) {
+      const mb = await metrics(b);
       const r = await say(b, msgs, 'Thanks, bye.', what);
+      const ma = await metrics(b);
+      const seeded = ma.get('kvstash_prompt_tokens_untokenized_total') - mb.get('kvstash_prompt_tokens_untokenized_total');
+      assert.ok(seeded > last.usage.prompt_tokens / 2, `${what}: ${seeded} tokens from the cache of ${r.usage.prompt_tokens}`);
       assert.equal(r.cache.mode, 'prefix', `${what}: ${JSON.stringify(r.cache)}`);
       assert.ok(r.usage.prompt_tokens_details.cached_tokens >= last.usage.prompt_tokens,
         `${what}: cached ${r.usage.prompt_tokens_details.cached_tokens} < ${last.usage.prompt_tokens}`);

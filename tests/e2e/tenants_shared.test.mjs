@@ -174,9 +174,22 @@ test('warm start puts each tenant\'s latest conversation into the slots, owned b
       assert.ok(r.usage.prompt_tokens_details.cached_tokens >= last.usage.prompt_tokens, `${key}: ${JSON.stringify(r.cache)}`);
     }
     // C sends A's very conversation: it takes a slot (A's, the least recently
-    // used) and reuses nothing of it.
-    const c = await postJSON(b, '/v1/chat/completions', { messages: x, temperature: 0, max_tokens: 4 }, auth('KC'));
-    assert.equal(c.json.usage.prompt_tokens_details.cached_tokens, 0, JSON.stringify(c.json.cache));
+    // used) and reuses nothing of it — not its KV, and not the pieces of its
+    // text the tokenization cache holds for A. C's render takes from the cache
+    // only what its own prompt holds twice (the system message's render for
+    // its SPC key is the prompt's first piece); A, sending the same, takes
+    // nearly all of it.
+    const fromCache = async (key) => {
+      const m0 = await metrics(b, { authorization: 'Bearer MK' });
+      const r = await postJSON(b, '/v1/chat/completions', { messages: x, temperature: 0, max_tokens: 4 }, auth(key));
+      assert.equal(r.status, 200, r.text);
+      const m1 = await metrics(b, { authorization: 'Bearer MK' });
+      return [r.json, m1.get('kvstash_prompt_tokens_untokenized_total') - m0.get('kvstash_prompt_tokens_untokenized_total')];
+    };
+    const [c, cTook] = await fromCache('KC');
+    assert.equal(c.usage.prompt_tokens_details.cached_tokens, 0, JSON.stringify(c.cache));
+    const [, aTook] = await fromCache('KA');
+    assert.ok(cTook + 40 < aTook, `from the tokenization cache: C ${cTook}, A ${aTook} of ${c.usage.prompt_tokens} tokens`);
   } finally {
     await stopOk(b);
   }

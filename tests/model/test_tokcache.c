@@ -212,6 +212,74 @@ static void test_namespaces_apart(void **st) {
     tmpl_close(&f);
 }
 
+/* A restarted process: the token list a warm slot holds seeds the cache, so
+ * the conversation's next render finds its pieces (in its tenant only); a
+ * list whose runs are no text's tokens seeds nothing wrong. */
+static void test_seed_from_a_state(void **st) {
+    (void)st;
+    for (size_t i = 0; i < N_TEMPLATES; i++) {
+        fixture f = open_model(i);
+        json_t *req = json_pack("{s:[{s:s, s:s}, {s:s, s:s}, {s:s, s:s}, {s:s, s:s}]}", "messages", "role", "system",
+                                "content", "You are a coding agent. Use the tools; say what you did.", "role", "user",
+                                "content", "Please read src/main.c and fix the crash on line 42.", "role", "assistant",
+                                "content", "Fixed: the pointer was freed twice.", "role", "user", "content",
+                                "Now add a test for it.");
+        ks_prompt_opts o = {.hints = true, .model_id = "test", .memo_ns = 7};
+        char err[512] = "";
+        ks_prompt_tmpl before, plain, cached;
+        if (ks_prompt_tmpl_chat(f.e, f.t, req, &o, NULL, &before, err, sizeof err)) fail_msg("%s", err);
+        /* the state of the turn that answered: its prompt and a reply */
+        ks_tokens state = {0};
+        assert_int_equal(ks_tokens_assign(&state, before.p.tokens.v, before.p.tokens.n), 0);
+        ks_tokcache *c = ks_tokcache_create(f.e, 1 << 20);
+        ks_prompt_memo *memo = ks_prompt_memo_create(16);
+        ks_prompt_memo_use_tokcache(memo, c);
+        int kept = ks_tokcache_seed(c, 7, state.v, state.n);
+        if (kept < 2) fail_msg("%s: %d pieces seeded", TEMPLATES[i], kept);
+        json_t *msgs = json_object_get(req, "messages");
+        json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "assistant", "content", "Added test_double_free."));
+        json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "user", "content", "Run it."));
+        ks_tokcache_stats s0, s1;
+        ks_tokcache_get_stats(c, &s0);
+        if (ks_prompt_tmpl_chat(f.e, f.t, req, &o, NULL, &plain, err, sizeof err)) fail_msg("%s", err);
+        if (ks_prompt_tmpl_chat(f.e, f.t, req, &o, memo, &cached, err, sizeof err)) fail_msg("%s", err);
+        assert_int_equal(cached.p.tokens.n, plain.p.tokens.n);
+        assert_memory_equal(cached.p.tokens.v, plain.p.tokens.v, sizeof(int32_t) * (size_t)plain.p.tokens.n);
+        ks_tokcache_get_stats(c, &s1);
+        if (s1.hit_tokens - s0.hit_tokens < (uint64_t)state.n / 4)
+            fail_msg("%s: %llu tokens of the next render from the seed (state %d tokens)", TEMPLATES[i],
+                     (unsigned long long)(s1.hit_tokens - s0.hit_tokens), state.n);
+        /* another tenant finds none of it */
+        ks_tokcache *c2 = ks_tokcache_create(f.e, 1 << 20);
+        ks_tokcache_seed(c2, 7, state.v, state.n);
+        ks_tokcache_get_stats(c2, &s0);
+        const char *text = "<|im_start|>system\nYou are a coding agent. Use the tools; say what you did.";
+        expect_same(&f, c2, 8, text, strlen(text), "another tenant");
+        ks_tokcache_get_stats(c2, &s1);
+        assert_int_equal(s1.hit_tokens, s0.hit_tokens);
+        /* tokens that are no text's (ids at random): whatever is kept answers right */
+        uint64_t rng = 1234 + i;
+        ks_tokens junk = {0};
+        for (int k = 0; k < 400; k++) ks_tokens_push(&junk, (int32_t)(rng_next(&rng) % (uint64_t)ks_engine_n_vocab(f.e)));
+        ks_tokcache_seed(c2, 0, junk.v, junk.n);
+        static char buf[1 << 13];
+        for (int r = 0; r < 200; r++) {
+            size_t n = random_text(&rng, buf, sizeof buf, 40);
+            expect_same(&f, c2, 0, buf, n, "after a junk seed");
+        }
+        ks_tokens_free(&junk);
+        ks_tokcache_free(c2);
+        ks_tokens_free(&state);
+        ks_prompt_tmpl_free(&before);
+        ks_prompt_tmpl_free(&plain);
+        ks_prompt_tmpl_free(&cached);
+        ks_prompt_memo_free(memo);
+        ks_tokcache_free(c);
+        json_decref(req);
+        tmpl_close(&f);
+    }
+}
+
 /* A small budget: what is held stays within it, and results stay right. */
 static void test_budget_holds(void **st) {
     (void)st;
@@ -239,6 +307,7 @@ int main(void) {
         cmocka_unit_test(test_pieces_are_the_whole),
         cmocka_unit_test(test_conversation_reuses_its_messages),
         cmocka_unit_test(test_namespaces_apart),
+        cmocka_unit_test(test_seed_from_a_state),
         cmocka_unit_test(test_budget_holds),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
