@@ -292,7 +292,15 @@ static int save_check(ks_store *s, ks_reason reason, uint64_t tenant, const int3
     int rc = ks_key_compute_tenant(s->fp, s->kv_params, s->kv_len, tenant, tokens, n, key);
     if (rc != 0) return rc;
     bool stored = ks__store_stored_anywhere(s, key);
-    if (stored) local = false;
+    if (stored) {
+        local = false;
+        /* Declined as held: that state is the conversation's latest again, so
+         * it counts as used now (LRU, and warm start's "most recently saved or
+         * hit", store_recent.c), though not as a hit. Otherwise an older,
+         * shorter save of the same conversation would look newer. */
+        for (int i = 0; i < KS_TIER__LOCAL; i++)
+            if (s->tiers[i]) ks__tier_refresh(s->tiers[i], key);
+    }
     if (remote && ks_tier_has(rt, key, NULL)) {
         stored = true;
         remote = false;

@@ -97,17 +97,21 @@ ks__tentry *ks__tier_unlink_locked(ks_tier *t, const ks_key *key) {
     return e;
 }
 
-void ks__tier_touch(ks_tier *t, const ks_key *key) {
+static void tier_use(ks_tier *t, const ks_key *key, bool hit) {
     pthread_rwlock_wrlock(&t->lock);
     ks__tentry *e = ks_keymap_get(&t->map, key);
     if (e) {
         e->info.last_hit_us = ks_wall_us();
-        e->info.hits++;
+        if (hit) e->info.hits++;
         e->lru = ++t->seq;
         e->dirty = true;
     }
     pthread_rwlock_unlock(&t->lock);
 }
+
+void ks__tier_touch(ks_tier *t, const ks_key *key) { tier_use(t, key, true); }
+
+void ks__tier_refresh(ks_tier *t, const ks_key *key) { tier_use(t, key, false); }
 
 bool ks_tier_has(ks_tier *t, const ks_key *key, ks_tier_entry *out) {
     pthread_rwlock_rdlock(&t->lock);

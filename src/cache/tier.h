@@ -371,6 +371,11 @@ int ks__tier_insert_locked(ks_tier *t, const ks_tier_entry *info, void *blob, ks
 ks__tentry *ks__tier_unlink_locked(ks_tier *t, const ks_key *key);
 /* Records a hit (takes the write lock). */
 void ks__tier_touch(ks_tier *t, const ks_key *key);
+/* Records a use that is not a hit: the entry's last use is now (LRU, and
+ * ks_store_recent's "most recently saved or hit"), its hit count unchanged
+ * (takes the write lock). For a save declined because the entry holds that
+ * state already. */
+void ks__tier_refresh(ks_tier *t, const ks_key *key);
 /* Common part of open/close. */
 int ks__tier_init(ks_tier *t, const ks_tier_vt *vt, ks_tier_id id, const ks_tier_ident *ident);
 void ks__tier_fini(ks_tier *t);

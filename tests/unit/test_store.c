@@ -406,6 +406,45 @@ static void test_restart(void **state) {
     ks_store_close(s);
 }
 
+/* A save declined because the store holds that state already counts as a
+ * use of it (not a hit): warm start (ks_store_recent, newest first) then
+ * takes the conversation's latest state, not an older, shorter one saved
+ * since. Before, the 8-token cold save below looked newer than the 16-token
+ * state the conversation was at again, and came first. */
+static void test_declined_save_is_a_use(void **state) {
+    fx *f = *state;
+    ks_store_params p = params_for(f, 1, 1);
+    ks_store *s = open_store(&p);
+    save_sync(s, KS_REASON_CONTINUED, f->toks, 16, 3000, 1); /* shm */
+    usleep(2000);
+    save_sync(s, KS_REASON_COLD, f->toks, 8, 3000, 2);       /* disk, newer */
+    usleep(2000);
+    /* the conversation is at 16 tokens again: held, so not saved */
+    assert_false(ks_store_wants(s, KS_REASON_CONTINUED, f->toks, 16));
+    ks_store_state st[2];
+    int n = 0;
+    assert_int_equal(ks_store_recent(s, 2, 4, st, &n), 0);
+    assert_true(n >= 1);
+    assert_int_equal(st[0].n_tokens, 16); /* the 8-token state is its prefix: skipped */
+    assert_int_equal(n, 1);
+    for (int i = 0; i < n; i++) ks_store_state_free(&st[i]);
+    ks_store_close(s); /* persists the use */
+
+    char path[PATH_MAX];
+    ks_kvfile_meta m;
+    file_of(f, f->shm, &p, 16, path);
+    assert_int_equal(ks_kvfile_read_meta(path, &m), 0);
+    assert_int_equal(m.hits, 0); /* a use, not a hit */
+    assert_true(m.last_hit_us > m.created_us);
+    s = open_store(&p); /* a new process: the same order */
+    n = 0;
+    assert_int_equal(ks_store_recent(s, 2, 4, st, &n), 0);
+    assert_true(n >= 1);
+    assert_int_equal(st[0].n_tokens, 16);
+    for (int i = 0; i < n; i++) ks_store_state_free(&st[i]);
+    ks_store_close(s);
+}
+
 /* A file tier keeps one read buffer between lookups: the next hit reads
  * into it (pages already mapped), and every hit still carries its own data. */
 static void test_file_reads_reuse_a_buffer(void **state) {
@@ -1170,6 +1209,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_save_filters, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lru_budget_per_tier, setup, teardown),
         cmocka_unit_test_setup_teardown(test_restart, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_declined_save_is_a_use, setup, teardown),
         cmocka_unit_test_setup_teardown(test_file_reads_reuse_a_buffer, setup, teardown),
         cmocka_unit_test_setup_teardown(test_prewarm_keeps_reads_correct, setup, teardown),
         cmocka_unit_test_setup_teardown(test_two_stores_one_dir, setup, teardown),
