@@ -4,6 +4,8 @@
  * min_tokens 16, nothing saved at shutdown) and two schedulers over the
  * test's own engines: one with the cache and that store, one that prefills
  * every request (the uncached reference). The engines stay the test's.
+ * Also the test images (binary PPMs) and prompts tokenized with them.
+ * Include after cmocka.h.
  */
 #ifndef KS_TEST_MEDIA_UTIL_H
 #define KS_TEST_MEDIA_UTIL_H
@@ -14,7 +16,55 @@
 
 #include "cache/store.h"
 #include "engine/engine.h"
+#include "engine/media.h"
 #include "sched/sched.h"
+
+/* A binary PPM (stb_image reads it): w x h, pixels from seed. Also a buffer
+ * of any other media file (test_media.c's WAVs). */
+typedef struct img {
+    uint8_t *b;
+    size_t n;
+} img;
+
+static inline img make_img(int w, int h, uint32_t seed) {
+    char hdr[32];
+    int hl = snprintf(hdr, sizeof hdr, "P6\n%d %d\n255\n", w, h);
+    img m = {malloc((size_t)hl + (size_t)w * (size_t)h * 3), (size_t)hl + (size_t)w * (size_t)h * 3};
+    memcpy(m.b, hdr, (size_t)hl);
+    uint32_t x = seed * 2654435761u + 1;
+    for (size_t i = (size_t)hl; i < m.n; i++) {
+        x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+        m.b[i] = (uint8_t)x;
+    }
+    return m;
+}
+
+/* A prompt's tokens with its media set (one reference). */
+typedef struct prompt {
+    ks_tokens t;
+    ks_media_set *set;
+} prompt;
+
+#define MEDIA_UTIL_MAX_ITEMS 4
+
+/* text (one marker per item) with imgs[0, n_imgs) through e's projector;
+ * fails the test when it cannot be tokenized. */
+static inline void tokenize(ks_engine *e, const char *text, const img *imgs, int n_imgs, prompt *p) {
+    memset(p, 0, sizeof *p);
+    assert_true(n_imgs >= 0 && n_imgs <= MEDIA_UTIL_MAX_ITEMS);
+    ks_media_item items[MEDIA_UTIL_MAX_ITEMS];
+    for (int i = 0; i < n_imgs; i++) items[i] = (ks_media_item){imgs[i].b, imgs[i].n};
+    char err[256] = "";
+    int rc = ks_media_tokenize(ks_engine_media(e), text, strlen(text), true, true, items, n_imgs, &p->t, &p->set,
+                               err, sizeof err);
+    if (rc) fprintf(stderr, "ks_media_tokenize: %s\n", err);
+    assert_int_equal(rc, 0);
+}
+
+static inline void prompt_free(prompt *p) {
+    ks_tokens_free(&p->t);
+    ks_media_set_unref(p->set);
+}
 
 typedef struct media_fx {
     char root[64];

@@ -39,26 +39,7 @@ static ks_store *g_store;
 static ks_sched *g_s;   /* cache on, the store in RAM */
 static ks_sched *g_ref; /* every request uncached */
 
-/* ------------------------------------------------------------- images */
-/* A binary PPM (stb_image reads it): w x h, pixels from seed. */
-typedef struct img {
-    uint8_t *b;
-    size_t n;
-} img;
-
-static img make_img(int w, int h, uint32_t seed) {
-    char hdr[32];
-    int hl = snprintf(hdr, sizeof hdr, "P6\n%d %d\n255\n", w, h);
-    img m = {malloc((size_t)hl + (size_t)w * (size_t)h * 3), (size_t)hl + (size_t)w * (size_t)h * 3};
-    memcpy(m.b, hdr, (size_t)hl);
-    uint32_t x = seed * 2654435761u + 1;
-    for (size_t i = (size_t)hl; i < m.n; i++) {
-        x ^= x << 13, x ^= x >> 17, x ^= x << 5;
-        m.b[i] = (uint8_t)x;
-    }
-    return m;
-}
-
+/* ------------------------------------------------------------- audio (images: media_util.h) */
 /* A 16 kHz mono 16-bit WAV of n samples (miniaudio reads it). */
 static void put32(uint8_t *p, uint32_t v) {
     for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
@@ -89,27 +70,6 @@ static img make_wav(int n, uint32_t seed) {
 }
 
 /* ------------------------------------------------------------- prompts */
-typedef struct prompt {
-    ks_tokens t;
-    ks_media_set *set;
-} prompt;
-
-static void tokenize(ks_engine *e, const char *text, const img *imgs, int n_imgs, prompt *p) {
-    memset(p, 0, sizeof *p);
-    ks_media_item items[4];
-    for (int i = 0; i < n_imgs; i++) items[i] = (ks_media_item){imgs[i].b, imgs[i].n};
-    char err[256] = "";
-    int rc = ks_media_tokenize(ks_engine_media(e), text, strlen(text), true, true, items, n_imgs, &p->t, &p->set,
-                               err, sizeof err);
-    if (rc) fprintf(stderr, "ks_media_tokenize: %s\n", err);
-    assert_int_equal(rc, 0);
-}
-
-static void prompt_free(prompt *p) {
-    ks_tokens_free(&p->t);
-    ks_media_set_unref(p->set);
-}
-
 static void once(ks_sched *s, const prompt *p, bool cache, run *x) {
     run_init(x);
     ks_req_params rp = {0};
