@@ -300,8 +300,9 @@ static int save_check(ks_store *s, ks_reason reason, uint64_t tenant, const int3
          * shorter save of the same conversation would look newer. Not with a
          * cache secret: an entry held under this key is known to be authentic
          * only once read (an untagged file of another process may hold it). */
-        for (int i = 0; i < KS_TIER__LOCAL && !s->has_mac; i++)
-            if (s->tiers[i]) ks__tier_refresh(s->tiers[i], key);
+        if (!s->has_mac)
+            for (int i = 0; i < KS_TIER__LOCAL; i++)
+                if (s->tiers[i]) ks__tier_refresh(s->tiers[i], key);
     }
     if (remote && ks_tier_has(rt, key, NULL)) {
         stored = true;

@@ -74,6 +74,9 @@ bool ks__gpu_kernels_ok(const ks_engine *e, char *why, size_t n);
 
 /* Borrowed for the engine's life. */
 const struct llama_vocab *ks__engine_vocab(const ks_engine *e);
+/* ks_engine_tokenize with a vocabulary (vocab_text.c): appends to out. */
+int ks__vocab_tokenize(const struct llama_vocab *v, const char *text, size_t len, bool add_special,
+                       bool parse_special, ks_tokens *out);
 struct llama_context *ks__engine_ctx(const ks_engine *e);
 const struct llama_model *ks__engine_model(const ks_engine *e);
 /* The model's template for llama_chat_apply_template, or "chatml". */

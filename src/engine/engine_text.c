@@ -21,19 +21,7 @@
 
 int ks_engine_tokenize(const ks_engine *e, const char *text, size_t len, bool add_special,
                        bool parse_special, ks_tokens *out) {
-    if (len > INT32_MAX / 2) return KS_EINVAL;
-    int cap = (int)len + 8;
-    int rc = ks_tokens_reserve(out, out->n + cap);
-    if (rc) return rc;
-    int n = llama_tokenize(ks__engine_vocab(e), text, (int32_t)len, out->v + out->n, cap, add_special, parse_special);
-    if (n < 0) {
-        rc = ks_tokens_reserve(out, out->n - n);
-        if (rc) return rc;
-        n = llama_tokenize(ks__engine_vocab(e), text, (int32_t)len, out->v + out->n, -n, add_special, parse_special);
-        if (n < 0) return KS_EINVAL;
-    }
-    out->n += n;
-    return 0;
+    return ks__vocab_tokenize(ks__engine_vocab(e), text, len, add_special, parse_special, out);
 }
 
 /* A media pseudo-token (media.h, negative) has no text: 0 bytes, where

@@ -51,9 +51,7 @@ struct ks_tokcache {
     special *sp;     /* the special tokens, by first byte then longest first */
     int n_sp, max_len;
     int first[257];  /* sp[first[b], first[b + 1]) start with byte b */
-    bool *is_sp;     /* by token id: a special token (text length in sp_len) */
     bool *is_cut;    /* by token id: a special token a piece may start with */
-    int *sp_len;
     int n_vocab;
     pthread_mutex_t mu;
     entry *tab;
@@ -83,10 +81,8 @@ static bool load_specials(ks_tokcache *c, const struct llama_model *model) {
     if (llama_vocab_get_add_eos(v)) return false;
     int n = llama_vocab_n_tokens(v);
     c->n_vocab = n;
-    c->is_sp = calloc((size_t)n, sizeof *c->is_sp);
-    c->sp_len = calloc((size_t)n, sizeof *c->sp_len);
     c->is_cut = calloc((size_t)n, sizeof *c->is_cut);
-    if (!c->is_sp || !c->sp_len || !c->is_cut) return false;
+    if (!c->is_cut) return false;
     const int mask = LLAMA_TOKEN_ATTR_CONTROL | LLAMA_TOKEN_ATTR_USER_DEFINED | LLAMA_TOKEN_ATTR_UNKNOWN;
     int k = 0;
     for (int id = 0; id < n; id++) k += (llama_vocab_get_attr(v, id) & mask) != 0;
@@ -99,9 +95,7 @@ static bool load_specials(ks_tokcache *c, const struct llama_model *model) {
         size_t len = t ? strlen(t) : 0;
         if (len == 0 || len > 4096) return false; /* an empty special would match everywhere */
         c->sp[c->n_sp++] = (special){t, (int)len, id, !(a & LLAMA_TOKEN_ATTR_LSTRIP)};
-        c->is_sp[id] = true;
         c->is_cut[id] = !(a & LLAMA_TOKEN_ATTR_LSTRIP);
-        c->sp_len[id] = (int)len;
         if ((int)len > c->max_len) c->max_len = (int)len;
     }
     if (c->n_sp == 0) return false;
@@ -135,8 +129,6 @@ void ks_tokcache_free(ks_tokcache *c) {
     tab_clear(c);
     pthread_mutex_destroy(&c->mu);
     free(c->sp);
-    free(c->is_sp);
-    free(c->sp_len);
     free(c->is_cut);
     free(c);
 }
@@ -318,18 +310,7 @@ oom:
 }
 
 static int tokenize_raw(const ks_tokcache *c, const char *text, size_t len, bool add_special, ks_tokens *out) {
-    if (len > INT32_MAX / 2) return KS_EINVAL;
-    int cap = (int)len + 8;
-    int rc = ks_tokens_reserve(out, out->n + cap);
-    if (rc) return rc;
-    int n = llama_tokenize(c->vocab, text, (int32_t)len, out->v + out->n, cap, add_special, true);
-    if (n < 0) {
-        if ((rc = ks_tokens_reserve(out, out->n - n))) return rc;
-        n = llama_tokenize(c->vocab, text, (int32_t)len, out->v + out->n, -n, add_special, true);
-        if (n < 0) return KS_EINVAL;
-    }
-    out->n += n;
-    return 0;
+    return ks__vocab_tokenize(c->vocab, text, len, add_special, true, out);
 }
 
 /* The pieces one by one, from the table or tokenized (then kept). 1 when a
