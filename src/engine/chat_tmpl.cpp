@@ -138,6 +138,7 @@ json string_array(const std::vector<std::string> &v) {
 struct request_extra {
     std::string user_grammar;
     bool parse_tool_calls = false;
+    std::vector<common_chat_tool> deferred; /* callable, not rendered (deferred_tools) */
 };
 
 /* Reads the request into common's inputs, the way llama-server's
@@ -159,6 +160,14 @@ void read_request(const ks_chat_tmpl *t, const json &body, common_chat_templates
         for (size_t i = 0; i < tools.size(); i++) {
             schema_grammar(common_chat_tool_parameters(tools.at(i).at("function")),
                            "tools[" + std::to_string(i) + "].function.parameters");
+        }
+    }
+    if (body.contains("deferred_tools") && !body.at("deferred_tools").is_null()) {
+        const json &tools = body.at("deferred_tools");
+        ex.deferred = common_chat_tools_parse_oaicompat(tools);
+        for (size_t i = 0; i < tools.size(); i++) {
+            schema_grammar(common_chat_tool_parameters(tools.at(i).at("function")),
+                           "deferred_tools[" + std::to_string(i) + "].function.parameters");
         }
     }
     if (body.contains("tool_choice") && !body.at("tool_choice").is_null()) {
@@ -221,7 +230,7 @@ void read_request(const ks_chat_tmpl *t, const json &body, common_chat_templates
 
     in.reasoning_format = common_reasoning_format_from_name(get_string(body, "reasoning_format", "deepseek"));
     in.enable_thinking = get_bool(body, "enable_thinking", true);
-    if (!in.tools.empty() && in.tool_choice != COMMON_CHAT_TOOL_CHOICE_NONE) {
+    if ((!in.tools.empty() || !ex.deferred.empty()) && in.tool_choice != COMMON_CHAT_TOOL_CHOICE_NONE) {
         if (!ex.user_grammar.empty()) throw ks_input_error("cannot use a custom grammar with tools");
         ex.parse_tool_calls = true;
     }
@@ -440,8 +449,22 @@ int ks_chat_tmpl_apply(const ks_chat_tmpl *t, const char *request_json, char **r
         request_extra ex;
         read_request(t, body, in, ex);
         phase = KS_ETEMPLATE;
-        common_chat_params p = common_chat_templates_apply(t->tmpls.get(), in);
-        return give(make_result(p, in, ex), result_json);
+        if (ex.deferred.empty() || in.tool_choice == COMMON_CHAT_TOOL_CHOICE_NONE)
+            return give(make_result(common_chat_templates_apply(t->tmpls.get(), in), in, ex), result_json);
+        /* Deferred tools (design note 4): the prompt renders the listed
+         * tools only; the grammar, triggers and parser come from a second
+         * run with every callable tool. Where the two runs disagree on how
+         * the assistant's turn starts, that grammar would not fit the
+         * prompt: the second run is taken whole (the deferred tools are
+         * then rendered in the list, correct but not a stable prefix). */
+        common_chat_templates_inputs shown = in;
+        if (shown.tools.empty()) shown.tool_choice = COMMON_CHAT_TOOL_CHOICE_NONE;
+        common_chat_params p = common_chat_templates_apply(t->tmpls.get(), shown);
+        common_chat_templates_inputs all = in;
+        all.tools.insert(all.tools.end(), ex.deferred.begin(), ex.deferred.end());
+        common_chat_params g = common_chat_templates_apply(t->tmpls.get(), all);
+        if (g.generation_prompt == p.generation_prompt) g.prompt = p.prompt;
+        return give(make_result(g, all, ex), result_json);
     });
 }
 

@@ -22,6 +22,12 @@
  *  3. Defaults follow llama-server: reasoning_format "deepseek" (thinking goes
  *     to reasoning_content), enable_thinking true, add_generation_prompt true,
  *     parallel_tool_calls as the template supports.
+ *  4. Deferred tools (deferred_tools): tools the model may call that the
+ *     prompt does not list, because the conversation showed them itself
+ *     (Anthropic's tool search: api_msg_tools.c). The template renders the
+ *     prompt with tools alone; a second run with tools + deferred_tools gives
+ *     the grammar, triggers and parser. Both runs must agree on the
+ *     generation prompt, else the second run is taken whole.
  *
  * Thread model: create/free on any one thread. apply, parse, info and
  * ks_chat_tmpl_schema_to_grammar only read the template and may run on many
@@ -79,6 +85,7 @@ int ks_chat_tmpl_info(const ks_chat_tmpl *t, char **info_json, char *err, size_t
  *       tool_calls: [{id?, type:"function", function:{name, arguments}}],
  *       tool_call_id, name, reasoning_content}]
  *   tools: [{type:"function", function:{name, description?, parameters?}}]
+ *   deferred_tools: the same shape: callable but not rendered (note 4)
  *   tool_choice: "auto" (default) | "none" | "required"
  *   parallel_tool_calls: bool
  *   add_generation_prompt: bool (default true)

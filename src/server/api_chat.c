@@ -37,6 +37,30 @@ static const char *const IGNORED_FIELDS[] = {
     "user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier",
     NULL};
 
+/* Nested objects (ks__api_nested). Ignored silently: a message's refusal
+ * and annotations (what OpenAI's own replies carry, sent back as they came),
+ * a function's strict (the tool grammar follows the schema anyway),
+ * stream_options.include_obfuscation (padding of OpenAI's stream events). */
+static const char *const N_MESSAGE[] = {"role", "content", "name", "tool_calls", "tool_call_id",
+                                        "reasoning_content", "cache_control", NULL};
+static const char *const N_MESSAGE_IGN[] = {"refusal", "annotations", NULL};
+static const char *const N_TOOL[] = {"type", "function", "cache_control", "defer_loading", NULL};
+static const char *const N_FUNCTION[] = {"name", "description", "parameters", NULL};
+static const char *const N_FUNCTION_IGN[] = {"strict", NULL};
+static const char *const N_STREAM[] = {"include_usage", NULL};
+static const char *const N_STREAM_IGN[] = {"include_obfuscation", NULL};
+static const char *const N_FORMAT[] = {"type", "json_schema", "schema", NULL};
+static const char *const N_SCHEMA[] = {"name", "schema", "strict", "description", NULL};
+static const ks__api_nested CHAT_NESTED[] = {
+    {"messages[]", N_MESSAGE, N_MESSAGE_IGN, NULL},
+    {"tools[]", N_TOOL, NULL, NULL},
+    {"tools[].function", N_FUNCTION, N_FUNCTION_IGN, NULL},
+    {"stream_options", N_STREAM, N_STREAM_IGN, NULL},
+    {"response_format", N_FORMAT, NULL, NULL},
+    {"response_format.json_schema", N_SCHEMA, NULL, NULL},
+    {NULL, NULL, NULL, NULL},
+};
+
 int ks__api_check_fields(json_t *root, ks_api_kind kind, ks_api_notes *notes, ks_api_error *err) {
     /* The other endpoint's own field would change what is generated if it
      * were honoured here: a mistake worth a 400, not a silent default. */
@@ -53,6 +77,7 @@ int ks__api_check_fields(json_t *root, ks_api_kind kind, ks_api_notes *notes, ks
             kind == KS_API_CHAT ? "/v1/completions" : "/v1/chat/completions");
     }
     ks__api_note_unknown(root, notes, COMMON_FIELDS, IGNORED_FIELDS, mine);
+    ks__api_note_nested(root, CHAT_NESTED, notes);
     return 0;
 }
 
@@ -371,7 +396,11 @@ static int parse_messages(json_t *root, ks_api_request *r, json_t *tr, ks_api_er
 
 /* ------------------------------------------------------------ tools */
 /* tools and tool_choice. A named function ({type:function, function:{name}})
- * keeps only that tool and makes the call required. */
+ * keeps only that tool and makes the call required. A tool with the kvstash
+ * extension defer_loading: true (what the Messages translation gives the
+ * tools a conversation loaded through tool search, api_msg_tools.c) may be
+ * called but is not rendered in the template's tool list: it goes to the
+ * template request's deferred_tools (chat_tmpl.h). */
 static int parse_tools(json_t *root, ks_api_request *r, json_t *tr, ks_api_error *err) {
     int rc;
     json_t *tools = ks__api_field(root, "tools");
@@ -410,8 +439,10 @@ static int parse_tools(json_t *root, ks_api_request *r, json_t *tr, ks_api_error
     if (!json_is_array(tools))
         BAD("invalid_type", "tools", "Invalid type for 'tools': expected an array, but got %s instead.",
             ks__api_json_type_name(tools));
-    json_t *out = json_array();
-    if (!out || json_object_set_new(tr, "tools", out)) return ks__api_oom(err);
+    json_t *out = json_array(), *deferred = json_array();
+    if (!out || json_object_set_new(tr, "tools", out) || !deferred ||
+        json_object_set_new(tr, "deferred_tools", deferred))
+        return ks__api_oom(err);
     size_t i;
     json_t *t;
     bool found = false;
@@ -432,6 +463,12 @@ static int parse_tools(json_t *root, ks_api_request *r, json_t *tr, ks_api_error
         json_t *cc = ks__api_field(t, "cache_control");
         snprintf(q, sizeof q, "%s.cache_control", p);
         if (cc && (rc = parse_cache_control(cc, q, -1, r, err))) return rc;
+        bool defer = false;
+        snprintf(q, sizeof q, "%s.defer_loading", p);
+        if ((rc = ks__api_get_bool(t, "defer_loading", &defer, err))) {
+            snprintf(err->param, sizeof err->param, "%s", q);
+            return rc;
+        }
         if (named && strcmp(named, json_string_value(name))) continue;
         found = true;
         json_t *f = json_pack("{s:O}", "name", name);
@@ -439,13 +476,14 @@ static int parse_tools(json_t *root, ks_api_request *r, json_t *tr, ks_api_error
         if (desc) json_object_set(f, "description", desc);
         if (params) json_object_set(f, "parameters", params);
         else json_object_set_new(f, "parameters", json_pack("{s:s, s:{}}", "type", "object", "properties"));
-        if (json_array_append_new(out, json_pack("{s:s, s:o}", "type", "function", "function", f)))
+        if (json_array_append_new(defer ? deferred : out, json_pack("{s:s, s:o}", "type", "function", "function", f)))
             return ks__api_oom(err);
     }
     if (named && !found)
         BAD("invalid_value", "tool_choice.function.name",
             "Invalid 'tool_choice': no tool is named '%.64s'.", named);
-    if (json_array_size(out) == 0) {
+    if (json_array_size(deferred) == 0) json_object_del(tr, "deferred_tools");
+    if (json_array_size(out) + json_array_size(deferred) == 0) {
         json_object_del(tr, "tools");
         if (!strcmp(mode, "required"))
             BAD("invalid_value", "tool_choice", "Invalid 'tool_choice': 'required' needs at least one tool.");

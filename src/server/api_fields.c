@@ -175,6 +175,62 @@ void ks__api_note_unknown(json_t *root, ks_api_notes *notes, const char *const *
     }
 }
 
+/* Notes a field once per request: a folded path ("tools[].x") seen on many
+ * items is one note. */
+static void note_once(ks_api_notes *notes, const char *field) {
+    for (int i = 0; i < notes->n; i++)
+        if (!strcmp(notes->v[i].field, field)) return;
+    ks_api_note(notes, field, "an unknown field");
+}
+
+/* The objects at the pattern's segments [seg, ...) from v; path: the folded
+ * path so far. */
+static void walk(json_t *v, const char *pat, char *path, size_t cap, const ks__api_nested *spec,
+                 ks_api_notes *notes) {
+    size_t len = strlen(path);
+    if (!*pat) {
+        if (!json_is_object(v)) return;
+        if (spec->when_types) {
+            const char *ty = json_string_value(json_object_get(v, "type"));
+            if (ty && !ks__api_in_list(spec->when_types, ty)) return;
+        }
+        const char *k;
+        json_t *x;
+        json_object_foreach(v, k, x) {
+            if (ks__api_in_list(spec->known, k) || (spec->ignored && ks__api_in_list(spec->ignored, k))) continue;
+            snprintf(path + len, cap - len, "%s%s", len ? "." : "", k);
+            note_once(notes, path);
+            path[len] = '\0';
+        }
+        return;
+    }
+    const char *dot = strchr(pat, '.');
+    size_t n = dot ? (size_t)(dot - pat) : strlen(pat);
+    const char *next = dot ? dot + 1 : pat + n;
+    bool each = n > 2 && !memcmp(pat + n - 2, "[]", 2);
+    char key[64];
+    snprintf(key, sizeof key, "%.*s", (int)(each ? n - 2 : n), pat);
+    json_t *c = json_is_object(v) ? json_object_get(v, key) : NULL;
+    if (!c) return;
+    snprintf(path + len, cap - len, "%s%.*s", len ? "." : "", (int)n, pat);
+    if (!each) {
+        walk(c, next, path, cap, spec, notes);
+    } else if (json_is_array(c)) {
+        size_t i;
+        json_t *e;
+        json_array_foreach(c, i, e) walk(e, next, path, cap, spec, notes);
+    }
+    path[len] = '\0';
+}
+
+void ks__api_note_nested(json_t *root, const ks__api_nested *spec, ks_api_notes *notes) {
+    if (!notes) return;
+    for (; spec->path; spec++) {
+        char path[64] = "";
+        walk(root, spec->path, path, sizeof path, spec, notes);
+    }
+}
+
 /* The body as a JSON object into *root (new reference), or 400. */
 int ks__api_load_object(const char *body, size_t len, json_t **root, ks_api_error *err) {
     json_error_t je;

@@ -50,6 +50,21 @@ int ks__api_want(json_t *v, json_type t, const char *what, const char *param, ks
 void ks__api_note_unknown(json_t *root, ks_api_notes *notes, const char *const *l1, const char *const *l2,
                           const char *const *l3);
 
+/* The fields a parser knows in a nested object (docs/SERVER.md, "Request
+ * fields", rule 5 for nested fields): path is a pattern of object keys, "[]"
+ * after one for each item of its array ("tools[]", "messages[].content[]");
+ * the object's fields in neither known nor ignored (NULL: none) are noted as
+ * unknown, folded ("tools[].defer_loading"), once per request. when_types
+ * (NULL: all): only objects whose "type" is absent or one of these. A list
+ * of these ends with a NULL path. */
+typedef struct ks__api_nested {
+    const char *path;
+    const char *const *known;
+    const char *const *ignored;
+    const char *const *when_types;
+} ks__api_nested;
+void ks__api_note_nested(json_t *root, const ks__api_nested *spec, ks_api_notes *notes);
+
 /* api_chat.c */
 /* messages[i].content of a message of role (canonical): a string, or text
  * parts joined with "\n" and image / audio parts as markers (api_media.c);
@@ -95,6 +110,28 @@ json_t *ks__api_parts_content(json_t *parts, bool has_media);
  * reference); NULL with err filled (400: a source that is not base64, a
  * media type Anthropic does not take; or ENOMEM). */
 json_t *ks__api_messages_image(json_t *blk, const char *q, ks_api_error *err);
+
+/* api_msg_tools.c: a Messages request's tools as its conversation loads
+ * them (tool search, mid-conversation tool changes; NOTES there). */
+typedef struct ks__msg_tools {
+    bool given;        /* the request has a tools array */
+    json_t *order;     /* [{function, cache_control?, deferred?}] in the request's order */
+    json_t *defs;      /* name -> chat function object {name, description?, parameters} */
+    json_t *deferred;  /* name -> true: given with defer_loading */
+    json_t *state;     /* name -> true (loaded) / false (removed), the conversation's last word */
+    json_t *added;     /* [function object] tools a tool_addition defined that tools does not */
+} ks__msg_tools;
+/* Reads and checks root's tools into t (server tools noted and dropped).
+ * Free t with ks__msg_tools_free whatever this returns. */
+int ks__msg_tools_read(json_t *root, ks__msg_tools *t, ks_api_notes *notes, ks_api_error *err);
+/* A tool result's tool_reference block at q: its text part (new reference), or NULL with err filled. */
+json_t *ks__msg_tools_reference(ks__msg_tools *t, json_t *blk, const char *q, ks_api_error *err);
+/* A system message's tool_addition or tool_removal block (ty) at q: its text
+ * part (new reference), or NULL with err filled. */
+json_t *ks__msg_tools_change(ks__msg_tools *t, json_t *blk, const char *ty, const char *q, ks_api_error *err);
+/* chat's tools: the rendered ones, then the loaded deferred and added ones with defer_loading. */
+int ks__msg_tools_to_chat(ks__msg_tools *t, json_t *chat, ks_api_error *err);
+void ks__msg_tools_free(ks__msg_tools *t);
 
 /* api.c */
 /* prompt (one or several), grammar / json_schema, logprobs, echo, suffix, best_of. */

@@ -43,6 +43,40 @@ static const char *const COUNT_FIELDS[] = {"model", "messages", "system", "tools
  * nothing a local model generates. */
 static const char *const MSG_IGNORED[] = {"metadata", "service_tier", "context_management", "container",
                                           "inference_geo", "mcp_servers", NULL};
+/* Nested objects (ks__api_nested): what each one's fields are. Ignored
+ * silently: eager_input_streaming (how finely Anthropic streams a tool's
+ * input; kvstash streams each piece as it is generated), strict (a tool
+ * call's input follows its schema here anyway: the tool grammar is built
+ * from it), thinking.display (how Anthropic's apps show thinking), citations
+ * (of documents, which a local model has none of). */
+static const char *const N_TOOL[] = {"type", "name", "description", "input_schema", "cache_control", "defer_loading",
+                                     NULL};
+static const char *const N_TOOL_IGN[] = {"eager_input_streaming", "strict", NULL};
+static const char *const N_CLIENT_TOOL[] = {"custom", NULL};
+static const char *const N_CHOICE[] = {"type", "name", "disable_parallel_tool_use", NULL};
+static const char *const N_THINKING[] = {"type", "budget_tokens", NULL};
+static const char *const N_THINKING_IGN[] = {"display", NULL};
+static const char *const N_OUTPUT[] = {"effort", "format", NULL};
+static const char *const N_FORMAT[] = {"type", "schema", NULL};
+static const char *const N_MESSAGE[] = {"role", "content", NULL};
+static const char *const N_BLOCK[] = {"type", "text", "cache_control", "source", "tool_use_id", "content", "is_error",
+                                      "id", "name", "input", "thinking", "signature", "data", "tool", NULL};
+static const char *const N_INNER[] = {"type", "text", "cache_control", "source", "tool_name", NULL};
+static const char *const N_SYSTEM[] = {"type", "text", "cache_control", NULL};
+static const char *const N_CITATIONS[] = {"citations", NULL};
+static const ks__api_nested MSG_NESTED[] = {
+    {"tools[]", N_TOOL, N_TOOL_IGN, N_CLIENT_TOOL},
+    {"tool_choice", N_CHOICE, NULL, NULL},
+    {"thinking", N_THINKING, N_THINKING_IGN, NULL},
+    {"output_config", N_OUTPUT, NULL, NULL},
+    {"output_config.format", N_FORMAT, NULL, NULL},
+    {"output_format", N_FORMAT, NULL, NULL},
+    {"system[]", N_SYSTEM, N_CITATIONS, NULL},
+    {"messages[]", N_MESSAGE, NULL, NULL},
+    {"messages[].content[]", N_BLOCK, N_CITATIONS, NULL},
+    {"messages[].content[].content[]", N_INNER, N_CITATIONS, NULL},
+    {NULL, NULL, NULL, NULL},
+};
 static const char *const PASS_FIELDS[] = {"model", "temperature", "top_p", "top_k", "stream", "seed", "min_p",
                                           "cache_prompt", "repeat_penalty", "repeat_last_n", "presence_penalty",
                                           "frequency_penalty", "ignore_eos", "id_slot", NULL};
@@ -124,8 +158,9 @@ static int content_block(json_t *blk, const char *ty, const char *q, json_t *par
     return !part || json_array_append_new(parts, part) ? ks__api_oom(err) : 0;
 }
 
-/* tool_result content: a string, or text and image blocks, into *content. */
-static int result_content(json_t *c, const char *p, json_t **content, ks_api_error *err) {
+/* tool_result content: a string, or text, image and tool_reference blocks
+ * (api_msg_tools.c), into *content. */
+static int result_content(json_t *c, const char *p, ks__msg_tools *tools, json_t **content, ks_api_error *err) {
     if (!c) c = json_string("");
     else json_incref(c);
     if (!c || json_is_string(c)) return (*content = c) ? 0 : ks__api_oom(err);
@@ -141,9 +176,13 @@ static int result_content(json_t *c, const char *p, json_t **content, ks_api_err
         char q[160];
         snprintf(q, sizeof q, "%s.%zu", p, i);
         const char *ty = json_is_object(blk) ? ks__api_str(blk, "type") : "";
-        if ((rc = content_block(blk, ty, q, parts, &media, err)) == 1) {
+        if ((rc = content_block(blk, ty, q, parts, &media, err)) == 1 && !strcmp(ty, "tool_reference")) {
+            json_t *part = ks__msg_tools_reference(tools, blk, q, err);
+            rc = !part ? (err->status == 500 ? KS_ENOMEM : KS_EINVAL)
+                       : json_array_append_new(parts, part) ? ks__api_oom(err) : 0;
+        } else if (rc == 1) {
             ks_api_error_set(err, 400, T_INVALID, "invalid_value", p,
-                             "%s: only text and image blocks are supported in a tool result.", p);
+                             "%s: only text, image and tool_reference blocks are supported in a tool result.", p);
             rc = KS_EINVAL;
         }
         if (rc) break;
@@ -154,7 +193,7 @@ static int result_content(json_t *c, const char *p, json_t **content, ks_api_err
     return rc;
 }
 
-static int user_to_chat(json_t *c, const char *p, json_t *msgs, ks_api_error *err) {
+static int user_to_chat(json_t *c, const char *p, ks__msg_tools *tools, json_t *msgs, ks_api_error *err) {
     json_t *parts = json_array();
     bool media = false;
     json_t *text_cc = NULL;
@@ -184,7 +223,7 @@ static int user_to_chat(json_t *c, const char *p, json_t *msgs, ks_api_error *er
             json_t *content = NULL;
             char rp[112];
             snprintf(rp, sizeof rp, "%s.content", q);
-            if ((rc = result_content(json_object_get(blk, "content"), rp, &content, err))) break;
+            if ((rc = result_content(json_object_get(blk, "content"), rp, tools, &content, err))) break;
             json_t *m = json_pack("{s:s, s:O, s:o}", "role", "tool", "tool_call_id", id, "content", content);
             if (m && cc) json_object_set(m, "cache_control", cc);
             if (!m || json_array_append_new(msgs, m)) {
@@ -273,22 +312,46 @@ static int assistant_to_chat(json_t *c, const char *p, json_t *msgs, ks_api_erro
 }
 
 /* A system message inside messages (Claude Code sends one for model names it
- * does not know, after the first user message): text blocks, rendered as a
- * system message where it stands. Whether the template takes a system
- * message there is the template's call; fmt_messages.c answers a refusal in
- * Anthropic's words (ks_api_msg_req.mid_system). */
-static int system_msg_to_chat(json_t *c, const char *p, json_t *msgs, ks_api_error *err) {
-    char q[96];
-    snprintf(q, sizeof q, "%s.content", p);
+ * does not know, after the first user message; and one of tool_addition and
+ * tool_removal blocks with the mid-conversation tool changes beta): text
+ * blocks and the tool changes' texts (api_msg_tools.c) joined with "\n",
+ * rendered as a system message where it stands. Whether the template takes a
+ * system message there is the template's call; fmt_messages.c answers a
+ * refusal in Anthropic's words (ks_api_msg_req.mid_system). */
+static int system_msg_to_chat(json_t *c, const char *p, ks__msg_tools *tools, json_t *msgs, ks_api_error *err) {
     ks_buf b = {0};
     json_t *cc = NULL;
-    int rc = text_blocks(c, q, &b, &cc, err);
+    int rc = 0;
+    size_t i;
+    json_t *blk;
+    json_array_foreach(c, i, blk) {
+        char q[112];
+        snprintf(q, sizeof q, "%s.content.%zu", p, i);
+        const char *ty = json_is_object(blk) ? ks__api_str(blk, "type") : "";
+        if (!strcmp(ty, "tool_addition") || !strcmp(ty, "tool_removal")) {
+            json_t *part = ks__msg_tools_change(tools, blk, ty, q, err);
+            if (!part) {
+                rc = err->status == 500 ? KS_ENOMEM : KS_EINVAL;
+                break;
+            }
+            rc = join(&b, ks__api_str(part, "text")) ? ks__api_oom(err) : 0;
+            json_decref(part);
+        } else if (strcmp(ty, "text") || !json_is_string(json_object_get(blk, "text"))) {
+            ks_api_error_set(err, 400, T_INVALID, "invalid_value", q,
+                             "%s: expected a text, tool_addition or tool_removal block.", q);
+            rc = KS_EINVAL;
+        } else {
+            rc = join(&b, ks__api_str(blk, "text")) ? ks__api_oom(err) : 0;
+        }
+        if (rc) break;
+        if (json_object_get(blk, "cache_control")) cc = json_object_get(blk, "cache_control");
+    }
     if (!rc) rc = push_system(msgs, &b, cc, err);
     ks_buf_free(&b);
     return rc;
 }
 
-static int messages_to_chat(json_t *root, json_t *msgs, int *mid_system, ks_api_error *err) {
+static int messages_to_chat(json_t *root, ks__msg_tools *tools, json_t *msgs, int *mid_system, ks_api_error *err) {
     json_t *ms = ks__api_field(root, "messages");
     if (!ms) BAD("missing_required_parameter", "messages", "messages: Field required");
     int rc = ks__api_want(ms, JSON_ARRAY, "an array", "messages", err);
@@ -315,8 +378,8 @@ static int messages_to_chat(json_t *root, json_t *msgs, int *mid_system, ks_api_
             BAD("invalid_type", q, "%s: expected a string or an array of content blocks, but got %s instead.", q,
                 ks__api_json_type_name(c));
         }
-        rc = !strcmp(role, "user")     ? user_to_chat(blocks, p, msgs, err)
-             : !strcmp(role, "system") ? system_msg_to_chat(blocks, p, msgs, err)
+        rc = !strcmp(role, "user")     ? user_to_chat(blocks, p, tools, msgs, err)
+             : !strcmp(role, "system") ? system_msg_to_chat(blocks, p, tools, msgs, err)
                                        : assistant_to_chat(blocks, p, msgs, err);
         json_decref(blocks);
         if (rc) return rc;
@@ -324,55 +387,10 @@ static int messages_to_chat(json_t *root, json_t *msgs, int *mid_system, ks_api_
     return 0;
 }
 
-/* ------------------------------------------------------------ tools */
-/* Anthropic's server tools run on Anthropic's side (the model calls them and
- * Anthropic executes them): a local model cannot, so they are dropped from the
- * request with a note rather than refusing it. The Anthropic-defined client
- * tools (bash_*, text_editor_*, computer_*, memory_*) run on the client with
- * schemas kvstash does not know: still a 400. */
-static bool server_tool(const char *type) {
-    static const char *const pfx[] = {"web_search_", "web_fetch_", "code_execution_", "tool_search_tool_", NULL};
-    for (const char *const *p = pfx; *p; p++)
-        if (!strncmp(type, *p, strlen(*p))) return true;
-    return false;
-}
-
-static int tools_to_chat(json_t *root, json_t *chat, ks_api_notes *notes, ks_api_error *err) {
-    json_t *tools = ks__api_field(root, "tools");
+/* ------------------------------------------------------------ tool choice */
+static int tool_choice_to_chat(json_t *root, json_t *chat, ks_api_error *err) {
     json_t *tc = ks__api_field(root, "tool_choice");
     int rc;
-    if (tools) {
-        if ((rc = ks__api_want(tools, JSON_ARRAY, "an array", "tools", err))) return rc;
-        json_t *out = json_array();
-        if (!out || json_object_set_new(chat, "tools", out)) return ks__api_oom(err);
-        size_t i;
-        json_t *t;
-        json_array_foreach(tools, i, t) {
-            char p[48];
-            snprintf(p, sizeof p, "tools.%zu", i);
-            if ((rc = ks__api_want(t, JSON_OBJECT, "an object", p, err))) return rc;
-            const char *ty = json_string_value(json_object_get(t, "type"));
-            if (ty && server_tool(ty)) {
-                char what[64];
-                snprintf(what, sizeof what, "a server tool (%.40s)", ty);
-                ks_api_note(notes, p, what);
-                continue;
-            }
-            if (ty && strcmp(ty, "custom"))
-                BAD("invalid_value", p, "%s: '%.40s' tools are defined by Anthropic and not supported here; give "
-                    "client tools (name, description, input_schema).", p, ty);
-            json_t *name = json_object_get(t, "name"), *schema = json_object_get(t, "input_schema");
-            if (!json_is_string(name)) BAD("invalid_value", p, "%s.name: Field required (a string)", p);
-            if (!json_is_object(schema)) BAD("invalid_value", p, "%s.input_schema: Field required (an object)", p);
-            json_t *fn = json_pack("{s:O, s:O}", "name", name, "parameters", schema);
-            json_t *d = json_object_get(t, "description");
-            if (fn && json_is_string(d)) json_object_set(fn, "description", d);
-            json_t *o = fn ? json_pack("{s:s, s:o}", "type", "function", "function", fn) : NULL;
-            json_t *cc = json_object_get(t, "cache_control");
-            if (o && cc) json_object_set(o, "cache_control", cc);
-            if (!o || json_array_append_new(out, o)) return ks__api_oom(err);
-        }
-    }
     if (!tc) return 0;
     if ((rc = ks__api_want(tc, JSON_OBJECT, "an object", "tool_choice", err))) return rc;
     const char *ty = ks__api_str(tc, "type");
@@ -434,10 +452,16 @@ int ks_api_messages_to_chat(json_t *root, bool count, ks_api_msg_req *out, ks_ap
     out->mid_system = -1;
     int rc;
     ks__api_note_unknown(root, &out->notes, count ? COUNT_FIELDS : MSG_FIELDS, MSG_IGNORED, NULL);
+    ks__api_note_nested(root, MSG_NESTED, &out->notes);
+    ks__msg_tools tools;
     json_t *chat = json_object(), *msgs = json_array();
+    rc = ks__msg_tools_read(root, &tools, &out->notes, err);
+    if (rc) goto fail;
     if (!chat || !msgs || json_object_set(chat, "messages", msgs)) goto oom;
-    if ((rc = system_to_chat(root, msgs, err)) || (rc = messages_to_chat(root, msgs, &out->mid_system, err)) ||
-        (rc = tools_to_chat(root, chat, &out->notes, err)) || (rc = output_to_chat(root, chat, err)))
+    if ((rc = system_to_chat(root, msgs, err)) ||
+        (rc = messages_to_chat(root, &tools, msgs, &out->mid_system, err)) ||
+        (rc = ks__msg_tools_to_chat(&tools, chat, err)) || (rc = tool_choice_to_chat(root, chat, err)) ||
+        (rc = output_to_chat(root, chat, err)))
         goto fail;
     if (!count) {
         json_t *mt = ks__api_field(root, "max_tokens");
@@ -475,11 +499,13 @@ int ks_api_messages_to_chat(json_t *root, bool count, ks_api_msg_req *out, ks_ap
         if (json_object_set_new(chat, "enable_thinking", json_boolean(strcmp(ty, "disabled") != 0))) goto oom;
     }
     json_decref(msgs);
+    ks__msg_tools_free(&tools);
     out->chat = chat;
     return 0;
 oom:
     rc = ks__api_oom(err);
 fail:
+    ks__msg_tools_free(&tools);
     json_decref(msgs);
     json_decref(chat);
     return rc;

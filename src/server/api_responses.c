@@ -43,6 +43,22 @@ static const char *const RESP_IGNORED[] = {
  * what is generated. n: a chat field, several choices (not in Responses). */
 static const char *const RESP_REFUSED[] = {"n", "conversation", "prompt", NULL};
 /* Passed to the chat request as they are. */
+/* Nested objects (ks__api_nested). Ignored silently: reasoning.summary and
+ * generate_summary (what OpenAI's service writes about its reasoning),
+ * text.verbosity (a hosted model's steering; Codex sends it), a format's
+ * strict and description (the schema is followed anyway). */
+static const char *const N_REASONING[] = {"effort", NULL};
+static const char *const N_REASONING_IGN[] = {"summary", "generate_summary", NULL};
+static const char *const N_TEXT[] = {"format", NULL};
+static const char *const N_TEXT_IGN[] = {"verbosity", NULL};
+static const char *const N_FORMAT[] = {"type", "schema", "name", NULL};
+static const char *const N_FORMAT_IGN[] = {"strict", "description", NULL};
+static const ks__api_nested RESP_NESTED[] = {
+    {"reasoning", N_REASONING, N_REASONING_IGN, NULL},
+    {"text", N_TEXT, N_TEXT_IGN, NULL},
+    {"text.format", N_FORMAT, N_FORMAT_IGN, NULL},
+    {NULL, NULL, NULL, NULL},
+};
 static const char *const PASS_FIELDS[] = {
     "model", "temperature", "top_p", "stream", "parallel_tool_calls", "seed", "top_k", "min_p", "cache_prompt",
     "repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty", "ignore_eos",
@@ -487,6 +503,7 @@ int ks_api_responses_to_chat(json_t *root, const json_t *history, ks_api_resp_re
             "or prompts, and one response has one output; docs/SERVER.md).", k);
     }
     ks__api_note_unknown(root, &out->notes, RESP_FIELDS, RESP_IGNORED, RESP_REFUSED);
+    ks__api_note_nested(root, RESP_NESTED, &out->notes);
     json_t *bg = ks__api_field(root, "background");
     if (bg && !json_is_false(bg))
         BAD("unsupported_value", "background", "Invalid 'background': background responses are not supported.");

@@ -212,6 +212,47 @@ static void test_qwen25_grammar(void **st) {
     ks_chat_tmpl_free(t);
 }
 
+/* deferred_tools (chat_tmpl.h note 4): a deferred tool is not in the
+ * rendered prompt, its name is in the grammar, and a call to it parses as a
+ * call; the prompt equals the one rendered without it, on two templates of
+ * other tool formats. */
+static void test_deferred_tools(void **st) {
+    (void)st;
+    static const char *const names[] = {"Qwen-Qwen2.5-7B-Instruct", "Qwen3-Coder"};
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
+        ks_chat_tmpl *t = open_template(names[k]);
+        json_t *req = conversation("auto");
+        json_t *plain = apply_ok(t, req, names[k]);
+        json_object_set_new(req, "deferred_tools",
+                            json_pack("[{s:s, s:{s:s, s:s, s:{s:s, s:{s:{s:s}}}}}]", "type", "function", "function",
+                                      "name", "fetch_page", "description", "Fetches a web page", "parameters",
+                                      "type", "object", "properties", "url", "type", "string"));
+        json_t *r = apply_ok(t, req, names[k]);
+        assert_string_equal(str_of(r, "prompt"), str_of(plain, "prompt"));
+        assert_null(strstr(str_of(r, "prompt"), "fetch_page"));
+        assert_contains(str_of(r, "grammar"), "fetch_page", names[k]);
+        assert_contains(str_of(r, "grammar"), "get_weather", names[k]);
+        assert_null(strstr(str_of(plain, "grammar"), "fetch_page"));
+        assert_string_equal(str_of(r, "generation_prompt"), str_of(plain, "generation_prompt"));
+        json_decref(r);
+        /* No listed tool at all: the prompt has no tool section, the grammar has the deferred one. */
+        json_object_del(req, "tools");
+        json_t *bare = json_deep_copy(req);
+        json_object_del(bare, "deferred_tools");
+        json_t *rb = apply_ok(t, bare, names[k]);
+        r = apply_ok(t, req, names[k]);
+        assert_string_equal(str_of(r, "prompt"), str_of(rb, "prompt"));
+        assert_contains(str_of(r, "grammar"), "fetch_page", names[k]);
+        assert_true(json_is_true(json_object_get(json_object_get(r, "parse"), "parse_tool_calls")));
+        json_decref(r);
+        json_decref(rb);
+        json_decref(bare);
+        json_decref(plain);
+        json_decref(req);
+        ks_chat_tmpl_free(t);
+    }
+}
+
 /* Parses text with the parse options of a Qwen2.5 tool request. Owned. */
 static json_t *qwen25_parse(const char *text, bool partial) {
     ks_chat_tmpl *t = open_template("Qwen-Qwen2.5-7B-Instruct");
@@ -548,6 +589,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_templates_render_tool_conversation),
         cmocka_unit_test(test_qwen25_grammar),
+        cmocka_unit_test(test_deferred_tools),
         cmocka_unit_test(test_qwen25_parse_tool_call),
         cmocka_unit_test(test_qwen3_reasoning),
         cmocka_unit_test(test_json_schema),

@@ -409,6 +409,148 @@ static void test_messages_field_policy(void **state) {
     json_decref(root);
 }
 
+/* Claude Code 2.1.332's tool search (captured): deferred tools are not in
+ * chat's tools until a tool_reference loads one; the reference renders the
+ * tool's definition as text in the tool result; the loaded tool goes to chat
+ * with defer_loading (callable, not rendered). The mid-conversation tool
+ * changes: tool_addition (a definition, a reference) and tool_removal in a
+ * system message render as text and change what may be called. */
+static void test_messages_tool_search(void **state) {
+    (void)state;
+    const char *tools = "\"tools\":[{\"name\":\"Read\",\"input_schema\":{\"type\":\"object\"}},"
+                        "{\"name\":\"ToolSearch\",\"input_schema\":{\"type\":\"object\"}},"
+                        "{\"name\":\"WebFetch\",\"description\":\"Fetch\",\"input_schema\":{\"type\":\"object\"},"
+                        "\"defer_loading\":true},"
+                        "{\"name\":\"DeferredToolPlaceholder\",\"input_schema\":{\"type\":\"object\"},"
+                        "\"defer_loading\":true,\"cache_control\":{\"type\":\"ephemeral\"}}]";
+    char body[2048];
+    /* Turn 1: nothing loaded. The placeholder's breakpoint moves to the last rendered tool. */
+    snprintf(body, sizeof body, "{\"max_tokens\":8,%s,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", tools);
+    json_t *root = J(body);
+    ks_api_msg_req mr;
+    ks_api_error err;
+    assert_int_equal(ks_api_messages_to_chat(root, false, &mr, &err), 0);
+    assert_json(json_object_get(mr.chat, "tools"),
+                "[{\"type\":\"function\",\"function\":{\"name\":\"Read\",\"parameters\":{\"type\":\"object\"}}},"
+                "{\"type\":\"function\",\"function\":{\"name\":\"ToolSearch\",\"parameters\":{\"type\":\"object\"}},"
+                "\"cache_control\":{\"type\":\"ephemeral\"}}]");
+    ks_api_msg_req_free(&mr);
+    json_decref(root);
+    /* Turn 2: ToolSearch's result references WebFetch. */
+    snprintf(body, sizeof body,
+             "{\"max_tokens\":8,%s,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},"
+             "{\"role\":\"assistant\",\"content\":[{\"type\":\"tool_use\",\"id\":\"t0\",\"name\":\"ToolSearch\","
+             "\"input\":{\"query\":\"select:WebFetch\"}}]},"
+             "{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\",\"tool_use_id\":\"t0\",\"content\":"
+             "[{\"type\":\"tool_reference\",\"tool_name\":\"WebFetch\"}]}]}]}", tools);
+    root = J(body);
+    assert_int_equal(ks_api_messages_to_chat(root, false, &mr, &err), 0);
+    json_t *msgs = json_object_get(mr.chat, "messages");
+    assert_json(json_array_get(msgs, 2),
+                "{\"role\":\"tool\",\"tool_call_id\":\"t0\",\"content\":\"Tool loaded: {\\\"type\\\":\\\"function\\\","
+                "\\\"function\\\":{\\\"name\\\":\\\"WebFetch\\\",\\\"description\\\":\\\"Fetch\\\",\\\"parameters\\\":"
+                "{\\\"type\\\":\\\"object\\\"}}}\"}");
+    json_t *ct = json_object_get(mr.chat, "tools");
+    assert_int_equal(json_array_size(ct), 3);
+    assert_true(json_is_true(json_object_get(json_array_get(ct, 2), "defer_loading")));
+    assert_string_equal(json_string_value(json_object_get(json_object_get(json_array_get(ct, 2), "function"), "name")),
+                        "WebFetch");
+    /* chat: WebFetch is callable, not listed. */
+    ks_api_request rq;
+    assert_int_equal(ks_api_parse_root(KS_API_CHAT, json_incref(mr.chat), &rq, &err), 0);
+    assert_int_equal(json_array_size(json_object_get(rq.tmpl_req, "tools")), 2);
+    assert_int_equal(json_array_size(json_object_get(rq.tmpl_req, "deferred_tools")), 1);
+    assert_true(rq.has_tools);
+    ks_api_request_free(&rq);
+    ks_api_msg_req_free(&mr);
+    json_decref(root);
+    /* Tool changes in a system message: a new tool by definition, WebFetch by
+     * reference, then Read and the new tool removed. */
+    snprintf(body, sizeof body,
+             "{\"max_tokens\":8,%s,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},"
+             "{\"role\":\"system\",\"content\":[{\"type\":\"text\",\"text\":\"note\"},{\"type\":\"tool_addition\","
+             "\"tool\":{\"type\":\"tool_definition\",\"definition\":{\"name\":\"mcp__x\",\"input_schema\":"
+             "{\"type\":\"object\"}}}},{\"type\":\"tool_addition\",\"tool\":{\"type\":\"tool_reference\",\"name\":"
+             "\"WebFetch\"}}]},{\"role\":\"assistant\",\"content\":\"ok\"},"
+             "{\"role\":\"system\",\"content\":[{\"type\":\"tool_removal\",\"tool\":{\"type\":\"tool_reference\","
+             "\"name\":\"Read\"}},{\"type\":\"tool_removal\",\"tool\":{\"type\":\"tool_reference\",\"name\":"
+             "\"mcp__x\"}}]},{\"role\":\"user\",\"content\":\"go\"}]}", tools);
+    root = J(body);
+    assert_int_equal(ks_api_messages_to_chat(root, false, &mr, &err), 0);
+    msgs = json_object_get(mr.chat, "messages");
+    assert_json(json_array_get(msgs, 1),
+                "{\"role\":\"system\",\"content\":\"note\\nTool added: {\\\"type\\\":\\\"function\\\",\\\"function\\\":"
+                "{\\\"name\\\":\\\"mcp__x\\\",\\\"parameters\\\":{\\\"type\\\":\\\"object\\\"}}}\\nTool added: "
+                "{\\\"type\\\":\\\"function\\\",\\\"function\\\":{\\\"name\\\":\\\"WebFetch\\\",\\\"description\\\":"
+                "\\\"Fetch\\\",\\\"parameters\\\":{\\\"type\\\":\\\"object\\\"}}}\"}");
+    assert_json(json_array_get(msgs, 3), "{\"role\":\"system\",\"content\":\"Tool removed: Read\\nTool removed: mcp__x\"}");
+    ct = json_object_get(mr.chat, "tools");
+    /* Read stays listed (the prompt's prefix), WebFetch loaded, mcp__x gone again. */
+    assert_int_equal(json_array_size(ct), 3);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(json_array_get(ct, 2), "function"), "name")),
+                        "WebFetch");
+    assert_int_equal(mr.mid_system, 1);
+    ks_api_msg_req_free(&mr);
+    json_decref(root);
+    /* A reference to a tool the request does not define renders its name and loads nothing. */
+    root = J("{\"max_tokens\":8,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\","
+             "\"tool_use_id\":\"t\",\"content\":[{\"type\":\"tool_reference\",\"tool_name\":\"Gone\"}]}]}]}");
+    assert_int_equal(ks_api_messages_to_chat(root, false, &mr, &err), 0);
+    assert_json(json_array_get(json_object_get(mr.chat, "messages"), 0),
+                "{\"role\":\"tool\",\"tool_call_id\":\"t\",\"content\":\"Tool loaded: {\\\"type\\\":\\\"function\\\","
+                "\\\"function\\\":{\\\"name\\\":\\\"Gone\\\"}}\"}");
+    assert_null(json_object_get(mr.chat, "tools"));
+    ks_api_msg_req_free(&mr);
+    json_decref(root);
+    /* Malformed: a reference without a name, a tool_addition of another shape, defer_loading not a boolean. */
+    expect_msg_error("{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\","
+                     "\"tool_use_id\":\"t\",\"content\":[{\"type\":\"tool_reference\"}]}]}]}",
+                     false, "messages.0.content.0.content.0");
+    expect_msg_error("{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"system\","
+                     "\"content\":[{\"type\":\"tool_addition\",\"tool\":{\"type\":\"other\"}}]}]}",
+                     false, "messages.1.content.0.tool");
+    expect_msg_error("{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"system\","
+                     "\"content\":[{\"type\":\"tool_addition\",\"tool\":{\"type\":\"tool_definition\",\"definition\":"
+                     "{\"name\":\"x\"}}}]}]}",
+                     false, "messages.1.content.0.tool.definition");
+    expect_msg_error("{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"name\":"
+                     "\"a\",\"input_schema\":{},\"defer_loading\":\"yes\"}]}",
+                     false, "tools.0.defer_loading");
+}
+
+/* Nested fields (issue 40): an unknown one is noted once per folded path,
+ * however many items carry it; the ones docs/SERVER.md lists as ignored are
+ * not noted; server tools' own fields are not checked. */
+static void test_nested_fields(void **state) {
+    (void)state;
+    json_t *root = J("{\"max_tokens\":8,\"thinking\":{\"type\":\"enabled\",\"budget_tokens\":9,\"display\":\"x\","
+                     "\"zzz\":1},\"tools\":[{\"name\":\"a\",\"input_schema\":{},\"eager_input_streaming\":true,"
+                     "\"frob\":1},{\"name\":\"b\",\"input_schema\":{},\"frob\":2,\"strict\":true},"
+                     "{\"type\":\"web_search_20250305\",\"name\":\"web_search\",\"max_uses\":3}],"
+                     "\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"x\",\"flair\":1}]}]}");
+    ks_api_msg_req mr;
+    ks_api_error err;
+    assert_int_equal(ks_api_messages_to_chat(root, false, &mr, &err), 0);
+    assert_int_equal(mr.notes.n, 4);
+    assert_string_equal(mr.notes.v[0].field, "tools[].frob");
+    assert_string_equal(mr.notes.v[0].what, "an unknown field");
+    assert_string_equal(mr.notes.v[1].field, "thinking.zzz");
+    assert_string_equal(mr.notes.v[2].field, "messages[].content[].flair");
+    assert_string_equal(mr.notes.v[3].field, "tools.2");
+    ks_api_msg_req_free(&mr);
+    json_decref(root);
+    /* Chat: messages, tools and their functions. */
+    root = J("{\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"refusal\":null,\"weight\":1}],"
+             "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"strict\":true,\"examples\":[]}}],"
+             "\"stream_options\":{\"include_usage\":true,\"include_obfuscation\":false}}");
+    ks_api_request rq;
+    assert_int_equal(ks_api_parse_root(KS_API_CHAT, root, &rq, &err), 0);
+    assert_int_equal(rq.notes.n, 2);
+    assert_string_equal(rq.notes.v[0].field, "messages[].weight");
+    assert_string_equal(rq.notes.v[1].field, "tools[].function.examples");
+    ks_api_request_free(&rq);
+}
+
 static void test_messages_errors(void **state) {
     (void)state;
     expect_msg_error("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", false, "max_tokens");
@@ -543,6 +685,7 @@ int main(void) {
         cmocka_unit_test(test_responses_items),   cmocka_unit_test(test_responses_errors),
         cmocka_unit_test(test_responses_stream),  cmocka_unit_test(test_responses_output),
         cmocka_unit_test(test_messages_translate), cmocka_unit_test(test_messages_errors),
+        cmocka_unit_test(test_messages_tool_search), cmocka_unit_test(test_nested_fields),
         cmocka_unit_test(test_messages_output),   cmocka_unit_test(test_chat_breakpoints),
         cmocka_unit_test(test_responses_field_policy), cmocka_unit_test(test_messages_field_policy),
     };
