@@ -92,7 +92,8 @@ void ks_serve_usage(FILE *f) {
             "  --media-fetch-hosts LIST  fetch http(s):// image URLs from these hosts, comma-separated,\n"
             "                            * for any (media.fetch_hosts; default: none, remote URLs refused);\n"
             "                            --media-fetch-timeout-ms N: per fetch, 100..600000 (default 10000)\n"
-            "  --max-tokens N            max_tokens of requests that give none (default 2048;\n"
+            "  --max-tokens N            max_tokens of requests that give none (default -1: until an\n"
+            "                            end of generation or the context's end, as llama-server;\n"
             "                            always capped by the context left after the prompt)\n"
             "  --alias NAME              model id in /v1/models and responses (default: the model's name)\n"
             "  --chat-template FILE      Jinja chat template to use instead of the GGUF's\n"
@@ -275,7 +276,13 @@ int ks_serve_parse_flags(int argc, char **argv, ks_serve_flags *f) {
             if (ks_cli_parse_int(CMD, "--media-fetch-timeout-ms", optarg, 100, 600000, &f->media_fetch_timeout))
                 return 2;
             break;
-        case O_MAXTOK: if (ks_cli_parse_int(CMD, "--max-tokens", optarg, 1, 1 << 24, &f->max_tokens)) return 2; break;
+        case O_MAXTOK:
+            if (ks_cli_parse_int(CMD, "--max-tokens", optarg, -1, 1 << 24, &f->max_tokens)) return 2;
+            if (f->max_tokens == 0) {
+                fprintf(stderr, "kvstash serve: --max-tokens: expected -1 (until the end) or 1..%d, got 0\n", 1 << 24);
+                return 2;
+            }
+            break;
         case O_ALIAS: f->alias = optarg; break;
         case O_TIMEOUT: if (ks_cli_parse_int(CMD, "--timeout", optarg, 0, 86400, &f->timeout)) return 2; break;
         case O_SHUTDOWN: if (ks_cli_parse_int(CMD, "--shutdown-timeout", optarg, 0, 3600000, &f->shutdown_ms)) return 2; break;

@@ -205,6 +205,9 @@ typedef struct ks_req_result {
     const float *logits;   /* want_logits: the first sampled token's logits (n_vocab), borrowed
                               for the duration of on_done; else NULL */
     int n_vocab;
+    /* Not the scheduler's: the HTTP server's note for the reply's cache
+     * object (the scheduler leaves it false). */
+    bool tools_ignored;    /* the request's tools were not rendered: the chat template renders none */
 } ks_req_result;
 
 typedef struct ks_req_params {

@@ -315,6 +315,8 @@ json_t *ks_api_cache_json(const ks_req_result *r) {
     /* cache_control breakpoints: what this request wrote, how deep the pinned prefix is. */
     if (o && r->n_cache_written > 0) json_object_set_new(o, "written_tokens", json_integer(r->n_cache_written));
     if (o && r->n_pinned > 0) json_object_set_new(o, "pinned_tokens", json_integer(r->n_pinned));
+    /* The request's tools were not rendered (a template without tools): no tool call can come. */
+    if (o && r->tools_ignored) json_object_set_new(o, "tools_ignored", json_true());
     return o;
 }
 

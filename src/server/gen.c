@@ -31,6 +31,7 @@
  *      stopped by on_token: its result, log line and metrics say "cancel".
  */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,6 +95,7 @@ struct ks_gen {
     int32_t *preserved;            /* tokens the output shows as text (sorted) */
     int n_preserved;
     int top_logprobs;
+    bool tools_ignored;            /* the plan's: set on each choice's result */
 
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -156,6 +158,7 @@ ks_gen *ks__gen_create(ks_server *s, const ks_fmt *fmt, void *st, const ks_api_r
     g->stream = rq->stream;
     g->top_logprobs = rq->top_logprobs;
     g->n_prompts = pl->n_prompts;
+    g->tools_ignored = pl->tools_ignored;
     ks_api_make_id(g->id, sizeof g->id, fmt->id_prefix);
     if (pl->templated) {
         /* The gen keeps what parsing needs after the plan is gone. */
@@ -280,10 +283,11 @@ static void on_done(void *ud, const ks_req_result *r) {
     double tps = r->gen_ms > 0 ? 1e3 * r->n_generated / r->gen_ms : 0.0;
     char which[16] = "";
     if (g->n_ch > 1) snprintf(which, sizeof which, "[%d]", c->index);
-    KS_INFO(MOD, "%s%s slot %d: prompt %d tok, cached %d (%.0f%%), ttft %.1f ms, %d tok at %.1f tok/s, "
+    /* Floored to a tenth: 99.96% is not "100%" while a token was prefilled. */
+    double pct = r->n_prompt ? floor(1000.0 * r->n_cached / r->n_prompt) / 10.0 : 0.0;
+    KS_INFO(MOD, "%s%s slot %d: prompt %d tok, cached %d (%.1f%%), ttft %.1f ms, %d tok at %.1f tok/s, "
                  "finish %s, cache %.*s%s%.*s",
-            g->id, which, r->slot, r->n_prompt, r->n_cached,
-            r->n_prompt ? 100.0 * r->n_cached / r->n_prompt : 0.0, r->ttft_ms, r->n_generated, tps,
+            g->id, which, r->slot, r->n_prompt, r->n_cached, pct, r->ttft_ms, r->n_generated, tps,
             finish, (int)sizeof r->cache_mode, r->cache_mode, r->cache_reason[0] ? " / " : "",
             (int)sizeof r->cache_reason, r->cache_reason);
     if (r->finish == KS_FINISH_ERROR)
@@ -295,6 +299,7 @@ static void on_done(void *ud, const ks_req_result *r) {
     KS_ASSERT(!c->done && g->n_done < g->n_ch); /* H2: one on_done per choice */
     c->res = *r;
     c->res.logits = NULL; /* borrowed for this call only */
+    c->res.tools_ignored = g->tools_ignored;
     c->stopped = stopped;
     c->stop_index = ks_textstream_stop_index(c->ts);
     c->done = true;

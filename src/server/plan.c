@@ -318,8 +318,10 @@ int ks__plan_fit(ks_server *s, const ks_api_request *rq, ks_plan *pl, ks_api_err
         if (n_prompt >= n_ctx) return ks__plan_ctx_error(s, rq, e, "resulted in %d tokens", n_prompt);
         if (n_prompt > longest) longest = n_prompt;
     }
+    /* No max_tokens and no --max-tokens: until the end of generation or of
+     * the context, as llama-server (its n_predict -1). */
     pl->max_tokens = rq->max_tokens > 0 ? rq->max_tokens : s->default_max_tokens;
-    if (pl->max_tokens > n_ctx - longest) pl->max_tokens = n_ctx - longest;
+    if (pl->max_tokens <= 0 || pl->max_tokens > n_ctx - longest) pl->max_tokens = n_ctx - longest;
     return 0;
 }
 

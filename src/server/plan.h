@@ -31,6 +31,7 @@ typedef struct ks_plan {
     int max_tokens;
     ks_cache_pin pins[KS_API_MAX_BREAKPOINTS]; /* the cache breakpoints' prefixes, ascending */
     int n_pins;
+    bool tools_ignored;            /* the request has tools the chat template rendered none of */
 } ks_plan;
 
 /* Frees what the plan holds and zeroes it. Idempotent. */

@@ -17,6 +17,7 @@
 #include "server/gen.h"
 #include "server/keyring.h"
 #include "server/plan.h"
+#include "server/refusals.h"
 
 #define MOD "http"
 
@@ -99,6 +100,14 @@ static enum MHD_Result run(ks_server *s, struct MHD_Connection *c, conn *cn, con
         goto fail;
     }
     double t_prompt = ks_now_ms();
+    /* Tools the template rendered none of (no tool grammar came back): the
+     * reply can hold no tool call. Said in the log (once per route, as a
+     * field ignored) and in the reply's cache object. */
+    if (pl.templated && rq->has_tools && !pl.tp.grammar) {
+        pl.tools_ignored = true;
+        ks_refusals_ignored(s->refusals, cn->method, cn->url, "tools",
+                            "tools the chat template cannot render:");
+    }
     if (ks__plan_fit(s, rq, &pl, &e) || ks__plan_bias(s, rq, &pl, &e) || ks__plan_grammar(s, rq, &pl, &e)) goto fail;
     double t_grammar = ks_now_ms();
     if (pl.templated) ks__plan_pins(s, rq, &pl);

@@ -102,6 +102,10 @@ static const route ROUTES[] = {
     {"/responses", R_RESPONSES, M_POST, &ks__fmt_responses},
     {"/v1/messages", R_MESSAGES, M_POST, &ks__fmt_messages},
     {"/v1/messages/count_tokens", R_COUNT_TOKENS, M_POST, &ks__fmt_messages},
+    /* AI-SDK Anthropic clients (cline) append /messages to the base URL, and
+     * the base URL Claude Code takes has no /v1. */
+    {"/messages", R_MESSAGES, M_POST, &ks__fmt_messages},
+    {"/messages/count_tokens", R_COUNT_TOKENS, M_POST, &ks__fmt_messages},
 };
 
 static const char *allowed(const route *rt) {
@@ -305,6 +309,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         /* the route's path when there is one: the log then names one cause per
          * route, whatever query string came with it */
         snprintf(cn->url, sizeof cn->url, "%s", cn->rt ? cn->rt->path : url);
+        /* An unknown path is logged as sent: no control character of it
+         * reaches the log (a newline would forge a line). */
+        for (char *u = cn->url; *u; u++)
+            if ((unsigned char)*u < 0x20 || *u == 0x7f) *u = '?';
         cn->http11 = !strcmp(version, MHD_HTTP_VERSION_1_1);
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
         const char *why = bad_framing(c, cn->http11);
@@ -400,7 +408,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     (void)s;
     if (!cn) return;
     if (cn->g) ks__gen_request_done(cn->g, toe == MHD_REQUEST_TERMINATED_COMPLETED_OK);
-    KS_DEBUG(MOD, "%s -> %d in %.1f ms%s", cn->rt ? cn->rt->path : "?", cn->status, ks_now_ms() - cn->t0,
+    KS_DEBUG(MOD, "%s -> %d in %.1f ms%s", cn->rt ? cn->rt->path : cn->url, cn->status, ks_now_ms() - cn->t0,
              toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (terminated early)");
     ks_buf_free(&cn->body);
     free(cn);
@@ -460,7 +468,7 @@ ks_server_params ks_server_params_default(void) {
     p.host = "127.0.0.1";
     p.port = 8080;
     p.max_body_bytes = 16 << 20;
-    p.default_max_tokens = 2048;
+    p.default_max_tokens = -1;
     p.max_connections = 256;
     p.timeout_s = 600;
     p.header_timeout_s = 30;
@@ -476,7 +484,7 @@ ks_server_params ks_server_params_default(void) {
 int ks_server_start(const ks_server_params *p, ks_server **out, char *err, size_t errlen) {
     *out = NULL;
     if (!p->engine || !p->sched || p->port < 0 || p->port > 65535 || p->max_body_bytes <= 0 ||
-        p->default_max_tokens < 1 || p->max_connections < 1 || p->max_connections > KS_SERVER_CONN_MAX ||
+        p->default_max_tokens == 0 || p->default_max_tokens < -1 || p->max_connections < 1 || p->max_connections > KS_SERVER_CONN_MAX ||
         p->max_connections_per_client < 0 || p->max_connections_per_client > p->max_connections ||
         p->timeout_s < 0 || p->header_timeout_s < 1 || p->responses_max < 0 || p->responses_ttl_s < 0) {
         ks_set_err(err, errlen, "invalid server parameters");
@@ -598,6 +606,18 @@ int ks_server_start(const ks_server_params *p, ks_server **out, char *err, size_
             KS_WARN("http", "the model's chat template cannot be used (%s): chat falls back to llama.cpp's built-in "
                             "templates, without tools or structured output", terr[0] ? terr : ks_strerror(trc));
         ks_presize_probe(s->tmpl, &s->presize);
+        char *info = NULL;
+        if (s->tmpl && !ks_chat_tmpl_info(s->tmpl, &info, terr, sizeof terr)) {
+            json_t *j = json_loads(info, 0, NULL);
+            json_t *caps = json_object_get(j, "caps");
+            if (caps && !json_is_true(json_object_get(caps, "supports_tools")) &&
+                !json_is_true(json_object_get(caps, "supports_tool_calls")))
+                KS_WARN("http", "the model's chat template renders no tools: a request with tools is answered "
+                                "without them (no tool calls; the reply's cache.tools_ignored says so). Give a "
+                                "template that does with --chat-template");
+            json_decref(j);
+        }
+        free(info);
     }
     /* The server's own sources; the caller's (SPC, store) are already in the
      * registry. Sources are only added before the daemon starts (metrics.h). */

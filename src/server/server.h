@@ -126,7 +126,8 @@ typedef struct ks_server_params {
     const char *model_name;   /* id in /v1/models and responses; NULL: the engine's name */
     int64_t max_body_bytes;   /* larger bodies get 413 (default 16 MiB) */
     int default_max_tokens;   /* for requests without max_tokens, capped at the context
-                                 left after the prompt (default 2048) */
+                                 left after the prompt; -1 (default): until an end of
+                                 generation or the context's end, as llama-server */
     int max_connections;      /* connections served at once (default 256); up to
                                  KS_SERVER_CONN_SPARE more are accepted only to be
                                  answered 503 (note 9) */

@@ -96,7 +96,8 @@ test('GET /props', async () => {
   assert.equal(sp.top_k, 40);
   assert.equal(sp.top_p, 0.95);
   assert.equal(sp.min_p, 0.05);
-  assert.equal(sp.n_predict, 2048);
+  assert.equal(sp.n_predict, -1); // until EOS or the context's end, as llama-server (issue 40)
+  assert.equal(sp.max_tokens, -1);
   assert.equal(p.total_slots, 2);
   assert.ok(p.model_path.endsWith('.gguf'), p.model_path);
   assert.match(p.chat_template, /<\|im_start\|>/);
