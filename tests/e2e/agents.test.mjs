@@ -1,17 +1,26 @@
 // agents.test.mjs — the coding agents people run, as a user runs them: the
 // real CLIs from the npm registry at the versions pinned in
-// tests/e2e/package.json (Claude Code 2.1.197, the last release for Node 20;
-// Codex 0.169.0; opencode 1.18.33), non-interactive, two turns each against
-// the real server, with nothing but the settings docs/AGENTS.md gives every
-// user. Each run must end well, the second turn's request must read >= 90%
-// of its prompt from the cache, and no request may be refused. Also the
-// Vercel AI SDK (ai 6, @ai-sdk/openai-compatible): a streamed three-step tool
-// loop.
+// tests/e2e/package.json (Claude Code 2.1.332 and, one wire format back,
+// 2.1.197; Codex 0.171.0; opencode 1.18.33), non-interactive, against the
+// real server, with nothing but the settings docs/AGENTS.md gives every
+// user. Each CLI makes a tool round trip: the model asks for a tool, the CLI
+// runs it and sends its result, the model answers; then a second turn
+// continues the session. No request may be refused, and every request after
+// the first of a session must read >= 90% of its prompt from the cache (the
+// request right after a tool call: all of the previous prompt, the prefix
+// property across turns).
 //
-// The model is tiny-agent (lib.mjs agentModel): random weights, so the
-// replies are random words and the agents rarely call a tool; what is tested
-// is that the agents' real requests are served and cached. Each CLI runs in
-// a fresh HOME and a scratch project, offline but for the server.
+// The model is tiny-agent (lib.mjs agentModel): random weights, so its replies
+// are random words and it never calls a tool of its own accord. A test-side
+// proxy (toolproxy.mjs) stands between the CLI and the server: every request
+// reaches the server and is served in full, and for the requests each test's
+// script picks, the proxy answers with a tool call in the API's own wire
+// format instead of the server's words. Claude Code's script first calls
+// ToolSearch for a deferred tool (WebFetch), so its tool_reference comes back
+// and the deferred tool joins the request (docs/AGENTS.md). Also the Vercel AI
+// SDK (ai 6, @ai-sdk/openai-compatible): a streamed three-step tool loop.
+// Each CLI runs in a fresh HOME and a scratch project, offline but for the
+// server.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
@@ -21,8 +30,10 @@ import path from 'node:path';
 import {
   startServer, stopOk, importClient, agentModel, templateModel, servedSince, refusedSince, until, CLIENTS_DIR,
 } from './lib.mjs';
+import { startToolProxy } from './toolproxy.mjs';
 
 const MODEL = 'qwen3-coder'; // what a user of a local model passes: a name the agents do not know
+const README = 'A tiny project for the agent tests.\n';
 let srv, dir;
 
 before(async () => {
@@ -35,6 +46,8 @@ after(async () => {
 });
 
 const bin = (name) => path.join(CLIENTS_DIR, 'node_modules', '.bin', name);
+// Two Claude Code releases side by side: each package's own native binary.
+const claudeBin = (pkg) => path.join(CLIENTS_DIR, 'node_modules', ...pkg.split('/'), 'bin', 'claude.exe');
 
 // A scratch project and HOME for one agent.
 function sandbox(name) {
@@ -42,14 +55,14 @@ function sandbox(name) {
   const home = path.join(root, 'home'), proj = path.join(root, 'proj');
   mkdirSync(home, { recursive: true });
   mkdirSync(path.join(proj, 'src'), { recursive: true });
-  writeFileSync(path.join(proj, 'README.txt'), 'A tiny project for the agent tests.\n');
+  writeFileSync(path.join(proj, 'README.txt'), README);
   writeFileSync(path.join(proj, 'src', 'main.c'), 'int main(void) { return 0; }\n');
   return { home, proj };
 }
 
 // Runs an agent CLI to its end: { code, stdout, stderr }. Only PATH and the
 // given variables are in its environment.
-function run(cmd, args, { cwd, env, timeoutMs = 240000 }) {
+function run(cmd, args, { cwd, env, timeoutMs = 300000 }) {
   return new Promise((resolve, reject) => {
     const p = spawn(cmd, args, { cwd, env: { PATH: process.env.PATH, TERM: 'dumb', ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
     let stdout = '', stderr = '';
@@ -63,41 +76,129 @@ function run(cmd, args, { cwd, env, timeoutMs = 240000 }) {
 
 const ok = (r, what) => assert.equal(r.code, 0, `${what}: exit ${r.code}\nstdout: ${r.stdout.slice(-2000)}\nstderr: ${r.stderr.slice(-3000)}`);
 
-// The second turn's first request: the longest prompt the turn sent (an
-// agent may add small side requests) must be read >= 90% from the cache.
-function assertCachedTurn(t, turn1, reqs, what) {
-  assert.ok(reqs.length > 0, `${what}: no request reached the server`);
-  const main = reqs.reduce((a, b) => (b.prompt > a.prompt ? b : a));
-  t.diagnostic(`${what}: turn 1 ${JSON.stringify(turn1)}; turn 2 ${JSON.stringify(reqs)}`);
-  assert.ok(main.cached >= 0.9 * main.prompt,
-    `${what}: the second turn read ${main.cached} of ${main.prompt} prompt tokens from the cache: ${JSON.stringify(reqs)}`);
-  return main;
+// A script for the proxy: the agent's main requests (those that carry the
+// tool `marker`; title and other side requests carry none) are answered with
+// these calls in turn, then passed through. steps: [[{name, input}], ...].
+function script(api, marker, steps) {
+  const names = (b) => (b.tools ?? []).map((t) => t.name ?? t.function?.name);
+  const left = [...steps];
+  return { plan: ({ api: a, body }) => (a === api && names(body).includes(marker) && left.length ? left.shift() : null), left };
 }
 
-test('Claude Code: claude -p, then --continue; the second turn reads its prompt from the cache', async (t) => {
-  const { home, proj } = sandbox('claude');
-  const env = {
+// The session's requests as the server served them, and the proxy's view of
+// them: every one 200, nothing refused; each after the first reads >= 90% of
+// its prompt from the cache, and each after a scripted tool call all of the
+// prompt before it (the turns' tokens are a prefix of the next turn's).
+async function assertSession(t, px, from, what, n_scripted) {
+  const main = px.log.filter((e) => e.api);
+  await until(() => servedSince(srv, from).length >= main.length, `${what}: ${main.length} requests in the log`).catch(() => {});
+  const served = servedSince(srv, from);
+  t.diagnostic(`${what}: ${JSON.stringify(served)}`);
+  assert.deepEqual(px.log.filter((e) => e.status !== 200).map((e) => `${e.method} ${e.path} -> ${e.status}`), [],
+    `${what}: a request was not answered 200`);
+  assert.deepEqual(refusedSince(srv, from), [], `${what}: requests were refused`);
+  assert.equal(px.log.filter((e) => e.scripted).length, n_scripted, `${what}: the scripted tool calls`);
+  assert.equal(served.length, main.length, `${what}: ${JSON.stringify(served)}`);
+  // A side request (a title) may come first: the cached ones are the main conversation's later requests.
+  const conv = main.map((e, i) => ({ ...e, served: served[i] })).filter((e) => e.body.tools?.length);
+  for (let i = 1; i < conv.length; i++) {
+    const { prompt, cached } = conv[i].served;
+    assert.ok(cached >= 0.9 * prompt, `${what}: request ${i + 1} read ${cached} of ${prompt} tokens from the cache`);
+    if (conv[i - 1].scripted)
+      assert.ok(cached >= conv[i - 1].served.prompt,
+        `${what}: request ${i + 1} after a tool call re-prefilled the previous prompt: ${JSON.stringify(served)}`);
+  }
+  return conv;
+}
+
+// The second turn's first request: the longest prompt the turn sent (an
+// agent may add small side requests) must be read >= 90% from the cache.
+function assertCachedTurn(t, reqs, what) {
+  assert.ok(reqs.length > 0, `${what}: no request reached the server`);
+  const main = reqs.reduce((a, b) => (b.prompt > a.prompt ? b : a));
+  t.diagnostic(`${what}: turn 2 ${JSON.stringify(reqs)}`);
+  assert.ok(main.cached >= 0.9 * main.prompt,
+    `${what}: the second turn read ${main.cached} of ${main.prompt} prompt tokens from the cache: ${JSON.stringify(reqs)}`);
+}
+
+// The blocks of a Messages request's last user message.
+const lastUserBlocks = (b) => {
+  const m = [...b.messages].reverse().find((x) => x.role === 'user');
+  return Array.isArray(m?.content) ? m.content : [];
+};
+
+function claudeEnv(home, base) {
+  return {
     HOME: home,
-    ANTHROPIC_BASE_URL: srv.base,
+    ANTHROPIC_BASE_URL: base,
     ANTHROPIC_API_KEY: 'none',
     CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC: '1', // no telemetry, no title request (docs/AGENTS.md)
     CLAUDE_CODE_ATTRIBUTION_HEADER: '0',           // a stable prompt start across sessions (docs/AGENTS.md)
+    CLAUDE_CODE_AUTO_COMPACT_WINDOW: '65536',      // the server's context (docs/AGENTS.md)
   };
-  const from = srv.stderr.length;
-  const r1 = await run(bin('claude'), ['-p', 'list the files here', '--model', MODEL], { cwd: proj, env });
-  ok(r1, 'claude turn 1');
-  assert.ok(r1.stdout.trim().length > 0, 'claude printed no reply');
-  const turn1 = servedSince(srv, from);
-  assert.ok(turn1.length >= 1 && turn1[0].prompt > 5000, `a real agent prompt: ${JSON.stringify(turn1)}`);
-  const mid = srv.stderr.length;
-  const r2 = await run(bin('claude'), ['-p', 'and what is in README.txt?', '--continue', '--model', MODEL], { cwd: proj, env });
-  ok(r2, 'claude turn 2');
-  assertCachedTurn(t, turn1, servedSince(srv, mid), 'claude');
-  assert.deepEqual(refusedSince(srv, from), [], 'Claude Code\'s requests were refused');
+}
+
+test('Claude Code 2.1.332: ToolSearch loads a deferred tool, Read runs, then --continue; all from the cache', async (t) => {
+  const { home, proj } = sandbox('claude');
+  const readme = path.join(proj, 'README.txt');
+  const sc = script('messages', 'ToolSearch', [
+    [{ name: 'ToolSearch', input: { query: 'select:WebFetch', max_results: 5 } }],
+    [{ name: 'Read', input: { file_path: readme } }],
+  ]);
+  const px = await startToolProxy(srv, sc.plan);
+  try {
+    const from = srv.stderr.length;
+    const r1 = await run(claudeBin('@anthropic-ai/claude-code'), ['-p', 'what is in README.txt?', '--model', MODEL],
+      { cwd: proj, env: claudeEnv(home, px.base) });
+    ok(r1, 'claude turn 1');
+    assert.equal(sc.left.length, 0, 'Claude Code sent fewer requests than the script has tool calls');
+    const conv = await assertSession(t, px, from, 'claude', 2);
+    assert.ok(conv.length >= 3, `three requests: ${conv.length}`);
+    // Tool search as Claude Code 2.1.332 speaks it: deferred tools, a tool_reference.
+    const deferred = (b) => b.tools.filter((x) => x.defer_loading).map((x) => x.name);
+    assert.ok(!deferred(conv[0].body).includes('WebFetch'), 'WebFetch is not in the first request');
+    assert.ok(deferred(conv[1].body).includes('WebFetch'), `the loaded tool comes back deferred: ${deferred(conv[1].body)}`);
+    const ref = lastUserBlocks(conv[1].body).find((x) => x.type === 'tool_result');
+    assert.deepEqual(ref?.content, [{ type: 'tool_reference', tool_name: 'WebFetch' }]);
+    // Read ran: the file's text is in the result the next request carries.
+    const res = lastUserBlocks(conv[2].body).find((x) => x.type === 'tool_result');
+    assert.ok(JSON.stringify(res?.content ?? '').includes('A tiny project'), `Read's result: ${JSON.stringify(res)}`);
+    const mid = srv.stderr.length;
+    const r2 = await run(claudeBin('@anthropic-ai/claude-code'), ['-p', 'thanks, and src/main.c?', '--continue', '--model', MODEL],
+      { cwd: proj, env: claudeEnv(home, px.base) });
+    ok(r2, 'claude turn 2');
+    assertCachedTurn(t, servedSince(srv, mid), 'claude');
+    assert.deepEqual(refusedSince(srv, from), [], 'Claude Code\'s requests were refused');
+  } finally {
+    await px.close();
+  }
 });
 
-test('Codex: codex exec, then exec resume --last; the second turn reads its prompt from the cache', async (t) => {
-  const { home, proj } = sandbox('codex');
+test('Claude Code 2.1.197: Read runs, then --continue; all from the cache', async (t) => {
+  const { home, proj } = sandbox('claude-2.1.197');
+  const sc = script('messages', 'Read', [[{ name: 'Read', input: { file_path: path.join(proj, 'README.txt') } }]]);
+  const px = await startToolProxy(srv, sc.plan);
+  try {
+    const from = srv.stderr.length;
+    const r1 = await run(claudeBin('claude-code-2.1.197'), ['-p', 'what is in README.txt?', '--model', MODEL],
+      { cwd: proj, env: claudeEnv(home, px.base) });
+    ok(r1, 'claude 2.1.197 turn 1');
+    assert.equal(sc.left.length, 0);
+    const conv = await assertSession(t, px, from, 'claude 2.1.197', 1);
+    assert.ok(conv.length >= 2);
+    const res = lastUserBlocks(conv[1].body).find((x) => x.type === 'tool_result');
+    assert.ok(JSON.stringify(res?.content ?? '').includes('A tiny project'), `Read's result: ${JSON.stringify(res)}`);
+    const mid = srv.stderr.length;
+    const r2 = await run(claudeBin('claude-code-2.1.197'), ['-p', 'thanks', '--continue', '--model', MODEL],
+      { cwd: proj, env: claudeEnv(home, px.base) });
+    ok(r2, 'claude 2.1.197 turn 2');
+    assertCachedTurn(t, servedSince(srv, mid), 'claude 2.1.197');
+  } finally {
+    await px.close();
+  }
+});
+
+function codexConfig(home, base) {
   const codexHome = path.join(home, '.codex');
   mkdirSync(codexHome, { recursive: true });
   // docs/AGENTS.md: a provider for the server, Responses wire API; analytics
@@ -108,7 +209,7 @@ test('Codex: codex exec, then exec resume --last; the second turn reads its prom
     '',
     '[model_providers.kvstash]',
     'name = "kvstash"',
-    `base_url = "${srv.base}/v1"`,
+    `base_url = "${base}/v1"`,
     'wire_api = "responses"',
     '',
     '[analytics]',
@@ -117,45 +218,65 @@ test('Codex: codex exec, then exec resume --last; the second turn reads its prom
     '[features]',
     'plugins = false',
     ''].join('\n'));
-  const env = { HOME: home, CODEX_HOME: codexHome };
-  const from = srv.stderr.length;
-  const r1 = await run(bin('codex'), ['exec', '--skip-git-repo-check', 'list the files here'], { cwd: proj, env });
-  ok(r1, 'codex turn 1');
-  const turn1 = servedSince(srv, from);
-  assert.ok(turn1.length >= 1 && turn1[0].prompt > 3000, `a real agent prompt: ${JSON.stringify(turn1)}`);
-  const mid = srv.stderr.length;
-  const r2 = await run(bin('codex'), ['exec', 'resume', '--last', '--skip-git-repo-check', 'and what is in README.txt?'],
-    { cwd: proj, env });
-  ok(r2, 'codex turn 2');
-  assertCachedTurn(t, turn1, servedSince(srv, mid), 'codex');
-  assert.deepEqual(refusedSince(srv, from), [], 'Codex\'s requests were refused');
+  return { HOME: home, CODEX_HOME: codexHome };
+}
+
+test('Codex 0.171.0: a shell command runs, then exec resume --last; all from the cache', async (t) => {
+  const { home, proj } = sandbox('codex');
+  const sc = script('responses', 'exec_command', [[{ name: 'exec_command', input: { cmd: 'cat README.txt' } }]]);
+  const px = await startToolProxy(srv, sc.plan);
+  try {
+    const env = codexConfig(home, px.base);
+    const from = srv.stderr.length;
+    const r1 = await run(bin('codex'), ['exec', '--skip-git-repo-check', 'what is in README.txt?'], { cwd: proj, env });
+    ok(r1, 'codex turn 1');
+    assert.equal(sc.left.length, 0);
+    const conv = await assertSession(t, px, from, 'codex', 1);
+    assert.ok(conv.length >= 2);
+    const out = conv[1].body.input.find((x) => x.type === 'function_call_output');
+    assert.ok(out, `the call's output comes back: ${JSON.stringify(conv[1].body.input.map((x) => x.type))}`);
+    const mid = srv.stderr.length;
+    const r2 = await run(bin('codex'), ['exec', 'resume', '--last', '--skip-git-repo-check', 'thanks'], { cwd: proj, env });
+    ok(r2, 'codex turn 2');
+    assertCachedTurn(t, servedSince(srv, mid), 'codex');
+  } finally {
+    await px.close();
+  }
 });
 
-test('opencode: opencode run, then run --continue; the second turn reads its prompt from the cache', async (t) => {
+test('opencode: read runs, then run --continue; all from the cache', async (t) => {
   const { home, proj } = sandbox('opencode');
-  const env = {
-    HOME: home,
-    // docs/AGENTS.md: an OpenAI-compatible provider for the server.
-    OPENCODE_CONFIG_CONTENT: JSON.stringify({
-      model: `kvstash/${MODEL}`,
-      provider: { kvstash: { npm: '@ai-sdk/openai-compatible', name: 'kvstash',
-        options: { baseURL: `${srv.base}/v1`, apiKey: 'none' }, models: { [MODEL]: { name: MODEL } } } },
-    }),
-    OPENCODE_DISABLE_MODELS_FETCH: '1', // its model catalogue is fetched from its own host otherwise
-    // Offline for the test: opencode starts a background npm install of its
-    // plugin package on every run (it does not wait for it); let it fail at once.
-    npm_config_offline: 'true',
-  };
-  const from = srv.stderr.length;
-  const r1 = await run(bin('opencode'), ['run', 'list the files here'], { cwd: proj, env });
-  ok(r1, 'opencode turn 1');
-  const turn1 = servedSince(srv, from);
-  assert.ok(turn1.some((q) => q.prompt > 3000), `a real agent prompt: ${JSON.stringify(turn1)}`);
-  const mid = srv.stderr.length;
-  const r2 = await run(bin('opencode'), ['run', '--continue', 'and what is in README.txt?'], { cwd: proj, env });
-  ok(r2, 'opencode turn 2');
-  assertCachedTurn(t, turn1, servedSince(srv, mid), 'opencode');
-  assert.deepEqual(refusedSince(srv, from), [], 'opencode\'s requests were refused');
+  const sc = script('chat', 'read', [[{ name: 'read', input: { filePath: path.join(proj, 'README.txt') } }]]);
+  const px = await startToolProxy(srv, sc.plan);
+  try {
+    const env = {
+      HOME: home,
+      // docs/AGENTS.md: an OpenAI-compatible provider for the server.
+      OPENCODE_CONFIG_CONTENT: JSON.stringify({
+        model: `kvstash/${MODEL}`,
+        provider: { kvstash: { npm: '@ai-sdk/openai-compatible', name: 'kvstash',
+          options: { baseURL: `${px.base}/v1`, apiKey: 'none' }, models: { [MODEL]: { name: MODEL } } } },
+      }),
+      OPENCODE_DISABLE_MODELS_FETCH: '1', // its model catalogue is fetched from its own host otherwise
+      // Offline for the test: opencode starts a background npm install of its
+      // plugin package on every run (it does not wait for it); let it fail at once.
+      npm_config_offline: 'true',
+    };
+    const from = srv.stderr.length;
+    const r1 = await run(bin('opencode'), ['run', 'what is in README.txt?'], { cwd: proj, env });
+    ok(r1, 'opencode turn 1');
+    assert.equal(sc.left.length, 0);
+    const conv = await assertSession(t, px, from, 'opencode', 1);
+    assert.ok(conv.length >= 2);
+    const res = conv[1].body.messages.find((m) => m.role === 'tool');
+    assert.ok(JSON.stringify(res?.content ?? '').includes('A tiny project'), `read's result: ${JSON.stringify(res)}`);
+    const mid = srv.stderr.length;
+    const r2 = await run(bin('opencode'), ['run', '--continue', 'thanks'], { cwd: proj, env });
+    ok(r2, 'opencode turn 2');
+    assertCachedTurn(t, servedSince(srv, mid), 'opencode');
+  } finally {
+    await px.close();
+  }
 });
 
 // Qwen2.5's template here: its required-tool grammar starts the output with
