@@ -66,7 +66,7 @@ const AGENTS = {
     cmd: path.join(NPM, 'claude'),
     argv: (q, turn) => ['-p', q, '--model', MODEL_NAME, ...(turn > 0 ? ['--continue'] : [])],
     env: { HOME: home, ANTHROPIC_BASE_URL: base, ANTHROPIC_API_KEY: 'none', CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC: '1',
-      CLAUDE_CODE_ATTRIBUTION_HEADER: '0' },
+      CLAUDE_CODE_ATTRIBUTION_HEADER: '0', CLAUDE_CODE_AUTO_COMPACT_WINDOW: '65536' },
   }),
   Codex: (base, home) => {
     const ch = path.join(home, '.codex');
