@@ -482,8 +482,9 @@ static int parse_tools(json_t *root, ks_api_request *r, json_t *tr, ks_api_error
     if (named && !found)
         BAD("invalid_value", "tool_choice.function.name",
             "Invalid 'tool_choice': no tool is named '%.64s'.", named);
-    if (json_array_size(deferred) == 0) json_object_del(tr, "deferred_tools");
-    if (json_array_size(out) + json_array_size(deferred) == 0) {
+    size_t n_deferred = json_array_size(deferred);
+    if (n_deferred == 0) json_object_del(tr, "deferred_tools"); /* frees deferred */
+    if (json_array_size(out) + n_deferred == 0) {
         json_object_del(tr, "tools");
         if (!strcmp(mode, "required"))
             BAD("invalid_value", "tool_choice", "Invalid 'tool_choice': 'required' needs at least one tool.");

@@ -127,6 +127,8 @@ test('unknown nested fields are logged once per path; the ignored ones are not',
   assert.equal(warned('thinking.zzz').length, 1, log);
   assert.equal(warned('thinking.display').length, 0, log);
   assert.equal(warned('tools[].eager_input_streaming').length, 0, log);
+  // The request line's cached share: a tenth of a percent, floored.
+  assert.match(log, / cached \d+ \(\d+\.\d%\), ttft /);
 });
 
 test('the access line names the path of a 404', async () => {
