@@ -314,6 +314,19 @@ done:
  * follows a final symlink (O_NOFOLLOW: ELOOP), and nothing is read before
  * fstat says "regular file". O_NONBLOCK is left on: Linux ignores it for
  * reads and writes of regular files. */
+/* Whether uid owns the directory that holds path. */
+static bool owner_of_dir(const char *path, uid_t uid) {
+    char dir[PATH_MAX];
+    const char *slash = strrchr(path, '/');
+    size_t n = slash ? (slash == path ? 1 : (size_t)(slash - path)) : 0;
+    if (n >= sizeof dir) return false;
+    if (n) memcpy(dir, path, n);
+    else dir[n++] = '.';
+    dir[n] = '\0';
+    struct stat ds;
+    return stat(dir, &ds) == 0 && ds.st_uid == uid;
+}
+
 static int open_existing(const char *path, int flags, int *fd, struct stat *sb) {
     *fd = ks_sysio_open(path, flags | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC, 0);
     if (*fd < 0) {
@@ -328,6 +341,12 @@ static int open_existing(const char *path, int flags, int *fd, struct stat *sb) 
     if (fstat(*fd, sb) != 0)
         rc = KS_EIO;
     else if (!S_ISREG(sb->st_mode))
+        rc = KS_EINVAL;
+    /* Only the store's own entries: a file another user put in a store
+     * directory (one that was open to others once) is not read. The
+     * store's own: ours, or (root's maintenance of a server's store) the
+     * directory owner's. */
+    else if (sb->st_uid != geteuid() && !owner_of_dir(path, sb->st_uid))
         rc = KS_EINVAL;
     if (rc != 0) {
         ks_sysio_close(*fd);

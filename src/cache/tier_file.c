@@ -628,6 +628,20 @@ int ks_tier_file_open(ks_tier_id id, const char *dir, unsigned flags, const ks_t
                    (unsigned)sb.st_uid, (unsigned)geteuid());
         return KS_EINVAL;
     }
+    /* Ours, but one others may write to: another user could plant entries
+     * (without a cache secret, restored as ours). Made private (0700), with
+     * a line in the log; refused when that fails. Entries of other owners
+     * already there are never read (kvfile.c, open_existing). */
+    if (sb.st_mode & (S_IWGRP | S_IWOTH)) {
+        if (chmod(dir, 0700) != 0) {
+            int e = errno;
+            ks_set_err(err, errlen, "%s is writable by %s and cannot be made private: %s", dir,
+                       sb.st_mode & S_IWOTH ? "others" : "its group", strerror(e));
+            return KS_EINVAL;
+        }
+        KS_WARN("store", "%s was writable by %s (mode %03o): made private (0700)", dir,
+                sb.st_mode & S_IWOTH ? "others" : "its group", (unsigned)(sb.st_mode & 0777));
+    }
     if (!(ft = calloc(1, sizeof *ft))) return KS_ENOMEM;
     if (ks__tier_init(&ft->base, &file_vt, id, ident) != 0) {
         free(ft);

@@ -228,6 +228,11 @@ int ks_serve_parse_flags(int argc, char **argv, ks_serve_flags *f) {
                 fprintf(stderr, CMD ": --api-key: at most %d (use --api-key-file for more)\n", KS_CONFIG_KEYS_MAX + 1);
                 return 2;
             }
+            /* An empty key would turn authentication off without a word. */
+            if (!optarg[0]) {
+                fprintf(stderr, CMD ": --api-key: empty (give a key, or no --api-key for a server without keys)\n");
+                return 2;
+            }
             f->keys[f->n_keys++] = f->api_key = optarg;
             break;
         case O_KEYFILE: f->key_file = optarg; break;
@@ -429,7 +434,14 @@ int ks_serve_apply_flags(const ks_serve_flags *f, ks_config *c) {
         for (int i = 1; i < f->n_keys; i++) COPY(c->api_keys[i - 1], f->keys[i]);
         c->n_api_keys = f->n_keys - 1;
     }
-    else if (!c->api_key[0] && getenv("KVSTASH_API_KEY")) COPY(c->api_key, getenv("KVSTASH_API_KEY"));
+    else if (!c->api_key[0] && getenv("KVSTASH_API_KEY")) {
+        if (!getenv("KVSTASH_API_KEY")[0]) {
+            fprintf(stderr, CMD ": KVSTASH_API_KEY is set but empty (give a key, or unset it for a server "
+                            "without keys)\n");
+            return 2;
+        }
+        COPY(c->api_key, getenv("KVSTASH_API_KEY"));
+    }
     if (f->key_file) COPY(c->api_key_file, f->key_file);
     if (f->tenant_by) COPY(c->tenant_by, f->tenant_by);
     if (f->share_sys) c->share_system_prompt = true;

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "base/base.h"
 #include "cache/key.h"
@@ -80,17 +81,56 @@ static int kset_add(kset *ks, const char *key, size_t n, uint64_t tenant) {
     return 0;
 }
 
+/* Whether the key file open as f is safe to take keys from (note 5): a
+ * regular file of ours, or root's, that no other user may write. *open_read:
+ * others may read it (a warning, not a refusal). */
+static int file_safe(FILE *f, const char *path, struct stat *st, bool *open_read, char *err, size_t errlen) {
+    if (fstat(fileno(f), st) != 0) {
+        ks_set_err(err, errlen, "cannot stat the key file %s: %s", path, strerror(errno));
+        return KS_EINVAL;
+    }
+    if (!S_ISREG(st->st_mode)) {
+        ks_set_err(err, errlen, "the key file %s is not a regular file", path);
+        return KS_EINVAL;
+    }
+    if (st->st_uid != geteuid() && st->st_uid != 0) {
+        ks_set_err(err, errlen, "the key file %s is owned by uid %u, not by this server's user (uid %u) or root",
+                   path, (unsigned)st->st_uid, (unsigned)geteuid());
+        return KS_EINVAL;
+    }
+    if (st->st_mode & (S_IWGRP | S_IWOTH)) {
+        ks_set_err(err, errlen, "the key file %s is writable by %s: another user could add a key (chmod 600 it)",
+                   path, st->st_mode & S_IWOTH ? "others" : "its group");
+        return KS_EINVAL;
+    }
+    *open_read = (st->st_mode & S_IROTH) != 0;
+    return 0;
+}
+
+/* A key given twice: under two names it would belong to whichever came
+ * last, so it is refused. */
+static bool kset_has(const kset *ks, int n, const uint8_t d[32]) {
+    for (int i = 0; i < n; i++)
+        if (!memcmp(ks->v[i].digest, d, 32)) return true;
+    return false;
+}
+
 /* Parses the key file at path into *out (emptied first). 0, or KS_EINVAL /
- * KS_ENOMEM with the reason in err; *st: the file's stat when opened. */
-static int read_file(const char *path, kset *out, struct stat *st, char *err, size_t errlen) {
+ * KS_ENOMEM with the reason in err; *st: the file's stat when opened;
+ * *open_read: others may read it. */
+static int read_file(const char *path, kset *out, struct stat *st, bool *open_read, char *err, size_t errlen) {
     out->n = 0;
+    *open_read = false;
     FILE *f = fopen(path, "re");
     if (!f) {
         ks_set_err(err, errlen, "cannot read the key file %s: %s", path, strerror(errno));
         return KS_EINVAL;
     }
     int rc = 0, line_no = 0;
-    if (fstat(fileno(f), st) != 0) memset(st, 0, sizeof *st);
+    if ((rc = file_safe(f, path, st, open_read, err, errlen)) != 0) {
+        fclose(f);
+        return rc;
+    }
     char line[1024];
     while (fgets(line, sizeof line, f)) {
         line_no++;
@@ -131,6 +171,11 @@ static int read_file(const char *path, kset *out, struct stat *st, char *err, si
             ks_set_err(err, errlen, "out of memory reading %s", path);
             break;
         }
+        if (kset_has(out, out->n - 1, out->v[out->n - 1].digest)) {
+            ks_set_err(err, errlen, "%s line %d: a key given before (one key, one tenant)", path, line_no);
+            rc = KS_EINVAL;
+            break;
+        }
     }
     if (rc == 0 && ferror(f)) {
         ks_set_err(err, errlen, "cannot read the key file %s", path);
@@ -149,6 +194,7 @@ int ks_keyring_create(const char *const *keys, int n_keys, const char *file, ks_
     int rc = 0, n_inline = 0;
     for (int i = 0; i < n_keys; i++)
         if (keys[i] && keys[i][0]) n_inline++;
+
     k->single = n_inline == 1 && !(file && file[0]);
     for (int i = 0; i < n_keys && rc == 0; i++) {
         if (!keys[i] || !keys[i][0]) continue;
@@ -159,15 +205,26 @@ int ks_keyring_create(const char *const *keys, int n_keys, const char *file, ks_
             break;
         }
         rc = kset_add(&k->inline_keys, keys[i], n, k->single ? 0 : ks_keyring_tenant_of(keys[i]));
+        if (rc == 0 && kset_has(&k->inline_keys, k->inline_keys.n - 1, k->inline_keys.v[k->inline_keys.n - 1].digest)) {
+            ks_set_err(err, errlen, "API key %d is given twice", i + 1);
+            rc = KS_EINVAL;
+        }
     }
     if (rc == 0 && file && file[0]) {
         struct stat st;
+        bool open_read = false;
         if (!(k->file = strdup(file))) rc = KS_ENOMEM;
-        else if ((rc = read_file(file, &k->file_keys, &st, err, errlen)) == 0) {
+        else if ((rc = read_file(file, &k->file_keys, &st, &open_read, err, errlen)) == 0) {
             k->mtime = st.st_mtim;
             k->size = st.st_size;
             k->ino = st.st_ino;
             k->seen = true;
+            if (open_read) KS_WARN(MOD, "the key file %s is readable by other users (chmod 600 it)", file);
+            for (int i = 0; i < k->file_keys.n && rc == 0; i++)
+                if (kset_has(&k->inline_keys, k->inline_keys.n, k->file_keys.v[i].digest)) {
+                    ks_set_err(err, errlen, "a key of %s is also given as --api-key / api_key(s)", file);
+                    rc = KS_EINVAL;
+                }
         }
     }
     if (rc) {
@@ -201,7 +258,10 @@ static void refresh_locked(ks_keyring *k) {
     kset fresh = {0};
     char err[512] = "";
     struct stat rst;
-    int rc = read_file(k->file, &fresh, &rst, err, sizeof err);
+    bool open_read = false;
+    /* A file that became unsafe (another user may now write it) is not
+     * read: the keys read before stay in force, with a warning. */
+    int rc = read_file(k->file, &fresh, &rst, &open_read, err, sizeof err);
     /* Remember what was looked at, read or not, so that a bad file is
      * warned about once per change, not once per request. */
     k->seen = rc == 0 || ok;

@@ -30,6 +30,14 @@
  *     at create, an error; on a reload, a warning, and the keys read last
  *     stay in force (a half-written file never locks everyone out, and never
  *     lets a removed key back in).
+ *  5. Keys are checked as a secret is (issue 42): a key file must be a
+ *     regular file of the server's user (or root) that neither its group nor
+ *     others may write — else another local user could add a key and be
+ *     served — checked at create (an error) and at every re-read (not read,
+ *     a warning); one others may read is taken with a warning. A key given
+ *     twice, inline or in the file, is an error (under two names it would
+ *     belong to whichever came last). (An empty --api-key or KVSTASH_API_KEY
+ *     is the command line's to refuse: here "" is no key.)
  *
  * Thread model: every call is thread-safe (one mutex; a check holds it for a
  * stat and, on a change, the file's read). ks_keyring_reload only raises a

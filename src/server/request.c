@@ -166,6 +166,10 @@ enum MHD_Result ks__request_count_tokens(ks_server *s, struct MHD_Connection *c,
         ret = ks__respond_error(s, c, cn, &e, NULL);
         goto out;
     }
+    /* The key's tenant (subdivided as a generation's would be): the render
+     * memo and the tokenization cache are the tenant's own, and a
+     * count_tokens of one key must not time another key's pieces (issue 42). */
+    rq.tenant = tenant_of(s, cn, root);
     server_defaults(s, &rq);
     if (ks__plan_prompts(s, &rq, &pl, true, &e)) {
         ret = ks__respond_error(s, c, cn, &e, NULL);

@@ -10,7 +10,7 @@ import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import {
   mkdtempSync, rmSync, readFileSync, writeFileSync, existsSync, readdirSync, statSync,
-  truncateSync, copyFileSync, mkdirSync, statfsSync, unlinkSync,
+  truncateSync, copyFileSync, mkdirSync, statfsSync, unlinkSync, chmodSync, chownSync,
 } from 'node:fs';
 import { spawnSync } from 'node:child_process';
 import { tmpdir } from 'node:os';
@@ -293,6 +293,40 @@ test('cold saves: one for a cold prefill at its last stride boundary, none for a
     assert.equal(r.usage.prompt_tokens_details.cached_tokens, at);
   } finally {
     await stopOk(c);
+  }
+});
+
+// Issue 42: a store directory others may write to is made private (0700)
+// with a line in the log, and an entry another user put there is never read
+// (without a cache secret it would be restored as ours).
+test('a store directory open to others is made private; entries of another owner are not read', async (t) => {
+  const dirs = await storeDir('open-dir');
+  const msgs = [sys('Opendir')];
+  const a = await startServer(['--config', dirs.config, ...CHUNKED]);
+  let last;
+  try {
+    for (const u of ['Hello there.', 'What did I just say?']) last = await say(a, msgs, u, 'A');
+    await settleStore(a);
+  } finally {
+    await stopOk(a);
+  }
+  const files = await kvFiles(dirs.disk);
+  assert.ok(files.length > 0);
+  chmodSync(dirs.disk, 0o777);
+  const root = process.getuid?.() === 0;
+  // Only root can give files away: as root, A's entries become another user's.
+  if (root) for (const f of files) chownSync(path.join(dirs.disk, f), 65534, 65534);
+  else t.diagnostic('not root: the entries of another owner are not tried');
+  rmSync(dirs.shm, { recursive: true, force: true }); // only the disk tier holds the conversation
+  const b = await startServer(['--config', dirs.config]);
+  try {
+    assert.match(b.stderr, /was writable by others \(mode 777\): made private \(0700\)/);
+    assert.equal(statSync(dirs.disk).mode & 0o777, 0o700);
+    const r = await turn(b, [...msgs, { role: 'user', content: 'Thanks, bye.' }], 'B');
+    if (root) assert.notEqual(r.cache.mode, 'store', `another owner's entry was restored: ${JSON.stringify(r.cache)}`);
+    else assertStoreHit(r, last.usage.prompt_tokens - STRIDE, 'B');
+  } finally {
+    await stopOk(b);
   }
 });
 

@@ -12,7 +12,7 @@
 // control request sent by a third key in the same situation.
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtempSync, rmSync, writeFileSync, renameSync } from 'node:fs';
+import { chmodSync, mkdtempSync, rmSync, writeFileSync, renameSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import {
@@ -183,6 +183,42 @@ test('a bad key file or --tenant-by stops the server at start (exit 2)', async (
   for (const args of [['--api-key-file', bad], ['--api-key-file', path.join(dir, 'missing')],
     ['--tenant-by', 'prompt_cache_key,nonsense']]) {
     await assert.rejects(startServer(args), /exited \(code 2/, args.join(' '));
+  }
+});
+
+// Issue 42: another local user must not be able to add a key, and no key
+// setting may turn authentication off or blur two tenants without a word.
+test('key files others may write, empty keys, a key given twice, a metrics key that is an API key: exit 2', async () => {
+  const file = path.join(dir, 'keys-mode');
+  writeFileSync(file, 'K1 alice\n');
+  for (const [mode, what] of [[0o666, /writable by others/], [0o620, /writable by its group/]]) {
+    chmodSync(file, mode);
+    await assert.rejects(startServer(['--api-key-file', file]), (e) => /exited \(code 2/.test(e.message) && what.test(e.message),
+      mode.toString(8));
+  }
+  const dup = path.join(dir, 'keys-dup');
+  writeFileSync(dup, 'K1 alice\nK1 bob\n', { mode: 0o600 });
+  await assert.rejects(startServer(['--api-key-file', dup]), /line 2: a key given before/);
+  await assert.rejects(startServer(['--api-key', '']), /--api-key: empty/);
+  await assert.rejects(startServer([], { env: { KVSTASH_API_KEY: '' } }), /KVSTASH_API_KEY is set but empty/);
+  await assert.rejects(startServer(['--api-key', 'KA', '--api-key', 'KA']), /API key 2 is given twice/);
+  await assert.rejects(startServer(['--api-key', 'KA', '--api-key', 'KB', '--metrics-key', 'KA']),
+    /the metrics key is also an API key/);
+  // Readable by others: taken, with a warning. Made writable by others while
+  // the server runs: not read again, the keys read before stay in force.
+  chmodSync(file, 0o644);
+  const srv = await startServer(['--api-key-file', file]);
+  try {
+    assert.match(srv.stderr, /key file .* is readable by other users/);
+    const body = { messages: [{ role: 'user', content: 'hi' }], max_tokens: 1 };
+    assert.equal((await postJSON(srv, '/v1/chat/completions', body, auth('K1'))).status, 200);
+    writeFileSync(file, 'K1 alice\nK666 mallory\n');
+    chmodSync(file, 0o666);
+    assertError(await postJSON(srv, '/v1/chat/completions', body, auth('K666')), 401, 'invalid_api_key');
+    assert.equal((await postJSON(srv, '/v1/chat/completions', body, auth('K1'))).status, 200);
+    assert.match(srv.stderr, /writable by others: another user could add a key .*stay in force/);
+  } finally {
+    await stopOk(srv);
   }
 });
 

@@ -145,7 +145,7 @@ test('warm start puts each tenant\'s latest conversation into the slots, owned b
   const d = mkdtempSync(path.join(dir, 'warm-'));
   const cfg = await writeStoreConfig(path.join(d, 'c.yaml'),
     { cacheDir: path.join(d, 'disk'), shmDir: path.join(d, 'shm'), stride: 16, minTokens: 16 });
-  const keys = ['--api-key', 'KA', '--api-key', 'KB', '--api-key', 'KC', '--metrics-key', 'MK'];
+  const keys = ['--api-key', 'KA', '--api-key', 'KB', '--api-key', 'KC', '--api-key', 'KD', '--metrics-key', 'MK'];
   const sys = (topic) => ({ role: 'system', content: `${topic}: you are a careful assistant who answers briefly. `.repeat(3) });
   const say = async (srv, key, msgs, content) => {
     msgs.push({ role: 'user', content });
@@ -190,6 +190,20 @@ test('warm start puts each tenant\'s latest conversation into the slots, owned b
     assert.equal(c.usage.prompt_tokens_details.cached_tokens, 0, JSON.stringify(c.cache));
     const [, aTook] = await fromCache('KA');
     assert.ok(cTook + 40 < aTook, `from the tokenization cache: C ${cTook}, A ${aTook} of ${c.usage.prompt_tokens} tokens`);
+    // count_tokens is a tenant's own too (issue 42: it rendered in one
+    // namespace for every key): D, new, counting after A takes nothing of A's.
+    const counted = async (key) => {
+      const m0 = await metrics(b, { authorization: 'Bearer MK' });
+      const r = await postJSON(b, '/v1/messages/count_tokens', { model: 'm', system: x[0].content,
+        messages: [...x.slice(1), { role: 'user', content: 'Count me.' }] }, auth(key));
+      assert.equal(r.status, 200, r.text);
+      const m1 = await metrics(b, { authorization: 'Bearer MK' });
+      return [r.json.input_tokens, m1.get('kvstash_prompt_tokens_untokenized_total') - m0.get('kvstash_prompt_tokens_untokenized_total')];
+    };
+    await counted('KA');
+    const [n, dCount] = await counted('KD');
+    const [, aCount] = await counted('KA');
+    assert.ok(dCount + 40 < aCount, `count_tokens from the tokenization cache: D ${dCount}, A ${aCount} of ${n} tokens`);
   } finally {
     await stopOk(b);
   }
