@@ -10,6 +10,7 @@
  */
 #include "server/api.h"
 #include "server/api_int.h"
+#include "server/grammarsize.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -550,6 +551,14 @@ int ks__api_parse_structured(json_t *root, ks_api_request *r, json_t *tr, ks_api
         if (r->structured)
             BAD("invalid_value", "grammar", "Invalid 'grammar': it cannot be combined with a JSON schema.");
         if (json_string_length(grammar) > 0) {
+            /* Sized before llama.cpp parses it (grammarsize.h): a short
+             * grammar can crash the parser or hold the inference thread. */
+            char why[256];
+            size_t fanout;
+            int grc = ks_grammar_size_check(json_string_value(grammar), json_string_length(grammar), &fanout, why,
+                                            sizeof why);
+            if (grc == KS_ENOMEM) return ks__api_oom(err);
+            if (grc) BAD("grammar_too_large", "grammar", "Invalid 'grammar': %s (docs/SERVER.md, limits).", why);
             r->grammar = json_string_value(grammar);
             r->structured = true;
         }
