@@ -47,6 +47,7 @@
 
 #include "engine/chat_tmpl.h"
 #include "server/convstore.h"
+#include "server/hdrwatch.h"
 #include "prompt/prompt_tmpl.h"
 #include "server/fmt.h"
 #include "server/gen.h"
@@ -262,20 +263,38 @@ static const char *bad_framing(struct MHD_Connection *c, bool http11) {
     return NULL;
 }
 
-/* A connection accepted beyond max_connections (socket context). */
-static char over_cap;
+/* The connection's record in the header watch (its socket context). */
+static ks_hdrconn *hdrconn(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
 
 /* MHD_OPTION_NOTIFY_CONNECTION: counts open connections and marks those
- * beyond max_connections, answered 503 by on_request (server.h note 9). */
+ * beyond max_connections, answered 503 by on_request (server.h note 9);
+ * puts each in the header watch (hdrwatch.h), its socket context. */
 static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
                           enum MHD_ConnectionNotificationCode code) {
     ks_server *s = cls;
-    (void)c;
     if (code == MHD_CONNECTION_NOTIFY_STARTED) {
         int n = atomic_fetch_add(&s->http.connections, 1) + 1;
-        *socket_context = n > s->max_connections ? &over_cap : NULL;
+        const union MHD_ConnectionInfo *fi = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        const union MHD_ConnectionInfo *ai = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+        const void *addr = NULL;
+        int addr_len = 0;
+        if (ai && ai->client_addr && ai->client_addr->sa_family == AF_INET) {
+            addr = &((const struct sockaddr_in *)(const void *)ai->client_addr)->sin_addr;
+            addr_len = 4;
+        } else if (ai && ai->client_addr && ai->client_addr->sa_family == AF_INET6) {
+            addr = &((const struct sockaddr_in6 *)(const void *)ai->client_addr)->sin6_addr;
+            addr_len = 16;
+        }
+        ks_hdrconn *hc = ks_hdrwatch_open(s->hdrwatch, fi ? fi->connect_fd : -1, addr, addr_len);
+        if (hc) hc->over_cap = n > s->max_connections;
+        *socket_context = hc;
     } else {
         atomic_fetch_sub(&s->http.connections, 1);
+        ks_hdrwatch_close(s->hdrwatch, *socket_context);
+        *socket_context = NULL;
     }
 }
 
@@ -286,6 +305,7 @@ static void *on_uri(void *cls, const char *uri, struct MHD_Connection *c) {
     ks_server *s = cls;
     (void)uri;
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, s->header_timeout_s);
+    ks_hdrwatch_request_line(s->hdrwatch, hdrconn(c));
     return NULL;
 }
 
@@ -314,9 +334,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         for (char *u = cn->url; *u; u++)
             if ((unsigned char)*u < 0x20 || *u == 0x7f) *u = '?';
         cn->http11 = !strcmp(version, MHD_HTTP_VERSION_1_1);
-        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+        ks_hdrconn *hc = hdrconn(c);
+        ks_hdrwatch_headers(s->hdrwatch, hc);
         const char *why = bad_framing(c, cn->http11);
-        if (why || (ci && ci->socket_context == &over_cap)) {
+        if (why || (hc && hc->over_cap)) {
             ks_api_error e;
             const char *const close_h[] = {MHD_HTTP_HEADER_CONNECTION, "close", NULL};
             const char *const busy_h[] = {MHD_HTTP_HEADER_CONNECTION, "close", "Retry-After", "1", NULL};
@@ -404,9 +425,8 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode toe) {
     ks_server *s = cls;
     conn *cn = *con_cls;
-    (void)c;
-    (void)s;
     if (!cn) return;
+    ks_hdrwatch_done(s->hdrwatch, hdrconn(c));
     if (cn->g) ks__gen_request_done(cn->g, toe == MHD_REQUEST_TERMINATED_COMPLETED_OK);
     KS_DEBUG(MOD, "%s -> %d in %.1f ms%s", cn->rt ? cn->rt->path : cn->url, cn->status, ks_now_ms() - cn->t0,
              toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (terminated early)");
@@ -628,14 +648,21 @@ int ks_server_start(const ks_server_params *p, ks_server **out, char *err, size_
         return KS_ENOMEM;
     }
 
+    /* server.h note 9: MHD accepts the spare band beyond max_connections so
+     * that on_request can answer it 503. The per-address cap is the header
+     * watch's (hdrwatch.h): a connection beyond it takes the place of one
+     * of its address's still awaiting headers (MHD's own per-address limit
+     * would refuse it at accept while the cut one is still counted). */
+    unsigned per_client = (unsigned)(p->max_connections_per_client ? p->max_connections_per_client
+                                                                    : (p->max_connections + 1) / 2);
+    if (ks_hdrwatch_start((unsigned)p->header_timeout_s, (int)per_client, &s->hdrwatch)) {
+        ks_server_free(s);
+        freeaddrinfo(ai);
+        return KS_ENOMEM;
+    }
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ITC |
                      MHD_USE_ERROR_LOG;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
-    /* server.h note 9: MHD accepts the spare band beyond max_connections so
-     * that on_request can answer it 503; its per-address limit closes a
-     * connection at accept, before we could answer. */
-    unsigned per_client = (unsigned)(p->max_connections_per_client ? p->max_connections_per_client
-                                                                    : (p->max_connections + 1) / 2);
     atomic_store(&s->starting, true);
     s->d = MHD_start_daemon(flags, (uint16_t)p->port, NULL, NULL, on_request, s,
                             MHD_OPTION_SOCK_ADDR, ai->ai_addr,
@@ -643,7 +670,6 @@ int ks_server_start(const ks_server_params *p, ks_server **out, char *err, size_
                             MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
                             MHD_OPTION_URI_LOG_CALLBACK, on_uri, s,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)p->max_connections + KS_SERVER_CONN_SPARE,
-                            MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_client,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)p->header_timeout_s,
                             MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
                             MHD_OPTION_END);
@@ -709,6 +735,7 @@ void ks_server_free(ks_server *s) {
         nanosleep(&ts, NULL);
     }
     if (s->d) MHD_stop_daemon(s->d);
+    ks_hdrwatch_stop(s->hdrwatch);
     /* MHD hands the listening socket to whoever quiesced: ours to close,
      * and only after the daemon stopped (its threads may still use it). */
     if (s->quiesced_fd != MHD_INVALID_SOCKET) close(s->quiesced_fd);

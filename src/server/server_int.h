@@ -56,6 +56,7 @@ struct ks_server {
     int default_max_tokens;
     unsigned timeout_s;         /* idle keep-alive (server.h note 9) */
     unsigned header_timeout_s;  /* headers and body */
+    struct ks_hdrwatch *hdrwatch; /* the whole-header deadline (hdrwatch.h) */
     int max_connections;        /* served; the spare band beyond gets 503 */
     /* The longest text of a token, in bytes: a prompt of B bytes is at least
      * ceil(B / max_token_bytes) tokens (plan.c, prompt_max_bytes). */

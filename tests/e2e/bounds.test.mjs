@@ -57,3 +57,54 @@ test('grammars that crashed or held the server are refused at once; a concurrent
   assert.equal(ok.status, 200, ok.text);
   assert.equal((await fetch(`${srv.base}/health`)).status, 200);
 });
+
+// Slowloris: libmicrohttpd's timeout counts per pause, so headers trickled a
+// byte a second under --header-timeout 3 kept their connections forever, and
+// enough of them from one address locked its normal requests out. The whole
+// headers now have the deadline (hdrwatch.h): each trickling connection is
+// closed soon after it, and a normal request from the same address is served.
+test('trickled headers are cut at the header deadline; a normal request from the same address is served', async () => {
+  const net = await import('node:net');
+  const s2 = await startServer(['--slots', '1', '--ctx', '256', '--header-timeout', '3', '--max-connections', '16']);
+  try {
+    const { port } = s2;
+    const t0 = performance.now();
+    const socks = [];
+    const closed = [];
+    for (let i = 0; i < 20; i++) {
+      const sock = net.connect(port, '127.0.0.1');
+      sock.on('error', () => {});
+      sock.on('close', () => closed.push(performance.now() - t0));
+      sock.write('POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ');
+      socks.push(sock);
+    }
+    const drip = setInterval(() => { for (const s of socks) if (!s.destroyed) s.write('a'); }, 1000);
+    try {
+      // A normal request gets through well before the deadline: it takes the
+      // place of a stalled connection of its address. (It may meet the
+      // moment when the burst's cut connections are still counted: a 503 or
+      // a reset, retried as a client does.)
+      let r;
+      for (;;) {
+        r = await postJSON(s2, '/v1/chat/completions', { messages: [{ role: 'user', content: 'hi' }], max_tokens: 2 })
+          .catch((e) => ({ status: 0, text: String(e) }));
+        if (r.status === 200 || performance.now() - t0 > 5000) break;
+        await new Promise((resolve) => setTimeout(resolve, 100));
+      }
+      assert.equal(r.status, 200, r.text);
+      const tOk = performance.now() - t0;
+      assert.ok(tOk < 2000, `the normal request came through after ${tOk.toFixed(0)} ms (the deadline is 3 s)`);
+      await new Promise((resolve) => setTimeout(resolve, 6000));
+      assert.equal(closed.length, 20, `the trickling connections still open after 6 s: ${20 - closed.length}`);
+      // Closed by the deadline (3 s), not at once and not much later; the
+      // normal request came through by then.
+      for (const t of closed) assert.ok(t < 5500, `a trickling connection was closed after ${t.toFixed(0)} ms`);
+      assert.match(s2.stderr, /closed a connection whose request headers took longer than 3 s/);
+    } finally {
+      clearInterval(drip);
+      for (const s of socks) s.destroy();
+    }
+  } finally {
+    await stopOk(s2);
+  }
+});
