@@ -18,6 +18,8 @@
 #define S_DESC2 "kvstashprobeToolDescriptionTwoU9hE4aC2"
 #define S_PARAM "kvstashprobe_param_Z3bQ6yL1"
 #define S_PDESC "kvstashprobeParamDescriptionW8jS5oI7"
+#define S_ASSIST "kvstashprobeAssistantContentP4mV9cN2"
+#define S_RESULT "kvstashprobeToolResultContentE7sK3wQ6"
 
 static const char k_probe[] =
     "{\"messages\":[{\"role\":\"system\",\"content\":\"" S_SYS "\"},"
@@ -28,6 +30,29 @@ static const char k_probe[] =
     "\"}}}}},"
     "{\"type\":\"function\",\"function\":{\"name\":\"" S_TOOL2 "\",\"description\":\"" S_DESC2 "\","
     "\"parameters\":{\"type\":\"object\",\"properties\":{}}}}]}";
+
+/* The assistant's and the tool result's probes, each alone. */
+static const char k_probe_assistant[] =
+    "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":\"" S_ASSIST "\"},"
+    "{\"role\":\"user\",\"content\":\"and?\"}]}";
+static const char k_probe_tool[] =
+    "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":\"\","
+    "\"tool_calls\":[{\"id\":\"call12345\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]},"
+    "{\"role\":\"tool\",\"tool_call_id\":\"call12345\",\"content\":\"" S_RESULT "\"},"
+    "{\"role\":\"user\",\"content\":\"and?\"}],"
+    "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\"}}}]}";
+
+/* Whether the template renders req with sentinel whole. */
+static bool shows(const ks_chat_tmpl *t, const char *req, const char *sentinel) {
+    char *res = NULL, err[256] = "";
+    if (ks_chat_tmpl_apply(t, req, &res, err, sizeof err) != 0) return false;
+    json_t *j = json_loads(res, 0, NULL);
+    free(res);
+    const char *p = json_string_value(json_object_get(j, "prompt"));
+    bool ok = p && strstr(p, sentinel);
+    json_decref(j);
+    return ok;
+}
 
 void ks_presize_probe(const ks_chat_tmpl *t, ks_presize *out) {
     memset(out, 0, sizeof *out);
@@ -50,6 +75,17 @@ void ks_presize_probe(const ks_chat_tmpl *t, ks_presize *out) {
         out->param_desc = strstr(p, S_PDESC) != NULL;
     }
     json_decref(j);
+    out->content[KS_PRESIZE_ASSISTANT] = shows(t, k_probe_assistant, S_ASSIST);
+    out->content[KS_PRESIZE_TOOL] = shows(t, k_probe_tool, S_RESULT);
+}
+
+int ks_presize_role(const char *role) {
+    if (!role) return -1;
+    if (!strcmp(role, "system") || !strcmp(role, "developer")) return KS_PRESIZE_SYSTEM;
+    if (!strcmp(role, "user")) return KS_PRESIZE_USER;
+    if (!strcmp(role, "assistant")) return KS_PRESIZE_ASSISTANT;
+    if (!strcmp(role, "tool")) return KS_PRESIZE_TOOL;
+    return -1;
 }
 
 static bool space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
@@ -64,16 +100,45 @@ static size_t trimmed(const char *s, size_t n) {
 
 static size_t str_len(const json_t *v) { return json_is_string(v) ? json_string_length(v) : 0; }
 
+static const char THINK_END[] = "</think>";
+
+/* Where the text after the last "</think>" in s[0, n) starts; NULL: none. */
+static const char *after_think(const char *s, size_t n) {
+    const char *last = NULL;
+    size_t m = sizeof THINK_END - 1;
+    for (const char *p = s; (size_t)(s + n - p) >= m; p++) {
+        p = memchr(p, '<', (size_t)(s + n - p));
+        if (!p || (size_t)(s + n - p) < m) break;
+        if (!memcmp(p, THINK_END, m)) last = p + m;
+    }
+    return last;
+}
+
+size_t ks_presize_after_think(const char *s, size_t n) {
+    const char *a = after_think(s, n);
+    return a ? trimmed(a, (size_t)(s + n - a)) : trimmed(s, n);
+}
+
 /* A message's content: a string, or text parts (each trimmed: their sum is
- * at most the trimmed text they join to, whatever joins them). */
-static size_t content_bytes(const json_t *c) {
-    if (json_is_string(c)) return trimmed(json_string_value(c), json_string_length(c));
+ * at most the trimmed text they join to, whatever joins them). think: an
+ * assistant's, counted from after its last "</think>" (the parts after the
+ * last part holding one, and that part's text after it). */
+static size_t content_bytes(const json_t *c, bool think) {
+    if (json_is_string(c)) {
+        const char *s = json_string_value(c);
+        size_t n = json_string_length(c);
+        return think ? ks_presize_after_think(s, n) : trimmed(s, n);
+    }
     size_t n = 0, i;
     json_t *part;
     if (json_is_array(c))
         json_array_foreach(c, i, part) {
             json_t *t = json_object_get(part, "text");
-            if (json_is_string(t)) n += trimmed(json_string_value(t), json_string_length(t));
+            if (!json_is_string(t)) continue;
+            const char *s = json_string_value(t);
+            size_t len = json_string_length(t);
+            if (think && after_think(s, len)) n = ks_presize_after_think(s, len);
+            else n += trimmed(s, len);
         }
     return n;
 }
@@ -82,9 +147,8 @@ size_t ks_presize_bytes(const ks_presize *p, const json_t *req) {
     size_t n = 0, i;
     json_t *v;
     json_array_foreach(json_object_get(req, "messages"), i, v) {
-        const char *role = json_string_value(json_object_get(v, "role"));
-        int k = !role ? -1 : !strcmp(role, "system") ? 0 : !strcmp(role, "user") ? 1 : -1;
-        if (k >= 0 && p->content[k]) n += content_bytes(json_object_get(v, "content"));
+        int k = ks_presize_role(json_string_value(json_object_get(v, "role")));
+        if (k >= 0 && p->content[k]) n += content_bytes(json_object_get(v, "content"), k == KS_PRESIZE_ASSISTANT);
     }
     json_array_foreach(json_object_get(req, "tools"), i, v) {
         json_t *f = json_object_get(v, "function");

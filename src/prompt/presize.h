@@ -8,7 +8,10 @@
  * prompt. Which ones it copies is found once per template by a probe
  * (ks_presize_probe): one render of a small request whose strings are
  * unique sentinels — two system/user messages' contents, two tools' names
- * and descriptions, a parameter's name and description. A kind of string
+ * and descriptions, a parameter's name and description — and two more, one
+ * with an assistant's content (a turn before the last user message) and one
+ * with a tool's result, each alone so that a template refusing one of them
+ * leaves the others counted. A kind of string
  * counts only when every one of its sentinels appears whole in the probe's
  * output; a template that fails the probe counts nothing (the bound is 0,
  * no request is refused before its render).
@@ -38,8 +41,15 @@
 
 #include "engine/chat_tmpl.h"
 
+/* The roles whose message contents are counted (KS_PRESIZE_*). An
+ * assistant's content counts from after its last "</think>" (reasoning
+ * templates cut what comes before: Qwen3's, DeepSeek-R1's); a tool message's
+ * is a tool's result (issue 42: a 15 MB assistant message or tool result
+ * cost 206-264 MB to render before the context check refused it). */
+enum { KS_PRESIZE_SYSTEM, KS_PRESIZE_USER, KS_PRESIZE_ASSISTANT, KS_PRESIZE_TOOL, KS_PRESIZE_ROLES };
+
 typedef struct ks_presize {
-    bool content[2];     /* message contents copied: [0] system, [1] user */
+    bool content[KS_PRESIZE_ROLES]; /* message contents copied, by role (above) */
     bool tool_name, tool_desc, param_name, param_desc;
 } ks_presize;
 
@@ -51,5 +61,13 @@ void ks_presize_probe(const ks_chat_tmpl *t, ks_presize *out);
  * object given to ks_chat_tmpl_apply: messages, tools). Walks req once,
  * allocating nothing. */
 size_t ks_presize_bytes(const ks_presize *p, const json_t *req);
+
+/* The presize kind of a message role: KS_PRESIZE_*, -1 for a role not
+ * counted ("developer" is a system message). */
+int ks_presize_role(const char *role);
+
+/* The bytes of s[0, n) a reasoning template keeps of an assistant's content:
+ * after the last "</think>", trimmed. */
+size_t ks_presize_after_think(const char *s, size_t n);
 
 #endif

@@ -49,8 +49,15 @@ int ks__plan_prompts(ks_server *s, const ks_api_request *rq, ks_plan *pl, bool b
  * shape, are more than the context holds (counted as refused before
  * render), else 0. With next, scans only once len has passed a bound and
  * *next, and sets *next (0 at the start of a body) to twice len. */
-enum { KS_BODY_TOO_LONG = 1400, KS_BODY_TOO_MANY = 1413 };
+enum { KS_BODY_TOO_LONG = 1400, KS_BODY_TOO_MANY = 1413, KS_BODY_TOO_MUCH_ELSE = 1414 };
 #define KS_BODY_ITEMS_BASE 262144
+/* KS_BODY_TOO_MUCH_ELSE: the fields outside what the template renders (a
+ * chat, Responses or Messages body's top-level values other than its
+ * messages, input, system, instructions and tools: response formats,
+ * grammars, sampling fields, metadata, unknown fields) hold more than this
+ * many bytes (issue 42: a 15 MB unknown field cost 37 MB each to parse and
+ * was then ignored). */
+#define KS_BODY_ELSE_MAX (4u << 20)
 #define KS_BODY_ITEMS_PER_TOKEN 4
 int ks__plan_body(ks_server *s, ks_prescan_shape shape, const char *body, size_t len, uint64_t *next);
 /* The error of a body ks__plan_body refused (why: its result): 413

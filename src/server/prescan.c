@@ -26,6 +26,8 @@ typedef struct sc {
  * bytes when they are few and ASCII (lit_ok). */
 typedef struct strm {
     size_t n, trim;
+    size_t tail;  /* trimmed bytes after the last "</think>" (trim when none) */
+    bool think;   /* it holds a "</think>" */
     char lit[24];
     bool lit_ok;
 } strm;
@@ -99,8 +101,11 @@ static bool str(sc *c, strm *m) {
     if (!eat(c, '"')) return fail(c);
     c->items++;
     size_t n = 0, lead = 0, end = 0, nl = 0;
-    bool seen = false;
+    size_t t_lead = 0, t_end = 0, mi = 0; /* after the last "</think>": presize.c's after_think */
+    bool seen = false, t_seen = false;
+    static const char think_end[] = "</think>";
     m->lit_ok = true;
+    m->think = false;
     for (;;) {
         if (c->p >= c->e) return fail(c);
         unsigned ch = (unsigned char)*c->p++;
@@ -114,12 +119,26 @@ static bool str(sc *c, strm *m) {
             if (!seen) lead = n;
             seen = true;
             end = n + k;
+            if (!t_seen) t_lead = n;
+            t_seen = true;
+            t_end = n + k;
         }
         n += k;
+        /* "</think>" seen whole: what follows starts afresh. */
+        if (k == 1 && ch == (unsigned char)think_end[mi]) {
+            if (++mi == sizeof think_end - 1) {
+                mi = 0;
+                m->think = true;
+                t_seen = false;
+            }
+        } else {
+            mi = k == 1 && ch == '<';
+        }
     }
     m->lit[nl] = '\0';
     m->n = n;
     m->trim = seen ? end - lead : 0;
+    m->tail = t_seen ? t_end - t_lead : 0;
     return true;
 }
 
@@ -210,57 +229,110 @@ static bool string_at(sc *c, strm *v) {
 static const char *const CHAT_PARTS[] = {"text", NULL};
 static const char *const RESP_PARTS[] = {"input_text", "output_text", "text", NULL};
 
-/* A content part {type, text}: its text trimmed when its type is one of
- * types, else 0 (the parsers join text parts with "\n"; the trimmed parts
- * add up to at most the trimmed text they make). */
-static size_t part(sc *c, const char *const *types) {
-    if (!at(c, '{')) return skip(c), 0;
-    int st = 0;
-    strm k, v;
-    size_t n = 0;
-    bool ok = false;
-    while (member(c, &st, &k)) {
-        if (is(&k, "type")) ok = string_at(c, &v) && in(&v, types);
-        else if (is(&k, "text")) n = string_at(c, &v) ? v.trim : 0;
-        else skip(c);
+/* What a content counts, by presize kind: kind[KS_PRESIZE_USER] the texts
+ * of a user's, [KS_PRESIZE_TOOL] the tool results in it (Messages), and the
+ * assistant's count as text after a "</think>" (presize.c's rule): plain
+ * the trimmed sum, think the sum from the last part holding one. */
+typedef struct counts {
+    size_t plain, think, tool;
+} counts;
+
+/* A text of a content: added to plain, and to think (reset where it holds
+ * a "</think>"). */
+static void add_text(counts *o, const strm *v) {
+    o->plain += v->trim;
+    o->think = v->think ? v->tail : o->think + v->trim;
+}
+
+static void content(sc *c, const char *const *types, counts *o);
+
+/* A content part {type, text}, or a Messages tool_result block {type,
+ * content}: counted when its type is one of types (or tool_result), else
+ * not (the parsers join text parts with "\n"; the trimmed parts add up to
+ * at most the trimmed text they make). */
+static void part(sc *c, const char *const *types, counts *o) {
+    if (!at(c, '{')) {
+        skip(c);
+        return;
     }
-    return ok && !c->bad ? n : 0;
-}
-
-/* A content: a string (trimmed) or an array of parts. */
-static size_t content(sc *c, const char *const *types) {
-    strm v;
-    if (at(c, '"')) return str(c, &v) ? v.trim : 0;
-    if (!at(c, '[')) return skip(c), 0;
-    size_t n = 0;
     int st = 0;
-    while (element(c, &st)) n += part(c, types);
-    return n;
+    strm k, v, text = {0};
+    counts inner = {0};
+    bool ok = false, result = false;
+    while (member(c, &st, &k)) {
+        if (is(&k, "type")) {
+            ok = string_at(c, &v) && in(&v, types);
+            result = is(&v, "tool_result");
+        } else if (is(&k, "text")) {
+            if (!string_at(c, &text)) text = (strm){0};
+        } else if (is(&k, "content")) {
+            inner = (counts){0};
+            content(c, types, &inner);
+        } else {
+            skip(c);
+        }
+    }
+    if (c->bad) return;
+    if (ok) add_text(o, &text);
+    if (result) o->tool += inner.plain;
 }
 
-/* The presize kind of a role (0 system, 1 user) in the shape's words; -1: not counted. */
+/* A content: a string or an array of parts. */
+static void content(sc *c, const char *const *types, counts *o) {
+    strm v;
+    if (at(c, '"')) {
+        if (str(c, &v)) add_text(o, &v);
+        return;
+    }
+    if (!at(c, '[')) {
+        skip(c);
+        return;
+    }
+    int st = 0;
+    while (element(c, &st)) part(c, types, o);
+}
+
+/* The presize kind of a role in the shape's words; -1: not counted. */
 static int role_kind(const strm *r, ks_prescan_shape sh) {
-    if (is(r, "user")) return 1;
-    if (is(r, "system") || (sh != KS_PRESCAN_MESSAGES && is(r, "developer"))) return 0;
+    if (is(r, "user")) return KS_PRESIZE_USER;
+    if (is(r, "assistant")) return KS_PRESIZE_ASSISTANT;
+    if (is(r, "system") || (sh != KS_PRESCAN_MESSAGES && is(r, "developer"))) return KS_PRESIZE_SYSTEM;
+    if (sh == KS_PRESCAN_CHAT && is(r, "tool")) return KS_PRESIZE_TOOL;
     return -1;
 }
 
 /* A message (chat, Messages) or a Responses input item: its content when
- * its role's contents are counted (and, Responses, it is a message item). */
+ * its role's contents are counted (Responses: a message item; or a
+ * function_call_output, whose output is a tool's result); a Messages user
+ * message's tool_result blocks as tool results. */
 static size_t message(sc *c, const ks_presize *p, ks_prescan_shape sh) {
     if (!at(c, '{')) return skip(c), 0;
-    int st = 0, role = -1;
-    bool item_ok = true;
-    strm k, v;
-    size_t n = 0;
-    const char *const *types = sh == KS_PRESCAN_RESPONSES ? RESP_PARTS : CHAT_PARTS;
+    int st = 0, role = -1, item = 0; /* Responses: 0 a message, 1 a call's output, -1 another item */
+    strm k, v, output = {0};
+    counts n = {0};
+    static const char *const MSG_BLOCKS[] = {"text", "tool_result", NULL};
+    const char *const *types = sh == KS_PRESCAN_RESPONSES ? RESP_PARTS : sh == KS_PRESCAN_MESSAGES ? MSG_BLOCKS : CHAT_PARTS;
     while (member(c, &st, &k)) {
         if (is(&k, "role")) role = string_at(c, &v) ? role_kind(&v, sh) : -1;
-        else if (is(&k, "content")) n = content(c, types);
-        else if (sh == KS_PRESCAN_RESPONSES && is(&k, "type")) item_ok = string_at(c, &v) && is(&v, "message");
-        else skip(c);
+        else if (is(&k, "content")) {
+            n = (counts){0};
+            content(c, types, &n);
+        } else if (sh == KS_PRESCAN_RESPONSES && is(&k, "type")) {
+            item = !string_at(c, &v) ? -1
+                   : is(&v, "message")                                                          ? 0
+                   : is(&v, "function_call_output") || is(&v, "custom_tool_call_output") ? 1
+                                                                                              : -1;
+        } else if (sh == KS_PRESCAN_RESPONSES && is(&k, "output")) {
+            if (!string_at(c, &output)) output = (strm){0};
+        } else {
+            skip(c);
+        }
     }
-    return role >= 0 && item_ok && p->content[role] && !c->bad ? n : 0;
+    if (c->bad || item < 0) return 0;
+    if (item == 1) return p->content[KS_PRESIZE_TOOL] ? output.trim : 0;
+    size_t out = sh == KS_PRESCAN_MESSAGES && p->content[KS_PRESIZE_TOOL] ? n.tool : 0;
+    if (role < 0 || !p->content[role]) return out;
+    return out + (role == KS_PRESIZE_ASSISTANT ? n.think : n.plain);
 }
 
 /* ------------------------------------------------------------ tools */
@@ -354,10 +426,16 @@ void ks_prescan_count(const ks_presize *p, ks_prescan_shape sh, const char *body
         if (sh != KS_PRESCAN_RESPONSES && is(&k, "messages") && at(&c, '[')) {
             while (element(&c, &el)) msgs += message(&c, p, sh);
         } else if (is(&k, "tools") && at(&c, '[')) {
+            /* A template that renders no tools: they are fields outside the
+             * prompt like any other (issue 42: parsed whole, then ignored). */
+            const char *b = c.p;
             while (element(&c, &el)) tools += tool(&c, p, sh);
+            if (!p->tool_name && !p->tool_desc && !p->param_name && !p->param_desc && !c.bad)
+                out->other += (size_t)(c.p - b);
         } else if (sh == KS_PRESCAN_MESSAGES && is(&k, "system")) {
-            size_t n = content(&c, CHAT_PARTS);
-            msgs += p->content[0] ? n : 0;
+            counts n = {0};
+            content(&c, CHAT_PARTS, &n);
+            msgs += p->content[KS_PRESIZE_SYSTEM] ? n.plain : 0;
         } else if (sh == KS_PRESCAN_RESPONSES && is(&k, "instructions")) {
             msgs += string_at(&c, &v) && p->content[0] ? v.trim : 0;
         } else if (sh == KS_PRESCAN_RESPONSES && is(&k, "input")) {
@@ -367,7 +445,8 @@ void ks_prescan_count(const ks_presize *p, ks_prescan_shape sh, const char *body
                 msgs += string_at(&c, &v) && p->content[1] ? v.trim : 0;
             }
         } else {
-            skip(&c);
+            const char *b = c.p;
+            if (skip(&c)) out->other += (size_t)(c.p - b);
         }
     }
     out->items = c.items;

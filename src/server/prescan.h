@@ -77,6 +77,11 @@ size_t ks_prescan_bytes(const ks_presize *p, ks_prescan_shape shape, const char 
 typedef struct ks_prescan_counts {
     size_t bytes; /* ks_prescan_bytes, or with prefix ks_prescan_prefix_bytes */
     size_t items;
+    /* The bytes of the body's top-level values the shape's walk does not
+     * read (sampling fields, response formats, grammars, metadata, unknown
+     * fields: nothing the template renders), whole values only; 0 for
+     * KS_PRESCAN_NONE. */
+    size_t other;
 } ks_prescan_counts;
 void ks_prescan_count(const ks_presize *p, ks_prescan_shape shape, const char *body, size_t len, bool prefix,
                       ks_prescan_counts *out);

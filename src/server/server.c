@@ -214,6 +214,7 @@ static enum MHD_Result reply_early(ks_server *s, struct MHD_Connection *c, conn 
         return ks__respond_error(s, c, cn, &e, NULL);
     case KS_BODY_TOO_LONG: /* sized before its parse (plan.h, prescan.h) */
     case KS_BODY_TOO_MANY:
+    case KS_BODY_TOO_MUCH_ELSE:
         ks__plan_body_error(s, cn->early, &e);
         return ks__respond_error(s, c, cn, &e, NULL);
     case 413:

@@ -108,3 +108,44 @@ test('trickled headers are cut at the header deadline; a normal request from the
     await stopOk(s2);
   }
 });
+
+// Every message is sized before it is parsed and rendered: assistants' and
+// tools' contents too, and the fields outside the prompt (issue 42: a 15 MB
+// assistant message cost 206-264 MB before its 400, and /apply-template
+// answered 200 at +760 MB for four). Each refusal costs the server less than
+// twice the body it had to receive (VmHWM, the process's peak).
+test('15 MB in an assistant message, a tool result, an unknown field or count_tokens: refused for less than twice the body', async (t) => {
+  const { readFileSync } = await import('node:fs');
+  const hwm = (pid) => Number(/VmHWM:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))[1]) * 1024;
+  const big = 'lorem ipsum dolor sit amet '.repeat(15 * (1 << 20) / 27);
+  const user = { role: 'user', content: 'hi' };
+  const cases = [
+    ['/v1/chat/completions', { messages: [user, { role: 'assistant', content: big }, user] }, 400],
+    ['/v1/chat/completions', { messages: [user, { role: 'assistant', content: null, tool_calls: [{ id: 'c1', type: 'function',
+      function: { name: 'f', arguments: '{}' } }] }, { role: 'tool', tool_call_id: 'c1', content: big }],
+    tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'object' } } }] }, 400],
+    ['/v1/chat/completions', { messages: [user], max_tokens: 1, frobnicate: big }, 413],
+    ['/v1/messages/count_tokens', { model: 'm', messages: [{ role: 'user', content: big }] }, 400],
+    ['/v1/messages', { model: 'm', max_tokens: 1, messages: [user, { role: 'assistant', content: big }, user] }, 400],
+    ['/v1/responses', { model: 'm', input: [user, { type: 'function_call_output', call_id: 'c', output: big }] }, 400],
+    ['/apply-template', { messages: [user, { role: 'assistant', content: big }] }, 400],
+  ];
+  for (const [route, body, status] of cases) {
+    const s3 = await startServer(['--slots', '1', '--ctx', '512']);
+    try {
+      const text = JSON.stringify(body);
+      // The server at rest, then after one request of its shape (its own steady state).
+      await postJSON(s3, '/v1/chat/completions', { messages: [user], max_tokens: 1 });
+      const before = hwm(s3.proc.pid);
+      const r = await postJSON(s3, route, body);
+      assert.equal(r.status, status, `${route}: ${r.text.slice(0, 300)}`);
+      const grew = hwm(s3.proc.pid) - before;
+      t.diagnostic(`${route} -> ${r.status}: peak +${(grew / 1048576).toFixed(1)} MiB for ${(text.length / 1048576).toFixed(1)} MiB`);
+      assert.ok(grew < 2 * text.length, `${route}: peak memory grew ${(grew / 1048576).toFixed(1)} MiB for a ` +
+        `${(text.length / 1048576).toFixed(1)} MiB body`);
+      assert.equal((await postJSON(s3, '/v1/chat/completions', { messages: [user], max_tokens: 1 })).status, 200);
+    } finally {
+      await stopOk(s3);
+    }
+  }
+});

@@ -21,7 +21,7 @@
 #include "server/api.h"
 #include "server/prescan.h"
 
-static const ks_presize ALL = {{true, true}, true, true, true, true};
+static const ks_presize ALL = {{true, true, true, true}, true, true, true, true};
 
 typedef struct req {
     ks_prescan_shape shape;
@@ -76,6 +76,30 @@ static const req k_reqs[] = {
     {KS_PRESCAN_MESSAGES, "{\"max_tokens\":10,\"system\":\"Short.\",\"messages\":[{\"role\":\"user\",\"content\":"
                           "[{\"type\":\"text\",\"text\":\"a\"},{\"type\":\"text\",\"text\":\" b \"}]}]}",
      false},
+    /* Issue 42: assistants' contents (after their last "</think>") and tool results. */
+    {KS_PRESCAN_CHAT,
+     "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"content\":"
+     "\"<think>long thought</think>\\n The answer. \"},{\"role\":\"user\",\"content\":\"more\"},"
+     "{\"role\":\"assistant\",\"content\":[{\"type\":\"text\",\"text\":\"a</think>\"},{\"type\":\"text\",\"text\":\"b\"}]},"
+     "{\"role\":\"tool\",\"tool_call_id\":\"c\",\"content\":\" result text \"}]}",
+     false /* parts joined */},
+    {KS_PRESCAN_CHAT,
+     "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"content\":"
+     "\"x</thin</think>kept \\u00e9</think2\"},{\"role\":\"tool\",\"tool_call_id\":\"c\",\"content\":\"r\"}]}",
+     true},
+    {KS_PRESCAN_RESPONSES,
+     "{\"input\":[{\"role\":\"user\",\"content\":\"q\"},{\"type\":\"message\",\"role\":\"assistant\",\"content\":"
+     "[{\"type\":\"output_text\",\"text\":\"an answer\"}]},{\"type\":\"custom_tool_call\",\"call_id\":\"c\","
+     "\"name\":\"apply_patch\",\"input\":\"p\"},{\"type\":\"custom_tool_call_output\",\"call_id\":\"c\","
+     "\"output\":\"done\"}],\"tools\":[{\"type\":\"custom\",\"name\":\"apply_patch\"}]}",
+     false /* a custom tool is made a function: not counted */},
+    {KS_PRESCAN_MESSAGES,
+     "{\"max_tokens\":10,\"messages\":[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\","
+     "\"content\":[{\"type\":\"thinking\",\"thinking\":\"hmm\",\"signature\":\"\"},{\"type\":\"text\",\"text\":"
+     "\"calling\"},{\"type\":\"tool_use\",\"id\":\"t\",\"name\":\"f\",\"input\":{}}]},{\"role\":\"user\","
+     "\"content\":[{\"type\":\"tool_result\",\"tool_use_id\":\"t\",\"content\":[{\"type\":\"text\",\"text\":"
+     "\" big result \"}]}]}],\"tools\":[{\"name\":\"f\",\"input_schema\":{\"type\":\"object\"}}]}",
+     true},
 };
 
 /* The chat request's presize bound, through the format's own parser. */
@@ -219,13 +243,35 @@ static void test_items(void **state) {
     assert_int_equal(n.items, 6);
 }
 
+/* Issue 42: the bytes of the top-level values the walk does not read
+ * (fields outside the prompt), and a tools array when the template renders
+ * no tools; nothing for KS_PRESCAN_NONE. */
+static void test_other(void **state) {
+    (void)state;
+    const char *b = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"frob\":\"12345\",\"temperature\":0.5,"
+                    "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]}";
+    ks_prescan_counts n;
+    ks_prescan_count(&ALL, KS_PRESCAN_CHAT, b, strlen(b), false, &n);
+    assert_int_equal(n.other, strlen("\"12345\"") + strlen("0.5"));
+    const ks_presize no_tools = {{true, true, true, true}, false, false, false, false};
+    ks_prescan_count(&no_tools, KS_PRESCAN_CHAT, b, strlen(b), false, &n);
+    assert_int_equal(n.other, strlen("\"12345\"") + strlen("0.5") +
+                                  strlen("[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]"));
+    ks_prescan_count(&ALL, KS_PRESCAN_NONE, b, strlen(b), false, &n);
+    assert_int_equal(n.other, 0);
+    /* A prefix counts whole values only. */
+    ks_prescan_count(&ALL, KS_PRESCAN_CHAT, b, strlen("{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"frob\":\"12"),
+                     true, &n);
+    assert_int_equal(n.other, 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bound),
         cmocka_unit_test(test_kinds),
         cmocka_unit_test(test_unfollowed),
         cmocka_unit_test(test_named_choice),
-        cmocka_unit_test(test_items),
+        cmocka_unit_test(test_items), cmocka_unit_test(test_other),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -37,6 +37,23 @@ static const char *const k_requests[] = {
     "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"sunny\"},{\"role\":\"user\",\"content\":\"Thanks!\"}],"
     "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":\"Weather.\","
     "\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\",\"description\":\"c\"}}}}}]}",
+    /* Issue 42: assistants' contents (reasoning cut at "</think>" by some
+     * templates, earlier turns or the last) and long tool results. */
+    "{\"messages\":[{\"role\":\"user\",\"content\":\"Q1\"},{\"role\":\"assistant\",\"content\":"
+    "\"<think>\\nreasoning that some templates drop\\n</think>\\n\\nThe first answer, kept.\"},"
+    "{\"role\":\"user\",\"content\":\"Q2\"},{\"role\":\"assistant\",\"content\":\"A plain second answer.\"},"
+    "{\"role\":\"user\",\"content\":\"Q3\"}]}",
+    "{\"messages\":[{\"role\":\"user\",\"content\":\"Q1\"},{\"role\":\"assistant\",\"content\":"
+    "\"<think>thinking</think>The prefilled start of an answer\"}]}",
+    "{\"messages\":[{\"role\":\"user\",\"content\":\"Q1\"},{\"role\":\"assistant\",\"content\":"
+    "[{\"type\":\"text\",\"text\":\"part a</think>\"},{\"type\":\"text\",\"text\":\"part b after\"}]},"
+    "{\"role\":\"user\",\"content\":\"Q2\"}]}",
+    "{\"messages\":[{\"role\":\"system\",\"content\":\"Use tools.\"},{\"role\":\"user\",\"content\":\"Read it\"},"
+    "{\"role\":\"assistant\",\"content\":\"Reading the file now.\",\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\","
+    "\"function\":{\"name\":\"read\",\"arguments\":\"{}\"}}]},"
+    "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"   line one of the file\\nline two of the file   \"},"
+    "{\"role\":\"assistant\",\"content\":\"It has two lines.\"},{\"role\":\"user\",\"content\":\"Thanks!\"}],"
+    "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"read\",\"parameters\":{\"type\":\"object\"}}}]}",
 };
 
 /* Every request: bound <= rendered bytes. Returns how many tools-kinds count. */
@@ -60,7 +77,8 @@ static int check_template(const char *name, const char *src) {
         free(res);
     }
     ks_chat_tmpl_free(t);
-    printf("  %-55s content %d%d tools %d%d params %d%d\n", name, p.content[0], p.content[1], p.tool_name, p.tool_desc,
+    printf("  %-55s content %d%d%d%d tools %d%d params %d%d\n", name, p.content[0], p.content[1], p.content[2],
+           p.content[3], p.tool_name, p.tool_desc,
            p.param_name, p.param_desc);
     return p.tool_name + p.tool_desc;
 }
