@@ -393,7 +393,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         }
         cn->discarded += n;
         /* A body without Content-Length (chunked) beyond the hard cap: drop
-         * the connection, there is no way to answer in the middle of a body. */
+         * the connection, there is no way to answer in the middle of a body
+         * (libmicrohttpd 0.9.75's MHD_queue_response refuses a response
+         * between the headers and the body's end; docs/SECURITY.md). */
         return cn->discarded > hard_cap(s) ? MHD_NO : MHD_YES;
     }
     /* The request is in: the header timeout was for reading it. The reply

@@ -132,8 +132,9 @@ typedef struct ks_server_params {
                                  KS_SERVER_CONN_SPARE more are accepted only to be
                                  answered 503 (note 9) */
     int max_connections_per_client; /* per client address (default 0: half of
-                                 max_connections); beyond, libmicrohttpd closes the
-                                 new connection at once, without a reply (note 9) */
+                                 max_connections); beyond, the address's oldest
+                                 connection awaiting its headers is closed for the new
+                                 one, else the new one (hdrwatch.h), without a reply */
     int timeout_s;            /* idle keep-alive timeout between requests (default 600;
                                  0: none; generation time does not count) */
     int header_timeout_s;     /* a request's headers and body: at most this many seconds
