@@ -381,7 +381,13 @@ int ks__plan_bias(ks_server *s, const ks_api_request *rq, ks_plan *pl, ks_api_er
 int ks__plan_grammar(ks_server *s, const ks_api_request *rq, ks_plan *pl, ks_api_error *e) {
     char err[512] = "";
     if (rq->kind == KS_API_CHAT) {
-        if (pl->tp.grammar && ks_engine_grammar_check(s->engine, pl->tp.grammar, err, sizeof err)) {
+        if (!pl->tp.grammar) return 0;
+        /* A grammar build waits its turn with the renders (admit.h): sized
+         * (grammarsize.h, schemasize.h), but not free. */
+        ks_admit_enter(&s->admit, KS_ADMIT_GRAMMAR);
+        int grc = ks_engine_grammar_check(s->engine, pl->tp.grammar, err, sizeof err);
+        ks_admit_leave(&s->admit);
+        if (grc) {
             ks_api_error_set(e, 400, T_INVALID, "invalid_grammar", "grammar", "Invalid grammar: %.300s", err);
             return KS_EINVAL;
         }
@@ -406,7 +412,10 @@ int ks__plan_grammar(ks_server *s, const ks_api_request *rq, ks_plan *pl, ks_api
         }
         if (rc) return ks__api_oom(e);
     }
-    if (ks_engine_grammar_check(s->engine, pl->grammar, err, sizeof err)) {
+    ks_admit_enter(&s->admit, KS_ADMIT_GRAMMAR);
+    int grc = ks_engine_grammar_check(s->engine, pl->grammar, err, sizeof err);
+    ks_admit_leave(&s->admit);
+    if (grc) {
         ks_api_error_set(e, 400, T_INVALID, "invalid_grammar", "grammar", "Invalid grammar: %.300s", err);
         return KS_EINVAL;
     }
