@@ -28,8 +28,9 @@ STAMP=$LLAMA/.ok-v0.5.0
 
 # clang and its runtime libraries (libFuzzer, the sanitizers' runtimes) are for make fuzz;
 # redis-server for the tests of the redis tier (they start their own, never the system's).
+# chromium for the one browser test (tests/e2e/cors_browser.test.mjs: a chat UI on another origin).
 DEB_PKGS="libmicrohttpd-dev libjansson-dev libyaml-dev libssl-dev libxxhash-dev libcmocka-dev libhiredis-dev libcurl4-openssl-dev redis-server pkg-config
-    cmake make g++ git openssl clang libclang-rt-dev"
+    cmake make g++ git openssl clang libclang-rt-dev chromium"
 BIN_PKG=@node-llama-cpp/linux-x64@3.22.1
 BIN_SHA512=5uCCDNqWCNfaAm8aR/Uzxbo4HBpKgNF91kCHPepKhgMgV2OAmatoefbOlMihsqCiH2Od35E/eUHQCFbfRBJuOg==
 SRC_PKG=node-llama-cpp@3.22.1

@@ -136,7 +136,7 @@ int ks__plan_body(ks_server *s, ks_prescan_shape shape, const char *body, size_t
     ks_prescan_counts n;
     ks_prescan_count(&s->presize, max > 0 ? shape : KS_PRESCAN_NONE, body, len, next != NULL, &n);
     if (n.items > items) return KS_BODY_TOO_MANY;
-    if (n.other > KS_BODY_ELSE_MAX) return KS_BODY_TOO_MUCH_ELSE;
+    if (n.other > KS_BODY_ELSE_MAX || n.other_items > KS_BODY_ELSE_ITEMS) return KS_BODY_TOO_MUCH_ELSE;
     if (max > 0 && n.bytes > (uint64_t)max) {
         ks_admit_note_refused(&s->admit);
         return KS_BODY_TOO_LONG;
@@ -155,8 +155,8 @@ void ks__plan_body_error(ks_server *s, int why, ks_api_error *e) {
     if (why == KS_BODY_TOO_MUCH_ELSE) {
         ks_api_error_set(e, 413, T_INVALID, "request_too_large", NULL,
                          "The request's fields outside its messages and tools (sampling, formats, metadata, "
-                         "unknown fields) hold more than %u bytes: it is refused before it is parsed.",
-                         (unsigned)KS_BODY_ELSE_MAX);
+                         "unknown fields) hold more than %u bytes or %u JSON keys and values: it is refused before "
+                         "it is parsed.", (unsigned)KS_BODY_ELSE_MAX, (unsigned)KS_BODY_ELSE_ITEMS);
         return;
     }
     const ks_api_request chat = {.kind = KS_API_CHAT};

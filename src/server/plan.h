@@ -58,6 +58,10 @@ enum { KS_BODY_TOO_LONG = 1400, KS_BODY_TOO_MANY = 1413, KS_BODY_TOO_MUCH_ELSE =
  * many bytes (issue 42: a 15 MB unknown field cost 37 MB each to parse and
  * was then ignored). */
 #define KS_BODY_ELSE_MAX (4u << 20)
+/* ... or more than this many JSON keys and values: a response format's
+ * schema of 10^5 nodes would be parsed (a tree of ~100 bytes a node) before
+ * schemasize.h refused it; real schemas stay within a few thousand (issue 41). */
+#define KS_BODY_ELSE_ITEMS 131072
 #define KS_BODY_ITEMS_PER_TOKEN 4
 int ks__plan_body(ks_server *s, ks_prescan_shape shape, const char *body, size_t len, uint64_t *next);
 /* The error of a body ks__plan_body refused (why: its result): 413

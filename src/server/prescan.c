@@ -446,7 +446,11 @@ void ks_prescan_count(const ks_presize *p, ks_prescan_shape sh, const char *body
             }
         } else {
             const char *b = c.p;
-            if (skip(&c)) out->other += (size_t)(c.p - b);
+            size_t i0 = c.items;
+            if (skip(&c)) {
+                out->other += (size_t)(c.p - b);
+                out->other_items += c.items - i0;
+            }
         }
     }
     out->items = c.items;

@@ -82,6 +82,7 @@ typedef struct ks_prescan_counts {
      * fields: nothing the template renders), whole values only; 0 for
      * KS_PRESCAN_NONE. */
     size_t other;
+    size_t other_items; /* the keys and values among them (a JSON schema's nodes) */
 } ks_prescan_counts;
 void ks_prescan_count(const ks_presize *p, ks_prescan_shape shape, const char *body, size_t len, bool prefix,
                       ks_prescan_counts *out);

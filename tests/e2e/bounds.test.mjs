@@ -129,6 +129,10 @@ test('15 MB in an assistant message, a tool result, an unknown field or count_to
     ['/v1/messages', { model: 'm', max_tokens: 1, messages: [user, { role: 'assistant', content: big }, user] }, 400],
     ['/v1/responses', { model: 'm', input: [user, { type: 'function_call_output', call_id: 'c', output: big }] }, 400],
     ['/apply-template', { messages: [user, { role: 'assistant', content: big }] }, 400],
+    // Issue 41: a response format's schema of 10^5 nodes (3 MB) is refused before its parse.
+    ['/v1/chat/completions', { messages: [user], max_tokens: 1, response_format: { type: 'json_schema', json_schema: {
+      name: 'x', schema: { type: 'object', properties: Object.fromEntries(Array.from({ length: 100000 },
+        (_, i) => [`p${i}`, { type: 'string' }])) } } } }, 413],
   ];
   for (const [route, body, status] of cases) {
     const s3 = await startServer(['--slots', '1', '--ctx', '512']);

@@ -330,6 +330,38 @@ test('a store directory open to others is made private; entries of another owner
   }
 });
 
+// Issue 41: a store directory another Unix user owns (one made first under
+// our name in /dev/shm, say) is never used: its files could be that user's.
+// The disk directory stops the server at start, naming the owner; the shm
+// tier, an optional one (its default directory is shared by design), is
+// turned off with a warning that says why. Needs root to give a directory
+// away; as another user it uses a directory of root's.
+test('a store directory owned by another user is refused, naming the owner', async (t) => {
+  const d = path.join(root, 'foreign');
+  mkdirSync(d);
+  const asRoot = process.getuid?.() === 0;
+  if (!asRoot && statSync('/').uid !== 0) return t.skip('no directory of another user to try');
+  const owner = asRoot ? 65534 : 0; // nobody, or root
+  const foreign = (name) => {
+    if (!asRoot) return '/';
+    const p = path.join(d, name);
+    mkdirSync(p, { mode: 0o700 });
+    chownSync(p, owner, owner);
+    return p;
+  };
+  const shmCfg = await writeStoreConfig(path.join(d, 'shm.yaml'), { cacheDir: path.join(d, 'ok-disk'), shmDir: foreign('shm') });
+  const srv = await startServer(['--config', shmCfg]);
+  try {
+    assert.match(srv.stderr, new RegExp(`shm tier disabled: .* is owned by uid ${owner}, not by us`));
+    assert.match(srv.stderr, /shm {2}tier: off/);
+  } finally {
+    await stopOk(srv);
+  }
+  const diskCfg = await writeStoreConfig(path.join(d, 'disk.yaml'), { cacheDir: foreign('disk'), shmDir: path.join(d, 'ok-shm') });
+  await assert.rejects(startServer(['--config', diskCfg]),
+    (e) => /exited \(code 1/.test(e.message) && new RegExp(`is owned by uid ${owner}, not by us`).test(e.message));
+});
+
 // ------------------------------------------------------------------------ 2
 test('two processes on one directory: a conversation moves from A to B and back', async () => {
   const dirs = await storeDir('two');

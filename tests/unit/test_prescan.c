@@ -253,6 +253,7 @@ static void test_other(void **state) {
     ks_prescan_counts n;
     ks_prescan_count(&ALL, KS_PRESCAN_CHAT, b, strlen(b), false, &n);
     assert_int_equal(n.other, strlen("\"12345\"") + strlen("0.5"));
+    assert_int_equal(n.other_items, 2);
     const ks_presize no_tools = {{true, true, true, true}, false, false, false, false};
     ks_prescan_count(&no_tools, KS_PRESCAN_CHAT, b, strlen(b), false, &n);
     assert_int_equal(n.other, strlen("\"12345\"") + strlen("0.5") +
