@@ -45,6 +45,7 @@
 #include "server/output.h"
 #include "server/peer.h"
 #include "server/reply.h"
+#include "server/tenantstats.h"
 
 #define MOD "http"
 #define WAIT_POLL_MS 200
@@ -96,6 +97,7 @@ struct ks_gen {
     int n_preserved;
     int top_logprobs;
     bool tools_ignored;            /* the plan's: set on each choice's result */
+    uint64_t key_tenant;           /* the request's key's tenant (tenantstats.h) */
 
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -292,6 +294,7 @@ static void on_done(void *ud, const ks_req_result *r) {
             (int)sizeof r->cache_reason, r->cache_reason);
     if (r->finish == KS_FINISH_ERROR)
         KS_WARN(MOD, "%s%s failed: %s", g->id, which, ks_strerror(r->error));
+    ks_tenantstats_add(g->srv->tstats, g->key_tenant, r->n_prompt, r->n_cached, r->n_generated);
 
     pthread_mutex_lock(&g->mu);
     if (frc < 0 || ks_buf_append(&c->pending, c->scratch.s ? c->scratch.s : "", c->scratch.len))
@@ -631,6 +634,7 @@ int ks__gen_submit(ks_gen *g, struct MHD_Connection *c, conn *cn, const ks_api_r
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     g->fd = ci ? ci->connect_fd : -1;
     g->http11 = cn->http11;
+    g->key_tenant = cn->tenant;
     g->conn = c;
     cn->g = g; /* the HTTP reference, dropped in ks__gen_request_done */
     /* Generation time must not count as idleness (the connection thread

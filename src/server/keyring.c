@@ -27,10 +27,43 @@ typedef struct kentry {
     uint64_t tenant;
 } kentry;
 
+typedef struct kname {
+    uint64_t tenant;
+    char *name; /* the key file's name of the tenant (names are not secret) */
+} kname;
+
 typedef struct kset {
     kentry *v;
     int n, cap;
+    kname *names; /* distinct named tenants of the set */
+    int n_names, cap_names;
 } kset;
+
+static void kset_free(kset *ks) {
+    for (int i = 0; i < ks->n_names; i++) free(ks->names[i].name);
+    free(ks->names);
+    free(ks->v);
+    memset(ks, 0, sizeof *ks);
+}
+
+/* Remembers tenant's name (once). */
+static int kset_name(kset *ks, uint64_t tenant, const char *name, size_t n) {
+    for (int i = 0; i < ks->n_names; i++)
+        if (ks->names[i].tenant == tenant) return 0;
+    if (ks->n_names == ks->cap_names) {
+        int cap = ks->cap_names ? ks->cap_names * 2 : 8;
+        kname *v = realloc(ks->names, (size_t)cap * sizeof *v);
+        if (!v) return KS_ENOMEM;
+        ks->names = v;
+        ks->cap_names = cap;
+    }
+    char *c = malloc(n + 1);
+    if (!c) return KS_ENOMEM;
+    memcpy(c, name, n);
+    c[n] = '\0';
+    ks->names[ks->n_names++] = (kname){tenant, c};
+    return 0;
+}
 
 struct ks_keyring {
     pthread_mutex_t mu;
@@ -167,7 +200,8 @@ static int read_file(const char *path, kset *out, struct stat *st, bool *open_re
         size_t nw = nn ? nn : nk;
         memcpy(who, nn ? name : key, nw);
         who[nw] = '\0';
-        if ((rc = kset_add(out, key, nk, ks_keyring_tenant_of(who))) != 0) {
+        if ((rc = kset_add(out, key, nk, ks_keyring_tenant_of(who))) != 0 ||
+            (nn && (rc = kset_name(out, out->v[out->n - 1].tenant, name, nn)) != 0)) {
             ks_set_err(err, errlen, "out of memory reading %s", path);
             break;
         }
@@ -238,8 +272,8 @@ int ks_keyring_create(const char *const *keys, int n_keys, const char *file, ks_
 void ks_keyring_free(ks_keyring *k) {
     if (!k) return;
     pthread_mutex_destroy(&k->mu);
-    free(k->inline_keys.v);
-    free(k->file_keys.v);
+    kset_free(&k->inline_keys);
+    kset_free(&k->file_keys);
     free(k->file);
     free(k);
 }
@@ -271,11 +305,11 @@ static void refresh_locked(ks_keyring *k) {
         k->ino = rc == 0 ? rst.st_ino : st.st_ino;
     }
     if (rc) {
-        free(fresh.v);
+        kset_free(&fresh);
         KS_WARN(MOD, "%s; the %d key(s) read before stay in force", err, k->file_keys.n);
         return;
     }
-    free(k->file_keys.v);
+    kset_free(&k->file_keys);
     k->file_keys = fresh;
     KS_INFO(MOD, "key file %s read again: %d key(s)", k->file, fresh.n);
 }
@@ -311,6 +345,19 @@ bool ks_keyring_check(ks_keyring *k, const char *key, uint64_t *tenant) {
     bool b = match(&k->file_keys, d, tenant);
     pthread_mutex_unlock(&k->mu);
     return a | b;
+}
+
+bool ks_keyring_name(ks_keyring *k, uint64_t tenant, char *out, size_t n) {
+    bool found = false;
+    if (!k || !n) return false;
+    pthread_mutex_lock(&k->mu);
+    for (int i = 0; i < k->file_keys.n_names && !found; i++)
+        if (k->file_keys.names[i].tenant == tenant) {
+            snprintf(out, n, "%s", k->file_keys.names[i].name);
+            found = true;
+        }
+    pthread_mutex_unlock(&k->mu);
+    return found;
 }
 
 void ks_keyring_reload(ks_keyring *k) {

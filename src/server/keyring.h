@@ -68,6 +68,11 @@ bool ks_keyring_required(const ks_keyring *k);
  * "Tenants"); false: refused. Reads the key file first when it changed. A
  * NULL keyring allows everything as tenant 0. */
 bool ks_keyring_check(ks_keyring *k, const char *key, uint64_t *tenant);
+/* The key file's name of tenant into out (n bytes): true, or false when
+ * the file names no such tenant (inline keys and unnamed lines have none).
+ * Thread-safe. */
+bool ks_keyring_name(ks_keyring *k, uint64_t tenant, char *out, size_t n);
+
 /* Have the next check read the key file again, changed or not. */
 void ks_keyring_reload(ks_keyring *k);
 /* The keys in force now (for the log and tests). */

@@ -48,6 +48,8 @@
 #include "engine/chat_tmpl.h"
 #include "server/convstore.h"
 #include "server/hdrwatch.h"
+#include "server/keyring.h"
+#include "server/tenantstats.h"
 #include "prompt/prompt_tmpl.h"
 #include "server/fmt.h"
 #include "server/gen.h"
@@ -69,7 +71,7 @@
 
 /* ------------------------------------------------------------------ routes */
 enum { R_HEALTH = 1, R_MODELS, R_METRICS, R_SLOTS, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE, R_PROPS, R_APPLY_TEMPLATE,
-       R_RESPONSES, R_MESSAGES, R_COUNT_TOKENS };
+       R_RESPONSES, R_MESSAGES, R_COUNT_TOKENS, R_TENANT };
 enum { M_GET = 1, M_POST = 2 }; /* M_GET: GET and HEAD */
 
 struct route {
@@ -89,6 +91,7 @@ static const route ROUTES[] = {
     {"/models", R_MODELS, M_GET, NULL},
     {"/metrics", R_METRICS, M_GET, NULL},
     {"/slots", R_SLOTS, M_GET, NULL},
+    {"/tenant", R_TENANT, M_GET, NULL},
     {"/v1/chat/completions", R_CHAT, M_POST, &ks__fmt_chat},
     {"/chat/completions", R_CHAT, M_POST, &ks__fmt_chat},
     {"/v1/completions", R_COMPLETIONS, M_POST, &ks__fmt_completions},
@@ -411,6 +414,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     case R_MODELS: return ks__util_models(s, c, cn);
     case R_METRICS: return ks__util_metrics(s, c, cn);
     case R_SLOTS: return ks__util_slots(s, c, cn);
+    case R_TENANT: return ks__util_tenant(s, c, cn);
     case R_CHAT:
     case R_COMPLETIONS:
     case R_RESPONSES:
@@ -450,6 +454,89 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
 }
 
 /* The tokenization cache's counters (engine/tokcache.h). */
+/* Each tenant's use, labelled by the key file's names and "other" (tenantstats.h):
+ * only with several tenants, whose /metrics answers the metrics key alone. */
+typedef struct tlabel {
+    char name[KS_KEYRING_NAME_MAX + 1];
+    uint64_t tenant;
+    ks_tenant_usage u;
+    int slots;
+} tlabel;
+
+typedef struct tlabels {
+    ks_server *s;
+    tlabel *v;
+    int n, cap;
+} tlabels;
+
+static tlabel *label_row(tlabels *L, const char *name) {
+    for (int i = 0; i < L->n; i++)
+        if (!strcmp(L->v[i].name, name)) return &L->v[i];
+    if (L->n == L->cap) return NULL;
+    tlabel *t = &L->v[L->n++];
+    memset(t, 0, sizeof *t);
+    snprintf(t->name, sizeof t->name, "%s", name);
+    return t;
+}
+
+static void label_of(ks_server *s, uint64_t tenant, bool overflow, char *out, size_t n) {
+    if (overflow || !ks_keyring_name(s->keys, tenant, out, n)) snprintf(out, n, "other");
+}
+
+static void tenant_row(void *ud, uint64_t tenant, bool overflow, const ks_tenant_usage *u) {
+    tlabels *L = ud;
+    char name[KS_KEYRING_NAME_MAX + 1];
+    label_of(L->s, tenant, overflow, name, sizeof name);
+    tlabel *t = label_row(L, name);
+    if (!t) return;
+    t->u.requests += u->requests;
+    t->u.prompt_tokens += u->prompt_tokens;
+    t->u.cached_tokens += u->cached_tokens;
+    t->u.generated_tokens += u->generated_tokens;
+}
+
+static void tenants_source(void *ud, ks_prom *p) {
+    ks_server *s = ud;
+    if (!s->tenants) return;
+    tlabels L = {.s = s, .cap = KS_TENANTSTATS_MAX + 2};
+    if (!(L.v = calloc((size_t)L.cap, sizeof *L.v))) {
+        p->rc = KS_ENOMEM;
+        return;
+    }
+    ks_tenantstats_each(s->tstats, tenant_row, &L);
+    ks_slot_info info[KS_MAX_SLOTS];
+    int n = 0;
+    pthread_rwlock_rdlock(&s->sched_lock);
+    if (!s->detached) n = ks_sched_slots(s->sched, info, KS_MAX_SLOTS);
+    pthread_rwlock_unlock(&s->sched_lock);
+    for (int i = 0; i < n && i < KS_MAX_SLOTS; i++) {
+        if (!info[i].n_tokens && !info[i].busy) continue; /* an empty slot is no one's */
+        char name[KS_KEYRING_NAME_MAX + 1];
+        label_of(s, info[i].tenant, false, name, sizeof name);
+        tlabel *t = label_row(&L, name);
+        if (t) t->slots++;
+    }
+    static const struct {
+        const char *name, *type, *help;
+    } fam[] = {
+        {"kvstash_tenant_requests_total", "counter", "Generations finished, by tenant (the key file's names; other: the rest)"},
+        {"kvstash_tenant_prompt_tokens_total", "counter", "Prompt tokens, by tenant"},
+        {"kvstash_tenant_cached_tokens_total", "counter", "Prompt tokens read from a cache (slot, SPC, IMC, store), by tenant"},
+        {"kvstash_tenant_generated_tokens_total", "counter", "Generated tokens, by tenant"},
+        {"kvstash_tenant_slots", "gauge", "Slots whose KV is the tenant's now"},
+    };
+    for (size_t f = 0; f < sizeof fam / sizeof fam[0]; f++) {
+        ks_prom_family(p, fam[f].name, fam[f].type, fam[f].help);
+        for (int i = 0; i < L.n; i++) {
+            const tlabel *t = &L.v[i];
+            double v = f == 0 ? (double)t->u.requests : f == 1 ? (double)t->u.prompt_tokens
+                     : f == 2 ? (double)t->u.cached_tokens : f == 3 ? (double)t->u.generated_tokens : t->slots;
+            ks_prom_sample(p, fam[f].name, "tenant", t->name, v);
+        }
+    }
+    free(L.v);
+}
+
 static void tokcache_source(void *ud, ks_prom *p) {
     ks_server *s = ud;
     ks_tokcache_stats st;
@@ -586,6 +673,7 @@ int ks_server_start(const ks_server_params *p, ks_server **out, char *err, size_
         !(s->convs = ks_convstore_create(p->responses_max, p->responses_ttl_s)) ||
         !(s->refusals = ks_refusals_create()) || !(s->memo = ks_prompt_memo_create(KS_SERVER_MEMO)) ||
         !(s->tokcache = ks_tokcache_create(p->engine, KS_SERVER_TOKCACHE)) ||
+        !(s->tstats = ks_tenantstats_create()) ||
         !(s->admit_ok = ks_admit_init(&s->admit, p->max_renders) == 0)) {
         ks_server_free(s);
         freeaddrinfo(ai);
@@ -645,7 +733,8 @@ int ks_server_start(const ks_server_params *p, ks_server **out, char *err, size_
     /* The server's own sources; the caller's (SPC, store) are already in the
      * registry. Sources are only added before the daemon starts (metrics.h). */
     if (ks_metrics_add(s->metrics, sched_source, s) || ks_metrics_add(s->metrics, ks_metrics_http, &s->http) ||
-        ks_metrics_add(s->metrics, ks_metrics_admit, &s->admit) || ks_metrics_add(s->metrics, tokcache_source, s)) {
+        ks_metrics_add(s->metrics, ks_metrics_admit, &s->admit) || ks_metrics_add(s->metrics, tokcache_source, s) ||
+        ks_metrics_add(s->metrics, tenants_source, s)) {
         ks_server_free(s);
         freeaddrinfo(ai);
         return KS_ENOMEM;
@@ -739,6 +828,7 @@ void ks_server_free(ks_server *s) {
     }
     if (s->d) MHD_stop_daemon(s->d);
     ks_hdrwatch_stop(s->hdrwatch);
+    ks_tenantstats_free(s->tstats);
     /* MHD hands the listening socket to whoever quiesced: ours to close,
      * and only after the daemon stopped (its threads may still use it). */
     if (s->quiesced_fd != MHD_INVALID_SOCKET) close(s->quiesced_fd);

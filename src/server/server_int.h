@@ -57,6 +57,7 @@ struct ks_server {
     unsigned timeout_s;         /* idle keep-alive (server.h note 9) */
     unsigned header_timeout_s;  /* headers and body */
     struct ks_hdrwatch *hdrwatch; /* the whole-header deadline (hdrwatch.h) */
+    struct ks_tenantstats *tstats; /* each tenant's use (tenantstats.h) */
     int max_connections;        /* served; the spare band beyond gets 503 */
     /* The longest text of a token, in bytes: a prompt of B bytes is at least
      * ceil(B / max_token_bytes) tokens (plan.c, prompt_max_bytes). */
@@ -160,6 +161,8 @@ enum MHD_Result ks__util_health(ks_server *s, struct MHD_Connection *c, conn *cn
 enum MHD_Result ks__util_models(ks_server *s, struct MHD_Connection *c, conn *cn);
 enum MHD_Result ks__util_metrics(ks_server *s, struct MHD_Connection *c, conn *cn);
 enum MHD_Result ks__util_slots(ks_server *s, struct MHD_Connection *c, conn *cn);
+/* GET /tenant: the key's own tenant's use (tenantstats.h), nothing of others. */
+enum MHD_Result ks__util_tenant(ks_server *s, struct MHD_Connection *c, conn *cn);
 enum MHD_Result ks__util_tokenize(ks_server *s, struct MHD_Connection *c, conn *cn);
 enum MHD_Result ks__util_detokenize(ks_server *s, struct MHD_Connection *c, conn *cn);
 enum MHD_Result ks__util_props(ks_server *s, struct MHD_Connection *c, conn *cn);

@@ -20,6 +20,8 @@
 #include "server/fmt.h"
 #include "server/plan.h"
 #include "server/server_int.h"
+#include "server/keyring.h"
+#include "server/tenantstats.h"
 
 /* ------------------------------------------------------------- GET endpoints */
 #define ERR(status, type, code, param, ...)                                              \
@@ -92,6 +94,26 @@ enum MHD_Result ks__util_slots(ks_server *s, struct MHD_Connection *c, conn *cn)
         }
     }
     return ks__respond_json(s, c, cn, 200, a, NULL);
+}
+
+enum MHD_Result ks__util_tenant(ks_server *s, struct MHD_Connection *c, conn *cn) {
+    ks_tenant_usage u;
+    ks_tenantstats_get(s->tstats, cn->tenant, &u);
+    ks_slot_info info[KS_MAX_SLOTS];
+    int n = 0, held = 0;
+    pthread_rwlock_rdlock(&s->sched_lock);
+    if (!s->detached) n = ks_sched_slots(s->sched, info, KS_MAX_SLOTS);
+    pthread_rwlock_unlock(&s->sched_lock);
+    for (int i = 0; i < n && i < KS_MAX_SLOTS; i++)
+        held += info[i].tenant == cn->tenant && (info[i].n_tokens > 0 || info[i].busy);
+    char name[KS_KEYRING_NAME_MAX + 1];
+    bool named = ks_keyring_name(s->keys, cn->tenant, name, sizeof name);
+    json_t *o = json_pack("{s:o, s:I, s:I, s:I, s:I, s:f, s:i}", "tenant", named ? json_string(name) : json_null(),
+                          "requests", (json_int_t)u.requests, "prompt_tokens", (json_int_t)u.prompt_tokens,
+                          "cached_tokens", (json_int_t)u.cached_tokens, "generated_tokens",
+                          (json_int_t)u.generated_tokens, "cache_hit_rate",
+                          u.prompt_tokens ? (double)u.cached_tokens / (double)u.prompt_tokens : 0.0, "slots", held);
+    return ks__respond_json(s, c, cn, 200, o, NULL);
 }
 
 /* ---------------------------------------------------------- llama-server's */

@@ -222,6 +222,50 @@ test('key files others may write, empty keys, a key given twice, a metrics key t
   }
 });
 
+// Issue 41: each tenant's own view. /metrics (the metrics key's) counts each
+// tenant's use under the key file's names, the rest as "other", never a key;
+// GET /tenant shows a key its own tenant's numbers and nothing of another's.
+test('per-tenant counters: /metrics by the key file\'s names, GET /tenant a key\'s own', async () => {
+  const file = path.join(dir, 'keys-usage');
+  writeFileSync(file, 'KA1 alice\nKA2 alice\nKB1 bob\nKU\n', { mode: 0o600 });
+  const srv = await startServer(['--slots', '4', '--api-key-file', file, '--metrics-key', 'MK']);
+  try {
+    await ask(srv, 'KA1', SECRET);
+    const a2 = await ask(srv, 'KA2', SECRET); // alice's second key: the same tenant, its cache
+    assert.ok(a2.usage.prompt_tokens_details.cached_tokens > 0);
+    await ask(srv, 'KB1', CONTROLS[0]);
+    await ask(srv, 'KU', CONTROLS[1]);
+    const m = await getJSON(srv, '/metrics', auth('MK'));
+    assert.equal(m.status, 200);
+    const text = m.text;
+    const val = (name, tenant) => Number(new RegExp(`^${name}\\{tenant="${tenant}"\\} (\\S+)$`, 'm').exec(text)?.[1]);
+    assert.equal(val('kvstash_tenant_requests_total', 'alice'), 2, text);
+    assert.equal(val('kvstash_tenant_requests_total', 'bob'), 1);
+    assert.equal(val('kvstash_tenant_requests_total', 'other'), 1);
+    assert.equal(val('kvstash_tenant_cached_tokens_total', 'alice'), a2.usage.prompt_tokens_details.cached_tokens);
+    assert.equal(val('kvstash_tenant_cached_tokens_total', 'bob'), 0);
+    assert.ok(val('kvstash_tenant_slots', 'alice') >= 1);
+    for (const k of ['KA1', 'KA2', 'KB1', 'KU']) assert.ok(!text.includes(k), `a key in /metrics: ${k}`);
+    // Each key's own view.
+    const bob = await getJSON(srv, '/tenant', auth('KB1'));
+    assert.equal(bob.status, 200, bob.text);
+    assert.equal(bob.json.tenant, 'bob');
+    assert.equal(bob.json.requests, 1);
+    assert.equal(bob.json.cached_tokens, 0);
+    assert.equal(bob.json.slots, 1);
+    const alice = await getJSON(srv, '/tenant', auth('KA2'));
+    assert.equal(alice.json.tenant, 'alice');
+    assert.equal(alice.json.requests, 2);
+    assert.ok(alice.json.cache_hit_rate > 0 && alice.json.cache_hit_rate < 1);
+    const u = await getJSON(srv, '/tenant', auth('KU'));
+    assert.equal(u.json.tenant, null);
+    assert.equal(u.json.requests, 1);
+    assert.equal((await getJSON(srv, '/tenant', auth('nope'))).status, 401);
+  } finally {
+    await stopOk(srv);
+  }
+});
+
 const LONG_SYS = 'You are the support assistant of a large online shop that sells garden tools, seeds, pots, soil ' +
   'and outdoor furniture. Answer politely, in short sentences, and always suggest one product that fits.';
 const sysMsgs = (user) => [{ role: 'system', content: LONG_SYS }, { role: 'user', content: user }];
