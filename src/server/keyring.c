@@ -136,7 +136,12 @@ static int file_safe(FILE *f, const char *path, struct stat *st, bool *open_read
                    path, st->st_mode & S_IWOTH ? "others" : "its group");
         return KS_EINVAL;
     }
-    *open_read = (st->st_mode & S_IROTH) != 0;
+    /* As the cache secret file: keys others may read are keys others hold. */
+    if (st->st_mode & S_IRWXO) {
+        ks_set_err(err, errlen, "the key file %s is readable by others: they hold its keys (chmod 600 it)", path);
+        return KS_EINVAL;
+    }
+    *open_read = (st->st_mode & S_IRGRP) != 0;
     return 0;
 }
 
@@ -253,7 +258,7 @@ int ks_keyring_create(const char *const *keys, int n_keys, const char *file, ks_
             k->size = st.st_size;
             k->ino = st.st_ino;
             k->seen = true;
-            if (open_read) KS_WARN(MOD, "the key file %s is readable by other users (chmod 600 it)", file);
+            if (open_read) KS_WARN(MOD, "the key file %s is readable by its group (chmod 600 it)", file);
             for (int i = 0; i < k->file_keys.n && rc == 0; i++)
                 if (kset_has(&k->inline_keys, k->inline_keys.n, k->file_keys.v[i].digest)) {
                     ks_set_err(err, errlen, "a key of %s is also given as --api-key / api_key(s)", file);

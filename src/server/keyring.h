@@ -34,7 +34,8 @@
  *     regular file of the server's user (or root) that neither its group nor
  *     others may write — else another local user could add a key and be
  *     served — checked at create (an error) and at every re-read (not read,
- *     a warning); one others may read is taken with a warning. A key given
+ *     a warning); one others may read is refused as well (as the cache
+ *     secret file is), one its group may read taken with a warning. A key given
  *     twice, inline or in the file, is an error (under two names it would
  *     belong to whichever came last). (An empty --api-key or KVSTASH_API_KEY
  *     is the command line's to refuse: here "" is no key.)

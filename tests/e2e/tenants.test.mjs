@@ -142,8 +142,8 @@ test('previous_response_id: ids are 128 random bits, and another key\'s id is no
 
 test('key file: names make tenants, and it is read again when rewritten (no restart)', async () => {
   const file = path.join(dir, 'keys');
-  const write = (text) => { // whole, by rename: never half a file
-    writeFileSync(file + '.tmp', text);
+  const write = (text) => { // whole, by rename: never half a file; private (others may not read keys)
+    writeFileSync(file + '.tmp', text, { mode: 0o600 });
     renameSync(file + '.tmp', file);
   };
   write('# key   tenant\nK1 alice\nK2 alice\nK3 bob\n\n');
@@ -191,7 +191,8 @@ test('a bad key file or --tenant-by stops the server at start (exit 2)', async (
 test('key files others may write, empty keys, a key given twice, a metrics key that is an API key: exit 2', async () => {
   const file = path.join(dir, 'keys-mode');
   writeFileSync(file, 'K1 alice\n');
-  for (const [mode, what] of [[0o666, /writable by others/], [0o620, /writable by its group/]]) {
+  for (const [mode, what] of [[0o666, /writable by others/], [0o620, /writable by its group/],
+    [0o644, /readable by others: they hold its keys/]]) {
     chmodSync(file, mode);
     await assert.rejects(startServer(['--api-key-file', file]), (e) => /exited \(code 2/.test(e.message) && what.test(e.message),
       mode.toString(8));
@@ -204,12 +205,12 @@ test('key files others may write, empty keys, a key given twice, a metrics key t
   await assert.rejects(startServer(['--api-key', 'KA', '--api-key', 'KA']), /API key 2 is given twice/);
   await assert.rejects(startServer(['--api-key', 'KA', '--api-key', 'KB', '--metrics-key', 'KA']),
     /the metrics key is also an API key/);
-  // Readable by others: taken, with a warning. Made writable by others while
-  // the server runs: not read again, the keys read before stay in force.
-  chmodSync(file, 0o644);
+  // Readable by its group: taken, with a warning. Made writable by others
+  // while the server runs: not read again, the keys read before stay in force.
+  chmodSync(file, 0o640);
   const srv = await startServer(['--api-key-file', file]);
   try {
-    assert.match(srv.stderr, /key file .* is readable by other users/);
+    assert.match(srv.stderr, /key file .* is readable by its group/);
     const body = { messages: [{ role: 'user', content: 'hi' }], max_tokens: 1 };
     assert.equal((await postJSON(srv, '/v1/chat/completions', body, auth('K1'))).status, 200);
     writeFileSync(file, 'K1 alice\nK666 mallory\n');

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <pthread.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -210,6 +211,7 @@ static void rewrite(const char *path, const char *text) {
     assert_non_null(f);
     fputs(text, f);
     fclose(f);
+    assert_int_equal(chmod(tmp, 0600), 0); /* a key file others may read is refused */
     assert_int_equal(rename(tmp, path), 0);
 }
 
