@@ -261,8 +261,9 @@ static void part(sc *c, const char *const *types, counts *o) {
     bool ok = false, result = false;
     while (member(c, &st, &k)) {
         if (is(&k, "type")) {
-            ok = string_at(c, &v) && in(&v, types);
-            result = is(&v, "tool_result");
+            bool isstr = string_at(c, &v); /* v is not measured when the type is not a string */
+            ok = isstr && in(&v, types);
+            result = isstr && is(&v, "tool_result");
         } else if (is(&k, "text")) {
             if (!string_at(c, &text)) text = (strm){0};
         } else if (is(&k, "content")) {
