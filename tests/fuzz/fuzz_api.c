@@ -181,7 +181,7 @@ static void check_request(const ks_api_request *r) {
 
 /* Property 5. */
 static void check_prescan(ks_prescan_shape sh, const uint8_t *data, size_t size, const ks_api_request *r) {
-    static const ks_presize all = {{true, true}, true, true, true, true};
+    static const ks_presize all = {{true, true, true, true}, true, true, true, true};
     ks_prescan_counts whole, part;
     ks_prescan_count(&all, sh, (const char *)data, size, false, &whole);
     /* A named tool_choice (an object but Messages' auto/any/none) keeps one tool. */
