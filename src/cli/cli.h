@@ -71,8 +71,8 @@ int ks_cli_parse_flash_attn(const char *cmd, const char *optarg, int argc, char 
 int ks_cli_offload_flag(const char *cmd, int which, const char *optarg, ks_offload *o, unsigned *given);
 /* Copies the fields of src whose bits are set in given into dst. */
 void ks_cli_offload_apply(const ks_offload *src, unsigned given, ks_offload *dst);
-/* Rewrites llama-server's single-dash spellings -ngl, -dev, -sm, -ts, -mg and
- * -nkvo in argv[1, argc) to the long names (in place; the strings are
+/* Rewrites llama-server's single-dash spellings -ngl, -dev, -sm, -ts, -mg,
+ * -nkvo, -ctk and -ctv in argv[1, argc) to the long names (in place; the strings are
  * static), so that getopt_long takes them. Call before getopt_long. */
 void ks_cli_offload_aliases(int argc, char **argv);
 /* The usage lines of these flags, for --help. */

@@ -51,8 +51,33 @@
 _Static_assert(KS_CONFIG_SLOTS_MAX == KS_MAX_SLOTS, "the slots range must be the scheduler's");
 _Static_assert(KS_CONFIG_CKPT_MAX == KS_SCHED_CKPT_MAX, "the ctx_checkpoints range must be the scheduler's");
 
+/* The KV cache's types by name: 0 and *k, *v (-1: the default), or 2 (a
+ * usage error, said, naming the flag) for an unknown name or a quantized V
+ * without flash attention. */
+static int kv_types(const ks_config *c, int flash_attn, int *k, int *v) {
+    *k = *v = -1;
+    const char *names[2] = {c->cache_type_k, c->cache_type_v};
+    const char *flags[2] = {"--cache-type-k (cache_type_k)", "--cache-type-v (cache_type_v)"};
+    int *out[2] = {k, v};
+    for (int i = 0; i < 2; i++) {
+        if (!names[i][0]) continue;
+        if ((*out[i] = ks_engine_kv_type(names[i])) < 0) {
+            fprintf(stderr, CMD ": %s: '%s' is not a KV cache type; one of f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, "
+                            "q5_0, q5_1\n", flags[i], names[i]);
+            return 2;
+        }
+    }
+    if (ks_engine_kv_type_quantized(*v) && flash_attn == KS_FA_OFF) {
+        fprintf(stderr, CMD ": --cache-type-v %s: a quantized V cache needs flash attention (--flash-attn on or "
+                        "auto, not off)\n", c->cache_type_v);
+        return 2;
+    }
+    return 0;
+}
+
 static int open_engine(const ks_config *c, int flash_attn, ks_engine **e) {
     ks_engine_params ep = ks_engine_params_default();
+    if (kv_types(c, flash_attn, &ep.type_k, &ep.type_v)) return KS_EINVAL;
     ep.model_path = c->model;
     ep.n_seq = c->slots;
     ep.n_ctx_seq = c->ctx;
@@ -134,6 +159,10 @@ int ks_cmd_serve(int argc, char **argv) {
     ks_serve_secret secret;
     if ((rc = ks_serve_store_check(&cfg, &secret))) return rc;
     if ((rc = check_keys(&cfg))) return rc;
+    {
+        int k, v;
+        if ((rc = kv_types(&cfg, f.flash_attn, &k, &v))) return rc;
+    }
     int lv = ks_log_parse_level(cfg.log);
     ks_log_set_level(lv < 0 ? KS_LOG_INFO : (ks_log_level)lv);
     if (!cfg.model[0]) {

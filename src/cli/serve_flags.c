@@ -114,6 +114,9 @@ void ks_serve_usage(FILE *f) {
             "                            backend, where it is exact, or with --no-exact; off on the\n"
             "                            prebuilt one, where cached and uncached output could differ in\n"
             "                            the last bits). --flash-attn alone means on\n"
+            "  -ctk, --cache-type-k T    the KV cache's K type: f16 (default), f32, bf16, q8_0, q4_0,\n"
+            "  -ctv, --cache-type-v T    q4_1, iq4_nl, q5_0, q5_1 (cache_type_k, cache_type_v); a\n"
+            "                            quantized V needs flash attention; exact only over F16/F32\n"
             "  --ctx-checkpoints N       hybrid and recurrent models: state checkpoints kept per slot,\n"
             "                            0..32, so a turn that diverges inside the slot goes back to one\n"
             "                            instead of prefilling everything; 0: none (default 8;\n"
@@ -136,7 +139,7 @@ int ks_serve_parse_flags(int argc, char **argv, ks_serve_flags *f) {
            O_CKPT, O_CKPT_EVERY, O_CKPT_BYTES, O_CACHEREDIS, O_TLS_CA, O_TLS_CA_DIR, O_TLS_CERT, O_TLS_KEY,
            O_TLS_NAME, O_TLS_INSECURE, O_NOREPACK, O_WARM, O_SECRET, O_KEYFILE, O_TENANT_BY, O_SHARE_SYS, O_METRICS_KEY,
            O_MEDIA_BYTES, O_MEDIA_TOTAL, O_MEDIA_ITEMS, O_MEDIA_PIXELS, O_MEDIA_PATH, O_MEDIA_HOSTS, O_MEDIA_FTIMEOUT,
-           O_OFFLOAD,
+           O_CTK, O_CTV, O_OFFLOAD,
            O_OFFLOAD_END = O_OFFLOAD + KS_CLI_OFFLOAD_N };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},          {"host", required_argument, 0, O_HOST},
@@ -177,6 +180,7 @@ int ks_serve_parse_flags(int argc, char **argv, ks_serve_flags *f) {
         {"media-path", required_argument, 0, O_MEDIA_PATH},
         {"media-fetch-hosts", required_argument, 0, O_MEDIA_HOSTS},
         {"media-fetch-timeout-ms", required_argument, 0, O_MEDIA_FTIMEOUT},
+        {"cache-type-k", required_argument, 0, O_CTK}, {"cache-type-v", required_argument, 0, O_CTV},
         KS_CLI_OFFLOAD_OPTS(O_OFFLOAD),
         {"help", no_argument, 0, 'h'},                 {0, 0, 0, 0}};
     memset(f, 0, sizeof *f);
@@ -300,6 +304,8 @@ int ks_serve_parse_flags(int argc, char **argv, ks_serve_flags *f) {
                                  &f->max_conns_client))
                 return 2;
             break;
+        case O_CTK: f->cache_type_k = optarg; break;
+        case O_CTV: f->cache_type_v = optarg; break;
         case O_FA:
             if (ks_cli_parse_flash_attn(CMD, optarg, argc, argv, &optind, &f->flash_attn)) return 2;
             break;
@@ -447,6 +453,8 @@ int ks_serve_apply_flags(const ks_serve_flags *f, ks_config *c) {
     if (f->share_sys) c->share_system_prompt = true;
     if (f->metrics_key) COPY(c->metrics_key, f->metrics_key);
     if (f->log) COPY(c->log, f->log);
+    if (f->cache_type_k) COPY(c->cache_type_k, f->cache_type_k);
+    if (f->cache_type_v) COPY(c->cache_type_v, f->cache_type_v);
     if (f->port >= 0) c->port = f->port;
     if (f->slots >= 0) c->slots = f->slots;
     if (f->ctx >= 0) c->ctx = f->ctx;

@@ -29,6 +29,7 @@ typedef struct ks_serve_flags {
     int warm_slots; /* -1: not given */
     bool no_cache, no_exact, no_repack, imc, spc;
     int flash_attn; /* KS_FA_* */
+    const char *cache_type_k, *cache_type_v; /* --cache-type-k/-ctk, --cache-type-v/-ctv */
     const char *cache_dir, *cache_redis, *secret_file;
     const char *tls_ca, *tls_ca_dir, *tls_cert, *tls_key, *tls_name; /* --cache-redis-tls-* */
     bool tls_insecure;

@@ -31,6 +31,8 @@
  *   op_offload: true         # false: never run CPU layers' products on a GPU (--no-op-offload);
  *                            # exact mode turns it off where layers stay on the CPU
  *   repack: true             # let ggml repack Q4_0/Q4_K/IQ4_NL/MXFP4 weights (--no-repack)
+ *   cache_type_k: f16        # the KV cache's types (-ctk, -ctv): f16, f32, bf16, q8_0, q4_0,
+ *   cache_type_v: f16        # q4_1, iq4_nl, q5_0, q5_1 (a quantized V needs flash attention)
  *   affinity_min: 0.05       # min shared fraction to prefer a slot by prefix
  *   ctx_checkpoints: 8       # hybrid models: checkpoints per slot, 0..32 (0: none)
  *   checkpoint_bytes: 32MiB  # ... and their byte budget per slot
@@ -238,6 +240,8 @@ typedef struct ks_config {
     ks_offload offload;         /* where the model runs (base/offload.h); checked against the
                                    devices and the model by the engine when it opens */
     bool repack;                /* default true: ggml may repack weights (engine.h ks_engine_params) */
+    char cache_type_k[16];      /* the KV cache's types by llama-server's names ("": f16) */
+    char cache_type_v[16];
     /* Checkpoints of hybrid models (sched.h ckpt_*): per slot at most
      * ctx_checkpoints (0..KS_CONFIG_CKPT_MAX; 0: none), within
      * checkpoint_bytes, one every checkpoint_every generated tokens (0: none

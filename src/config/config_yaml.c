@@ -49,6 +49,8 @@ static const field k_top_fields[] = {
     FB(ks_config, cache_prompt),
     FB(ks_config, exact),
     FB(ks_config, repack),
+    FS(ks_config, cache_type_k, F_STR),
+    FS(ks_config, cache_type_v, F_STR),
     FF(ks_config, affinity_min, 0, 1),
     FI(ks_config, ctx_checkpoints, 0, KS_CONFIG_CKPT_MAX),
     FY(ks_config, checkpoint_bytes, 0, KS_STORE_BYTES_MAX),

@@ -266,9 +266,11 @@ int ks_engine_open(const ks_engine_params *p, ks_engine **out, char *err, size_t
      * mode it stays off: its kernel tiles by the batch and the KV length.
      * With a GPU in use it is on, as llama-server's auto: exactness is not
      * kept there anyway (note 3). */
+    /* A quantized V needs it (llama.cpp refuses the context otherwise): on,
+     * and exactness then says unavailable (the patch covers F16/F32 K/V). */
     if (p->flash_attn == KS_FA_AUTO)
         e->flash_attn = (ks__g_patched && ks__g_patch_rev >= 3 && ks__kv_tiled(p->type_k, p->type_v)) ||
-                        !p->exact || e->gpu;
+                        !p->exact || e->gpu || ks_engine_kv_type_quantized(p->type_v);
     else e->flash_attn = p->flash_attn == KS_FA_ON;
 
     struct llama_model_params mp = llama_model_default_params();
@@ -359,6 +361,17 @@ int ks_engine_open(const ks_engine_params *p, ks_engine **out, char *err, size_t
     thread_pool(e, n_threads);
     e->ctx = llama_init_from_model(e->model, cp);
     if (e->ctx && e->tp) llama_attach_threadpool(e->ctx, e->tp, NULL);
+    if (!e->ctx && (p->type_k >= 0 || p->type_v >= 0) && (cp.type_k != GGML_TYPE_F16 || cp.type_v != GGML_TYPE_F16)) {
+        /* llama.cpp refuses a quantized type whose block does not divide the
+         * model's head size (32 for q8_0, q4_0 ...; the log line above says
+         * which): a usage error, not memory. */
+        ks_set_err(err, errlen, "could not create a context with a %s K / %s V cache for this model (llama.cpp's "
+                                "reason is in the log line above: a quantized type's block must divide the head "
+                                "size); --cache-type-k / --cache-type-v",
+                   ks_engine_kv_type_name(cp.type_k), ks_engine_kv_type_name(cp.type_v));
+        rc = KS_EINVAL;
+        goto fail;
+    }
     if (!e->ctx) {
         ks_set_err(err, errlen, "could not create a context of %d tokens x %d sequences (out of memory?)",
                    n_ctx_seq, p->n_seq);
@@ -488,6 +501,33 @@ int ks_engine_media_open(ks_engine *e, const char *path, char *err, size_t errle
     return ks__media_open(e, path, e->n_threads, e->gpu, &e->media, err, errlen);
 }
 bool ks_engine_flash_attn(const ks_engine *e) { return e->flash_attn; }
+int ks_engine_type_k(const ks_engine *e) { return e->type_k; }
+int ks_engine_type_v(const ks_engine *e) { return e->type_v; }
+
+static const struct {
+    const char *name;
+    enum ggml_type type;
+} KV_TYPES[] = {
+    {"f32", GGML_TYPE_F32},   {"f16", GGML_TYPE_F16},   {"bf16", GGML_TYPE_BF16},     {"q8_0", GGML_TYPE_Q8_0},
+    {"q4_0", GGML_TYPE_Q4_0}, {"q4_1", GGML_TYPE_Q4_1}, {"iq4_nl", GGML_TYPE_IQ4_NL}, {"q5_0", GGML_TYPE_Q5_0},
+    {"q5_1", GGML_TYPE_Q5_1},
+};
+
+int ks_engine_kv_type(const char *name) {
+    for (size_t i = 0; name && i < sizeof KV_TYPES / sizeof KV_TYPES[0]; i++)
+        if (!strcmp(name, KV_TYPES[i].name)) return (int)KV_TYPES[i].type;
+    return -1;
+}
+
+const char *ks_engine_kv_type_name(int type) {
+    for (size_t i = 0; i < sizeof KV_TYPES / sizeof KV_TYPES[0]; i++)
+        if ((int)KV_TYPES[i].type == type) return KV_TYPES[i].name;
+    return "?";
+}
+
+bool ks_engine_kv_type_quantized(int type) {
+    return type >= 0 && type != GGML_TYPE_F32 && type != GGML_TYPE_F16 && type != GGML_TYPE_BF16;
+}
 bool ks_engine_repacked(const ks_engine *e) { return e->repack; }
 
 size_t ks_engine_state_bytes_max(const ks_engine *e) {

@@ -141,6 +141,18 @@ int ks_engine_n_expert(const ks_engine *e, int *n_used);
 
 /* Whether flash attention is on (KS_FA_AUTO resolved). */
 bool ks_engine_flash_attn(const ks_engine *e);
+/* The KV cache's element types (ggml_type), and their names. */
+int ks_engine_type_k(const ks_engine *e);
+int ks_engine_type_v(const ks_engine *e);
+
+/* llama-server's names of KV cache types (-ctk/-ctv: f32, f16, bf16, q8_0,
+ * q4_0, q4_1, iq4_nl, q5_0, q5_1): the ggml type, or -1 for another name.
+ * Any thread. */
+int ks_engine_kv_type(const char *name);
+/* A KV type's name ("f16"); "?" for a type not in the list above. */
+const char *ks_engine_kv_type_name(int type);
+/* Whether the type is quantized (llama.cpp then needs flash attention for V). */
+bool ks_engine_kv_type_quantized(int type);
 /* How a scheduler asked for exactness keeps it on this engine, for logs and
  * /props: "batch-invariant" (one row per generated token), "pairs" (the
  * fallback of step.c, where the probe found it exact: ks_engine_pairs_exact),

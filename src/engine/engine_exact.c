@@ -187,6 +187,10 @@ void ks__engine_probe(ks_engine *e) {
         if (e->gpu)
             KS_DEBUG(MOD, "probe on %s: %zu of %zu state bytes differ, logits %s", e->off.dev[0].name, e->probe_diff,
                      sz, same_logits ? "identical" : "differ");
+        else
+            KS_DEBUG(MOD, "probe on the CPU (flash attention %s, K %s, V %s): %zu of %zu state bytes differ, logits %s",
+                     e->flash_attn ? "on" : "off", ks_engine_kv_type_name(e->type_k),
+                     ks_engine_kv_type_name(e->type_v), e->probe_diff, sz, same_logits ? "identical" : "differ");
     }
     /* B again as pairs, where lone rows differ on the CPU and a sequence can
      * drop its throwaway row. Pairs are only trusted where lone rows differ in
@@ -261,6 +265,10 @@ void ks__engine_exact_reason(ks_engine *e) {
                  ks_engine_is_hybrid(e) ? "hybrid" : "recurrent");
     } else if (!e->invariant && !e->pairs_ok && !e->probe_ran) {
         snprintf(r, n, "the open-time probe's decodes failed");
+    } else if (!e->invariant && !e->pairs_ok && e->flash_attn && !ks__kv_tiled(e->type_k, e->type_v)) {
+        snprintf(r, n, "flash attention over a %s K / %s V cache takes the stock per-row kernel, which is not "
+                       "batch-invariant (the patched tiled kernel covers F16 and F32 K/V; docs/LLAMA_FACTS.md)",
+                 ks_engine_kv_type_name(e->type_k), ks_engine_kv_type_name(e->type_v));
     } else if (!e->invariant && !e->pairs_ok) {
         snprintf(r, n, "this model's CPU kernels are not batch-invariant, decoded alone or in pairs (%s; "
                        "docs/LLAMA_FACTS.md)",

@@ -273,6 +273,8 @@ typedef struct ks_api_props {
     bool repacked;             /* weight repacking on (ks_engine_repacked) */
     int n_expert, n_expert_used; /* a mixture of experts' experts per layer and per token; 0: dense */
     bool flash_attn;           /* flash attention in effect (after --flash-attn auto) */
+    const char *cache_type_k;  /* the KV cache's types ("f16") */
+    const char *cache_type_v;
     const char *cpu_backend;   /* ks_engine_cpu_backend(); NULL: not shown */
     const char *store;         /* "off", "ram-only", "full"; NULL: not shown */
     bool vision, audio;        /* image / audio input (a projector: --mmproj) */

@@ -189,8 +189,10 @@ json_t *ks_api_props_json(const ks_api_props *p) {
                                "top_k", sp.top_k, "top_p", setting(sp.top_p), "min_p", setting(sp.min_p),
                                "max_tokens", p->default_max_tokens, "n_predict", p->default_max_tokens,
                                "stream", false, "samplers", "top_k", "top_p", "min_p", "temperature");
-    json_t *ks = json_pack("{s:s, s:b, s:b, s:b}", "version", ks_version(), "cache_prompt", p->cache_prompt,
-                           "exact", p->exact, "flash_attn", p->flash_attn);
+    json_t *ks = json_pack("{s:s, s:b, s:b, s:b, s:s, s:s}", "version", ks_version(), "cache_prompt", p->cache_prompt,
+                           "exact", p->exact, "flash_attn", p->flash_attn, "cache_type_k",
+                           p->cache_type_k ? p->cache_type_k : "f16", "cache_type_v",
+                           p->cache_type_v ? p->cache_type_v : "f16");
     if (ks && p->exact_mode && json_object_set_new(ks, "exact_mode", json_string(p->exact_mode))) {
         json_decref(ks);
         ks = NULL;

@@ -266,6 +266,8 @@ enum MHD_Result ks__util_props(ks_server *s, struct MHD_Connection *c, conn *cn)
                                                           : "not invariant",
             .repacked = ks_engine_repacked(s->engine),
             .flash_attn = ks_engine_flash_attn(s->engine),
+            .cache_type_k = ks_engine_kv_type_name(ks_engine_type_k(s->engine)),
+            .cache_type_v = ks_engine_kv_type_name(ks_engine_type_v(s->engine)),
             .n_expert = n_expert,
             .n_expert_used = n_expert_used,
             .cpu_backend = ks_engine_cpu_backend(),
