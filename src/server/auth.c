@@ -31,14 +31,12 @@ int ks__auth_open(ks_server *s, const ks_server_params *p, char *err, size_t err
     if (!rc && p->metrics_key && p->metrics_key[0]) {
         const char *mk[1] = {p->metrics_key};
         char e2[128];
-        uint64_t t;
         if ((rc = ks_keyring_create(mk, 1, NULL, &s->metrics_keys, e2, sizeof e2)))
             ks_set_err(err, errlen, "the metrics key: %s", e2);
-        /* Every tenant's counters behind a tenant's own key: refused. */
-        else if (ks_keyring_required(s->keys) && ks_keyring_check(s->keys, p->metrics_key, &t)) {
-            ks_set_err(err, errlen, "the metrics key is also an API key: give /metrics a key of its own");
-            rc = KS_EINVAL;
-        }
+        /* Every tenant's counters behind a tenant's own key: refused, at
+         * start and in every re-read of the key file. */
+        else
+            rc = ks_keyring_forbid(s->keys, p->metrics_key, err, errlen);
     }
     if (rc) return rc;
     s->tenant_by = p->tenant_by;

@@ -223,6 +223,16 @@ static void sequence(gs *g, bool nested, vec *out) {
             g->p++;
             last = out->n;
             vec_push(g, out, -1);
+        } else if (c == '<' || (c == '!' && g->p + 1 < g->end && g->p[1] == '<')) {
+            /* A token terminal (<[id]>, <tok>, !<...>): one terminal. */
+            const char *q = memchr(g->p, '>', (size_t)(g->end - g->p));
+            if (!q) {
+                g->bad = true;
+                return;
+            }
+            g->p = q + 1;
+            last = out->n;
+            vec_push(g, out, -1);
         } else if (name_char(c)) {
             const char *s = g->p;
             while (g->p < g->end && name_char(*g->p)) g->p++;
@@ -391,7 +401,10 @@ int ks_grammar_size_check(const char *gbnf, size_t len, size_t *fanout, char *wh
     } else if (g.too_deep) {
         ks_set_err(why, why_len, "the grammar nests groups deeper than %d", KS_GRAMMAR_MAX_DEPTH);
         rc = KS_EINVAL;
-    } else if (!g.bad && g.n_rules) {
+    } else if (g.n_rules) {
+        /* A grammar this reader could not follow to its end (llama.cpp may
+         * still take it, or name why not) is checked as far as it was read:
+         * never passed unchecked. */
         /* Group each rule's alternatives (counting sort by rule). */
         int *count = calloc((size_t)g.n_rules + 1, sizeof *count);
         g.alt_index = malloc(((size_t)g.n_seqs + 1) * sizeof *g.alt_index);

@@ -21,6 +21,7 @@ struct ks_hdrwatch {
     pthread_cond_t cv;
     bool stop;
     double deadline_ms;
+    double idle_ms; /* 0: none */
     int per_addr;
     ks_hdrconn head; /* a ring: head.next is the oldest open */
     pthread_t thread;
@@ -48,18 +49,23 @@ static void *run(void *arg) {
         pthread_cond_timedwait(&w->cv, &w->mu, &ts);
         double now = ks_now_ms();
         for (ks_hdrconn *c = w->head.next; c != &w->head; c = c->next) {
-            if (c->phase != 0 || c->fd < 0 || now - c->t0 <= w->deadline_ms) continue;
+            if (c->fd < 0) continue;
             char why[96];
-            snprintf(why, sizeof why, "whose request headers took longer than %.0f s (--header-timeout)",
-                     w->deadline_ms / 1000);
-            cut(w, c, why);
+            if (c->phase == 0 && now - c->t0 > w->deadline_ms) {
+                snprintf(why, sizeof why, "whose request headers took longer than %.0f s (--header-timeout)",
+                         w->deadline_ms / 1000);
+                cut(w, c, why);
+            } else if (c->phase == 2 && w->idle_ms > 0 && now - c->t0 > w->idle_ms) {
+                snprintf(why, sizeof why, "idle between requests longer than %.0f s (--timeout)", w->idle_ms / 1000);
+                cut(w, c, why);
+            }
         }
     }
     pthread_mutex_unlock(&w->mu);
     return NULL;
 }
 
-int ks_hdrwatch_start(unsigned deadline_s, int per_addr, ks_hdrwatch **out) {
+int ks_hdrwatch_start(unsigned deadline_s, unsigned idle_s, int per_addr, ks_hdrwatch **out) {
     *out = NULL;
     ks_hdrwatch *w = calloc(1, sizeof *w);
     if (!w) return KS_ENOMEM;
@@ -71,6 +77,7 @@ int ks_hdrwatch_start(unsigned deadline_s, int per_addr, ks_hdrwatch **out) {
     pthread_condattr_destroy(&ca);
     w->deadline_ms = deadline_s * 1000.0;
     w->per_addr = per_addr;
+    w->idle_ms = idle_s * 1000.0;
     w->head.next = w->head.prev = &w->head;
     if (pthread_create(&w->thread, NULL, run, w) != 0) {
         pthread_cond_destroy(&w->cv);
@@ -113,14 +120,16 @@ ks_hdrconn *ks_hdrwatch_open(ks_hdrwatch *w, int fd, const void *addr, int addr_
     if (w->per_addr > 0 && c->addr_len) {
         /* The address's live connections (the list runs oldest first). */
         int n = 0;
-        ks_hdrconn *oldest = NULL;
+        ks_hdrconn *oldest = NULL, *oldest_idle = NULL;
         for (ks_hdrconn *o = w->head.next; o != &w->head; o = o->next) {
             if (o->fd < 0 || o->addr_len != c->addr_len || memcmp(o->addr, c->addr, (size_t)c->addr_len)) continue;
             n++;
             if (o->phase == 0 && !oldest) oldest = o;
+            if (o->phase == 2 && (!oldest_idle || o->t0 < oldest_idle->t0)) oldest_idle = o;
         }
         if (n >= w->per_addr) {
             if (oldest) cut(w, oldest, "awaiting its headers, for a new one from its address (at its cap)");
+            else if (oldest_idle) cut(w, oldest_idle, "idle, for a new one from its address (at its cap)");
             else cut(w, c, "beyond its address's cap (every one of the address's is in a request)");
         }
     }
@@ -146,7 +155,7 @@ void ks_hdrwatch_request_line(ks_hdrwatch *w, ks_hdrconn *c) {
 
 void ks_hdrwatch_headers(ks_hdrwatch *w, ks_hdrconn *c) { set_phase(w, c, 1, false); }
 
-void ks_hdrwatch_done(ks_hdrwatch *w, ks_hdrconn *c) { set_phase(w, c, 2, false); }
+void ks_hdrwatch_done(ks_hdrwatch *w, ks_hdrconn *c) { set_phase(w, c, 2, true); }
 
 void ks_hdrwatch_close(ks_hdrwatch *w, ks_hdrconn *c) {
     if (!c) return;

@@ -23,10 +23,15 @@
  * connection would have doubled the descriptors libmicrohttpd's select()
  * must fit below FD_SETSIZE, server.h.)
  *
+ * A kept-alive connection idle between requests is cut once it has idled
+ * the server's idle timeout in all (libmicrohttpd's resets with every byte:
+ * a request line trickled after a first request kept the connection open
+ * indefinitely).
+ *
  * The per-address cap is kept here too: a connection beyond its address's
  * cap takes the place of that address's oldest connection still awaiting
- * its headers (cut at once), and is itself cut only when every one of them
- * is in a request. So connections that trickle their headers can never lock
+ * its headers, or else its oldest idle one (cut at once), and is itself cut
+ * only when every one of them is in a request. So connections that trickle their headers can never lock
  * their address's (a proxy's: every client's) normal requests out.
  *
  * Thread model: start/stop on one thread; open, the phase calls and close
@@ -51,13 +56,15 @@ typedef struct ks_hdrconn {
     int addr_len;
     int fd;                 /* the connection's socket (not ours to close), -1: cut or not watched */
     int phase;              /* 0 awaiting headers, 1 in a request, 2 idle */
-    double t0;              /* ms, when phase 0 began */
+    double t0;              /* ms, when phase 0 (or 2) began */
     struct ks_hdrconn *prev, *next;
 } ks_hdrconn;
 
-/* Starts the watch thread: deadline_s > 0; per_addr: the connections one
- * address may hold (0: no cap). KS_ENOMEM / KS_EIO. */
-int ks_hdrwatch_start(unsigned deadline_s, int per_addr, ks_hdrwatch **out);
+/* Starts the watch thread: deadline_s > 0; idle_s: the most a connection
+ * idles between requests in all (0: no bound but libmicrohttpd's);
+ * per_addr: the connections one address may hold (0: no cap). KS_ENOMEM /
+ * KS_EIO. */
+int ks_hdrwatch_start(unsigned deadline_s, unsigned idle_s, int per_addr, ks_hdrwatch **out);
 /* Stops and joins the thread; frees what is left. NULL: no-op. */
 void ks_hdrwatch_stop(ks_hdrwatch *w);
 

@@ -25,6 +25,7 @@
 typedef struct kentry {
     uint8_t digest[32]; /* SHA-256 of the key */
     uint64_t tenant;
+    int line;           /* the key file's line (0: inline) */
 } kentry;
 
 typedef struct kname {
@@ -46,10 +47,12 @@ static void kset_free(kset *ks) {
     memset(ks, 0, sizeof *ks);
 }
 
-/* Remembers tenant's name (once). */
+/* Remembers tenant's name. Not searched for repeats (a file of 65,536 named
+ * lines would make that quadratic under the mutex): a name given on
+ * consecutive lines is kept once, one given apart again (a lookup takes the
+ * first). */
 static int kset_name(kset *ks, uint64_t tenant, const char *name, size_t n) {
-    for (int i = 0; i < ks->n_names; i++)
-        if (ks->names[i].tenant == tenant) return 0;
+    if (ks->n_names && ks->names[ks->n_names - 1].tenant == tenant) return 0;
     if (ks->n_names == ks->cap_names) {
         int cap = ks->cap_names ? ks->cap_names * 2 : 8;
         kname *v = realloc(ks->names, (size_t)cap * sizeof *v);
@@ -77,7 +80,28 @@ struct ks_keyring {
     ino_t ino;
     bool seen;
     _Atomic bool reload;
+    uint8_t forbid[32]; /* a key no API key may be (the metrics key), when has_forbid */
+    bool has_forbid;
 };
+
+static bool kset_has(const kset *ks, int n, const uint8_t d[32]);
+
+/* Under mu (or before k is shared): a key of the file's that is also an
+ * inline key, or the forbidden one. Checked at create and at every re-read. */
+static bool conflicts(const ks_keyring *k, const kset *file, const char *path, char *err, size_t errlen) {
+    for (int i = 0; i < file->n; i++) {
+        if (kset_has(&k->inline_keys, k->inline_keys.n, file->v[i].digest)) {
+            ks_set_err(err, errlen, "%s line %d: a key also given as --api-key / api_key(s)", path, file->v[i].line);
+            return true;
+        }
+        if (k->has_forbid && !memcmp(k->forbid, file->v[i].digest, 32)) {
+            ks_set_err(err, errlen, "%s line %d: the metrics key is not an API key (give /metrics a key of its own)",
+                       path, file->v[i].line);
+            return true;
+        }
+    }
+    return false;
+}
 
 uint64_t ks_keyring_tenant_of(const char *s) {
     static const char dom[] = "kvstash-tenant-v1";
@@ -145,6 +169,10 @@ static int file_safe(FILE *f, const char *path, struct stat *st, bool *open_read
     return 0;
 }
 
+static int by_digest(const void *a, const void *b) {
+    return memcmp(((const kentry *)a)->digest, ((const kentry *)b)->digest, 32);
+}
+
 /* A key given twice: under two names it would belong to whichever came
  * last, so it is refused. */
 static bool kset_has(const kset *ks, int n, const uint8_t d[32]) {
@@ -210,11 +238,19 @@ static int read_file(const char *path, kset *out, struct stat *st, bool *open_re
             ks_set_err(err, errlen, "out of memory reading %s", path);
             break;
         }
-        if (kset_has(out, out->n - 1, out->v[out->n - 1].digest)) {
-            ks_set_err(err, errlen, "%s line %d: a key given before (one key, one tenant)", path, line_no);
-            rc = KS_EINVAL;
-            break;
-        }
+        out->v[out->n - 1].line = line_no;
+    }
+    /* A key given twice: found by sorting the digests (a file of 65,536 keys
+     * is read again under the mutex every check waits on: no quadratic scan). */
+    if (rc == 0 && out->n > 1) {
+        qsort(out->v, (size_t)out->n, sizeof *out->v, by_digest);
+        for (int i = 1; i < out->n && rc == 0; i++)
+            if (!memcmp(out->v[i - 1].digest, out->v[i].digest, 32)) {
+                int a = out->v[i - 1].line, b = out->v[i].line;
+                ks_set_err(err, errlen, "%s line %d: a key given before, on line %d (one key, one tenant)", path,
+                           a > b ? a : b, a > b ? b : a);
+                rc = KS_EINVAL;
+            }
     }
     if (rc == 0 && ferror(f)) {
         ks_set_err(err, errlen, "cannot read the key file %s", path);
@@ -259,11 +295,7 @@ int ks_keyring_create(const char *const *keys, int n_keys, const char *file, ks_
             k->ino = st.st_ino;
             k->seen = true;
             if (open_read) KS_WARN(MOD, "the key file %s is readable by its group (chmod 600 it)", file);
-            for (int i = 0; i < k->file_keys.n && rc == 0; i++)
-                if (kset_has(&k->inline_keys, k->inline_keys.n, k->file_keys.v[i].digest)) {
-                    ks_set_err(err, errlen, "a key of %s is also given as --api-key / api_key(s)", file);
-                    rc = KS_EINVAL;
-                }
+            if (conflicts(k, &k->file_keys, file, err, errlen)) rc = KS_EINVAL;
         }
     }
     if (rc) {
@@ -301,6 +333,7 @@ static void refresh_locked(ks_keyring *k) {
     /* A file that became unsafe (another user may now write it) is not
      * read: the keys read before stay in force, with a warning. */
     int rc = read_file(k->file, &fresh, &rst, &open_read, err, sizeof err);
+    if (rc == 0 && conflicts(k, &fresh, k->file, err, sizeof err)) rc = KS_EINVAL;
     /* Remember what was looked at, read or not, so that a bad file is
      * warned about once per change, not once per request. */
     k->seen = rc == 0 || ok;
@@ -350,6 +383,20 @@ bool ks_keyring_check(ks_keyring *k, const char *key, uint64_t *tenant) {
     bool b = match(&k->file_keys, d, tenant);
     pthread_mutex_unlock(&k->mu);
     return a | b;
+}
+
+int ks_keyring_forbid(ks_keyring *k, const char *key, char *err, size_t errlen) {
+    if (!k || !key || !key[0]) return 0;
+    uint8_t d[32];
+    if (ks_sha256(key, strlen(key), d) != 0) return KS_ENOMEM;
+    pthread_mutex_lock(&k->mu);
+    memcpy(k->forbid, d, 32);
+    k->has_forbid = true;
+    int rc = kset_has(&k->inline_keys, k->inline_keys.n, d) || kset_has(&k->file_keys, k->file_keys.n, d) ? KS_EINVAL
+                                                                                                        : 0;
+    pthread_mutex_unlock(&k->mu);
+    if (rc) ks_set_err(err, errlen, "the metrics key is also an API key: give /metrics a key of its own");
+    return rc;
 }
 
 bool ks_keyring_name(ks_keyring *k, uint64_t tenant, char *out, size_t n) {

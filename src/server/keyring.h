@@ -69,6 +69,12 @@ bool ks_keyring_required(const ks_keyring *k);
  * "Tenants"); false: refused. Reads the key file first when it changed. A
  * NULL keyring allows everything as tenant 0. */
 bool ks_keyring_check(ks_keyring *k, const char *key, uint64_t *tenant);
+/* A key no API key may be, now or after a re-read of the key file (the
+ * metrics key: every tenant's counters behind one tenant's key). 0, or
+ * KS_EINVAL (with err) when one is already; a re-read file holding it is
+ * refused as a bad file. key NULL or "": nothing. */
+int ks_keyring_forbid(ks_keyring *k, const char *key, char *err, size_t errlen);
+
 /* The key file's name of tenant into out (n bytes): true, or false when
  * the file names no such tenant (inline keys and unnamed lines have none).
  * Thread-safe. */

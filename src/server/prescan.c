@@ -389,7 +389,13 @@ static size_t tool(sc *c, const ks_presize *p, ks_prescan_shape sh) {
     int st = 0, type = 0; /* 0 none, 1 the counted one, -1 another */
     strm k, v;
     size_t n = 0;
+    bool deferred = false; /* defer_loading: not rendered (api_msg_tools.c, api_chat.c) */
     while (member(c, &st, &k)) {
+        if (sh != KS_PRESCAN_RESPONSES && is(&k, "defer_loading")) {
+            deferred = at(c, 't');
+            skip(c);
+            continue;
+        }
         if (is(&k, "type")) type = string_at(c, &v) && is(&v, sh == KS_PRESCAN_MESSAGES ? "custom" : "function") ? 1 : -1;
         else if (sh == KS_PRESCAN_CHAT && is(&k, "function") && at(c, '{')) {
             int st2 = 0;
@@ -400,7 +406,7 @@ static size_t tool(sc *c, const ks_presize *p, ks_prescan_shape sh) {
         else
             skip(c);
     }
-    return (sh == KS_PRESCAN_MESSAGES ? type >= 0 : type == 1) && !c->bad ? n : 0;
+    return (sh == KS_PRESCAN_MESSAGES ? type >= 0 : type == 1) && !deferred && !c->bad ? n : 0;
 }
 
 void ks_prescan_count(const ks_presize *p, ks_prescan_shape sh, const char *body, size_t len, bool prefix,

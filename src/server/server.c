@@ -747,7 +747,7 @@ int ks_server_start(const ks_server_params *p, ks_server **out, char *err, size_
      * would refuse it at accept while the cut one is still counted). */
     unsigned per_client = (unsigned)(p->max_connections_per_client ? p->max_connections_per_client
                                                                     : (p->max_connections + 1) / 2);
-    if (ks_hdrwatch_start((unsigned)p->header_timeout_s, (int)per_client, &s->hdrwatch)) {
+    if (ks_hdrwatch_start((unsigned)p->header_timeout_s, (unsigned)p->timeout_s, (int)per_client, &s->hdrwatch)) {
         ks_server_free(s);
         freeaddrinfo(ai);
         return KS_ENOMEM;

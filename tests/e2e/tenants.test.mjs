@@ -262,6 +262,13 @@ test('per-tenant counters: /metrics by the key file\'s names, GET /tenant a key\
     assert.equal(u.json.tenant, null);
     assert.equal(u.json.requests, 1);
     assert.equal((await getJSON(srv, '/tenant', auth('nope'))).status, 401);
+    // The metrics key added to the key file while serving: the file is refused
+    // as a bad one (a review found the rule held only at start).
+    writeFileSync(file, 'KA1 alice\nKA2 alice\nKB1 bob\nKU\nMK mallory\n', { mode: 0o600 });
+    const body = { messages: [{ role: 'user', content: 'hi' }], max_tokens: 1 };
+    assertError(await postJSON(srv, '/v1/chat/completions', body, auth('MK')), 401, 'invalid_api_key');
+    assert.match(srv.stderr, /line 5: the metrics key is not an API key/);
+    assert.equal((await postJSON(srv, '/v1/chat/completions', body, auth('KB1'))).status, 200);
   } finally {
     await stopOk(srv);
   }
