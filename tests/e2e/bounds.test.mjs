@@ -156,3 +156,32 @@ test('15 MB in an assistant message, a tool result, an unknown field or count_to
     }
   }
 });
+
+// A kept-alive connection that trickles its next request line escaped the
+// deadline (libmicrohttpd's idle timeout restarts with every byte; a review
+// found it): idle time between requests is bounded by --timeout in all.
+test('a kept-alive connection trickling its next request line is closed at the idle timeout', async () => {
+  const net = await import('node:net');
+  const s4 = await startServer(['--slots', '1', '--ctx', '256', '--timeout', '2', '--header-timeout', '5']);
+  try {
+    const sock = net.connect(s4.port, '127.0.0.1');
+    let data = '';
+    let closedAt = 0;
+    const t0 = performance.now();
+    sock.on('data', (d) => { data += d; });
+    sock.on('error', () => {});
+    const closed = new Promise((resolve) => sock.on('close', () => { closedAt = performance.now() - t0; resolve(); }));
+    sock.write('GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n');
+    const line = 'GET /health HTTP/1.1';
+    let i = 0;
+    const drip = setInterval(() => { if (!sock.destroyed && i < line.length) sock.write(line[i++]); }, 500);
+    await Promise.race([closed, new Promise((resolve) => setTimeout(resolve, 8000))]);
+    clearInterval(drip);
+    sock.destroy();
+    assert.match(data, /^HTTP\/1\.1 200/, 'the first request was answered');
+    assert.ok(closedAt > 0 && closedAt < 4500, `closed after ${closedAt.toFixed(0)} ms (idle timeout 2 s; 0: still open)`);
+    assert.match(s4.stderr, /closed a connection idle between requests longer than 2 s/);
+  } finally {
+    await stopOk(s4);
+  }
+});
