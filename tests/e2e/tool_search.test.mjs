@@ -17,7 +17,7 @@ import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { startServer, stopOk, postJSON, getJSON, templateModel, until } from './lib.mjs';
+import { startServer, stopOk, postJSON, getJSON, templateModel, until, importClient } from './lib.mjs';
 
 let srv, dir, model;
 
@@ -89,6 +89,21 @@ test('a deferred tool is not rendered until a tool_reference loads it; each turn
   const r3 = await send(t3);
   assert.ok(r3.usage.cache_read_input_tokens >= promptOf(r2.usage),
     `turn 3 read ${r3.usage.cache_read_input_tokens} of turn 2's ${promptOf(r2.usage)} tokens from the cache`);
+});
+
+// The official SDK (@anthropic-ai/sdk) sends the same shapes: defer_loading on
+// a tool, a tool_reference block in a tool result (before issue 40: a 400); the
+// later turn reads the earlier from the cache.
+test('the Anthropic SDK: a deferred tool loaded by a tool_reference, turn 2 reads turn 1 from the cache', async () => {
+  const Anthropic = (await importClient('@anthropic-ai/sdk')).default;
+  const client = new Anthropic({ baseURL: srv.base, apiKey: 'none', maxRetries: 0 });
+  const tools = [READ, SEARCH, FETCH];
+  const r1 = await client.messages.create({ model: 'm', system: SYSTEM, max_tokens: 4, temperature: 0,
+    messages: [ASK], tools });
+  const r2 = await client.messages.create({ model: 'm', system: SYSTEM, max_tokens: 4, temperature: 0,
+    messages: [ASK, SEARCH_CALL, LOADED], tools });
+  assert.equal(r2.type, 'message');
+  assert.ok(r2.usage.cache_read_input_tokens >= promptOf(r1.usage), JSON.stringify([r1.usage, r2.usage]));
 });
 
 test('a loaded deferred tool can be called; an unloaded one cannot be named', async () => {
