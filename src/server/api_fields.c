@@ -145,6 +145,8 @@ int ks__api_keep(ks_api_request *r, char *s) {
     return 0;
 }
 
+int ks__api_err_rc(const ks_api_error *err) { return err->status == 500 ? KS_ENOMEM : KS_EINVAL; }
+
 int ks__api_oom(ks_api_error *err) {
     ks_api_error_set(err, 500, "server_error", "out_of_memory", NULL, "out of memory");
     return KS_ENOMEM;

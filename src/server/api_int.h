@@ -34,6 +34,9 @@ int ks__api_get_number(json_t *root, const char *key, double lo, double hi, floa
 /* An optional integer in [lo, hi] into *out; *set (may be NULL) tells whether it was given. */
 int ks__api_get_int(json_t *root, const char *key, long long lo, long long hi, long long *out, bool *set,
                     ks_api_error *err);
+/* The KS_E* code of an error a helper filled in err: KS_ENOMEM for its 500
+ * out_of_memory, else KS_EINVAL (a 400). */
+int ks__api_err_rc(const ks_api_error *err);
 /* 500 out_of_memory into err; returns KS_ENOMEM. */
 int ks__api_oom(ks_api_error *err);
 /* Parses body as one JSON object into *root (owned); 400 otherwise. */

@@ -178,7 +178,7 @@ static int result_content(json_t *c, const char *p, ks__msg_tools *tools, json_t
         const char *ty = json_is_object(blk) ? ks__api_str(blk, "type") : "";
         if ((rc = content_block(blk, ty, q, parts, &media, err)) == 1 && !strcmp(ty, "tool_reference")) {
             json_t *part = ks__msg_tools_reference(tools, blk, q, err);
-            rc = !part ? (err->status == 500 ? KS_ENOMEM : KS_EINVAL)
+            rc = !part ? ks__api_err_rc(err)
                        : json_array_append_new(parts, part) ? ks__api_oom(err) : 0;
         } else if (rc == 1) {
             ks_api_error_set(err, 400, T_INVALID, "invalid_value", p,
@@ -331,7 +331,7 @@ static int system_msg_to_chat(json_t *c, const char *p, ks__msg_tools *tools, js
         if (!strcmp(ty, "tool_addition") || !strcmp(ty, "tool_removal")) {
             json_t *part = ks__msg_tools_change(tools, blk, ty, q, err);
             if (!part) {
-                rc = err->status == 500 ? KS_ENOMEM : KS_EINVAL;
+                rc = ks__api_err_rc(err);
                 break;
             }
             rc = join(&b, ks__api_str(part, "text")) ? ks__api_oom(err) : 0;

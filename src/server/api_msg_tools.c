@@ -118,7 +118,7 @@ int ks__msg_tools_read(json_t *root, ks__msg_tools *t, ks_api_notes *notes, ks_a
             BAD("invalid_type", q, "%s: expected a boolean, but got %s instead.", q, ks__api_json_type_name(dl));
         }
         json_t *fn = function_of(tool, p, err);
-        if (!fn) return err->status == 500 ? KS_ENOMEM : KS_EINVAL;
+        if (!fn) return ks__api_err_rc(err);
         const char *name = ks__api_str(fn, "name");
         json_t *entry = json_pack("{s:o}", "function", fn);
         json_t *cc = json_object_get(tool, "cache_control");

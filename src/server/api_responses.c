@@ -182,7 +182,7 @@ static int item_content(json_t *c, const char *p, json_t *msg, ks_api_error *err
                 ks__api_oom(err);
         }
         if (!cp) {
-            rc = err->status == 500 ? KS_ENOMEM : KS_EINVAL;
+            rc = ks__api_err_rc(err);
             break;
         }
         if (json_array_append_new(parts, cp)) {

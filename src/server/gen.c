@@ -441,12 +441,8 @@ static void peek_result(void *ud, int index, ks_req_result *r) {
     if (done) return;
     ks_slot_info *info = malloc(sizeof *info * KS_MAX_SLOTS);
     if (!info) return;
-    ks_server *s = g->srv;
-    int n = 0;
-    pthread_rwlock_rdlock(&s->sched_lock);
-    if (!s->detached) n = ks_sched_slots(s->sched, info, KS_MAX_SLOTS);
-    pthread_rwlock_unlock(&s->sched_lock);
-    for (int i = 0; i < n && i < KS_MAX_SLOTS; i++)
+    int n = ks__server_slots(g->srv, info);
+    for (int i = 0; i < n; i++)
         /* shown_req_id: the request may have finished since (its slot idle),
          * its numbers still shown until the slot's next request */
         if (info[i].shown_req_id == c->sched_id) {

@@ -454,6 +454,14 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
 }
 
 /* The tokenization cache's counters (engine/tokcache.h). */
+int ks__server_slots(ks_server *s, ks_slot_info *info) {
+    int n = 0;
+    pthread_rwlock_rdlock(&s->sched_lock);
+    if (!s->detached) n = ks_sched_slots(s->sched, info, KS_MAX_SLOTS);
+    pthread_rwlock_unlock(&s->sched_lock);
+    return n < KS_MAX_SLOTS ? n : KS_MAX_SLOTS;
+}
+
 /* Each tenant's use, labelled by the key file's names and "other" (tenantstats.h):
  * only with several tenants, whose /metrics answers the metrics key alone. */
 typedef struct tlabel {
@@ -505,12 +513,9 @@ static void tenants_source(void *ud, ks_prom *p) {
     }
     ks_tenantstats_each(s->tstats, tenant_row, &L);
     ks_slot_info info[KS_MAX_SLOTS];
-    int n = 0;
-    pthread_rwlock_rdlock(&s->sched_lock);
-    if (!s->detached) n = ks_sched_slots(s->sched, info, KS_MAX_SLOTS);
-    pthread_rwlock_unlock(&s->sched_lock);
-    for (int i = 0; i < n && i < KS_MAX_SLOTS; i++) {
-        if (!info[i].n_tokens && !info[i].busy) continue; /* an empty slot is no one's */
+    int n = ks__server_slots(s, info);
+    for (int i = 0; i < n; i++) {
+        if (!ks__slot_held(&info[i])) continue;
         char name[KS_KEYRING_NAME_MAX + 1];
         label_of(s, info[i].tenant, false, name, sizeof name);
         tlabel *t = label_row(&L, name);

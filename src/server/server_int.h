@@ -161,6 +161,11 @@ enum MHD_Result ks__util_health(ks_server *s, struct MHD_Connection *c, conn *cn
 enum MHD_Result ks__util_models(ks_server *s, struct MHD_Connection *c, conn *cn);
 enum MHD_Result ks__util_metrics(ks_server *s, struct MHD_Connection *c, conn *cn);
 enum MHD_Result ks__util_slots(ks_server *s, struct MHD_Connection *c, conn *cn);
+/* The scheduler's slots into info (KS_MAX_SLOTS of them at most), under
+ * sched_lock; 0 once the scheduler is detached. */
+int ks__server_slots(ks_server *s, ks_slot_info *info);
+/* A slot holds its tenant's KV or request (an empty idle slot is no one's). */
+static inline bool ks__slot_held(const ks_slot_info *si) { return si->n_tokens > 0 || si->busy; }
 /* GET /tenant: the key's own tenant's use (tenantstats.h), nothing of others. */
 enum MHD_Result ks__util_tenant(ks_server *s, struct MHD_Connection *c, conn *cn);
 enum MHD_Result ks__util_tokenize(ks_server *s, struct MHD_Connection *c, conn *cn);

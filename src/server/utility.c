@@ -61,11 +61,7 @@ enum MHD_Result ks__util_metrics(ks_server *s, struct MHD_Connection *c, conn *c
 
 enum MHD_Result ks__util_slots(ks_server *s, struct MHD_Connection *c, conn *cn) {
     ks_slot_info info[KS_MAX_SLOTS];
-    int n = 0;
-    pthread_rwlock_rdlock(&s->sched_lock);
-    if (!s->detached) n = ks_sched_slots(s->sched, info, KS_MAX_SLOTS);
-    pthread_rwlock_unlock(&s->sched_lock);
-    if (n > KS_MAX_SLOTS) n = KS_MAX_SLOTS;
+    int n = ks__server_slots(s, info);
     json_t *a = json_array();
     int64_t now = ks_now_us();
     for (int i = 0; a && i < n; i++) {
@@ -100,12 +96,8 @@ enum MHD_Result ks__util_tenant(ks_server *s, struct MHD_Connection *c, conn *cn
     ks_tenant_usage u;
     ks_tenantstats_get(s->tstats, cn->tenant, &u);
     ks_slot_info info[KS_MAX_SLOTS];
-    int n = 0, held = 0;
-    pthread_rwlock_rdlock(&s->sched_lock);
-    if (!s->detached) n = ks_sched_slots(s->sched, info, KS_MAX_SLOTS);
-    pthread_rwlock_unlock(&s->sched_lock);
-    for (int i = 0; i < n && i < KS_MAX_SLOTS; i++)
-        held += info[i].tenant == cn->tenant && (info[i].n_tokens > 0 || info[i].busy);
+    int n = ks__server_slots(s, info), held = 0;
+    for (int i = 0; i < n; i++) held += info[i].tenant == cn->tenant && ks__slot_held(&info[i]);
     char name[KS_KEYRING_NAME_MAX + 1];
     bool named = ks_keyring_name(s->keys, cn->tenant, name, sizeof name);
     json_t *o = json_pack("{s:o, s:I, s:I, s:I, s:I, s:f, s:i}", "tenant", named ? json_string(name) : json_null(),
