@@ -132,20 +132,25 @@ int ks__msg_tools_read(json_t *root, ks__msg_tools *t, ks_api_notes *notes, ks_a
     return 0;
 }
 
+/* "PREFIX" "TEXT" as a chat text part (new reference; NULL on ENOMEM). */
+static json_t *text_part(const char *prefix, const char *text) {
+    size_t n = strlen(prefix) + strlen(text) + 1;
+    char *txt = malloc(n);
+    json_t *part = NULL;
+    if (txt) {
+        snprintf(txt, n, "%s%s", prefix, text);
+        part = json_pack("{s:s, s:s}", "type", "text", "text", txt);
+    }
+    free(txt);
+    return part;
+}
+
 /* "PREFIX{"type": "function", "function": FN}" as a text part (new reference). */
 static json_t *tool_text(const char *prefix, json_t *fn) {
     json_t *o = json_pack("{s:s, s:O}", "type", "function", "function", fn);
     char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
-    if (!s) return NULL;
-    size_t n = strlen(prefix) + strlen(s) + 1;
-    char *txt = malloc(n);
-    json_t *part = NULL;
-    if (txt) {
-        snprintf(txt, n, "%s%s", prefix, s);
-        part = json_pack("{s:s, s:s}", "type", "text", "text", txt);
-    }
-    free(txt);
+    json_t *part = s ? text_part(prefix, s) : NULL;
     free(s);
     return part;
 }
@@ -191,14 +196,7 @@ json_t *ks__msg_tools_change(ks__msg_tools *t, json_t *blk, const char *ty, cons
         }
         const char *name = reference_name(tool, qt, err);
         if (!name) return NULL;
-        size_t n = strlen(name) + 16;
-        char *txt = malloc(n);
-        json_t *part = NULL;
-        if (txt) {
-            snprintf(txt, n, "Tool removed: %s", name);
-            part = json_pack("{s:s, s:s}", "type", "text", "text", txt);
-        }
-        free(txt);
+        json_t *part = text_part("Tool removed: ", name);
         if (part && json_object_set_new(t->state, name, json_false())) part = (json_decref(part), NULL);
         if (!part) ks__api_oom(err);
         return part;

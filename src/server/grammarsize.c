@@ -62,8 +62,6 @@ typedef struct gs {
     int depth;
     int cur_named; /* the named rule being parsed */
     bool oom, too_deep, bad;
-    char *why;
-    size_t why_len;
     size_t max_fanout;
     int max_rule;
 } gs;
@@ -373,7 +371,7 @@ int ks_grammar_size_check(const char *gbnf, size_t len, size_t *fanout, char *wh
         ks_set_err(why, why_len, "the grammar has %zu bytes, more than %d", len, KS_GRAMMAR_MAX_BYTES);
         return KS_EINVAL;
     }
-    gs g = {.p = gbnf, .end = gbnf + len, .cur_named = 0, .why = why, .why_len = why_len};
+    gs g = {.p = gbnf, .end = gbnf + len, .cur_named = 0};
     space(&g, true);
     while (g.p < g.end && !g.oom && !g.too_deep && !g.bad) {
         const char *s = g.p;
