@@ -70,9 +70,11 @@ void ks__policy_chunk_done(ks_sched *s, slot *sl) {
     if (sl->n_past >= sl->snap_ckpt) sl->snap_ckpt = -1;
 }
 
-void ks__policy_token_done(ks_sched *s, slot *sl, int n_decoded) {
-    if (s->p.store && s->p.continued_interval > 0 && n_decoded % s->p.continued_interval == 0 && !sl->no_store)
+/* Whether a multiple of every (> 0) is in (a, b]. */
+static bool crosses(int a, int b, int every) { return every > 0 && b / every > a / every; }
+
+void ks__policy_token_done(ks_sched *s, slot *sl, int n_before, int n_after) {
+    if (s->p.store && crosses(n_before, n_after, s->p.continued_interval) && !sl->no_store)
         ks__policy_save(s, sl, KS_REASON_CONTINUED, false);
-    if (s->ckpt_on && s->p.ckpt_gen_interval > 0 && n_decoded % s->p.ckpt_gen_interval == 0)
-        ks__ckpt_take(s, sl, true);
+    if (s->ckpt_on && crosses(n_before, n_after, s->p.ckpt_gen_interval)) ks__ckpt_take(s, sl, true);
 }

@@ -77,6 +77,7 @@ ks_sched_params ks_sched_params_default(void) {
     p.ckpt_max = 8;
     p.ckpt_bytes = (size_t)32 << 20;
     p.ckpt_gen_interval = 16;
+    p.draft_max = 16;
     return p;
 }
 
@@ -200,6 +201,9 @@ void ks__sched_finish(ks_sched *s, slot *sl, ks_finish f, int err, bool eog) {
     s->st.prompt_tokens_total += (uint64_t)r->res.n_prompt;
     s->st.prompt_tokens_cached_total += (uint64_t)r->res.n_cached;
     s->st.tokens_predicted_total += (uint64_t)sl->n_generated;
+    s->st.draft_tokens_total += (uint64_t)r->res.n_drafted;
+    s->st.draft_accepted_total += (uint64_t)r->res.n_draft_accepted;
+    s->st.draft_steps_total += (uint64_t)r->draft_steps;
     s->st.prompt_seconds_total += r->res.prompt_ms / 1e3;
     s->st.predicted_seconds_total += r->res.gen_ms / 1e3;
     sl->state = ST_IDLE;
@@ -372,6 +376,8 @@ static void publish_locked(ks_sched *s) {
             in->n_cached = sl->r->res.n_cached;
             in->n_cache_written = sl->r->res.n_cache_written;
             in->n_generated = sl->n_generated;
+            in->n_drafted = sl->r->res.n_drafted;
+            in->n_draft_accepted = sl->r->res.n_draft_accepted;
         } else {
             in->req_id = 0; /* n_prompt/n_cached/n_generated: of the last request */
         }
@@ -494,6 +500,7 @@ static void free_all(ks_sched *s) {
         ks_sampler_free(s->slots[i].smpl);
         ks_media_set_unref(s->slots[i].media);
         ks__ckpt_drop(&s->slots[i], 0);
+        if (s->slots[i].drafter) s->p.drafter->free(s->slots[i].drafter);
     }
     ks_batch_free(s->batch);
     free(s->copy_buf);
@@ -516,7 +523,10 @@ int ks_sched_warm_list(const ks_sched *s, const ks_tokens **toks, const uint64_t
 int ks_sched_create(const ks_sched_params *p, ks_sched **out) {
     *out = NULL;
     if (!p || !p->engine || p->cache_min_tokens < 0 || p->copy_min_tokens < 0 || p->max_queue < 1 ||
-        p->ckpt_max < 0 || p->ckpt_max > KS_SCHED_CKPT_MAX || p->ckpt_gen_interval < 0)
+        p->ckpt_max < 0 || p->ckpt_max > KS_SCHED_CKPT_MAX || p->ckpt_gen_interval < 0 ||
+        (p->drafter && (p->draft_max < 1 || p->draft_max > KS_DRAFT_MAX || p->draft_min < 0 ||
+                        !p->drafter->create || !p->drafter->free || !p->drafter->begin ||
+                        !p->drafter->draft || !p->drafter->accept)))
         return KS_EINVAL;
     int n_slots = p->n_slots > 0 ? p->n_slots : ks_engine_n_seq(p->engine);
     if (n_slots > ks_engine_n_seq(p->engine) || n_slots > KS_MAX_SLOTS) return KS_EINVAL;
@@ -533,6 +543,21 @@ int ks_sched_create(const ks_sched_params *p, ks_sched **out) {
      * where the probe found pairs inexact too they would only cost, and on a
      * GPU they keep nothing exact (engine.h note 3). */
     s->pairs = ks_engine_exact_how(s->e, p->exact) == KS_EXACT_PAIRS;
+    /* Speculation where rows can be dropped and a lone row is exact
+     * (step.c, "Speculation"). */
+    if (!p->drafter) s->spec_why = "no drafter";
+    else if (!ks_engine_partial_rm_ok(s->e) || ks_engine_is_hybrid(s->e) || ks_engine_is_recurrent(s->e) ||
+             p->simulate_no_partial_rm)
+        s->spec_why = "the model's memory cannot drop drafted tokens (recurrent or hybrid)";
+    else if (s->pairs)
+        s->spec_why = "exactness takes pairs of rows on this CPU backend (not batch-invariant)";
+    else {
+        s->spec_on = true;
+        s->spec_exact = ks_engine_exact_how(s->e, p->exact) == KS_EXACT_INVARIANT;
+        if (!s->spec_exact && !p->exact) s->spec_why = "exact mode is off";
+        else if (!s->spec_exact && !(s->spec_why = ks_engine_exact_reason(s->e, p->exact)))
+            s->spec_why = "the engine is not batch-invariant";
+    }
     /* Checkpoints where a trim needs them (policy.c "Checkpoints"). */
     s->ckpt_on = (ks_engine_is_hybrid(s->e) || ks_engine_is_recurrent(s->e)) && p->ckpt_max > 0 && p->ckpt_bytes > 0;
     /* Lookups on the inference thread leave Redis to the prefetch at submit. */
@@ -685,6 +710,12 @@ int ks_sched_slots(ks_sched *s, ks_slot_info *out, int n) {
     int total = s->n_slots;
     pthread_mutex_unlock(&s->mu);
     return total;
+}
+
+bool ks_sched_spec_status(const ks_sched *s, bool *exact, const char **why) {
+    if (exact) *exact = s->spec_on && s->spec_exact;
+    if (why) *why = s->spec_why;
+    return s->spec_on;
 }
 
 void ks_sched_stats_get(ks_sched *s, ks_sched_stats *out) {

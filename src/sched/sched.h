@@ -40,6 +40,7 @@
 #include "cache/store.h"
 #include "engine/engine.h"
 #include "engine/media.h"
+#include "sched/drafter.h"
 
 typedef struct ks_sched ks_sched;
 
@@ -128,6 +129,23 @@ typedef struct ks_sched_params {
      * a caller that looks into the store right after on_done may not find
      * it yet. Default false (the server sets it). */
     bool finish_save_after_done;
+    /* Speculative decoding (step.c, "Speculation"): NULL: off. A generating
+     * slot asks its drafter (one per slot, created on first use) for up to
+     * draft_max tokens after its next token, decodes them in the same step
+     * as its next token, samples each row in order with its own sampler and
+     * keeps the drafted tokens up to the first one that differs from what
+     * was sampled; the rows after it leave the KV. Every sampled token is
+     * the one decoding without a draft would have sampled (the same rows,
+     * the same sampler calls in the same order) on an engine whose rows do
+     * not depend on the batch (ks_engine_exact_how INVARIANT: then a reply
+     * is bit-identical with and without drafts); on others
+     * (ks_sched_spec_status) it is only as exact as a prefill is. Off
+     * where the memory cannot drop a suffix (recurrent, hybrid) and where
+     * exactness takes pairs (step.c). */
+    const struct ks_drafter_ops *drafter;
+    void *drafter_cfg;     /* passed to drafter->create */
+    int draft_max;         /* most tokens drafted per step (default 16) */
+    int draft_min;         /* a shorter draft is not verified (default 0) */
 } ks_sched_params;
 
 ks_sched_params ks_sched_params_default(void);
@@ -205,6 +223,10 @@ typedef struct ks_req_result {
     const float *logits;   /* want_logits: the first sampled token's logits (n_vocab), borrowed
                               for the duration of on_done; else NULL */
     int n_vocab;
+    /* Speculative decoding: tokens drafted and verified, and of them the
+     * ones kept (each a generated token that took no decode step of its own). */
+    int n_drafted;
+    int n_draft_accepted;
     /* Not the scheduler's: the HTTP server's note for the reply's cache
      * object (the scheduler leaves it false). */
     bool tools_ignored;    /* the request's tools were not rendered: the chat template renders none */
@@ -270,6 +292,9 @@ typedef struct ks_req_params {
      * it falls back to the run's start; a run is encoded (once per set) only
      * when its rows are prefilled. */
     ks_media_set *media;
+    /* Speculative decoding for this request: 0 the scheduler's draft_max,
+     * < 0 none, > 0 at most this many tokens per step (capped by draft_max). */
+    int draft_max;
     /* Called for each sampled token with its text piece (may be empty or an
      * incomplete UTF-8 sequence). Return non-zero to stop (finish = stop). */
     int (*on_token)(void *ud, int32_t tok, const char *piece, int len);
@@ -325,6 +350,8 @@ typedef struct ks_slot_info {
     int n_generated;
     int64_t last_used_us;  /* monotonic */
     uint64_t tenant;       /* whose request or KV it is (ks_req_params.tenant) */
+    int n_drafted;         /* of the current/last request (ks_req_result) */
+    int n_draft_accepted;
 } ks_slot_info;
 
 /* Fills up to n slot descriptions; returns the number of slots. */
@@ -394,6 +421,9 @@ typedef struct ks_sched_stats {
     uint64_t tokens_predicted_total;
     double prompt_seconds_total;
     double predicted_seconds_total;
+    uint64_t draft_tokens_total;          /* speculative decoding: tokens drafted and verified */
+    uint64_t draft_accepted_total;        /* of them kept */
+    uint64_t draft_steps_total;           /* decode steps that verified a draft */
     int slots_busy;
     int queue_depth;
     int n_slots;
@@ -401,5 +431,11 @@ typedef struct ks_sched_stats {
 } ks_sched_stats;
 
 void ks_sched_stats_get(ks_sched *s, ks_sched_stats *out);
+
+/* Whether speculative decoding runs (a drafter is set and the engine allows
+ * it) and whether it is exact (ks_sched_params.drafter). *why (may be NULL)
+ * gets the reason it is off or inexact, a static string, NULL when it runs
+ * exact; "no drafter" when none is set. Any thread. */
+bool ks_sched_spec_status(const ks_sched *s, bool *exact, const char **why);
 
 #endif

@@ -50,6 +50,7 @@ typedef struct sreq {
     double t_submit, t_assign, t_first;
     ks_req_result res;
     bool done;           /* on_done was called (sched.h invariant 2) */
+    int draft_steps;     /* decode steps that verified a draft (res.n_drafted's) */
     struct sreq *next;
 } sreq;
 
@@ -85,6 +86,15 @@ typedef struct slot {
     bool in_batch;
     ks_sampler *smpl;
     int n_generated;
+    /* Speculative decoding (step.c): the slot's drafter (created on first
+     * use, for the tenant drafter_tenant: never shown another tenant's
+     * tokens), this step's draft (decoded after next_tok), and whether the
+     * current request drafts at all and how many tokens at most. */
+    void *drafter;
+    uint64_t drafter_tenant;
+    int32_t draft[KS_DRAFT_MAX];
+    int n_draft;
+    int draft_cap;
     int64_t last_used_us;
     /* IMC identity of the branch the slot holds */
     uint64_t msg_hash;
@@ -136,6 +146,9 @@ struct ks_sched {
                                than the copy itself; freed when the scheduler goes idle */
     size_t copy_cap;
     bool ckpt_on;           /* checkpoints: a hybrid model and a budget (sched.h) */
+    bool spec_on;           /* speculative decoding runs (ks_sched_spec_status) */
+    bool spec_exact;
+    const char *spec_why;
     /* What warm start put into slots (warm.c), copied for ks_sched_warm_list:
      * written before the inference thread starts, read-only after. */
     ks_tokens *warm_toks;
@@ -168,10 +181,12 @@ void ks__policy_chunk_done(ks_sched *s, slot *sl);
 /* The request ends: the pins it did not reach count as failed, and the
  * result gets n_cache_written (sched.h). */
 void ks__policy_pins_done(ks_sched *s, sreq *r);
-/* After a generated token was decoded and appended (the sequence holds
- * n_decoded generated tokens; the next one may be sampled already): the
- * continued save, the generation checkpoint. */
-void ks__policy_token_done(ks_sched *s, slot *sl, int n_decoded);
+/* After generated tokens were decoded and appended (the sequence held
+ * n_before generated tokens before the step and holds n_after > n_before
+ * now: more than one with a draft; the next one may be sampled already):
+ * the continued save, the generation checkpoint, when a multiple of their
+ * interval is in (n_before, n_after]. */
+void ks__policy_token_done(ks_sched *s, slot *sl, int n_before, int n_after);
 /* Hands the slot's KV (all of slot->tokens) to the store for `why`. */
 void ks__policy_save(ks_sched *s, slot *sl, ks_reason why, bool sync);
 /* policy.c's steps that chunk.c takes at a chunk's end: the SPC capture of

@@ -42,6 +42,23 @@
  * chunk, and the run goes on at the next step. Text chunks end where a run
  * begins. A whole run (media.h note 2a: non-causal, Gemma 3) is never cut:
  * its step decodes all of it, up to n_batch rows, budget or not.
+ *
+ * Speculation (ks_sched_params.drafter). A generating slot whose drafter
+ * proposes tokens d1..dk after its next token t0 puts t0, d1..dk in the
+ * batch (positions n .. n + k, every row with logits), as a prefill chunk
+ * of k + 1 rows would be. After the decode, row 0 is sampled exactly as
+ * without a draft; while the token sampled at row j equals d(j+1), that
+ * drafted token's row was computed from the very tokens the sequence holds,
+ * so it is kept and row j + 1 is sampled next; at the first difference (or
+ * the end of the request) the rows after the last kept one leave the KV
+ * (ks_engine_seq_rm). The sampler sees the same rows in the same order as
+ * one-token decoding (its RNG, grammar and penalties included), stop
+ * strings, logprobs, max_tokens and cancellation apply per token as always,
+ * and on a batch-invariant engine a row's bits do not depend on how many
+ * rows its batch holds: a reply is the same with and without drafts. A
+ * draft never crosses max_tokens (k < what is left to sample) or the
+ * context, and the batch keeps one row for every generating slot (sched.h
+ * invariant 3 with "one token" read as "one token and its draft").
  */
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -65,6 +82,29 @@ static const char *token_text(ks_sched *s, int32_t tok, int *len) {
     if (n < 0 || (size_t)n > s->piece_cap) return NULL;
     *len = n;
     return s->piece;
+}
+
+/* A request starts to generate: how much its slot drafts (note
+ * "Speculation"), and the slot's drafter, made for the request's tenant
+ * (one that saw another tenant's tokens is replaced), given the sequence. */
+static void spec_start(ks_sched *s, slot *sl) {
+    int cap = s->spec_on ? s->p.draft_max : 0;
+    int want = sl->r->p.draft_max;
+    if (want < 0) cap = 0;
+    else if (want > 0 && want < cap) cap = want;
+    sl->draft_cap = 0;
+    if (cap <= 0) return;
+    if (sl->drafter && sl->drafter_tenant != sl->r->p.tenant) {
+        s->p.drafter->free(sl->drafter);
+        sl->drafter = NULL;
+    }
+    if (!sl->drafter && !(sl->drafter = s->p.drafter->create(s->p.drafter_cfg))) {
+        KS_WARN(MOD, "slot[%d]: no memory for a drafter: this request decodes without drafts", sl->id);
+        return;
+    }
+    sl->drafter_tenant = sl->r->p.tenant;
+    sl->draft_cap = cap;
+    s->p.drafter->begin(sl->drafter, sl->tokens.v, sl->tokens.n);
 }
 
 /* How a sampled token ends the request, if it does (after_decode applies it). */
@@ -93,6 +133,7 @@ static ending sample_slot(ks_sched *s, slot *sl) {
             }
         }
         sl->state = ST_GEN;
+        spec_start(s, sl);
     }
     if (tok < 0) {
         /* The grammar allows no next token (engine.h): the request's error.
@@ -141,22 +182,51 @@ static void add_rows(ks_sched *s, ks_batch *b, slot *sl, const int32_t *toks, in
     }
 }
 
-/* One token per generating slot; returns how many. Canceled requests end here. */
+/* The slot's draft for this step (note "Speculation") into sl->draft,
+ * at most `room` tokens: none past max_tokens or the context. */
+static void draft_slot(ks_sched *s, slot *sl, int room) {
+    sl->n_draft = 0;
+    if (sl->draft_cap <= 0) return;
+    int n_max = sl->draft_cap;
+    int left = sl->r->p.max_tokens - sl->n_generated - 1; /* samples after next_tok's */
+    int ctx = s->n_ctx_seq - ks__kv_pos(sl, sl->tokens.n) - 1;
+    if (n_max > left) n_max = left;
+    if (n_max > ctx) n_max = ctx;
+    if (n_max > room) n_max = room;
+    if (n_max <= 0 || n_max < s->p.draft_min) return;
+    int n = s->p.drafter->draft(sl->drafter, sl->next_tok, n_max, sl->draft);
+    if (n < s->p.draft_min || n < 0) n = 0;
+    sl->n_draft = n > n_max ? n_max : n;
+}
+
+/* One token per generating slot (and its draft); returns how many slots.
+ * Canceled requests end here. */
 static int add_generating(ks_sched *s, ks_batch *b) {
-    int n_gen = 0;
+    int n_gen = 0, n_left = 0;
+    for (int i = 0; i < s->n_slots; i++) n_left += s->slots[i].state == ST_GEN;
     for (int i = 0; i < s->n_slots; i++) {
         slot *sl = &s->slots[i];
         sl->in_batch = false;
         sl->i_logits = -1;
         sl->chunk = 0;
         sl->pad_pos = -1;
+        sl->n_draft = 0;
         if (sl->state == ST_IDLE) continue;
         if (atomic_load(&sl->r->cancel)) {
+            n_left -= sl->state == ST_GEN;
             ks__sched_finish(s, sl, KS_FINISH_CANCEL, 0, false);
             continue;
         }
         if (sl->state != ST_GEN) continue;
-        add_rows(s, b, sl, &sl->next_tok, sl->tokens.n, 1, true);
+        n_left--;
+        draft_slot(s, sl, s->n_batch - ks_batch_n(b) - 1 - n_left);
+        if (sl->n_draft > 0) {
+            int kv0 = ks__kv_pos(sl, sl->tokens.n);
+            sl->i_logits = ks_batch_add(b, sl->next_tok, kv0, sl->id, true);
+            for (int j = 0; j < sl->n_draft; j++) ks_batch_add(b, sl->draft[j], kv0 + 1 + j, sl->id, true);
+        } else {
+            add_rows(s, b, sl, &sl->next_tok, sl->tokens.n, 1, true);
+        }
         sl->in_batch = true;
         n_gen++;
     }
@@ -258,15 +328,64 @@ static void add_prefill(ks_sched *s, ks_batch *b, int n_gen) {
  * delay a token — the first one included, after a prompt's last chunk; and
  * last the request's end, if the token ended it (its finish save and pins
  * come after the save points). */
+/* A generating slot's rows after its decode (note "Speculation"): samples
+ * row 0, then each drafted row while the draft agrees with what was
+ * sampled; keeps the agreeing drafted tokens (in the token list, after
+ * next_tok, which the caller appended) and removes the rest from the KV.
+ * Returns how the request ends, as sample_slot; *n_acc: tokens kept. */
+static ending verify(ks_sched *s, slot *sl, int *n_acc, bool *broken) {
+    int base = sl->i_logits, acc = 0;
+    ending e;
+    *broken = false;
+    for (int j = 0;; j++) {
+        sl->i_logits = base + j;
+        e = sample_slot(s, sl);
+        if (e.done || j == sl->n_draft || sl->next_tok != sl->draft[j]) break;
+        if (ks_tokens_push(&sl->tokens, sl->draft[j])) {
+            *broken = true;
+            e = ENDS(.f = KS_FINISH_ERROR, .err = KS_ENOMEM);
+            break;
+        }
+        acc++;
+    }
+    /* The sequence keeps exactly the token list (S1): rows of drafted tokens
+     * past the first difference go. */
+    if (acc < sl->n_draft && !ks_engine_seq_rm(s->e, sl->id, ks__kv_pos(sl, sl->tokens.n), -1)) {
+        *broken = true;
+        e = ENDS(.f = KS_FINISH_ERROR, .err = KS_EIO);
+    }
+    sreq *r = sl->r;
+    r->res.n_drafted += sl->n_draft;
+    r->res.n_draft_accepted += acc;
+    r->draft_steps++;
+    s->p.drafter->accept(sl->drafter, sl->tokens.v + sl->tokens.n - 1 - acc, acc + 1, sl->n_draft, acc);
+    *n_acc = acc;
+    return e;
+}
+
 static void after_decode(ks_sched *s, slot *sl) {
     bool gen = sl->state == ST_GEN;
     int n_decoded = sl->n_generated; /* before the next token is sampled */
     sreq *r = sl->r;
     if (gen) {
         if (ks_tokens_push(&sl->tokens, sl->next_tok)) {
+            if (sl->n_draft > 0) ks_engine_seq_rm(s->e, sl->id, ks__kv_pos(sl, sl->tokens.n), -1);
             ks__sched_fail(s, sl, KS_ENOMEM);
             return;
         }
+        if (sl->n_draft > 0) {
+            int acc = 0;
+            bool broken;
+            ending e = verify(s, sl, &acc, &broken);
+            if (broken) {
+                ks__sched_fail(s, sl, e.err); /* the KV may hold more than the list: dropped */
+                return;
+            }
+            ks__policy_token_done(s, sl, n_decoded - 1, n_decoded + acc);
+            if (e.done) ks__sched_finish(s, sl, e.f, e.err, e.eog);
+            return;
+        }
+        if (sl->draft_cap > 0) s->p.drafter->accept(sl->drafter, &sl->next_tok, 1, 0, 0);
     } else {
         if (ks_tokens_append(&sl->tokens, r->prompt.v + sl->n_past, sl->chunk)) {
             ks__sched_fail(s, sl, KS_ENOMEM);
@@ -277,7 +396,7 @@ static void after_decode(ks_sched *s, slot *sl) {
     }
     ending e = sl->i_logits >= 0 ? sample_slot(s, sl) : (ending){.done = false};
     if (gen)
-        ks__policy_token_done(s, sl, n_decoded);
+        ks__policy_token_done(s, sl, n_decoded - 1, n_decoded);
     else
         ks__policy_chunk_done(s, sl);
     if (e.done) ks__sched_finish(s, sl, e.f, e.err, e.eog);

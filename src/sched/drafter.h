@@ -1,0 +1,35 @@
+/*
+ * drafter.h — the interface of a source of drafts for speculative decoding
+ * (ks_sched_params.drafter; sched.h, step.c "Speculation"). Plain C and
+ * free of the scheduler's other types, so that a C++ drafter
+ * (draft_ngram.cpp) can include it.
+ *
+ * Thread model: every call on the scheduler's inference thread.
+ */
+#ifndef KS_DRAFTER_H
+#define KS_DRAFTER_H
+
+#include <stdint.h>
+
+/* A source of drafts (speculative decoding), one instance per slot, all
+ * calls on the inference thread. The tokens a drafter sees are exactly the
+ * slot's sequence: begin gets the whole of it when a request starts to
+ * generate, accept every token decoded after that. */
+typedef struct ks_drafter_ops {
+    const char *name;                       /* "ngram-simple", ... */
+    void *(*create)(void *cfg);             /* NULL: no memory */
+    void (*free)(void *d);
+    void (*begin)(void *d, const int32_t *toks, int n);
+    /* Up to n_max tokens likely to follow the sequence and then `last`
+     * (sampled, not yet decoded) into out; returns how many (0: none). */
+    int (*draft)(void *d, int32_t last, int n_max, int32_t *out);
+    /* toks[0, n) were decoded after the sequence (last and the accepted
+     * drafted tokens); n_drafted > 0: a draft of that many was verified and
+     * n_accepted of it kept. */
+    void (*accept)(void *d, const int32_t *toks, int n, int n_drafted, int n_accepted);
+} ks_drafter_ops;
+
+/* The most tokens a drafter may propose in one step. */
+#define KS_DRAFT_MAX 64
+
+#endif
