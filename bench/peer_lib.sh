@@ -20,7 +20,9 @@
 #            kvstash-no-repack (--no-repack), kvstash-no-tokcache (KS_TOKCACHE=0: every
 #            prompt tokenized whole), llama-server (its defaults: flash attention
 #            auto = on for the CPU, as kvstash's default), llama-server-fa-off
-#            (--flash-attn off), llama-server-no-repack (--no-repack)
+#            (--flash-attn off), llama-server-no-repack (--no-repack),
+#            kvstash-no-spec (--spec-type none), kvstash-spec ($KS_SPEC_ARGS),
+#            llama-server-spec ($PEER_SPEC_ARGS; both default --spec-type ngram-mod)
 #   THREADS [2]  SLOTS [2]  CTX [4096] (context per slot; llama-server gets
 #            -c SLOTS*CTX with -np SLOTS, i.e. CTX per slot too: bench/peer.sh)
 #   KS_ARGS []  more `kvstash serve` flags    PEER_ARGS []  more llama-server flags
@@ -51,8 +53,10 @@ peer_start_servers() { # $1 = script name (for messages), $2 = log prefix
     for s in "${want[@]}"; do
         log=$OUT/$prefix-$s.log
         case $s in
-        kvstash | kvstash-no-exact | kvstash-prebuilt | kvstash-fa-off | kvstash-no-ckpt | kvstash-no-repack | kvstash-no-tokcache)
+        kvstash | kvstash-no-exact | kvstash-prebuilt | kvstash-fa-off | kvstash-no-ckpt | kvstash-no-repack | kvstash-no-tokcache | kvstash-no-spec | kvstash-spec)
             args=$KS_ARGS envs=()
+            [ "$s" = kvstash-no-spec ] && args="${args:+$args }--spec-type none"
+            [ "$s" = kvstash-spec ] && args="${args:+$args }${KS_SPEC_ARGS:---spec-type ngram-mod}"
             [ "$s" = kvstash-no-repack ] && args="${args:+$args }--no-repack"
             [ "$s" = kvstash-no-exact ] && args="${args:+$args }--no-exact"
             [ "$s" = kvstash-fa-off ] && args="${args:+$args }--flash-attn off"
@@ -75,8 +79,9 @@ peer_start_servers() { # $1 = script name (for messages), $2 = log prefix
             [ -n "$port" ] || { tail -n 20 "$log" >&2; echo "$me: kvstash did not start (log: $log)" >&2; exit 1; }
             names+=(--name "$s$(sed -n 's/.*, exact: \([a-z-]*\)[ )].*/ (exact: \1)/p' "$log" | head -n 1)${args:+ $args}")
             ;;
-        llama-server | llama-server-fa-off | llama-server-no-repack)
+        llama-server | llama-server-fa-off | llama-server-no-repack | llama-server-spec)
             peer_args=$PEER_ARGS
+            [ "$s" = llama-server-spec ] && peer_args="${peer_args:+$peer_args }${PEER_SPEC_ARGS:---spec-type ngram-mod}"
             [ "$s" = llama-server-fa-off ] && peer_args="${peer_args:+$peer_args }--flash-attn off"
             [ "$s" = llama-server-no-repack ] && peer_args="${peer_args:+$peer_args }--no-repack"
             "$ROOT/bench/peer.sh" path >/dev/null # build it first (not inside the timed wait)
@@ -86,7 +91,7 @@ peer_start_servers() { # $1 = script name (for messages), $2 = log prefix
             pids+=($!)
             names+=(--name "llama-server $("$ROOT/bench/peer.sh" version | sed -n 's/.*build \([0-9]*\), commit \([0-9a-f]*\).*/b\1-\2/p')${peer_args:+ $peer_args}")
             ;;
-        *) echo "$me: unknown server '$s' (kvstash, kvstash-no-exact, kvstash-prebuilt, kvstash-fa-off, kvstash-no-ckpt, kvstash-no-repack, kvstash-no-tokcache, llama-server, llama-server-fa-off, llama-server-no-repack)" >&2; exit 2 ;;
+        *) echo "$me: unknown server '$s' (kvstash, kvstash-no-exact, kvstash-prebuilt, kvstash-fa-off, kvstash-no-ckpt, kvstash-no-repack, kvstash-no-tokcache, kvstash-no-spec, kvstash-spec, llama-server, llama-server-fa-off, llama-server-no-repack, llama-server-spec)" >&2; exit 2 ;;
         esac
         keys+=("$s")
         urls+=("http://127.0.0.1:$port")

@@ -40,6 +40,7 @@
 #include "engine/engine.h"
 #include "engine/fingerprint.h"
 #include "engine/media.h"
+#include "sched/draft_ngram.h"
 #include "sched/sched.h"
 #include "server/keyring.h"
 #include "engine/media.h"
@@ -72,6 +73,40 @@ static int kv_types(const ks_config *c, int flash_attn, int *k, int *v) {
                         "auto, not off)\n", c->cache_type_v);
         return 2;
     }
+    return 0;
+}
+
+/* Speculative decoding's drafter from c->spec: *ops NULL for "none"; 2
+ * (said, naming the flag and key) for an unknown type or a bad setting. */
+static int spec_setup(const ks_config *c, ks_ngram_params *np, const ks_drafter_ops **ops) {
+    *ops = NULL;
+    const ks_spec_cfg *s = &c->spec;
+    if (!strcmp(s->type, "none")) return 0;
+    int t = ks_ngram_type_parse(s->type);
+    if (t < 0) {
+        fprintf(stderr, CMD ": --spec-type (speculative.type): '%s' is not a speculative decoding type; one of none, "
+                        "ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod\n", s->type);
+        return 2;
+    }
+    *np = ks_ngram_params_default((ks_ngram_type)t);
+    int k = t == KS_NGRAM_MAP_K ? 1 : t == KS_NGRAM_MAP_K4V ? 2 : 0;
+    np->size_n = s->ngram_size_n[k];
+    np->size_m = s->ngram_size_m[k];
+    np->min_hits = s->ngram_min_hits[k];
+    np->mod_n_match = s->ngram_mod_n_match;
+    np->mod_n_min = s->ngram_mod_n_min;
+    np->mod_n_max = s->ngram_mod_n_max;
+    char err[160];
+    if (ks_ngram_params_check(np, err, sizeof err)) {
+        fprintf(stderr, CMD ": %s\n", err);
+        return 2;
+    }
+    if (s->draft_min > s->draft_max) {
+        fprintf(stderr, CMD ": --spec-draft-n-min %d is more than --spec-draft-n-max %d\n", s->draft_min,
+                s->draft_max);
+        return 2;
+    }
+    *ops = ks_ngram_ops();
     return 0;
 }
 
@@ -185,6 +220,10 @@ int ks_cmd_serve(int argc, char **argv) {
     int top_slots = cfg.slots; /* before any models entry touches it */
     ks_config_resolve_model(&cfg, NULL, cfg.model);
     if (f.slots >= 0) cfg.slots = f.slots;
+    ks_serve_apply_spec_flags(&f, &cfg); /* flags win over a model's speculative block */
+    ks_ngram_params ngram;
+    const ks_drafter_ops *drafter = NULL;
+    if ((rc = spec_setup(&cfg, &ngram, &drafter))) return rc;
 
     /* Block the shutdown signals before any thread exists, so every thread
      * inherits the mask and only sigwait below sees them. */
@@ -218,6 +257,12 @@ int ks_cmd_serve(int argc, char **argv) {
         by_name.slots = top_slots;
         ks_config_resolve_model(&by_name, ks_engine_model_name(e), cfg.model);
         cfg.cache = by_name.cache;
+        cfg.spec = by_name.spec;
+        ks_serve_apply_spec_flags(&f, &cfg);
+        if ((rc = spec_setup(&cfg, &ngram, &drafter))) {
+            exit_code = 2;
+            goto done;
+        }
         if (f.slots < 0 && by_name.slots != cfg.slots) {
             KS_INFO("serve", "models entry for '%s' sets %d slots: reopening", ks_engine_model_name(e),
                     by_name.slots);
@@ -292,6 +337,11 @@ int ks_cmd_serve(int argc, char **argv) {
     sp.ckpt_bytes = (size_t)cfg.checkpoint_bytes;
     sp.ckpt_gen_interval = cfg.checkpoint_every;
     sp.share_system_prompt = cfg.share_system_prompt;
+    sp.drafter = drafter;
+    sp.drafter_cfg = &ngram;
+    sp.draft_max = cfg.spec.draft_max;
+    sp.draft_min = cfg.spec.draft_min;
+    sp.draft_adaptive = cfg.spec.adaptive;
     rc = ks_sched_create(&sp, &sched);
     if (rc) {
         fprintf(stderr, CMD ": cannot start the scheduler: %s\n", ks_strerror(rc));
@@ -339,6 +389,8 @@ int ks_cmd_serve(int argc, char **argv) {
     if (f.max_conns_client >= 0) hp.max_connections_per_client = f.max_conns_client;
     hp.cache_prompt = cfg.cache_prompt;
     hp.exact = cfg.exact;
+    hp.spec_type = drafter ? cfg.spec.type : "none";
+    hp.draft_max = cfg.spec.draft_max;
     hp.store_mode = !store ? "off" : store_mode == KS_STORE_RAM_ONLY ? "ram-only" : "full";
     hp.metrics = metrics;
     const char *cors[KS_CONFIG_CORS_MAX];
@@ -383,6 +435,21 @@ int ks_cmd_serve(int argc, char **argv) {
     ks_serve_store_desc(&store_cfg, store, store_mode, store_desc, sizeof store_desc);
     KS_INFO("serve", "cache: prompt %s, imc %s, spc %s, store %s", cfg.cache_prompt ? "on" : "off",
             sp.imc ? "on" : "off", spc ? "on" : "off", store_desc);
+    {
+        bool spec_exact;
+        const char *spec_why;
+        bool spec_on = ks_sched_spec_status(sched, &spec_exact, &spec_why);
+        if (!drafter)
+            KS_INFO("serve", "speculative decoding: off (--spec-type none)");
+        else if (!spec_on)
+            KS_INFO("serve", "speculative decoding: off (%s)", spec_why);
+        else
+            KS_INFO("serve", "speculative decoding: %s, up to %d tokens per step, %s", cfg.spec.type,
+                    cfg.spec.draft_max, spec_exact ? "exact (a reply is the same without it)" : "not exact");
+        if (drafter && spec_on && !spec_exact)
+            KS_WARN("serve", "speculative decoding is not exact here (%s): a reply may differ from one without it "
+                             "in the last bits, as a cached one may (--spec-type none turns it off)", spec_why);
+    }
     if (ks_engine_offload_info(e)->n_devices > 0 && reason)
         KS_WARN("serve", "exact output is unavailable on %s: a cached reply may differ from an uncached one in "
                          "the last bits (-ngl 0 keeps the model on the CPU, where it is exact)", where);

@@ -126,11 +126,52 @@ void ks_serve_usage(FILE *f) {
             "  --checkpoint-bytes SIZE   ... within SIZE per slot, e.g. 64M (default 32M)\n"
             "  --config FILE             YAML settings (see docs/SERVER.md); flags override it\n"
             "  --log LEVEL               debug|info|warn|error|off (default info)\n"
+            "Speculative decoding (docs/SERVER.md, \"Speculative decoding\"; exact: a reply is the same\n"
+            "with and without it):\n"
+            "  --spec-type T             none, ngram-simple (default), ngram-map-k, ngram-map-k4v or\n"
+            "                            ngram-mod: drafts from the slot's own tokens (speculative.type)\n"
+            "  --spec-draft-n-max N      tokens drafted per step at most, 1..64 (--draft-max; default 16)\n"
+            "  --spec-draft-n-min N      shorter drafts are not verified, 0..64 (--draft-min; default 0)\n"
+            "  --spec-ngram-simple-size-n N, --spec-ngram-simple-size-m N, --spec-ngram-simple-min-hits N\n"
+            "                            lookup length, draft length, hits (default 12, 48, 1); the same\n"
+            "                            for ngram-map-k and ngram-map-k4v (--spec-ngram-map-k-size-n ...)\n"
+            "  --spec-ngram-mod-n-match N, --spec-ngram-mod-n-min N, --spec-ngram-mod-n-max N\n"
+            "                            ngram-mod's lookup length and draft bounds (default 24, 48, 64)\n"
+            "  --no-spec-adaptive        verify every draft whole (default: only what the measured cost\n"
+            "                            of a decode's rows and the slot's acceptance make worth it)\n"
             "GPUs (docs/SERVER.md, \"GPUs\"):\n"
             "%s",
             ks_cli_offload_usage);
 }
 
+
+/* The numeric --spec-* flags, llama-server's names and ranges (config.h
+ * ks_spec_cfg), in ks_serve_flags.spec_int's order. */
+static const struct {
+    const char *name;
+    int lo, hi;
+} k_spec[KS_SERVE_SPEC_INTS] = {
+    {"spec-draft-n-max", 1, KS_CONFIG_DRAFT_MAX},  {"spec-draft-n-min", 0, KS_CONFIG_DRAFT_MAX},
+    {"spec-ngram-simple-size-n", 1, 1024},         {"spec-ngram-simple-size-m", 1, 1024},
+    {"spec-ngram-simple-min-hits", 1, 65535},      {"spec-ngram-map-k-size-n", 1, 1024},
+    {"spec-ngram-map-k-size-m", 1, 1024},          {"spec-ngram-map-k-min-hits", 1, 65535},
+    {"spec-ngram-map-k4v-size-n", 1, 1024},        {"spec-ngram-map-k4v-size-m", 1, 1024},
+    {"spec-ngram-map-k4v-min-hits", 1, 65535},     {"spec-ngram-mod-n-match", 1, 1024},
+    {"spec-ngram-mod-n-min", 0, 1024},             {"spec-ngram-mod-n-max", 0, 1024},
+};
+
+void ks_serve_apply_spec_flags(const ks_serve_flags *f, ks_config *c) {
+    ks_spec_cfg *s = &c->spec;
+    int *dst[KS_SERVE_SPEC_INTS] = {&s->draft_max, &s->draft_min,
+                                    &s->ngram_size_n[0], &s->ngram_size_m[0], &s->ngram_min_hits[0],
+                                    &s->ngram_size_n[1], &s->ngram_size_m[1], &s->ngram_min_hits[1],
+                                    &s->ngram_size_n[2], &s->ngram_size_m[2], &s->ngram_min_hits[2],
+                                    &s->ngram_mod_n_match, &s->ngram_mod_n_min, &s->ngram_mod_n_max};
+    if (f->spec_type) snprintf(s->type, sizeof s->type, "%s", f->spec_type); /* length checked by parse */
+    if (f->no_spec_adaptive) s->adaptive = false;
+    for (int i = 0; i < KS_SERVE_SPEC_INTS; i++)
+        if (f->spec_int[i] >= 0) *dst[i] = f->spec_int[i];
+}
 
 int ks_serve_parse_flags(int argc, char **argv, ks_serve_flags *f) {
     enum { O_HOST = 256, O_MMPROJ, O_PORT, O_SLOTS, O_CTX, O_BATCH, O_THREADS, O_NOCACHE, O_NOEXACT, O_KEY, O_QUEUE, O_BODY,
@@ -139,8 +180,8 @@ int ks_serve_parse_flags(int argc, char **argv, ks_serve_flags *f) {
            O_CKPT, O_CKPT_EVERY, O_CKPT_BYTES, O_CACHEREDIS, O_TLS_CA, O_TLS_CA_DIR, O_TLS_CERT, O_TLS_KEY,
            O_TLS_NAME, O_TLS_INSECURE, O_NOREPACK, O_WARM, O_SECRET, O_KEYFILE, O_TENANT_BY, O_SHARE_SYS, O_METRICS_KEY,
            O_MEDIA_BYTES, O_MEDIA_TOTAL, O_MEDIA_ITEMS, O_MEDIA_PIXELS, O_MEDIA_PATH, O_MEDIA_HOSTS, O_MEDIA_FTIMEOUT,
-           O_CTK, O_CTV, O_OFFLOAD,
-           O_OFFLOAD_END = O_OFFLOAD + KS_CLI_OFFLOAD_N };
+           O_CTK, O_CTV, O_SPEC_TYPE, O_SPEC_NOADAPT, O_OFFLOAD,
+           O_OFFLOAD_END = O_OFFLOAD + KS_CLI_OFFLOAD_N, O_SPEC, O_SPEC_END = O_SPEC + KS_SERVE_SPEC_INTS };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},          {"host", required_argument, 0, O_HOST},
         {"mmproj", required_argument, 0, O_MMPROJ},
@@ -182,7 +223,18 @@ int ks_serve_parse_flags(int argc, char **argv, ks_serve_flags *f) {
         {"media-fetch-timeout-ms", required_argument, 0, O_MEDIA_FTIMEOUT},
         {"cache-type-k", required_argument, 0, O_CTK}, {"cache-type-v", required_argument, 0, O_CTV},
         KS_CLI_OFFLOAD_OPTS(O_OFFLOAD),
+        {"spec-type", required_argument, 0, O_SPEC_TYPE}, {"no-spec-adaptive", no_argument, 0, O_SPEC_NOADAPT},
+        {k_spec[0].name, required_argument, 0, O_SPEC + 0}, {"draft-max", required_argument, 0, O_SPEC + 0},
+        {"draft-n", required_argument, 0, O_SPEC + 0},
+        {k_spec[1].name, required_argument, 0, O_SPEC + 1}, {"draft-min", required_argument, 0, O_SPEC + 1},
+        {k_spec[2].name, required_argument, 0, O_SPEC + 2}, {k_spec[3].name, required_argument, 0, O_SPEC + 3},
+        {k_spec[4].name, required_argument, 0, O_SPEC + 4}, {k_spec[5].name, required_argument, 0, O_SPEC + 5},
+        {k_spec[6].name, required_argument, 0, O_SPEC + 6}, {k_spec[7].name, required_argument, 0, O_SPEC + 7},
+        {k_spec[8].name, required_argument, 0, O_SPEC + 8}, {k_spec[9].name, required_argument, 0, O_SPEC + 9},
+        {k_spec[10].name, required_argument, 0, O_SPEC + 10}, {k_spec[11].name, required_argument, 0, O_SPEC + 11},
+        {k_spec[12].name, required_argument, 0, O_SPEC + 12}, {k_spec[13].name, required_argument, 0, O_SPEC + 13},
         {"help", no_argument, 0, 'h'},                 {0, 0, 0, 0}};
+    _Static_assert(sizeof k_spec / sizeof k_spec[0] == KS_SERVE_SPEC_INTS, "one entry per --spec-* number");
     memset(f, 0, sizeof *f);
     ks_offload_defaults(&f->offload);
     ks_cli_offload_aliases(argc, argv);
@@ -199,6 +251,7 @@ int ks_serve_parse_flags(int argc, char **argv, ks_serve_flags *f) {
     f->header_timeout = f->max_conns = f->max_conns_client = -1;
     f->ctx_checkpoints = f->checkpoint_every = -1;
     f->checkpoint_bytes = -1;
+    for (int i = 0; i < KS_SERVE_SPEC_INTS; i++) f->spec_int[i] = -1;
     optind = 1;
     opterr = 0;
     int c;
@@ -306,6 +359,14 @@ int ks_serve_parse_flags(int argc, char **argv, ks_serve_flags *f) {
             break;
         case O_CTK: f->cache_type_k = optarg; break;
         case O_CTV: f->cache_type_v = optarg; break;
+        case O_SPEC_NOADAPT: f->no_spec_adaptive = true; break;
+        case O_SPEC_TYPE:
+            if (strlen(optarg) >= sizeof ((ks_spec_cfg *)0)->type) {
+                fprintf(stderr, CMD ": --spec-type: '%s' is not a speculative decoding type\n", optarg);
+                return 2;
+            }
+            f->spec_type = optarg;
+            break;
         case O_FA:
             if (ks_cli_parse_flash_attn(CMD, optarg, argc, argv, &optind, &f->flash_attn)) return 2;
             break;
@@ -404,6 +465,14 @@ int ks_serve_parse_flags(int argc, char **argv, ks_serve_flags *f) {
                 if (ks_cli_offload_flag(CMD, c - O_OFFLOAD, optarg, &f->offload, &f->offload_given)) return 2;
                 break;
             }
+            if (c >= O_SPEC && c < O_SPEC_END) {
+                char flag[64];
+                snprintf(flag, sizeof flag, "--%s", k_spec[c - O_SPEC].name);
+                if (ks_cli_parse_int(CMD, flag, optarg, k_spec[c - O_SPEC].lo, k_spec[c - O_SPEC].hi,
+                                     &f->spec_int[c - O_SPEC]))
+                    return 2;
+                break;
+            }
             fprintf(stderr, CMD ": unknown option '%s'\n\n", argv[optind - 1]);
             ks_serve_usage(stderr);
             return 2;
@@ -455,6 +524,7 @@ int ks_serve_apply_flags(const ks_serve_flags *f, ks_config *c) {
     if (f->log) COPY(c->log, f->log);
     if (f->cache_type_k) COPY(c->cache_type_k, f->cache_type_k);
     if (f->cache_type_v) COPY(c->cache_type_v, f->cache_type_v);
+    ks_serve_apply_spec_flags(f, c);
     if (f->port >= 0) c->port = f->port;
     if (f->slots >= 0) c->slots = f->slots;
     if (f->ctx >= 0) c->ctx = f->ctx;

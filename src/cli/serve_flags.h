@@ -14,6 +14,9 @@
 #include "base/offload.h"
 #include "config/config.h"
 
+/* The numeric speculative decoding flags (--spec-draft-n-max ...). */
+#define KS_SERVE_SPEC_INTS 14
+
 /* The flags as given, applied over the file's values. */
 typedef struct ks_serve_flags {
     const char *model, *host, *api_key, *config, *log, *alias, *chat_template, *reasoning_format;
@@ -45,6 +48,9 @@ typedef struct ks_serve_flags {
     long long checkpoint_bytes;            /* -1: not given */
     ks_offload offload;                    /* the offload flags, those in offload_given */
     unsigned offload_given;
+    const char *spec_type;                 /* --spec-type */
+    bool no_spec_adaptive;                 /* --no-spec-adaptive */
+    int spec_int[KS_SERVE_SPEC_INTS];      /* the --spec-* numbers (serve_flags.c), -1: not given */
 } ks_serve_flags;
 
 /* The usage text to f. */
@@ -55,5 +61,9 @@ int ks_serve_parse_flags(int argc, char **argv, ks_serve_flags *f);
 /* Applies the flags given in f over c (and the environment's
  * KVSTASH_API_KEY, KVSTASH_REDIS_PASSWORD): 0, or 2 after printing why. */
 int ks_serve_apply_flags(const ks_serve_flags *f, ks_config *c);
+/* The speculative decoding flags alone over c->spec (ks_serve_apply_flags
+ * does it too; again after a model's own speculative block is resolved, so
+ * that flags win over it as well). */
+void ks_serve_apply_spec_flags(const ks_serve_flags *f, ks_config *c);
 
 #endif

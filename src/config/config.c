@@ -106,6 +106,22 @@ done:
 /* ------------------------------------------------------------ defaults */
 /* Fills m in place (memset first): returning the struct by value would leave
  * its padding bytes unspecified, and configs are compared with memcmp. */
+void ks_config_spec_defaults(ks_spec_cfg *s) {
+    memset(s, 0, sizeof *s);
+    snprintf(s->type, sizeof s->type, "ngram-simple");
+    s->draft_max = 16;
+    s->draft_min = 0;
+    for (int i = 0; i < 3; i++) {
+        s->ngram_size_n[i] = 12;
+        s->ngram_size_m[i] = 48;
+        s->ngram_min_hits[i] = 1;
+    }
+    s->ngram_mod_n_match = 24;
+    s->ngram_mod_n_min = 48;
+    s->ngram_mod_n_max = 64;
+    s->adaptive = true;
+}
+
 void ks__config_model_defaults(ks_model_cache_cfg *m) {
     memset(m, 0, sizeof *m);
     m->system_prompt_cache = false;
@@ -139,6 +155,7 @@ void ks_config_defaults(ks_config *c) {
                               .fetch_max_redirects = 3};
     snprintf(c->log, sizeof c->log, "info");
     ks__config_model_defaults(&c->cache);
+    ks_config_spec_defaults(&c->spec);
 
     ks_store_cfg *s = &c->store;
     ks_store_cfg_defaults(s);
@@ -250,5 +267,6 @@ void ks_config_resolve_model(ks_config *c, const char *model_name, const char *m
     }
     memcpy(&c->cache, &c->models[i], sizeof c->cache);
     if (c->model_has_slots[i]) c->slots = c->models[i].slots;
+    if (c->models[i].has_spec) c->spec = c->models[i].spec;
     KS_DEBUG("config", "cache settings from models.%s", c->model_keys[i]);
 }

@@ -56,6 +56,13 @@
  *                            # (--media-fetch-hosts; default none: remote URLs refused)
  *     fetch_timeout_ms: 10000   # per image URL, its redirects included, 100..600000
  *     fetch_max_redirects: 3    # 0..10, each target's host checked again
+ *   speculative:             # speculative decoding (docs/SERVER.md "Speculative decoding")
+ *     type: ngram-simple     # none | ngram-simple | ngram-map-k | ngram-map-k4v | ngram-mod
+ *     draft_max: 16          # tokens drafted per step at most, 1..64
+ *     draft_min: 0           # shorter drafts are not verified
+ *     ngram_simple_size_n: 12   # and _size_m, _min_hits; ngram_map_k_*, ngram_map_k4v_* alike;
+ *     ngram_mod_n_match: 24     # ngram_mod_n_min, ngram_mod_n_max (llama-server's --spec-ngram-*)
+ *     adaptive: true         # verify only what the measured costs make worth it
  *   log: info                # debug|info|warn|error|off
  *   cors_origins: [http://localhost:5173]   # browser origins allowed (CORS); "*": any.
  *                            # Absent or []: CORS off. One origin may be given as a scalar.
@@ -67,6 +74,7 @@
  *       slots: 3             # overrides the top-level slots for this model (1..256)
  *       spc_max_bytes: 268435456         # 0..1024TiB
  *       mmproj: /path/to/mmproj.gguf     # this model's projector (over the top-level mmproj)
+ *       speculative: { type: none }      # this model's speculative block (replaces the top-level one)
  *   store:
  *     enabled: true                    # the full store (shm and disk tiers); see "Store modes"
  *     cache_dir: ~/.cache/kvstash      # disk tier directory
@@ -193,6 +201,28 @@ typedef struct ks_media_cfg {
 #define KS_CONFIG_MEDIA_ITEMS_MAX 1024
 #define KS_CONFIG_MEDIA_PIXELS_MAX ((int64_t)1 << 31)
 
+/* speculative (models.<name>.speculative, the --spec-* flags): speculative
+ * decoding (docs/SERVER.md "Speculative decoding"). The n-gram settings are
+ * llama-server's, per type. */
+typedef struct ks_spec_cfg {
+    char type[24];              /* none | ngram-simple | ngram-map-k | ngram-map-k4v | ngram-mod
+                                   (--spec-type; default ngram-simple) */
+    int draft_max;              /* tokens drafted per step at most, 1..64 (--spec-draft-n-max,
+                                   --draft-max; default 16) */
+    int draft_min;              /* shorter drafts are not verified, 0..64 (--spec-draft-n-min,
+                                   --draft-min; default 0) */
+    int ngram_size_n[3];        /* [simple, map-k, map-k4v]: lookup length 1..1024 (default 12) */
+    int ngram_size_m[3];        /* ... draft length 1..1024 (default 48) */
+    int ngram_min_hits[3];      /* ... >= 1 (default 1) */
+    int ngram_mod_n_match;      /* ngram-mod: 1..1024 (default 24) */
+    int ngram_mod_n_min;        /* 0..1024 (default 48) */
+    int ngram_mod_n_max;        /* 0..1024 (default 64) */
+    bool adaptive;              /* verify what is worth its measured cost (sched.h draft_adaptive;
+                                   --no-spec-adaptive: every draft whole; default true) */
+} ks_spec_cfg;
+enum { KS_CONFIG_DRAFT_MAX = 64 }; /* the scheduler's KS_DRAFT_MAX */
+void ks_config_spec_defaults(ks_spec_cfg *s);
+
 typedef struct ks_model_cache_cfg {
     bool system_prompt_cache;   /* SPC (default false) */
     bool incremental_cache;     /* IMC (default false) */
@@ -200,6 +230,8 @@ typedef struct ks_model_cache_cfg {
     int slots;                  /* 0: use the top-level value */
     int64_t spc_max_bytes;      /* default 256 MiB */
     char mmproj[KS_MAX_PATH];   /* the model's projector ("": the top-level mmproj) */
+    bool has_spec;              /* a speculative block: it replaces the top-level one */
+    ks_spec_cfg spec;
 } ks_model_cache_cfg;
 
 typedef struct ks_config {
@@ -254,6 +286,7 @@ typedef struct ks_config {
      * file's list, or any --cors-origin flag, replaces the whole list. */
     char cors_origins[KS_CONFIG_CORS_MAX][KS_CONFIG_ORIGIN_MAX];
     int n_cors_origins;
+    ks_spec_cfg spec;           /* speculative decoding (the resolved model's block, if any) */
 } ks_config;
 
 /* Fills every default. */

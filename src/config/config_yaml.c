@@ -121,7 +121,34 @@ static const field k_redis_tls_fields[] = {
     FB(ks_redis_tls_cfg, verify),
 };
 
+static const field k_spec_fields[] = {
+    FS(ks_spec_cfg, type, F_STR),
+    FI(ks_spec_cfg, draft_max, 1, KS_CONFIG_DRAFT_MAX),
+    FI(ks_spec_cfg, draft_min, 0, KS_CONFIG_DRAFT_MAX),
+    {"ngram_simple_size_n", F_INT, offsetof(ks_spec_cfg, ngram_size_n[0]), 0, 1, 1024},
+    {"ngram_simple_size_m", F_INT, offsetof(ks_spec_cfg, ngram_size_m[0]), 0, 1, 1024},
+    {"ngram_simple_min_hits", F_INT, offsetof(ks_spec_cfg, ngram_min_hits[0]), 0, 1, 65535},
+    {"ngram_map_k_size_n", F_INT, offsetof(ks_spec_cfg, ngram_size_n[1]), 0, 1, 1024},
+    {"ngram_map_k_size_m", F_INT, offsetof(ks_spec_cfg, ngram_size_m[1]), 0, 1, 1024},
+    {"ngram_map_k_min_hits", F_INT, offsetof(ks_spec_cfg, ngram_min_hits[1]), 0, 1, 65535},
+    {"ngram_map_k4v_size_n", F_INT, offsetof(ks_spec_cfg, ngram_size_n[2]), 0, 1, 1024},
+    {"ngram_map_k4v_size_m", F_INT, offsetof(ks_spec_cfg, ngram_size_m[2]), 0, 1, 1024},
+    {"ngram_map_k4v_min_hits", F_INT, offsetof(ks_spec_cfg, ngram_min_hits[2]), 0, 1, 65535},
+    FI(ks_spec_cfg, ngram_mod_n_match, 1, 1024),
+    FI(ks_spec_cfg, ngram_mod_n_min, 0, 1024),
+    FI(ks_spec_cfg, ngram_mod_n_max, 0, 1024),
+    FB(ks_spec_cfg, adaptive),
+};
+
 /* ------------------------------------------------------------ sections */
+static int spec_pair(walk *w, const char *path, const char *key, yaml_node_t *kn, yaml_node_t *vn, void *ud) {
+    const field *f = ks__cfg_find_field(k_spec_fields, N_FIELDS(k_spec_fields), key);
+    if (!f) return ks__cfg_fail_unknown(w, path, key, kn);
+    char full[512];
+    ks__cfg_join(full, sizeof full, path, key);
+    return ks__cfg_set_field(w, full, f, vn, ud);
+}
+
 typedef struct model_ud {
     ks_model_cache_cfg *m;
     bool has_slots;
@@ -130,6 +157,13 @@ typedef struct model_ud {
 static int model_pair(walk *w, const char *path, const char *key, yaml_node_t *kn, yaml_node_t *vn,
                       void *ud) {
     model_ud *mu = ud;
+    if (strcmp(key, "speculative") == 0) {
+        char full[512];
+        ks__cfg_join(full, sizeof full, path, key);
+        if (!mu->m->has_spec) ks_config_spec_defaults(&mu->m->spec);
+        mu->m->has_spec = true;
+        return ks__cfg_each_pair(w, full, vn, spec_pair, &mu->m->spec);
+    }
     const field *f = ks__cfg_find_field(k_model_fields, N_FIELDS(k_model_fields), key);
     if (!f) return ks__cfg_fail_unknown(w, path, key, kn);
     char full[512];
@@ -428,6 +462,7 @@ static int top_pair(walk *w, const char *path, const char *key, yaml_node_t *kn,
     if (strcmp(key, "api_keys") == 0) return api_keys(w, key, vn, c);
     if (strcmp(key, "models") == 0) return ks__cfg_each_pair(w, key, vn, models_pair, c);
     if (strcmp(key, "media") == 0) return ks__cfg_each_pair(w, key, vn, media_pair, &c->media);
+    if (strcmp(key, "speculative") == 0) return ks__cfg_each_pair(w, key, vn, spec_pair, &c->spec);
     if (strcmp(key, "store") == 0) {
         store_ud su = {.s = &c->store};
         int rc = ks__cfg_each_pair(w, key, vn, store_pair, &su);

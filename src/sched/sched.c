@@ -78,6 +78,7 @@ ks_sched_params ks_sched_params_default(void) {
     p.ckpt_bytes = (size_t)32 << 20;
     p.ckpt_gen_interval = 16;
     p.draft_max = 16;
+    p.draft_adaptive = true;
     return p;
 }
 
@@ -211,6 +212,8 @@ void ks__sched_finish(ks_sched *s, slot *sl, ks_finish f, int err, bool eog) {
     sl->r = NULL;
     sl->last_used_us = ks_now_us();
     sl->info.n_generated = sl->n_generated;
+    sl->info.n_drafted = r->res.n_drafted;
+    sl->info.n_draft_accepted = r->res.n_draft_accepted;
     s->n_active--;
     publish_locked(s);
     pthread_mutex_unlock(&s->mu);

@@ -146,6 +146,12 @@ typedef struct ks_sched_params {
     void *drafter_cfg;     /* passed to drafter->create */
     int draft_max;         /* most tokens drafted per step (default 16) */
     int draft_min;         /* a shorter draft is not verified (default 0) */
+    /* true (default): each step verifies the part of a draft that is worth
+     * its cost, from the measured time of decodes by their rows and the
+     * slot's measured acceptance (step.c "How much to draft"), so that
+     * drafts the model rejects cost little; false: every draft is verified
+     * whole (up to draft_max), for tests that must see drafts verified. */
+    bool draft_adaptive;
 } ks_sched_params;
 
 ks_sched_params ks_sched_params_default(void);

@@ -95,6 +95,8 @@ typedef struct slot {
     int32_t draft[KS_DRAFT_MAX];
     int n_draft;
     int draft_cap;
+    double acc_hit, acc_miss; /* decayed counts of drafted tokens kept and of first rejections
+                                 (step.c "How much to draft"): the acceptance estimate */
     int64_t last_used_us;
     /* IMC identity of the branch the slot holds */
     uint64_t msg_hash;
@@ -147,6 +149,8 @@ struct ks_sched {
     size_t copy_cap;
     bool ckpt_on;           /* checkpoints: a hybrid model and a budget (sched.h) */
     bool spec_on;           /* speculative decoding runs (ks_sched_spec_status) */
+    double cost_ms[KS_DRAFT_MAX + 2]; /* a decode's time by its rows (1..KS_DRAFT_MAX + 1), a moving
+                                         average; 0: not seen (step.c "How much to draft") */
     bool spec_exact;
     const char *spec_why;
     /* What warm start put into slots (warm.c), copied for ks_sched_warm_list:

@@ -59,6 +59,27 @@
  * draft never crosses max_tokens (k < what is left to sample) or the
  * context, and the batch keeps one row for every generating slot (sched.h
  * invariant 3 with "one token" read as "one token and its draft").
+ *
+ * How much to draft. A verified drafted token costs a row of the batch
+ * whether it is kept or not, and what a row costs depends on the hardware:
+ * on a GPU (memory-bound) a few more rows are nearly free, on two CPU
+ * cores with an F16 model each costs most of a decode (docs/BENCHMARKS.md,
+ * "Speculative decoding": 2 rows 1.6x, 5 rows 3.5x of one). So each step
+ * verifies the k tokens of the draft (0..what the drafter proposed) that
+ * maximise the expected tokens per millisecond,
+ *     (G + E(k)) / c(R + k),   E(k) = 1 + p + ... + p^k,
+ * where c(n) is the measured time of a decode of n rows (a moving average
+ * per row count, cost_ms; a count not seen yet is interpolated from its
+ * neighbours, and beyond the largest seen assumed to grow a tenth of a row
+ * per row, so that larger drafts get tried once and measured), R the rows
+ * of the step without this draft, G the tokens they yield (one per other
+ * generating slot), and p the slot's acceptance estimate: (kept + 4) /
+ * (kept + first rejections + 5), from counts decayed by 0.9 per verified
+ * draft, so that it follows the text; the prior 0.8 says that an n-gram
+ * match means repeating text. A step that verifies none of an offered draft
+ * decays the counts by 0.98, so a slot whose drafts were rejected tries
+ * again later instead of never. With draft_adaptive false every draft is
+ * verified whole.
  */
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -98,6 +119,7 @@ static void spec_start(ks_sched *s, slot *sl) {
         s->p.drafter->free(sl->drafter);
         sl->drafter = NULL;
     }
+    if (!sl->drafter) sl->acc_hit = sl->acc_miss = 0; /* a new drafter: the prior again */
     if (!sl->drafter && !(sl->drafter = s->p.drafter->create(s->p.drafter_cfg))) {
         KS_WARN(MOD, "slot[%d]: no memory for a drafter: this request decodes without drafts", sl->id);
         return;
@@ -182,9 +204,46 @@ static void add_rows(ks_sched *s, ks_batch *b, slot *sl, const int32_t *toks, in
     }
 }
 
+/* c(n) of note "How much to draft", in ms (> 0 once a decode was timed). */
+static double cost_of(const ks_sched *s, int n) {
+    enum { TOP = KS_DRAFT_MAX + 1 };
+    if (n < 1) n = 1;
+    if (n <= TOP && s->cost_ms[n] > 0) return s->cost_ms[n];
+    int lo = n > TOP ? TOP : n - 1, hi = n + 1;
+    while (lo >= 1 && s->cost_ms[lo] <= 0) lo--;
+    while (hi <= TOP && s->cost_ms[hi] <= 0) hi++;
+    if (lo < 1 && hi > TOP) return 1.0;             /* nothing timed yet */
+    if (lo < 1) return s->cost_ms[hi] * n / hi;      /* below the least seen: proportional */
+    if (hi > TOP) return s->cost_ms[lo] * (1.0 + 0.1 * (n - lo)); /* beyond: optimistic, tried once */
+    return s->cost_ms[lo] + (s->cost_ms[hi] - s->cost_ms[lo]) * (n - lo) / (hi - lo);
+}
+
+/* Of the n tokens drafted for sl, how many to verify (note "How much to
+ * draft"); rows: the step's rows without them, others: tokens those yield
+ * besides this slot's own. */
+static int draft_worth(const ks_sched *s, slot *sl, int n, int rows, int others) {
+    if (!s->p.draft_adaptive) return n;
+    double p = (sl->acc_hit + 4.0) / (sl->acc_hit + sl->acc_miss + 5.0);
+    double e = 1.0, pk = 1.0;
+    double best = (others + e) / cost_of(s, rows);
+    int k_best = 0;
+    for (int k = 1; k <= n; k++) {
+        pk *= p;
+        e += pk;
+        double v = (others + e) / cost_of(s, rows + k);
+        if (v > best) best = v, k_best = k;
+    }
+    if (k_best == 0) { /* offered, not taken: the estimate drifts back to the prior */
+        sl->acc_hit *= 0.98;
+        sl->acc_miss *= 0.98;
+    }
+    return k_best;
+}
+
 /* The slot's draft for this step (note "Speculation") into sl->draft,
- * at most `room` tokens: none past max_tokens or the context. */
-static void draft_slot(ks_sched *s, slot *sl, int room) {
+ * at most `room` tokens: none past max_tokens or the context; rows and
+ * others as draft_worth takes them. */
+static void draft_slot(ks_sched *s, slot *sl, int room, int rows, int others) {
     sl->n_draft = 0;
     if (sl->draft_cap <= 0) return;
     int n_max = sl->draft_cap;
@@ -196,7 +255,9 @@ static void draft_slot(ks_sched *s, slot *sl, int room) {
     if (n_max <= 0 || n_max < s->p.draft_min) return;
     int n = s->p.drafter->draft(sl->drafter, sl->next_tok, n_max, sl->draft);
     if (n < s->p.draft_min || n < 0) n = 0;
-    sl->n_draft = n > n_max ? n_max : n;
+    if (n > n_max) n = n_max;
+    if (n > 0) n = draft_worth(s, sl, n, rows, others);
+    sl->n_draft = n >= s->p.draft_min ? n : 0;
 }
 
 /* One token per generating slot (and its draft); returns how many slots.
@@ -219,7 +280,7 @@ static int add_generating(ks_sched *s, ks_batch *b) {
         }
         if (sl->state != ST_GEN) continue;
         n_left--;
-        draft_slot(s, sl, s->n_batch - ks_batch_n(b) - 1 - n_left);
+        draft_slot(s, sl, s->n_batch - ks_batch_n(b) - 1 - n_left, ks_batch_n(b) + 1 + n_left, n_gen + n_left);
         if (sl->n_draft > 0) {
             int kv0 = ks__kv_pos(sl, sl->tokens.n);
             sl->i_logits = ks_batch_add(b, sl->next_tok, kv0, sl->id, true);
@@ -357,6 +418,8 @@ static ending verify(ks_sched *s, slot *sl, int *n_acc, bool *broken) {
     sreq *r = sl->r;
     r->res.n_drafted += sl->n_draft;
     r->res.n_draft_accepted += acc;
+    sl->acc_hit = 0.9 * sl->acc_hit + acc;
+    sl->acc_miss = 0.9 * sl->acc_miss + (acc < sl->n_draft);
     r->draft_steps++;
     s->p.drafter->accept(sl->drafter, sl->tokens.v + sl->tokens.n - 1 - acc, acc + 1, sl->n_draft, acc);
     *n_acc = acc;
@@ -411,7 +474,13 @@ void ks__step(ks_sched *s) {
     if (ks_batch_n(b) == 0) return;
     KS_ASSERT(ks_batch_n(b) <= s->n_batch); /* sched.h invariant 3 */
 
+    double t0 = s->spec_on ? ks_now_ms() : 0;
     int rc = ks_engine_decode(s->e, b);
+    if (s->spec_on && rc == 0) { /* note "How much to draft" */
+        int n = ks_batch_n(b);
+        double dt = ks_now_ms() - t0;
+        if (n <= KS_DRAFT_MAX + 1) s->cost_ms[n] = s->cost_ms[n] > 0 ? 0.75 * s->cost_ms[n] + 0.25 * dt : dt;
+    }
     for (int i = 0; i < s->n_slots; i++) {
         slot *sl = &s->slots[i];
         if (sl->in_batch && sl->pad_pos >= 0) ks_engine_seq_rm(s->e, sl->id, sl->pad_pos, -1);

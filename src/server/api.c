@@ -105,6 +105,10 @@ static int parse_common(json_t *root, ks_api_request *r, ks_api_error *err) {
         r->include_usage = iu && json_is_true(iu);
     }
     if ((rc = ks__api_get_bool(root, "cache_prompt", &r->cache_prompt, err))) return rc;
+    /* llama-server's per-request draft cap (a flat key with a dot); 0 turns
+     * speculation off for this request. It changes how fast, never what. */
+    if ((rc = ks__api_get_int(root, "speculative.n_max", 0, INT32_MAX, &x, &set, err))) return rc;
+    if (set) r->draft_max = x == 0 ? -1 : x > 1024 ? 1024 : (int)x;
     return 0;
 }
 
@@ -287,7 +291,7 @@ json_t *ks_api_usage_json(const ks_req_result *r) {
 
 json_t *ks_api_timings_json(const ks_req_result *r) {
     int prompt_n = r->n_prompt - r->n_cached;
-    return json_pack("{s:i, s:i, s:o, s:o, s:o, s:i, s:o, s:o, s:o}",
+    json_t *t = json_pack("{s:i, s:i, s:o, s:o, s:o, s:i, s:o, s:o, s:o}",
                      "cache_n", r->n_cached,
                      "prompt_n", prompt_n,
                      "prompt_ms", jreal(r->prompt_ms),
@@ -297,6 +301,13 @@ json_t *ks_api_timings_json(const ks_req_result *r) {
                      "predicted_ms", jreal(r->gen_ms),
                      "predicted_per_token_ms", jreal(per(r->gen_ms, r->n_generated)),
                      "predicted_per_second", jreal(per(1e3 * r->n_generated, r->gen_ms)));
+    /* Speculative decoding, by llama-server's names: drafted tokens verified
+     * and of them accepted (only where the request drafted). */
+    if (t && r->n_drafted > 0) {
+        json_object_set_new(t, "draft_n", json_integer(r->n_drafted));
+        json_object_set_new(t, "draft_n_accepted", json_integer(r->n_draft_accepted));
+    }
+    return t;
 }
 
 json_t *ks_api_cache_json(const ks_req_result *r) {

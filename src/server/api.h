@@ -174,6 +174,8 @@ typedef struct ks_api_request {
     bool stream;
     bool include_usage;    /* stream_options.include_usage */
     bool cache_prompt;     /* extension; default true (the server switch still applies) */
+    int draft_max;         /* llama-server's "speculative.n_max": 0 (absent) the server's, -1 none
+                              (the field 0), > 0 at most that many drafted tokens per step */
     ks_api_notes notes;    /* fields ignored (unknown), tools dropped */
     ks_api_breakpoint bps[KS_API_MAX_BREAKPOINTS]; /* chat: cache_control breakpoints, in the
                                                       order given */
@@ -278,6 +280,12 @@ typedef struct ks_api_props {
     const char *cpu_backend;   /* ks_engine_cpu_backend(); NULL: not shown */
     const char *store;         /* "off", "ram-only", "full"; NULL: not shown */
     bool vision, audio;        /* image / audio input (a projector: --mmproj) */
+    /* Speculative decoding: the configured type ("none") and cap, whether it
+     * runs and is exact (ks_sched_spec_status), and why not. */
+    const char *spec_type;
+    int draft_max;
+    bool spec_on, spec_exact;
+    const char *spec_reason;
 } ks_api_props;
 
 /* llama-server's /props object with the fields that apply to kvstash

@@ -32,7 +32,7 @@ static const char *const MSG_FIELDS[] = {
     "tools", "tool_choice", "thinking", "output_config", "output_format",
     /* llama-server's extensions, as on chat */
     "seed", "min_p", "cache_prompt", "repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty",
-    "ignore_eos", "chat_template_kwargs", "id_slot",
+    "ignore_eos", "chat_template_kwargs", "id_slot", "speculative.n_max",
     NULL};
 static const char *const COUNT_FIELDS[] = {"model", "messages", "system", "tools", "tool_choice", "thinking",
                                            "output_config", "output_format", NULL};
@@ -79,7 +79,7 @@ static const ks__api_nested MSG_NESTED[] = {
 };
 static const char *const PASS_FIELDS[] = {"model", "temperature", "top_p", "top_k", "stream", "seed", "min_p",
                                           "cache_prompt", "repeat_penalty", "repeat_last_n", "presence_penalty",
-                                          "frequency_penalty", "ignore_eos", "id_slot", NULL};
+                                          "frequency_penalty", "ignore_eos", "id_slot", "speculative.n_max", NULL};
 
 
 /* Appends text to a buffer, "\n" between pieces. */

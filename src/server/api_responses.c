@@ -29,6 +29,7 @@ static const char *const RESP_FIELDS[] = {
     /* llama-server's extensions, as on chat */
     "seed", "top_k", "min_p", "cache_prompt", "repeat_penalty", "repeat_last_n", "presence_penalty",
     "frequency_penalty", "ignore_eos", "chat_template_kwargs", "id_slot", "stop", "logit_bias",
+    "speculative.n_max",
     NULL};
 /* Accepted and ignored, silently (docs/SERVER.md): they steer OpenAI's
  * service (accounting, its prompt cache's routing and retention, which extra
@@ -62,7 +63,7 @@ static const ks__api_nested RESP_NESTED[] = {
 static const char *const PASS_FIELDS[] = {
     "model", "temperature", "top_p", "stream", "parallel_tool_calls", "seed", "top_k", "min_p", "cache_prompt",
     "repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty", "ignore_eos",
-    "chat_template_kwargs", "id_slot", "stop", "logit_bias",
+    "chat_template_kwargs", "id_slot", "stop", "logit_bias", "speculative.n_max",
     NULL};
 
 int ks_api_responses_prev_id(json_t *root, const char **id, ks_api_error *err) {

@@ -209,6 +209,20 @@ json_t *ks_api_props_json(const ks_api_props *p) {
         json_decref(ks);
         ks = NULL;
     }
+    if (ks && p->spec_type) {
+        json_t *sp = json_pack("{s:s, s:i, s:b, s:b}", "type", p->spec_type, "draft_max", p->draft_max, "active",
+                               p->spec_on, "exact", p->spec_on && p->spec_exact);
+        if (sp && p->spec_reason && strcmp(p->spec_type, "none"))
+            json_object_set_new(sp, "reason", json_string(p->spec_reason));
+        if (!sp || json_object_set_new(ks, "speculative", sp)) {
+            json_decref(ks);
+            ks = NULL;
+        }
+        if (params) {
+            json_object_set_new(params, "speculative.types", json_string(p->spec_type));
+            json_object_set_new(params, "speculative.n_max", json_integer(p->draft_max));
+        }
+    }
     if (ks && p->exact_reason && json_object_set_new(ks, "exact_reason", json_string(p->exact_reason))) {
         json_decref(ks);
         ks = NULL;

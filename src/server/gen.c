@@ -287,9 +287,12 @@ static void on_done(void *ud, const ks_req_result *r) {
     if (g->n_ch > 1) snprintf(which, sizeof which, "[%d]", c->index);
     /* Floored to a tenth: 99.96% is not "100%" while a token was prefilled. */
     double pct = r->n_prompt ? floor(1000.0 * r->n_cached / r->n_prompt) / 10.0 : 0.0;
-    KS_INFO(MOD, "%s%s slot %d: prompt %d tok, cached %d (%.1f%%), ttft %.1f ms, %d tok at %.1f tok/s, "
+    /* Speculation: the drafted tokens kept of those verified. */
+    char spec[64] = "";
+    if (r->n_drafted > 0) snprintf(spec, sizeof spec, ", drafts %d/%d", r->n_draft_accepted, r->n_drafted);
+    KS_INFO(MOD, "%s%s slot %d: prompt %d tok, cached %d (%.1f%%), ttft %.1f ms, %d tok at %.1f tok/s%s, "
                  "finish %s, cache %.*s%s%.*s",
-            g->id, which, r->slot, r->n_prompt, r->n_cached, pct, r->ttft_ms, r->n_generated, tps,
+            g->id, which, r->slot, r->n_prompt, r->n_cached, pct, r->ttft_ms, r->n_generated, tps, spec,
             finish, (int)sizeof r->cache_mode, r->cache_mode, r->cache_reason[0] ? " / " : "",
             (int)sizeof r->cache_reason, r->cache_reason);
     if (r->finish == KS_FINISH_ERROR)
@@ -412,7 +415,7 @@ static ks_req_result total_result(const gen *g) {
     ks_req_result t = g->ch[0].res;
     int per = g->n_ch / (g->n_prompts > 0 ? g->n_prompts : 1);
     if (per < 1) per = 1;
-    t.n_prompt = t.n_cached = t.n_generated = 0;
+    t.n_prompt = t.n_cached = t.n_generated = t.n_drafted = t.n_draft_accepted = 0;
     t.prompt_ms = t.gen_ms = 0;
     for (int i = 0; i < g->n_ch; i++) {
         const ks_req_result *r = &g->ch[i].res;
@@ -422,6 +425,8 @@ static ks_req_result total_result(const gen *g) {
             t.prompt_ms += r->prompt_ms;
         }
         t.n_generated += r->n_generated;
+        t.n_drafted += r->n_drafted;
+        t.n_draft_accepted += r->n_draft_accepted;
         if (r->gen_ms > t.gen_ms) t.gen_ms = r->gen_ms;
     }
     return t;
@@ -564,6 +569,7 @@ static int submit(ks_server *s, gen *g, const ks_api_request *rq, const ks_plan 
         rp.sample.seed = rq->seed_set ? base_seed + (uint64_t)j : ks_random_u64();
         rp.ext = &x;
         rp.cache_prompt = rq->cache_prompt;
+        rp.draft_max = rq->draft_max;
         rp.tenant = rq->tenant;
         rp.preferred_slot = rq->id_slot;
         if (j > 0) rp.share_prefill_of = g->ch[i - j].sched_id;

@@ -122,6 +122,14 @@ void ks_metrics_sched(ks_prom *p, const ks_sched_stats *st) {
                     (double)st->tokens_predicted_total);
     ks_prom_counter(p, "kvstash_predicted_seconds_total", "Time spent generating.",
                     st->predicted_seconds_total);
+    ks_prom_counter(p, "kvstash_draft_tokens_total",
+                    "Speculative decoding: drafted tokens verified (finished requests).",
+                    (double)st->draft_tokens_total);
+    ks_prom_counter(p, "kvstash_draft_accepted_total",
+                    "Speculative decoding: drafted tokens accepted, each a token without a decode step of its own.",
+                    (double)st->draft_accepted_total);
+    ks_prom_counter(p, "kvstash_draft_steps_total", "Speculative decoding: decode steps that verified a draft.",
+                    (double)st->draft_steps_total);
     ks_prom_gauge(p, "kvstash_slots_busy", "Slots running a request.", st->slots_busy);
     ks_prom_gauge(p, "kvstash_slots_total", "Slots (parallel sequences).", st->n_slots);
     ks_prom_gauge(p, "kvstash_queue_depth", "Requests waiting for a slot.", st->queue_depth);

@@ -664,6 +664,9 @@ int ks_server_start(const ks_server_params *p, ks_server **out, char *err, size_
     s->max_token_bytes = longest_token(p->engine);
     s->cache_prompt = p->cache_prompt;
     s->exact = p->exact;
+    snprintf(s->spec_type, sizeof s->spec_type, "%s", p->spec_type ? p->spec_type : "none");
+    s->draft_max = p->draft_max;
+    s->spec_on = p->sched && ks_sched_spec_status(p->sched, &s->spec_exact, &s->spec_reason);
     snprintf(s->store_mode, sizeof s->store_mode, "%s", p->store_mode ? p->store_mode : "");
     s->created = ks_wall_s();
     s->http.started_us = ks_now_us();

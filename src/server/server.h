@@ -143,6 +143,8 @@ typedef struct ks_server_params {
     bool cache_prompt;        /* shown in /v1/models meta; the switch itself is the
                                  scheduler's (default true) */
     bool exact;               /* shown in /props; the scheduler's setting (default true) */
+    const char *spec_type;    /* speculative decoding's type for /props ("none"; NULL: "none"), copied */
+    int draft_max;            /* ... and its draft cap */
     const char *store_mode;   /* shown in /props: "off", "ram-only", "full"; NULL: not shown */
     const char *model_id;     /* what besides the text makes a system prompt's KV differ
                                  (model, context parameters): part of the SPC key; copied.

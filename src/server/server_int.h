@@ -69,6 +69,10 @@ struct ks_server {
     bool admit_ok;              /* admit initialised */
     bool cache_prompt;
     bool exact;
+    char spec_type[24];       /* /props (server.h) */
+    int draft_max;
+    bool spec_on, spec_exact; /* the scheduler's ks_sched_spec_status, fixed at its creation */
+    const char *spec_reason;
     char store_mode[16];        /* "" : not shown */
     int64_t created;
     ks_metrics *metrics;

@@ -78,10 +78,11 @@ enum MHD_Result ks__util_slots(ks_server *s, struct MHD_Connection *c, conn *cn)
             }
             continue;
         }
-        json_t *o = json_pack("{s:i, s:s, s:b, s:I, s:i, s:i, s:i, s:i, s:o}", "id", si->id, "state",
+        json_t *o = json_pack("{s:i, s:s, s:b, s:I, s:i, s:i, s:i, s:i, s:i, s:i, s:o}", "id", si->id, "state",
                               si->busy ? "busy" : "idle", "busy", si->busy, "req_id", (json_int_t)si->req_id,
                               "n_tokens", si->n_tokens, "n_prompt", si->n_prompt, "n_cached", si->n_cached,
-                              "n_generated", si->n_generated, "idle_ms",
+                              "n_generated", si->n_generated, "n_drafted", si->n_drafted, "n_draft_accepted",
+                              si->n_draft_accepted, "idle_ms",
                               si->busy || !si->last_used_us ? json_null()
                                                             : json_real((double)(now - si->last_used_us) / 1e3));
         if (!o || json_array_append_new(a, o)) {
@@ -266,7 +267,12 @@ enum MHD_Result ks__util_props(ks_server *s, struct MHD_Connection *c, conn *cn)
             .store = s->store_mode[0] ? s->store_mode : NULL,
             .vision = s->media.modalities & KS_MEDIA_IN_IMAGE,
             .audio = s->media.modalities & KS_MEDIA_IN_AUDIO,
+            .spec_type = s->spec_type,
+            .draft_max = s->draft_max,
         };
+        p.spec_on = s->spec_on;
+        p.spec_exact = s->spec_exact;
+        p.spec_reason = s->spec_reason;
         o = ks_api_props_json(&p);
     }
     free(bos);

@@ -56,6 +56,8 @@ static ks_engine *g_e;
 static ks_sched *g_s;
 static ks_ngram_params g_np;
 
+static bool g_adaptive;
+
 static void open_sched(ks_ngram_type type, int n_slots) {
     ks_sched_params sp = ks_sched_params_default();
     sp.engine = g_e;
@@ -69,6 +71,7 @@ static void open_sched(ks_ngram_type type, int n_slots) {
     sp.drafter = ks_ngram_ops();
     sp.drafter_cfg = &g_np;
     sp.draft_max = 16;
+    sp.draft_adaptive = g_adaptive; /* false: every draft verified, whatever rows cost here */
     assert_int_equal(ks_sched_create(&sp, &g_s), 0);
 }
 
@@ -337,6 +340,28 @@ static void test_types(void **st) {
     open_sched(KS_NGRAM_SIMPLE, 2);
 }
 
+/* ------------------------------------------------------------------ 7 */
+/* Adaptive drafting (step.c "How much to draft") verifies what the measured
+ * costs make worth it: whatever it picks, the replies are the same. */
+static void test_adaptive(void **st) {
+    (void)st;
+    ks_sched_free(g_s);
+    g_adaptive = true;
+    open_sched(KS_NGRAM_SIMPLE, 2);
+    ks_tokens p = {0};
+    prompt_of("describe the moon", &p);
+    req q = {.prompt = &p, .sp = ks_sample_params_default(), .x = &k_long, .max_tokens = 200};
+    int acc = same_with_drafts(q, "adaptive");
+    ks_sample_params sp = {.temperature = 1.0f, .seed = 3};
+    q.sp = sp;
+    acc += same_with_drafts(q, "adaptive, temperature 1");
+    fprintf(stderr, "# adaptive: %d accepted\n", acc);
+    ks_tokens_free(&p);
+    ks_sched_free(g_s);
+    g_adaptive = false;
+    open_sched(KS_NGRAM_SIMPLE, 2);
+}
+
 static void test_params(void **st) {
     (void)st;
     char err[128];
@@ -362,7 +387,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy),       cmocka_unit_test(test_sampled_seed), cmocka_unit_test(test_ext),
         cmocka_unit_test(test_stop_and_length), cmocka_unit_test(test_concurrent), cmocka_unit_test(test_types),
-        cmocka_unit_test(test_params),
+        cmocka_unit_test(test_adaptive),     cmocka_unit_test(test_params),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
