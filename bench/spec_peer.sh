@@ -32,7 +32,7 @@ peer_start_servers spec_peer.sh spec_peer
 fam=() spec=()
 for k in "${keys[@]}"; do
     case $k in kvstash*) fam+=(--family kvstash) ;; *) fam+=(--family llama-server) ;; esac
-    case $k in *-spec) spec+=(--spec 1) ;; *) spec+=(--spec 0) ;; esac
+    case $k in *-no-spec) spec+=(--spec 0) ;; *-spec) spec+=(--spec 1) ;; *) spec+=(--spec 0) ;; esac
 done
 for temp in 0 1; do
     node "$ROOT/bench/spec_peer.mjs" "${urls[@]}" "${names[@]}" "${fam[@]}" "${spec[@]}" --prompts "$PROMPTS" \
