@@ -9,7 +9,7 @@
 //   --prompts N      prompts (default 4)
 //   --max-tokens N   reply length (default 256; ignore_eos makes every reply that long)
 //   --temperature T  0 (default): greedy; > 0: sampled with a fixed seed per prompt
-//   --sys-words N    words of the system prompt (default 120)   --msg-words N (default 40)
+//   --sys-words N    words of the system prompt (default 120; 0: none)   --msg-words N (default 40)
 //   --gap-ms N       wait before each request (default 500)
 //   --out DIR        write DIR/spec_peer-<tag>.{md,csv}   --tag T (default greedy|sampled)
 // Method: for every prompt, every server in turn (rotating who goes first)
@@ -42,7 +42,8 @@ const S = urls.map((u, i) => ({ url: u, name: lists.name[i], family: lists.famil
   tps: [], drafted: [], accepted: [], texts: [], same: 0, compared: 0 }));
 
 for (let p = 0; p < N; p++) {
-  const messages = [{ role: 'system', content: words(SW, 1000 + p) }, { role: 'user', content: words(UW, 2000 + p) }];
+  const messages = [...(SW ? [{ role: 'system', content: words(SW, 1000 + p) }] : []),
+    { role: 'user', content: words(UW, 2000 + p) }];
   const body = { messages, max_tokens: MT, temperature: TEMP, ignore_eos: true, seed: 42 + p };
   for (let k = 0; k < S.length; k++) {
     const s = S[(p + k) % S.length];

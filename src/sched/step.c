@@ -63,7 +63,7 @@
  * How much to draft. A verified drafted token costs a row of the batch
  * whether it is kept or not, and what a row costs depends on the hardware:
  * on a GPU (memory-bound) a few more rows are nearly free, on two CPU
- * cores with an F16 model each costs most of a decode (docs/BENCHMARKS.md,
+ * cores with the bench model (0.5B, Q8_0) each costs most of a decode (docs/BENCHMARKS.md,
  * "Speculative decoding": 2 rows 1.6x, 5 rows 3.5x of one). So each step
  * verifies the k tokens of the draft (0..what the drafter proposed) that
  * maximise the expected tokens per millisecond,

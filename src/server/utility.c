@@ -69,9 +69,9 @@ enum MHD_Result ks__util_slots(ks_server *s, struct MHD_Connection *c, conn *cn)
         if (si->tenant != cn->tenant) {
             /* Another tenant's slot (docs/SECURITY.md): its state only, none
              * of its counts. */
-            json_t *o = json_pack("{s:i, s:s, s:b, s:n, s:n, s:n, s:n, s:n, s:n}", "id", si->id, "state",
+            json_t *o = json_pack("{s:i, s:s, s:b, s:n, s:n, s:n, s:n, s:n, s:n, s:n, s:n}", "id", si->id, "state",
                                   si->busy ? "busy" : "idle", "busy", si->busy, "req_id", "n_tokens", "n_prompt",
-                                  "n_cached", "n_generated", "idle_ms");
+                                  "n_cached", "n_generated", "n_drafted", "n_draft_accepted", "idle_ms");
             if (!o || json_array_append_new(a, o)) {
                 json_decref(a);
                 a = NULL;
