@@ -208,9 +208,10 @@ void ks_cli_offload_apply(const ks_offload *src, unsigned given, ks_offload *dst
 }
 
 void ks_cli_offload_aliases(int argc, char **argv) {
-    static char *const from[] = {"-ngl", "-dev", "-sm", "-ts", "-mg", "-nkvo", "-ctk", "-ctv"};
+    static char *const from[] = {"-ngl", "-dev", "-sm", "-ts", "-mg", "-nkvo", "-ctk", "-ctv", "-md", "-ngld"};
     static char *const to[] = {"--gpu-layers", "--device", "--split-mode", "--tensor-split", "--main-gpu",
-                               "--no-kv-offload", "--cache-type-k", "--cache-type-v"};
+                               "--no-kv-offload", "--cache-type-k", "--cache-type-v", "--model-draft",
+                               "--gpu-layers-draft"};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--")) break;
         for (size_t k = 0; k < sizeof from / sizeof from[0]; k++)

@@ -40,6 +40,7 @@
 #include "engine/engine.h"
 #include "engine/fingerprint.h"
 #include "engine/media.h"
+#include "sched/draft_model.h"
 #include "sched/draft_ngram.h"
 #include "sched/sched.h"
 #include "server/keyring.h"
@@ -82,10 +83,19 @@ static int spec_setup(const ks_config *c, ks_ngram_params *np, const ks_drafter_
     *ops = NULL;
     const ks_spec_cfg *s = &c->spec;
     if (!strcmp(s->type, "none")) return 0;
+    /* A draft model drafts instead of n-grams (llama-server's draft-simple). */
+    if (s->draft_model[0]) {
+        *ops = ks_draft_model_ops();
+        return 0;
+    }
+    if (!strcmp(s->type, "draft-simple")) {
+        fprintf(stderr, CMD ": --spec-type draft-simple needs a draft model (-md FILE, speculative.draft_model)\n");
+        return 2;
+    }
     int t = ks_ngram_type_parse(s->type);
     if (t < 0) {
         fprintf(stderr, CMD ": --spec-type (speculative.type): '%s' is not a speculative decoding type; one of none, "
-                        "ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod\n", s->type);
+                        "ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, draft-simple (with -md)\n", s->type);
         return 2;
     }
     *np = ks_ngram_params_default((ks_ngram_type)t);
@@ -108,6 +118,54 @@ static int spec_setup(const ks_config *c, ks_ngram_params *np, const ks_drafter_
     }
     *ops = ks_ngram_ops();
     return 0;
+}
+
+/* The draft model (-md) beside the model e: the same slots and context, its
+ * own GPU layers (-ngld); a vocabulary that is not e's is a usage error.
+ * 0, KS_EINVAL (said: exit 2) or another error (said). */
+static int open_draft(const ks_config *c, int flash_attn, ks_engine *e, ks_engine **d) {
+    ks_engine_params ep = ks_engine_params_default();
+    ep.model_path = c->spec.draft_model;
+    ep.n_seq = c->slots;
+    ep.n_ctx_seq = ks_engine_n_ctx_seq(e);
+    ep.n_batch = c->batch;
+    ep.n_threads = c->threads;
+    ep.flash_attn = flash_attn;
+    ep.exact = false; /* drafts change how fast, never what: no probe needed */
+    ep.offload = c->offload;
+    ep.repack = c->repack;
+    char why[128];
+    if (c->spec.draft_gpu_layers[0] &&
+        ks_offload_parse_layers(c->spec.draft_gpu_layers, &ep.offload.n_gpu_layers, why, sizeof why)) {
+        fprintf(stderr, CMD ": speculative.draft_gpu_layers: '%s': %s\n", c->spec.draft_gpu_layers, why);
+        return KS_EINVAL;
+    }
+    char err[1024] = "";
+    int rc = ks_engine_open(&ep, d, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, CMD ": --model-draft (speculative.draft_model): %s\n", err[0] ? err : ks_strerror(rc));
+        return rc == KS_ENOENT || rc == KS_EINVAL || rc == KS_ECORRUPT ? KS_EINVAL : rc;
+    }
+    if ((rc = ks_draft_model_same_vocab(e, *d, err, sizeof err))) {
+        fprintf(stderr, CMD ": --model-draft %s: not the model's vocabulary: %s\n", c->spec.draft_model, err);
+        ks_engine_free(*d);
+        *d = NULL;
+        return KS_EINVAL;
+    }
+    KS_INFO("serve", "draft model %s (%s), %d slots", ks_engine_model_name(*d), ks_engine_model_desc(*d), c->slots);
+    return 0;
+}
+
+static void draft_metrics(void *ud, ks_prom *p) {
+    ks_draft_model_cfg *c = ud;
+    ks_prom_counter(p, "kvstash_draft_model_prefill_tokens_total",
+                    "Prompt tokens the draft model decoded (a same-slot turn: its new tokens and the last again).",
+                    (double)atomic_load(&c->prefilled));
+    ks_prom_counter(p, "kvstash_draft_model_follow_tokens_total",
+                    "Tokens the draft model decoded to follow generation (sampled tokens, rejected positions).",
+                    (double)atomic_load(&c->followed));
+    ks_prom_counter(p, "kvstash_draft_model_drafted_tokens_total", "Tokens the draft model drafted.",
+                    (double)atomic_load(&c->drafted));
 }
 
 static int open_engine(const ks_config *c, int flash_attn, ks_engine **e) {
@@ -236,7 +294,8 @@ int ks_cmd_serve(int argc, char **argv) {
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
 
-    ks_engine *e = NULL;
+    ks_engine *e = NULL, *draft_e = NULL;
+    static ks_draft_model_cfg dmc; /* the scheduler's drafters and /metrics read it until the end */
     ks_sched *sched = NULL;
     ks_server *srv = NULL;
     char *tmpl_text = NULL; /* --chat-template */
@@ -289,6 +348,14 @@ int ks_cmd_serve(int argc, char **argv) {
                     ks_media_vision(ks_engine_media(e)) && ks_media_audio(ks_engine_media(e)) ? " and " : "",
                     ks_media_audio(ks_engine_media(e)) ? "audio" : "");
     }
+    if (drafter == ks_draft_model_ops()) {
+        if ((rc = open_draft(&cfg, f.flash_attn, e, &draft_e))) {
+            if (rc == KS_EINVAL) exit_code = 2;
+            goto done;
+        }
+        dmc.engine = draft_e;
+        dmc.p_min = cfg.spec.draft_p_min;
+    }
     if (f.imc) cfg.cache.incremental_cache = true;
     if (f.spc) cfg.cache.system_prompt_cache = true;
 
@@ -338,7 +405,8 @@ int ks_cmd_serve(int argc, char **argv) {
     sp.ckpt_gen_interval = cfg.checkpoint_every;
     sp.share_system_prompt = cfg.share_system_prompt;
     sp.drafter = drafter;
-    sp.drafter_cfg = &ngram;
+    sp.drafter_cfg = drafter == ks_draft_model_ops() ? (void *)&dmc : (void *)&ngram;
+    if (draft_e && (rc = ks_metrics_add(metrics, draft_metrics, &dmc))) goto done;
     sp.draft_max = cfg.spec.draft_max;
     sp.draft_min = cfg.spec.draft_min;
     sp.draft_adaptive = cfg.spec.adaptive;
@@ -389,7 +457,7 @@ int ks_cmd_serve(int argc, char **argv) {
     if (f.max_conns_client >= 0) hp.max_connections_per_client = f.max_conns_client;
     hp.cache_prompt = cfg.cache_prompt;
     hp.exact = cfg.exact;
-    hp.spec_type = drafter ? cfg.spec.type : "none";
+    hp.spec_type = !drafter ? "none" : draft_e ? "draft-simple" : cfg.spec.type;
     hp.draft_max = cfg.spec.draft_max;
     hp.store_mode = !store ? "off" : store_mode == KS_STORE_RAM_ONLY ? "ram-only" : "full";
     hp.metrics = metrics;
@@ -444,7 +512,7 @@ int ks_cmd_serve(int argc, char **argv) {
         else if (!spec_on)
             KS_INFO("serve", "speculative decoding: off (%s)", spec_why);
         else
-            KS_INFO("serve", "speculative decoding: %s, up to %d tokens per step, %s", cfg.spec.type,
+            KS_INFO("serve", "speculative decoding: %s, up to %d tokens per step, %s", draft_e ? "draft-simple" : cfg.spec.type,
                     cfg.spec.draft_max, spec_exact ? "exact (a reply is the same without it)" : "not exact");
         if (drafter && spec_on && !spec_exact)
             KS_WARN("serve", "speculative decoding is not exact here (%s): a reply may differ from one without it "
@@ -500,6 +568,7 @@ done:
     ks_metrics_free(metrics);
     ks_store_close(store); /* writes what is queued (store.shutdown_timeout_ms) */
     ks_spc_free(spc);
+    ks_engine_free(draft_e); /* after the scheduler: its drafters decoded in it */
     ks_engine_free(e);
     free(tmpl_text);
     if (exit_code == 0) KS_INFO("serve", "stopped");

@@ -137,6 +137,11 @@ void ks_serve_usage(FILE *f) {
             "                            for ngram-map-k and ngram-map-k4v (--spec-ngram-map-k-size-n ...)\n"
             "  --spec-ngram-mod-n-match N, --spec-ngram-mod-n-min N, --spec-ngram-mod-n-max N\n"
             "                            ngram-mod's lookup length and draft bounds (default 24, 48, 64)\n"
+            "  -md, --model-draft FILE   draft from a smaller model of the same vocabulary instead\n"
+            "                            (draft-simple; speculative.draft_model)\n"
+            "  -ngld, --gpu-layers-draft N|auto|all   its layers on GPUs (default: as -ngl)\n"
+            "  --spec-draft-p-min P      stop a draft at a token the draft model gives less than P\n"
+            "                            (0..1, default 0)\n"
             "  --no-spec-adaptive        verify every draft whole (default: only what the measured cost\n"
             "                            of a decode's rows and the slot's acceptance make worth it)\n"
             "GPUs (docs/SERVER.md, \"GPUs\"):\n"
@@ -169,6 +174,9 @@ void ks_serve_apply_spec_flags(const ks_serve_flags *f, ks_config *c) {
                                     &s->ngram_mod_n_match, &s->ngram_mod_n_min, &s->ngram_mod_n_max};
     if (f->spec_type) snprintf(s->type, sizeof s->type, "%s", f->spec_type); /* length checked by parse */
     if (f->no_spec_adaptive) s->adaptive = false;
+    if (f->draft_model) snprintf(s->draft_model, sizeof s->draft_model, "%s", f->draft_model); /* checked by parse */
+    if (f->draft_ngl) snprintf(s->draft_gpu_layers, sizeof s->draft_gpu_layers, "%s", f->draft_ngl);
+    if (f->draft_p_min >= 0) s->draft_p_min = f->draft_p_min;
     for (int i = 0; i < KS_SERVE_SPEC_INTS; i++)
         if (f->spec_int[i] >= 0) *dst[i] = f->spec_int[i];
 }
@@ -180,7 +188,7 @@ int ks_serve_parse_flags(int argc, char **argv, ks_serve_flags *f) {
            O_CKPT, O_CKPT_EVERY, O_CKPT_BYTES, O_CACHEREDIS, O_TLS_CA, O_TLS_CA_DIR, O_TLS_CERT, O_TLS_KEY,
            O_TLS_NAME, O_TLS_INSECURE, O_NOREPACK, O_WARM, O_SECRET, O_KEYFILE, O_TENANT_BY, O_SHARE_SYS, O_METRICS_KEY,
            O_MEDIA_BYTES, O_MEDIA_TOTAL, O_MEDIA_ITEMS, O_MEDIA_PIXELS, O_MEDIA_PATH, O_MEDIA_HOSTS, O_MEDIA_FTIMEOUT,
-           O_CTK, O_CTV, O_SPEC_TYPE, O_SPEC_NOADAPT, O_OFFLOAD,
+           O_CTK, O_CTV, O_SPEC_TYPE, O_SPEC_NOADAPT, O_DRAFT_MODEL, O_DRAFT_NGL, O_DRAFT_PMIN, O_OFFLOAD,
            O_OFFLOAD_END = O_OFFLOAD + KS_CLI_OFFLOAD_N, O_SPEC, O_SPEC_END = O_SPEC + KS_SERVE_SPEC_INTS };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},          {"host", required_argument, 0, O_HOST},
@@ -224,6 +232,10 @@ int ks_serve_parse_flags(int argc, char **argv, ks_serve_flags *f) {
         {"cache-type-k", required_argument, 0, O_CTK}, {"cache-type-v", required_argument, 0, O_CTV},
         KS_CLI_OFFLOAD_OPTS(O_OFFLOAD),
         {"spec-type", required_argument, 0, O_SPEC_TYPE}, {"no-spec-adaptive", no_argument, 0, O_SPEC_NOADAPT},
+        {"model-draft", required_argument, 0, O_DRAFT_MODEL}, {"spec-draft-model", required_argument, 0, O_DRAFT_MODEL},
+        {"gpu-layers-draft", required_argument, 0, O_DRAFT_NGL}, {"n-gpu-layers-draft", required_argument, 0, O_DRAFT_NGL},
+        {"spec-draft-ngl", required_argument, 0, O_DRAFT_NGL},
+        {"spec-draft-p-min", required_argument, 0, O_DRAFT_PMIN}, {"draft-p-min", required_argument, 0, O_DRAFT_PMIN},
         {k_spec[0].name, required_argument, 0, O_SPEC + 0}, {"draft-max", required_argument, 0, O_SPEC + 0},
         {"draft-n", required_argument, 0, O_SPEC + 0},
         {k_spec[1].name, required_argument, 0, O_SPEC + 1}, {"draft-min", required_argument, 0, O_SPEC + 1},
@@ -252,6 +264,7 @@ int ks_serve_parse_flags(int argc, char **argv, ks_serve_flags *f) {
     f->ctx_checkpoints = f->checkpoint_every = -1;
     f->checkpoint_bytes = -1;
     for (int i = 0; i < KS_SERVE_SPEC_INTS; i++) f->spec_int[i] = -1;
+    f->draft_p_min = -1;
     optind = 1;
     opterr = 0;
     int c;
@@ -360,6 +373,33 @@ int ks_serve_parse_flags(int argc, char **argv, ks_serve_flags *f) {
         case O_CTK: f->cache_type_k = optarg; break;
         case O_CTV: f->cache_type_v = optarg; break;
         case O_SPEC_NOADAPT: f->no_spec_adaptive = true; break;
+        case O_DRAFT_MODEL:
+            if (strlen(optarg) >= KS_MAX_PATH) {
+                fprintf(stderr, CMD ": --model-draft: path too long\n");
+                return 2;
+            }
+            f->draft_model = optarg;
+            break;
+        case O_DRAFT_NGL: {
+            int n;
+            char why[128];
+            if (strlen(optarg) >= 16 || ks_offload_parse_layers(optarg, &n, why, sizeof why)) {
+                fprintf(stderr, CMD ": --gpu-layers-draft (-ngld): '%s': auto, all or a count\n", optarg);
+                return 2;
+            }
+            f->draft_ngl = optarg;
+            break;
+        }
+        case O_DRAFT_PMIN: {
+            char *end;
+            double x = strtod(optarg, &end);
+            if (!*optarg || *end || !(x >= 0 && x <= 1)) {
+                fprintf(stderr, CMD ": --spec-draft-p-min: expected a probability 0..1, got '%s'\n", optarg);
+                return 2;
+            }
+            f->draft_p_min = (float)x;
+            break;
+        }
         case O_SPEC_TYPE:
             if (strlen(optarg) >= sizeof ((ks_spec_cfg *)0)->type) {
                 fprintf(stderr, CMD ": --spec-type: '%s' is not a speculative decoding type\n", optarg);

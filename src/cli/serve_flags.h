@@ -50,6 +50,8 @@ typedef struct ks_serve_flags {
     unsigned offload_given;
     const char *spec_type;                 /* --spec-type */
     bool no_spec_adaptive;                 /* --no-spec-adaptive */
+    const char *draft_model, *draft_ngl;   /* -md, -ngld */
+    float draft_p_min;                     /* --spec-draft-p-min, < 0: not given */
     int spec_int[KS_SERVE_SPEC_INTS];      /* the --spec-* numbers (serve_flags.c), -1: not given */
 } ks_serve_flags;
 

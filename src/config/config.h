@@ -63,6 +63,9 @@
  *     ngram_simple_size_n: 12   # and _size_m, _min_hits; ngram_map_k_*, ngram_map_k4v_* alike;
  *     ngram_mod_n_match: 24     # ngram_mod_n_min, ngram_mod_n_max (llama-server's --spec-ngram-*)
  *     adaptive: true         # verify only what the measured costs make worth it
+ *     draft_model: /path/to/draft.gguf   # drafts from a smaller model of the same vocabulary (-md)
+ *     draft_p_min: 0         # ... stopped at a token it gives less probability (--spec-draft-p-min)
+ *     draft_gpu_layers: auto # ... its layers on GPUs (-ngld; default: the model's)
  *   log: info                # debug|info|warn|error|off
  *   cors_origins: [http://localhost:5173]   # browser origins allowed (CORS); "*": any.
  *                            # Absent or []: CORS off. One origin may be given as a scalar.
@@ -219,6 +222,12 @@ typedef struct ks_spec_cfg {
     int ngram_mod_n_max;        /* 0..1024 (default 64) */
     bool adaptive;              /* verify what is worth its measured cost (sched.h draft_adaptive;
                                    --no-spec-adaptive: every draft whole; default true) */
+    char draft_model[KS_MAX_PATH]; /* a draft model (-md; "": none): drafts from it (draft-simple)
+                                   instead of n-grams */
+    float draft_p_min;          /* stop a draft at a token the draft model gives less (0..1,
+                                   --spec-draft-p-min; default 0) */
+    char draft_gpu_layers[16];  /* the draft model's layers on GPUs (-ngld): auto|all|N ("": the
+                                   model's -ngl) */
 } ks_spec_cfg;
 enum { KS_CONFIG_DRAFT_MAX = 64 }; /* the scheduler's KS_DRAFT_MAX */
 void ks_config_spec_defaults(ks_spec_cfg *s);

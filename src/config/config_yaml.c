@@ -138,6 +138,9 @@ static const field k_spec_fields[] = {
     FI(ks_spec_cfg, ngram_mod_n_min, 0, 1024),
     FI(ks_spec_cfg, ngram_mod_n_max, 0, 1024),
     FB(ks_spec_cfg, adaptive),
+    FS(ks_spec_cfg, draft_model, F_PATH),
+    FF(ks_spec_cfg, draft_p_min, 0, 1),
+    FS(ks_spec_cfg, draft_gpu_layers, F_STR),
 };
 
 /* ------------------------------------------------------------ sections */

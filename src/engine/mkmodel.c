@@ -637,7 +637,10 @@ int ks_mkmodel_write(const ks_mkmodel_params *mp, const char *out_path, ks_mkmod
             goto done;
         }
         size_t nbytes = gguf_get_tensor_size(g, i);
-        if (!write_tensor(&w, &t[i], seed, &v, ks__mk_resid_gain(p), ks__mk_embd_std(p), fbuf, qbuf, chunk, p->random_blocks)) break;
+        float gain = ks__mk_resid_gain(p);
+        int il;
+        if (p->perturb_from > 0 && sscanf(t[i].name, "blk.%d.", &il) == 1 && il >= p->perturb_from) gain *= p->perturb;
+        if (!write_tensor(&w, &t[i], seed, &v, gain, ks__mk_embd_std(p), fbuf, qbuf, chunk, p->random_blocks)) break;
         size_t pad = GGML_PAD(nbytes, align) - nbytes;
         w_write(&w, zeros, pad);
     }

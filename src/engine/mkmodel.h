@@ -176,6 +176,15 @@
  *     mm.2): images keep their aspect (sides rounded to 28, at least 8
  *     tokens), an image of nx x ny tokens takes max(nx, ny) KV positions
  *     (engine/media.h note 2).
+ * 11. Draft/target pairs for speculative decoding (tiny-draft/tiny-target,
+ *     bench-draft/bench-target): a draft model of few layers, and a target
+ *     of the same shape and vocabulary whose first layers are the draft's
+ *     tensor for tensor (per-tensor seeds by name; the residual gain of the
+ *     draft's layer count, preset.gain_layers) followed by layers whose
+ *     residual projections are scaled by preset.perturb: the target's logits
+ *     are the draft's, perturbed a little, so a drafted token is kept on most
+ *     steps; the perturbation sets how often (docs/BENCHMARKS.md, "Draft
+ *     models"). Random drafts for random targets would never agree.
  *
  * Thread model: ks_mkmodel and ks_mkmodel_shape_of are reentrant (no global
  * state of their own); ggml's quantizer is thread-safe.

@@ -53,6 +53,15 @@ typedef struct preset {
     int n_expert, n_expert_used, n_ff_exp; /* mixture of experts: experts per layer, experts
                                             * routed to per token, each expert's hidden size */
     enum ggml_type xtype; /* the experts' weights (gpt-oss: MXFP4); 0 (F32, never meant): wtype */
+    /* Draft/target pairs (speculative decoding): the residual gain as for a
+     * model of gain_layers layers (0: n_layer), so that a target's first
+     * layers are its draft's, tensor for tensor (the same names, the same
+     * seeds); layers from perturb_from on (0: none) write into the residual
+     * stream with that gain times perturb: a small seeded perturbation of the
+     * draft, whose size sets how often the two agree. */
+    int gain_layers;
+    int perturb_from;
+    float perturb;
 } preset;
 
 /* The preset named name (mkmodel_presets.c), or NULL. */

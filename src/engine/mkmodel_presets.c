@@ -56,6 +56,21 @@ static const preset k_presets[] = {
     {.name = "tiny-agent", .n_embd = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 128,
      .n_ctx_train = 131072, .n_vocab_max = 24000, .agent_vocab = true, .wtype = GGML_TYPE_F16,
      .ftype = FTYPE_F16, .eog_scale = SCALE_IM_END_AGENT},
+    /* Draft/target pairs for speculative decoding (mkmodel.h note 11): the
+     * target is its draft's layers plus layers that perturb the residual
+     * stream a little; the draft proposes what the target samples on most
+     * tokens (the acceptance each pair gives: docs/BENCHMARKS.md "Draft models") */
+    {.name = "tiny-draft", .n_embd = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 128,
+     .n_ctx_train = 8192, .n_vocab_max = 1000, .wtype = GGML_TYPE_F16, .ftype = FTYPE_F16, .gain_layers = 2},
+    {.name = "tiny-target", .n_embd = 64, .n_layer = 4, .n_head = 4, .n_head_kv = 2, .n_ff = 128,
+     .n_ctx_train = 8192, .n_vocab_max = 1000, .wtype = GGML_TYPE_F16, .ftype = FTYPE_F16, .gain_layers = 2,
+     .perturb_from = 2, .perturb = 0.1f},
+    {.name = "bench-draft", .n_embd = 896, .n_layer = 4, .n_head = 14, .n_head_kv = 2, .n_ff = 4864,
+     .n_ctx_train = 32768, .n_vocab_max = 32000, .rich_vocab = true, .pad_vocab = true,
+     .wtype = GGML_TYPE_Q8_0, .ftype = FTYPE_Q8_0, .gain_layers = 4},
+    {.name = "bench-target", .n_embd = 896, .n_layer = 24, .n_head = 14, .n_head_kv = 2, .n_ff = 4864,
+     .n_ctx_train = 32768, .n_vocab_max = 32000, .rich_vocab = true, .pad_vocab = true,
+     .wtype = GGML_TYPE_Q8_0, .ftype = FTYPE_Q8_0, .gain_layers = 4, .perturb_from = 4, .perturb = 0.05f},
     /* recurrent: Mamba, state-space layers only (no attention, no feed-forward) */
     {.name = "tiny-mamba", .n_embd = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 128,
      .n_ctx_train = 8192, .n_vocab_max = 1000, .wtype = GGML_TYPE_F16, .ftype = FTYPE_F16,
@@ -144,7 +159,7 @@ bool ks__mk_is_moe(const preset *p) { return p->n_expert > 0; }
  * visible: measured on bench, gain 1 repeats one word, 1/sqrt(2 n_layer)
  * makes every reply the same chain, 1.5/sqrt(n_layer) reads varied. */
 float ks__mk_resid_gain(const preset *p) {
-    float g = 1.5f / sqrtf((float)p->n_layer);
+    float g = 1.5f / sqrtf((float)(p->gain_layers ? p->gain_layers : p->n_layer));
     return g < 1.0f ? g : 1.0f;
 }
 

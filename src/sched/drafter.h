@@ -17,7 +17,7 @@
  * generate, accept every token decoded after that. */
 typedef struct ks_drafter_ops {
     const char *name;                       /* "ngram-simple", ... */
-    void *(*create)(void *cfg);             /* NULL: no memory */
+    void *(*create)(void *cfg, int slot);   /* for the scheduler's slot `slot`; NULL: no memory */
     void (*free)(void *d);
     void (*begin)(void *d, const int32_t *toks, int n);
     /* Up to n_max tokens likely to follow the sequence and then `last`

@@ -19,7 +19,7 @@ import os from 'node:os';
 import path from 'node:path';
 import {
   startServer, stopOk, postJSON, getJSON, stream, metrics, metricSum, writeConfig, writeStoreConfig, settleStore,
-  runBin, templateModel, MODEL,
+  runBin, templateModel, agentModel, MODEL,
 } from './lib.mjs';
 
 const dir = mkdtempSync(path.join(os.tmpdir(), 'ks-spec-'));
@@ -224,6 +224,44 @@ test('a hybrid model declines with its reason; --spec-type none; bad settings ex
     await stopOk(s);
   }
 });
+
+test('a draft model (-md): the same replies; a cached turn prefills in it only the new tokens; bad ones exit 2',
+  async () => {
+    const TARGET = process.env.KS_TINY_TARGET_MODEL, DRAFT = process.env.KS_TINY_DRAFT_MODEL;
+    const srv = await startServer(['-m', TARGET, '-md', DRAFT, '--no-spec-adaptive', '--ctx', '1024', '--slots', '1']);
+    try {
+      assert.equal((await getJSON(srv, '/props')).json.kvstash.speculative.type, 'draft-simple');
+      assert.match(srv.stderr, /draft model kvstash-tiny-draft/);
+      const t1 = { messages: conv('describe the moon'), max_tokens: 120, temperature: 0, ignore_eos: true };
+      const [r1] = await same(srv, '/v1/chat/completions', t1, 'draft model');
+      await same(srv, '/v1/chat/completions', { ...t1, temperature: 0.5, top_k: 8, seed: 3 }, 'draft model, seeded',
+        { accepted: false });
+      // The conversation's next turn on the same slot: the draft model decodes only its new tokens (+ 1).
+      const m0 = await metrics(srv);
+      const t2 = { ...t1, messages: [...t1.messages, r1.choices[0].message, { role: 'user', content: 'and the sun' }] };
+      const r2 = (await postJSON(srv, '/v1/chat/completions', t2)).json;
+      const m1 = await metrics(srv);
+      const fresh = r2.usage.prompt_tokens - r2.usage.prompt_tokens_details.cached_tokens;
+      const pre = m1.get('kvstash_draft_model_prefill_tokens_total') - m0.get('kvstash_draft_model_prefill_tokens_total');
+      assert.ok(r2.usage.prompt_tokens_details.cached_tokens > 0, JSON.stringify(r2.cache));
+      assert.ok(pre <= fresh + 1, `the draft model prefilled ${pre} tokens for ${fresh} new ones`);
+      assert.ok(m1.get('kvstash_draft_model_drafted_tokens_total') > 0);
+    } finally {
+      await stopOk(srv);
+    }
+    const other = agentModel(dir); // another vocabulary
+    for (const [args, re] of [
+      [['-m', TARGET, '-md', other], /--model-draft .*: not the model's vocabulary: /],
+      [['-m', TARGET, '--spec-type', 'draft-simple'], /draft-simple needs a draft model/],
+      [['-m', TARGET, '-md', DRAFT, '-ngld', 'lots'], /--gpu-layers-draft \(-ngld\)/],
+      [['-m', TARGET, '-md', path.join(dir, 'missing.gguf')], /--model-draft \(speculative\.draft_model\)/],
+      [['-m', TARGET, '-md', DRAFT, '--spec-draft-p-min', '2'], /--spec-draft-p-min/],
+    ]) {
+      const r = await runBin(['serve', '--port', '0', ...args]);
+      assert.equal(r.code, 2, `${args.join(' ')}: exit ${r.code}\n${r.stderr}`);
+      assert.match(r.stderr, re);
+    }
+  });
 
 test('a models entry\'s speculative block applies; a flag wins over it', async () => {
   const cfg = writeConfig('models:\n  default:\n    speculative:\n      type: ngram-mod\n      draft_max: 8\n');

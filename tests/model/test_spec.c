@@ -20,10 +20,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #include "cache/prefix.h"
 #include "engine/engine.h"
+#include "engine/mkmodel.h"
+#include "sched/draft_model.h"
 #include "sched/draft_ngram.h"
 #include "sched/sched.h"
 #include "run_util.h"
@@ -114,6 +117,7 @@ typedef struct req {
     bool cache;
     int draft_max; /* ks_req_params.draft_max */
     int stop_after;
+    int preferred;  /* slot + 1, 0: the scheduler's choice */
 } req;
 
 static void submit(const req *q, srun *r) {
@@ -128,7 +132,7 @@ static void submit(const req *q, srun *r) {
     p.ext = q->x;
     p.cache_prompt = q->cache;
     p.draft_max = q->draft_max;
-    p.preferred_slot = -1;
+    p.preferred_slot = q->preferred - 1;
     p.on_token = on_token;
     p.on_probs = on_probs;
     p.on_done = run_on_done;
@@ -362,6 +366,95 @@ static void test_adaptive(void **st) {
     open_sched(KS_NGRAM_SIMPLE, 2);
 }
 
+/* ------------------------------------------------------------------ 8 */
+/* A draft model (draft_model.h): the tiny target/draft pair (mkmodel.h
+ * note 11) agrees on most tokens; the replies are the target's alone, and a
+ * same-slot turn prefills in the draft model only what the target did
+ * (and the last token again). A model of another vocabulary is refused. */
+static void test_draft_model(void **st) {
+    (void)st;
+    ks_sched_free(g_s);
+    g_s = NULL;
+    ks_engine_params ep = ks_engine_params_default();
+    ep.n_seq = 2;
+    ep.n_ctx_seq = 1024;
+    ep.n_threads = 1;
+    char err[256] = "";
+    ks_engine *tgt = NULL, *dft = NULL, *other = NULL;
+    ep.model_path = getenv("KS_TINY_TARGET_MODEL");
+    assert_int_equal(ks_engine_open(&ep, &tgt, err, sizeof err), 0);
+    ep.model_path = getenv("KS_TINY_DRAFT_MODEL");
+    ep.exact = false;
+    assert_int_equal(ks_engine_open(&ep, &dft, err, sizeof err), 0);
+    assert_int_equal(ks_draft_model_same_vocab(tgt, dft, err, sizeof err), 0);
+    char path[] = "/tmp/ks-test-spec-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    assert_int_equal(ks_mkmodel("tiny-agent", 1, path, err, sizeof err), 0);
+    ep.model_path = path;
+    assert_int_equal(ks_engine_open(&ep, &other, err, sizeof err), 0);
+    err[0] = '\0';
+    assert_int_equal(ks_draft_model_same_vocab(tgt, other, err, sizeof err), KS_EINVAL);
+    assert_true(strlen(err) > 0);
+    ks_engine_free(other);
+    unlink(path);
+
+    ks_draft_model_cfg dc = {.engine = dft};
+    ks_sched_params sp = ks_sched_params_default();
+    sp.engine = tgt;
+    sp.n_slots = 2;
+    sp.drafter = ks_draft_model_ops();
+    sp.drafter_cfg = &dc;
+    sp.draft_max = 8;
+    sp.draft_adaptive = false;
+    ks_engine *saved = g_e;
+    g_e = tgt; /* prompt_of and go use the target */
+    assert_int_equal(ks_sched_create(&sp, &g_s), 0);
+    ks_tokens p = {0};
+    prompt_of("describe the moon", &p);
+    req q = {.prompt = &p, .sp = ks_sample_params_default(), .x = &k_long, .max_tokens = 160};
+    assert_true(same_with_drafts(q, "draft model, greedy") > 0);
+    ks_sample_params smp = {.temperature = 0.5f, .top_k = 8, .seed = 4};
+    q.sp = smp;
+    assert_true(same_with_drafts(q, "draft model, seeded") > 0);
+    /* A same-slot turn: the draft model decodes the new tokens only. */
+    srun a, b, cold;
+    req q1 = {.prompt = &p, .sp = ks_sample_params_default(), .x = &k_long, .max_tokens = 60, .cache = true,
+              .preferred = 1};
+    go(&q1, &a);
+    ks_tokens p2 = {0};
+    ks_tokens_assign(&p2, p.v, p.n);
+    ks_tokens_append(&p2, a.r.out.v, a.r.out.n);
+    const char *more = "<|im_end|>\n<|im_start|>user\nand then what<|im_end|>\n<|im_start|>assistant\n";
+    assert_int_equal(ks_engine_tokenize(tgt, more, strlen(more), false, true, &p2), 0);
+    uint64_t pre0 = atomic_load(&dc.prefilled);
+    req q2 = {.prompt = &p2, .sp = ks_sample_params_default(), .x = &k_long, .max_tokens = 60, .cache = true,
+              .preferred = 1};
+    go(&q2, &b);
+    uint64_t pre = atomic_load(&dc.prefilled) - pre0;
+    int new_tokens = p2.n - b.r.res.n_cached;
+    fprintf(stderr, "# draft model: cached turn of %d tokens, %d new; the draft model prefilled %llu\n", p2.n,
+            new_tokens, (unsigned long long)pre);
+    assert_true(b.r.res.n_cached > p.n);
+    assert_true(b.r.res.n_draft_accepted > 0);
+    assert_true(pre <= (uint64_t)new_tokens + 1);
+    q2.cache = false;
+    q2.draft_max = -1;
+    go(&q2, &cold);
+    assert_same_run(&b, &cold);
+    run_free(&a.r);
+    run_free(&b.r);
+    run_free(&cold.r);
+    ks_tokens_free(&p2);
+    ks_tokens_free(&p);
+    ks_sched_free(g_s);
+    ks_engine_free(dft);
+    ks_engine_free(tgt);
+    g_e = saved;
+    open_sched(KS_NGRAM_SIMPLE, 2);
+}
+
 static void test_params(void **st) {
     (void)st;
     char err[128];
@@ -387,7 +480,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy),       cmocka_unit_test(test_sampled_seed), cmocka_unit_test(test_ext),
         cmocka_unit_test(test_stop_and_length), cmocka_unit_test(test_concurrent), cmocka_unit_test(test_types),
-        cmocka_unit_test(test_adaptive),     cmocka_unit_test(test_params),
+        cmocka_unit_test(test_adaptive),     cmocka_unit_test(test_draft_model), cmocka_unit_test(test_params),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
