@@ -132,6 +132,7 @@ static int open_draft(const ks_config *c, int flash_attn, ks_engine *e, ks_engin
     ep.n_threads = c->threads;
     ep.flash_attn = flash_attn;
     ep.exact = false; /* drafts change how fast, never what: no probe needed */
+    ep.pool_of = e;   /* one pool of polling workers on the cores, not two (engine.h) */
     ep.offload = c->offload;
     ep.repack = c->repack;
     char why[128];

@@ -358,7 +358,8 @@ int ks_engine_open(const ks_engine_params *p, ks_engine **out, char *err, size_t
     cp.op_offload = e->off.op_offload;
     e->type_k = cp.type_k;
     e->type_v = cp.type_v;
-    thread_pool(e, n_threads);
+    if (p->pool_of && p->pool_of->tp) e->tp = p->pool_of->tp; /* borrowed: tp_free stays NULL */
+    else thread_pool(e, n_threads);
     e->ctx = llama_init_from_model(e->model, cp);
     if (e->ctx && e->tp) llama_attach_threadpool(e->ctx, e->tp, NULL);
     if (!e->ctx && (p->type_k >= 0 || p->type_v >= 0) && (cp.type_k != GGML_TYPE_F16 || cp.type_v != GGML_TYPE_F16)) {
@@ -435,7 +436,7 @@ void ks_engine_free(ks_engine *e) {
     if (!e) return;
     ks__media_close(e->media); /* before the model it was opened against */
     if (e->ctx) llama_free(e->ctx);
-    if (e->tp) e->tp_free(e->tp); /* after the context that used it */
+    if (e->tp && e->tp_free) e->tp_free(e->tp); /* after the context that used it; a borrowed one is not ours */
     if (e->model) llama_model_free(e->model);
     free(e->eog);
     free(e->path);

@@ -89,6 +89,10 @@ typedef struct ks_engine_params {
                         llama-server's --no-repack turns it off) */
     const char *mmproj_path; /* a multimodal projector (mtmd's mmproj GGUF) for images and
                                 audio in prompts (engine/media.h); NULL: text only */
+    const struct ks_engine *pool_of; /* another engine whose CPU thread pool this one uses (a
+                                draft model's: two pools of polling workers on the same cores
+                                slow each other down); it must outlive this one and decode on
+                                the same thread, never at the same time. NULL: a pool of its own */
 } ks_engine_params;
 
 ks_engine_params ks_engine_params_default(void);

@@ -28,6 +28,7 @@ typedef struct dm {
     int n_batch;
     bool off;        /* the request has media: no drafts until the next begin */
     int n_prompt;    /* the prompt's length until the request's first draft, then 0 */
+    double tok_ms;   /* a drafted token's decode, a moving average (0: not measured yet) */
 } dm;
 
 static void *create(void *cfg, int slot) {
@@ -138,9 +139,10 @@ static int draft(void *v, int32_t last, int n_max, int32_t *out) {
     d->n_prompt = 0; /* the prompt is in: what follows is generation's */
     d->hist.n--; /* `last` is the scheduler's to report (accept) */
     if (!ok) return 0;
-    int n = 0;
+    int n = 0, n_decoded = 0;
     float p;
     bool want_p = d->c->p_min > 0;
+    double t0 = ks_now_ms();
     for (;;) {
         int32_t tok = argmax(e, i_last, want_p ? &p : NULL);
         if (tok < 0 || ks_engine_is_eog(e, tok) || (want_p && p < d->c->p_min)) break;
@@ -152,7 +154,12 @@ static int draft(void *v, int32_t last, int n_max, int32_t *out) {
             reset(d);
             break;
         }
+        n_decoded++;
         i_last = 0;
+    }
+    if (n_decoded > 0) {
+        double ms = (ks_now_ms() - t0) / n_decoded;
+        d->tok_ms = d->tok_ms > 0 ? 0.75 * d->tok_ms + 0.25 * ms : ms;
     }
     atomic_fetch_add(&d->c->drafted, (uint64_t)n);
     return n;
@@ -169,7 +176,9 @@ static void accept(void *v, const int32_t *toks, int n, int n_drafted, int n_acc
     }
 }
 
-static const ks_drafter_ops k_ops = {"draft-simple", create, destroy, begin, draft, accept};
+static double token_ms(void *v) { return ((dm *)v)->tok_ms; }
+
+static const ks_drafter_ops k_ops = {"draft-simple", create, destroy, begin, draft, accept, token_ms};
 
 const ks_drafter_ops *ks_draft_model_ops(void) { return &k_ops; }
 

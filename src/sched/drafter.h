@@ -27,6 +27,12 @@ typedef struct ks_drafter_ops {
      * drafted tokens); n_drafted > 0: a draft of that many was verified and
      * n_accepted of it kept. */
     void (*accept)(void *d, const int32_t *toks, int n, int n_drafted, int n_accepted);
+    /* Optional (NULL: drafting costs nothing worth counting, as an n-gram
+     * lookup): what drafting costs per drafted token, in ms, as the drafter
+     * measured it (0 before it knows). With it the scheduler decides how many
+     * tokens to ask for before asking (step.c "How much to draft"): a draft
+     * model's tokens cost a decode each, whether they are verified or not. */
+    double (*token_ms)(void *d);
 } ks_drafter_ops;
 
 /* The most tokens a drafter may propose in one step. */

@@ -78,7 +78,10 @@
  * draft, so that it follows the text; the prior 0.8 says that an n-gram
  * match means repeating text. A step that verifies none of an offered draft
  * decays the counts by 0.98, so a slot whose drafts were rejected tries
- * again later instead of never. With draft_adaptive false every draft is
+ * again later instead of never. A drafter whose tokens cost a decode each
+ * (a draft model: ks_drafter_ops.token_ms, its measured ms per token) is
+ * asked for k tokens chosen the same way before it drafts, with k times
+ * that cost added to c(R + k). With draft_adaptive false every draft is
  * verified whole.
  */
 #include <stdatomic.h>
@@ -218,10 +221,10 @@ static double cost_of(const ks_sched *s, int n) {
     return s->cost_ms[lo] + (s->cost_ms[hi] - s->cost_ms[lo]) * (n - lo) / (hi - lo);
 }
 
-/* Of the n tokens drafted for sl, how many to verify (note "How much to
- * draft"); rows: the step's rows without them, others: tokens those yield
- * besides this slot's own. */
-static int draft_worth(const ks_sched *s, slot *sl, int n, int rows, int others) {
+/* Of the n tokens drafted (or, with tok_ms > 0, to draft at tok_ms each)
+ * for sl, how many to verify (note "How much to draft"); rows: the step's
+ * rows without them, others: tokens those yield besides this slot's own. */
+static int draft_worth(const ks_sched *s, slot *sl, int n, int rows, int others, double tok_ms) {
     if (!s->p.draft_adaptive) return n;
     double p = (sl->acc_hit + 4.0) / (sl->acc_hit + sl->acc_miss + 5.0);
     double e = 1.0, pk = 1.0;
@@ -230,7 +233,7 @@ static int draft_worth(const ks_sched *s, slot *sl, int n, int rows, int others)
     for (int k = 1; k <= n; k++) {
         pk *= p;
         e += pk;
-        double v = (others + e) / cost_of(s, rows + k);
+        double v = (others + e) / (cost_of(s, rows + k) + k * tok_ms);
         if (v > best) best = v, k_best = k;
     }
     if (k_best == 0) { /* offered, not taken: the estimate drifts back to the prior */
@@ -253,10 +256,17 @@ static void draft_slot(ks_sched *s, slot *sl, int room, int rows, int others) {
     if (n_max > ctx) n_max = ctx;
     if (n_max > room) n_max = room;
     if (n_max <= 0 || n_max < s->p.draft_min) return;
+    /* A drafter whose tokens cost (a draft model) is asked only for what
+     * is worth it; an n-gram lookup drafts first and is cut after. */
+    bool costly = s->p.drafter->token_ms != NULL;
+    if (costly) {
+        n_max = draft_worth(s, sl, n_max, rows, others, s->p.drafter->token_ms(sl->drafter));
+        if (n_max <= 0 || n_max < s->p.draft_min) return;
+    }
     int n = s->p.drafter->draft(sl->drafter, sl->next_tok, n_max, sl->draft);
     if (n < s->p.draft_min || n < 0) n = 0;
     if (n > n_max) n = n_max;
-    if (n > 0) n = draft_worth(s, sl, n, rows, others);
+    if (n > 0 && !costly) n = draft_worth(s, sl, n, rows, others, 0.0);
     sl->n_draft = n >= s->p.draft_min ? n : 0;
 }
 
