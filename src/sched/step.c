@@ -264,8 +264,14 @@ static void draft_slot(ks_sched *s, slot *sl, int room, int rows, int others) {
         if (n_max <= 0 || n_max < s->p.draft_min) return;
     }
     int n = s->p.drafter->draft(sl->drafter, sl->next_tok, n_max, sl->draft);
-    if (n < s->p.draft_min || n < 0) n = 0;
     if (n > n_max) n = n_max;
+    /* Only text tokens of the vocabulary: an n-gram copied from a prompt
+     * with images holds media pseudo-tokens (engine/media.h), which no
+     * token batch can carry. */
+    int nv = ks_engine_n_vocab(s->e);
+    for (int j = 0; j < n; j++)
+        if (sl->draft[j] < 0 || sl->draft[j] >= nv) n = j;
+    if (n < s->p.draft_min || n < 0) n = 0;
     if (n > 0 && !costly) n = draft_worth(s, sl, n, rows, others, 0.0);
     sl->n_draft = n >= s->p.draft_min ? n : 0;
 }
