@@ -209,7 +209,7 @@ test('a hybrid model declines with its reason; --spec-type none; bad settings ex
     [['--config', writeConfig('speculative:\n  draft_max: 99\n')], /speculative\.draft_max/],
     [['--config', writeConfig('models:\n  default:\n    speculative:\n      typo: 1\n')], /models\.default\.speculative\.typo/],
   ]) {
-    const r = await runBin(['serve', '-m', MODEL, '--port', '0', ...args]);
+    const r = await runBin(['serve', '-m', MODEL, '--port', '0', '--threads', '1', ...args]);
     assert.equal(r.code, 2, `${args.join(' ')}: exit ${r.code}\n${r.stderr}`);
     assert.match(r.stderr, re);
   }
@@ -257,7 +257,7 @@ test('a draft model (-md): the same replies; a cached turn prefills in it only t
       [['-m', TARGET, '-md', path.join(dir, 'missing.gguf')], /--model-draft \(speculative\.draft_model\)/],
       [['-m', TARGET, '-md', DRAFT, '--spec-draft-p-min', '2'], /--spec-draft-p-min/],
     ]) {
-      const r = await runBin(['serve', '--port', '0', ...args]);
+      const r = await runBin(['serve', '--port', '0', '--threads', '1', ...args]);
       assert.equal(r.code, 2, `${args.join(' ')}: exit ${r.code}\n${r.stderr}`);
       assert.match(r.stderr, re);
     }
