@@ -144,12 +144,18 @@ static const field k_spec_fields[] = {
 };
 
 /* ------------------------------------------------------------ sections */
-static int spec_pair(walk *w, const char *path, const char *key, yaml_node_t *kn, yaml_node_t *vn, void *ud) {
-    const field *f = ks__cfg_find_field(k_spec_fields, N_FIELDS(k_spec_fields), key);
+/* A mapping of plain fields: key -> the table's field of ud. */
+static int table_pair(walk *w, const char *path, const char *key, yaml_node_t *kn, yaml_node_t *vn, void *ud,
+                      const field *tab, size_t n) {
+    const field *f = ks__cfg_find_field(tab, n, key);
     if (!f) return ks__cfg_fail_unknown(w, path, key, kn);
     char full[512];
     ks__cfg_join(full, sizeof full, path, key);
     return ks__cfg_set_field(w, full, f, vn, ud);
+}
+
+static int spec_pair(walk *w, const char *path, const char *key, yaml_node_t *kn, yaml_node_t *vn, void *ud) {
+    return table_pair(w, path, key, kn, vn, ud, k_spec_fields, N_FIELDS(k_spec_fields));
 }
 
 typedef struct model_ud {
@@ -237,19 +243,11 @@ static int redis_reasons(walk *w, const char *path, yaml_node_t *vn, unsigned *m
 }
 
 static int media_pair(walk *w, const char *path, const char *key, yaml_node_t *kn, yaml_node_t *vn, void *ud) {
-    const field *f = ks__cfg_find_field(k_media_fields, N_FIELDS(k_media_fields), key);
-    if (!f) return ks__cfg_fail_unknown(w, path, key, kn);
-    char full[512];
-    ks__cfg_join(full, sizeof full, path, key);
-    return ks__cfg_set_field(w, full, f, vn, ud);
+    return table_pair(w, path, key, kn, vn, ud, k_media_fields, N_FIELDS(k_media_fields));
 }
 
 static int redis_tls_pair(walk *w, const char *path, const char *key, yaml_node_t *kn, yaml_node_t *vn, void *ud) {
-    const field *f = ks__cfg_find_field(k_redis_tls_fields, N_FIELDS(k_redis_tls_fields), key);
-    if (!f) return ks__cfg_fail_unknown(w, path, key, kn);
-    char full[512];
-    ks__cfg_join(full, sizeof full, path, key);
-    return ks__cfg_set_field(w, full, f, vn, ud);
+    return table_pair(w, path, key, kn, vn, ud, k_redis_tls_fields, N_FIELDS(k_redis_tls_fields));
 }
 
 static int redis_pair(walk *w, const char *path, const char *key, yaml_node_t *kn, yaml_node_t *vn, void *ud) {
