@@ -458,7 +458,9 @@ int ks_cmd_serve(int argc, char **argv) {
     if (f.max_conns_client >= 0) hp.max_connections_per_client = f.max_conns_client;
     hp.cache_prompt = cfg.cache_prompt;
     hp.exact = cfg.exact;
-    hp.spec_type = !drafter ? "none" : draft_e ? "draft-simple" : cfg.spec.type;
+    /* What drafts, by llama-server's type names (the log, /props). */
+    const char *spec_name = !drafter ? "none" : draft_e ? "draft-simple" : cfg.spec.type;
+    hp.spec_type = spec_name;
     hp.draft_max = cfg.spec.draft_max;
     hp.store_mode = !store ? "off" : store_mode == KS_STORE_RAM_ONLY ? "ram-only" : "full";
     hp.metrics = metrics;
@@ -513,8 +515,8 @@ int ks_cmd_serve(int argc, char **argv) {
         else if (!spec_on)
             KS_INFO("serve", "speculative decoding: off (%s)", spec_why);
         else
-            KS_INFO("serve", "speculative decoding: %s, up to %d tokens per step, %s", draft_e ? "draft-simple" : cfg.spec.type,
-                    cfg.spec.draft_max, spec_exact ? "exact (a reply is the same without it)" : "not exact");
+            KS_INFO("serve", "speculative decoding: %s, up to %d tokens per step, %s", spec_name, cfg.spec.draft_max,
+                    spec_exact ? "exact (a reply is the same without it)" : "not exact");
         if (drafter && spec_on && !spec_exact)
             KS_WARN("serve", "speculative decoding is not exact here (%s): a reply may differ from one without it "
                              "in the last bits, as a cached one may (--spec-type none turns it off)", spec_why);

@@ -178,7 +178,7 @@ static void accept(void *v, const int32_t *toks, int n, int n_drafted, int n_acc
 
 static double token_ms(void *v) { return ((dm *)v)->tok_ms; }
 
-static const ks_drafter_ops k_ops = {"draft-simple", create, destroy, begin, draft, accept, token_ms};
+static const ks_drafter_ops k_ops = {create, destroy, begin, draft, accept, token_ms};
 
 const ks_drafter_ops *ks_draft_model_ops(void) { return &k_ops; }
 

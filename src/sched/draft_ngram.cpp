@@ -112,7 +112,7 @@ void accept(void *v, const int32_t *toks, int n, int n_drafted, int n_accepted) 
     }
 }
 
-const ks_drafter_ops k_ops = {"ngram", create, destroy, begin, draft, accept, nullptr};
+const ks_drafter_ops k_ops = {create, destroy, begin, draft, accept, nullptr};
 
 } // namespace
 

@@ -16,7 +16,6 @@
  * slot's sequence: begin gets the whole of it when a request starts to
  * generate, accept every token decoded after that. */
 typedef struct ks_drafter_ops {
-    const char *name;                       /* "ngram-simple", ... */
     void *(*create)(void *cfg, int slot);   /* for the scheduler's slot `slot`; NULL: no memory */
     void (*free)(void *d);
     void (*begin)(void *d, const int32_t *toks, int n);

@@ -271,9 +271,9 @@ static void draft_slot(ks_sched *s, slot *sl, int room, int rows, int others) {
     int nv = ks_engine_n_vocab(s->e);
     for (int j = 0; j < n; j++)
         if (sl->draft[j] < 0 || sl->draft[j] >= nv) n = j;
-    if (n < s->p.draft_min || n < 0) n = 0;
+    if (n < s->p.draft_min) n = 0; /* (a negative count too) */
     if (n > 0 && !costly) n = draft_worth(s, sl, n, rows, others, 0.0);
-    sl->n_draft = n >= s->p.draft_min ? n : 0;
+    sl->n_draft = n >= s->p.draft_min ? n : 0; /* what is worth it may be shorter still */
 }
 
 /* One token per generating slot (and its draft); returns how many slots.

@@ -7,6 +7,7 @@
 
 #include <pthread.h>
 #include <stdbool.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "sched/sched.h"
@@ -34,6 +35,17 @@ static inline void run_on_done(void *ud, const ks_req_result *r) {
     x->done = true;
     pthread_cond_signal(&x->cv);
     pthread_mutex_unlock(&x->mu);
+}
+
+/* The chat prompt of m[0, n) under the model's template, tokenized into out
+ * (replaced): 0, or the first error. */
+static inline int run_prompt(const ks_engine *e, const ks_msg *m, int n, ks_tokens *out) {
+    char *text = NULL;
+    int rc = ks_engine_template(e, m, (size_t)n, true, &text);
+    out->n = 0;
+    if (rc == 0) rc = ks_engine_tokenize(e, text, strlen(text), true, true, out);
+    free(text);
+    return rc;
 }
 
 static inline void run_init(run *x) {

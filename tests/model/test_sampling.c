@@ -96,11 +96,7 @@ static int teardown(void **st) {
 /* The chat prompt of one user message. */
 static void prompt_of(const char *user, ks_tokens *out) {
     ks_msg m[] = {{"system", "You are a test."}, {"user", user}};
-    char *text = NULL;
-    assert_int_equal(ks_engine_template(g_e, m, 2, true, &text), 0);
-    out->n = 0;
-    assert_int_equal(ks_engine_tokenize(g_e, text, strlen(text), true, true, out), 0);
-    free(text);
+    assert_int_equal(run_prompt(g_e, m, 2, out), 0);
 }
 
 static void submit_sp(const ks_tokens *prompt, const ks_sample_params *sp, const ks_sample_ext *x, int max_tokens,

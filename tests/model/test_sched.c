@@ -35,11 +35,7 @@ static void submit(ks_sched *s, const ks_tokens *prompt, bool cache, int max_tok
 }
 
 static void prompt_of(ks_engine *e, const ks_msg *m, int n, ks_tokens *out) {
-    char *text = NULL;
-    assert_int_equal(ks_engine_template(e, m, (size_t)n, true, &text), 0);
-    out->n = 0;
-    assert_int_equal(ks_engine_tokenize(e, text, strlen(text), true, true, out), 0);
-    free(text);
+    assert_int_equal(run_prompt(e, m, n, out), 0);
 }
 
 static ks_engine *open_engine(int n_seq) {

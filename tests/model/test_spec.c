@@ -102,11 +102,7 @@ static int teardown(void **st) {
 
 static void prompt_of(const char *user, ks_tokens *out) {
     ks_msg m[] = {{"system", "You are a test."}, {"user", user}};
-    char *text = NULL;
-    assert_int_equal(ks_engine_template(g_e, m, 2, true, &text), 0);
-    out->n = 0;
-    assert_int_equal(ks_engine_tokenize(g_e, text, strlen(text), true, true, out), 0);
-    free(text);
+    assert_int_equal(run_prompt(g_e, m, 2, out), 0);
 }
 
 typedef struct req {
