@@ -19,7 +19,7 @@ import os from 'node:os';
 import path from 'node:path';
 import {
   startServer, stopOk, postJSON, getJSON, stream, metrics, metricSum, writeConfig, writeStoreConfig, settleStore,
-  runBin, templateModel, agentModel, MODEL,
+  runBin, templateModel, agentModel, importClient, MODEL,
 } from './lib.mjs';
 
 const dir = mkdtempSync(path.join(os.tmpdir(), 'ks-spec-'));
@@ -93,6 +93,26 @@ test('chat: greedy, seeded, logprobs, stop, n: 2, streamed — the same reply wi
     const slots = (await getJSON(srv, '/slots')).json;
     assert.ok(slots.some((x) => x.n_draft_accepted > 0 && x.n_drafted >= x.n_draft_accepted), JSON.stringify(slots));
     assert.match(srv.stderr, /tok\/s, drafts \d+\/\d+, finish/);
+  } finally {
+    await stopOk(srv);
+  }
+});
+
+test('the official OpenAI SDK: speculative.n_max as an extra field; the drafts in the reply\'s timings', async () => {
+  const OpenAI = (await importClient('openai')).default;
+  const srv = await startServer([...SPEC, '--ctx', '1024']);
+  try {
+    const client = new OpenAI({ baseURL: `${srv.base}/v1`, apiKey: 'none', maxRetries: 0, timeout: 60000 });
+    const body = { model: 'm', messages: conv('describe the moon'), max_tokens: 160, temperature: 0, ignore_eos: true };
+    const on = await client.chat.completions.create(body);
+    const off = await client.chat.completions.create({ ...body, 'speculative.n_max': 0 });
+    assert.equal(on.choices[0].message.content, off.choices[0].message.content);
+    assert.ok(on.timings.draft_n_accepted > 0, JSON.stringify(on.timings));
+    assert.equal(off.timings.draft_n, undefined);
+    // Streamed through the SDK: the same text.
+    let text = '';
+    for await (const c of await client.chat.completions.create({ ...body, stream: true })) text += c.choices[0]?.delta?.content ?? '';
+    assert.equal(text, on.choices[0].message.content);
   } finally {
     await stopOk(srv);
   }
