@@ -67,6 +67,10 @@ void ks_log(ks_log_level level, const char *module, const char *fmt, ...)
 /* Monotonic clock in milliseconds / microseconds. */
 double ks_now_ms(void);
 int64_t ks_now_us(void);
+/* *ts = the monotonic clock ms milliseconds from now: the deadline of a
+ * pthread_cond_timedwait on a condition variable made with CLOCK_MONOTONIC. */
+struct timespec;
+void ks_deadline_ms(struct timespec *ts, int64_t ms);
 /* Wall clock, seconds / microseconds since the epoch. */
 int64_t ks_wall_s(void);
 int64_t ks_wall_us(void);

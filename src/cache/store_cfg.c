@@ -6,8 +6,8 @@
 #include <stdio.h>
 #include <string.h>
 
-static const char *const k_reason_names[KS_REASON__N] = {"cold",     "continued", "finish",    "evict",
-                                                         "shutdown", "pin",       "checkpoint"};
+static const char *const k_reason_names[KS_REASON__N] = {"cold", "continued", "finish",     "evict",
+                                                         "shutdown", "pin", "checkpoint", "unload"};
 static const char *const k_tier_names[KS_TIER__N] = {"ram", "shm", "disk", "redis"};
 
 const char *ks_reason_name(ks_reason r) {
@@ -54,6 +54,9 @@ void ks_store_cfg_defaults(ks_store_cfg *c) {
     c->reason_tier[KS_REASON_PIN] = KS_TIER_DISK;
     /* Like finish: the next turn, on this host, soon. */
     c->reason_tier[KS_REASON_CHECKPOINT] = KS_TIER_SHM;
+    /* A model unloaded for another (several models): back on this host,
+     * perhaps in minutes; shm also outlives the process. */
+    c->reason_tier[KS_REASON_UNLOAD] = KS_TIER_SHM;
     c->pin_share = 0.5f;
     c->tier_max_bytes[KS_TIER_REDIS] = 4LL << 30;
     snprintf(c->redis.key_prefix, sizeof c->redis.key_prefix, "kvstash");
@@ -64,5 +67,5 @@ void ks_store_cfg_defaults(ks_store_cfg *c) {
     c->redis.tls.verify = true;
     /* checkpoint: a hybrid model's prompt end, what the next turn restores on another host */
     c->redis.reasons = 1u << KS_REASON_FINISH | 1u << KS_REASON_EVICT | 1u << KS_REASON_SHUTDOWN |
-                       1u << KS_REASON_CHECKPOINT;
+                       1u << KS_REASON_CHECKPOINT | 1u << KS_REASON_UNLOAD;
 }

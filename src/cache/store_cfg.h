@@ -27,7 +27,9 @@
  * into the ram tier and into the tier of reason_tier[KS_REASON_PIN].
  * KS_REASON_CHECKPOINT: a hybrid model's whole state at a prompt's end
  * (sched policy.c "Checkpoints"), where the next turn of its conversation
- * will most likely diverge. */
+ * will most likely diverge.
+ * KS_REASON_UNLOAD: a model's slots when the server unloads it (several
+ * models, server.h): where the model finds them when it loads again. */
 typedef enum {
     KS_REASON_COLD = 0,
     KS_REASON_CONTINUED,
@@ -36,6 +38,7 @@ typedef enum {
     KS_REASON_SHUTDOWN,
     KS_REASON_PIN,
     KS_REASON_CHECKPOINT,
+    KS_REASON_UNLOAD,
     KS_REASON__N
 } ks_reason;
 /* The tiers, fastest first; KS_TIER_NONE: "do not save". KS_TIER_REDIS is the
@@ -48,7 +51,7 @@ typedef enum {
 /* The local tiers are [0, KS_TIER__LOCAL). */
 #define KS_TIER__LOCAL KS_TIER_REDIS
 
-/* "cold", "continued", "finish", "evict", "shutdown", "pin", "checkpoint"; "?" for any other value. */
+/* "cold", "continued", "finish", "evict", "shutdown", "pin", "checkpoint", "unload"; "?" for any other value. */
 const char *ks_reason_name(ks_reason r);
 /* The reason named s, or -1 when s is NULL or unknown. */
 int ks_reason_parse(const char *s);
@@ -84,7 +87,7 @@ typedef struct ks_redis_cfg {
     int timeout_ms;                 /* default 250: connect and each command (10..60000) */
     int breaker_errors;             /* default 3: consecutive errors that open the circuit breaker */
     int breaker_ms;                 /* default 5000: how long the tier is skipped then */
-    unsigned reasons;               /* 1 << ks_reason saved to redis; default finish|evict|shutdown */
+    unsigned reasons;               /* 1 << ks_reason saved to redis; default finish|evict|shutdown|checkpoint|unload */
     ks_redis_tls_cfg tls;           /* rediss:// only */
 } ks_redis_cfg;
 
@@ -103,7 +106,8 @@ typedef struct ks_store_cfg {
     int64_t tier_max_bytes[KS_TIER__N];   /* ram 2 GiB, shm 1 GiB, disk 10 GiB, redis 4 GiB (kvstash's
                                              share of the Redis memory); 0 disables the tier */
     int reason_tier[KS_REASON__N];        /* ks_tier_id; default cold=disk continued=shm finish=shm evict=disk
-                                             shutdown=disk pin=disk checkpoint=shm */
+                                             shutdown=disk pin=disk checkpoint=shm
+                                             unload=shm */
     unsigned reasons_given;               /* bit r: reason_tier[r] was set by the configuration
                                              (store.reasons), not a default */
     float pin_share;                      /* 0..1, default 0.5: the share of each tier's budget that pinned

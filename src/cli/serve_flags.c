@@ -96,6 +96,17 @@ void ks_serve_usage(FILE *f) {
             "                            end of generation or the context's end, as llama-server;\n"
             "                            always capped by the context left after the prompt)\n"
             "  --alias NAME              model id in /v1/models and responses (default: the model's name)\n"
+            "Several models (models: entries with a path, docs/SERVER.md \"Several models\"):\n"
+            "  --models-dir DIR          serve every X.gguf of DIR as model X (a subdirectory X: its GGUF,\n"
+            "                            with an mmproj*.gguf beside it as projector) (models_dir)\n"
+            "  --models-max N            models loaded at once, 0..64; 0: no limit (default 4);\n"
+            "                            the least recently used idle one is unloaded for another\n"
+            "  --models-memory MIB       the loaded models' weights + KV at most, estimated from each\n"
+            "                            GGUF; 0: no limit (default: 90%% of the machine's memory)\n"
+            "  --sleep-idle-seconds N    unload a model unused this long, keeping its conversations in\n"
+            "                            the store (default 0: never; per model: keep_alive)\n"
+            "  --no-models-autoload      a request does not load its model (POST /models/load does)\n"
+            "  --default-model NAME      the model of requests naming none or an unknown one\n"
             "  --chat-template FILE      Jinja chat template to use instead of the GGUF's\n"
             "  --reasoning-format F      where a reasoning model's thinking goes: deepseek (default:\n"
             "                            reasoning_content), deepseek-legacy, auto or none (in content)\n"
@@ -188,7 +199,8 @@ int ks_serve_parse_flags(int argc, char **argv, ks_serve_flags *f) {
            O_CKPT, O_CKPT_EVERY, O_CKPT_BYTES, O_CACHEREDIS, O_TLS_CA, O_TLS_CA_DIR, O_TLS_CERT, O_TLS_KEY,
            O_TLS_NAME, O_TLS_INSECURE, O_NOREPACK, O_WARM, O_SECRET, O_KEYFILE, O_TENANT_BY, O_SHARE_SYS, O_METRICS_KEY,
            O_MEDIA_BYTES, O_MEDIA_TOTAL, O_MEDIA_ITEMS, O_MEDIA_PIXELS, O_MEDIA_PATH, O_MEDIA_HOSTS, O_MEDIA_FTIMEOUT,
-           O_CTK, O_CTV, O_SPEC_TYPE, O_SPEC_NOADAPT, O_DRAFT_MODEL, O_DRAFT_NGL, O_DRAFT_PMIN, O_OFFLOAD,
+           O_CTK, O_CTV, O_SPEC_TYPE, O_SPEC_NOADAPT, O_DRAFT_MODEL, O_DRAFT_NGL, O_DRAFT_PMIN,
+           O_MODELS_DIR, O_MODELS_MAX, O_MODELS_MEM, O_SLEEP_IDLE, O_AUTOLOAD, O_NO_AUTOLOAD, O_DEFAULT_MODEL, O_OFFLOAD,
            O_OFFLOAD_END = O_OFFLOAD + KS_CLI_OFFLOAD_N, O_SPEC, O_SPEC_END = O_SPEC + KS_SERVE_SPEC_INTS };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},          {"host", required_argument, 0, O_HOST},
@@ -205,6 +217,11 @@ int ks_serve_parse_flags(int argc, char **argv, ks_serve_flags *f) {
         {"shutdown-timeout", required_argument, 0, O_SHUTDOWN}, {"flash-attn", optional_argument, 0, O_FA},
         {"config", required_argument, 0, O_CONFIG},    {"log", required_argument, 0, O_LOG},
         {"imc", no_argument, 0, O_IMC},                {"spc", no_argument, 0, O_SPC},
+        {"models-dir", required_argument, 0, O_MODELS_DIR}, {"models-max", required_argument, 0, O_MODELS_MAX},
+        {"models-memory", required_argument, 0, O_MODELS_MEM},
+        {"sleep-idle-seconds", required_argument, 0, O_SLEEP_IDLE},
+        {"models-autoload", no_argument, 0, O_AUTOLOAD}, {"no-models-autoload", no_argument, 0, O_NO_AUTOLOAD},
+        {"default-model", required_argument, 0, O_DEFAULT_MODEL},
         {"cache-dir", required_argument, 0, O_CACHEDIR}, {"cache-ram", required_argument, 0, O_CACHERAM},
         {"cache-redis", required_argument, 0, O_CACHEREDIS}, {"warm-slots", required_argument, 0, O_WARM},
         {"cache-redis-tls-ca", required_argument, 0, O_TLS_CA},
@@ -265,6 +282,8 @@ int ks_serve_parse_flags(int argc, char **argv, ks_serve_flags *f) {
     f->checkpoint_bytes = -1;
     for (int i = 0; i < KS_SERVE_SPEC_INTS; i++) f->spec_int[i] = -1;
     f->draft_p_min = -1;
+    f->models_max = f->sleep_idle = f->models_autoload = -1;
+    f->models_memory = -2;
     optind = 1;
     opterr = 0;
     int c;
@@ -373,6 +392,22 @@ int ks_serve_parse_flags(int argc, char **argv, ks_serve_flags *f) {
         case O_CTK: f->cache_type_k = optarg; break;
         case O_CTV: f->cache_type_v = optarg; break;
         case O_SPEC_NOADAPT: f->no_spec_adaptive = true; break;
+        case O_MODELS_DIR: f->models_dir = optarg; break;
+        case O_DEFAULT_MODEL: f->default_model = optarg; break;
+        case O_MODELS_MAX:
+            if (ks_cli_parse_int(CMD, "--models-max", optarg, 0, KS_CONFIG_MODELS_LOADED_MAX, &f->models_max)) return 2;
+            break;
+        case O_MODELS_MEM: {
+            int mib;
+            if (ks_cli_parse_int(CMD, "--models-memory", optarg, 0, 1 << 30, &mib)) return 2;
+            f->models_memory = mib;
+            break;
+        }
+        case O_SLEEP_IDLE:
+            if (ks_cli_parse_int(CMD, "--sleep-idle-seconds", optarg, 0, 100000000, &f->sleep_idle)) return 2;
+            break;
+        case O_AUTOLOAD: f->models_autoload = 1; break;
+        case O_NO_AUTOLOAD: f->models_autoload = 0; break;
         case O_DRAFT_MODEL:
             if (strlen(optarg) >= KS_MAX_PATH) {
                 fprintf(stderr, CMD ": --model-draft: path too long\n");
@@ -566,6 +601,12 @@ int ks_serve_apply_flags(const ks_serve_flags *f, ks_config *c) {
     if (f->cache_type_v) COPY(c->cache_type_v, f->cache_type_v);
     ks_serve_apply_spec_flags(f, c);
     if (f->port >= 0) c->port = f->port;
+    if (f->models_dir) COPY(c->models_dir, f->models_dir);
+    if (f->default_model) COPY(c->default_model, f->default_model);
+    if (f->models_max >= 0) c->models_max = f->models_max;
+    if (f->models_memory >= 0) c->models_memory = (int64_t)f->models_memory << 20;
+    if (f->sleep_idle >= 0) c->sleep_idle_seconds = f->sleep_idle;
+    if (f->models_autoload >= 0) c->models_autoload = f->models_autoload;
     if (f->slots >= 0) c->slots = f->slots;
     if (f->ctx >= 0) c->ctx = f->ctx;
     if (f->batch >= 0) c->batch = f->batch;

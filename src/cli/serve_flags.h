@@ -53,6 +53,10 @@ typedef struct ks_serve_flags {
     const char *draft_model, *draft_ngl;   /* -md, -ngld */
     float draft_p_min;                     /* --spec-draft-p-min, < 0: not given */
     int spec_int[KS_SERVE_SPEC_INTS];      /* the --spec-* numbers (serve_flags.c), -1: not given */
+    const char *models_dir, *default_model; /* --models-dir, --default-model */
+    int models_max, sleep_idle;            /* --models-max, --sleep-idle-seconds; -1: not given */
+    long long models_memory;               /* --models-memory MiB, -2: not given */
+    int models_autoload;                   /* --models-autoload 1, --no-models-autoload 0; -1: not given */
 } ks_serve_flags;
 
 /* The usage text to f. */

@@ -129,6 +129,8 @@ void ks__config_model_defaults(ks_model_cache_cfg *m) {
     m->cache_min_tokens = 100;
     m->slots = 0;
     m->spc_max_bytes = 256LL << 20;
+    m->exact = -1;
+    m->ctx_checkpoints = -1;
 }
 
 void ks_config_defaults(ks_config *c) {
@@ -156,6 +158,9 @@ void ks_config_defaults(ks_config *c) {
     snprintf(c->log, sizeof c->log, "info");
     ks__config_model_defaults(&c->cache);
     ks_config_spec_defaults(&c->spec);
+    c->models_max = 4;
+    c->models_memory = -1;
+    c->models_autoload = true;
 
     ks_store_cfg *s = &c->store;
     ks_store_cfg_defaults(s);

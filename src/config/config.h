@@ -78,6 +78,17 @@
  *       spc_max_bytes: 268435456         # 0..1024TiB
  *       mmproj: /path/to/mmproj.gguf     # this model's projector (over the top-level mmproj)
  *       speculative: { type: none }      # this model's speculative block (replaces the top-level one)
+ *       path: /models/small.gguf         # several models: this entry is a model served as NAME
+ *       aliases: [claude-*haiku*, small] # other names a request may give (glob patterns)
+ *       pin: false                       # loaded at start, never unloaded
+ *       keep_alive: 300                  # unloaded after 300 s unused (-1: never)
+ *       ctx: 8192                        # and exact, ctx_checkpoints, gpu_layers, cache_type_k/_v
+ *   models_dir: /models      # every X.gguf is model X (a subdirectory X: its GGUF and mmproj)
+ *   models_max: 4            # models loaded at once (0: no limit)
+ *   models_memory: 20GiB     # their weights + KV at most (-1: 90% of RAM; 0: no limit)
+ *   sleep_idle_seconds: 0    # unload a model unused this long (0: never)
+ *   models_autoload: true    # a request loads its model
+ *   default_model: big       # the model of a request that names none or an unknown one
  *   store:
  *     enabled: true                    # the full store (shm and disk tiers); see "Store modes"
  *     cache_dir: ~/.cache/kvstash      # disk tier directory
@@ -102,7 +113,7 @@
  *         timeout_ms: 250              # 10..60000
  *         breaker_errors: 3            # 1..1000
  *         breaker_ms: 5000             # 0..3600000
- *         reasons: [finish, evict, shutdown, checkpoint]   # copied to Redis besides their local tier
+ *         reasons: [finish, evict, shutdown, checkpoint, unload]   # copied to Redis besides their local tier
  *         tls:                         # rediss:// only (any of these with another URL: an error)
  *           ca_file: /etc/kvstash/redis-ca.pem   # default: the system's CA certificates
  *           ca_dir: /etc/ssl/certs               # hashed CA directory, instead of or with ca_file
@@ -111,7 +122,7 @@
  *           server_name: redis.internal          # default: the URL's host
  *           verify: true               # false: no verification of the server (testing only)
  *     reasons: { cold: disk, continued: shm, finish: shm, evict: disk, shutdown: disk, pin: disk,
- *                checkpoint: shm }
+ *                checkpoint: shm, unload: shm }
  *                                      # pin: pinned saves go to ram and to this tier;
  *                                      # checkpoint: a hybrid model's state at a prompt's end
  *
@@ -164,7 +175,7 @@ enum { KS_CONFIG_MAX_QUEUE_MIN = 1, KS_CONFIG_MAX_QUEUE_MAX = 1000000 };
  * (--threads). */
 enum {
     KS_CONFIG_PORT_MIN = 0, KS_CONFIG_PORT_MAX = 65535,
-    KS_CONFIG_SLOTS_MIN = 1, KS_CONFIG_SLOTS_MAX = 256,
+    KS_CONFIG_SLOTS_MIN = 1, KS_CONFIG_SLOTS_MAX = 256, KS_CONFIG_MODELS_LOADED_MAX = 64,
     KS_CONFIG_CTX_MIN = 64, KS_CONFIG_CTX_MAX = 1 << 24,
     KS_CONFIG_BATCH_MIN = 1, KS_CONFIG_BATCH_MAX = 1 << 20,
     KS_CONFIG_THREADS_MIN = 0, KS_CONFIG_THREADS_MAX = 4096,
@@ -232,6 +243,7 @@ typedef struct ks_spec_cfg {
 enum { KS_CONFIG_DRAFT_MAX = 64 }; /* the scheduler's KS_DRAFT_MAX */
 void ks_config_spec_defaults(ks_spec_cfg *s);
 
+enum { KS_CONFIG_ALIASES_MAX = 8, KS_CONFIG_MODELS_MAX = 16 };
 typedef struct ks_model_cache_cfg {
     bool system_prompt_cache;   /* SPC (default false) */
     bool incremental_cache;     /* IMC (default false) */
@@ -241,6 +253,20 @@ typedef struct ks_model_cache_cfg {
     char mmproj[KS_MAX_PATH];   /* the model's projector ("": the top-level mmproj) */
     bool has_spec;              /* a speculative block: it replaces the top-level one */
     ks_spec_cfg spec;
+    /* Several models (docs/SERVER.md "Several models"): an entry with a path
+     * is a model the server serves, loaded on demand, under the entry's key. */
+    char path[KS_MAX_PATH];     /* the GGUF ("": a settings-only entry, matched by name) */
+    char aliases[KS_CONFIG_ALIASES_MAX][128]; /* other names, exact or glob patterns (claude-*haiku*) */
+    int n_aliases;
+    bool pin;                   /* loaded at start, never unloaded */
+    int keep_alive;             /* seconds unused before it is unloaded; 0: sleep_idle_seconds;
+                                   -1: never (Ollama's keep_alive) */
+    int ctx;                    /* per slot; 0: the top-level ctx */
+    int exact;                  /* -1: the top-level exact; else 0/1 */
+    int ctx_checkpoints;        /* -1: the top-level value */
+    char gpu_layers[16];        /* auto|all|N; "": the top-level -ngl */
+    char cache_type_k[16];      /* "": the top-level types */
+    char cache_type_v[16];
 } ks_model_cache_cfg;
 
 typedef struct ks_config {
@@ -296,6 +322,18 @@ typedef struct ks_config {
     char cors_origins[KS_CONFIG_CORS_MAX][KS_CONFIG_ORIGIN_MAX];
     int n_cors_origins;
     ks_spec_cfg spec;           /* speculative decoding (the resolved model's block, if any) */
+    /* Several models (server.h "several models"): the models: entries with a
+     * path, and each GGUF of models_dir. */
+    char models_dir[KS_MAX_PATH]; /* --models-dir: each X.gguf is model X ("": none) */
+    int models_max;             /* --models-max: loaded at once (default 4; 0: no limit) */
+    int64_t models_memory;      /* --models-memory: bytes the loaded models may take (weights +
+                                   KV, estimated from each GGUF); 0: none; -1 (default): 90% of
+                                   the machine's memory */
+    int sleep_idle_seconds;     /* --sleep-idle-seconds: unload a model unused this long (0,
+                                   default: never) */
+    bool models_autoload;       /* --no-models-autoload: a request does not load its model */
+    char default_model[128];    /* --default-model: the model of requests naming none or an
+                                   unknown one ("": with several models, none) */
 } ks_config;
 
 /* Fills every default. */

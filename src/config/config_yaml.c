@@ -64,6 +64,12 @@ static const field k_top_fields[] = {
     FI(ks_config, max_renders, 1, 1024),
     FY(ks_config, max_body_bytes, KS_CONFIG_MAX_BODY_MIN, KS_CONFIG_MAX_BODY_MAX),
     FS(ks_config, log, F_LOG),
+    FS(ks_config, models_dir, F_PATH),
+    FI(ks_config, models_max, 0, KS_CONFIG_MODELS_LOADED_MAX),
+    FY(ks_config, models_memory, -1, KS_STORE_BYTES_MAX),
+    FI(ks_config, sleep_idle_seconds, 0, 100000000),
+    FB(ks_config, models_autoload),
+    FS(ks_config, default_model, F_STR),
 };
 
 static const field k_model_fields[] = {
@@ -73,6 +79,14 @@ static const field k_model_fields[] = {
     FI(ks_model_cache_cfg, slots, KS_CONFIG_SLOTS_MIN, KS_CONFIG_SLOTS_MAX),
     FY(ks_model_cache_cfg, spc_max_bytes, 0, KS_STORE_BYTES_MAX),
     FS(ks_model_cache_cfg, mmproj, F_PATH),
+    FS(ks_model_cache_cfg, path, F_PATH),
+    FB(ks_model_cache_cfg, pin),
+    FI(ks_model_cache_cfg, keep_alive, -1, 100000000),
+    FI(ks_model_cache_cfg, ctx, KS_CONFIG_CTX_MIN, KS_CONFIG_CTX_MAX),
+    FI(ks_model_cache_cfg, ctx_checkpoints, 0, KS_CONFIG_CKPT_MAX),
+    FS(ks_model_cache_cfg, gpu_layers, F_STR),
+    FS(ks_model_cache_cfg, cache_type_k, F_STR),
+    FS(ks_model_cache_cfg, cache_type_v, F_STR),
 };
 
 static const field k_store_fields[] = {
@@ -163,9 +177,47 @@ typedef struct model_ud {
     bool has_slots;
 } model_ud;
 
+/* aliases: a sequence of names or glob patterns (or one as a scalar). */
+static int model_aliases(walk *w, const char *path, yaml_node_t *vn, ks_model_cache_cfg *m) {
+    bool seq = vn->type == YAML_SEQUENCE_NODE;
+    if (!seq && !ks__cfg_scalar_of(vn)) return ks__cfg_type_error(w, path, vn, "a list of names");
+    ptrdiff_t n_items = seq ? vn->data.sequence.items.top - vn->data.sequence.items.start : 1;
+    if (n_items > KS_CONFIG_ALIASES_MAX) {
+        ks_set_err(w->err, w->errlen, "'%s' at line %d: at most %d aliases", path, line_of(vn), KS_CONFIG_ALIASES_MAX);
+        return KS_EINVAL;
+    }
+    memset(m->aliases, 0, sizeof m->aliases);
+    for (int i = 0; i < (int)n_items; i++) {
+        yaml_node_t *item = seq ? yaml_document_get_node(w->doc, vn->data.sequence.items.start[i]) : vn;
+        char full[544];
+        snprintf(full, sizeof full, "%s[%d]", path, i);
+        const char *s = item ? ks__cfg_scalar_of(item) : NULL;
+        if (!s || !s[0] || strlen(s) != item->data.scalar.length || strlen(s) >= sizeof m->aliases[i])
+            return ks__cfg_type_error(w, full, item ? item : vn, "a name or pattern of 1..127 bytes");
+        memcpy(m->aliases[i], s, strlen(s) + 1);
+    }
+    m->n_aliases = (int)n_items;
+    return 0;
+}
+
 static int model_pair(walk *w, const char *path, const char *key, yaml_node_t *kn, yaml_node_t *vn,
                       void *ud) {
     model_ud *mu = ud;
+    if (strcmp(key, "aliases") == 0) {
+        char full[512];
+        ks__cfg_join(full, sizeof full, path, key);
+        return model_aliases(w, full, vn, mu->m);
+    }
+    if (strcmp(key, "exact") == 0) {
+        /* three states: absent (the top-level exact), true, false */
+        const char *s = ks__cfg_scalar_of(vn);
+        char full[512];
+        ks__cfg_join(full, sizeof full, path, key);
+        if (s && (!strcmp(s, "true") || !strcmp(s, "yes") || !strcmp(s, "on"))) mu->m->exact = 1;
+        else if (s && (!strcmp(s, "false") || !strcmp(s, "no") || !strcmp(s, "off"))) mu->m->exact = 0;
+        else return ks__cfg_type_error(w, full, vn, "true or false");
+        return 0;
+    }
     if (strcmp(key, "speculative") == 0) {
         char full[512];
         ks__cfg_join(full, sizeof full, path, key);

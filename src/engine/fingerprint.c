@@ -252,3 +252,57 @@ int ks_model_fingerprint_cached(const char *gguf_path, const char *cache_dir, ui
     }
     return 0;
 }
+
+/* An unsigned integer metadata value of g (any integer type), or dflt. */
+static uint64_t kv_uint(const struct gguf_context *g, const char *key, uint64_t dflt) {
+    int64_t i = gguf_find_key(g, key);
+    if (i < 0) return dflt;
+    switch (gguf_get_kv_type(g, i)) {
+    case GGUF_TYPE_UINT8: return gguf_get_val_u8(g, i);
+    case GGUF_TYPE_UINT16: return gguf_get_val_u16(g, i);
+    case GGUF_TYPE_UINT32: return gguf_get_val_u32(g, i);
+    case GGUF_TYPE_UINT64: return gguf_get_val_u64(g, i);
+    case GGUF_TYPE_INT32: return gguf_get_val_i32(g, i) > 0 ? (uint64_t)gguf_get_val_i32(g, i) : dflt;
+    case GGUF_TYPE_INT64: return gguf_get_val_i64(g, i) > 0 ? (uint64_t)gguf_get_val_i64(g, i) : dflt;
+    default: return dflt;
+    }
+}
+
+int ks_model_estimate_bytes(const char *gguf_path, int n_ctx, int n_seq, int64_t *bytes, char *err,
+                            size_t errlen) {
+    struct stat sb;
+    *bytes = 0;
+    if (stat(gguf_path, &sb)) {
+        ks_set_err(err, errlen, "%s: %s", gguf_path, strerror(errno));
+        return errno == ENOENT ? KS_ENOENT : KS_EIO;
+    }
+    *bytes = (int64_t)sb.st_size;
+    struct gguf_init_params gp = {.no_alloc = true, .ctx = NULL};
+    struct gguf_context *g = gguf_init_from_file(gguf_path, gp);
+    if (!g) {
+        ks_set_err(err, errlen, "%s: not a readable GGUF file", gguf_path);
+        return KS_EMODEL;
+    }
+    int64_t ai = gguf_find_key(g, "general.architecture");
+    const char *arch = ai >= 0 && gguf_get_kv_type(g, ai) == GGUF_TYPE_STRING ? gguf_get_val_str(g, ai) : "";
+    char k[160];
+    snprintf(k, sizeof k, "%s.block_count", arch);
+    uint64_t n_layer = kv_uint(g, k, 0);
+    snprintf(k, sizeof k, "%s.embedding_length", arch);
+    uint64_t n_embd = kv_uint(g, k, 0);
+    snprintf(k, sizeof k, "%s.attention.head_count", arch);
+    uint64_t n_head = kv_uint(g, k, 1);
+    snprintf(k, sizeof k, "%s.attention.head_count_kv", arch);
+    uint64_t n_head_kv = kv_uint(g, k, n_head);
+    snprintf(k, sizeof k, "%s.attention.key_length", arch);
+    uint64_t k_len = kv_uint(g, k, n_head ? n_embd / n_head : 0);
+    snprintf(k, sizeof k, "%s.attention.value_length", arch);
+    uint64_t v_len = kv_uint(g, k, k_len);
+    gguf_free(g);
+    /* K and V at F16 for every layer, position and sequence: an upper bound
+     * for models whose layers are not all attention (recurrent, sliding). */
+    uint64_t kv = n_layer * (uint64_t)(n_ctx > 0 ? n_ctx : 0) * (uint64_t)(n_seq > 0 ? n_seq : 0) * n_head_kv *
+                  (k_len + v_len) * 2u;
+    *bytes += (int64_t)kv;
+    return 0;
+}

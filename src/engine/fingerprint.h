@@ -45,4 +45,12 @@ int ks_model_fingerprint(const char *gguf_path, uint8_t out[32], char *err, size
 int ks_model_fingerprint_cached(const char *gguf_path, const char *cache_dir, uint8_t out[32],
                                 bool *from_cache, char *err, size_t errlen);
 
+/* What a model takes in memory once loaded, estimated from its GGUF: the
+ * file's bytes (the weights) and an F16 KV of n_ctx positions for n_seq
+ * sequences (the attention shape of the metadata). 0, KS_ENOENT, KS_EIO, or
+ * KS_EMODEL (not a readable GGUF: *bytes is then the file's size); err says
+ * why. */
+int ks_model_estimate_bytes(const char *gguf_path, int n_ctx, int n_seq, int64_t *bytes, char *err,
+                            size_t errlen);
+
 #endif

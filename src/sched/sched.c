@@ -470,7 +470,7 @@ static void *run(void *arg) {
     publish_locked(s);
     pthread_mutex_unlock(&s->mu);
     if (s->p.store && s->p.save_on_shutdown) {
-        for (int i = 0; i < s->n_slots; i++) ks__policy_save(s, &s->slots[i], KS_REASON_SHUTDOWN, true);
+        for (int i = 0; i < s->n_slots; i++) ks__policy_save(s, &s->slots[i], s->stop_reason, true);
         pthread_mutex_lock(&s->mu);
         publish_locked(s);
         pthread_mutex_unlock(&s->mu);
@@ -536,6 +536,7 @@ int ks_sched_create(const ks_sched_params *p, ks_sched **out) {
     ks_sched *s = calloc(1, sizeof *s);
     if (!s) return KS_ENOMEM;
     s->p = *p;
+    s->stop_reason = KS_REASON_SHUTDOWN;
     s->e = p->engine;
     s->n_slots = n_slots;
     s->n_ctx_seq = ks_engine_n_ctx_seq(s->e);
@@ -598,6 +599,10 @@ int ks_sched_create(const ks_sched_params *p, ks_sched **out) {
 nomem:
     free_all(s);
     return KS_ENOMEM;
+}
+
+void ks_sched_set_stop_reason(ks_sched *s, ks_reason r) {
+    if (s) s->stop_reason = r; /* read by the inference thread after stop, under mu's ordering */
 }
 
 void ks_sched_free(ks_sched *s) {

@@ -322,6 +322,10 @@ int ks_sched_create(const ks_sched_params *p, ks_sched **out);
 /* Stops accepting, cancels queued requests, lets running ones finish their
  * current step and cancels them, joins the thread, frees. NULL is a no-op. */
 void ks_sched_free(ks_sched *s);
+/* The reason of the slots' saves when the scheduler stops (save_on_shutdown):
+ * KS_REASON_SHUTDOWN (default) or KS_REASON_UNLOAD (its model is unloaded, the
+ * server goes on). Call before ks_sched_free, from the thread that frees. */
+void ks_sched_set_stop_reason(ks_sched *s, ks_reason r);
 /* Queues a request; *id (may be NULL) receives its id. Errors: KS_EINVAL (no
  * tokens, max_tokens < 1, an ext that ks_sampler_ext_check refuses: n_probs
  * outside 0..KS_N_PROBS_MAX, repeat_last_n < -1, negative counts, token ids

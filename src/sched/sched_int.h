@@ -116,6 +116,7 @@ typedef struct slot {
 
 struct ks_sched {
     ks_sched_params p;
+    ks_reason stop_reason;      /* the slots' saves when the thread stops (ks_sched_set_stop_reason) */
     ks_engine *e;
     int n_slots;
     int n_ctx_seq;

@@ -83,6 +83,7 @@ typedef struct choice {
 struct ks_gen {
     /* set before submit, read-only afterwards */
     ks_server *srv;
+    ks_smodel *m;                  /* the model, held (ks__models_ref) until the generation is freed */
     bool stream;
     char id[64];
     int fd;                        /* the client's socket, polled for hang-up */
@@ -140,7 +141,7 @@ static void gen_destroy(gen *g) {
 
 static void peek_result(void *ud, int index, ks_req_result *r);
 
-ks_gen *ks__gen_create(ks_server *s, const ks_fmt *fmt, void *st, const ks_api_request *rq, ks_plan *pl) {
+ks_gen *ks__gen_create(ks_server *s, ks_smodel *m, const ks_fmt *fmt, void *st, const ks_api_request *rq, ks_plan *pl) {
     int n_ch = pl->n_prompts * rq->n;
     gen *g = calloc(1, sizeof *g);
     if (!g) goto fail_st;
@@ -155,6 +156,8 @@ ks_gen *ks__gen_create(ks_server *s, const ks_fmt *fmt, void *st, const ks_api_r
     }
     pthread_mutex_init(&g->mu, NULL);
     g->srv = s;
+    g->m = m;
+    ks__models_ref(s, m);
     g->fd = -1;
     g->refs = 1;
     g->stream = rq->stream;
@@ -171,7 +174,7 @@ ks_gen *ks__gen_create(ks_server *s, const ks_fmt *fmt, void *st, const ks_api_r
         pl->tp.preserved = NULL;
         pl->tp.n_preserved = 0;
     }
-    ks_fmt_gen fg = {.id = g->id, .created = ks_wall_s(), .model = s->model, .n_choices = n_ch,
+    ks_fmt_gen fg = {.id = g->id, .created = ks_wall_s(), .model = m->name, .n_choices = n_ch,
                      .peek = peek_result, .peek_ud = g};
     g->rp = ks__reply_create(fmt, st, &fg, g->parse, pl->templated && pl->tp.continuation);
     st = NULL; /* the reply's now, also on failure */
@@ -212,7 +215,9 @@ static void gen_release(gen *g) {
     pthread_mutex_unlock(&g->mu);
     if (left > 0) return;
     ks_server *s = g->srv;
+    ks_smodel *m = g->m;
     gen_destroy(g);
+    ks__models_release(s, m);
     atomic_fetch_sub(&s->n_active, 1);
 }
 
@@ -226,7 +231,7 @@ static int on_token(void *ud, int32_t tok, const char *piece, int len) {
     if (atomic_load(&g->gone)) return 0;
     char special[256];
     if (ks_prompt_tmpl_preserved(g->preserved, g->n_preserved, tok)) {
-        int n = ks_engine_token_text(g->srv->engine, tok, special, sizeof special);
+        int n = ks_engine_token_text(g->m->engine, tok, special, sizeof special);
         if (n > 0 && n <= (int)sizeof special) {
             piece = special;
             len = n;
@@ -248,7 +253,7 @@ static int on_token(void *ud, int32_t tok, const char *piece, int len) {
 /* Inference thread: the sampled token's probabilities, before on_token. */
 static json_t *lp_entry(gen *g, int32_t tok, float lp) {
     char buf[256];
-    int n = ks_engine_piece(g->srv->engine, tok, buf, sizeof buf);
+    int n = ks_engine_piece(g->m->engine, tok, buf, sizeof buf);
     if (n > (int)sizeof buf) n = (int)sizeof buf;
     return ks__out_lp_entry(buf, n, lp);
 }
@@ -316,24 +321,24 @@ static void on_done(void *ud, const ks_req_result *r) {
 }
 
 /* ----------------------------------------------------------- scheduler calls (H1) */
-static int sched_submit(ks_server *s, const ks_req_params *rp, uint64_t *id) {
+static int sched_submit(ks_server *s, ks_smodel *m, const ks_req_params *rp, uint64_t *id) {
     int rc;
-    pthread_rwlock_rdlock(&s->sched_lock);
-    if (s->detached || atomic_load(&s->draining)) rc = KS_ESHUTDOWN;
-    else rc = ks_sched_submit(s->sched, rp, id);
-    pthread_rwlock_unlock(&s->sched_lock);
+    pthread_rwlock_rdlock(&m->sched_lock);
+    if (m->detached || atomic_load(&s->draining)) rc = KS_ESHUTDOWN;
+    else rc = ks_sched_submit(m->sched, rp, id);
+    pthread_rwlock_unlock(&m->sched_lock);
     return rc;
 }
 
-static void sched_cancel(ks_server *s, uint64_t id) {
-    pthread_rwlock_rdlock(&s->sched_lock);
-    if (!s->detached) ks_sched_cancel(s->sched, id);
-    pthread_rwlock_unlock(&s->sched_lock);
+static void sched_cancel(ks_smodel *m, uint64_t id) {
+    pthread_rwlock_rdlock(&m->sched_lock);
+    if (!m->detached) ks_sched_cancel(m->sched, id);
+    pthread_rwlock_unlock(&m->sched_lock);
 }
 
 static void cancel_choices(gen *g) {
     for (int i = 0; i < g->n_ch; i++)
-        if (g->ch[i].submitted) sched_cancel(g->srv, g->ch[i].sched_id);
+        if (g->ch[i].submitted) sched_cancel(g->m, g->ch[i].sched_id);
 }
 
 /* The client left: cancel once, so the slots free within a step. */
@@ -363,15 +368,6 @@ static bool probe_due(gen *g) {
     return true;
 }
 
-static void deadline_in(struct timespec *ts, int ms) {
-    clock_gettime(CLOCK_MONOTONIC, ts);
-    ts->tv_sec += ms / 1000;
-    ts->tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (ts->tv_nsec >= 1000000000L) {
-        ts->tv_sec++;
-        ts->tv_nsec -= 1000000000L;
-    }
-}
 
 /* Something for the stream (g->mu held): a choice with text or logprobs
  * pending, or done and not yet finished. */
@@ -395,7 +391,7 @@ enum { W_READY = 0, W_GONE, W_PROBE };
 static int wait_locked(gen *g, bool want_text) {
     while (g->n_done < g->n_ch && !(want_text && stream_ready(g))) {
         struct timespec ts;
-        deadline_in(&ts, WAIT_POLL_MS);
+        ks_deadline_ms(&ts, WAIT_POLL_MS);
         if (pthread_cond_timedwait(&g->cv, &g->mu, &ts) != ETIMEDOUT) continue;
         if (atomic_load(&g->gone)) continue; /* canceled: on_done is on its way (H2) */
         pthread_mutex_unlock(&g->mu);
@@ -446,7 +442,7 @@ static void peek_result(void *ud, int index, ks_req_result *r) {
     if (done) return;
     ks_slot_info *info = malloc(sizeof *info * KS_MAX_SLOTS);
     if (!info) return;
-    int n = ks__server_slots(g->srv, info);
+    int n = ks__server_slots(g->m, info);
     for (int i = 0; i < n; i++)
         /* shown_req_id: the request may have finished since (its slot idle),
          * its numbers still shown until the slot's next request */
@@ -590,7 +586,7 @@ static int submit(ks_server *s, gen *g, const ks_api_request *rq, const ks_plan 
         rp.on_done = on_done;
         rp.ud = c;
         gen_ref(g); /* the scheduler's reference, dropped in on_done */
-        rc = sched_submit(s, &rp, &c->sched_id);
+        rc = sched_submit(s, g->m, &rp, &c->sched_id);
         if (rc) gen_release(g);
         else c->submitted = true;
     }
@@ -614,7 +610,7 @@ static int submit(ks_server *s, gen *g, const ks_api_request *rq, const ks_plan 
         ks_api_error_set(e, 503, "server_error", "shutting_down", NULL, "The server is shutting down.");
         break;
     case KS_ECTX: /* the scheduler's own check, after the plan's */
-        ks__plan_ctx_error(s, rq, e, "resulted in %d tokens and max_tokens is %d", pl->prompts[0].tokens.n,
+        ks__plan_ctx_error(s, g->m, rq, e, "resulted in %d tokens and max_tokens is %d", pl->prompts[0].tokens.n,
                            pl->max_tokens);
         break;
     case KS_EINVAL:

@@ -15,11 +15,11 @@
 #include "server/plan.h"
 #include "server/server_int.h"
 
-/* A generation of rq's choices (n per prompt), replied in fmt's format
+/* A generation of rq's choices on model m (held until the generation is freed) (n per prompt), replied in fmt's format
  * with its state st (stolen, also on failure). Takes from pl what the
  * output needs after the plan is gone (the parse options, the preserved
  * tokens); pl's stops are copied. NULL on ENOMEM. */
-ks_gen *ks__gen_create(ks_server *s, const ks_fmt *fmt, void *st, const ks_api_request *rq, ks_plan *pl);
+ks_gen *ks__gen_create(ks_server *s, ks_smodel *m, const ks_fmt *fmt, void *st, const ks_api_request *rq, ks_plan *pl);
 /* "chatcmpl-...": the reply's id (borrowed for g's life). */
 const char *ks__gen_id(const ks_gen *g);
 /* Makes g the generation of request cn (its HTTP reference: the request

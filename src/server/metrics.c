@@ -44,7 +44,16 @@ void ks_prom_sample(ks_prom *p, const char *name, const char *label, const char 
             else if (*c == '\n') e[0] = '\\', e[1] = 'n';
             put(p, e);
         }
-        put(p, "\"}");
+        put(p, "\"");
+        if (p->extra) {
+            put(p, ",");
+            put(p, p->extra);
+        }
+        put(p, "}");
+    } else if (p->extra) {
+        put(p, "{");
+        put(p, p->extra);
+        put(p, "}");
     }
     put(p, " ");
     put_value(p, v);
@@ -59,6 +68,83 @@ void ks_prom_counter(ks_prom *p, const char *name, const char *help, double v) {
 void ks_prom_gauge(ks_prom *p, const char *name, const char *help, double v) {
     ks_prom_family(p, name, "gauge", help);
     ks_prom_sample(p, name, NULL, NULL, v);
+}
+
+void ks_prom_label_pair(char *out, size_t n, const char *name, const char *value) {
+    size_t k = 0;
+    int w = snprintf(out, n, "%s=\"", name);
+    if (w < 0 || (size_t)w >= n) {
+        if (n) out[0] = '\0';
+        return;
+    }
+    k = (size_t)w;
+    for (const char *c = value ? value : ""; *c && k + 4 < n; c++) {
+        if (*c == '\\' || *c == '"') out[k++] = '\\', out[k++] = *c;
+        else if (*c == '\n') out[k++] = '\\', out[k++] = 'n';
+        else out[k++] = *c;
+    }
+    out[k++] = '"';
+    out[k] = '\0';
+}
+
+/* One family of a merge: its HELP and TYPE lines and its samples. */
+typedef struct fam {
+    char name[160];
+    ks_buf head;
+    ks_buf samples;
+} fam;
+
+int ks_prom_merge(const ks_buf *parts, int n, ks_buf *out) {
+    fam *f = NULL;
+    int nf = 0, cap = 0, rc = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        const char *s = parts[i].s, *end = s ? s + parts[i].len : s;
+        fam *cur = NULL;
+        while (s && s < end && !rc) {
+            const char *nl = memchr(s, '\n', (size_t)(end - s));
+            size_t len = nl ? (size_t)(nl - s) + 1 : (size_t)(end - s);
+            bool help = len > 7 && !strncmp(s, "# HELP ", 7);
+            bool type = len > 7 && !strncmp(s, "# TYPE ", 7);
+            if (help || type) {
+                const char *nm = s + 7;
+                size_t nn = strcspn(nm, " \n");
+                cur = NULL;
+                for (int k = 0; k < nf && !cur; k++)
+                    if (strlen(f[k].name) == nn && !strncmp(f[k].name, nm, nn)) cur = &f[k];
+                if (!cur) {
+                    if (nf == cap) {
+                        int nc = cap ? cap * 2 : 64;
+                        fam *g = realloc(f, sizeof *f * (size_t)nc);
+                        if (!g) {
+                            rc = KS_ENOMEM;
+                            break;
+                        }
+                        f = g;
+                        cap = nc;
+                    }
+                    cur = &f[nf++];
+                    memset(cur, 0, sizeof *cur);
+                    snprintf(cur->name, sizeof cur->name, "%.*s", (int)nn, nm);
+                    rc = ks_buf_append(&cur->head, s, len);
+                } else if (cur->head.len == 0 || (type && !memmem(cur->head.s, cur->head.len, "# TYPE ", 7))) {
+                    rc = ks_buf_append(&cur->head, s, len);
+                }
+            } else if (cur) {
+                rc = ks_buf_append(&cur->samples, s, len);
+            } else {
+                rc = ks_buf_append(out, s, len); /* a sample before any family: as it came */
+            }
+            s += len;
+        }
+    }
+    for (int k = 0; k < nf; k++) {
+        if (!rc) rc = ks_buf_append(out, f[k].head.s ? f[k].head.s : "", f[k].head.len);
+        if (!rc) rc = ks_buf_append(out, f[k].samples.s ? f[k].samples.s : "", f[k].samples.len);
+        ks_buf_free(&f[k].head);
+        ks_buf_free(&f[k].samples);
+    }
+    free(f);
+    return rc;
 }
 
 /* -------------------------------------------------------------- registry */
@@ -88,8 +174,10 @@ int ks_metrics_add(ks_metrics *m, ks_metrics_fn fn, void *ud) {
     return 0;
 }
 
-int ks_metrics_render(const ks_metrics *m, ks_buf *out) {
-    ks_prom p = {out, 0};
+int ks_metrics_render(const ks_metrics *m, ks_buf *out) { return ks_metrics_render_extra(m, NULL, out); }
+
+int ks_metrics_render_extra(const ks_metrics *m, const char *extra, ks_buf *out) {
+    ks_prom p = {out, 0, extra};
     for (int i = 0; i < m->n && p.rc == 0; i++) m->src[i].fn(m->src[i].ud, &p);
     /* An empty registry still yields a valid (empty) NUL-terminated body. */
     if (p.rc == 0 && !out->s) p.rc = ks_buf_append(out, "", 0);

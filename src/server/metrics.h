@@ -30,6 +30,8 @@
 typedef struct ks_prom {
     ks_buf *out;
     int rc;
+    const char *extra; /* NULL, or a label pair written into every sample, already
+                          escaped: model="NAME" (several models) */
 } ks_prom;
 
 /* An unlabelled counter or gauge: HELP, TYPE and the sample. */
@@ -41,6 +43,13 @@ void ks_prom_gauge(ks_prom *p, const char *name, const char *help, double v);
 void ks_prom_family(ks_prom *p, const char *name, const char *type, const char *help);
 void ks_prom_sample(ks_prom *p, const char *name, const char *label, const char *value, double v);
 
+/* "NAME=\"VALUE\"" with VALUE escaped, into out (n bytes): for ks_prom.extra. */
+void ks_prom_label_pair(char *out, size_t n, const char *name, const char *value);
+/* The expositions parts[0, n) as one: each family's HELP and TYPE once, its
+ * samples from every part together (a family split across the parts, as the
+ * same source rendered for several models, is one group, as the format
+ * requires). Appended to out: 0 or KS_ENOMEM. */
+int ks_prom_merge(const ks_buf *parts, int n, ks_buf *out);
 /* -------------------------------------------------------------- registry */
 typedef void (*ks_metrics_fn)(void *ud, ks_prom *p);
 typedef struct ks_metrics ks_metrics;
@@ -51,6 +60,8 @@ void ks_metrics_free(ks_metrics *m);         /* NULL-safe; does not touch the so
 int ks_metrics_add(ks_metrics *m, ks_metrics_fn fn, void *ud);
 /* Renders every source into out (appended). 0 or KS_ENOMEM. */
 int ks_metrics_render(const ks_metrics *m, ks_buf *out);
+/* ... with every sample carrying the label pair extra (ks_prom.extra; NULL: none). */
+int ks_metrics_render_extra(const ks_metrics *m, const char *extra, ks_buf *out);
 
 /* --------------------------------------------------------------- sources */
 /* The scheduler's figures (kvstash_requests_total ... kvstash_queue_depth) and

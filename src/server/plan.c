@@ -64,13 +64,13 @@ static int media_error(const ks_api_request *rq, const char *err, ks_api_error *
  * the conversation up to each marked message (a breakpoint on the tools
  * ends with the first message, where templates put them). A breakpoint
  * whose prefix the render cannot find is dropped (logged). */
-void ks__plan_pins(ks_server *s, const ks_api_request *rq, ks_plan *pl) {
+void ks__plan_pins(ks_server *s, ks_smodel *m, const ks_api_request *rq, ks_plan *pl) {
     const ks_tokens *full = &pl->prompts[0].tokens;
     for (int i = 0; i < rq->n_bps; i++) {
         int upto = rq->bps[i].msg < 0 ? 0 : rq->bps[i].msg;
         ks_admit_enter(&s->admit, KS_ADMIT_RENDER);
-        int n = ks_prompt_tmpl_prefix_len_ns(s->engine, s->tmpl, rq->tmpl_req, upto, full, pl->tp.media,
-                                             pl->tp.n_gen_prompt, s->memo, rq->tenant);
+        int n = ks_prompt_tmpl_prefix_len_ns(m->engine, m->tmpl, rq->tmpl_req, upto, full, pl->tp.media,
+                                             pl->tp.n_gen_prompt, m->memo, rq->tenant);
         ks_admit_leave(&s->admit);
         if (n <= 0) {
             KS_DEBUG(MOD, "cache breakpoint after message %d: no token prefix of the prompt, dropped", upto);
@@ -95,36 +95,39 @@ void ks__plan_pins(ks_server *s, const ks_api_request *rq, ks_plan *pl) {
  * longer than (n_ctx - 1) * max_token_bytes is at least n_ctx tokens: the
  * context check would refuse it after tokenizing it all (CPU time in
  * proportion to the body, not to the context). */
-static int64_t prompt_max_bytes(const ks_server *s) {
-    return (int64_t)(ks_engine_n_ctx_seq(s->engine) - 1) * s->max_token_bytes;
+static int64_t prompt_max_bytes(const ks_smodel *m) {
+    return (int64_t)(ks_engine_n_ctx_seq(m->engine) - 1) * m->max_token_bytes;
 }
 
 /* The 400 of a prompt refused by prompt_max_bytes, before tokenizing: the
  * context check's error, with what is known instead of the token count.
  * n_bytes: the prompt's length; 0 for a chat prompt, rendered and refused
  * inside the prompt module (only "more than the bound" is known). */
-static int too_long(ks_server *s, const ks_api_request *rq, size_t n_bytes, ks_api_error *e) {
+static int too_long(ks_server *s, ks_smodel *m, const ks_api_request *rq, size_t n_bytes, ks_api_error *e) {
     if (n_bytes)
-        return ks__plan_ctx_error(s, rq, e, "is %zu bytes, which is at least %lld tokens (no token of this model is "
+        return ks__plan_ctx_error(s, m, rq, e, "is %zu bytes, which is at least %lld tokens (no token of this model is "
                                   "longer than %d bytes)", n_bytes,
-                                  (long long)((n_bytes + (size_t)s->max_token_bytes - 1) / (size_t)s->max_token_bytes),
-                                  s->max_token_bytes);
-    return ks__plan_ctx_error(s, rq, e, "render to more than %lld bytes, which is at least %d tokens (no token of "
-                              "this model is longer than %d bytes)", (long long)prompt_max_bytes(s),
-                              ks_engine_n_ctx_seq(s->engine), s->max_token_bytes);
+                                  (long long)((n_bytes + (size_t)m->max_token_bytes - 1) / (size_t)m->max_token_bytes),
+                                  m->max_token_bytes);
+    return ks__plan_ctx_error(s, m, rq, e, "render to more than %lld bytes, which is at least %d tokens (no token of "
+                              "this model is longer than %d bytes)", (long long)prompt_max_bytes(m),
+                              ks_engine_n_ctx_seq(m->engine), m->max_token_bytes);
 }
 
 /* The most keys and values a body may hold (prescan.h ks_prescan_counts):
  * ~60 MB of parsed tree at most on a 512-token context, for any shape of
  * JSON; token arrays of four whole contexts fit. */
-static size_t max_items(const ks_server *s) {
-    return (size_t)KS_BODY_ITEMS_BASE + (size_t)KS_BODY_ITEMS_PER_TOKEN * (size_t)ks_engine_n_ctx_seq(s->engine);
+static size_t max_items(const ks_smodel *m) {
+    /* No model yet (several models: the body names it): a context of 128K. */
+    size_t ctx = m ? (size_t)ks_engine_n_ctx_seq(m->engine) : (size_t)131072;
+    return (size_t)KS_BODY_ITEMS_BASE + (size_t)KS_BODY_ITEMS_PER_TOKEN * ctx;
 }
 
-int ks__plan_body(ks_server *s, ks_prescan_shape shape, const char *body, size_t len, uint64_t *next) {
+int ks__plan_body(ks_server *s, ks_smodel *m, ks_prescan_shape shape, const char *body, size_t len, uint64_t *next) {
     /* The size bound is presize's: only with the Jinja template it probed. */
-    int64_t max = s->tmpl ? prompt_max_bytes(s) : 0;
-    size_t items = max_items(s);
+    int64_t max = m && m->tmpl ? prompt_max_bytes(m) : 0;
+    static const ks_presize none;
+    size_t items = max_items(m);
     if (next) {
         /* No prefix shorter than a bound passes it (an item takes a byte at
          * least, a counted string's byte one of the body's); after that, one
@@ -134,7 +137,7 @@ int ks__plan_body(ks_server *s, ks_prescan_shape shape, const char *body, size_t
         *next = (uint64_t)len * 2;
     }
     ks_prescan_counts n;
-    ks_prescan_count(&s->presize, max > 0 ? shape : KS_PRESCAN_NONE, body, len, next != NULL, &n);
+    ks_prescan_count(m ? &m->presize : &none, max > 0 ? shape : KS_PRESCAN_NONE, body, len, next != NULL, &n);
     if (n.items > items) return KS_BODY_TOO_MANY;
     if (n.other > KS_BODY_ELSE_MAX || n.other_items > KS_BODY_ELSE_ITEMS) return KS_BODY_TOO_MUCH_ELSE;
     if (max > 0 && n.bytes > (uint64_t)max) {
@@ -144,12 +147,12 @@ int ks__plan_body(ks_server *s, ks_prescan_shape shape, const char *body, size_t
     return 0;
 }
 
-void ks__plan_body_error(ks_server *s, int why, ks_api_error *e) {
+void ks__plan_body_error(ks_server *s, ks_smodel *m, int why, ks_api_error *e) {
     if (why == KS_BODY_TOO_MANY) {
         ks_api_error_set(e, 413, T_INVALID, "request_too_large", NULL,
                          "The request body holds more than %zu JSON keys and values (%d, and %d per token of the "
                          "model's context): it is refused before it is parsed.",
-                         max_items(s), KS_BODY_ITEMS_BASE, KS_BODY_ITEMS_PER_TOKEN);
+                         max_items(m), KS_BODY_ITEMS_BASE, KS_BODY_ITEMS_PER_TOKEN);
         return;
     }
     if (why == KS_BODY_TOO_MUCH_ELSE) {
@@ -160,7 +163,7 @@ void ks__plan_body_error(ks_server *s, int why, ks_api_error *e) {
         return;
     }
     const ks_api_request chat = {.kind = KS_API_CHAT};
-    too_long(s, &chat, 0, e);
+    too_long(s, m, &chat, 0, e); /* only with a model: its bound refused the body */
 }
 
 /* One schema of the request added to *sz: the 400 schema_too_large when
@@ -194,16 +197,16 @@ int ks__plan_schemas(const ks_api_request *rq, ks_api_error *e) {
     return 0;
 }
 
-int ks__plan_presize(ks_server *s, const ks_api_request *rq, ks_api_error *e) {
-    int64_t max = prompt_max_bytes(s);
+int ks__plan_presize(ks_server *s, ks_smodel *m, const ks_api_request *rq, ks_api_error *e) {
+    int64_t max = prompt_max_bytes(m);
     int rc = ks__plan_schemas(rq, e);
     if (rc) return rc;
-    if (!s->tmpl || max <= 0 || ks_presize_bytes(&s->presize, rq->tmpl_req) <= (uint64_t)max) return 0;
+    if (!m->tmpl || max <= 0 || ks_presize_bytes(&m->presize, rq->tmpl_req) <= (uint64_t)max) return 0;
     ks_admit_note_refused(&s->admit);
-    return too_long(s, rq, 0, e);
+    return too_long(s, m, rq, 0, e);
 }
 
-int ks__plan_ctx_error(const ks_server *s, const ks_api_request *rq, ks_api_error *e, const char *fmt, ...) {
+int ks__plan_ctx_error(const ks_server *s, const ks_smodel *m, const ks_api_request *rq, ks_api_error *e, const char *fmt, ...) {
     const char *what = rq->kind == KS_API_CHAT ? "messages" : "prompt";
     char detail[200];
     va_list ap;
@@ -213,7 +216,7 @@ int ks__plan_ctx_error(const ks_server *s, const ks_api_request *rq, ks_api_erro
     ks_api_error_set(e, 400, T_INVALID, "context_length_exceeded", what,
                      "This model's maximum context length is %d tokens. However, your %s %s, which leaves no room "
                      "for a completion. Please reduce the length of the %s.",
-                     ks_engine_n_ctx_seq(s->engine), what, detail, what);
+                     ks_engine_n_ctx_seq(m->engine), what, detail, what);
     return KS_ECTX;
 }
 
@@ -221,21 +224,21 @@ int ks__plan_ctx_error(const ks_server *s, const ks_api_request *rq, ks_api_erro
  * the template says about sampling and parsing. bounded: refuse a prompt
  * longer than prompt_max_bytes before tokenizing it (a generation; not a
  * token count). */
-int ks__plan_prompts(ks_server *s, const ks_api_request *rq, ks_plan *pl, bool bounded, ks_api_error *e) {
+int ks__plan_prompts(ks_server *s, ks_smodel *m, const ks_api_request *rq, ks_plan *pl, bool bounded, ks_api_error *e) {
     int n = rq->kind == KS_API_CHAT ? 1 : rq->n_prompts;
     pl->prompts = calloc((size_t)n, sizeof *pl->prompts);
     if (!pl->prompts) return ks__api_oom(e);
     pl->n_prompts = n;
     int rc = 0;
-    int64_t max_bytes = bounded ? prompt_max_bytes(s) : 0;
+    int64_t max_bytes = bounded ? prompt_max_bytes(m) : 0;
     if (rq->kind == KS_API_CHAT) {
         /* A tenant's renders are remembered for it alone (docs/SECURITY.md). */
-        ks_prompt_opts o = {.hints = true, .model_id = s->model_id, .max_bytes = max_bytes, .memo_ns = rq->tenant};
-        ks_prompt_media pm = {.mm = ks_engine_media(s->engine), .n_items = rq->n_media};
+        ks_prompt_opts o = {.hints = true, .model_id = m->model_id, .max_bytes = max_bytes, .memo_ns = rq->tenant};
+        ks_prompt_media pm = {.mm = ks_engine_media(m->engine), .n_items = rq->n_media};
         if (rq->n_media > 0) {
             /* The parser refuses media without a projector; the built-in
              * templates (no Jinja template) have no media path. */
-            if (!pm.mm || !s->tmpl) {
+            if (!pm.mm || !m->tmpl) {
                 ks_api_error_set(e, 400, T_INVALID, "invalid_value", rq->media[0].param,
                                  "Invalid '%s': %s.", rq->media[0].param,
                                  pm.mm ? "images and audio need the model's Jinja chat template, which is not available"
@@ -248,20 +251,20 @@ int ks__plan_prompts(ks_server *s, const ks_api_request *rq, ks_plan *pl, bool b
             pm.items = items;
             o.media = &pm;
         }
-        if (s->tmpl) {
+        if (m->tmpl) {
             char err[512] = "";
             /* Sized before any render: the strings the template is known to
              * copy (presize.h) already render to more than the bound, so the
              * render's own refusal is known without it. */
-            if (bounded && (rc = ks__plan_presize(s, rq, e))) {
+            if (bounded && (rc = ks__plan_presize(s, m, rq, e))) {
                 free((void *)pm.items);
                 return rc;
             }
             ks_admit_enter(&s->admit, KS_ADMIT_RENDER);
-            rc = ks_prompt_tmpl_chat(s->engine, s->tmpl, rq->tmpl_req, &o, s->memo, &pl->tp, err, sizeof err);
+            rc = ks_prompt_tmpl_chat(m->engine, m->tmpl, rq->tmpl_req, &o, m->memo, &pl->tp, err, sizeof err);
             ks_admit_leave(&s->admit);
             free((void *)pm.items);
-            if (rc == KS_ECTX) return too_long(s, rq, 0, e);
+            if (rc == KS_ECTX) return too_long(s, m, rq, 0, e);
             if (rc == KS_EDECODE) return media_error(rq, err, e);
             if (rc) return template_error(rc, err, e);
             pl->templated = true;
@@ -276,9 +279,9 @@ int ks__plan_prompts(ks_server *s, const ks_api_request *rq, ks_plan *pl, bool b
             return KS_EINVAL;
         }
         ks_admit_enter(&s->admit, KS_ADMIT_RENDER);
-        rc = ks_prompt_chat(s->engine, rq->msgs, rq->n_msgs, &o, &pl->prompts[0]);
+        rc = ks_prompt_chat(m->engine, rq->msgs, rq->n_msgs, &o, &pl->prompts[0]);
         ks_admit_leave(&s->admit);
-        if (rc == KS_ECTX) return too_long(s, rq, 0, e);
+        if (rc == KS_ECTX) return too_long(s, m, rq, 0, e);
         if (rc) return template_error(rc == KS_ETEMPLATE ? rc : rc, "llama.cpp's built-in templates do not know it", e);
         return 0;
     }
@@ -287,17 +290,17 @@ int ks__plan_prompts(ks_server *s, const ks_api_request *rq, ks_plan *pl, bool b
         int bad = 0;
         if (ap->text) {
             size_t len = strlen(ap->text); /* what ks_prompt_text tokenizes */
-            if (max_bytes > 0 && len > (uint64_t)max_bytes) return too_long(s, rq, len, e);
-            rc = ks_prompt_text(s->engine, ap->text, &pl->prompts[i]);
+            if (max_bytes > 0 && len > (uint64_t)max_bytes) return too_long(s, m, rq, len, e);
+            rc = ks_prompt_text(m->engine, ap->text, &pl->prompts[i]);
         } else {
-            rc = ks_prompt_ids(s->engine, ap->tokens, ap->n_tokens, &pl->prompts[i], &bad);
+            rc = ks_prompt_ids(m->engine, ap->tokens, ap->n_tokens, &pl->prompts[i], &bad);
             if (rc == KS_EINVAL) {
                 char param[48];
                 if (n > 1) snprintf(param, sizeof param, "prompt[%d][%d]", i, bad);
                 else snprintf(param, sizeof param, "prompt[%d]", bad);
                 ks_api_error_set(e, 400, T_INVALID, "invalid_value", param,
                                  "Invalid '%s': token id %d is outside the vocabulary (%d tokens).", param,
-                                 (int)ap->tokens[bad], ks_engine_n_vocab(s->engine));
+                                 (int)ap->tokens[bad], ks_engine_n_vocab(m->engine));
                 return rc;
             }
         }
@@ -312,8 +315,8 @@ int ks__plan_prompts(ks_server *s, const ks_api_request *rq, ks_plan *pl, bool b
 /* Checks the prompts against the context and picks max_tokens: a prompt
  * that leaves no room is a 400; max_tokens beyond the room left is cut to
  * it (the generation then ends with "length" when the context is full). */
-int ks__plan_fit(ks_server *s, const ks_api_request *rq, ks_plan *pl, ks_api_error *e) {
-    int n_ctx = ks_engine_n_ctx_seq(s->engine);
+int ks__plan_fit(ks_server *s, ks_smodel *m, const ks_api_request *rq, ks_plan *pl, ks_api_error *e) {
+    int n_ctx = ks_engine_n_ctx_seq(m->engine);
     const char *what = rq->kind == KS_API_CHAT ? "messages" : "prompt";
     int longest = 0;
     for (int i = 0; i < pl->n_prompts; i++) {
@@ -323,7 +326,7 @@ int ks__plan_fit(ks_server *s, const ks_api_request *rq, ks_plan *pl, ks_api_err
                              "Invalid '%s': the prompt is empty after tokenization.", what);
             return KS_EINVAL;
         }
-        if (n_prompt >= n_ctx) return ks__plan_ctx_error(s, rq, e, "resulted in %d tokens", n_prompt);
+        if (n_prompt >= n_ctx) return ks__plan_ctx_error(s, m, rq, e, "resulted in %d tokens", n_prompt);
         if (n_prompt > longest) longest = n_prompt;
     }
     /* No max_tokens and no --max-tokens: until the end of generation or of
@@ -335,9 +338,9 @@ int ks__plan_fit(ks_server *s, const ks_api_request *rq, ks_plan *pl, ks_api_err
 
 /* logit_bias strings become the bias of each of their tokens; ids are
  * checked against the vocabulary. */
-int ks__plan_bias(ks_server *s, const ks_api_request *rq, ks_plan *pl, ks_api_error *e) {
+int ks__plan_bias(ks_server *s, ks_smodel *m, const ks_api_request *rq, ks_plan *pl, ks_api_error *e) {
     if (rq->n_bias == 0 && !rq->ignore_eos) return 0;
-    int n_vocab = ks_engine_n_vocab(s->engine);
+    int n_vocab = ks_engine_n_vocab(m->engine);
     int cap = rq->n_bias + 4;
     pl->bias = malloc(sizeof *pl->bias * (size_t)cap);
     if (!pl->bias) return ks__api_oom(e);
@@ -345,7 +348,7 @@ int ks__plan_bias(ks_server *s, const ks_api_request *rq, ks_plan *pl, ks_api_er
         const ks_api_bias *b = &rq->bias[i];
         ks_tokens t = {0};
         if (b->text) {
-            if (ks_engine_tokenize(s->engine, b->text, strlen(b->text), false, false, &t)) {
+            if (ks_engine_tokenize(m->engine, b->text, strlen(b->text), false, false, &t)) {
                 ks_tokens_free(&t);
                 return ks__api_oom(e);
             }
@@ -378,14 +381,14 @@ int ks__plan_bias(ks_server *s, const ks_api_request *rq, ks_plan *pl, ks_api_er
 }
 
 /* Completions: a grammar, or a JSON schema through the converter. */
-int ks__plan_grammar(ks_server *s, const ks_api_request *rq, ks_plan *pl, ks_api_error *e) {
+int ks__plan_grammar(ks_server *s, ks_smodel *m, const ks_api_request *rq, ks_plan *pl, ks_api_error *e) {
     char err[512] = "";
     if (rq->kind == KS_API_CHAT) {
         if (!pl->tp.grammar) return 0;
         /* A grammar build waits its turn with the renders (admit.h): sized
          * (grammarsize.h, schemasize.h), but not free. */
         ks_admit_enter(&s->admit, KS_ADMIT_GRAMMAR);
-        int grc = ks_engine_grammar_check(s->engine, pl->tp.grammar, err, sizeof err);
+        int grc = ks_engine_grammar_check(m->engine, pl->tp.grammar, err, sizeof err);
         ks_admit_leave(&s->admit);
         if (grc) {
             ks_api_error_set(e, 400, T_INVALID, "invalid_grammar", "grammar", "Invalid grammar: %.300s", err);
@@ -413,7 +416,7 @@ int ks__plan_grammar(ks_server *s, const ks_api_request *rq, ks_plan *pl, ks_api
         if (rc) return ks__api_oom(e);
     }
     ks_admit_enter(&s->admit, KS_ADMIT_GRAMMAR);
-    int grc = ks_engine_grammar_check(s->engine, pl->grammar, err, sizeof err);
+    int grc = ks_engine_grammar_check(m->engine, pl->grammar, err, sizeof err);
     ks_admit_leave(&s->admit);
     if (grc) {
         ks_api_error_set(e, 400, T_INVALID, "invalid_grammar", "grammar", "Invalid grammar: %.300s", err);

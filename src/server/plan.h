@@ -40,7 +40,7 @@ void ks__plan_free(ks_plan *pl);
  * the template says about sampling and parsing. bounded: refuse a prompt
  * longer than the context could hold in bytes before tokenizing it (a
  * generation; not a token count). 0, or a KS_E* code with e filled. */
-int ks__plan_prompts(ks_server *s, const ks_api_request *rq, ks_plan *pl, bool bounded, ks_api_error *e);
+int ks__plan_prompts(ks_server *s, ks_smodel *m, const ks_api_request *rq, ks_plan *pl, bool bounded, ks_api_error *e);
 /* A body sized before it is parsed (prescan.h), whole (next NULL) or the
  * part come so far while it comes in (server.c): KS_BODY_TOO_MANY when it
  * holds more keys and values than KS_BODY_ITEMS_BASE and
@@ -63,10 +63,10 @@ enum { KS_BODY_TOO_LONG = 1400, KS_BODY_TOO_MANY = 1413, KS_BODY_TOO_MUCH_ELSE =
  * schemasize.h refused it; real schemas stay within a few thousand (issue 41). */
 #define KS_BODY_ELSE_ITEMS 131072
 #define KS_BODY_ITEMS_PER_TOKEN 4
-int ks__plan_body(ks_server *s, ks_prescan_shape shape, const char *body, size_t len, uint64_t *next);
+int ks__plan_body(ks_server *s, ks_smodel *m, ks_prescan_shape shape, const char *body, size_t len, uint64_t *next);
 /* The error of a body ks__plan_body refused (why: its result): 413
  * request_too_large, or the 400 context_length_exceeded of ks__plan_prompts. */
-void ks__plan_body_error(ks_server *s, int why, ks_api_error *e);
+void ks__plan_body_error(ks_server *s, ks_smodel *m, int why, ks_api_error *e);
 /* A parsed request's JSON schemas (response format, tools' parameters)
  * sized before any grammar is built from them (schemasize.h): 0, or
  * KS_EINVAL with e filled (400 schema_too_large). */
@@ -76,20 +76,20 @@ int ks__plan_schemas(const ks_api_request *rq, ks_api_error *e);
  * (presize.h), the 400 context_length_exceeded of ks__plan_prompts when
  * they are more than the context holds. 0, or KS_EINVAL / KS_ECTX with e
  * filled (the latter counted as refused before render). */
-int ks__plan_presize(ks_server *s, const ks_api_request *rq, ks_api_error *e);
+int ks__plan_presize(ks_server *s, ks_smodel *m, const ks_api_request *rq, ks_api_error *e);
 /* The 400 of a prompt that does not fit the context (context_length_exceeded,
  * one wording for every cause): fmt says what is known of its length
  * ("resulted in %d tokens"). Returns KS_ECTX. */
-int ks__plan_ctx_error(const ks_server *s, const ks_api_request *rq, ks_api_error *e, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
+int ks__plan_ctx_error(const ks_server *s, const ks_smodel *m, const ks_api_request *rq, ks_api_error *e, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
 /* Checks the prompts against the context and picks max_tokens. */
-int ks__plan_fit(ks_server *s, const ks_api_request *rq, ks_plan *pl, ks_api_error *e);
+int ks__plan_fit(ks_server *s, ks_smodel *m, const ks_api_request *rq, ks_plan *pl, ks_api_error *e);
 /* logit_bias as token biases; ids checked against the vocabulary. */
-int ks__plan_bias(ks_server *s, const ks_api_request *rq, ks_plan *pl, ks_api_error *e);
+int ks__plan_bias(ks_server *s, ks_smodel *m, const ks_api_request *rq, ks_plan *pl, ks_api_error *e);
 /* The grammar: the template's (chat) or the request's (completions). */
-int ks__plan_grammar(ks_server *s, const ks_api_request *rq, ks_plan *pl, ks_api_error *e);
+int ks__plan_grammar(ks_server *s, ks_smodel *m, const ks_api_request *rq, ks_plan *pl, ks_api_error *e);
 /* The cache breakpoints' token positions (chat through the template). */
-void ks__plan_pins(ks_server *s, const ks_api_request *rq, ks_plan *pl);
+void ks__plan_pins(ks_server *s, ks_smodel *m, const ks_api_request *rq, ks_plan *pl);
 /* The request's stop strings, then the template's. */
 void ks__plan_stops(const ks_api_request *rq, ks_plan *pl);
 /* The sampling the request adds (engine.h); borrows from rq and pl. */

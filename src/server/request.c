@@ -49,7 +49,14 @@ static uint64_t tenant_of(const ks_server *s, const conn *cn, const json_t *root
     return t;
 }
 
-int ks__request_parse(ks_server *s, const ks_fmt *fmt, const conn *cn, ks_api_request *rq, void **st,
+/* The model root names (its "model"), into cn->m: 0 or e filled. */
+static int model_of(ks_server *s, conn *cn, const json_t *root, ks_api_error *e) {
+    if (cn->m) return 0;
+    json_t *mv = json_object_get(root, "model");
+    return ks__util_model(s, cn, json_is_string(mv) ? json_string_value(mv) : NULL, e);
+}
+
+int ks__request_parse(ks_server *s, const ks_fmt *fmt, conn *cn, ks_api_request *rq, void **st,
                       ks_api_error *e) {
     json_t *root = NULL;
     *st = NULL;
@@ -58,7 +65,11 @@ int ks__request_parse(ks_server *s, const ks_fmt *fmt, const conn *cn, ks_api_re
      * there cost its body's bytes, not the JSON tree they would make. */
     int rc = ks__api_load_object(cn->body.s, cn->body.len, &root, e);
     if (rc) return rc;
-    ks_fmt_env env = {.convs = s->convs, .tenant = tenant_of(s, cn, root), .media = &s->media};
+    if ((rc = model_of(s, cn, root, e))) {
+        json_decref(root);
+        return rc;
+    }
+    ks_fmt_env env = {.convs = s->convs, .tenant = tenant_of(s, cn, root), .media = &cn->m->media};
     if ((rc = fmt->parse(&env, root, rq, st, e))) return rc; /* root is the parser's */
     rq->tenant = env.tenant;
     if (rq->n_media) {
@@ -95,7 +106,8 @@ static enum MHD_Result run(ks_server *s, struct MHD_Connection *c, conn *cn, con
     /* The time a request spends here is per request, whatever the cache
      * holds (docs/SERVER.md, "Logs": the debug line below shows it). */
     double t0 = ks_now_ms();
-    if (ks__plan_prompts(s, rq, &pl, true, &e)) {
+    ks_smodel *m = cn->m;
+    if (ks__plan_prompts(s, m, rq, &pl, true, &e)) {
         if (fmt->render_error) fmt->render_error(st, &e);
         goto fail;
     }
@@ -108,12 +120,13 @@ static enum MHD_Result run(ks_server *s, struct MHD_Connection *c, conn *cn, con
         ks_refusals_ignored(s->refusals, cn->method, cn->url, "tools",
                             "tools the chat template cannot render:");
     }
-    if (ks__plan_fit(s, rq, &pl, &e) || ks__plan_bias(s, rq, &pl, &e) || ks__plan_grammar(s, rq, &pl, &e)) goto fail;
+    if (ks__plan_fit(s, m, rq, &pl, &e) || ks__plan_bias(s, m, rq, &pl, &e) || ks__plan_grammar(s, m, rq, &pl, &e))
+        goto fail;
     double t_grammar = ks_now_ms();
-    if (pl.templated) ks__plan_pins(s, rq, &pl);
+    if (pl.templated) ks__plan_pins(s, m, rq, &pl);
     double t_pins = ks_now_ms();
     ks__plan_stops(rq, &pl);
-    g = ks__gen_create(s, fmt, st, rq, &pl);
+    g = ks__gen_create(s, m, fmt, st, rq, &pl);
     st = NULL; /* the generation's now, also on failure */
     if (!g) {
         ks_api_error_set(&e, 500, "server_error", "out_of_memory", NULL, "out of memory");
@@ -161,8 +174,9 @@ enum MHD_Result ks__request_count_tokens(ks_server *s, struct MHD_Connection *c,
     enum MHD_Result ret;
     /* Sized and bounded as a generation is: before the parse (server.c),
      * before the render, and a render of at most the bytes the context holds. */
-    if (ks__api_load_object(cn->body.s, cn->body.len, &root, &e) || ks_api_messages_to_chat(root, true, &mr, &e) ||
-        ks_api_parse_root_media(KS_API_CHAT, json_incref(mr.chat), &s->media, &rq, &e)) {
+    if (ks__api_load_object(cn->body.s, cn->body.len, &root, &e) || model_of(s, cn, root, &e) ||
+        ks_api_messages_to_chat(root, true, &mr, &e) ||
+        ks_api_parse_root_media(KS_API_CHAT, json_incref(mr.chat), &cn->m->media, &rq, &e)) {
         ret = ks__respond_error(s, c, cn, &e, NULL);
         goto out;
     }
@@ -171,7 +185,7 @@ enum MHD_Result ks__request_count_tokens(ks_server *s, struct MHD_Connection *c,
      * count_tokens of one key must not time another key's pieces (issue 42). */
     rq.tenant = tenant_of(s, cn, root);
     server_defaults(s, &rq);
-    if (ks__plan_prompts(s, &rq, &pl, true, &e)) {
+    if (ks__plan_prompts(s, cn->m, &rq, &pl, true, &e)) {
         ret = ks__respond_error(s, c, cn, &e, NULL);
     } else {
         ks__log_notes(s, cn, &mr.notes);

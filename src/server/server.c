@@ -71,7 +71,7 @@
 
 /* ------------------------------------------------------------------ routes */
 enum { R_HEALTH = 1, R_MODELS, R_METRICS, R_SLOTS, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE, R_PROPS, R_APPLY_TEMPLATE,
-       R_RESPONSES, R_MESSAGES, R_COUNT_TOKENS, R_TENANT };
+       R_RESPONSES, R_MESSAGES, R_COUNT_TOKENS, R_TENANT, R_MODELS_LOAD, R_MODELS_UNLOAD };
 enum { M_GET = 1, M_POST = 2 }; /* M_GET: GET and HEAD */
 
 struct route {
@@ -89,6 +89,9 @@ static const route ROUTES[] = {
     {"/v1/health", R_HEALTH, M_GET, NULL},
     {"/v1/models", R_MODELS, M_GET, NULL},
     {"/models", R_MODELS, M_GET, NULL},
+    /* llama-server's router: {"model": NAME} (models.c) */
+    {"/models/load", R_MODELS_LOAD, M_POST, NULL},
+    {"/models/unload", R_MODELS_UNLOAD, M_POST, NULL},
     {"/metrics", R_METRICS, M_GET, NULL},
     {"/slots", R_SLOTS, M_GET, NULL},
     {"/tenant", R_TENANT, M_GET, NULL},
@@ -218,7 +221,7 @@ static enum MHD_Result reply_early(ks_server *s, struct MHD_Connection *c, conn 
     case KS_BODY_TOO_LONG: /* sized before its parse (plan.h, prescan.h) */
     case KS_BODY_TOO_MANY:
     case KS_BODY_TOO_MUCH_ELSE:
-        ks__plan_body_error(s, cn->early, &e);
+        ks__plan_body_error(s, cn->m, cn->early, &e);
         return ks__respond_error(s, c, cn, &e, NULL);
     case 413:
         ks_api_error_set(&e, 413, "invalid_request_error", "request_too_large", NULL,
@@ -354,6 +357,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                              "The server is at its limit of %d connections. Retry later.", s->max_connections);
             return ks__respond_error(s, c, cn, &e, busy_h);
         }
+        /* One model: the request's, held from here (its body is sized by it,
+         * plan.h). With several, the body names it (request.c). */
+        if (cn->rt && !s->multi && cn->rt->id != R_HEALTH && cn->rt->id != R_METRICS && cn->rt->id != R_MODELS &&
+            cn->rt->id != R_TENANT && cn->rt->id != R_MODELS_LOAD && cn->rt->id != R_MODELS_UNLOAD) {
+            ks_api_error me;
+            (void)ks__models_acquire(s, NULL, false, &cn->m, &me);
+        }
         if (!cn->rt) cn->early = 404;
         else if (s->n_cors_origins && !strcmp(method, "OPTIONS")) cn->options = true; /* no key: reply_options */
         else if (!((get && (cn->rt->methods & M_GET)) || (post && (cn->rt->methods & M_POST)))) cn->early = 405;
@@ -385,7 +395,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             } else if (ks_buf_append(&cn->body, upload_data, n)) {
                 cn->early = 500;
                 ks_buf_free(&cn->body);
-            } else if ((cn->early = ks__plan_body(s, cn->fmt ? cn->fmt->prescan : KS_PRESCAN_NONE, cn->body.s,
+            } else if ((cn->early = ks__plan_body(s, cn->m, cn->fmt ? cn->fmt->prescan : KS_PRESCAN_NONE, cn->body.s,
                                                   cn->body.len, &cn->prescan_next))) {
                 /* Refused by what has come: the rest is read and dropped. */
                 cn->discarded = cn->body.len;
@@ -406,7 +416,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
      * send, and then the connection waits idle for the next request. */
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, s->timeout_s);
     if (!cn->early && cn->post)
-        cn->early = ks__plan_body(s, cn->fmt ? cn->fmt->prescan : KS_PRESCAN_NONE, cn->body.s, cn->body.len, NULL);
+        cn->early = ks__plan_body(s, cn->m, cn->fmt ? cn->fmt->prescan : KS_PRESCAN_NONE, cn->body.s, cn->body.len, NULL);
     if (cn->early) return reply_early(s, c, cn, method, url);
     if (cn->options) return reply_options(s, c, cn);
     switch (cn->rt->id) {
@@ -424,6 +434,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     case R_PROPS: return ks__util_props(s, c, cn);
     case R_APPLY_TEMPLATE: return ks__util_apply_template(s, c, cn);
     case R_COUNT_TOKENS: return ks__request_count_tokens(s, c, cn);
+    case R_MODELS_LOAD: return ks__util_models_load(s, c, cn, true);
+    case R_MODELS_UNLOAD: return ks__util_models_load(s, c, cn, false);
     }
     return MHD_NO;
 }
@@ -435,6 +447,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     if (!cn) return;
     ks_hdrwatch_done(s->hdrwatch, hdrconn(c));
     if (cn->g) ks__gen_request_done(cn->g, toe == MHD_REQUEST_TERMINATED_COMPLETED_OK);
+    ks__models_release(s, cn->m);
     KS_DEBUG(MOD, "%s -> %d in %.1f ms%s", cn->rt ? cn->rt->path : cn->url, cn->status, ks_now_ms() - cn->t0,
              toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (terminated early)");
     ks_buf_free(&cn->body);
@@ -453,12 +466,11 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
     KS_DEBUG("mhd", "%s", line);
 }
 
-/* The tokenization cache's counters (engine/tokcache.h). */
-int ks__server_slots(ks_server *s, ks_slot_info *info) {
+int ks__server_slots(ks_smodel *m, ks_slot_info *info) {
     int n = 0;
-    pthread_rwlock_rdlock(&s->sched_lock);
-    if (!s->detached) n = ks_sched_slots(s->sched, info, KS_MAX_SLOTS);
-    pthread_rwlock_unlock(&s->sched_lock);
+    pthread_rwlock_rdlock(&m->sched_lock);
+    if (!m->detached) n = ks_sched_slots(m->sched, info, KS_MAX_SLOTS);
+    pthread_rwlock_unlock(&m->sched_lock);
     return n < KS_MAX_SLOTS ? n : KS_MAX_SLOTS;
 }
 
@@ -503,6 +515,19 @@ static void tenant_row(void *ud, uint64_t tenant, bool overflow, const ks_tenant
     t->u.generated_tokens += u->generated_tokens;
 }
 
+/* The slots of one model that hold a tenant's KV, into its row. */
+static void tenant_slots(void *ud, const ks_smodel *m, const ks_slot_info *info, int n) {
+    tlabels *L = ud;
+    (void)m;
+    for (int i = 0; i < n; i++) {
+        if (!ks__slot_held(&info[i])) continue;
+        char name[KS_KEYRING_NAME_MAX + 1];
+        label_of(L->s, info[i].tenant, false, name, sizeof name);
+        tlabel *t = label_row(L, name);
+        if (t) t->slots++;
+    }
+}
+
 static void tenants_source(void *ud, ks_prom *p) {
     ks_server *s = ud;
     if (!s->tenants) return;
@@ -512,15 +537,7 @@ static void tenants_source(void *ud, ks_prom *p) {
         return;
     }
     ks_tenantstats_each(s->tstats, tenant_row, &L);
-    ks_slot_info info[KS_MAX_SLOTS];
-    int n = ks__server_slots(s, info);
-    for (int i = 0; i < n; i++) {
-        if (!ks__slot_held(&info[i])) continue;
-        char name[KS_KEYRING_NAME_MAX + 1];
-        label_of(s, info[i].tenant, false, name, sizeof name);
-        tlabel *t = label_row(&L, name);
-        if (t) t->slots++;
-    }
+    ks__models_slots(s, tenant_slots, &L);
     static const struct {
         const char *name, *type, *help;
     } fam[] = {
@@ -542,10 +559,11 @@ static void tenants_source(void *ud, ks_prom *p) {
     free(L.v);
 }
 
+/* The tokenization cache's counters (engine/tokcache.h). */
 static void tokcache_source(void *ud, ks_prom *p) {
-    ks_server *s = ud;
+    ks_smodel *m = ud;
     ks_tokcache_stats st;
-    ks_tokcache_get_stats(s->tokcache, &st);
+    ks_tokcache_get_stats(m->tokcache, &st);
     ks_prom_counter(p, "kvstash_prompt_tokens_untokenized_total",
                     "Tokens of rendered prompts taken from the tokenization cache: pieces of text seen before.",
                     (double)st.hit_tokens);
@@ -556,11 +574,11 @@ static void tokcache_source(void *ud, ks_prom *p) {
 }
 
 static void sched_source(void *ud, ks_prom *p) {
-    ks_server *s = ud;
+    ks_smodel *m = ud;
     ks_sched_stats st = {0};
-    pthread_rwlock_rdlock(&s->sched_lock);
-    if (!s->detached) ks_sched_stats_get(s->sched, &st);
-    pthread_rwlock_unlock(&s->sched_lock);
+    pthread_rwlock_rdlock(&m->sched_lock);
+    if (!m->detached) ks_sched_stats_get(m->sched, &st);
+    pthread_rwlock_unlock(&m->sched_lock);
     ks_metrics_sched(p, &st);
 }
 
@@ -587,18 +605,107 @@ ks_server_params ks_server_params_default(void) {
     p.max_connections = 256;
     p.timeout_s = 600;
     p.header_timeout_s = 30;
-    p.cache_prompt = true;
-    p.exact = true;
     p.responses_max = 1024;
+    p.models_max = 4;
+    p.autoload = true;
+    p.load_wait_ms = 600000;
     p.responses_ttl_s = 3600;
     p.max_renders = KS_ADMIT_DEFAULT;
     p.media = ks_media_in_limits_default();
     return p;
 }
 
+int ks__smodel_open(ks_server *s, ks_smodel *m, const ks_server_model_parts *pt, char *err, size_t errlen) {
+    if (!pt->engine || !pt->sched) {
+        ks_set_err(err, errlen, "the loader gave no engine or scheduler");
+        return KS_EINVAL;
+    }
+    m->engine = pt->engine;
+    m->sched = pt->sched;
+    m->metrics = pt->metrics;
+    snprintf(m->model_id, sizeof m->model_id, "%s", pt->model_id ? pt->model_id : m->name);
+    m->max_token_bytes = longest_token(pt->engine);
+    m->cache_prompt = pt->cache_prompt;
+    m->exact = pt->exact;
+    snprintf(m->spec_type, sizeof m->spec_type, "%s", pt->spec_type ? pt->spec_type : "none");
+    m->draft_max = pt->draft_max;
+    m->spec_on = ks_sched_spec_status(pt->sched, &m->spec_exact, &m->spec_reason);
+    snprintf(m->store_mode, sizeof m->store_mode, "%s", pt->store_mode ? pt->store_mode : "");
+    m->created = ks_wall_s();
+    m->media = s->media;
+    m->media.modalities = pt->media_modalities;
+    if (!(m->memo = ks_prompt_memo_create(KS_SERVER_MEMO)) ||
+        !(m->tokcache = ks_tokcache_create(pt->engine, KS_SERVER_TOKCACHE)))
+        return KS_ENOMEM;
+    /* KS_TOKCACHE=0: every prompt tokenized whole (a diagnostic, and the
+     * benchmarks' baseline: bench/peer_lib.sh kvstash-no-tokcache) */
+    const char *tc_env = getenv("KS_TOKCACHE");
+    if (!(tc_env && !strcmp(tc_env, "0"))) {
+        ks_prompt_memo_use_tokcache(m->memo, m->tokcache);
+        /* After a restart the conversations warm start put into the slots come
+         * back first: their renders find their pieces (a seed is checked by
+         * tokenizing each piece once, here, before anything is served). */
+        const ks_tokens *wt;
+        const uint64_t *wn;
+        int n_warm = ks_sched_warm_list(pt->sched, &wt, &wn), kept = 0;
+        double t0 = ks_now_ms();
+        for (int i = 0; i < n_warm; i++) kept += ks_tokcache_seed(m->tokcache, wn[i], wt[i].v, wt[i].n);
+        if (n_warm > 0)
+            KS_INFO("http", "tokenization cache: %d pieces from the %d warm slot(s)' conversations in %.1f ms", kept,
+                    n_warm, ks_now_ms() - t0);
+    }
+    const char *tmpl_src = pt->chat_template ? pt->chat_template : s->chat_template;
+    {
+        /* A second, vocabulary-only read of the GGUF: the template object
+         * keeps text only (chat_tmpl.h note 2). */
+        char terr[512] = "";
+        int trc = ks_chat_tmpl_create_from_file(ks_engine_model_path(m->engine), tmpl_src, &m->tmpl, terr,
+                                                sizeof terr);
+        if (trc && tmpl_src && tmpl_src[0]) {
+            ks_set_err(err, errlen, "--chat-template: %s", terr[0] ? terr : ks_strerror(trc));
+            return trc;
+        }
+        if (trc)
+            KS_WARN("http", "%s: the model's chat template cannot be used (%s): chat falls back to llama.cpp's "
+                            "built-in templates, without tools or structured output", m->name,
+                    terr[0] ? terr : ks_strerror(trc));
+        ks_presize_probe(m->tmpl, &m->presize);
+        char *info = NULL;
+        if (m->tmpl && !ks_chat_tmpl_info(m->tmpl, &info, terr, sizeof terr)) {
+            json_t *j = json_loads(info, 0, NULL);
+            json_t *caps = json_object_get(j, "caps");
+            if (caps && !json_is_true(json_object_get(caps, "supports_tools")) &&
+                !json_is_true(json_object_get(caps, "supports_tool_calls")))
+                KS_WARN("http", "%s: the model's chat template renders no tools: a request with tools is answered "
+                                "without them (no tool calls; the reply's cache.tools_ignored says so). Give a "
+                                "template that does with --chat-template", m->name);
+            json_decref(j);
+        }
+        free(info);
+    }
+    /* The model's own series (its scheduler, its tokenization cache) join
+     * the loader's registry, rendered with the model's label (models.c). */
+    if (m->metrics &&
+        (ks_metrics_add(m->metrics, sched_source, m) || ks_metrics_add(m->metrics, tokcache_source, m)))
+        return KS_ENOMEM;
+    return 0;
+}
+
+void ks__smodel_close(ks_smodel *m) {
+    ks_prompt_memo_free(m->memo);
+    ks_tokcache_free(m->tokcache);
+    ks_chat_tmpl_free(m->tmpl);
+    m->memo = NULL;
+    m->tokcache = NULL;
+    m->tmpl = NULL;
+    m->engine = NULL;
+    m->sched = NULL;
+    m->metrics = NULL;
+}
+
 int ks_server_start(const ks_server_params *p, ks_server **out, char *err, size_t errlen) {
     *out = NULL;
-    if (!p->engine || !p->sched || p->port < 0 || p->port > 65535 || p->max_body_bytes <= 0 ||
+    if (p->port < 0 || p->port > 65535 || p->max_body_bytes <= 0 ||
         p->default_max_tokens == 0 || p->default_max_tokens < -1 || p->max_connections < 1 || p->max_connections > KS_SERVER_CONN_MAX ||
         p->max_connections_per_client < 0 || p->max_connections_per_client > p->max_connections ||
         p->timeout_s < 0 || p->header_timeout_s < 1 || p->responses_max < 0 || p->responses_ttl_s < 0) {
@@ -606,9 +713,8 @@ int ks_server_start(const ks_server_params *p, ks_server **out, char *err, size_
         return KS_EINVAL;
     }
     const char *host = p->host && p->host[0] ? p->host : "127.0.0.1";
-    const char *model = p->model_name && p->model_name[0] ? p->model_name : ks_engine_model_name(p->engine);
-    if (strlen(host) >= 256 || (p->api_key && strlen(p->api_key) >= 256) || strlen(model ? model : "") >= 256) {
-        ks_set_err(err, errlen, "host, api key or model name too long (255 bytes at most)");
+    if (strlen(host) >= 256 || (p->api_key && strlen(p->api_key) >= 256)) {
+        ks_set_err(err, errlen, "host or api key too long (255 bytes at most)");
         return KS_EINVAL;
     }
     int n_cors = p->cors_origins ? p->n_cors_origins : 0;
@@ -643,9 +749,6 @@ int ks_server_start(const ks_server_params *p, ks_server **out, char *err, size_
         freeaddrinfo(ai);
         return KS_ENOMEM;
     }
-    pthread_rwlock_init(&s->sched_lock, NULL);
-    s->engine = p->engine;
-    s->sched = p->sched;
     s->quiesced_fd = MHD_INVALID_SOCKET;
     snprintf(s->host, sizeof s->host, "%s", host);
     int krc = ks__auth_open(s, p, err, errlen);
@@ -654,20 +757,11 @@ int ks_server_start(const ks_server_params *p, ks_server **out, char *err, size_
         freeaddrinfo(ai);
         return krc;
     }
-    snprintf(s->model, sizeof s->model, "%s", model ? model : "model");
-    snprintf(s->model_id, sizeof s->model_id, "%s", p->model_id ? p->model_id : s->model);
     s->max_body = p->max_body_bytes;
     s->default_max_tokens = p->default_max_tokens;
     s->timeout_s = (unsigned)p->timeout_s;
     s->header_timeout_s = (unsigned)p->header_timeout_s;
     s->max_connections = p->max_connections;
-    s->max_token_bytes = longest_token(p->engine);
-    s->cache_prompt = p->cache_prompt;
-    s->exact = p->exact;
-    snprintf(s->spec_type, sizeof s->spec_type, "%s", p->spec_type ? p->spec_type : "none");
-    s->draft_max = p->draft_max;
-    s->spec_on = p->sched && ks_sched_spec_status(p->sched, &s->spec_exact, &s->spec_reason);
-    snprintf(s->store_mode, sizeof s->store_mode, "%s", p->store_mode ? p->store_mode : "");
     s->created = ks_wall_s();
     s->http.started_us = ks_now_us();
     snprintf(s->reasoning_format, sizeof s->reasoning_format, "%s", p->reasoning_format ? p->reasoning_format : "");
@@ -676,73 +770,37 @@ int ks_server_start(const ks_server_params *p, ks_server **out, char *err, size_
     s->fetch.dir = p->media_fetch.dir && *p->media_fetch.dir ? strdup(p->media_fetch.dir) : NULL;
     s->fetch.hosts = p->media_fetch.hosts && *p->media_fetch.hosts ? strdup(p->media_fetch.hosts) : NULL;
     s->media.fetch = &s->fetch;
+    s->media.modalities = 0;
     if ((p->media_fetch.dir && *p->media_fetch.dir && !s->fetch.dir) ||
         (p->media_fetch.hosts && *p->media_fetch.hosts && !s->fetch.hosts) ||
         !(s->convs = ks_convstore_create(p->responses_max, p->responses_ttl_s)) ||
-        !(s->refusals = ks_refusals_create()) || !(s->memo = ks_prompt_memo_create(KS_SERVER_MEMO)) ||
-        !(s->tokcache = ks_tokcache_create(p->engine, KS_SERVER_TOKCACHE)) ||
-        !(s->tstats = ks_tenantstats_create()) ||
+        !(s->refusals = ks_refusals_create()) || !(s->tstats = ks_tenantstats_create()) ||
         !(s->admit_ok = ks_admit_init(&s->admit, p->max_renders) == 0)) {
         ks_server_free(s);
         freeaddrinfo(ai);
         return KS_ENOMEM;
-    }
-    /* KS_TOKCACHE=0: every prompt tokenized whole (a diagnostic, and the
-     * benchmarks' baseline: bench/peer_lib.sh kvstash-no-tokcache) */
-    const char *tc_env = getenv("KS_TOKCACHE");
-    if (!(tc_env && !strcmp(tc_env, "0"))) {
-        ks_prompt_memo_use_tokcache(s->memo, s->tokcache);
-        /* After a restart the conversations warm start put into the slots come
-         * back first: their renders find their pieces (a seed is checked by
-         * tokenizing each piece once, here, before anything is served). */
-        const ks_tokens *wt;
-        const uint64_t *wn;
-        int n_warm = ks_sched_warm_list(p->sched, &wt, &wn), kept = 0;
-        double t0 = ks_now_ms();
-        for (int i = 0; i < n_warm; i++) kept += ks_tokcache_seed(s->tokcache, wn[i], wt[i].v, wt[i].n);
-        if (n_warm > 0)
-            KS_INFO("http", "tokenization cache: %d pieces from the %d warm slot(s)' conversations in %.1f ms", kept,
-                    n_warm, ks_now_ms() - t0);
     }
     for (int i = 0; i < n_cors; i++) {
         snprintf(s->cors_origins[i], sizeof s->cors_origins[i], "%s", p->cors_origins[i]);
         if (!strcmp(p->cors_origins[i], "*")) s->cors_any = true;
     }
     s->n_cors_origins = n_cors;
-    {
-        /* A second, vocabulary-only read of the GGUF: the template object
-         * keeps text only (chat_tmpl.h note 2). */
-        char terr[512] = "";
-        int trc = ks_chat_tmpl_create_from_file(ks_engine_model_path(s->engine), p->chat_template, &s->tmpl, terr,
-                                                sizeof terr);
-        if (trc && p->chat_template && p->chat_template[0]) {
-            ks_set_err(err, errlen, "--chat-template: %s", terr[0] ? terr : ks_strerror(trc));
-            ks_server_free(s);
-            freeaddrinfo(ai);
-            return trc;
-        }
-        if (trc)
-            KS_WARN("http", "the model's chat template cannot be used (%s): chat falls back to llama.cpp's built-in "
-                            "templates, without tools or structured output", terr[0] ? terr : ks_strerror(trc));
-        ks_presize_probe(s->tmpl, &s->presize);
-        char *info = NULL;
-        if (s->tmpl && !ks_chat_tmpl_info(s->tmpl, &info, terr, sizeof terr)) {
-            json_t *j = json_loads(info, 0, NULL);
-            json_t *caps = json_object_get(j, "caps");
-            if (caps && !json_is_true(json_object_get(caps, "supports_tools")) &&
-                !json_is_true(json_object_get(caps, "supports_tool_calls")))
-                KS_WARN("http", "the model's chat template renders no tools: a request with tools is answered "
-                                "without them (no tool calls; the reply's cache.tools_ignored says so). Give a "
-                                "template that does with --chat-template");
-            json_decref(j);
-        }
-        free(info);
+    if (p->chat_template_all && !(s->chat_template = strdup(p->chat_template_all))) {
+        ks_server_free(s);
+        freeaddrinfo(ai);
+        return KS_ENOMEM;
     }
-    /* The server's own sources; the caller's (SPC, store) are already in the
+    /* The models: the pinned ones load now (models.c). */
+    int mrc = ks__models_start(s, p, err, errlen);
+    if (mrc) {
+        ks_server_free(s);
+        freeaddrinfo(ai);
+        return mrc;
+    }
+    /* The server's own sources; the caller's (store...) are already in the
      * registry. Sources are only added before the daemon starts (metrics.h). */
-    if (ks_metrics_add(s->metrics, sched_source, s) || ks_metrics_add(s->metrics, ks_metrics_http, &s->http) ||
-        ks_metrics_add(s->metrics, ks_metrics_admit, &s->admit) || ks_metrics_add(s->metrics, tokcache_source, s) ||
-        ks_metrics_add(s->metrics, tenants_source, s)) {
+    if (ks_metrics_add(s->metrics, ks__models_metrics, s) || ks_metrics_add(s->metrics, ks_metrics_http, &s->http) ||
+        ks_metrics_add(s->metrics, ks_metrics_admit, &s->admit) || ks_metrics_add(s->metrics, tenants_source, s)) {
         ks_server_free(s);
         freeaddrinfo(ai);
         return KS_ENOMEM;
@@ -819,13 +877,20 @@ int ks_server_n_active(ks_server *s) { return atomic_load(&s->n_active); }
 
 void ks_server_detach_sched(ks_server *s) {
     atomic_store(&s->draining, true);
-    pthread_rwlock_wrlock(&s->sched_lock);
-    s->detached = true;
-    pthread_rwlock_unlock(&s->sched_lock);
+    for (int i = 0; s->m && i < s->n_models; i++) {
+        pthread_rwlock_wrlock(&s->m[i].sched_lock);
+        s->m[i].detached = true;
+        pthread_rwlock_unlock(&s->m[i].sched_lock);
+    }
 }
 
 void ks_server_free(ks_server *s) {
     if (!s) return;
+    /* Every model unloaded (its scheduler freed: what is left is canceled,
+     * every on_done runs, its slots go to the store) before the wait below
+     * for the replies still being written. */
+    atomic_store(&s->draining, true);
+    ks__models_stop(s);
     /* Requests whose generation just ended (canceled by ks_sched_free) still
      * have to write their last bytes: a 503 body, a stream's error event.
      * Stopping the daemon now would cut them off, so give them a moment;
@@ -842,15 +907,13 @@ void ks_server_free(ks_server *s) {
     if (s->quiesced_fd != MHD_INVALID_SOCKET) close(s->quiesced_fd);
     if (s->own_metrics) ks_metrics_free(s->metrics);
     ks_refusals_free(s->refusals);
-    ks_prompt_memo_free(s->memo);
-    ks_tokcache_free(s->tokcache);
-    ks_chat_tmpl_free(s->tmpl);
     ks_convstore_free(s->convs);
+    ks__models_free(s);
+    free(s->chat_template);
     if (s->admit_ok) ks_admit_fini(&s->admit);
     ks_keyring_free(s->keys);
     free((char *)s->fetch.dir);
     free((char *)s->fetch.hosts);
     ks_keyring_free(s->metrics_keys);
-    pthread_rwlock_destroy(&s->sched_lock);
     free(s);
 }

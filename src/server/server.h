@@ -2,15 +2,16 @@
  * server.h — the HTTP server of `kvstash serve` (libmicrohttpd).
  *
  * Owns the MHD daemon, the routing table, authentication, body limits, the
- * per-request generation objects and the /metrics registry. It borrows the
- * engine (tokenizer, template, model info) and the scheduler (generation).
+ * per-request generation objects, the /metrics registry and the table of
+ * models (models.c: one or several, each loaded on demand by the caller's
+ * loader, which makes its engine and scheduler).
  *
  * Endpoints (docs/SERVER.md; the table is server.c's ROUTES):
  *   POST /v1/chat/completions  (also /chat/completions)   stream and non-stream
  *   POST /v1/completions       (also /completions)        stream and non-stream
  *   POST /v1/responses         (also /responses)          OpenAI Responses
  *   POST /v1/messages, /v1/messages/count_tokens          Anthropic Messages
- *   GET  /v1/models            (also /models)
+ *   GET  /v1/models            (also /models); POST /models/load, /models/unload
  *   GET  /health               (also /, /v1/health) {"status":"ok"}; never needs the API key
  *   GET  /metrics              Prometheus text
  *   GET  /slots                slot table as JSON
@@ -47,9 +48,10 @@
  *     Hints only steer routing; the scheduler compares tokens before reusing.
  *  6. Shutdown order (cmd_serve.c): ks_server_quiesce (no new connections,
  *     new requests get 503) → wait for ks_server_n_active() == 0 or a
- *     timeout → ks_server_detach_sched (no server thread calls the scheduler
- *     after it returns) → ks_sched_free (cancels what is left; every on_done
- *     runs) → ks_server_free (stops MHD, joins the connection threads).
+ *     timeout → ks_server_detach_sched (no server thread calls a model's
+ *     scheduler after it returns) → ks_server_free (unloads every model: the
+ *     loader frees its scheduler, which cancels what is left and runs every
+ *     on_done; then stops MHD and joins the connection threads).
  *  7. CORS is off without cors_origins: no response carries a CORS header
  *     and OPTIONS is a 405 like any other method. With it, every response
  *     (errors and streams too) to a request whose Origin is allowed carries
@@ -103,9 +105,81 @@ enum { KS_TENANT_BY_PROMPT_CACHE_KEY = 1u << 0, KS_TENANT_BY_CACHE_SALT = 1u << 
  * (or "none", ""): 0 and *bits, or KS_EINVAL. */
 int ks_server_tenant_by_parse(const char *list, unsigned *bits);
 
+/* ------------------------------------------------------- several models
+ * The server serves the models of its table (models.c: routing, loading,
+ * unloading; docs/SERVER.md "Several models"). Each entry is loaded by the
+ * caller's loader, on demand, off the HTTP threads; a model's KV and
+ * scheduler go with it when it is unloaded, its store stays with the loader. */
+
+/* What the server needs of a loaded model; the loader fills it. Borrowed
+ * until the loader's unload. */
+typedef struct ks_server_model_parts {
+    ks_engine *engine;
+    ks_sched *sched;
+    const char *model_id;     /* what besides the text makes a system prompt's KV differ
+                                 (model, context parameters): part of the SPC key; copied.
+                                 NULL: the model's name */
+    const char *chat_template;   /* Jinja source used instead of the GGUF's; NULL: the GGUF's */
+    unsigned media_modalities;   /* KS_MEDIA_IN_* the model's projector takes (0: none) */
+    bool cache_prompt;        /* shown in /v1/models meta (the scheduler's setting) */
+    bool exact;               /* shown in /props (the scheduler's setting) */
+    const char *spec_type;    /* speculative decoding's type for /props (NULL: "none"), copied */
+    int draft_max;            /* ... and its draft cap */
+    const char *store_mode;   /* shown in /props: "off", "ram-only", "full"; NULL: not shown */
+    ks_metrics *metrics;      /* the model's own /metrics sources (SPC, draft model...),
+                                 rendered with its model label; NULL: none. The server adds its
+                                 per-model sources (scheduler, tokenization cache) to it, so it
+                                 must be one the loader made for this load */
+} ks_server_model_parts;
+
+/* One entry of the table. */
+typedef struct ks_server_model_cfg {
+    const char *name;         /* the id in /v1/models and replies; copied */
+    const char *const *aliases; /* other names a request may give: exact, or glob patterns
+                                   (fnmatch: * ? [...]); copied; at most KS_SERVER_ALIASES_MAX */
+    int n_aliases;
+    bool pin;                 /* loaded at start and never unloaded */
+    int keep_alive_s;         /* unloaded after this long unused; 0: the table's idle_unload_s;
+                                 < 0: never for being idle */
+    int64_t est_bytes;        /* memory it takes loaded (weights + KV), for memory_budget */
+    const char *path;         /* shown in /v1/models (NULL: nothing); copied */
+    const char *fail;         /* known not to load (its GGUF cannot be read): listed as failed
+                                 with this reason from the start, loaded only when asked
+                                 (POST /models/load); NULL: none. Copied */
+} ks_server_model_cfg;
+
+/* The caller's loader. load: opens model index (its entry's settings are the
+ * caller's) into *out; 0, or an error with a message in err (the model is
+ * then listed as failed with it). Runs on the table's loading thread, one at
+ * a time. unload: frees what load made, after the server let go of it (no
+ * request holds it and no server thread calls its scheduler): the
+ * scheduler's slots go to the store first, with KS_REASON_UNLOAD, or
+ * KS_REASON_SHUTDOWN when the server stops (shutdown true). */
+typedef struct ks_server_loader {
+    void *ud;
+    int (*load)(void *ud, int index, ks_server_model_parts *out, char *err, size_t errlen);
+    void (*unload)(void *ud, int index, bool shutdown);
+} ks_server_loader;
+
+enum { KS_SERVER_MODELS_MAX = 64, KS_SERVER_ALIASES_MAX = 16 };
+
 typedef struct ks_server_params {
-    ks_engine *engine;        /* borrowed; must outlive the server */
-    ks_sched *sched;          /* borrowed; see ks_server_detach_sched */
+    /* The models (at least one) and their loader. A pinned entry is loaded by
+     * ks_server_start before it returns (a failure fails the start when it is
+     * the only entry; with several, that model is listed as failed). */
+    const ks_server_model_cfg *models;
+    int n_models;
+    ks_server_loader loader;
+    const char *default_model; /* serves requests naming no model or one that matches none;
+                                  NULL or "": with one model, that one; with several, such a
+                                  request gets a 404 model_not_found */
+    int models_max;           /* models loaded at once (default 4; 0: no limit) */
+    int64_t memory_budget;    /* bytes the loaded models' est_bytes may add up to (0: none) */
+    int idle_unload_s;        /* a model unused this long is unloaded (0, default: never) */
+    bool autoload;            /* a request loads its model (default true); else 503 until
+                                 POST /models/load */
+    int load_wait_ms;         /* how long a request waits for its model to load, then 503 with
+                                 Retry-After (default 600000) */
     const char *host;         /* address to bind (default "127.0.0.1"); copied */
     int port;                 /* 0: a free port, see ks_server_port (default 8080) */
     const char *api_key;      /* NULL or "": no authentication; copied */
@@ -123,7 +197,6 @@ typedef struct ks_server_params {
     /* Which request fields subdivide a key's tenant (docs/SECURITY.md):
      * KS_TENANT_BY_* bits, 0 (default): none. */
     unsigned tenant_by;
-    const char *model_name;   /* id in /v1/models and responses; NULL: the engine's name */
     int64_t max_body_bytes;   /* larger bodies get 413 (default 16 MiB) */
     int default_max_tokens;   /* for requests without max_tokens, capped at the context
                                  left after the prompt; -1 (default): until an end of
@@ -140,17 +213,8 @@ typedef struct ks_server_params {
     int header_timeout_s;     /* a request's headers and body: at most this many seconds
                                  without a byte from the client (default 30, >= 1; a
                                  fresh connection gets it too) */
-    bool cache_prompt;        /* shown in /v1/models meta; the switch itself is the
-                                 scheduler's (default true) */
-    bool exact;               /* shown in /props; the scheduler's setting (default true) */
-    const char *spec_type;    /* speculative decoding's type for /props ("none"; NULL: "none"), copied */
-    int draft_max;            /* ... and its draft cap */
-    const char *store_mode;   /* shown in /props: "off", "ram-only", "full"; NULL: not shown */
-    const char *model_id;     /* what besides the text makes a system prompt's KV differ
-                                 (model, context parameters): part of the SPC key; copied.
-                                 NULL: the model name */
-    const char *chat_template;   /* Jinja source used instead of the GGUF's (--chat-template);
-                                    NULL: the GGUF's. Copied by the template at start. */
+    const char *chat_template_all; /* Jinja source for every model whose parts give none
+                                      (--chat-template); NULL: each GGUF's. Copied */
     const char *reasoning_format; /* default of requests that give none: "deepseek" (NULL),
                                      "deepseek-legacy", "auto", "none" */
     int responses_max;        /* Responses API: conversations kept for previous_response_id
@@ -162,9 +226,9 @@ typedef struct ks_server_params {
     int n_cors_origins;
     int max_renders;          /* template renders and grammar builds at once, 1..1024
                                  (default 2; admit.h): the others wait their turn */
-    ks_media_limits media;    /* image and audio input (media_in.h): modalities the model
-                                 takes (default 0: media parts refused) and the limits
-                                 (default ks_media_in_limits_default); marker borrowed */
+    ks_media_limits media;    /* image and audio input (media_in.h): the limits (default
+                                 ks_media_in_limits_default; modalities are each model's);
+                                 marker borrowed */
     ks_media_fetch_cfg media_fetch; /* images named by http(s):// and file:// URLs (media_fetch.h);
                                        default all zero: refused. Strings copied */
     ks_metrics *metrics;      /* borrowed registry holding the caller's sources (SPC,
@@ -186,15 +250,15 @@ int ks_server_port(const ks_server *s);
 void ks_server_quiesce(ks_server *s);
 /* Generation requests still alive (queued, running, or being written out). */
 int ks_server_n_active(ks_server *s);
-/* After this returns no server thread calls the scheduler again (waits for
- * calls in progress); requests that still wait for their on_done get it from
- * ks_sched_free. Idempotent. */
+/* After this returns no server thread calls a model's scheduler again (waits
+ * for calls in progress); requests that still wait for their on_done get it
+ * when ks_server_free unloads the models. Idempotent. */
 void ks_server_detach_sched(ks_server *s);
 /* Reads the API key file again before the next request (SIGHUP). Any thread. */
 void ks_server_reload_keys(ks_server *s);
-/* Waits up to 3 s for requests still writing their reply, stops the daemon
- * (closing every connection) and frees. Call after ks_server_detach_sched
- * and ks_sched_free when a scheduler was attached. NULL is a no-op. */
+/* Unloads every model (the loader's unload, shutdown true), waits up to 3 s
+ * for requests still writing their reply, stops the daemon (closing every
+ * connection) and frees. Call after ks_server_detach_sched. NULL is a no-op. */
 void ks_server_free(ks_server *s);
 
 #endif

@@ -31,11 +31,65 @@
 #include "server/lptext.h"
 #include "server/server.h"
 
-struct ks_server {
+/* A model of the table (models.c). The entry lives as long as the server;
+ * what a load makes (engine, scheduler, template...) comes and goes with the
+ * model. A request holds a reference (ks__models_acquire) from the moment its
+ * model is resolved until its generation is freed: the model is not unloaded
+ * under it, and its loaded fields may be read without a lock meanwhile. */
+typedef enum { KS_SMODEL_UNLOADED = 0, KS_SMODEL_LOADING, KS_SMODEL_LOADED, KS_SMODEL_UNLOADING } ks_smodel_state;
+
+typedef struct ks_smodel {
+    /* fixed by ks_server_start */
+    int index;
+    char name[256];
+    char path[512];
+    char aliases[KS_SERVER_ALIASES_MAX][256];
+    int n_aliases;
+    bool pin;
+    int keep_alive_s;
+    int64_t est_bytes;
+    /* under the table's lock (models.c) */
+    ks_smodel_state state;
+    bool failed;                /* the last load failed: reason says why */
+    char reason[512];
+    int refs;                   /* requests holding it */
+    double last_used_ms;        /* monotonic: the last release (or acquire) */
+    bool want_load;             /* the loading thread is asked to load it */
+    bool want_unload;           /* ... to unload it when no request holds it */
+    uint64_t loads, unloads;    /* counted for /metrics */
+    /* The scheduler is called only under sched_lock (read) and while
+     * !detached (gen.c H1): an unload detaches first. Persistent, so a
+     * request that outlives its model's unload at shutdown can still ask. */
+    pthread_rwlock_t sched_lock;
+    bool detached;              /* under sched_lock */
+    /* set by a load, read-only while loaded */
     ks_engine *engine;
     ks_sched *sched;
-    pthread_rwlock_t sched_lock;
-    bool detached;              /* H1 (gen.c): under sched_lock */
+    char model_id[512];
+    ks_media_limits media;      /* the server's limits with this model's modalities */
+    int max_token_bytes;        /* the longest text of a token, in bytes (plan.c) */
+    ks_presize presize;         /* what the template is known to copy into a prompt */
+    struct ks_chat_tmpl *tmpl;  /* NULL: llama.cpp's built-in templates, without tools */
+    struct ks_prompt_memo *memo;  /* render results across requests (prompt_tmpl.h) */
+    struct ks_tokcache *tokcache; /* rendered prompts' pieces, tokenized (engine/tokcache.h) */
+    bool cache_prompt;
+    bool exact;
+    char spec_type[24];         /* /props (server.h) */
+    int draft_max;
+    bool spec_on, spec_exact;   /* the scheduler's ks_sched_spec_status */
+    const char *spec_reason;
+    char store_mode[16];        /* "" : not shown */
+    int64_t created;            /* wall clock of the load */
+    ks_metrics *metrics;        /* the loader's registry with the server's sources added */
+} ks_smodel;
+
+struct ks_models;
+
+struct ks_server {
+    struct ks_models *models;   /* the table (models.c) */
+    int n_models;
+    ks_smodel *m;               /* [n_models] */
+    bool multi;                 /* several models: per-model labels, status lists */
     _Atomic bool draining;
     _Atomic int n_active;       /* live generations */
     struct MHD_Daemon *d;
@@ -48,10 +102,8 @@ struct ks_server {
     struct ks_keyring *metrics_keys; /* the metrics key (auth.c); NULL: none */
     bool tenants;               /* several tenants: a key or key file per tenant (keyring.h 3) */
     unsigned tenant_by;         /* KS_TENANT_BY_* (server.h) */
-    char model[256];
-    char model_id[512];
     int64_t max_body;
-    ks_media_limits media;      /* image and audio input: what the model takes, the limits */
+    ks_media_limits media;      /* image and audio input: the limits (modalities: each model's) */
     ks_media_fetch_cfg fetch;   /* media.fetch points here; its strings are owned */
     int default_max_tokens;
     unsigned timeout_s;         /* idle keep-alive (server.h note 9) */
@@ -59,34 +111,16 @@ struct ks_server {
     struct ks_hdrwatch *hdrwatch; /* the whole-header deadline (hdrwatch.h) */
     struct ks_tenantstats *tstats; /* each tenant's use (tenantstats.h) */
     int max_connections;        /* served; the spare band beyond gets 503 */
-    /* The longest text of a token, in bytes: a prompt of B bytes is at least
-     * ceil(B / max_token_bytes) tokens (plan.c, prompt_max_bytes). */
-    int max_token_bytes;
-    /* What the template is known to copy into a prompt: a request sized
-     * past the context from these alone is refused before any render. */
-    ks_presize presize;
     ks_admit admit;             /* renders and grammar builds at once (admit.h) */
     bool admit_ok;              /* admit initialised */
-    bool cache_prompt;
-    bool exact;
-    char spec_type[24];       /* /props (server.h) */
-    int draft_max;
-    bool spec_on, spec_exact; /* the scheduler's ks_sched_spec_status, fixed at its creation */
-    const char *spec_reason;
-    char store_mode[16];        /* "" : not shown */
+    char *chat_template;        /* --chat-template's source for every model, NULL: each GGUF's */
+    char reasoning_format[24];  /* the requests' default, "" : the library's */
     int64_t created;
     ks_metrics *metrics;
     bool own_metrics;
     ks_http_counters http;
-    /* The model's Jinja chat template through llama.cpp's common library
-     * (or --chat-template's), made at start; NULL when it cannot be: chat
-     * then falls back to llama.cpp's built-in templates, without tools. */
-    struct ks_chat_tmpl *tmpl;
-    char reasoning_format[24];  /* the requests' default, "" : the library's */
     struct ks_convstore *convs; /* Responses conversations, for previous_response_id */
     struct ks_refusals *refusals; /* refused requests, logged once per cause (refusals.h) */
-    struct ks_prompt_memo *memo;  /* render results across requests (prompt_tmpl.h) */
-    struct ks_tokcache *tokcache; /* rendered prompts' pieces, tokenized (engine/tokcache.h) */
     /* CORS (server.h note 7): the allowed origins, none: off. */
     char cors_origins[KS_SERVER_CORS_MAX][KS_SERVER_ORIGIN_MAX];
     int n_cors_origins;
@@ -116,8 +150,51 @@ typedef struct conn {
     int status;
     double t0;
     ks_gen *g;            /* the HTTP reference of a generation, dropped when the request ends */
+    ks_smodel *m;         /* the request's model, held (ks__models_acquire) until the request ends */
     const struct ks_fmt *fmt; /* the route's format (fmt.h): its errors' shape; NULL: OpenAI's */
 } conn;
+
+/* The table of models (models.c). ks__models_start: the entries of p, the
+ * loading thread, and the pinned models loaded (a failure is an error only
+ * when p has one entry). ks__models_stop (server shutdown, after every
+ * request was drained or canceled... and before ks_server_free): detaches and
+ * unloads every model (loader unload with shutdown true) and joins the
+ * thread; ks__models_free frees the table.
+ *
+ * ks__models_acquire: the model name (NULL or "": none given) resolves to —
+ * an entry's name, alias or alias pattern, else the default model — held in
+ * *m once loaded (loading it first when autoload is on, waiting at most
+ * load_wait_ms). Errors fill e: 404 model_not_found (no such model, no
+ * default), 400 model_required (none named, several models, no default),
+ * 503 model_loading (still loading after the wait; Retry-After),
+ * 503 model_not_loaded (autoload off), 500 model_load_failed (with the
+ * reason). wait false: only a model already loaded is held (else
+ * model_not_loaded). ks__models_ref takes one more reference on a held
+ * model; ks__models_release drops one (NULL: nothing).
+ *
+ * ks__models_load / ks__models_unload: POST /models/load and /models/unload
+ * of the model name: 0 (asked: the loading thread does it), or e filled.
+ * ks__models_json: /v1/models' data array. */
+int ks__models_start(ks_server *s, const ks_server_params *p, char *err, size_t errlen);
+void ks__models_stop(ks_server *s);
+void ks__models_free(ks_server *s);
+int ks__models_acquire(ks_server *s, const char *name, bool wait, ks_smodel **m, ks_api_error *e);
+void ks__models_ref(ks_server *s, ks_smodel *m);
+void ks__models_release(ks_server *s, ks_smodel *m);
+int ks__models_load(ks_server *s, const char *name, ks_api_error *e);
+int ks__models_unload(ks_server *s, const char *name, ks_api_error *e);
+json_t *ks__models_json(ks_server *s);
+/* fn(ud, m, its slots) for each loaded model in turn (none is loaded for
+ * it; each held while fn runs). Returns how many. */
+int ks__models_slots(ks_server *s, void (*fn)(void *ud, const ks_smodel *m, const ks_slot_info *info, int n),
+                     void *ud);
+/* The server's per-model state of a loaded model (server.c): template, caches,
+ * limits from parts; ks__smodel_close frees them. */
+int ks__smodel_open(ks_server *s, ks_smodel *m, const ks_server_model_parts *parts, char *err, size_t errlen);
+void ks__smodel_close(ks_smodel *m);
+/* The /metrics source that renders each loaded model's registry (labelled
+ * model="NAME" with several models) and the table's own series. */
+void ks__models_metrics(void *ud, ks_prom *p);
 
 /* Who may use a route (auth.c). ks__auth_open makes the key rings of p
  * (their errors in err: KS_EINVAL, KS_ENOMEM) and says at start what they
@@ -163,11 +240,17 @@ const char *ks__cors_origin(const ks_server *s, struct MHD_Connection *c);
  * without --props). */
 enum MHD_Result ks__util_health(ks_server *s, struct MHD_Connection *c, conn *cn);
 enum MHD_Result ks__util_models(ks_server *s, struct MHD_Connection *c, conn *cn);
+/* POST /models/load (load true) and /models/unload: {"model": NAME}. */
+enum MHD_Result ks__util_models_load(ks_server *s, struct MHD_Connection *c, conn *cn, bool load);
+/* The model of a utility request, into cn->m (held until the request ends):
+ * already there (one model), else the one named (NULL: the default);
+ * 0, or e filled. */
+int ks__util_model(ks_server *s, conn *cn, const char *name, ks_api_error *e);
 enum MHD_Result ks__util_metrics(ks_server *s, struct MHD_Connection *c, conn *cn);
 enum MHD_Result ks__util_slots(ks_server *s, struct MHD_Connection *c, conn *cn);
 /* The scheduler's slots into info (KS_MAX_SLOTS of them at most), under
  * sched_lock; 0 once the scheduler is detached. */
-int ks__server_slots(ks_server *s, ks_slot_info *info);
+int ks__server_slots(ks_smodel *m, ks_slot_info *info);
 /* A slot holds its tenant's KV or request (an empty idle slot is no one's). */
 static inline bool ks__slot_held(const ks_slot_info *si) { return si->n_tokens > 0 || si->busy; }
 /* GET /tenant: the key's own tenant's use (tenantstats.h), nothing of others. */
@@ -187,6 +270,6 @@ enum MHD_Result ks__request_count_tokens(ks_server *s, struct MHD_Connection *c,
  * ks_api_request_free) and the format's state *st (fmt->free_state), with
  * the server's defaults applied (its reasoning format). 0, or a KS_E* code
  * with e filled and nothing to free. /apply-template renders through it. */
-int ks__request_parse(ks_server *s, const struct ks_fmt *fmt, const conn *cn, ks_api_request *rq, void **st,
+int ks__request_parse(ks_server *s, const struct ks_fmt *fmt, conn *cn, ks_api_request *rq, void **st,
                       ks_api_error *e);
 #endif

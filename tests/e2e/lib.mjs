@@ -56,10 +56,12 @@ export { sleep };
 // Small, deterministic defaults: 2 slots of 512 tokens, one thread (the test
 // machine has 2 shared cores; ggml's spinning threads crawl when oversubscribed).
 // defaults: false leaves --slots and --ctx to the server (or its --config).
-export async function startServer(args = [], { timeoutMs = 60000, env = {}, defaults: useDefaults = true } = {}) {
+// model: the -m model (null: none, for a server of several models from its --config).
+export async function startServer(args = [], { timeoutMs = 60000, env = {}, defaults: useDefaults = true,
+  model = MODEL } = {}) {
   requireEnv();
   const defaults = useDefaults ? { '--slots': '2', '--ctx': '512', '--threads': '1' } : { '--threads': '1' };
-  const full = ['serve', '-m', MODEL, '--port', '0', '--log', 'info'];
+  const full = ['serve', ...(model ? ['-m', model] : []), '--port', '0', '--log', 'info'];
   for (const [k, v] of Object.entries(defaults)) if (!args.includes(k)) full.push(k, v);
   full.push(...args);
   const proc = spawn(BIN, full, {

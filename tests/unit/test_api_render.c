@@ -336,7 +336,7 @@ static void test_prom_sched(void **state) {
     st.n_slots = 4;
     st.queue_depth = 3;
     ks_buf b = {0};
-    ks_prom p = {&b, 0};
+    ks_prom p = {&b, 0, NULL};
     ks_metrics_sched(&p, &st);
     assert_int_equal(p.rc, 0);
     assert_true(check_prom(b.s, "kvstash_requests_total") == 12);
@@ -357,7 +357,7 @@ static void test_prom_sched(void **state) {
 
     /* Before the first request the ratio is 0, not NaN. */
     memset(&st, 0, sizeof st);
-    ks_prom q = {&b, 0};
+    ks_prom q = {&b, 0, NULL};
     ks_metrics_sched(&q, &st);
     assert_true(check_prom(b.s, "kvstash_cache_hit_ratio") == 0);
     ks_buf_free(&b);
