@@ -296,10 +296,11 @@ static void on_done(void *ud, const ks_req_result *r) {
     char spec[64] = "";
     if (r->n_drafted > 0) snprintf(spec, sizeof spec, ", drafts %d/%d", r->n_draft_accepted, r->n_drafted);
     KS_INFO(MOD, "%s%s slot %d: prompt %d tok, cached %d (%.1f%%), ttft %.1f ms, %d tok at %.1f tok/s%s, "
-                 "finish %s, cache %.*s%s%.*s",
+                 "finish %s, cache %.*s%s%.*s%s%s",
             g->id, which, r->slot, r->n_prompt, r->n_cached, pct, r->ttft_ms, r->n_generated, tps, spec,
             finish, (int)sizeof r->cache_mode, r->cache_mode, r->cache_reason[0] ? " / " : "",
-            (int)sizeof r->cache_reason, r->cache_reason);
+            (int)sizeof r->cache_reason, r->cache_reason, g->srv->multi ? ", model " : "",
+            g->srv->multi ? g->m->name : "");
     if (r->finish == KS_FINISH_ERROR)
         KS_WARN(MOD, "%s%s failed: %s", g->id, which, ks_strerror(r->error));
     ks_tenantstats_add(g->srv->tstats, g->key_tenant, r->n_prompt, r->n_cached, r->n_generated);

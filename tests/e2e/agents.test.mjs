@@ -23,12 +23,13 @@
 // server.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
+import { spawn, execFileSync } from 'node:child_process';
 import { mkdtempSync, mkdirSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import {
   startServer, stopOk, importClient, agentModel, templateModel, servedSince, refusedSince, until, CLIENTS_DIR,
+  writeConfig,
 } from './lib.mjs';
 import { startToolProxy } from './toolproxy.mjs';
 
@@ -331,3 +332,56 @@ async function toolLoop(srv, streamText, tool, stepCountIs, jsonSchema, createOp
     assert.ok(reqs[i].cached >= reqs[i - 1].prompt, `step ${i + 1} re-prefilled step ${i}'s prompt: ${JSON.stringify(reqs)}`);
   assert.deepEqual(refusedSince(srv, from), []);
 }
+
+// Claude Code with a main and a small model (docs/AGENTS.md "A main and a
+// small model"): one server of two models (docs/SERVER.md "Several
+// models"), the main one under the name the user passes, the small one under
+// Claude Code's haiku alias (ANTHROPIC_DEFAULT_HAIKU_MODEL). The script has
+// the main model start a sub-agent on "haiku" (the Agent tool's model
+// field, as a user's agent definitions do): its requests go to the small
+// model, the main conversation's to the main one, each from its own cache.
+test('Claude Code 2.1.332 with a main and a small model: a haiku sub-agent runs on the small one', async (t) => {
+  const { home, proj } = sandbox('claude-two-models');
+  const small = path.join(dir, 'small-agent.gguf');
+  execFileSync(process.env.KS_BIN, ['mkmodel', '--preset', 'tiny-agent', '--seed', '2', '--chat-template',
+    path.join(process.env.KS_TEMPLATES_DIR, 'Qwen3-Coder.jinja'), small], { stdio: 'ignore' });
+  const cfg = writeConfig(`models:
+  main: { path: ${agentModel(dir)}, aliases: [${MODEL}, "claude-*sonnet*", "claude-*opus*"] }
+  small: { path: ${small}, aliases: ["claude-*haiku*"] }
+default_model: main
+`);
+  const two = await startServer(['--config', cfg, '--ctx', '65536', '--slots', '2'], { model: null });
+  const sc = script('messages', 'Agent', [
+    [{ name: 'Agent', input: { description: 'look around', prompt: 'list the files of this project',
+      subagent_type: 'general-purpose', model: 'haiku' } }],
+  ]);
+  const px = await startToolProxy(two, sc.plan);
+  try {
+    const from = two.stderr.length;
+    const r = await run(claudeBin('@anthropic-ai/claude-code'), ['-p', 'what is in this project?', '--model', MODEL,
+      '--allowedTools', 'Agent'], { cwd: proj, env: { ...claudeEnv(home, px.base), ANTHROPIC_DEFAULT_HAIKU_MODEL: 'claude-haiku-4-5' } });
+    ok(r, 'claude with two models');
+    assert.equal(sc.left.length, 0, 'the main model never got to start the sub-agent');
+    const main = px.log.filter((e) => e.api);
+    await until(() => servedSince(two, from).length >= main.length, 'every request in the log').catch(() => {});
+    const served = servedSince(two, from);
+    t.diagnostic(`claude two models: ${JSON.stringify(served)}`);
+    assert.deepEqual(px.log.filter((e) => e.status !== 200).map((e) => `${e.path} -> ${e.status}`), []);
+    assert.deepEqual(refusedSince(two, from), [], 'requests were refused');
+    assert.equal(served.length, main.length, JSON.stringify(served));
+    // Each request went to the model its name routes to.
+    main.forEach((e, i) => assert.equal(served[i].model, /haiku/.test(e.body.model) ? 'small' : 'main',
+      `request ${i + 1} (${e.body.model}) served by ${served[i].model}`));
+    assert.ok(served.some((s) => s.model === 'small'), `the sub-agent's requests: ${JSON.stringify(served)}`);
+    assert.ok(served.some((s) => s.model === 'main'));
+    assert.match(two.stderr, /models small: loaded/);
+    assert.match(two.stderr, /models main: loaded/);
+    // The main conversation after the sub-agent returned: from the main model's cache.
+    const mains = served.filter((s) => s.model === 'main');
+    const last = mains[mains.length - 1];
+    assert.ok(mains.length >= 2 && last.cached >= 0.9 * last.prompt, `main model's last request: ${JSON.stringify(mains)}`);
+  } finally {
+    await px.close();
+    await stopOk(two);
+  }
+});

@@ -629,11 +629,15 @@ export function agentModel(dir, template = 'Qwen3-Coder.jinja') {
 }
 
 // The server's line for each finished generation since `from` (an offset
-// into its stderr): [{ id, prompt, cached }] in the order they finished.
+// into its stderr): [{ id, prompt, cached, model }] in the order they
+// finished (model: the model that served it, only on a server of several).
 export function servedSince(srv, from = 0) {
   const out = [];
-  const re = /I http +(\S+?)(?:\[\d+\])? slot \d+: prompt (\d+) tok, cached (\d+) /g;
-  for (const m of srv.stderr.slice(from).matchAll(re)) out.push({ id: m[1], prompt: +m[2], cached: +m[3] });
+  const re = /I http +(\S+?)(?:\[\d+\])? slot \d+: prompt (\d+) tok, cached (\d+) ([^\n]*)/g;
+  for (const m of srv.stderr.slice(from).matchAll(re)) {
+    const model = /, model (\S+)$/.exec(m[4])?.[1];
+    out.push({ id: m[1], prompt: +m[2], cached: +m[3], ...(model ? { model } : {}) });
+  }
   return out;
 }
 
