@@ -385,6 +385,7 @@ int ks_engine_open(const ks_engine_params *p, ks_engine **out, char *err, size_t
     e->repack = mp.use_extra_bufts;
     e->n_expert = model_meta_int(e->model, "expert_count");
     e->n_expert_used = model_meta_int(e->model, "expert_used_count");
+    e->n_threads = n_threads; /* the probe's verdict is for this many (its memo's key) */
     ks__engine_probe(e);
     if (p->exact && !e->gpu && e->repack && !e->invariant && !e->pairs_ok && e->probe_ran) {
         /* ggml repacks some weight types (Q4_0, Q4_K, IQ4_NL, MXFP4 on x86)

@@ -49,6 +49,13 @@ static uint64_t tenant_of(const ks_server *s, const conn *cn, const json_t *root
     return t;
 }
 
+/* The headers of an error reply: a model still loading (or not loaded, or
+ * the server busy) says when to come back. */
+static const char *const *err_hdrs(const ks_api_error *e) {
+    static const char *const retry_after[] = {"Retry-After", "1", NULL};
+    return e->status == 503 ? retry_after : NULL;
+}
+
 /* The model root names (its "model"), into cn->m: 0 or e filled. */
 static int model_of(ks_server *s, conn *cn, const json_t *root, ks_api_error *e) {
     if (cn->m) return 0;
@@ -160,7 +167,7 @@ enum MHD_Result ks__request_generate(ks_server *s, struct MHD_Connection *c, con
     ks_api_request rq;
     ks_api_error e;
     void *st;
-    if (ks__request_parse(s, fmt, cn, &rq, &st, &e)) return ks__respond_error(s, c, cn, &e, NULL);
+    if (ks__request_parse(s, fmt, cn, &rq, &st, &e)) return ks__respond_error(s, c, cn, &e, err_hdrs(&e));
     ks__log_notes(s, cn, &rq.notes);
     return run(s, c, cn, fmt, &rq, st);
 }
@@ -177,7 +184,7 @@ enum MHD_Result ks__request_count_tokens(ks_server *s, struct MHD_Connection *c,
     if (ks__api_load_object(cn->body.s, cn->body.len, &root, &e) || model_of(s, cn, root, &e) ||
         ks_api_messages_to_chat(root, true, &mr, &e) ||
         ks_api_parse_root_media(KS_API_CHAT, json_incref(mr.chat), &cn->m->media, &rq, &e)) {
-        ret = ks__respond_error(s, c, cn, &e, NULL);
+        ret = ks__respond_error(s, c, cn, &e, err_hdrs(&e));
         goto out;
     }
     /* The key's tenant (subdivided as a generation's would be): the render

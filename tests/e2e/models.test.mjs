@@ -174,6 +174,9 @@ test('--models-max 2: the least recently used idle model goes for a third; the p
     // Per-model series carry the model's label (each family once: parseProm checked the format).
     assert.ok(m.get('kvstash_requests_total{model="alpha"}') >= 1, [...m.keys()].filter((k) => k.startsWith('kvstash_requests_total')).join());
     assert.ok(m.has('kvstash_requests_total{model="gamma"}'));
+    // The RAM budget is the models' together: each store's RAM tier gets its
+    // share (2 GiB by default, four models).
+    assert.equal(m.get('kvstash_store_tier_max_bytes{tier="ram",model="alpha"}'), (2048 * 2 ** 20) / 4);
     // The pinned one cannot be unloaded by hand either.
     assertError(await postJSON(srv, '/models/unload', { model: 'gamma' }), 400, 'model_pinned', 'model');
   } finally {
@@ -220,6 +223,7 @@ test('--no-models-autoload: a request for an unloaded model is refused until it 
   try {
     const r = await ask(srv, 'beta', 'hello');
     assertError(r, 503, 'model_not_loaded', 'model');
+    assert.equal(r.headers.get('retry-after'), '1');
     assert.equal((await postJSON(srv, '/models/load', { model: 'beta' })).status, 200);
     await waitState(srv, 'beta', 'loaded', 'beta to load');
     const ok = await ask(srv, 'beta', 'tell me about the sea');
@@ -258,6 +262,35 @@ test('two models at once; requests that arrive while their model loads', async (
 const CONV = () => [{ role: 'system', content: 'You answer questions about the sea and ships. '.repeat(8) },
   { role: 'user', content: 'tell me about harbours' }];
 const convBody = (model, m) => ({ model, messages: m, max_tokens: 24, temperature: 0 });
+
+test('models load and unload while another one decodes: nothing is cut, nothing changes', async () => {
+  const srv = await startServer(['--config', yaml({ max: 2 })], { model: null });
+  try {
+    // A long reply on gamma (pinned) ...
+    const long = { model: 'gamma', messages: msgs('tell me a long story about the sea'), max_tokens: 400,
+      temperature: 0, ignore_eos: true };
+    const ref = await postJSON(srv, '/v1/chat/completions', long);
+    assert.equal(ref.status, 200, ref.text);
+    const during = postJSON(srv, '/v1/chat/completions', long);
+    // ... while alpha and beta take turns in the other place (each unloads the other).
+    const others = [];
+    for (let i = 0; i < 6; i++) {
+      const r = await ask(srv, i % 2 ? 'beta' : 'alpha', 'tell me about the sea');
+      assert.equal(r.status, 200, r.text);
+      others.push(r.json);
+    }
+    const g = await during;
+    assert.equal(g.status, 200, g.text);
+    assert.equal(g.json.choices[0].message.content, ref.json.choices[0].message.content, 'gamma\'s reply changed');
+    assert.equal(g.json.usage.completion_tokens, 400);
+    for (const o of others) assert.equal(o.choices[0].message.content, REF[o.model]);
+    const m = await metrics(srv);
+    assert.ok(m.get('kvstash_model_unloads_total{model="alpha"}') >= 2, 'alpha was not unloaded in between');
+    assert.equal(m.get('kvstash_model_unloads_total{model="gamma"}'), 0);
+  } finally {
+    await stopOk(srv);
+  }
+});
 
 test('a conversation continues from the store after its model was unloaded and loaded again', async () => {
   // The RAM-only store (the default): a conversation's state is saved when

@@ -701,8 +701,59 @@ static void test_model_entry_limits(void **state) {
     expect_error("models:\n  \"\": {}\n", "a model name must be 1..127 bytes");
 }
 
+/* Issue 37: the keys of several models, per entry and at the top level. */
+static void test_several_models(void **state) {
+    (void)state;
+    ks_config c;
+    ks_config_defaults(&c);
+    assert_int_equal(c.models_max, 4);
+    assert_int_equal(c.models_memory, -1);
+    assert_true(c.models_autoload);
+    assert_int_equal(c.sleep_idle_seconds, 0);
+    load_ok(&c, "models:\n"
+                "  big: { path: /m/big.gguf, aliases: [\"claude-*sonnet*\", gpt-5], pin: true, ctx: 8192, exact: false,\n"
+                "         gpu_layers: all, cache_type_k: q8_0, ctx_checkpoints: 4 }\n"
+                "  small: { path: /m/small.gguf, aliases: \"claude-*haiku*\", keep_alive: -1 }\n"
+                "models_dir: /m/dir\nmodels_max: 2\nmodels_memory: 20GiB\nsleep_idle_seconds: 300\n"
+                "models_autoload: false\ndefault_model: big\n");
+    assert_int_equal(c.n_models, 2);
+    assert_string_equal(c.models[0].path, "/m/big.gguf");
+    assert_int_equal(c.models[0].n_aliases, 2);
+    assert_string_equal(c.models[0].aliases[0], "claude-*sonnet*");
+    assert_string_equal(c.models[0].aliases[1], "gpt-5");
+    assert_true(c.models[0].pin);
+    assert_int_equal(c.models[0].ctx, 8192);
+    assert_int_equal(c.models[0].exact, 0);
+    assert_string_equal(c.models[0].gpu_layers, "all");
+    assert_string_equal(c.models[0].cache_type_k, "q8_0");
+    assert_int_equal(c.models[0].ctx_checkpoints, 4);
+    assert_int_equal(c.models[1].n_aliases, 1); /* one alias as a scalar */
+    assert_string_equal(c.models[1].aliases[0], "claude-*haiku*");
+    assert_int_equal(c.models[1].keep_alive, -1);
+    assert_int_equal(c.models[1].exact, -1);           /* not given: the top level's */
+    assert_int_equal(c.models[1].ctx_checkpoints, -1);
+    assert_false(c.models[1].pin);
+    assert_string_equal(c.models_dir, "/m/dir");
+    assert_int_equal(c.models_max, 2);
+    assert_int_equal(c.models_memory, 20LL << 30);
+    assert_int_equal(c.sleep_idle_seconds, 300);
+    assert_false(c.models_autoload);
+    assert_string_equal(c.default_model, "big");
+    /* the entry resolves like any models.<name> entry */
+    ks_config d = c;
+    ks_config_resolve_model(&d, "small", "/m/small.gguf");
+    assert_int_equal(d.cache.keep_alive, -1);
+    expect_error("models:\n  a: { aliases: { x: 1 } }\n", "aliases");
+    expect_error("models:\n  a: { aliases: [a, b, c, d, e, f, g, h, i] }\n", "at most 8 aliases");
+    expect_error("models:\n  a: { exact: maybe }\n", "exact");
+    expect_error("models:\n  a: { keep_alive: -2 }\n", "keep_alive");
+    expect_error("models_max: 65\n", "models_max");
+    expect_error("models:\n  a: { ctx: 10 }\n", "ctx");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_several_models),
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_full_file),
         cmocka_unit_test(test_redis_tls),
