@@ -266,8 +266,9 @@ int ks_engine_open(const ks_engine_params *p, ks_engine **out, char *err, size_t
      * mode it stays off: its kernel tiles by the batch and the KV length.
      * With a GPU in use it is on, as llama-server's auto: exactness is not
      * kept there anyway (note 3). */
-    /* A quantized V needs it (llama.cpp refuses the context otherwise): on,
-     * and exactness then says unavailable (the patch covers F16/F32 K/V). */
+    /* A quantized V needs it (llama.cpp refuses the context otherwise): on;
+     * exact with the patch's revision 5, which tiles quantized K/V too (else
+     * exactness says unavailable). */
     if (p->flash_attn == KS_FA_AUTO)
         e->flash_attn = (ks__g_patched && ks__g_patch_rev >= 3 && ks__kv_tiled(p->type_k, p->type_v)) ||
                         !p->exact || e->gpu || ks_engine_kv_type_quantized(p->type_v);

@@ -36,12 +36,21 @@
  * attention counts as invariant only with the patch's revision 2: the stock
  * CPU kernel changes its tiling with the number of rows, the KV length and
  * the thread count, in ways 32 tokens would not show (docs/LLAMA_FACTS.md). */
-/* Whether the K/V types take the patched tiled flash-attention kernel (F16 or
- * F32, both the same); quantized ones take the stock per-row path, which
- * splits a decoded row's KV among the threads. */
+/* Whether the K/V types take the patched CPU backend's tiled flash-attention
+ * kernel: F16 or F32, both the same (revision 2); from revision 5 also the
+ * quantized KV cache types and mixed ones, each K and V row dequantized into
+ * F32 in the tile (docs/LLAMA_FACTS.md). Otherwise the stock per-row path,
+ * which splits a decoded row's KV among the threads. */
+static bool kv_cache_type(int t) {
+    return t == GGML_TYPE_F16 || t == GGML_TYPE_F32 || t == GGML_TYPE_BF16 || t == GGML_TYPE_Q8_0 ||
+           t == GGML_TYPE_Q4_0 || t == GGML_TYPE_Q4_1 || t == GGML_TYPE_IQ4_NL || t == GGML_TYPE_Q5_0 ||
+           t == GGML_TYPE_Q5_1;
+}
+
 bool ks__kv_tiled(int type_k, int type_v) {
     int k = type_k < 0 ? GGML_TYPE_F16 : type_k, v = type_v < 0 ? GGML_TYPE_F16 : type_v;
-    return k == v && (k == GGML_TYPE_F16 || k == GGML_TYPE_F32);
+    if (k == v && (k == GGML_TYPE_F16 || k == GGML_TYPE_F32)) return true;
+    return ks__g_patch_rev >= 5 && kv_cache_type(k) && kv_cache_type(v);
 }
 
 #define PROBE_N 32
@@ -121,7 +130,8 @@ bool ks__gpu_kernels_ok(const ks_engine *e, char *why, size_t n) {
                                         "kernels";
     else if (!o->weights_quant)
         r = "the model has matrix weights of a float type, whose CUDA products the patch does not cover";
-    else if (!e->flash_attn || !ks__kv_tiled(e->type_k, e->type_v) || e->type_k == GGML_TYPE_F32)
+    else if (!e->flash_attn || (e->type_k >= 0 && e->type_k != GGML_TYPE_F16) ||
+             (e->type_v >= 0 && e->type_v != GGML_TYPE_F16))
         r = "the patched CUDA attention is the flash-attention kernel over an F16 KV cache";
     else if (e->n_ctx_seq % 256)
         r = "the per-sequence context is not a multiple of 256 cells (the patched flash attention's KV chunk)";
@@ -355,7 +365,8 @@ void ks__engine_exact_reason(ks_engine *e) {
         snprintf(r, n, "the open-time probe's decodes failed");
     } else if (!e->invariant && !e->pairs_ok && e->flash_attn && !ks__kv_tiled(e->type_k, e->type_v)) {
         snprintf(r, n, "flash attention over a %s K / %s V cache takes the stock per-row kernel, which is not "
-                       "batch-invariant (the patched tiled kernel covers F16 and F32 K/V; docs/LLAMA_FACTS.md)",
+                       "batch-invariant (the patched tiled kernel covers F16 and F32 K/V, and from the patch's "
+                       "revision 5 the quantized types; docs/LLAMA_FACTS.md)",
                  ks_engine_kv_type_name(e->type_k), ks_engine_kv_type_name(e->type_v));
     } else if (!e->invariant && !e->pairs_ok) {
         snprintf(r, n, "this model's CPU kernels are not batch-invariant, decoded alone or in pairs (%s; "

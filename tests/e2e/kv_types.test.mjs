@@ -1,9 +1,8 @@
 // kv_types.test.mjs — the KV cache's types (issue 38, its first part):
 // llama-server's -ctk/-ctv (and --cache-type-k/-v, YAML cache_type_k/v) set
 // the engine's K and V types; /props names them and the exact status; a
-// quantized V turns flash attention on (llama.cpp needs it) and exactness is
-// then said to be unavailable, with why (the patched kernel covers F16/F32
-// K/V); a state saved under one type is never restored into a context of
+// quantized V turns flash attention on (llama.cpp needs it), exact with the
+// patched CPU backend's revision 5 (kv_quant.test.mjs: every cache path); a state saved under one type is never restored into a context of
 // another (the types are in every entry's identity); bad input exits 2
 // naming the flag. The tiny-q4k model: a head size of 64 (quantized K/V
 // blocks of 32 must divide it; the tiny model's 16 does not).
@@ -20,15 +19,15 @@ after(() => rmSync(dir, { recursive: true, force: true }));
 const ask = (srv, content) => postJSON(srv, '/v1/chat/completions',
   { messages: [{ role: 'system', content: 'You answer briefly. '.repeat(12) }, { role: 'user', content }], max_tokens: 4, temperature: 0 });
 
-test('-ctk/-ctv q8_0: /props names the types; flash attention on; exact mode unavailable, said why', async () => {
+test('-ctk/-ctv q8_0: /props names the types; flash attention on; exact (the patch\'s revision 5)', async () => {
   const srv = await startServer(['-m', Q4K, '-ctk', 'q8_0', '-ctv', 'q8_0']);
   try {
     const p = (await getJSON(srv, '/props')).json.kvstash;
     assert.equal(p.cache_type_k, 'q8_0');
     assert.equal(p.cache_type_v, 'q8_0');
     assert.equal(p.flash_attn, true);
-    assert.equal(p.exact_mode, 'unavailable');
-    assert.match(srv.stderr, /exact mode unavailable \(flash attention over a q8_0 K \/ q8_0 V cache/);
+    assert.equal(p.exact_mode, 'batch-invariant');
+    assert.match(srv.stderr, /probe: a token decoded alone keeps its bits in a batch -> exact mode batch-invariant/);
     const r = await ask(srv, 'hello');
     assert.equal(r.status, 200, r.text);
   } finally {
