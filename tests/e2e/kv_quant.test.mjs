@@ -3,17 +3,20 @@
 // reply read from the cache equals the reply of --no-cache-prompt on the same
 // types — the same slot (each turn cut inside the previous reply), slot
 // copies and the store's tiers for sub-agents on fewer slots, SPC and IMC, a
-// restart (the store's disk and shm tiers, and warm start), a mixture of
-// experts — and concurrent requests equal sequential ones. The patched CPU
+// restart (the store's disk and shm tiers, and warm start), two hosts
+// sharing Redis, a mixture of experts — and concurrent requests equal sequential ones. The patched CPU
 // backend's revision 5 tiles flash attention over quantized K/V
 // (docs/LLAMA_FACTS.md); /props says exact. tiny-q4k and tiny-moe: head sizes
 // of 64 (quantized K/V blocks of 32 must divide them).
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtempSync, rmSync, readFileSync } from 'node:fs';
+import { spawn, spawnSync } from 'node:child_process';
+import { mkdtempSync, rmSync, readFileSync, existsSync, mkdirSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { startServer, stopOk, chat, getJSON, writeStoreConfig, settleStore, replyOf, writeConfig } from './lib.mjs';
+import {
+  startServer, stopOk, chat, getJSON, writeStoreConfig, settleStore, replyOf, writeConfig, until, metrics,
+} from './lib.mjs';
 
 const Q4K = process.env.KS_TINY_Q4K_MODEL;
 const MOE = process.env.KS_TINY_MOE_MODEL;
@@ -150,5 +153,48 @@ test('tiny-moe with q8_0/q8_0: a chat equals --no-cache-prompt', async () => {
   } finally {
     await stopOk(cached);
     await stopOk(uncached);
+  }
+});
+
+test('q8_0/q8_0: turns alternate between two hosts sharing Redis, replies equal --no-cache-prompt', async () => {
+  assert.equal(spawnSync('redis-server', ['--version']).status, 0, 'redis-server is needed (scripts/setup.sh installs it)');
+  const t = ['q8_0', 'q8_0'];
+  const root = tmp('redis');
+  const sock = path.join(root, 'r.sock');
+  const redis = spawn('redis-server', ['--port', '0', '--unixsocket', sock, '--unixsocketperm', '700', '--dir', root,
+    '--save', '', '--appendonly', 'no'], { stdio: 'ignore' });
+  const servers = [];
+  try {
+    await until(() => existsSync(sock) && spawnSync('redis-cli', ['-s', sock, 'ping'], { encoding: 'utf8' }).stdout?.trim() === 'PONG',
+      'redis-server to answer', 10000);
+    const hostCfg = (h) => {
+      const d = path.join(root, h);
+      mkdirSync(d, { recursive: true });
+      const f = path.join(d, 'kvstash.yaml');
+      writeFileSync(f, ['store:', '  enabled: true', `  cache_dir: ${d}/disk`, `  shm_dir: ${d}/shm`, '  stride: 16',
+        '  min_tokens: 16', '  tiers:', '    redis:', `      url: "unix://${sock}"`, '      key_prefix: kvs-q8'].join('\n') + '\n');
+      return f;
+    };
+    for (const h of ['a', 'b'])
+      servers.push(await startServer(['-m', Q4K, '--ctx', '1024', '--slots', '1', '--config', hostCfg(h), ...kv(t)]));
+    const uncached = await startServer(['-m', Q4K, '--ctx', '1024', '--no-cache-prompt', ...kv(t)]);
+    servers.push(uncached);
+    const msgs = [system];
+    for (let turn = 0; turn < 4; turn++) {
+      const srv = servers[turn % 2];
+      msgs.push({ role: 'user', content: questions[turn] });
+      const what = `turn ${turn + 1} on host ${'ab'[turn % 2]}`;
+      const a = await both(srv, uncached, msgs, what);
+      if (turn > 0) {
+        assert.equal(a.cache.mode, 'store', `${what}: ${JSON.stringify(a.cache)}`);
+        assert.equal(a.cache.tier, 'redis', `${what}: ${JSON.stringify(a.cache)}`);
+      }
+      msgs.push({ role: 'assistant', content: replyOf(a) });
+      await settleStore(srv); // its Redis copy written before the other host asks
+    }
+    assert.equal((await metrics(servers[1])).get('kvstash_store_redis_errors_total'), 0);
+  } finally {
+    for (const s of servers) await stopOk(s);
+    redis.kill('SIGKILL');
   }
 });
