@@ -10,12 +10,12 @@
 // of 64 (quantized K/V blocks of 32 must divide them).
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn, spawnSync } from 'node:child_process';
-import { mkdtempSync, rmSync, readFileSync, existsSync, mkdirSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, rmSync, readFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import {
-  startServer, stopOk, chat, getJSON, writeStoreConfig, settleStore, replyOf, writeConfig, until, metrics,
+  startServer, stopOk, chat, getJSON, writeStoreConfig, settleStore, replyOf, writeConfig, metrics, startRedis,
+  redisHostConfig,
 } from './lib.mjs';
 
 const Q4K = process.env.KS_TINY_Q4K_MODEL;
@@ -157,26 +157,14 @@ test('tiny-moe with q8_0/q8_0: a chat equals --no-cache-prompt', async () => {
 });
 
 test('q8_0/q8_0: turns alternate between two hosts sharing Redis, replies equal --no-cache-prompt', async () => {
-  assert.equal(spawnSync('redis-server', ['--version']).status, 0, 'redis-server is needed (scripts/setup.sh installs it)');
   const t = ['q8_0', 'q8_0'];
   const root = tmp('redis');
-  const sock = path.join(root, 'r.sock');
-  const redis = spawn('redis-server', ['--port', '0', '--unixsocket', sock, '--unixsocketperm', '700', '--dir', root,
-    '--save', '', '--appendonly', 'no'], { stdio: 'ignore' });
+  const redis = await startRedis(root);
   const servers = [];
   try {
-    await until(() => existsSync(sock) && spawnSync('redis-cli', ['-s', sock, 'ping'], { encoding: 'utf8' }).stdout?.trim() === 'PONG',
-      'redis-server to answer', 10000);
-    const hostCfg = (h) => {
-      const d = path.join(root, h);
-      mkdirSync(d, { recursive: true });
-      const f = path.join(d, 'kvstash.yaml');
-      writeFileSync(f, ['store:', '  enabled: true', `  cache_dir: ${d}/disk`, `  shm_dir: ${d}/shm`, '  stride: 16',
-        '  min_tokens: 16', '  tiers:', '    redis:', `      url: "unix://${sock}"`, '      key_prefix: kvs-q8'].join('\n') + '\n');
-      return f;
-    };
     for (const h of ['a', 'b'])
-      servers.push(await startServer(['-m', Q4K, '--ctx', '1024', '--slots', '1', '--config', hostCfg(h), ...kv(t)]));
+      servers.push(await startServer(['-m', Q4K, '--ctx', '1024', '--slots', '1',
+        '--config', await redisHostConfig(root, h, redis.sock, 'kvs-q8'), ...kv(t)]));
     const uncached = await startServer(['-m', Q4K, '--ctx', '1024', '--no-cache-prompt', ...kv(t)]);
     servers.push(uncached);
     const msgs = [system];
@@ -195,6 +183,6 @@ test('q8_0/q8_0: turns alternate between two hosts sharing Redis, replies equal 
     assert.equal((await metrics(servers[1])).get('kvstash_store_redis_errors_total'), 0);
   } finally {
     for (const s of servers) await stopOk(s);
-    redis.kill('SIGKILL');
+    redis.kill();
   }
 });

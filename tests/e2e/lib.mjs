@@ -643,3 +643,29 @@ export function servedSince(srv, from = 0) {
 
 // The refusals (4xx) the server logged since `from`.
 export const refusedSince = (srv, from = 0) => srv.stderr.slice(from).split('\n').filter((l) => / -> 4\d\d /.test(l));
+
+// ---------------------------------------------------------------------------
+// A redis-server on <root>/r.sock (no TCP, no persistence) for the tests of a
+// shared cache, and the store configuration of one "host" using it.
+// startRedis(root) -> { sock, kill() }; redisHostConfig(root, host, sock,
+// prefix) -> the YAML file of a full store in <root>/<host> with the redis tier.
+export async function startRedis(root) {
+  const { spawn: spawnR, spawnSync: spawnSyncR } = await import('node:child_process');
+  const { existsSync } = await import('node:fs');
+  assert.equal(spawnSyncR('redis-server', ['--version']).status, 0, 'redis-server is needed (scripts/setup.sh installs it)');
+  const sock = path.join(root, 'r.sock');
+  const proc = spawnR('redis-server', ['--port', '0', '--unixsocket', sock, '--unixsocketperm', '700', '--dir', root,
+    '--save', '', '--appendonly', 'no'], { stdio: 'ignore' });
+  await until(() => existsSync(sock) &&
+    spawnSyncR('redis-cli', ['-s', sock, 'ping'], { encoding: 'utf8' }).stdout?.trim() === 'PONG', 'redis-server to answer', 10000);
+  return { sock, kill: () => proc.kill('SIGKILL') };
+}
+export async function redisHostConfig(root, host, sock, prefix) {
+  const { mkdirSync: mk, writeFileSync: wr } = await import('node:fs');
+  const d = path.join(root, host);
+  mk(d, { recursive: true });
+  const f = path.join(d, 'kvstash.yaml');
+  wr(f, ['store:', '  enabled: true', `  cache_dir: ${d}/disk`, `  shm_dir: ${d}/shm`, '  stride: 16',
+    '  min_tokens: 16', '  tiers:', '    redis:', `      url: "unix://${sock}"`, `      key_prefix: ${prefix}`].join('\n') + '\n');
+  return f;
+}

@@ -14,12 +14,11 @@
 // the slot takes any length.
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn, spawnSync } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { startServer, stopOk, chat, getJSON, postJSON, replyOf, writeStoreConfig, writeConfig, metrics, settleStore,
-  until } from './lib.mjs';
+  startRedis, redisHostConfig } from './lib.mjs';
 
 const MODELS = {
   'tiny-moe': process.env.KS_TINY_MOE_MODEL,
@@ -276,25 +275,14 @@ test('tiny-moe-q4k: a shared system prompt is copied from the other slot, replie
 // the other host restores the previous turn's finish save from Redis (the
 // reply goes back whole, so that state is a prefix of the next prompt).
 test('tiny-moe-q4k: turns alternate between two hosts sharing Redis, replies equal --no-cache-prompt', async () => {
-  assert.equal(spawnSync('redis-server', ['--version']).status, 0, 'redis-server is needed (scripts/setup.sh installs it)');
   const model = modelOf('tiny-moe-q4k');
   const root = tmp('redis');
-  const sock = path.join(root, 'r.sock');
-  const redis = spawn('redis-server', ['--port', '0', '--unixsocket', sock, '--unixsocketperm', '700', '--dir', root,
-    '--save', '', '--appendonly', 'no'], { stdio: 'ignore' });
+  const redis = await startRedis(root);
   try {
-    await until(() => existsSync(sock) && spawnSync('redis-cli', ['-s', sock, 'ping'], { encoding: 'utf8' }).stdout?.trim() === 'PONG',
-      'redis-server to answer', 10000);
-    const hostCfg = (h) => {
-      const d = path.join(root, h);
-      mkdirSync(d, { recursive: true });
-      const f = path.join(d, 'kvstash.yaml');
-      writeFileSync(f, ['store:', '  enabled: true', `  cache_dir: ${d}/disk`, `  shm_dir: ${d}/shm`, '  stride: 16',
-        '  min_tokens: 16', '  tiers:', '    redis:', `      url: "unix://${sock}"`, '      key_prefix: kvs-moe'].join('\n') + '\n');
-      return f;
-    };
-    const hosts = [await serve(['-m', model, '--ctx', '1024', '--slots', '1', '--config', hostCfg('a')]),
-      await serve(['-m', model, '--ctx', '1024', '--slots', '1', '--config', hostCfg('b')])];
+    const hosts = [await serve(['-m', model, '--ctx', '1024', '--slots', '1', '--config',
+      await redisHostConfig(root, 'a', redis.sock, 'kvs-moe')]),
+    await serve(['-m', model, '--ctx', '1024', '--slots', '1', '--config',
+      await redisHostConfig(root, 'b', redis.sock, 'kvs-moe')])];
     const uncached = await serve(['-m', model, '--ctx', '1024', '--no-cache-prompt']);
     const msgs = [system];
     let prevPrompt = 0;
@@ -316,6 +304,6 @@ test('tiny-moe-q4k: turns alternate between two hosts sharing Redis, replies equ
     assert.equal(m.get('kvstash_store_redis_errors_total'), 0);
     await stop(...hosts, uncached);
   } finally {
-    redis.kill('SIGKILL');
+    redis.kill();
   }
 });
