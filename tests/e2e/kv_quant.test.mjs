@@ -4,18 +4,20 @@
 // types — the same slot (each turn cut inside the previous reply), slot
 // copies and the store's tiers for sub-agents on fewer slots, SPC and IMC, a
 // restart (the store's disk and shm tiers, and warm start), two hosts
-// sharing Redis, a mixture of experts — and concurrent requests equal sequential ones. The patched CPU
+// sharing Redis, a mixture of experts, an image in the KV — and concurrent requests equal sequential ones. The patched CPU
 // backend's revision 5 tiles flash attention over quantized K/V
 // (docs/LLAMA_FACTS.md); /props says exact. tiny-q4k and tiny-moe: head sizes
 // of 64 (quantized K/V blocks of 32 must divide them).
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
 import { mkdtempSync, rmSync, readFileSync } from 'node:fs';
+import { png, chatImage } from './media.mjs';
 import os from 'node:os';
 import path from 'node:path';
 import {
   startServer, stopOk, chat, getJSON, writeStoreConfig, settleStore, replyOf, writeConfig, metrics, startRedis,
-  redisHostConfig,
+  redisHostConfig, BIN,
 } from './lib.mjs';
 
 const Q4K = process.env.KS_TINY_Q4K_MODEL;
@@ -184,5 +186,36 @@ test('q8_0/q8_0: turns alternate between two hosts sharing Redis, replies equal 
   } finally {
     for (const s of servers) await stopOk(s);
     redis.kill();
+  }
+});
+
+test('q8_0/q8_0 with an image in the KV: a conversation about it equals --no-cache-prompt; a restart restores it', async () => {
+  const t = ['q8_0', 'q8_0'];
+  const d = tmp('media');
+  const model = path.join(d, 'q4k-mm.gguf'), proj = path.join(d, 'q4k-mmproj.gguf');
+  execFileSync(BIN, ['mkmodel', '--preset', 'tiny-q4k', '--seed', '1', '--mmproj', proj, model], { stdio: 'ignore' });
+  const cfg = await storeConfig(d);
+  const uncached = await startServer(['-m', model, '--mmproj', proj, '--ctx', '1024', '--no-cache-prompt', ...kv(t)]);
+  try {
+    const msgs = [system, { role: 'user', content: [{ type: 'text', text: 'what is in this picture?' }, chatImage(png(64, 64, 3))] }];
+    for (let run = 0; run < 2; run++) {
+      // run 1: a fresh server, then its turns from the slot; run 2: after a restart, from the store
+      const srv = await startServer(['-m', model, '--mmproj', proj, '--ctx', '1024', '--slots', '1', '--config', cfg,
+        ...kv(t)]);
+      try {
+        for (let turn = 0; turn < 2; turn++) {
+          const what = `media run ${run + 1} turn ${turn + 1}`;
+          const a = await both(srv, uncached, msgs, what);
+          if (run === 1 && turn === 0) assert.equal(a.cache.mode, 'store', `${what}: ${JSON.stringify(a.cache)}`);
+          if (turn === 1) assert.ok(a.usage.prompt_tokens_details.cached_tokens > 64, `${what}: ${JSON.stringify(a.cache)}`);
+          msgs.push({ role: 'assistant', content: backOf(replyOf(a)) }, { role: 'user', content: `and more? (${run}${turn})` });
+        }
+        await settleStore(srv);
+      } finally {
+        await stopOk(srv);
+      }
+    }
+  } finally {
+    await stopOk(uncached);
   }
 });
