@@ -42,6 +42,8 @@ static void mkmodel_usage(FILE *f) {
             "                  tiny-q4k: tiny in Q4_K_M with n_embd 256, ffn 512 (< 1 MiB)\n"
             "                  tiny-hybrid:  `lfm2`, the tiny shape in 4 layers: short\n"
             "                         convolutions in 0 and 2, attention in 1 and 3\n"
+            "                  tiny-hybrid-h64: tiny-hybrid with n_embd 128, 2 heads of 64\n"
+            "                         (quantized KV caches need heads of 32k)\n"
             "                  bench-hybrid: `lfm2` at the bench shape: 16 convolution\n"
             "                         and 8 attention layers (~444 MiB)\n"
             "                  tiny-swa:  `gemma3`, the tiny shape in 4 layers: a 32-token\n"

@@ -86,7 +86,7 @@
  *     the pinned llama.cpp's src/models/lfm2.cpp and gemma3.cpp; why these two:
  *     docs/LLAMA_FACTS.md, "Hybrid, recurrent and sliding-window models"). The
  *     vocabulary, template, output scales and generator are those of `llama`.
- *     - tiny-hybrid, bench-hybrid: `lfm2` (Liquid's LFM2), llama.cpp's hybrid
+ *     - tiny-hybrid, tiny-hybrid-h64 (heads of 64), bench-hybrid: `lfm2` (Liquid's LFM2), llama.cpp's hybrid
  *       memory: layer il is attention when il % attn_period == attn_period - 1
  *       (tiny: 1 and 3 of 4; bench: 8 of 24, LFM2's own ratio), the others
  *       gated short convolutions whose last conv_l_cache - 1 inputs are the

@@ -43,6 +43,10 @@ static const preset k_presets[] = {
     {.name = "tiny-hybrid", .n_embd = 64, .n_layer = 4, .n_head = 4, .n_head_kv = 2, .n_ff = 128,
      .n_ctx_train = 8192, .n_vocab_max = 1000, .wtype = GGML_TYPE_F16, .ftype = FTYPE_F16,
      .arch = MK_ARCH_LFM2, .attn_period = 2, .conv_l_cache = 3},
+    /* tiny-hybrid with heads of 64 (n_embd 128, 2 heads): quantized K/V blocks of 32 fit */
+    {.name = "tiny-hybrid-h64", .n_embd = 128, .n_layer = 4, .n_head = 2, .n_head_kv = 1, .n_ff = 256,
+     .n_ctx_train = 8192, .n_vocab_max = 1000, .wtype = GGML_TYPE_F16, .ftype = FTYPE_F16,
+     .arch = MK_ARCH_LFM2, .attn_period = 2, .conv_l_cache = 3},
     {.name = "bench-hybrid", .n_embd = 896, .n_layer = 24, .n_head = 14, .n_head_kv = 2, .n_ff = 4864,
      .n_ctx_train = 32768, .n_vocab_max = 32000, .rich_vocab = true, .pad_vocab = true,
      .wtype = GGML_TYPE_Q8_0, .ftype = FTYPE_Q8_0, .arch = MK_ARCH_LFM2, .attn_period = 3, .conv_l_cache = 3},

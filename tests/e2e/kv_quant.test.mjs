@@ -4,7 +4,8 @@
 // types — the same slot (each turn cut inside the previous reply), slot
 // copies and the store's tiers for sub-agents on fewer slots, SPC and IMC, a
 // restart (the store's disk and shm tiers, and warm start), two hosts
-// sharing Redis, a mixture of experts, an image in the KV — and concurrent requests equal sequential ones. The patched CPU
+// sharing Redis, a mixture of experts, an image in the KV, a hybrid model's
+// checkpoints — and concurrent requests equal sequential ones. The patched CPU
 // backend's revision 5 tiles flash attention over quantized K/V
 // (docs/LLAMA_FACTS.md); /props says exact. tiny-q4k and tiny-moe: head sizes
 // of 64 (quantized K/V blocks of 32 must divide them).
@@ -216,6 +217,32 @@ test('q8_0/q8_0 with an image in the KV: a conversation about it equals --no-cac
       }
     }
   } finally {
+    await stopOk(uncached);
+  }
+});
+
+test('tiny-hybrid-h64 with q8_0/q8_0: turns cut inside the reply go back to a checkpoint, replies equal', async () => {
+  const t = ['q8_0', 'q8_0'];
+  const model = process.env.KS_TINY_HYBRID_H64_MODEL;
+  assert.ok(model, 'KS_TINY_HYBRID_H64_MODEL is not set (run through ctest)');
+  const cached = await startServer(['-m', model, '--ctx', '1024', ...kv(t)]);
+  const uncached = await startServer(['-m', model, '--ctx', '1024', '--no-cache-prompt', ...kv(t)]);
+  try {
+    assert.equal((await getJSON(cached, '/props')).json.kvstash.exact_mode, 'batch-invariant');
+    const msgs = [system];
+    let checkpoints = 0;
+    for (let i = 0; i < 4; i++) {
+      msgs.push({ role: 'user', content: questions[i] });
+      const a = await both(cached, uncached, msgs, `hybrid turn ${i + 1}`, 24);
+      if (/^checkpoint-at-token-/.test(a.cache.reason || '')) checkpoints++;
+      // the reply goes back without its last words: the next prompt diverges
+      // inside what the slot holds, which a hybrid memory cannot cut there
+      const words = replyOf(a).split(' ');
+      msgs.push({ role: 'assistant', content: words.slice(0, Math.max(1, words.length - 3)).join(' ') });
+    }
+    assert.ok(checkpoints > 0, 'no turn went back to a checkpoint');
+  } finally {
+    await stopOk(cached);
     await stopOk(uncached);
   }
 });
