@@ -352,7 +352,8 @@ typedef struct found {
     char name[128];
     char path[KS_MAX_PATH];
     char mmproj[KS_MAX_PATH];
-    int entry;                  /* c->models index of an entry with a path, -1: models_dir */
+    int entry;                  /* c->models index of an entry with a path, -1: models_dir or -m */
+    bool dash_m;                /* the -m model (the top-level mmproj is its) */
 } found;
 
 static int cmp_names(const void *a, const void *b) {
@@ -414,7 +415,17 @@ static int model_cfg(const ks_config *c, const ks_serve_flags *fl, const found *
     *out = *c;
     snprintf(out->model, sizeof out->model, "%s", f->path);
     ks_config_resolve_model(out, f->name, f->path);
-    const ks_model_cache_cfg *m = &out->cache;
+    ks_model_cache_cfg *m = &out->cache;
+    /* Settings from another model's entry ("default" with a path of its
+     * own): its settings, not its identity. */
+    if (m->path[0] && strcmp(m->path, f->path)) {
+        m->path[0] = '\0';
+        m->n_aliases = 0;
+        m->pin = false;
+        m->keep_alive = 0;
+    }
+    /* The top-level projector is the -m model's, not every model's. */
+    if (!f->dash_m) out->mmproj[0] = '\0';
     if (m->ctx > 0) out->ctx = m->ctx;
     if (m->exact >= 0) out->exact = m->exact;
     if (m->ctx_checkpoints >= 0) out->ctx_checkpoints = m->ctx_checkpoints;
@@ -478,7 +489,7 @@ int ks_serve_models_plan(const ks_config *c, const ks_serve_flags *fl, ks_serve_
         }
         const char *base = strrchr(c->model, '/');
         base = base ? base + 1 : c->model;
-        found f = {.entry = -1};
+        found f = {.entry = -1, .dash_m = true};
         if (fl->alias) snprintf(f.name, sizeof f.name, "%s", fl->alias);
         else snprintf(f.name, sizeof f.name, "%.*s", (int)(has_suffix(base, ".gguf") ? strlen(base) - 5 : strlen(base)), base);
         snprintf(f.path, sizeof f.path, "%s", c->model);
