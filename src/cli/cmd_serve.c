@@ -84,6 +84,11 @@ static void loader_unload(void *ud, int i, bool shutdown) {
     ks_serve_model_unload(&L->v[i], shutdown);
 }
 
+static void loader_stop(void *ud, int i) {
+    loader_ctx *L = ud;
+    ks_serve_model_stop(&L->v[i]);
+}
+
 /* The machine's memory: the default of --models-memory is 90% of it. */
 static int64_t phys_bytes(void) {
     long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
@@ -302,7 +307,7 @@ int ks_cmd_serve(int argc, char **argv) {
     ks_server_params hp = ks_server_params_default();
     hp.models = table;
     hp.n_models = n_models;
-    hp.loader = (ks_server_loader){.ud = &lctx, .load = loader_load, .unload = loader_unload};
+    hp.loader = (ks_server_loader){.ud = &lctx, .load = loader_load, .unload = loader_unload, .stop = loader_stop};
     hp.default_model = cfg.default_model;
     hp.models_max = cfg.models_max;
     hp.memory_budget = cfg.models_memory >= 0 ? cfg.models_memory : phys_bytes() / 10 * 9;

@@ -312,6 +312,12 @@ void ks_serve_model_parts(ks_serve_model *sm, ks_server_model_parts *out) {
     out->metrics = sm->metrics;
 }
 
+void ks_serve_model_stop(ks_serve_model *sm) {
+    if (sm->sched) ks_sched_set_stop_reason(sm->sched, KS_REASON_SHUTDOWN);
+    ks_sched_free(sm->sched); /* its slots go to the store here */
+    sm->sched = NULL;
+}
+
 void ks_serve_model_unload(ks_serve_model *sm, bool shutdown) {
     if (sm->sched) ks_sched_set_stop_reason(sm->sched, shutdown ? KS_REASON_SHUTDOWN : KS_REASON_UNLOAD);
     ks_sched_free(sm->sched); /* its slots go to the store here */

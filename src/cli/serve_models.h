@@ -67,6 +67,9 @@ int ks_serve_model_rest(ks_serve_model *sm, const char *mmproj_flag, const char 
                         size_t errlen);
 /* The parts the server needs of a loaded model. */
 void ks_serve_model_parts(ks_serve_model *sm, ks_server_model_parts *out);
+/* Stops the scheduler alone (the server stops: its slots to the store with
+ * KS_REASON_SHUTDOWN); the engine stays for ks_serve_model_unload. */
+void ks_serve_model_stop(ks_serve_model *sm);
 /* Frees what a load made: the scheduler first (its slots to the store with
  * KS_REASON_UNLOAD, or KS_REASON_SHUTDOWN), then SPC, draft model, engine,
  * metrics. The store stays. Idempotent. */

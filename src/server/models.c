@@ -14,10 +14,11 @@
  *  2. A request holds a reference from the moment its model is resolved
  *     until its generation is freed. A model is unloaded only with no
  *     reference: a request in flight is never cut (an unload asked for a
- *     busy model waits for it to go idle). At shutdown (ks__models_stop)
- *     every model is unloaded whatever it holds: the server has drained or
- *     canceled its requests, and a model's persistent fields (name, lock,
- *     detached) stay for those still writing their replies.
+ *     busy model waits for it to go idle). At shutdown the schedulers stop
+ *     first (ks__models_stop: every request left gets its on_done), and the
+ *     engines and the rest go only once the daemon has stopped and no
+ *     connection is left (ks__models_unload_all); a model's persistent
+ *     fields (name, lock, detached) stay to the end.
  *  3. Room for a load: at most models_max loaded (or loading) at once, and
  *     their est_bytes within memory_budget. What is in the way is unloaded
  *     least recently used first, among the idle, unpinned models; when all
@@ -338,6 +339,25 @@ void ks__models_stop(ks_server *s) {
     pthread_mutex_unlock(&t->mu);
     if (t->thr_ok) pthread_join(t->thr, NULL);
     t->thr_ok = false;
+    /* The schedulers stop now (their requests end, their slots are saved);
+     * the engines stay until no connection is left (ks__models_unload_all):
+     * a utility request may still be reading one. */
+    for (int i = 0; i < s->n_models; i++) {
+        ks_smodel *m = &s->m[i];
+        pthread_mutex_lock(&t->mu);
+        bool loaded = m->state == KS_SMODEL_LOADED;
+        pthread_mutex_unlock(&t->mu);
+        if (!loaded) continue;
+        pthread_rwlock_wrlock(&m->sched_lock);
+        m->detached = true;
+        pthread_rwlock_unlock(&m->sched_lock);
+        if (t->loader.stop) t->loader.stop(t->loader.ud, i);
+    }
+}
+
+void ks__models_unload_all(ks_server *s) {
+    ks_models *t = s ? s->models : NULL;
+    if (!t) return;
     pthread_mutex_lock(&t->mu);
     for (int i = 0; i < s->n_models; i++)
         if (s->m[i].state == KS_SMODEL_LOADED) unload_locked(s, &s->m[i], true, "shutdown");

@@ -886,9 +886,9 @@ void ks_server_detach_sched(ks_server *s) {
 
 void ks_server_free(ks_server *s) {
     if (!s) return;
-    /* Every model unloaded (its scheduler freed: what is left is canceled,
-     * every on_done runs, its slots go to the store) before the wait below
-     * for the replies still being written. */
+    /* Every model's scheduler stopped (what is left is canceled, every
+     * on_done runs, its slots go to the store) before the wait below for the
+     * replies still being written; the engines go after the daemon. */
     atomic_store(&s->draining, true);
     ks__models_stop(s);
     /* Requests whose generation just ended (canceled by ks_sched_free) still
@@ -900,6 +900,7 @@ void ks_server_free(ks_server *s) {
         nanosleep(&ts, NULL);
     }
     if (s->d) MHD_stop_daemon(s->d);
+    ks__models_unload_all(s); /* no connection is left to read an engine */
     ks_hdrwatch_stop(s->hdrwatch);
     ks_tenantstats_free(s->tstats);
     /* MHD hands the listening socket to whoever quiesced: ours to close,

@@ -159,6 +159,11 @@ typedef struct ks_server_loader {
     void *ud;
     int (*load)(void *ud, int index, ks_server_model_parts *out, char *err, size_t errlen);
     void (*unload)(void *ud, int index, bool shutdown);
+    /* When the server stops: frees the model's scheduler alone (its slots to the
+     * store with KS_REASON_SHUTDOWN; every request left gets its on_done) while
+     * requests may still read the engine; unload (shutdown true) follows once
+     * no connection is left. NULL: unload does it all then. */
+    void (*stop)(void *ud, int index);
 } ks_server_loader;
 
 enum { KS_SERVER_MODELS_MAX = 64, KS_SERVER_ALIASES_MAX = 16 };

@@ -156,10 +156,10 @@ typedef struct conn {
 
 /* The table of models (models.c). ks__models_start: the entries of p, the
  * loading thread, and the pinned models loaded (a failure is an error only
- * when p has one entry). ks__models_stop (server shutdown, after every
- * request was drained or canceled... and before ks_server_free): detaches and
- * unloads every model (loader unload with shutdown true) and joins the
- * thread; ks__models_free frees the table.
+ * when p has one entry). At shutdown (ks_server_free): ks__models_stop joins
+ * the thread, detaches every loaded model and stops its scheduler (the
+ * loader's stop); after the daemon stopped, ks__models_unload_all unloads
+ * them (the loader's unload, shutdown true); ks__models_free frees the table.
  *
  * ks__models_acquire: the model name (NULL or "": none given) resolves to —
  * an entry's name, alias or alias pattern, else the default model — held in
@@ -177,6 +177,7 @@ typedef struct conn {
  * ks__models_json: /v1/models' data array. */
 int ks__models_start(ks_server *s, const ks_server_params *p, char *err, size_t errlen);
 void ks__models_stop(ks_server *s);
+void ks__models_unload_all(ks_server *s);
 void ks__models_free(ks_server *s);
 int ks__models_acquire(ks_server *s, const char *name, bool wait, ks_smodel **m, ks_api_error *e);
 void ks__models_ref(ks_server *s, ks_smodel *m);
