@@ -386,3 +386,37 @@ test('--models-dir: every GGUF of the directory is a model named by its stem', a
     await stopOk(srv);
   }
 });
+
+test('-m with a table: the -m model joins it, the top-level projector is its own, a "default" entry lends settings only', async () => {
+  const mm = path.join(dir, 'mm.gguf'), proj = path.join(dir, 'mm-mmproj.gguf');
+  execFileSync(BIN, ['mkmodel', '--preset', 'tiny', '--seed', '1', '--mmproj', proj, mm], { stdio: 'ignore' });
+  // "default" has a path of its own: a model named default, whose settings
+  // (ctx) a model without an entry of its own (the -m one) takes, but not
+  // its aliases or pin.
+  const cfg = writeConfig(`mmproj: ${proj}
+models:
+  beta: { path: ${M.beta} }
+  default: { path: ${M.gamma}, aliases: ["claude-*"], pin: true, ctx: 768 }
+models_max: 3
+`);
+  const srv = await startServer(['--config', cfg, '--alias', 'vision'], { model: mm });
+  try {
+    const data = (await getJSON(srv, '/v1/models')).json.data;
+    assert.deepEqual(data.map((m) => m.id).sort(), ['beta', 'default', 'vision']);
+    assert.equal((await ask(srv, 'vision', 'hello')).status, 200);
+    assert.equal((await ask(srv, 'beta', 'hello')).status, 200);
+    const now = Object.fromEntries((await getJSON(srv, '/v1/models')).json.data.map((m) => [m.id, m]));
+    assert.deepEqual(now.vision.architecture.input_modalities, ['text', 'image']);
+    assert.deepEqual(now.beta.architecture.input_modalities, ['text'], 'the projector went to another model');
+    assert.equal(now.vision.meta.n_ctx_seq, 768, 'the -m model did not take the default entry\'s settings');
+    assert.equal(now.beta.meta.n_ctx_seq, 512, 'beta has an entry of its own');
+    assert.deepEqual(now.vision.aliases, []);
+    assert.equal(now.vision.status.pinned, false);
+    assert.equal(now.default.status.pinned, true);
+    // "claude-*" is default's alias only
+    const r = await ask(srv, 'claude-x', 'hello');
+    assert.equal(r.json.model, 'default');
+  } finally {
+    await stopOk(srv);
+  }
+});
