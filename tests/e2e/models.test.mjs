@@ -17,7 +17,7 @@ import { mkdtempSync, rmSync, writeFileSync, mkdirSync, copyFileSync } from 'nod
 import os from 'node:os';
 import path from 'node:path';
 import {
-  BIN, startServer, stopOk, postJSON, getJSON, metrics, assertError, until, writeConfig, runBin,
+  BIN, startServer, stopOk, postJSON, getJSON, metrics, assertError, until, writeConfig, runBin, importClient,
 } from './lib.mjs';
 
 const dir = mkdtempSync(path.join(os.tmpdir(), 'ks-models-'));
@@ -416,6 +416,25 @@ models_max: 3
     // "claude-*" is default's alias only
     const r = await ask(srv, 'claude-x', 'hello');
     assert.equal(r.json.model, 'default');
+  } finally {
+    await stopOk(srv);
+  }
+});
+
+test('the official OpenAI SDK: models.list() shows the table; a model by alias; an unknown one is its NotFoundError', async () => {
+  const OpenAI = (await importClient('openai')).default;
+  const srv = await startServer(['--config', yaml({ def: '' })], { model: null });
+  try {
+    const client = new OpenAI({ baseURL: `${srv.base}/v1`, apiKey: 'none', maxRetries: 0, timeout: 60000 });
+    const ids = [];
+    for await (const m of client.models.list()) ids.push(m.id);
+    assert.deepEqual(ids, ['alpha', 'beta', 'gamma', 'broken']);
+    const r = await client.chat.completions.create({ model: 'claude-haiku-4-5', messages: msgs('tell me about the sea'),
+      max_tokens: 12, temperature: 0 });
+    assert.equal(r.model, 'beta');
+    assert.equal(r.choices[0].message.content, REF.beta);
+    await assert.rejects(client.chat.completions.create({ model: 'nope', messages: msgs('hi'), max_tokens: 4 }),
+      (e) => e instanceof OpenAI.NotFoundError && e.code === 'model_not_found');
   } finally {
     await stopOk(srv);
   }
