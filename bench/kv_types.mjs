@@ -9,12 +9,10 @@
 //
 // usage: node bench/kv_types.mjs --bin BIN --model MODEL [--types f16/f16,q8_0/q8_0,q4_0/q4_0]
 //   [--threads 2] [--words 7000] [--out DIR]
-import { spawn } from 'node:child_process';
 import { mkdtempSync, readdirSync, statSync, readFileSync, rmSync, writeFileSync, mkdirSync } from 'node:fs';
-import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
-import { parseArgs, words, streamChat } from './peer_lib.mjs';
+import { parseArgs, words, streamChat, freePort, startServer, stopServer } from './peer_lib.mjs';
 
 const { str, die } = parseArgs('kv_types', process.argv.slice(2));
 const BIN = str('bin') || die('--bin BIN');
@@ -22,30 +20,13 @@ const MODEL = str('model') || die('--model MODEL');
 const TYPES = str('types', 'f16/f16,q8_0/q8_0,q4_0/q4_0').split(',').map((t) => t.split('/'));
 const THREADS = str('threads', '2'), WORDS = Number(str('words', '7000')), OUT = str('out', '');
 
-const freePort = () => new Promise((res) => {
-  const s = net.createServer();
-  s.listen(0, '127.0.0.1', () => { const p = s.address().port; s.close(() => res(p)); });
-});
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 const rssMiB = (pid) => Number(/VmRSS:\s+(\d+)/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))[1]) / 1024;
 
-async function start(types, cfg, extra = []) {
+async function start(types, cfg) {
   const port = await freePort();
-  const proc = spawn(BIN, ['serve', '-m', MODEL, '--port', String(port), '--threads', THREADS, '--slots', '2',
-    '--ctx', '32768', '-ctk', types[0], '-ctv', types[1], '--config', cfg, ...extra], { stdio: ['ignore', 'ignore', 'pipe'] });
-  let log = '';
-  proc.stderr.on('data', (d) => { log += d; });
-  const url = `http://127.0.0.1:${port}`;
-  for (let i = 0; i < 1200; i++) {
-    try { if ((await fetch(`${url}/health`)).status === 200) return { proc, url, log: () => log }; } catch { /* not yet */ }
-    if (proc.exitCode !== null) break;
-    await sleep(100);
-  }
-  throw new Error(`kvstash did not start:\n${log.slice(-2000)}`);
-}
-async function stop(s) {
-  s.proc.kill('SIGTERM');
-  await new Promise((r) => (s.proc.exitCode !== null ? r() : s.proc.on('exit', r)));
+  return startServer('kvstash', BIN, ['serve', '-m', MODEL, '--port', String(port), '--threads', THREADS, '--slots', '2',
+    '--ctx', '32768', '-ctk', types[0], '-ctv', types[1], '--config', cfg], port);
 }
 
 const rows = [];
@@ -61,14 +42,14 @@ for (const t of TYPES) {
   const first = await streamChat(s.url, { messages: conv, max_tokens: 16, temperature: 0 });
   const rssFull = rssMiB(s.proc.pid);
   await sleep(2000); // the writer thread writes the finish save
-  await stop(s);
+  await stopServer(s);
   const files = readdirSync(path.join(dir, 'disk'), { recursive: true }).filter((f) => String(f).endsWith('.kvs'))
     .map((f) => statSync(path.join(dir, 'disk', String(f))).size).sort((a, b) => b - a);
   conv.push({ role: 'assistant', content: first.text }, { role: 'user', content: words(60, 79) });
   s = await start(t, cfg);
   const restored = await streamChat(s.url, { messages: conv, max_tokens: 4, temperature: 0 });
   const cold = await streamChat(s.url, { messages: conv, max_tokens: 4, temperature: 0, cache_prompt: false });
-  await stop(s);
+  await stopServer(s);
   rmSync(dir, { recursive: true, force: true });
   rows.push({ types: t.join('/'), prompt: first.usage?.prompt_tokens, rssStart, rssFull, state: files[0] ?? NaN,
     restoredTtft: restored.ttft, restoredCached: restored.usage?.prompt_tokens_details?.cached_tokens,

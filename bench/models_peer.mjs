@@ -16,11 +16,9 @@
 // usage: node bench/models_peer.mjs --kvstash BIN --peer BIN --dir DIR --a NAME --b NAME
 //   [--threads 2] [--ctx 4096] [--rounds 3] [--sys-words 1200] [--msg-words 60] [--max-tokens 32]
 //   [--out DIR]
-import { spawn } from 'node:child_process';
 import { writeFileSync, mkdirSync } from 'node:fs';
-import net from 'node:net';
 import path from 'node:path';
-import { parseArgs, median, words, streamChat, now } from './peer_lib.mjs';
+import { parseArgs, median, words, streamChat, now, freePort, startServer, stopServer } from './peer_lib.mjs';
 
 const { str, die } = parseArgs('models_peer', process.argv.slice(2));
 const KS = str('kvstash') || die('--kvstash BIN');
@@ -32,12 +30,6 @@ const ROUNDS = Number(str('rounds', '3')), SYS = Number(str('sys-words', '1200')
 const MSG = Number(str('msg-words', '60')), MAXT = Number(str('max-tokens', '32'));
 const OUT = str('out', '');
 
-const freePort = () => new Promise((res) => {
-  const s = net.createServer();
-  s.listen(0, '127.0.0.1', () => { const p = s.address().port; s.close(() => res(p)); });
-});
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
-
 async function start(kind) {
   const port = await freePort();
   const args = kind === 'kvstash'
@@ -45,21 +37,7 @@ async function start(kind) {
       '--ctx', CTX, '--log', 'info']
     : ['--models-dir', DIR, '--models-max', '1', '--port', String(port), '--host', '127.0.0.1', '-t', THREADS, '-tb', THREADS,
       '-np', '1', '-c', CTX, '--no-webui'];
-  const proc = spawn(kind === 'kvstash' ? KS : PEER, args, { stdio: ['ignore', 'ignore', 'pipe'] });
-  let log = '';
-  proc.stderr.on('data', (d) => { log += d; });
-  const url = `http://127.0.0.1:${port}`;
-  for (let i = 0; i < 600; i++) {
-    try { if ((await fetch(`${url}/health`)).status === 200) return { proc, url, log: () => log }; } catch { /* not yet */ }
-    if (proc.exitCode !== null) break;
-    await sleep(100);
-  }
-  throw new Error(`${kind} did not start:\n${log.slice(-2000)}`);
-}
-
-async function stop(s) {
-  s.proc.kill('SIGTERM');
-  await new Promise((r) => (s.proc.exitCode !== null ? r() : s.proc.on('exit', r)));
+  return startServer(kind, kind === 'kvstash' ? KS : PEER, args, port, 60000);
 }
 
 async function round(s, r) {
@@ -96,7 +74,7 @@ for (let r = 0; r < ROUNDS; r++) {
     try {
       res[kind].push(await round(s, r));
     } finally {
-      await stop(s);
+      await stopServer(s);
     }
     process.stderr.write(`models_peer: round ${r + 1}/${ROUNDS} ${kind} done\n`);
   }

@@ -173,3 +173,33 @@ export function floorProcess({ bin, model, threads, ctx = 8192, onSpawn }) {
     },
   };
 }
+
+// A free TCP port on 127.0.0.1.
+export function freePort() {
+  return import('node:net').then((net) => new Promise((res) => {
+    const s = net.createServer();
+    s.listen(0, '127.0.0.1', () => { const p = s.address().port; s.close(() => res(p)); });
+  }));
+}
+
+// Starts a server (bin, args holding --port port) and waits for its /health
+// (at most timeoutMs): { proc, url, log() }. stopServer sends SIGTERM and
+// waits for the exit.
+export async function startServer(what, bin, args, port, timeoutMs = 120000) {
+  const { spawn } = await import('node:child_process');
+  const proc = spawn(bin, args, { stdio: ['ignore', 'ignore', 'pipe'] });
+  let log = '';
+  proc.stderr.on('data', (d) => { log += d; });
+  const url = `http://127.0.0.1:${port}`;
+  for (const end = now() + timeoutMs; now() < end;) {
+    try { if ((await fetch(`${url}/health`)).status === 200) return { proc, url, log: () => log }; } catch { /* not yet */ }
+    if (proc.exitCode !== null) break;
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  proc.kill('SIGKILL');
+  throw new Error(`${what} did not start:\n${log.slice(-2000)}`);
+}
+export async function stopServer(s) {
+  s.proc.kill('SIGTERM');
+  await new Promise((r) => (s.proc.exitCode !== null ? r() : s.proc.on('exit', r)));
+}
