@@ -34,7 +34,7 @@ async function start(kind) {
   const port = await freePort();
   const args = kind === 'kvstash'
     ? ['serve', '--models-dir', DIR, '--models-max', '1', '--port', String(port), '--threads', THREADS, '--slots', '1',
-      '--ctx', CTX, '--log', 'info']
+      '--ctx', CTX, '--log', process.env.KS_LOG || 'info']
     : ['--models-dir', DIR, '--models-max', '1', '--port', String(port), '--host', '127.0.0.1', '-t', THREADS, '-tb', THREADS,
       '-np', '1', '-c', CTX, '--no-webui'];
   return startServer(kind, kind === 'kvstash' ? KS : PEER, args, port, 60000);
@@ -75,6 +75,8 @@ for (let r = 0; r < ROUNDS; r++) {
       res[kind].push(await round(s, r));
     } finally {
       await stopServer(s);
+      // KS_LOG_DIR: each server's log, to see where a request's time went
+      if (process.env.KS_LOG_DIR) writeFileSync(path.join(process.env.KS_LOG_DIR, `${kind}-${r}.log`), s.log());
     }
     process.stderr.write(`models_peer: round ${r + 1}/${ROUNDS} ${kind} done\n`);
   }

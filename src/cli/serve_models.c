@@ -142,8 +142,28 @@ static void draft_metrics(void *ud, ks_prom *p) {
                     (double)atomic_load(&c->drafted));
 }
 
+static void *fp_main(void *ud) {
+    ks_serve_model *sm = ud;
+    sm->fp_rc = ks_serve_store_fingerprint(sm->cfg, &sm->store_cfg, sm->fp, sm->fp_err, sizeof sm->fp_err);
+    return NULL;
+}
+
+/* Joins the fingerprint's thread, if one runs. */
+static void fp_join(ks_serve_model *sm) {
+    if (!sm->fp_running) return;
+    pthread_join(sm->fp_thread, NULL);
+    sm->fp_running = false;
+}
+
 int ks_serve_model_engine(ks_serve_model *sm, char *err, size_t errlen) {
     const ks_config *c = sm->cfg;
+    if (!sm->store_opened && !sm->fp_running) {
+        /* The store's fingerprint beside the engine's load (one core reads
+         * and repacks the weights; the other hashes them). */
+        sm->store_mode = ks_config_store_plan(c, &sm->store_cfg);
+        sm->fp_rc = -1;
+        if (sm->store_mode != KS_STORE_OFF) sm->fp_running = pthread_create(&sm->fp_thread, NULL, fp_main, sm) == 0;
+    }
     ks_engine_params ep = ks_engine_params_default();
     if (ks_serve_kv_types(c, sm->flash_attn, &ep.type_k, &ep.type_v)) {
         say(err, errlen, "a KV cache type the engine refuses (cache_type_k, cache_type_v)");
@@ -161,6 +181,7 @@ int ks_serve_model_engine(ks_serve_model *sm, char *err, size_t errlen) {
     char e2[1024] = "";
     int rc = ks_engine_open(&ep, &sm->e, e2, sizeof e2);
     if (rc) {
+        fp_join(sm);
         say(err, errlen, "%s", e2[0] ? e2 : ks_strerror(rc));
         return rc;
     }
@@ -227,8 +248,12 @@ int ks_serve_model_rest(ks_serve_model *sm, const char *mmproj_flag, const char 
         }
     }
     if (!sm->store_opened) {
+        fp_join(sm);
         sm->store_mode = ks_config_store_plan(c, &sm->store_cfg);
-        if (sm->store_mode != KS_STORE_OFF && (rc = ks_serve_store_open(c, &sm->store_cfg, sm->secret, sm->e,
+        /* The thread's fingerprint when it got one; else computed again
+         * there, which prints why it fails. */
+        const uint8_t *fp = sm->fp_rc == 0 ? sm->fp : NULL;
+        if (sm->store_mode != KS_STORE_OFF && (rc = ks_serve_store_open(c, &sm->store_cfg, sm->secret, sm->e, fp,
                                                                          &sm->store))) {
             say(err, errlen, "cannot open the KV store (see above)");
             if (rc == KS_EINVAL) rc = KS_EIO; /* exit 1, not a usage error (as it always was) */
@@ -286,6 +311,7 @@ int ks_serve_model_rest(ks_serve_model *sm, const char *mmproj_flag, const char 
     sm->loaded = true;
     return 0;
 fail:
+    fp_join(sm);
     ks_spc_free(sm->spc);
     sm->spc = NULL;
     ks_metrics_free(sm->metrics);
@@ -334,6 +360,7 @@ void ks_serve_model_unload(ks_serve_model *sm, bool shutdown) {
 }
 
 void ks_serve_model_final(ks_serve_model *sm) {
+    fp_join(sm);
     ks_serve_model_unload(sm, true);
     ks_store_close(sm->store); /* writes what is queued (store.shutdown_timeout_ms) */
     sm->store = NULL;

@@ -18,6 +18,7 @@
 #ifndef KS_CLI_SERVE_MODELS_H
 #define KS_CLI_SERVE_MODELS_H
 
+#include <pthread.h>
 #include <stdbool.h>
 
 #include "cache/spc.h"
@@ -54,6 +55,15 @@ typedef struct ks_serve_model {
     ks_store_mode store_mode;
     ks_store_cfg store_cfg;
     bool store_opened;
+    /* The store's model fingerprint (every byte of the weights hashed: tens
+     * of ms per 100 MB) is computed by a thread of its own while the engine
+     * loads, before the store's first open (ks_serve_model_engine starts it,
+     * ks_serve_model_rest or a failed load joins it). */
+    pthread_t fp_thread;
+    bool fp_running;
+    int fp_rc;
+    uint8_t fp[32];
+    char fp_err[256];
 } ks_serve_model;
 
 /* Opens the engine of sm->cfg (the model, its context, slots, KV types,

@@ -43,14 +43,20 @@ static int check_redis(const ks_config *c) {
  * of another model or context size are never found. The fingerprint is
  * cached in the disk tier's directory only when there is one (a RAM-only
  * store writes nothing). */
+int ks_serve_store_fingerprint(const ks_config *c, const ks_store_cfg *sc, uint8_t fp[32], char *err, size_t errlen) {
+    const char *fp_dir = sc->tier_max_bytes[KS_TIER_DISK] > 0 ? sc->cache_dir : NULL;
+    return ks_model_fingerprint_cached(c->model, fp_dir, fp, NULL, err, errlen);
+}
+
 int ks_serve_store_open(const ks_config *c, const ks_store_cfg *sc, const ks_serve_secret *sec, const ks_engine *e,
-                        ks_store **out) {
+                        const uint8_t *fp, ks_store **out) {
     ks_store_params sp = ks_store_params_default();
     sp.cfg = *sc;
     sp.mac = sec->on ? &sec->key : NULL;
     char err[512] = "";
-    const char *fp_dir = sc->tier_max_bytes[KS_TIER_DISK] > 0 ? sc->cache_dir : NULL;
-    int rc = ks_model_fingerprint_cached(c->model, fp_dir, sp.model_fp, NULL, err, sizeof err);
+    int rc = 0;
+    if (fp) memcpy(sp.model_fp, fp, 32);
+    else rc = ks_serve_store_fingerprint(c, sc, sp.model_fp, err, sizeof err);
     if (rc) {
         fprintf(stderr, CMD ": model fingerprint: %s\n", err[0] ? err : ks_strerror(rc));
         return rc;

@@ -39,9 +39,14 @@ typedef struct ks_serve_secret {
 int ks_serve_store_check(const ks_config *c, ks_serve_secret *sec);
 
 /* Opens the store of mode settings sc for engine e (model fingerprint, KV
- * params, state version; sec's key when on). 0 or a KS_E* code (printed). */
+ * params, state version; sec's key when on). fp: the model's fingerprint
+ * when the caller computed it (ks_serve_store_fingerprint), NULL: computed
+ * here. 0 or a KS_E* code (printed). */
 int ks_serve_store_open(const ks_config *c, const ks_store_cfg *sc, const ks_serve_secret *sec, const ks_engine *e,
-                        ks_store **out);
+                        const uint8_t *fp, ks_store **out);
+/* The fingerprint ks_serve_store_open keys the store with (cached in the
+ * disk tier's directory when there is one): 0, or a KS_E* code with err. */
+int ks_serve_store_fingerprint(const ks_config *c, const ks_store_cfg *sc, uint8_t fp[32], char *err, size_t errlen);
 
 /* "off", "ram-only (N MiB)" or "on at DIR", with " + redis URL" (password
  * redacted) when the redis tier is on: the store in the start-up line. */

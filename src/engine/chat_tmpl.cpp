@@ -30,6 +30,9 @@
 
 extern "C" {
 #include "base/base.h"
+
+/* engine.h's accessor (engine.h itself is C11 only). */
+extern "C" const struct llama_model *ks_engine_llama_model(const struct ks_engine *e);
 }
 
 struct ks_chat_tmpl {
@@ -387,6 +390,16 @@ extern "C" {
 int ks_chat_tmpl_create(const struct llama_model *model, const char *template_override, ks_chat_tmpl **out,
                         char *err, size_t errlen) {
     return create(model, template_override, out, err, errlen);
+}
+
+int ks_chat_tmpl_create_for(const struct ks_engine *e, const char *template_override, ks_chat_tmpl **out,
+                            char *err, size_t errlen) {
+    if (out) *out = nullptr;
+    if (!e) {
+        ks_set_err(err, errlen, "no engine");
+        return KS_EINVAL;
+    }
+    return create(ks_engine_llama_model(e), template_override, out, err, errlen);
 }
 
 int ks_chat_tmpl_create_from_file(const char *gguf_path, const char *template_override, ks_chat_tmpl **out,

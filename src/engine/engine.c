@@ -287,7 +287,9 @@ int ks_engine_open(const ks_engine_params *p, ks_engine **out, char *err, size_t
         mp.tensor_split = tsplit;
     }
     mp.use_extra_bufts = p->repack;
+    double t_load = ks_now_ms();
     e->model = llama_model_load_from_file(p->model_path, mp);
+    t_load = ks_now_ms() - t_load;
     if (!e->model) {
         ks_set_err(err, errlen,
                    "model file '%s' could not be loaded (unsupported architecture or damaged file; "
@@ -361,7 +363,9 @@ int ks_engine_open(const ks_engine_params *p, ks_engine **out, char *err, size_t
     e->type_v = cp.type_v;
     if (p->pool_of && p->pool_of->tp) e->tp = p->pool_of->tp; /* borrowed: tp_free stays NULL */
     else thread_pool(e, n_threads);
+    double t_ctx = ks_now_ms();
     e->ctx = llama_init_from_model(e->model, cp);
+    t_ctx = ks_now_ms() - t_ctx;
     if (e->ctx && e->tp) llama_attach_threadpool(e->ctx, e->tp, NULL);
     if (!e->ctx && (p->type_k >= 0 || p->type_v >= 0) && (cp.type_k != GGML_TYPE_F16 || cp.type_v != GGML_TYPE_F16)) {
         /* llama.cpp refuses a quantized type whose block does not divide the
@@ -425,8 +429,8 @@ int ks_engine_open(const ks_engine_params *p, ks_engine **out, char *err, size_t
     char where[512];
     ks_engine_offload_desc(e, where, sizeof where);
     KS_DEBUG(MOD, "model %s (%s): n_ctx_seq=%d n_seq=%d n_batch=%d threads=%d fa=%d cpu=%s repack=%d invariant=%d "
-             "warm-up %.0f ms; %s", e->name, e->desc, e->n_ctx_seq, e->n_seq, e->n_batch, n_threads, (int)e->flash_attn,
-             g_cpu_backend, (int)e->repack, (int)e->invariant, e->warm_ms, where);
+             "load %.0f ms, context %.0f ms, warm-up %.0f ms; %s", e->name, e->desc, e->n_ctx_seq, e->n_seq, e->n_batch, n_threads, (int)e->flash_attn,
+             g_cpu_backend, (int)e->repack, (int)e->invariant, t_load, t_ctx, e->warm_ms, where);
     *out = e;
     return 0;
 fail:
@@ -452,6 +456,7 @@ int ks_engine_n_batch(const ks_engine *e) { return e->n_batch; }
 int ks_engine_n_vocab(const ks_engine *e) { return e->n_vocab; }
 const char *ks_engine_model_path(const ks_engine *e) { return e->path; }
 const char *ks_engine_model_desc(const ks_engine *e) { return e->desc; }
+const struct llama_model *ks_engine_llama_model(const ks_engine *e) { return e->model; }
 const char *ks_engine_model_name(const ks_engine *e) { return e->name; }
 
 void ks_engine_kv_params(const ks_engine *e, char *buf, size_t n) {

@@ -109,6 +109,10 @@ int ks_engine_n_seq(const ks_engine *e);
 int ks_engine_n_batch(const ks_engine *e);
 int ks_engine_n_vocab(const ks_engine *e);
 const char *ks_engine_model_path(const ks_engine *e);
+/* The engine's llama_model, for chat_tmpl.cpp's ks_chat_tmpl_create_for
+ * (read-only: the engine owns it; valid until ks_engine_free). */
+struct llama_model;
+const struct llama_model *ks_engine_llama_model(const ks_engine *e);
 /* A short description ("llama 0.5B Q8_0") — borrowed, valid until free. */
 const char *ks_engine_model_desc(const ks_engine *e);
 /* The model's name for the API (general.name or the file's base name). */
