@@ -58,6 +58,7 @@
 #include "base/base.h"
 #include "cache/key.h"
 #include "cache/redis_fmt.h"
+#include "cache/kvparams.h"
 #include "cache/store_int.h"
 
 void ks__store_add_ms(_Atomic uint64_t *acc, double ms) {
@@ -166,6 +167,13 @@ int ks_store_open(const ks_store_params *p, ks_store **out, char *err, size_t er
         rc = ks_tier_redis_open(&s->cfg.redis, (uint64_t)s->cfg.tier_max_bytes[KS_TIER_REDIS], &ident,
                                 &s->tiers[KS_TIER_REDIS], err, errlen);
         if (rc != 0) goto done;
+    }
+    /* The params in words beside the entries, for `kvstash cache ls`
+     * (kvparams.h): a convenience, never needed to serve. */
+    for (int t = KS_TIER_SHM; t <= KS_TIER_DISK; t++) {
+        const char *d = t == KS_TIER_DISK ? s->cfg.cache_dir : s->cfg.shm_dir;
+        if (s->tiers[t] && ks_kvparams_register(d, s->params_hash, s->kv_params ? s->kv_params : "", s->kv_len))
+            KS_DEBUG("store", "%s tier: cannot write the kv-params' name in %s/params", ks_tier_name(t), d);
     }
     /* The tier keeps what it needs; no copy of a credential stays here. */
     memset(s->cfg.redis.password, 0, sizeof s->cfg.redis.password);
@@ -588,6 +596,7 @@ void ks_store_stats(ks_store *s, struct ks_store_stats *o) {
     /* Bad files met by lookups, plus those the tiers' scans and saves moved aside. */
     o->corrupt_files = atomic_load(&s->corrupt_files);
     o->pending_hits = atomic_load(&s->pending_hits);
+    o->kv_type_misses = atomic_load(&s->kv_type_misses);
     o->prefetches = atomic_load(&s->prefetches);
     o->prefetch_fetched = atomic_load(&s->prefetch_fetched);
     o->prefetch_used = atomic_load(&s->prefetch_used);

@@ -198,6 +198,18 @@ int ks_store_lookup_range(ks_store *s, const int32_t *tokens, int n, int min_len
 int ks_store_lookup_range_in(ks_store *s, uint64_t tenant, const int32_t *tokens, int n, int min_len, int max_len,
                              ks_store_hit *hit);
 
+/* Why a lookup of tokens[0, max_len] found no state of at least min_len
+ * tokens, when the reason is the K/V cache types: the longest state of this
+ * model and tenant in a local file tier (shm, disk) that differs from this
+ * store's kv-params in type_k/type_v alone — saved by a server of other
+ * -ctk/-ctv — with its types into types ("q8_0/q8_0"). Returns its length,
+ * or 0 when there is none (nothing is read: the tiers' tables and one key
+ * per candidate length and type pair; nothing at all when the tiers hold no
+ * foreign entry of this model). Redis is not asked (a round trip per pair).
+ * Counts kv_type_misses. Thread-safe. */
+int ks_store_other_kv(ks_store *s, uint64_t tenant, const int32_t *tokens, int min_len, int max_len, char *types,
+                      size_t n);
+
 /* Remote prefetch (the redis tier). ks_store_prefetch asks Redis, on the
  * calling thread, for the longest stored prefix of tokens[0, min(n,
  * max_len)) (max_len < 0: no cap) longer than what the local tiers, the save
@@ -309,6 +321,8 @@ struct ks_store_stats {
     uint64_t queued;                       /* jobs waiting now, or being written (all their tiers,
                                               Redis included) */
     uint64_t pending_hits;                 /* hits served from a save not written yet */
+    uint64_t kv_type_misses;               /* misses a state of other K/V types would have served
+                                              (ks_store_other_kv) */
     uint64_t prefetches;                   /* ks_store_prefetch calls that asked Redis */
     uint64_t prefetch_fetched;             /* states they fetched */
     uint64_t prefetch_used;                /* of those, taken by a lookup */

@@ -104,6 +104,7 @@ struct ks_store {
     _Atomic uint64_t dedup_saves, small_saves, dropped_saves, skipped_saves, failed_saves;
     _Atomic uint64_t corrupt_files;
     _Atomic uint64_t pending_hits;
+    _Atomic uint64_t kv_type_misses;
     _Atomic uint64_t prefetches, prefetch_fetched, prefetch_used, prefetch_dropped;
     _Atomic uint64_t pin_saves, pin_refreshes, tier_pin_drops[KS_TIER__N];
     _Atomic uint64_t load_us, save_us, restore_us;

@@ -83,6 +83,7 @@ typedef struct ks_tier_entry {
     int64_t pin_until_us;    /* wall clock; pinned while in the future; 0: never pinned */
     uint32_t state_version;
     uint8_t model_fp[32];
+    uint8_t params_hash[32]; /* the kv-params' SHA-256 (file and ram tiers; zero from redis lists) */
     ks_entry_class cls;
 } ks_tier_entry;
 
@@ -324,6 +325,9 @@ uint64_t ks_tier_pinned_bytes(ks_tier *t, int64_t now_us, uint64_t *n);
 /* Appends the n_tokens of every OWN, good entry with 1 <= n_tokens <= max_len
  * to out[*n] while *n < cap (duplicates included). */
 void ks_tier_lengths(ks_tier *t, int max_len, int *out, int *n, int cap);
+/* The same for the FOREIGN entries of model fp (another kv-params: K/V
+ * types, context...): what ks_store_other_kv asks about. */
+void ks_tier_foreign_lengths(ks_tier *t, const uint8_t fp[32], int max_len, int *out, int *n, int cap);
 /* Calls cb with a copy of every entry, from a snapshot taken under the lock
  * (cb runs without the lock). Returns 0, KS_ENOMEM, or cb's non-zero value. */
 int ks_tier_list(ks_tier *t, ks_tier_list_cb cb, void *ud);

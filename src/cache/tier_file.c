@@ -133,6 +133,7 @@ static void info_from_meta(const ks_tier *t, const ks_kvfile_meta *m, ks_tier_en
     info->pin_until_us = m->pin_until_us;
     info->state_version = m->state_version;
     memcpy(info->model_fp, m->model_fp, 32);
+    memcpy(info->params_hash, m->params_hash, 32);
     info->cls = ks__tier_classify(t, m);
 }
 

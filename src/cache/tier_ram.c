@@ -73,6 +73,7 @@ static int ram_put(ks_tier *t, const ks_kvfile_meta *m, const int32_t *tokens, i
     info.pin_until_us = m->pin_until_us;
     info.state_version = m->state_version;
     memcpy(info.model_fp, m->model_fp, 32);
+    memcpy(info.params_hash, m->params_hash, 32);
     info.cls = KS_ENTRY_OWN;
     /* The blob is complete before it is visible: readers take it as soon as
      * the table holds it. */

@@ -24,13 +24,31 @@
 typedef struct vstate {
     int good, bad, skipped;
     int tagged; /* files that carry a tag (KS_KVFILE_FLAG_MAC) */
+    const char *dir; /* the directory being checked */
+    /* the good files by K/V cache types (ks__cache_kv_types) */
+    struct {
+        char types[32];
+        int n;
+    } kv[16];
+    int n_kv;
 } vstate;
+
+static void count_kv(vstate *v, const char *types) {
+    int i = 0;
+    while (i < v->n_kv && strcmp(v->kv[i].types, types)) i++;
+    if (i == v->n_kv) {
+        if (v->n_kv == (int)(sizeof v->kv / sizeof v->kv[0])) return;
+        snprintf(v->kv[v->n_kv++].types, sizeof v->kv[0].types, "%s", types);
+    }
+    v->kv[i].n++;
+}
 
 static int verify_cb(void *ud, const char *path, int rc, const ks_kvfile_meta *m) {
     vstate *v = ud;
     if (m && (m->flags & KS_KVFILE_FLAG_MAC)) v->tagged++;
     if (rc == 0) {
         v->good++;
+        if (m) count_kv(v, ks__cache_kv_types(v->dir, m->params_hash));
     } else if (rc == KS_EINVAL) {
         v->skipped++;
         printf("skipped: %s: not a regular file\n", path);
@@ -66,7 +84,7 @@ static int load_secret(const opts *o, ks_kvmac_key *k, bool *on) {
 }
 
 int ks__cache_verify(const opts *o) {
-    vstate v = {0, 0, 0, 0};
+    vstate v = {0};
     ks_kvmac_key key;
     bool auth = false;
     int crc = ks__cache_check_dirs(o);
@@ -77,6 +95,7 @@ int ks__cache_verify(const opts *o) {
     if ((crc = ks__cache_open_redis(o, &redis)) != 0) return crc;
     for (int t = KS_TIER_SHM; t <= KS_TIER_DISK; t++) {
         if (!o->use[t]) continue;
+        v.dir = o->dirs[t];
         int rc = ks_store_verify_dir_mac(o->dirs[t], auth ? &key : NULL, verify_cb, &v);
         if (rc == KS_ENOENT) continue; /* vanished since ks__cache_check_dirs */
         if (rc < 0) {
@@ -90,6 +109,12 @@ int ks__cache_verify(const opts *o) {
         printf("%d files checked: %d good, %d bad", v.good + v.bad, v.good, v.bad);
         if (v.skipped) printf("; %d skipped (not regular files)", v.skipped);
         printf("\n");
+        /* What they hold, by K/V cache types ("?": no name registered) */
+        if (v.n_kv) {
+            printf("K/V cache types:");
+            for (int i = 0; i < v.n_kv; i++) printf("%s %s %d", i ? "," : "", v.kv[i].types, v.kv[i].n);
+            printf("\n");
+        }
     }
     if (redis) {
         int good = 0, bad = 0;

@@ -41,6 +41,7 @@
 #include "base/base.h"
 #include "cache/key.h"
 #include "cache/kvfile.h"
+#include "cache/kvparams.h"
 #include "cache/redis_conn.h"
 #include "cache/store.h"
 #include "cache/store_cfg.h"
@@ -56,7 +57,8 @@
 static void usage(FILE *f) {
     fprintf(f,
             "usage: kvstash cache <command> [--cache-dir DIR] [--shm-dir DIR] [options]\n"
-            "  ls     [KEYPREFIX]           list entries: key, tokens, bytes, tier, reason, age, hits\n"
+            "  ls     [KEYPREFIX]           list entries: key, tokens, bytes, tier, reason, age, hits, model,\n"
+            "                               K/V cache types\n"
             "  stats                        totals per tier\n"
             "  verify                       check every file completely; exit 1 naming each bad one\n"
             "  gc     [--max-bytes N] [--config FILE]\n"
@@ -315,6 +317,27 @@ int ks__cache_open_tier(const opts *o, int tier, unsigned flags, ks_tier **t) {
 }
 
 /* ------------------------------------------------------------------- ls */
+const char *ks__cache_kv_types(const char *dir, const uint8_t hash[32]) {
+    /* A directory holds the states of a few params at most. */
+    enum { MEMO = 16 };
+    static struct {
+        char dir[KS_MAX_PATH];
+        uint8_t hash[32];
+        char types[32];
+    } memo[MEMO];
+    static int n_memo, next;
+    for (int i = 0; i < n_memo; i++)
+        if (!memcmp(memo[i].hash, hash, 32) && !strcmp(memo[i].dir, dir)) return memo[i].types;
+    int i = n_memo < MEMO ? n_memo++ : (next++ % MEMO);
+    snprintf(memo[i].dir, sizeof memo[i].dir, "%s", dir);
+    memcpy(memo[i].hash, hash, 32);
+    char params[4096];
+    if (ks_kvparams_lookup(dir, hash, params, sizeof params) != 0 ||
+        !ks_kvparams_type_pair(params, strlen(params), memo[i].types, sizeof memo[i].types))
+        snprintf(memo[i].types, sizeof memo[i].types, "?");
+    return memo[i].types;
+}
+
 
 int ks__cache_collect(void *ud, const ks_tier_entry *e) {
     rows *r = ud;
@@ -387,8 +410,8 @@ static int cmd_ls(const opts *o) {
     }
     if (r.n) qsort(r.v, r.n, sizeof *r.v, row_cmp); /* r.v is NULL when empty: UB for qsort */
     int64_t now = ks_wall_us();
-    printf("%-12s %8s %9s %-5s %-9s %6s %6s %6s %-8s\n", "KEY", "TOKENS", "BYTES", "TIER", "REASON", "AGE",
-           "IDLE", "HITS", "MODEL");
+    printf("%-12s %8s %9s %-5s %-9s %6s %6s %6s %-8s %s\n", "KEY", "TOKENS", "BYTES", "TIER", "REASON", "AGE",
+           "IDLE", "HITS", "MODEL", "KV");
     for (size_t i = 0; i < r.n; i++) {
         const ks_tier_entry *e = &r.v[i].e;
         bool remote = r.v[i].tier == KS_TIER_REDIS;
@@ -406,8 +429,11 @@ static int cmd_ls(const opts *o) {
             snprintf(hits, sizeof hits, "-");
         else
             snprintf(hits, sizeof hits, "%llu", (unsigned long long)e->hits);
-        printf("%.12s %8d %9s %-5s %-9s %6s %6s %6s %-8s\n", hex, e->n_tokens, sz, tier_str(r.v[i].tier),
-               reason_str(e->reason), age, idle, hits, fp);
+        /* The K/V cache types from the name the store registered beside the
+         * files (a Redis listing reads manifests only: "-"). */
+        const char *kv = remote ? "-" : ks__cache_kv_types(o->dirs[r.v[i].tier], e->params_hash);
+        printf("%.12s %8d %9s %-5s %-9s %6s %6s %6s %-8s %s\n", hex, e->n_tokens, sz, tier_str(r.v[i].tier),
+               reason_str(e->reason), age, idle, hits, fp, kv);
     }
     if (r.n == 0) fprintf(stderr, o->prefix ? "no entry matches %s\n" : "the cache is empty\n", o->prefix);
     free(r.v);

@@ -46,6 +46,10 @@ typedef struct rows {
 
 /* "12.3M" style sizes (binary units) into out. */
 void ks__cache_fmt_bytes(uint64_t b, char *out, size_t n);
+/* The K/V cache types ("q8_0/q8_0") of the entries of kv-params hash in
+ * dir, from the name its store registered there (cache/kvparams.h); "?"
+ * when none is. Remembers the last few it read. */
+const char *ks__cache_kv_types(const char *dir, const uint8_t hash[32]);
 /* Connects to the Redis of --redis (NULL *r without it). 0, 1 or 2 (message printed). */
 int ks__cache_open_redis(const opts *o, ks_cache_redis **r);
 /* Every directory acted on exists and is a directory: 0, 2 (missing or not a

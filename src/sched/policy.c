@@ -659,6 +659,13 @@ int ks__policy_plan(ks_sched *s, slot *sl) {
     if (store_hit == 0 && spc_hit == 0 && store_ok)
         store_hit = store_restore(s, sl, r, &n_reuse, n_reuse, spc_ok ? n_sys : r->prompt.n);
     if (store_hit < 0 || spc_hit < 0) return store_hit < 0 ? store_hit : spc_hit;
+    /* A miss a state of other K/V cache types would have served (a server of
+     * other -ctk/-ctv saved it): never restored, but named. */
+    if (store_ok && store_hit == 0 && n_reuse < r->prompt.n - 1) {
+        char ty[32];
+        if (ks_store_other_kv(s->p.store, r->p.tenant, r->prompt.v, n_reuse + 1, r->prompt.n - 1, ty, sizeof ty) > 0)
+            snprintf(rt->reason, sizeof rt->reason, "stored-with-kv-%s", ty);
+    }
     /* Pins: only where the KV may be stored (sched.h: ignored otherwise). */
     if (r->n_pins > 0 && store_ok) {
         int prc = pins_plan(s, sl, r, &n_reuse);

@@ -354,6 +354,10 @@ void ks_metrics_store(void *ud, ks_prom *p) {
     ks_prom_counter(p, "kvstash_store_pending_hits_total",
                     "Hits served from a save the writer had not written yet (read your own writes).",
                     (double)st.pending_hits);
+    ks_prom_counter(p, "kvstash_store_kv_type_misses_total",
+                    "Misses that a stored state of other K/V cache types (-ctk/-ctv) would have served: "
+                    "never restored, named in the reply's cache.reason",
+                    (double)st.kv_type_misses);
     ks_prom_gauge(p, "kvstash_store_queued_saves", "Saves waiting for the writer thread or being written.", (double)st.queued);
     ks_prom_counter(p, "kvstash_store_load_seconds_total", "Reading and verifying hits.", st.load_ms_total / 1e3);
     ks_prom_counter(p, "kvstash_store_save_seconds_total", "Writing saves (writer thread).", st.save_ms_total / 1e3);

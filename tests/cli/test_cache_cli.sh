@@ -107,12 +107,13 @@ nd=$(nfiles "$disk"); ns=$(nfiles "$shm"); n=$((nd + ns))
 # 3. ls
 kc ls >"$tmp/ls" 2>"$tmp/e"; rc=$?
 check "ls: exit 0 ($rc)" test $rc -eq 0
-check "ls: header" grep -Eq '^KEY +TOKENS +BYTES +TIER +REASON +AGE +IDLE +HITS +MODEL *$' "$tmp/ls"
+check "ls: header" grep -Eq '^KEY +TOKENS +BYTES +TIER +REASON +AGE +IDLE +HITS +MODEL +KV$' "$tmp/ls"
 check "ls: one row per file ($n)" test "$(tail -n +2 "$tmp/ls" | wc -l)" -eq "$n"
 check "ls: disk rows ($nd)" test "$(awk 'NR>1 && $4=="disk"' "$tmp/ls" | wc -l)" -eq "$nd"
 check "ls: shm rows ($ns)" test "$(awk 'NR>1 && $4=="shm"' "$tmp/ls" | wc -l)" -eq "$ns"
 check "ls: reasons are save reasons" test "$(awk 'NR>1 && $5!~/^(cold|continued|finish|evict|shutdown)$/' "$tmp/ls" | wc -l)" -eq 0
 check "ls: one model" test "$(awk 'NR>1 {print $9}' "$tmp/ls" | sort -u | wc -l)" -eq 1
+check "ls: the K/V types its server registered (f16/f16)" test "$(awk 'NR>1 {print $10}' "$tmp/ls" | sort -u)" = "f16/f16"
 check "ls: a row shows the hit of run 2" test "$(awk 'NR>1 && $8>=1 && $7!="-"' "$tmp/ls" | wc -l)" -ge 1
 keys_ok=1
 for k in $(awk 'NR>1 {print $1}' "$tmp/ls"); do

@@ -3,7 +3,8 @@
 // the engine's K and V types; /props names them and the exact status; a
 // quantized V turns flash attention on (llama.cpp needs it), exact with the
 // patched CPU backend's revision 5 (kv_quant.test.mjs: every cache path); a state saved under one type is never restored into a context of
-// another (the types are in every entry's identity); bad input exits 2
+// another (the types are in every entry's identity): the miss says so in
+// cache.reason, and `kvstash cache ls/verify` name each entry's types; bad input exits 2
 // naming the flag. The tiny-q4k model: a head size of 64 (quantized K/V
 // blocks of 32 must divide it; the tiny model's 16 does not).
 import { test, after } from 'node:test';
@@ -11,7 +12,10 @@ import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { startServer, stopOk, postJSON, getJSON, writeConfig, writeStoreConfig, settleStore, MODEL } from './lib.mjs';
+import { spawnSync } from 'node:child_process';
+import {
+  startServer, stopOk, postJSON, getJSON, writeConfig, writeStoreConfig, settleStore, metrics, MODEL, BIN,
+} from './lib.mjs';
 
 const Q4K = process.env.KS_TINY_Q4K_MODEL;
 const dir = mkdtempSync(path.join(os.tmpdir(), 'ks-kvtypes-'));
@@ -72,15 +76,36 @@ test('a state saved with one KV type is not restored into a context of another',
   } finally {
     await stopOk(same);
   }
-  // q8_0: nothing of the f16 states.
+  // q8_0: nothing of the f16 states; the miss says why, and counts.
   const other = await startServer(['-m', Q4K, '--config', cfg, '-ctk', 'q8_0', '-ctv', 'q8_0']);
   try {
+    const m0 = await metrics(other);
+    assert.equal(m0.get('kvstash_store_kv_type_misses_total'), 0);
     const r = await ask(other, 'tell me about the sea');
     assert.equal(r.json.usage.prompt_tokens_details.cached_tokens, 0, JSON.stringify(r.json.cache));
     assert.notEqual(r.json.cache.mode, 'store');
+    assert.equal(r.json.cache.reason, 'stored-with-kv-f16/f16', JSON.stringify(r.json.cache));
+    assert.equal((await metrics(other)).get('kvstash_store_kv_type_misses_total'), 1);
+    assert.match(other.stderr, /cache miss \/ stored-with-kv-f16\/f16/);
+    // A prompt no state of any type holds: a plain miss.
+    const fresh = await ask(other, 'something else entirely, about mountains and snow');
+    assert.doesNotMatch(fresh.json.cache.reason ?? '', /stored-with-kv/, JSON.stringify(fresh.json.cache));
+    await settleStore(other);
   } finally {
     await stopOk(other);
   }
+  // `kvstash cache ls` and `verify` name each entry's types (the name each
+  // store registered beside its files).
+  const cli = ['--cache-dir', path.join(dir, 'disk'), '--shm-dir', path.join(dir, 'shm')];
+  const ls = spawnSync(BIN, ['cache', 'ls', ...cli], { encoding: 'utf8' });
+  assert.equal(ls.status, 0, ls.stderr);
+  const rows = ls.stdout.trim().split('\n');
+  assert.match(rows[0], /MODEL +KV$/);
+  const kvs = new Set(rows.slice(1).map((l) => l.trim().split(/\s+/).at(-1)));
+  assert.deepEqual([...kvs].sort(), ['f16/f16', 'q8_0/q8_0'], ls.stdout);
+  const v = spawnSync(BIN, ['cache', 'verify', ...cli], { encoding: 'utf8' });
+  assert.equal(v.status, 0, v.stdout + v.stderr);
+  assert.match(v.stdout, /^K\/V cache types: (f16\/f16 \d+, q8_0\/q8_0 \d+|q8_0\/q8_0 \d+, f16\/f16 \d+)$/m);
 });
 
 test('bad KV types exit 2 naming the flag', async () => {

@@ -16,6 +16,7 @@
 
 #include "base/base.h"
 #include "cache/key.h"
+#include "cache/kvparams.h"
 #include "engine/fingerprint.h"
 
 static const char KV[] = "type_k=f16;type_v=f16;n_ctx_seq=4096;fa=0";
@@ -316,6 +317,57 @@ static void test_fingerprint(void **state) {
     assert_int_equal(system(cmd), 0);
 }
 
+/* kvparams.h: the types of a params string, the same string with others
+ * (whose key is another), and the names registered beside a store's files:
+ * read back only when they hash to the name. */
+static void test_kvparams(void **state) {
+    (void)state;
+    const char *p = "type_k=q8_0;type_v=f16;fa=1;n_ctx_seq=4096";
+    char out[256];
+    assert_true(ks_kvparams_type_pair(p, strlen(p), out, sizeof out));
+    assert_string_equal(out, "q8_0/f16");
+    assert_false(ks_kvparams_type_pair("fa=1;type_k=f16", 15, out, sizeof out));
+    assert_false(ks_kvparams_type_pair("type_k=f16", 10, out, sizeof out)); /* no type_v */
+    int n = ks_kvparams_with_types(p, strlen(p), "q4_0", "q4_0", out, sizeof out);
+    assert_int_equal(n, (int)strlen("type_k=q4_0;type_v=q4_0;fa=1;n_ctx_seq=4096"));
+    assert_string_equal(out, "type_k=q4_0;type_v=q4_0;fa=1;n_ctx_seq=4096");
+    assert_int_equal(ks_kvparams_with_types(p, strlen(p), "f16", "f16", out, 8), -1); /* too small */
+    assert_int_equal(ks_kvparams_with_types("fa=1", 4, "f16", "f16", out, sizeof out), -1);
+    /* a string of another pair keys other states */
+    uint8_t fp[32];
+    fp_init(fp);
+    int32_t toks[] = {5, 6, 7};
+    ks_key a, b;
+    assert_int_equal(ks_key_compute(fp, p, strlen(p), toks, 3, &a), 0);
+    assert_int_equal(ks_key_compute(fp, out, (size_t)ks_kvparams_with_types(p, strlen(p), "q4_0", "q4_0", out,
+                                                                             sizeof out), toks, 3, &b), 0);
+    assert_false(ks_key_eq(&a, &b));
+
+    char dir[] = "/tmp/ks-kvparams-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    uint8_t h[32], other[32];
+    assert_int_equal(ks_sha256(p, strlen(p), h), 0);
+    assert_int_equal(ks_kvparams_lookup(dir, h, out, sizeof out), KS_ENOENT);
+    assert_int_equal(ks_kvparams_register(dir, h, p, strlen(p)), 0);
+    assert_int_equal(ks_kvparams_register(dir, h, p, strlen(p)), 0); /* again: kept */
+    assert_int_equal(ks_kvparams_lookup(dir, h, out, sizeof out), 0);
+    assert_string_equal(out, p);
+    assert_int_equal(ks_kvparams_lookup(dir, h, out, 8), KS_EINVAL);
+    /* a file whose bytes do not hash to its name reads as absent */
+    assert_int_equal(ks_sha256("x", 1, other), 0);
+    char hex[65], path[512];
+    ks_hex_encode(other, 32, hex);
+    snprintf(path, sizeof path, "%s/params/%s.txt", dir, hex);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("type_k=f16;type_v=f16", f);
+    fclose(f);
+    assert_int_equal(ks_kvparams_lookup(dir, other, out, sizeof out), KS_ENOENT);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(void) {
     ks_log_set_level(KS_LOG_ERROR);
     const struct CMUnitTest tests[] = {
@@ -325,6 +377,7 @@ int main(void) {
         cmocka_unit_test(test_hex),
         cmocka_unit_test(test_keymap),
         cmocka_unit_test(test_fingerprint),
+        cmocka_unit_test(test_kvparams),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
