@@ -130,6 +130,33 @@ static int open_draft(ks_serve_model *sm, char *err, size_t errlen) {
     return 0;
 }
 
+/* The draft model's own store (draft_model.h: its states beside the
+ * target's): the target's settings, with a quarter of its RAM budget (a
+ * draft model's KV is the smaller) and its saves (reason evict: a slot
+ * taken over, the drafter's last sequence at an unload or shutdown) where
+ * the target's shutdown saves go, so a restart finds them. Keyed by the draft
+ * model's fingerprint and kv-params: never the target's entries. Failing to
+ * open it costs speed only: logged, and the drafters decode instead. */
+static void open_draft_store(ks_serve_model *sm) {
+    sm->draft_store_opened = true;
+    ks_store_cfg dc = sm->store_cfg;
+    dc.tier_max_bytes[KS_TIER_RAM] /= 4;
+    if (dc.reason_tier[KS_REASON_SHUTDOWN] != KS_TIER_NONE)
+        dc.reason_tier[KS_REASON_EVICT] = dc.reason_tier[KS_REASON_SHUTDOWN];
+    dc.warm_slots = 0;
+    uint8_t fp[32];
+    char e2[512] = "";
+    const char *fp_dir = dc.tier_max_bytes[KS_TIER_DISK] > 0 ? dc.cache_dir : NULL;
+    int rc = ks_model_fingerprint_cached(sm->cfg->spec.draft_model, fp_dir, fp, NULL, e2, sizeof e2);
+    if (!rc) {
+        KS_INFO("serve", "%s: the draft model's states (a store of its own, the same tiers):", sm->name);
+        rc = ks_serve_store_open(sm->cfg, &dc, sm->secret, sm->draft_e, fp, &sm->draft_store);
+    }
+    if (rc)
+        KS_WARN("serve", "%s: the draft model's store cannot be opened (%s): its cached turns decode the prompt in the "
+                         "draft model", sm->name, e2[0] ? e2 : ks_strerror(rc));
+}
+
 static void draft_metrics(void *ud, ks_prom *p) {
     ks_draft_model_cfg *c = ud;
     ks_prom_counter(p, "kvstash_draft_model_prefill_tokens_total",
@@ -140,6 +167,14 @@ static void draft_metrics(void *ud, ks_prom *p) {
                     (double)atomic_load(&c->followed));
     ks_prom_counter(p, "kvstash_draft_model_drafted_tokens_total", "Tokens the draft model drafted.",
                     (double)atomic_load(&c->drafted));
+    ks_prom_counter(p, "kvstash_draft_model_copied_tokens_total",
+                    "Prompt tokens the draft model took from another slot's draft sequence instead of decoding them.",
+                    (double)atomic_load(&c->copied));
+    ks_prom_counter(p, "kvstash_draft_model_restored_tokens_total",
+                    "Prompt tokens the draft model read back from its store instead of decoding them.",
+                    (double)atomic_load(&c->restored));
+    ks_prom_counter(p, "kvstash_draft_model_saved_states_total", "Draft model states saved to its store.",
+                    (double)atomic_load(&c->saved));
 }
 
 static void *fp_main(void *ud) {
@@ -263,6 +298,8 @@ int ks_serve_model_rest(ks_serve_model *sm, const char *mmproj_flag, const char 
         if (!sm->quiet_start) ks_serve_store_report(c, &sm->store_cfg, sm->store, sm->secret);
     }
     if (sm->store && (rc = ks_metrics_add(sm->metrics, ks_metrics_store, sm->store))) goto fail;
+    if (sm->draft_e && sm->store && !sm->draft_store_opened) open_draft_store(sm);
+    sm->dmc.store = sm->draft_e ? sm->draft_store : NULL;
     if (chat_template_file && !sm->tmpl_text && ks_cli_read_template(CMD, chat_template_file, &sm->tmpl_text)) {
         say(err, errlen, "--chat-template %s cannot be read", chat_template_file);
         rc = KS_EINVAL;
@@ -364,6 +401,8 @@ void ks_serve_model_final(ks_serve_model *sm) {
     ks_serve_model_unload(sm, true);
     ks_store_close(sm->store); /* writes what is queued (store.shutdown_timeout_ms) */
     sm->store = NULL;
+    ks_store_close(sm->draft_store);
+    sm->draft_store = NULL;
     free(sm->tmpl_text);
     sm->tmpl_text = NULL;
     free(sm->cfg);

@@ -55,6 +55,8 @@ typedef struct ks_serve_model {
     ks_store_mode store_mode;
     ks_store_cfg store_cfg;
     bool store_opened;
+    ks_store *draft_store;      /* the draft model's states (draft_model.h), beside store */
+    bool draft_store_opened;
     /* The store's model fingerprint (every byte of the weights hashed: tens
      * of ms per 100 MB) is computed by a thread of its own while the engine
      * loads, before the store's first open (ks_serve_model_engine starts it,

@@ -29,15 +29,19 @@ typedef struct dm {
     bool off;        /* the request has media: no drafts until the next begin */
     int n_prompt;    /* the prompt's length until the request's first draft, then 0 */
     double tok_ms;   /* a drafted token's decode, a moving average (0: not measured yet) */
+    uint64_t tenant; /* whose tokens it sees (drafter.h create) */
+    uint8_t *buf;    /* a state's scratch (sibling copies) */
+    size_t cap;
 } dm;
 
-static void *create(void *cfg, int slot) {
+static void *create(void *cfg, int slot, uint64_t tenant) {
     ks_draft_model_cfg *c = cfg;
     if (slot >= ks_engine_n_seq(c->engine)) return NULL;
     dm *d = calloc(1, sizeof *d);
     if (!d) return NULL;
     d->c = c;
     d->seq = slot;
+    d->tenant = tenant;
     d->n_batch = ks_engine_n_batch(c->engine);
     d->b = ks_batch_create(d->n_batch);
     if (!d->b) {
@@ -45,12 +49,37 @@ static void *create(void *cfg, int slot) {
         return NULL;
     }
     ks_engine_seq_clear(c->engine, slot); /* a new drafter: nothing of an earlier one's (tenant's) tokens */
+    if (slot < KS_DRAFT_LIVE_MAX) c->live[slot] = d;
     return d;
+}
+
+static bool cacheable(const dm *d, int n);
+
+/* The sequence to the draft's store (reason evict), when it wants it: before
+ * a long tail is dropped, and at destroy. */
+static void save_seq(dm *d) {
+    ks_store *st = d->c->store;
+    ks_engine *e = d->c->engine;
+    if (!st || d->off || d->kv.n < 1 || !cacheable(d, d->kv.n) ||
+        !ks_store_wants_in(st, d->tenant, KS_REASON_EVICT, d->kv.v, d->kv.n))
+        return;
+    size_t need = ks_engine_state_size(e, d->seq);
+    uint8_t *p = need ? malloc(need) : NULL;
+    size_t got = p ? ks_engine_state_get(e, d->seq, p, need) : 0;
+    if (!got) {
+        free(p);
+        return;
+    }
+    if (ks_store_save_in(st, d->tenant, KS_REASON_EVICT, d->kv.v, d->kv.n, p, got, false) == 0)
+        atomic_fetch_add(&d->c->saved, 1);
 }
 
 static void destroy(void *v) {
     dm *d = v;
     if (!d) return;
+    save_seq(d);
+    if (d->seq < KS_DRAFT_LIVE_MAX && d->c->live[d->seq] == d) d->c->live[d->seq] = NULL;
+    free(d->buf);
     ks_engine_seq_clear(d->c->engine, d->seq);
     ks_tokens_free(&d->kv);
     ks_tokens_free(&d->hist);
@@ -76,13 +105,97 @@ static void reset(dm *d) {
     ks_tokens_truncate(&d->kv, 0);
 }
 
+/* Whether the draft's sequence takes states of other sequences at all: a
+ * memory that drops a suffix, and no sliding window (whose states restore
+ * at some lengths only and whose cuts must keep the window: the target's
+ * rules, policy.c; a draft model of that kind catches up by decoding). */
+static bool cacheable(const dm *d, int n) {
+    (void)n;
+    return ks_engine_partial_rm_ok(d->c->engine) && ks_engine_n_swa(d->c->engine) <= 0;
+}
+
+static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb) {
+    int i = 0;
+    while (i < na && i < nb && a[i] == b[i]) i++;
+    return i;
+}
+
+/* Before catching up on t[0, n) from `common` tokens: brings in more of t
+ * than the sequence holds without decoding it, when another drafter of the
+ * same tenant holds more (a copy of its sequence) or the store does (the
+ * longest stored prefix), by at least min_copy tokens. Returns the tokens
+ * the sequence now shares with t. */
+static int bring_in(dm *d, const int32_t *t, int n, int common) {
+    ks_draft_model_cfg *c = d->c;
+    ks_engine *e = c->engine;
+    int min_gain = c->min_copy > 0 ? c->min_copy : 16;
+    if (n - 1 - common < min_gain || !cacheable(d, common > 0 ? common : 1)) return common;
+    /* another drafter's sequence */
+    dm *best = NULL;
+    int n_best = common;
+    for (int i = 0; i < KS_DRAFT_LIVE_MAX; i++) {
+        dm *o = c->live[i];
+        if (!o || o == d || o->tenant != d->tenant || o->off) continue;
+        int k = common_prefix(o->kv.v, o->kv.n, t, n - 1);
+        if (k > n_best) {
+            best = o;
+            n_best = k;
+        }
+    }
+    if (best && n_best - common >= min_gain && cacheable(d, n_best)) {
+        size_t need = ks_engine_state_size(e, best->seq);
+        if (need > d->cap) {
+            uint8_t *nb = realloc(d->buf, need);
+            if (nb) {
+                d->buf = nb;
+                d->cap = need;
+            }
+        }
+        size_t got = need <= d->cap ? ks_engine_state_get(e, best->seq, d->buf, d->cap) : 0;
+        if (got) {
+            if (ks_engine_state_set(e, d->seq, d->buf, got) == 0 &&
+                !ks_tokens_assign(&d->kv, best->kv.v, best->kv.n)) {
+                atomic_fetch_add(&c->copied, (uint64_t)(n_best - common));
+                KS_DEBUG(MOD, "draft[%d]: %d tokens from draft[%d]'s sequence", d->seq, n_best, best->seq);
+                return n_best;
+            }
+            reset(d);
+            return 0;
+        }
+    }
+    /* the store */
+    if (!c->store) return common;
+    ks_store_hit hit;
+    int max = n - 1;
+    if (max < common + min_gain ||
+        ks_store_lookup_range_in(c->store, d->tenant, t, n, common + min_gain, max, &hit) != 0)
+        return common;
+    int got = common;
+    if (cacheable(d, hit.n_tokens)) {
+        if (ks_engine_state_set(e, d->seq, hit.payload, hit.payload_len) == 0 &&
+            !ks_tokens_assign(&d->kv, t, hit.n_tokens)) {
+            atomic_fetch_add(&c->restored, (uint64_t)(hit.n_tokens - common));
+            KS_DEBUG(MOD, "draft[%d]: %d tokens from the store (%s)", d->seq, hit.n_tokens, ks_tier_name(hit.tier));
+            got = hit.n_tokens;
+        } else {
+            reset(d);
+            got = 0;
+        }
+    }
+    ks_store_hit_free(&hit);
+    return got;
+}
+
 /* kv := t[0, n), the last row's logits at batch index *i_last; false when
  * the draft engine failed (the sequence is then reset). Tokens decoded at
  * positions below n_pre count as prefilled, the others as followed. */
 static bool catch_up(dm *d, const int32_t *t, int n, int n_pre, int *i_last) {
     ks_engine *e = d->c->engine;
-    int common = 0;
-    while (common < d->kv.n && common < n && d->kv.v[common] == t[common]) common++;
+    int common = common_prefix(d->kv.v, d->kv.n, t, n);
+    /* Most of the sequence is about to go (another conversation takes the
+     * slot): to the store first, for when that conversation comes back. */
+    if (d->kv.n - common > d->kv.n / 2) save_seq(d);
+    common = bring_in(d, t, n, common);
     /* At least the last token is decoded again: its row gives the logits. */
     if (common == n) common = n - 1;
     if (common < d->kv.n) {

@@ -19,6 +19,19 @@
  *  - Drafting is greedy from the draft's logits; it stops at n_max tokens, at
  *    a token whose probability under the draft is below p_min (0: never),
  *    at the draft's end of generation, or at the draft context's end.
+ *  - The draft's KV is a cache citizen (issue 36): when the slot's tokens
+ *    share less with the sequence than they do with another drafter's of
+ *    the same tenant (a slot copy, a system prompt another slot holds, a
+ *    conversation that moved), that sequence is copied first (state get/set
+ *    in the draft engine) and only the rest decoded; else, with a store
+ *    (cfg.store: the draft model's own, keyed by its fingerprint and
+ *    kv-params, so never another model's), the longest stored prefix is
+ *    restored (a conversation read back from the target's store, after a
+ *    restart or on another host). A sequence about to lose a long tail
+ *    (another conversation takes the slot) and a drafter's last sequence
+ *    (destroy: a shutdown, an unload, another tenant) are saved to that
+ *    store with reason evict (serve maps it to the target's shutdown tier).
+ *    None of it changes a reply: a draft is only ever verified.
  *  - A request whose prompt has images or audio (pseudo-tokens, which the
  *    draft model cannot decode) gets no drafts.
  *  - ks_draft_model_same_vocab: the same vocabulary, token for token (text and
@@ -36,12 +49,21 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cache/store.h"
 #include "engine/engine.h"
 #include "sched/drafter.h"
+
+/* The drafters one cfg serves at once (the scheduler's slots, 256 at most). */
+#define KS_DRAFT_LIVE_MAX 256
 
 typedef struct ks_draft_model_cfg {
     ks_engine *engine;            /* the draft model; borrowed, outlives the scheduler */
     float p_min;                  /* --spec-draft-p-min (default 0: greedy to n_max) */
+    ks_store *store;              /* the draft model's states (NULL: none); borrowed, outlives the
+                                     scheduler */
+    int min_copy;                 /* a copy or restore must bring this many tokens more than the
+                                     sequence holds (0: 16) */
+    void *live[KS_DRAFT_LIVE_MAX]; /* the drafters by slot (inference thread only) */
     /* Counters: prompt tokens the draft model decoded (a request's first
      * draft brings its sequence to the prompt: for a same-slot turn only the
      * new tokens, and the last one again for its logits), tokens it decoded
@@ -50,6 +72,12 @@ typedef struct ks_draft_model_cfg {
     _Atomic uint64_t prefilled;
     _Atomic uint64_t followed;
     _Atomic uint64_t drafted;
+    /* Prompt tokens the draft sequence got without decoding them: copied
+     * from another drafter's sequence, restored from the store; and the
+     * states it saved there. */
+    _Atomic uint64_t copied;
+    _Atomic uint64_t restored;
+    _Atomic uint64_t saved;
 } ks_draft_model_cfg;
 
 /* The ops; create's cfg is a ks_draft_model_cfg. */

@@ -33,7 +33,7 @@ struct drafter {
     bool drafted = false; /* the last draft call proposed tokens (accept reports to it) */
 };
 
-void *create(void *cfg, int /*slot*/) {
+void *create(void *cfg, int /*slot*/, uint64_t /*tenant*/) {
     const ks_ngram_params *p = static_cast<const ks_ngram_params *>(cfg);
     drafter *d = nullptr;
     try {

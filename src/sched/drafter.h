@@ -16,7 +16,9 @@
  * slot's sequence: begin gets the whole of it when a request starts to
  * generate, accept every token decoded after that. */
 typedef struct ks_drafter_ops {
-    void *(*create)(void *cfg, int slot);   /* for the scheduler's slot `slot`; NULL: no memory */
+    /* for the scheduler's slot `slot` and the tenant whose requests it serves
+     * (a drafter never sees another tenant's tokens); NULL: no memory */
+    void *(*create)(void *cfg, int slot, uint64_t tenant);
     void (*free)(void *d);
     void (*begin)(void *d, const int32_t *toks, int n);
     /* Up to n_max tokens likely to follow the sequence and then `last`

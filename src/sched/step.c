@@ -123,7 +123,7 @@ static void spec_start(ks_sched *s, slot *sl) {
         sl->drafter = NULL;
     }
     if (!sl->drafter) sl->acc_hit = sl->acc_miss = 0; /* a new drafter: the prior again */
-    if (!sl->drafter && !(sl->drafter = s->p.drafter->create(s->p.drafter_cfg, sl->id))) {
+    if (!sl->drafter && !(sl->drafter = s->p.drafter->create(s->p.drafter_cfg, sl->id, sl->r->p.tenant))) {
         KS_WARN(MOD, "slot[%d]: no memory for a drafter: this request decodes without drafts", sl->id);
         return;
     }

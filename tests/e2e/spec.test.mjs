@@ -3,7 +3,8 @@
 // turns them off for one request), through every API and option a client
 // uses — greedy and seeded sampling, logprobs, stop strings, a JSON schema,
 // tool calls, n: 2, streamed and not — and on the cache paths (same slot,
-// slot copy, SPC, IMC, the store after a restart); the counters show in
+// slot copy, SPC, IMC, the store after a restart), where a draft model's own
+// KV follows the target's (its store, another slot's sequence); the counters show in
 // timings, /slots, /metrics and /props; a hybrid model declines with its
 // reason; bad settings exit 2 naming the flag.
 //
@@ -280,6 +281,75 @@ test('a draft model (-md): the same replies; a cached turn prefills in it only t
       const r = await runBin(['serve', '--port', '0', '--threads', '1', ...args]);
       assert.equal(r.code, 2, `${args.join(' ')}: exit ${r.code}\n${r.stderr}`);
       assert.match(r.stderr, re);
+    }
+  });
+
+// The draft model's KV is a cache citizen (draft_model.h): a cached turn —
+// the store after its slot was taken over, the store after a restart, a
+// slot that starts from another's system prompt — decodes in the draft model
+// no more than the target prefills, + 1; replies equal the uncached ones.
+test('a draft model\'s KV follows the cache: store after an eviction, after a restart, another slot\'s prefix',
+  async () => {
+    const TARGET = process.env.KS_TINY_TARGET_MODEL, DRAFT = process.env.KS_TINY_DRAFT_MODEL;
+    const cfg = await writeStoreConfig(path.join(dir, 'draft-store.yaml'),
+      { cacheDir: path.join(dir, 'draft-disk'), shmDir: path.join(dir, 'draft-shm'), stride: 16, minTokens: 16 });
+    const args = ['-m', TARGET, '-md', DRAFT, '--no-spec-adaptive', '--ctx', '1024', '--config', cfg];
+    const ask = (msgs) => ({ messages: msgs, max_tokens: 48, temperature: 0, ignore_eos: true });
+    // One request: its reply equals the uncached one; the draft model's
+    // prompt decodes are at most the target's new tokens + 1.
+    async function turn(srv, body, what, { cached = true } = {}) {
+      const m0 = await metrics(srv);
+      const r = (await postJSON(srv, '/v1/chat/completions', body)).json;
+      const m1 = await metrics(srv);
+      const cold = (await postJSON(srv, '/v1/chat/completions', { ...body, ...OFF, cache_prompt: false })).json;
+      assert.equal(r.choices[0].message.content, cold.choices[0].message.content, `${what}: reply`);
+      const d = (k) => m1.get(`kvstash_draft_model_${k}_total`) - m0.get(`kvstash_draft_model_${k}_total`);
+      const fresh = r.usage.prompt_tokens - r.usage.prompt_tokens_details.cached_tokens;
+      if (cached) assert.ok(r.usage.prompt_tokens_details.cached_tokens > 0, `${what}: ${JSON.stringify(r.cache)}`);
+      assert.ok(d('prefill_tokens') <= fresh + 1,
+        `${what}: the draft model decoded ${d('prefill_tokens')} prompt tokens for the target's ${fresh} new ones`);
+      assert.ok(r.timings.draft_n > 0, `${what}: no drafts`);
+      return { r, copied: d('copied_tokens'), restored: d('restored_tokens') };
+    }
+    const x1 = [{ role: 'system', content: SYS }, { role: 'user', content: 'describe the moon and its phases' }];
+    let x2;
+    const a = await startServer([...args, '--slots', '1']);
+    try {
+      const r1 = (await postJSON(a, '/v1/chat/completions', ask(x1))).json;
+      // Another conversation takes the only slot: both models' states of the first go to their stores.
+      await postJSON(a, '/v1/chat/completions', ask([{ role: 'user', content: 'count the stars, slowly' }]));
+      x2 = [...x1, r1.choices[0].message, { role: 'user', content: 'and the sun' }];
+      const t = await turn(a, ask(x2), 'after an eviction');
+      assert.equal(t.r.cache.mode, 'store', JSON.stringify(t.r.cache));
+      assert.ok(t.restored > 0, 'the draft model read its state back from its store');
+      await settleStore(a);
+    } finally {
+      await stopOk(a);
+    }
+    const b = await startServer([...args, '--slots', '1']);
+    try {
+      const t = await turn(b, ask([...x2.slice(0, -1), { role: 'user', content: 'and the tides' }]), 'after a restart');
+      assert.equal(t.r.cache.mode, 'store', JSON.stringify(t.r.cache));
+      assert.ok(t.restored > 0, 'the draft model read its state back after the restart');
+    } finally {
+      await stopOk(b);
+    }
+    // Two slots: the second starts with the first's system prompt; the
+    // draft model takes it from the first slot's draft sequence.
+    const c = await startServer(['-m', TARGET, '-md', DRAFT, '--no-spec-adaptive', '--ctx', '1024', '--slots', '2']);
+    try {
+      // a long reply: the first slot holds more than twice the shared system
+      // prompt, so the second conversation gets the empty slot (route.c)
+      const sys = 'You answer in plain words. '.repeat(2);
+      await postJSON(c, '/v1/chat/completions',
+        { ...ask([{ role: 'system', content: sys }, { role: 'user', content: 'describe the moon' }]), max_tokens: 160 });
+      const y = [{ role: 'system', content: sys }, { role: 'user', content: 'describe a river at night, with its sounds' }];
+      const u = await turn(c, ask(y), 'another slot, the same system prompt', { cached: false });
+      assert.ok(u.copied > 0, 'the draft model took the system prompt from the other slot without decoding it');
+      const sl = await getJSON(c, '/slots');
+      assert.equal(sl.json.filter((x) => x.n_tokens > 0).length, 2, JSON.stringify(sl.json));
+    } finally {
+      await stopOk(c);
     }
   });
 
