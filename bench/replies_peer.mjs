@@ -17,6 +17,9 @@
 //   --sys-words N    words of each conversation's system prompt (default 120)
 //   --msg-words N    words of each user message (default 40)
 //   --gap-ms N       wait before each request (default 0)
+//   --base URL       speculation instead of the cache: once per URL, the same server's family
+//                    without speculation; each turn is sent to both with cache_prompt: false and
+//                    the replies compared (the URL's has speculation, the base's none)
 //   --out DIR        write DIR/replies_peer.{md,csv} too
 // Method: for each conversation and turn, each server in turn (rotating who
 // goes first) gets the cached request, then the uncached one, streamed,
@@ -28,7 +31,7 @@ import { writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { parseArgs, median, words, label, streamChat } from './peer_lib.mjs';
 
-const { opt, lists, rest, die } = parseArgs('replies_peer', process.argv.slice(2), ['name']);
+const { opt, lists, rest, die } = parseArgs('replies_peer', process.argv.slice(2), ['name', 'base']);
 const urls = rest.map((u) => u.replace(/\/+$/, ''));
 const num = (k, d, min = 1) => {
   if (opt[k] === undefined) return d;
@@ -43,6 +46,9 @@ const SW = num('sys-words', 120), UW = num('msg-words', 40), GAP = num('gap-ms',
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 const names = lists.name.length ? lists.name : await Promise.all(urls.map(label));
 if (names.length !== urls.length) die('--name: give one per URL, or none');
+const BASES = lists.base.map((u) => u.replace(/\/+$/, ''));
+const SPEC = BASES.length > 0;
+if (SPEC && BASES.length !== urls.length) die('--base: give one per URL');
 
 async function ask(url, messages, cache) {
   if (GAP) await sleep(GAP);
@@ -75,8 +81,10 @@ for (let c = 0; c < CONVS; c++) {
       const s = (c * TURNS + t + k) % urls.length; // rotate who goes first
       const msgs = hist[s][c];
       msgs.push({ role: 'user', content: user });
-      const a = await ask(urls[s], msgs, true);
-      const b = await ask(urls[s], msgs, false);
+      // cache mode: the cached request, then the uncached one; speculation
+      // mode: the server with it, then its family's without (no cache either)
+      const a = await ask(urls[s], msgs, !SPEC);
+      const b = await ask(SPEC ? BASES[s] : urls[s], msgs, false);
       const d = firstDiff(a.text, b.text);
       rows[s].push({ conv: c + 1, turn: t + 1, same: d === 0, diff: d, ttft_cached: a.ttft, ttft_uncached: b.ttft,
         tokens: a.tokens });
@@ -89,8 +97,11 @@ for (let c = 0; c < CONVS; c++) {
 }
 
 const f = (x, d = 0) => (Number.isFinite(x) ? x.toFixed(d) : '–');
-const hdr = ['server', 'turns', 'identical (cached = uncached)', 'differing turns: conversation.turn@word',
-  'TTFT cached ms (median)', 'TTFT uncached ms (median)'];
+const hdr = SPEC
+  ? ['server', 'turns', 'identical (speculation = none)', 'differing turns: conversation.turn@word',
+    'TTFT with speculation ms (median)', 'TTFT without ms (median)']
+  : ['server', 'turns', 'identical (cached = uncached)', 'differing turns: conversation.turn@word',
+    'TTFT cached ms (median)', 'TTFT uncached ms (median)'];
 const table = urls.map((u, s) => {
   const xs = rows[s];
   const diffs = xs.filter((x) => !x.same).map((x) => `${x.conv}.${x.turn}@${x.diff}`);
@@ -99,14 +110,19 @@ const table = urls.map((u, s) => {
 });
 const md = [`| ${hdr.join(' | ')} |`, `|---|${hdr.slice(1).map(() => '--:').join('|')}|`,
   ...table.map((r) => `| ${r.join(' | ')} |`)].join('\n');
-const note = `${CONVS} conversations x ${TURNS} turns per server, each turn sent with the cache and without ` +
-  `(cache_prompt: false), greedy, ${MT} tokens with ignore_eos, ${SW}-word system prompts, ${UW}-word messages; ` +
-  'each conversation goes on with the cached reply.';
+const note = SPEC
+  ? `${CONVS} conversations x ${TURNS} turns per server, each turn sent to it (speculation) and to its family's ` +
+    `server without speculation, both without the cache (cache_prompt: false), greedy, ${MT} tokens with ` +
+    `ignore_eos, ${SW}-word system prompts, ${UW}-word messages; each conversation goes on with the reply with ` +
+    'speculation.'
+  : `${CONVS} conversations x ${TURNS} turns per server, each turn sent with the cache and without ` +
+    `(cache_prompt: false), greedy, ${MT} tokens with ignore_eos, ${SW}-word system prompts, ${UW}-word messages; ` +
+    'each conversation goes on with the cached reply.';
 process.stdout.write(`${md}\n\n${note}\n`);
 if (opt.out) {
-  writeFileSync(path.join(opt.out, 'replies_peer.md'), `${md}\n\n${note}\n`);
+  writeFileSync(path.join(opt.out, SPEC ? 'replies_peer_spec.md' : 'replies_peer.md'), `${md}\n\n${note}\n`);
   const csv = ['server,conversation,turn,identical,first_diff_word,ttft_cached_ms,ttft_uncached_ms,tokens',
     ...urls.flatMap((u, s) => rows[s].map((x) => [JSON.stringify(names[s]), x.conv, x.turn, x.same ? 1 : 0, x.diff,
       f(x.ttft_cached, 1), f(x.ttft_uncached, 1), x.tokens].join(',')))].join('\n');
-  writeFileSync(path.join(opt.out, 'replies_peer.csv'), csv + '\n');
+  writeFileSync(path.join(opt.out, SPEC ? 'replies_peer_spec.csv' : 'replies_peer.csv'), csv + '\n');
 }

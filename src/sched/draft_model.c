@@ -153,6 +153,7 @@ static int bring_in(dm *d, const int32_t *t, int n, int common) {
         }
         size_t got = need <= d->cap ? ks_engine_state_get(e, best->seq, d->buf, d->cap) : 0;
         if (got) {
+            reset(d); /* as the target's restores: the sequence cleared first */
             if (ks_engine_state_set(e, d->seq, d->buf, got) == 0 &&
                 !ks_tokens_assign(&d->kv, best->kv.v, best->kv.n)) {
                 atomic_fetch_add(&c->copied, (uint64_t)(n_best - common));
@@ -172,6 +173,7 @@ static int bring_in(dm *d, const int32_t *t, int n, int common) {
         return common;
     int got = common;
     if (cacheable(d, hit.n_tokens)) {
+        reset(d);
         if (ks_engine_state_set(e, d->seq, hit.payload, hit.payload_len) == 0 &&
             !ks_tokens_assign(&d->kv, t, hit.n_tokens)) {
             atomic_fetch_add(&c->restored, (uint64_t)(hit.n_tokens - common));
