@@ -24,10 +24,11 @@ void ks_serve_usage(FILE *f) {
             "  --mmproj FILE             multimodal projector (mmproj GGUF) for images and audio in\n"
             "                            prompts (mmproj, models.<name>.mmproj; default: none)\n"            "  --host ADDR               address to bind (default 127.0.0.1)\n"
             "  --port N                  TCP port; 0 picks a free one (default 8080)\n"
-            "  --slots N                 parallel sequences, 1..256 (default 4)\n"
-            "  --ctx N                   context per slot, tokens, 64..16777216 (default 4096)\n"
-            "  --batch N                 tokens per decode step, 1..1048576 (default 512)\n"
-            "  --threads N               CPU threads, 0..4096; 0 = all (default 0)\n"
+            "  --slots N                 parallel sequences, 1..256 (default 4; -np, --parallel)\n"
+            "  --ctx N                   context per slot, tokens, 64..16777216 (default 4096; not\n"
+            "                            llama-server's -c, the slots' context together)\n"
+            "  --batch N                 tokens per decode step, 1..1048576 (default 512; -b)\n"
+            "  --threads N               CPU threads, 0..4096; 0 = all (default 0; -t)\n"
             "  --no-cache-prompt         never reuse a slot's KV (every prompt is prefilled)\n"
             "  --no-exact                decode generated tokens alone: faster decode, but cached and\n"
             "                            concurrent output may differ in the last bits (exact: false)\n"
@@ -267,6 +268,16 @@ int ks_serve_parse_flags(int argc, char **argv, ks_serve_flags *f) {
     memset(f, 0, sizeof *f);
     ks_offload_defaults(&f->offload);
     ks_cli_offload_aliases(argc, argv);
+    /* llama-server's names for the same settings. Not -c / --ctx-size: there
+     * it is the context of all the slots together (divided among them), here
+     * --ctx is each slot's. */
+    static char *const from[] = {"-t", "-np", "--parallel", "-b", "--batch-size"};
+    static char *const to[] = {"--threads", "--slots", "--slots", "--batch", "--batch"};
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--")) break;
+        for (size_t k = 0; k < sizeof from / sizeof from[0]; k++)
+            if (!strcmp(argv[i], from[k])) argv[i] = to[k];
+    }
     f->port = f->slots = f->ctx = f->batch = f->threads = f->max_queue = f->max_tokens = f->timeout = -1;
     f->shutdown_ms = 10000;
     f->flash_attn = KS_FA_AUTO;

@@ -201,3 +201,18 @@ test('the API key guards them, /health stays open', async () => {
     await stopOk(keyed);
   }
 });
+
+// llama-server's short names: -t, -np/--parallel, -b/--batch-size mean what
+// --threads, --slots and --batch do.
+test('llama-server\'s -t, -np, -b and --parallel, --batch-size', async () => {
+  for (const args of [['-t', '1', '-np', '3', '-b', '64'], ['--threads', '1', '--parallel', '3', '--batch-size', '64']]) {
+    const s = await startServer(['--ctx', '256', ...args]);
+    try {
+      const p = (await getJSON(s, '/props')).json;
+      assert.equal(p.total_slots, 3, args.join(' '));
+      assert.match(s.stderr, /3 slots/);
+    } finally {
+      await stopOk(s);
+    }
+  }
+});
