@@ -25,10 +25,9 @@
 # Idempotent: with the stamp present it does nothing and prints nothing.
 
 CPU_PATCH=$top/scripts/patches/ggml-cpu-batch-invariant.patch
-CPU_REV=6 # the patch's revision: 1 matrix products, 2 also flash attention, 3 its decode
+CPU_REV=5 # the patch's revision: 1 matrix products, 2 also flash attention, 3 its decode
           # grouped by K/V head, 4 repacked Q4_K weights (gemv in the gemm's order),
-          # 5 flash attention over quantized K/V (q8_0, q4_0, ...) and mixed types,
-          # 6 its q8_0/q4_0 rows dequantized with AVX2 (the same bits, ~2x cheaper)
+          # 5 flash attention over quantized K/V (q8_0, q4_0, ...) and mixed types
 CPU_STAMP=$LLAMA/.ok-cpu-r$CPU_REV # a new revision rebuilds
 
 # ggml's x86 CPU variants (ggml/src/CMakeLists.txt, GGML_CPU_ALL_VARIANTS), best
@@ -129,7 +128,11 @@ cpu_build() {
     say "batch-invariant CPU backend ($vname) ready in $dest ($(($(date +%s) - t0)) s)"
 }
 
-if [ ! -f "$CPU_STAMP" ] && [ "$(uname -m)" = x86_64 ]; then
+# The stamp, and the module's own id: a tree that built another revision
+# since (a later one, then checked out back) has this revision's stamp but not
+# its module.
+if { [ ! -f "$CPU_STAMP" ] || ! grep -q "^kvstash-ggml-cpu-r$CPU_REV-" "$LLAMA/lib/libks-ggml-cpu.id" 2>/dev/null; } &&
+    [ "$(uname -m)" = x86_64 ]; then
     cpu_build "$(cpu_variant)" "$LLAMA/lib"
     touch "$CPU_STAMP"
 fi
