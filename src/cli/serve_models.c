@@ -269,6 +269,11 @@ int ks_serve_model_rest(ks_serve_model *sm, const char *mmproj_flag, const char 
         memset(&sm->dmc, 0, sizeof sm->dmc);
         sm->dmc.engine = sm->draft_e;
         sm->dmc.p_min = c->spec.draft_p_min;
+        /* KS_DRAFT_CACHE=0: the draft model's KV follows the slot by common
+         * prefix only, as before it was cached (a diagnostic, and the
+         * baseline of bench/draft_cache.sh) */
+        const char *dc = getenv("KS_DRAFT_CACHE");
+        sm->dmc.no_cache = dc && !strcmp(dc, "0");
     }
     if (!(sm->metrics = ks_metrics_create())) {
         rc = KS_ENOMEM;

@@ -60,7 +60,7 @@ static bool cacheable(const dm *d, int n);
 static void save_seq(dm *d) {
     ks_store *st = d->c->store;
     ks_engine *e = d->c->engine;
-    if (!st || d->off || d->kv.n < 1 || !cacheable(d, d->kv.n) ||
+    if (!st || d->c->no_cache || d->off || d->kv.n < 1 || !cacheable(d, d->kv.n) ||
         !ks_store_wants_in(st, d->tenant, KS_REASON_EVICT, d->kv.v, d->kv.n))
         return;
     size_t need = ks_engine_state_size(e, d->seq);
@@ -129,7 +129,7 @@ static int bring_in(dm *d, const int32_t *t, int n, int common) {
     ks_draft_model_cfg *c = d->c;
     ks_engine *e = c->engine;
     int min_gain = c->min_copy > 0 ? c->min_copy : 16;
-    if (n - 1 - common < min_gain || !cacheable(d, common > 0 ? common : 1)) return common;
+    if (c->no_cache || n - 1 - common < min_gain || !cacheable(d, common > 0 ? common : 1)) return common;
     /* another drafter's sequence */
     dm *best = NULL;
     int n_best = common;

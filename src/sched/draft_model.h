@@ -63,6 +63,8 @@ typedef struct ks_draft_model_cfg {
                                      scheduler */
     int min_copy;                 /* a copy or restore must bring this many tokens more than the
                                      sequence holds (0: 16) */
+    bool no_cache;                /* neither copies nor restores (the benchmarks' baseline:
+                                     KS_DRAFT_CACHE=0 in serve) */
     void *live[KS_DRAFT_LIVE_MAX]; /* the drafters by slot (inference thread only) */
     /* Counters: prompt tokens the draft model decoded (a request's first
      * draft brings its sequence to the prompt: for a same-slot turn only the
