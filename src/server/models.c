@@ -524,6 +524,18 @@ static const char *state_name(const ks_smodel *m) {
     }
 }
 
+json_t *ks__models_router_props(ks_server *s) {
+    ks_models *t = s->models;
+    if (!s->multi || !t || t->def >= 0) return NULL;
+    json_t *names = json_array();
+    for (int i = 0; names && i < s->n_models; i++) json_array_append_new(names, json_string(s->m[i].name));
+    if (!names) return NULL;
+    return json_pack("{s:s, s:i, s:b, s:s, s:s, s:{s:{}, s:i}, s:s, s:{s:o}}", "role", "router", "max_instances",
+                     t->models_max, "models_autoload", t->autoload, "model_alias", "kvstash", "model_path", "none",
+                     "default_generation_settings", "params", "n_ctx", 0, "build_info", ks_engine_llama_version(),
+                     "kvstash", "models", names);
+}
+
 json_t *ks__models_json(ks_server *s) {
     ks_models *t = s->models;
     json_t *a = json_array();

@@ -185,6 +185,12 @@ void ks__models_release(ks_server *s, ks_smodel *m);
 int ks__models_load(ks_server *s, const char *name, ks_api_error *e);
 int ks__models_unload(ks_server *s, const char *name, ks_api_error *e);
 json_t *ks__models_json(ks_server *s);
+/* GET /props without a model on a server of several models and no default
+ * model: llama-server's router answer (role "router", its limits, a dummy
+ * model and generation settings so that a web UI reading /props at start
+ * keeps working) with kvstash.models, the names; NULL when a model answers
+ * instead (one model, or a default) or without memory. */
+json_t *ks__models_router_props(ks_server *s);
 /* fn(ud, m, its slots) for each loaded model in turn (none is loaded for
  * it; each held while fn runs). Returns how many. */
 int ks__models_slots(ks_server *s, void (*fn)(void *ud, const ks_smodel *m, const ks_slot_info *info, int n),

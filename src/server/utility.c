@@ -318,6 +318,13 @@ enum MHD_Result ks__util_props(ks_server *s, struct MHD_Connection *c, conn *cn)
         return ks__respond_error(s, c, cn, &e, NULL);
     }
     ks_api_error me;
+    const char *want = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "model");
+    if (!cn->m && !(want && want[0])) {
+        /* several models, no default: the router's own properties, as
+         * llama-server's router answers (its web UI reads /props at start) */
+        json_t *rp = ks__models_router_props(s);
+        if (rp) return ks__respond_json(s, c, cn, 200, rp, NULL);
+    }
     if (get_model(s, c, cn, &me)) return ks__respond_error(s, c, cn, &me, NULL);
     ks_smodel *m = cn->m;
     char *bos = special_text(m->engine, ks_engine_token_bos(m->engine));

@@ -140,6 +140,15 @@ test('an unknown model without a default gets "model not found" in each API\'s s
     assert.equal(p.status, 200, p.text);
     assert.equal(p.json.model_alias, 'beta');
     assert.equal(p.json.model_path, M.beta);
+    // No model named and no default: the router's own properties, as
+    // llama-server's router answers (a web UI reads /props at start).
+    const rp = await getJSON(srv, '/props');
+    assert.equal(rp.status, 200, rp.text);
+    assert.equal(rp.json.role, 'router');
+    assert.equal(rp.json.max_instances, 2);
+    assert.equal(rp.json.default_generation_settings.n_ctx, 0);
+    assert.deepEqual([...rp.json.kvstash.models].sort(), ['alpha', 'beta', 'broken', 'gamma']);
+    assertError(await getJSON(srv, '/props?model=nope'), 404, 'model_not_found');
     // The server stays up after each of these.
     assert.equal((await getJSON(srv, '/health')).status, 200);
   } finally {
