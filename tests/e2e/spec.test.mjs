@@ -334,6 +334,25 @@ test('a draft model\'s KV follows the cache: store after an eviction, after a re
     } finally {
       await stopOk(b);
     }
+    // The same eviction without the draft model's cache (KS_DRAFT_CACHE=0, the
+    // benchmarks' baseline): the bound above is one that fails without it.
+    const n = await startServer(['-m', TARGET, '-md', DRAFT, '--no-spec-adaptive', '--ctx', '1024', '--slots', '1'],
+      { env: { KS_DRAFT_CACHE: '0' } });
+    try {
+      const r1 = (await postJSON(n, '/v1/chat/completions', ask(x1))).json;
+      await postJSON(n, '/v1/chat/completions', ask([{ role: 'user', content: 'count the stars, slowly' }]));
+      const m0 = await metrics(n);
+      const r = (await postJSON(n, '/v1/chat/completions',
+        ask([...x1, r1.choices[0].message, { role: 'user', content: 'and the sun' }]))).json;
+      const m1 = await metrics(n);
+      assert.equal(r.cache.mode, 'store', JSON.stringify(r.cache));
+      const fresh = r.usage.prompt_tokens - r.usage.prompt_tokens_details.cached_tokens;
+      const pre = m1.get('kvstash_draft_model_prefill_tokens_total') - m0.get('kvstash_draft_model_prefill_tokens_total');
+      assert.ok(pre > fresh + 1, `without its cache the draft model decoded ${pre} prompt tokens for ${fresh} new ones`);
+      assert.equal(m1.get('kvstash_draft_model_restored_tokens_total'), 0);
+    } finally {
+      await stopOk(n);
+    }
     // Two slots: the second starts with the first's system prompt; the
     // draft model takes it from the first slot's draft sequence.
     const c = await startServer(['-m', TARGET, '-md', DRAFT, '--no-spec-adaptive', '--ctx', '1024', '--slots', '2']);
