@@ -4,6 +4,7 @@
 #include "cli/serve_flags.h"
 
 #include <getopt.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,8 +26,9 @@ void ks_serve_usage(FILE *f) {
             "                            prompts (mmproj, models.<name>.mmproj; default: none)\n"            "  --host ADDR               address to bind (default 127.0.0.1)\n"
             "  --port N                  TCP port; 0 picks a free one (default 8080)\n"
             "  --slots N                 parallel sequences, 1..256 (default 4; -np, --parallel)\n"
-            "  --ctx N                   context per slot, tokens, 64..16777216 (default 4096; not\n"
-            "                            llama-server's -c, the slots' context together)\n"
+            "  --ctx N                   context per slot, tokens, 64..16777216 (default 4096)\n"
+            "  -c, --ctx-size N          llama-server's: the slots' context together, each slot\n"
+            "                            N / slots (--ctx wins)\n"
             "  --batch N                 tokens per decode step, 1..1048576 (default 512; -b)\n"
             "  --threads N               CPU threads, 0..4096; 0 = all (default 0; -t)\n"
             "  --no-cache-prompt         never reuse a slot's KV (every prompt is prefilled)\n"
@@ -194,7 +196,7 @@ void ks_serve_apply_spec_flags(const ks_serve_flags *f, ks_config *c) {
 }
 
 int ks_serve_parse_flags(int argc, char **argv, ks_serve_flags *f) {
-    enum { O_HOST = 256, O_MMPROJ, O_PORT, O_SLOTS, O_CTX, O_BATCH, O_THREADS, O_NOCACHE, O_NOEXACT, O_KEY, O_QUEUE, O_BODY,
+    enum { O_HOST = 256, O_MMPROJ, O_PORT, O_SLOTS, O_CTX, O_CTX_SIZE, O_BATCH, O_THREADS, O_NOCACHE, O_NOEXACT, O_KEY, O_QUEUE, O_BODY,
            O_MAXTOK, O_ALIAS, O_TIMEOUT, O_SHUTDOWN, O_FA, O_CONFIG, O_LOG, O_IMC, O_SPC, O_CACHEDIR, O_CACHERAM,
            O_TEMPLATE, O_REASONING, O_CORS, O_RESP_TTL, O_RESP_MAX, O_HDR_TIMEOUT, O_MAXCONN, O_MAXCONN_CLIENT,
            O_CKPT, O_CKPT_EVERY, O_CKPT_BYTES, O_CACHEREDIS, O_TLS_CA, O_TLS_CA_DIR, O_TLS_CERT, O_TLS_KEY,
@@ -208,6 +210,7 @@ int ks_serve_parse_flags(int argc, char **argv, ks_serve_flags *f) {
         {"mmproj", required_argument, 0, O_MMPROJ},
         {"port", required_argument, 0, O_PORT},        {"slots", required_argument, 0, O_SLOTS},
         {"ctx", required_argument, 0, O_CTX},          {"batch", required_argument, 0, O_BATCH},
+        {"ctx-size", required_argument, 0, O_CTX_SIZE},
         {"threads", required_argument, 0, O_THREADS},  {"no-cache-prompt", no_argument, 0, O_NOCACHE},
         {"no-exact", no_argument, 0, O_NOEXACT},     {"no-repack", no_argument, 0, O_NOREPACK},
         {"api-key", required_argument, 0, O_KEY},      {"max-queue", required_argument, 0, O_QUEUE},
@@ -268,16 +271,16 @@ int ks_serve_parse_flags(int argc, char **argv, ks_serve_flags *f) {
     memset(f, 0, sizeof *f);
     ks_offload_defaults(&f->offload);
     ks_cli_offload_aliases(argc, argv);
-    /* llama-server's names for the same settings. Not -c / --ctx-size: there
-     * it is the context of all the slots together (divided among them), here
-     * --ctx is each slot's. */
-    static char *const from[] = {"-t", "-np", "--parallel", "-b", "--batch-size"};
-    static char *const to[] = {"--threads", "--slots", "--slots", "--batch", "--batch"};
+    /* llama-server's names for the same settings; -c is its --ctx-size, the
+     * context of all the slots together (ks_serve_apply_flags divides it). */
+    static char *const from[] = {"-t", "-np", "--parallel", "-b", "--batch-size", "-c"};
+    static char *const to[] = {"--threads", "--slots", "--slots", "--batch", "--batch", "--ctx-size"};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--")) break;
         for (size_t k = 0; k < sizeof from / sizeof from[0]; k++)
             if (!strcmp(argv[i], from[k])) argv[i] = to[k];
     }
+    f->ctx_size = -1;
     f->port = f->slots = f->ctx = f->batch = f->threads = f->max_queue = f->max_tokens = f->timeout = -1;
     f->shutdown_ms = 10000;
     f->flash_attn = KS_FA_AUTO;
@@ -312,6 +315,9 @@ int ks_serve_parse_flags(int argc, char **argv, ks_serve_flags *f) {
             break;
         case O_CTX:
             if (ks_cli_parse_int(CMD, "--ctx", optarg, KS_CONFIG_CTX_MIN, KS_CONFIG_CTX_MAX, &f->ctx)) return 2;
+            break;
+        case O_CTX_SIZE:
+            if (ks_cli_parse_int(CMD, "--ctx-size (-c)", optarg, KS_CONFIG_CTX_MIN, INT_MAX, &f->ctx_size)) return 2;
             break;
         case O_BATCH:
             if (ks_cli_parse_int(CMD, "--batch", optarg, KS_CONFIG_BATCH_MIN, KS_CONFIG_BATCH_MAX, &f->batch)) return 2;
@@ -620,6 +626,12 @@ int ks_serve_apply_flags(const ks_serve_flags *f, ks_config *c) {
     if (f->models_autoload >= 0) c->models_autoload = f->models_autoload;
     if (f->slots >= 0) c->slots = f->slots;
     if (f->ctx >= 0) c->ctx = f->ctx;
+    /* -c N as llama-server: N tokens for all the slots, each N / slots (an
+     * explicit --ctx wins) */
+    if (f->ctx_size >= 0 && f->ctx < 0) {
+        int per = f->ctx_size / (c->slots > 0 ? c->slots : 1);
+        c->ctx = per < KS_CONFIG_CTX_MIN ? KS_CONFIG_CTX_MIN : per > KS_CONFIG_CTX_MAX ? KS_CONFIG_CTX_MAX : per;
+    }
     if (f->batch >= 0) c->batch = f->batch;
     if (f->threads >= 0) c->threads = f->threads;
     if (f->max_queue >= 0) c->max_queue = f->max_queue;

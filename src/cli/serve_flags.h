@@ -22,6 +22,7 @@ typedef struct ks_serve_flags {
     const char *model, *host, *api_key, *config, *log, *alias, *chat_template, *reasoning_format;
     const char *mmproj; /* --mmproj: wins over models.<name>.mmproj and mmproj */
     int port, slots, ctx, batch, threads, max_queue, max_tokens, timeout, shutdown_ms; /* -1: not given */
+    int ctx_size; /* -c/--ctx-size: llama-server's, the slots' context together (-1: not given) */
     int header_timeout, max_conns, max_conns_client; /* -1: not given */
     long long max_body;
     long long media_max_bytes, media_max_total, media_max_pixels; /* --media-*, -1: not given */

@@ -216,3 +216,18 @@ test('llama-server\'s -t, -np, -b and --parallel, --batch-size', async () => {
     }
   }
 });
+
+// llama-server's -c (--ctx-size) is the slots' context together: each slot
+// gets N / slots; an explicit --ctx (each slot's) wins.
+test('llama-server\'s -c divides among the slots; --ctx wins', async () => {
+  for (const [args, nCtx] of [[['-c', '1024', '-np', '4'], 256], [['--ctx-size', '1024', '--slots', '2'], 512],
+    [['-c', '1024', '-np', '4', '--ctx', '768'], 768]]) {
+    const s = await startServer(args, { defaults: false });
+    try {
+      const p = (await getJSON(s, '/props')).json;
+      assert.equal(p.default_generation_settings.n_ctx, nCtx, args.join(' '));
+    } finally {
+      await stopOk(s);
+    }
+  }
+});
