@@ -394,6 +394,7 @@ void ks_serve_model_unload(ks_serve_model *sm, bool shutdown) {
     sm->spc = NULL;
     ks_engine_free(sm->draft_e); /* after the scheduler: its drafters decoded in it */
     sm->draft_e = NULL;
+    ks_draft_model_cfg_fini(&sm->dmc);
     ks_engine_free(sm->e);
     sm->e = NULL;
     ks_metrics_free(sm->metrics);

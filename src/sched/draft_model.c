@@ -30,8 +30,6 @@ typedef struct dm {
     int n_prompt;    /* the prompt's length until the request's first draft, then 0 */
     double tok_ms;   /* a drafted token's decode, a moving average (0: not measured yet) */
     uint64_t tenant; /* whose tokens it sees (drafter.h create) */
-    uint8_t *buf;    /* a state's scratch (sibling copies) */
-    size_t cap;
 } dm;
 
 static void *create(void *cfg, int slot, uint64_t tenant) {
@@ -79,7 +77,6 @@ static void destroy(void *v) {
     if (!d) return;
     save_seq(d);
     if (d->seq < KS_DRAFT_LIVE_MAX && d->c->live[d->seq] == d) d->c->live[d->seq] = NULL;
-    free(d->buf);
     ks_engine_seq_clear(d->c->engine, d->seq);
     ks_tokens_free(&d->kv);
     ks_tokens_free(&d->hist);
@@ -143,18 +140,18 @@ static int bring_in(dm *d, const int32_t *t, int n, int common) {
         }
     }
     if (best && n_best - common >= min_gain && cacheable(d, n_best)) {
+        /* one scratch for every drafter of the engine, as the scheduler's
+         * copy_buf: the state of the longest sequence copied so far */
         size_t need = ks_engine_state_size(e, best->seq);
-        if (need > d->cap) {
-            uint8_t *nb = realloc(d->buf, need);
-            if (nb) {
-                d->buf = nb;
-                d->cap = need;
-            }
+        if (need > c->buf_cap) {
+            free(c->buf);
+            c->buf = malloc(need + need / 4);
+            c->buf_cap = c->buf ? need + need / 4 : 0;
         }
-        size_t got = need <= d->cap ? ks_engine_state_get(e, best->seq, d->buf, d->cap) : 0;
+        size_t got = need <= c->buf_cap ? ks_engine_state_get(e, best->seq, c->buf, c->buf_cap) : 0;
         if (got) {
             reset(d); /* as the target's restores: the sequence cleared first */
-            if (ks_engine_state_set(e, d->seq, d->buf, got) == 0 &&
+            if (ks_engine_state_set(e, d->seq, c->buf, got) == 0 &&
                 !ks_tokens_assign(&d->kv, best->kv.v, best->kv.n)) {
                 atomic_fetch_add(&c->copied, (uint64_t)(n_best - common));
                 KS_DEBUG(MOD, "draft[%d]: %d tokens from draft[%d]'s sequence", d->seq, n_best, best->seq);
@@ -296,6 +293,13 @@ static double token_ms(void *v) { return ((dm *)v)->tok_ms; }
 static const ks_drafter_ops k_ops = {create, destroy, begin, draft, accept, token_ms};
 
 const ks_drafter_ops *ks_draft_model_ops(void) { return &k_ops; }
+
+void ks_draft_model_cfg_fini(ks_draft_model_cfg *cfg) {
+    if (!cfg) return;
+    free(cfg->buf);
+    cfg->buf = NULL;
+    cfg->buf_cap = 0;
+}
 
 int ks_draft_model_same_vocab(const ks_engine *target, const ks_engine *draft, char *err, size_t n) {
     int nt = ks_engine_n_vocab(target), nd = ks_engine_n_vocab(draft);

@@ -66,6 +66,9 @@ typedef struct ks_draft_model_cfg {
     bool no_cache;                /* neither copies nor restores (the benchmarks' baseline:
                                      KS_DRAFT_CACHE=0 in serve) */
     void *live[KS_DRAFT_LIVE_MAX]; /* the drafters by slot (inference thread only) */
+    uint8_t *buf;                 /* the drafters' scratch for copies (inference thread only;
+                                     freed by ks_draft_model_cfg_fini) */
+    size_t buf_cap;
     /* Counters: prompt tokens the draft model decoded (a request's first
      * draft brings its sequence to the prompt: for a same-slot turn only the
      * new tokens, and the last one again for its logits), tokens it decoded
@@ -84,6 +87,9 @@ typedef struct ks_draft_model_cfg {
 
 /* The ops; create's cfg is a ks_draft_model_cfg. */
 const ks_drafter_ops *ks_draft_model_ops(void);
+/* Frees what the drafters left in cfg (their copy scratch), after the
+ * scheduler that used it is gone. */
+void ks_draft_model_cfg_fini(ks_draft_model_cfg *cfg);
 
 /* Whether draft can draft for target: 0, or KS_EINVAL with the first
  * difference in err ("token 17: 'ab' in the draft model, 'a' in the model"). */

@@ -446,6 +446,7 @@ static void test_draft_model(void **st) {
     ks_tokens_free(&p);
     ks_sched_free(g_s);
     ks_engine_free(dft);
+    ks_draft_model_cfg_fini(&dc);
     ks_engine_free(tgt);
     g_e = saved;
     open_sched(KS_NGRAM_SIMPLE, 2);
