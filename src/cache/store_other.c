@@ -15,9 +15,9 @@
 /* Candidate lengths at most: the longest foreign ones. */
 #define OTHER_LENS_MAX 64
 
-static int int_desc(const void *a, const void *b) {
+static int int_cmp(const void *a, const void *b) {
     int x = *(const int *)a, y = *(const int *)b;
-    return (x < y) - (x > y);
+    return (x > y) - (x < y);
 }
 
 int ks_store_other_kv(ks_store *s, uint64_t tenant, const int32_t *tokens, int min_len, int max_len, char *types,
@@ -26,30 +26,27 @@ int ks_store_other_kv(ks_store *s, uint64_t tenant, const int32_t *tokens, int m
     types[0] = '\0';
     if (min_len < 1) min_len = 1;
     /* The lengths of this model's foreign entries (other params) up to
-     * max_len: none, nothing to ask. */
+     * max_len: none, nothing to ask. Only the file tiers hold foreign
+     * entries (a directory other processes share; the ram tier is this
+     * store's own). */
     enum { CAP = 4096 };
-    int *lens = malloc(CAP * sizeof *lens);
-    if (!lens) return 0;
+    int *all = malloc(CAP * sizeof *all);
+    if (!all) return 0;
     int k = 0;
-    for (int t = 0; t < KS_TIER__LOCAL; t++)
-        if (s->tiers[t]) ks_tier_foreign_lengths(s->tiers[t], s->fp, max_len, lens, &k, CAP);
+    for (int t = KS_TIER_SHM; t <= KS_TIER_DISK; t++)
+        if (s->tiers[t]) ks_tier_foreign_lengths(s->tiers[t], s->fp, max_len, all, &k, CAP);
     int best = 0;
     char own[64] = "";
     ks_key *keys = NULL;
     char *alt = NULL;
-    if (k == 0) goto done;
-    /* Longest first, distinct, at least min_len, the OTHER_LENS_MAX longest. */
-    qsort(lens, (size_t)k, sizeof *lens, int_desc);
+    /* Ascending, distinct, at least min_len; the OTHER_LENS_MAX longest. */
+    qsort(all, (size_t)k, sizeof *all, int_cmp);
     int u = 0;
-    for (int i = 0; i < k && u < OTHER_LENS_MAX; i++)
-        if (lens[i] >= min_len && (u == 0 || lens[u - 1] != lens[i])) lens[u++] = lens[i];
+    for (int i = 0; i < k; i++)
+        if (all[i] >= min_len && (u == 0 || all[u - 1] != all[i])) all[u++] = all[i];
+    const int *lens = u > OTHER_LENS_MAX ? all + (u - OTHER_LENS_MAX) : all;
+    if (u > OTHER_LENS_MAX) u = OTHER_LENS_MAX;
     if (u == 0) goto done;
-    /* ks_key_prefixes wants them ascending. */
-    for (int i = 0; i < u / 2; i++) {
-        int x = lens[i];
-        lens[i] = lens[u - 1 - i];
-        lens[u - 1 - i] = x;
-    }
     size_t cap = s->kv_len + 64;
     if (!(keys = malloc((size_t)u * sizeof *keys)) || !(alt = malloc(cap))) goto done;
     if (!ks_kvparams_type_pair(s->kv_params, s->kv_len, own, sizeof own)) goto done;
@@ -61,7 +58,7 @@ int ks_store_other_kv(ks_store *s, uint64_t tenant, const int32_t *tokens, int m
             if (ks_key_prefixes_tenant(s->fp, alt, (size_t)len, tenant, tokens, lens[u - 1], lens, u, keys)) continue;
             for (int i = u - 1; i >= 0 && lens[i] > best; i--) {
                 bool found = false;
-                for (int t = 0; t < KS_TIER__LOCAL && !found; t++) {
+                for (int t = KS_TIER_SHM; t <= KS_TIER_DISK && !found; t++) {
                     ks_tier_entry e;
                     found = s->tiers[t] && ks_tier_has(s->tiers[t], &keys[i], &e) && e.cls == KS_ENTRY_FOREIGN &&
                             memcmp(e.model_fp, s->fp, 32) == 0;
@@ -78,7 +75,7 @@ done:
         KS_DEBUG("store", "lookup: a state of %d tokens is stored with K/V types %s (this store's: %s): never "
                           "restored here", best, types, own);
     }
-    free(lens);
+    free(all);
     free(keys);
     free(alt);
     return best;

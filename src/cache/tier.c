@@ -158,26 +158,25 @@ bool ks_tier_mark_bad(ks_tier *t, const ks_key *key) {
     return marked;
 }
 
-void ks_tier_lengths(ks_tier *t, int max_len, int *out, int *n, int cap) {
+/* The n_tokens of the good entries of class cls (and, with fp, of that
+ * model) with 1 <= n_tokens <= max_len, appended to out[*n] while *n < cap. */
+static void lengths(ks_tier *t, ks_entry_class cls, const uint8_t *fp, int max_len, int *out, int *n, int cap) {
     pthread_rwlock_rdlock(&t->lock);
     for (size_t i = 0; i < t->map.cap && *n < cap; i++) {
         if (!ks_keymap_live(&t->map, i)) continue;
         const ks__tentry *e = t->map.vals[i];
-        if (e->bad || e->info.cls != KS_ENTRY_OWN) continue;
+        if (e->bad || e->info.cls != cls || (fp && memcmp(e->info.model_fp, fp, 32) != 0)) continue;
         if (e->info.n_tokens >= 1 && e->info.n_tokens <= max_len) out[(*n)++] = e->info.n_tokens;
     }
     pthread_rwlock_unlock(&t->lock);
 }
 
+void ks_tier_lengths(ks_tier *t, int max_len, int *out, int *n, int cap) {
+    lengths(t, KS_ENTRY_OWN, NULL, max_len, out, n, cap);
+}
+
 void ks_tier_foreign_lengths(ks_tier *t, const uint8_t fp[32], int max_len, int *out, int *n, int cap) {
-    pthread_rwlock_rdlock(&t->lock);
-    for (size_t i = 0; i < t->map.cap && *n < cap; i++) {
-        if (!ks_keymap_live(&t->map, i)) continue;
-        const ks__tentry *e = t->map.vals[i];
-        if (e->bad || e->info.cls != KS_ENTRY_FOREIGN || memcmp(e->info.model_fp, fp, 32) != 0) continue;
-        if (e->info.n_tokens >= 1 && e->info.n_tokens <= max_len) out[(*n)++] = e->info.n_tokens;
-    }
-    pthread_rwlock_unlock(&t->lock);
+    lengths(t, KS_ENTRY_FOREIGN, fp, max_len, out, n, cap);
 }
 
 int ks_tier_list(ks_tier *t, ks_tier_list_cb cb, void *ud) {

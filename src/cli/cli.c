@@ -212,9 +212,13 @@ void ks_cli_offload_aliases(int argc, char **argv) {
     static char *const to[] = {"--gpu-layers", "--device", "--split-mode", "--tensor-split", "--main-gpu",
                                "--no-kv-offload", "--cache-type-k", "--cache-type-v", "--model-draft",
                                "--gpu-layers-draft"};
+    ks_cli_rename_flags(argc, argv, from, to, sizeof from / sizeof from[0]);
+}
+
+void ks_cli_rename_flags(int argc, char **argv, char *const *from, char *const *to, size_t n) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--")) break;
-        for (size_t k = 0; k < sizeof from / sizeof from[0]; k++)
+        for (size_t k = 0; k < n; k++)
             if (!strcmp(argv[i], from[k])) argv[i] = to[k];
     }
 }

@@ -75,6 +75,10 @@ void ks_cli_offload_apply(const ks_offload *src, unsigned given, ks_offload *dst
  * -nkvo, -ctk and -ctv in argv[1, argc) to the long names (in place; the strings are
  * static), so that getopt_long takes them. Call before getopt_long. */
 void ks_cli_offload_aliases(int argc, char **argv);
+/* Rewrites every argv[1, argc) (up to a "--") equal to from[k] into to[k], in
+ * place (the strings must outlive argv's use): other spellings of the same
+ * flags, before getopt_long. */
+void ks_cli_rename_flags(int argc, char **argv, char *const *from, char *const *to, size_t n);
 /* The usage lines of these flags, for --help. */
 extern const char *const ks_cli_offload_usage;
 

@@ -275,11 +275,7 @@ int ks_serve_parse_flags(int argc, char **argv, ks_serve_flags *f) {
      * context of all the slots together (ks_serve_apply_flags divides it). */
     static char *const from[] = {"-t", "-np", "--parallel", "-b", "--batch-size", "-c"};
     static char *const to[] = {"--threads", "--slots", "--slots", "--batch", "--batch", "--ctx-size"};
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--")) break;
-        for (size_t k = 0; k < sizeof from / sizeof from[0]; k++)
-            if (!strcmp(argv[i], from[k])) argv[i] = to[k];
-    }
+    ks_cli_rename_flags(argc, argv, from, to, sizeof from / sizeof from[0]);
     f->ctx_size = -1;
     f->port = f->slots = f->ctx = f->batch = f->threads = f->max_queue = f->max_tokens = f->timeout = -1;
     f->shutdown_ms = 10000;

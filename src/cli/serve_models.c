@@ -179,7 +179,8 @@ static void draft_metrics(void *ud, ks_prom *p) {
 
 static void *fp_main(void *ud) {
     ks_serve_model *sm = ud;
-    sm->fp_rc = ks_serve_store_fingerprint(sm->cfg, &sm->store_cfg, sm->fp, sm->fp_err, sizeof sm->fp_err);
+    char err[256];
+    sm->fp_rc = ks_serve_store_fingerprint(sm->cfg, &sm->store_cfg, sm->fp, err, sizeof err);
     return NULL;
 }
 

@@ -63,9 +63,9 @@ typedef struct ks_serve_model {
      * ks_serve_model_rest or a failed load joins it). */
     pthread_t fp_thread;
     bool fp_running;
-    int fp_rc;
+    int fp_rc;                  /* 0: fp holds it (else the store's open computes it again,
+                                   saying why it fails) */
     uint8_t fp[32];
-    char fp_err[256];
 } ks_serve_model;
 
 /* Opens the engine of sm->cfg (the model, its context, slots, KV types,

@@ -32,7 +32,7 @@ extern "C" {
 #include "base/base.h"
 
 /* engine.h's accessor (engine.h itself is C11 only). */
-extern "C" const struct llama_model *ks_engine_llama_model(const struct ks_engine *e);
+const struct llama_model *ks_engine_llama_model(const struct ks_engine *e);
 }
 
 struct ks_chat_tmpl {

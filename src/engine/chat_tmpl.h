@@ -63,13 +63,13 @@ int ks_chat_tmpl_create(const struct llama_model *model, const char *template_ov
 /* The same from a GGUF file: loads its vocabulary only (no weights), creates
  * the templates and frees the vocabulary. For tools and tests that have no
  * loaded model. Errors: KS_EMODEL (the file cannot be loaded), and as above. */
+int ks_chat_tmpl_create_from_file(const char *gguf_path, const char *template_override,
+                                  ks_chat_tmpl **out, char *err, size_t errlen);
 /* The same from a loaded engine's model (engine.h ks_engine_llama_model): no
  * second read of the GGUF. */
 struct ks_engine;
 int ks_chat_tmpl_create_for(const struct ks_engine *e, const char *template_override, ks_chat_tmpl **out,
                             char *err, size_t errlen);
-int ks_chat_tmpl_create_from_file(const char *gguf_path, const char *template_override,
-                                  ks_chat_tmpl **out, char *err, size_t errlen);
 
 /* NULL is a no-op. */
 void ks_chat_tmpl_free(ks_chat_tmpl *t);

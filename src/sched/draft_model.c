@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cache/prefix.h"
 #include "engine/media.h"
 
 #define MOD "draft"
@@ -51,14 +52,14 @@ static void *create(void *cfg, int slot, uint64_t tenant) {
     return d;
 }
 
-static bool cacheable(const dm *d, int n);
+static bool cacheable(const dm *d);
 
 /* The sequence to the draft's store (reason evict), when it wants it: before
  * a long tail is dropped, and at destroy. */
 static void save_seq(dm *d) {
     ks_store *st = d->c->store;
     ks_engine *e = d->c->engine;
-    if (!st || d->c->no_cache || d->off || d->kv.n < 1 || !cacheable(d, d->kv.n) ||
+    if (!st || d->c->no_cache || d->off || d->kv.n < 1 || !cacheable(d) ||
         !ks_store_wants_in(st, d->tenant, KS_REASON_EVICT, d->kv.v, d->kv.n))
         return;
     size_t need = ks_engine_state_size(e, d->seq);
@@ -106,40 +107,36 @@ static void reset(dm *d) {
  * memory that drops a suffix, and no sliding window (whose states restore
  * at some lengths only and whose cuts must keep the window: the target's
  * rules, policy.c; a draft model of that kind catches up by decoding). */
-static bool cacheable(const dm *d, int n) {
-    (void)n;
+static bool cacheable(const dm *d) {
     return ks_engine_partial_rm_ok(d->c->engine) && ks_engine_n_swa(d->c->engine) <= 0;
 }
 
-static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb) {
-    int i = 0;
-    while (i < na && i < nb && a[i] == b[i]) i++;
-    return i;
-}
+/* A copy or a restore must bring at least this many tokens more than the
+ * sequence holds (fewer decode faster than a whole state is copied). */
+enum { min_gain = 16 };
 
 /* Before catching up on t[0, n) from `common` tokens: brings in more of t
  * than the sequence holds without decoding it, when another drafter of the
  * same tenant holds more (a copy of its sequence) or the store does (the
- * longest stored prefix), by at least min_copy tokens. Returns the tokens
+ * longest stored prefix), by at least min_gain tokens. Returns the tokens
  * the sequence now shares with t. */
 static int bring_in(dm *d, const int32_t *t, int n, int common) {
     ks_draft_model_cfg *c = d->c;
     ks_engine *e = c->engine;
-    int min_gain = c->min_copy > 0 ? c->min_copy : 16;
-    if (c->no_cache || n - 1 - common < min_gain || !cacheable(d, common > 0 ? common : 1)) return common;
+    if (c->no_cache || n - 1 - common < min_gain || !cacheable(d)) return common;
     /* another drafter's sequence */
     dm *best = NULL;
     int n_best = common;
     for (int i = 0; i < KS_DRAFT_LIVE_MAX; i++) {
         dm *o = c->live[i];
         if (!o || o == d || o->tenant != d->tenant || o->off) continue;
-        int k = common_prefix(o->kv.v, o->kv.n, t, n - 1);
+        int k = ks_prefix_common(o->kv.v, o->kv.n, t, n - 1);
         if (k > n_best) {
             best = o;
             n_best = k;
         }
     }
-    if (best && n_best - common >= min_gain && cacheable(d, n_best)) {
+    if (best && n_best - common >= min_gain) {
         /* one scratch for every drafter of the engine, as the scheduler's
          * copy_buf: the state of the longest sequence copied so far */
         size_t need = ks_engine_state_size(e, best->seq);
@@ -164,22 +161,16 @@ static int bring_in(dm *d, const int32_t *t, int n, int common) {
     /* the store */
     if (!c->store) return common;
     ks_store_hit hit;
-    int max = n - 1;
-    if (max < common + min_gain ||
-        ks_store_lookup_range_in(c->store, d->tenant, t, n, common + min_gain, max, &hit) != 0)
-        return common;
-    int got = common;
-    if (cacheable(d, hit.n_tokens)) {
+    if (ks_store_lookup_range_in(c->store, d->tenant, t, n, common + min_gain, n - 1, &hit) != 0) return common;
+    int got = 0;
+    reset(d);
+    if (ks_engine_state_set(e, d->seq, hit.payload, hit.payload_len) == 0 &&
+        !ks_tokens_assign(&d->kv, t, hit.n_tokens)) {
+        atomic_fetch_add(&c->restored, (uint64_t)(hit.n_tokens - common));
+        KS_DEBUG(MOD, "draft[%d]: %d tokens from the store (%s)", d->seq, hit.n_tokens, ks_tier_name(hit.tier));
+        got = hit.n_tokens;
+    } else {
         reset(d);
-        if (ks_engine_state_set(e, d->seq, hit.payload, hit.payload_len) == 0 &&
-            !ks_tokens_assign(&d->kv, t, hit.n_tokens)) {
-            atomic_fetch_add(&c->restored, (uint64_t)(hit.n_tokens - common));
-            KS_DEBUG(MOD, "draft[%d]: %d tokens from the store (%s)", d->seq, hit.n_tokens, ks_tier_name(hit.tier));
-            got = hit.n_tokens;
-        } else {
-            reset(d);
-            got = 0;
-        }
     }
     ks_store_hit_free(&hit);
     return got;
@@ -190,7 +181,7 @@ static int bring_in(dm *d, const int32_t *t, int n, int common) {
  * positions below n_pre count as prefilled, the others as followed. */
 static bool catch_up(dm *d, const int32_t *t, int n, int n_pre, int *i_last) {
     ks_engine *e = d->c->engine;
-    int common = common_prefix(d->kv.v, d->kv.n, t, n);
+    int common = ks_prefix_common(d->kv.v, d->kv.n, t, n);
     /* Most of the sequence is about to go (another conversation takes the
      * slot): to the store first, for when that conversation comes back. */
     if (d->kv.n - common > d->kv.n / 2) save_seq(d);

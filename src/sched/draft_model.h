@@ -61,8 +61,6 @@ typedef struct ks_draft_model_cfg {
     float p_min;                  /* --spec-draft-p-min (default 0: greedy to n_max) */
     ks_store *store;              /* the draft model's states (NULL: none); borrowed, outlives the
                                      scheduler */
-    int min_copy;                 /* a copy or restore must bring this many tokens more than the
-                                     sequence holds (0: 16) */
     bool no_cache;                /* neither copies nor restores (the benchmarks' baseline:
                                      KS_DRAFT_CACHE=0 in serve) */
     void *live[KS_DRAFT_LIVE_MAX]; /* the drafters by slot (inference thread only) */

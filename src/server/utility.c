@@ -204,12 +204,6 @@ static int post_model(ks_server *s, conn *cn, ks_api_error *e) {
     return rc;
 }
 
-/* The model of a GET utility request: ?model=NAME (several models). */
-static int get_model(ks_server *s, struct MHD_Connection *c, conn *cn, ks_api_error *e) {
-    if (cn->m) return 0;
-    return ks__util_model(s, cn, MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "model"), e);
-}
-
 enum MHD_Result ks__util_tokenize(ks_server *s, struct MHD_Connection *c, conn *cn) {
     ks_api_tokenize rq;
     ks_api_error e;
@@ -318,6 +312,7 @@ enum MHD_Result ks__util_props(ks_server *s, struct MHD_Connection *c, conn *cn)
         return ks__respond_error(s, c, cn, &e, NULL);
     }
     ks_api_error me;
+    /* ?model=NAME (several models) */
     const char *want = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "model");
     if (!cn->m && !(want && want[0])) {
         /* several models, no default: the router's own properties, as
@@ -325,7 +320,7 @@ enum MHD_Result ks__util_props(ks_server *s, struct MHD_Connection *c, conn *cn)
         json_t *rp = ks__models_router_props(s);
         if (rp) return ks__respond_json(s, c, cn, 200, rp, NULL);
     }
-    if (get_model(s, c, cn, &me)) return ks__respond_error(s, c, cn, &me, NULL);
+    if (!cn->m && ks__util_model(s, cn, want, &me)) return ks__respond_error(s, c, cn, &me, NULL);
     ks_smodel *m = cn->m;
     char *bos = special_text(m->engine, ks_engine_token_bos(m->engine));
     char *eos = special_text(m->engine, ks_engine_token_eos(m->engine));
