@@ -14,7 +14,7 @@
 //   [--rounds 3] [--sys-words 1200] [--max-tokens 128] [--out DIR]
 import { writeFileSync, mkdirSync } from 'node:fs';
 import path from 'node:path';
-import { parseArgs, median, words, streamChat, freePort, startServer, stopServer } from './peer_lib.mjs';
+import { parseArgs, median, words, streamChat, freePort, startServer, stopServer, metric } from './peer_lib.mjs';
 
 const { str, die } = parseArgs('draft_cache', process.argv.slice(2));
 const KS = str('kvstash') || die('--kvstash BIN');
@@ -30,8 +30,6 @@ async function start(kind) {
   return startServer(kind, KS, ['serve', '-m', MODEL, '-md', DRAFT, '--port', String(port), '--threads', THREADS,
     '--slots', '1', '--ctx', '4096', '--log', 'info'], port);
 }
-const metric = async (s, name) => Number(new RegExp(`^${name}(?:\\{[^}]*\\})? (\\S+)$`, 'm').exec(
-  await (await fetch(`${s.url}/metrics`)).text())?.[1] ?? NaN);
 
 const res = { cache: [], 'no-cache': [] };
 for (let r = 0; r < ROUNDS; r++) {
@@ -44,9 +42,9 @@ for (let r = 0; r < ROUNDS; r++) {
       const a1 = await streamChat(s.url, body(a));
       await streamChat(s.url, body([{ role: 'user', content: words(60, 500 + r) }]));
       a.push({ role: 'assistant', content: a1.text }, { role: 'user', content: words(40, 600 + r) });
-      const p0 = await metric(s, 'kvstash_draft_model_prefill_tokens_total');
+      const p0 = await metric(s.url, 'kvstash_draft_model_prefill_tokens_total');
       const x = await streamChat(s.url, body(a));
-      const p1 = await metric(s, 'kvstash_draft_model_prefill_tokens_total');
+      const p1 = await metric(s.url, 'kvstash_draft_model_prefill_tokens_total');
       const decodeS = (x.times.at(-1) - x.times[0]) / 1000;
       res[kind].push({ ttft: x.ttft, total: x.total, tps: (x.times.length - 1) / decodeS, draftPrefill: p1 - p0,
         prompt: x.usage?.prompt_tokens, cached: x.usage?.prompt_tokens_details?.cached_tokens, text: x.text,

@@ -15,7 +15,7 @@ import { mkdtempSync, readdirSync, statSync, readFileSync, rmSync, writeFileSync
 import os from 'node:os';
 import { execFileSync } from 'node:child_process';
 import path from 'node:path';
-import { parseArgs, words, streamChat, freePort, startServer, stopServer } from './peer_lib.mjs';
+import { parseArgs, words, streamChat, freePort, startServer, stopServer, metric } from './peer_lib.mjs';
 
 const { str, die } = parseArgs('kv_types', process.argv.slice(2));
 const BIN = str('bin') || die('--bin BIN');
@@ -54,8 +54,7 @@ for (const t of TYPES) {
   for (const f of readdirSync(path.join(dir, 'disk'), { recursive: true }).filter((x) => String(x).endsWith('.kvs')))
     execFileSync('dd', [`if=${path.join(dir, 'disk', String(f))}`, 'iflag=nocache', 'count=0', 'status=none']);
   s = await start(t, cfg);
-  const restoreS = async () => Number(/^kvstash_store_restore_seconds_total (\S+)$/m.exec(
-    await (await fetch(`${s.url}/metrics`)).text())?.[1] ?? NaN);
+  const restoreS = () => metric(s.url, 'kvstash_store_restore_seconds_total');
   const r0 = await restoreS();
   const restored = await streamChat(s.url, { messages: conv, max_tokens: 4, temperature: 0 });
   const restoreMs = (await restoreS() - r0) * 1000;

@@ -185,6 +185,12 @@ export function freePort() {
 // Starts a server (bin, args holding --port port) and waits for its /health
 // (at most timeoutMs): { proc, url, log() }. stopServer sends SIGTERM and
 // waits for the exit.
+// One Prometheus sample of a server's /metrics (the first series of that
+// name, labels or not), NaN when absent.
+export async function metric(url, name) {
+  const text = await (await fetch(`${url}/metrics`, { headers: auth() })).text();
+  return Number(new RegExp(`^${name}(?:\\{[^}]*\\})? (\\S+)$`, 'm').exec(text)?.[1] ?? NaN);
+}
 export async function startServer(what, bin, args, port, timeoutMs = 120000) {
   const { spawn } = await import('node:child_process');
   const proc = spawn(bin, args, { stdio: ['ignore', 'ignore', 'pipe'] });

@@ -18,7 +18,7 @@ import os from 'node:os';
 import path from 'node:path';
 import {
   startServer, stopOk, chat, getJSON, writeStoreConfig, settleStore, replyOf, writeConfig, metrics, startRedis,
-  redisHostConfig, BIN,
+  redisHostConfig, alternateHosts, BIN,
 } from './lib.mjs';
 
 const Q4K = process.env.KS_TINY_Q4K_MODEL;
@@ -170,19 +170,7 @@ test('q8_0/q8_0: turns alternate between two hosts sharing Redis, replies equal 
         '--config', await redisHostConfig(root, h, redis.sock, 'kvs-q8'), ...kv(t)]));
     const uncached = await startServer(['-m', Q4K, '--ctx', '1024', '--no-cache-prompt', ...kv(t)]);
     servers.push(uncached);
-    const msgs = [system];
-    for (let turn = 0; turn < 4; turn++) {
-      const srv = servers[turn % 2];
-      msgs.push({ role: 'user', content: questions[turn] });
-      const what = `turn ${turn + 1} on host ${'ab'[turn % 2]}`;
-      const a = await both(srv, uncached, msgs, what);
-      if (turn > 0) {
-        assert.equal(a.cache.mode, 'store', `${what}: ${JSON.stringify(a.cache)}`);
-        assert.equal(a.cache.tier, 'redis', `${what}: ${JSON.stringify(a.cache)}`);
-      }
-      msgs.push({ role: 'assistant', content: replyOf(a) });
-      await settleStore(srv); // its Redis copy written before the other host asks
-    }
+    await alternateHosts(servers, [system], questions.slice(0, 4), (srv, msgs, what) => both(srv, uncached, msgs, what));
     assert.equal((await metrics(servers[1])).get('kvstash_store_redis_errors_total'), 0);
   } finally {
     for (const s of servers) await stopOk(s);

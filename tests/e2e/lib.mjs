@@ -669,3 +669,26 @@ export async function redisHostConfig(root, host, sock, prefix) {
     '  min_tokens: 16', '  tiers:', '    redis:', `      url: "unix://${sock}"`, `      key_prefix: ${prefix}`].join('\n') + '\n');
   return f;
 }
+
+// A conversation whose turns alternate between two hosts sharing one Redis
+// (redisHostConfig): questions[i] goes to hosts[i % 2] through
+// compare(srv, msgs, what) — the caller's check that the reply equals the
+// uncached one, returning the reply — and from the second turn on is read
+// from Redis (cache mode store, tier redis); check(reply, what, turn) adds
+// the caller's own assertions. Each host's saves reach Redis before the
+// other host is asked.
+export async function alternateHosts(hosts, msgs, questions, compare, check = () => {}) {
+  for (let turn = 0; turn < questions.length; turn++) {
+    const srv = hosts[turn % 2];
+    msgs.push({ role: 'user', content: questions[turn] });
+    const what = `turn ${turn + 1} on host ${'ab'[turn % 2]}`;
+    const a = await compare(srv, msgs, what);
+    if (turn > 0) {
+      assert.equal(a.cache.mode, 'store', `${what}: ${JSON.stringify(a.cache)}`);
+      assert.equal(a.cache.tier, 'redis', `${what}: ${JSON.stringify(a.cache)}`);
+    }
+    check(a, what, turn);
+    msgs.push({ role: 'assistant', content: replyOf(a) });
+    await settleStore(srv);
+  }
+}

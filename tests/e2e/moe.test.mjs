@@ -18,7 +18,7 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { startServer, stopOk, chat, getJSON, postJSON, replyOf, writeStoreConfig, writeConfig, metrics, settleStore,
-  startRedis, redisHostConfig } from './lib.mjs';
+  startRedis, redisHostConfig, alternateHosts } from './lib.mjs';
 
 const MODELS = {
   'tiny-moe': process.env.KS_TINY_MOE_MODEL,
@@ -284,22 +284,14 @@ test('tiny-moe-q4k: turns alternate between two hosts sharing Redis, replies equ
     await serve(['-m', model, '--ctx', '1024', '--slots', '1', '--config',
       await redisHostConfig(root, 'b', redis.sock, 'kvs-moe')])];
     const uncached = await serve(['-m', model, '--ctx', '1024', '--no-cache-prompt']);
-    const msgs = [system];
+    // Each turn reads back at least the whole previous prompt.
     let prevPrompt = 0;
-    for (let turn = 0; turn < 4; turn++) {
-      const srv = hosts[turn % 2];
-      msgs.push({ role: 'user', content: questions[turn] });
-      const what = `turn ${turn + 1} on host ${'ab'[turn % 2]}`;
-      const a = await both(srv, uncached, msgs, what);
-      if (turn > 0) {
-        assert.equal(a.cache.mode, 'store', `${what}: ${JSON.stringify(a.cache)}`);
-        assert.equal(a.cache.tier, 'redis', `${what}: ${JSON.stringify(a.cache)}`);
-        assert.ok(a.usage.prompt_tokens_details.cached_tokens >= prevPrompt, `${what}: ${JSON.stringify(a.cache)}`);
-      }
-      prevPrompt = a.usage.prompt_tokens;
-      msgs.push({ role: 'assistant', content: replyOf(a) });
-      await settleStore(srv); // its Redis copy written before the other host asks
-    }
+    await alternateHosts(hosts, [system], questions.slice(0, 4), (srv, msgs, what) => both(srv, uncached, msgs, what),
+      (a, what, turn) => {
+        if (turn > 0)
+          assert.ok(a.usage.prompt_tokens_details.cached_tokens >= prevPrompt, `${what}: ${JSON.stringify(a.cache)}`);
+        prevPrompt = a.usage.prompt_tokens;
+      });
     const m = await metrics(hosts[1]);
     assert.equal(m.get('kvstash_store_redis_errors_total'), 0);
     await stop(...hosts, uncached);
