@@ -372,6 +372,50 @@ test('a draft model\'s KV follows the cache: store after an eviction, after a re
     }
   });
 
+// Tenants (API keys): a drafter serves one key; another key's draft
+// sequence is never copied and its stored draft states never read — the
+// same prompt from B decodes it whole in the draft model — while A's own
+// come back to A.
+test('a draft model\'s cached KV stays with its key: another key neither copies nor restores it', async () => {
+  const TARGET = process.env.KS_TINY_TARGET_MODEL, DRAFT = process.env.KS_TINY_DRAFT_MODEL;
+  const cfg = await writeStoreConfig(path.join(dir, 'draft-tenants.yaml'),
+    { cacheDir: path.join(dir, 'dt-disk'), shmDir: path.join(dir, 'dt-shm'), stride: 16, minTokens: 16 });
+  const srv = await startServer(['-m', TARGET, '-md', DRAFT, '--no-spec-adaptive', '--ctx', '1024', '--slots', '1',
+    '--config', cfg, '--api-key', 'KA', '--api-key', 'KB', '--metrics-key', 'MK']);
+  const mk = { authorization: 'Bearer MK' };
+  const ask = async (key, messages) => {
+    const r = await postJSON(srv, '/v1/chat/completions', { messages, max_tokens: 48, temperature: 0, ignore_eos: true },
+      { headers: { authorization: `Bearer ${key}` } });
+    assert.equal(r.status, 200, r.text);
+    return r.json;
+  };
+  const delta = async (fn) => {
+    const m0 = await metrics(srv, mk);
+    const r = await fn();
+    const m1 = await metrics(srv, mk);
+    const d = (k) => m1.get(`kvstash_draft_model_${k}_total`) - m0.get(`kvstash_draft_model_${k}_total`);
+    return { r, prefill: d('prefill_tokens'), copied: d('copied_tokens'), restored: d('restored_tokens') };
+  };
+  try {
+    const x = [{ role: 'system', content: SYS }, { role: 'user', content: 'describe the moon and its phases' }];
+    const a1 = await ask('KA', x);
+    // B, the same prompt, takes the only slot: A's drafter goes (its state
+    // to the store, under A), B's starts empty and finds nothing of A's.
+    const b = await delta(() => ask('KB', x));
+    assert.equal(b.r.usage.prompt_tokens_details.cached_tokens, 0, JSON.stringify(b.r.cache));
+    assert.equal(b.copied, 0);
+    assert.equal(b.restored, 0);
+    assert.ok(b.prefill >= b.r.usage.prompt_tokens, `B's draft decoded ${b.prefill} of ${b.r.usage.prompt_tokens}`);
+    await settleStore(srv, 30000, mk);
+    // A again: its own draft state comes back.
+    const a2 = await delta(() => ask('KA', [...x, a1.choices[0].message, { role: 'user', content: 'and the sun' }]));
+    assert.equal(a2.r.cache.mode, 'store', JSON.stringify(a2.r.cache));
+    assert.ok(a2.restored > 0, 'A\'s draft state read back for A');
+  } finally {
+    await stopOk(srv);
+  }
+});
+
 test('a models entry\'s speculative block applies; a flag wins over it', async () => {
   const cfg = writeConfig('models:\n  default:\n    speculative:\n      type: ngram-mod\n      draft_max: 8\n');
   const a = await startServer(['--config', cfg]);

@@ -2,7 +2,7 @@
 // POST /tokenize, POST /detokenize, GET /props (docs/SERVER.md).
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { startServer, stopOk, postJSON, getJSON, assertError } from './lib.mjs';
+import { startServer, stopOk, postJSON, getJSON, assertError, runBin, MODEL } from './lib.mjs';
 
 let srv;
 before(async () => { srv = await startServer(['--ctx', '256', '--max-body-bytes', '4096']); });
@@ -230,4 +230,8 @@ test('llama-server\'s -c divides among the slots; --ctx wins', async () => {
       await stopOk(s);
     }
   }
+  // A value out of range: exit 2 naming the flag.
+  const r = await runBin(['serve', '-m', MODEL, '--port', '0', '--threads', '1', '-c', '10']);
+  assert.equal(r.code, 2, r.stderr);
+  assert.match(r.stderr, /--ctx-size \(-c\)/);
 });
