@@ -60,7 +60,7 @@
  *     type: ngram-simple     # none | ngram-simple | ngram-map-k | ngram-map-k4v | ngram-mod
  *     draft_max: 16          # tokens drafted per step at most, 1..64
  *     draft_min: 0           # shorter drafts are not verified
- *     ngram_simple_size_n: 12   # and _size_m, _min_hits; ngram_map_k_*, ngram_map_k4v_* alike;
+ *     ngram_simple_size_n: 3    # and _size_m (8), _min_hits (1); ngram_map_k_*, ngram_map_k4v_* alike (12, 48, 1);
  *     ngram_mod_n_match: 24     # ngram_mod_n_min, ngram_mod_n_max (llama-server's --spec-ngram-*)
  *     adaptive: true         # verify only what the measured costs make worth it
  *     draft_model: /path/to/draft.gguf   # drafts from a smaller model of the same vocabulary (-md)
@@ -97,6 +97,7 @@
  *     continued_interval: 512
  *     min_tokens: 256                  # do not save states shorter than this
  *     shutdown_timeout_ms: 5000
+ *     finish_save_delay_ms: 500        # a finish save waits for the next turn, which supersedes it
  *     warm_slots: 0                    # slots filled from shm/disk at start (--warm-slots)
  *     pin_share: 0.5                   # share of each tier's budget that pinned states (cache
  *                                      # breakpoints, store.h "Pins") may hold, 0..1
@@ -135,7 +136,7 @@
  *    read or written; every reason that maps to a tier maps to ram, except
  *    shutdown (none: the RAM dies with the process). Its settings are
  *    store.tiers.ram.max_bytes, stride, min_tokens, continued_interval,
- *    shutdown_timeout_ms, pin_share and reasons (`none` stays none), so
+ *    shutdown_timeout_ms, finish_save_delay_ms, pin_share and reasons (`none` stays none), so
  *    `store: { enabled: false, tiers: { ram: { max_bytes: 4GiB } } }` sizes
  *    it without turning on the full store;
  *  - no store when the ram budget is 0 and store.enabled is false, and never
@@ -225,8 +226,8 @@ typedef struct ks_spec_cfg {
                                    --draft-max; default 16) */
     int draft_min;              /* shorter drafts are not verified, 0..64 (--spec-draft-n-min,
                                    --draft-min; default 0) */
-    int ngram_size_n[3];        /* [simple, map-k, map-k4v]: lookup length 1..1024 (default 12) */
-    int ngram_size_m[3];        /* ... draft length 1..1024 (default 48) */
+    int ngram_size_n[3];        /* [simple, map-k, map-k4v]: lookup length 1..1024 (default 3, 12, 12) */
+    int ngram_size_m[3];        /* ... draft length 1..1024 (default 8, 48, 48) */
     int ngram_min_hits[3];      /* ... >= 1 (default 1) */
     int ngram_mod_n_match;      /* ngram-mod: 1..1024 (default 24) */
     int ngram_mod_n_min;        /* 0..1024 (default 48) */

@@ -121,8 +121,8 @@ extern "C" {
 ks_ngram_params ks_ngram_params_default(ks_ngram_type type) {
     ks_ngram_params p;
     p.type = type;
-    p.size_n = 12;
-    p.size_m = 48;
+    p.size_n = type == KS_NGRAM_SIMPLE ? 3 : 12; /* ks_config_spec_defaults: by measurement; else llama.cpp's */
+    p.size_m = type == KS_NGRAM_SIMPLE ? 8 : 48;
     p.min_hits = 1;
     p.mod_n_match = 24;
     p.mod_n_min = 48;

@@ -42,8 +42,8 @@ typedef struct ks_ngram_params {
     ks_ngram_type type;
     /* ngram-simple, ngram-map-k, ngram-map-k4v (llama-server's
      * --spec-ngram-{simple,map-k,map-k4v}-size-n/-size-m/-min-hits) */
-    int size_n;   /* lookup length, 1..1024 (default 12) */
-    int size_m;   /* draft length, 1..1024 (default 48) */
+    int size_n;   /* lookup length, 1..1024 (default 3 for ngram-simple, else 12) */
+    int size_m;   /* draft length, 1..1024 (default 8 for ngram-simple, else 48) */
     int min_hits; /* >= 1 (default 1) */
     /* ngram-mod (--spec-ngram-mod-n-match/-n-min/-n-max) */
     int mod_n_match; /* 1..1024 (default 24) */
