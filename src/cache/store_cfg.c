@@ -39,6 +39,7 @@ void ks_store_cfg_defaults(ks_store_cfg *c) {
     memset(c, 0, sizeof *c);
     c->stride = 256;
     c->continued_interval = 512;
+    c->finish_save_delay_ms = 500;
     c->min_tokens = 256;
     c->shutdown_timeout_ms = 5000;
     c->tier_max_bytes[KS_TIER_RAM] = 2048LL << 20; /* --cache-ram's default */

@@ -101,6 +101,9 @@ typedef struct ks_store_cfg {
     int continued_interval;               /* default 512 */
     int min_tokens;                       /* default 256 */
     int shutdown_timeout_ms;              /* default 5000 */
+    int finish_save_delay_ms;             /* a finish save waits this long for the conversation's next
+                                             request, which supersedes it (ks_sched_params
+                                             .finish_save_delay_ms); default 500, 0: taken at once */
     int warm_slots;                       /* slots filled from the file tiers at start (ks_sched_params
                                              .warm_slots); default 0 */
     int64_t tier_max_bytes[KS_TIER__N];   /* ram 2 GiB, shm 1 GiB, disk 10 GiB, redis 4 GiB (kvstash's

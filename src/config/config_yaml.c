@@ -98,6 +98,7 @@ static const field k_store_fields[] = {
     FI(ks_store_cfg, continued_interval, 0, 1048576),
     FI(ks_store_cfg, min_tokens, 0, 1048576),
     FI(ks_store_cfg, shutdown_timeout_ms, 0, 3600000),
+    FI(ks_store_cfg, finish_save_delay_ms, 0, 60000),
     FI(ks_store_cfg, warm_slots, 0, KS_CONFIG_SLOTS_MAX),
     FF(ks_store_cfg, pin_share, 0, 1),
 };

@@ -151,6 +151,49 @@ void ks__policy_save(ks_sched *s, slot *sl, ks_reason why, bool sync) {
     if (ks__policy_save_ask(s, sl, why) == 1) ks__policy_save_take(s, sl, why, sync);
 }
 
+/* Deferred finish saves. A finish save copies the whole sequence's state on
+ * this thread — from a GPU 0.5 s for 10K tokens of an 8B model — and an
+ * agent's next request usually arrives within milliseconds of the reply's
+ * end, continuing the very conversation whose state is being copied. So the
+ * save, asked for and counted at the request's end (sched.c), waits on the
+ * idle slot for finish_save_delay_ms (sched.h); when the slot's next request
+ * continues the conversation first (cache_prompt, the same tenant, keeping
+ * at least half of the slot: the rule of the evict save in ks__policy_plan),
+ * it is superseded — uncounted from store_save_requests, counted in
+ * finish_saves_superseded — since that request's own finish save follows.
+ * Otherwise it is taken when due (between steps when other slots are busy),
+ * before any other request changes the slot's KV (ks__policy_plan), before a
+ * slot clear, and at shutdown (sched.c run()). What a crash loses: the state
+ * of a turn whose next turn was running. */
+static void pending_resolve(ks_sched *s, slot *sl, bool take, bool sync) {
+    if (!sl->save_pending) return;
+    sl->save_pending = false;
+    if (take) {
+        ks__policy_save_take(s, sl, KS_REASON_FINISH, sync);
+    } else {
+        s->cst.store_save_requests[KS_REASON_FINISH]--;
+        s->cst.finish_saves_superseded++;
+    }
+}
+
+double ks__policy_pending_due(const ks_sched *s) {
+    double due = -1;
+    for (int i = 0; i < s->n_slots; i++)
+        if (s->slots[i].save_pending && (due < 0 || s->slots[i].save_due_ms < due)) due = s->slots[i].save_due_ms;
+    return due;
+}
+
+int ks__policy_pending_take(ks_sched *s, double now, bool sync) {
+    int n = 0;
+    for (int i = 0; i < s->n_slots; i++) {
+        slot *sl = &s->slots[i];
+        if (!sl->save_pending || (now >= 0 && sl->save_due_ms > now)) continue;
+        pending_resolve(s, sl, true, sync);
+        n++;
+    }
+    return n;
+}
+
 /* SPC: the slot's sequence holds exactly the system prompt now: keep a copy. */
 void ks__policy_spc_capture(ks_sched *s, slot *sl) {
     size_t got = 0;
@@ -614,6 +657,10 @@ int ks__policy_plan(ks_sched *s, slot *sl) {
     /* Never inside a whole media run (media.h note 2a): its rows see the
      * rows after them, so the run is prefilled again from its start. */
     n_reuse = ks_media_set_cut(r->p.media, n_reuse);
+    /* The slot's finish save still pending (note "Deferred finish saves"):
+     * superseded when this request continues the conversation, else taken
+     * before anything below changes the KV. */
+    pending_resolve(s, sl, !(cache && r->p.tenant == sl->tenant && sl->tokens.n - n_reuse <= sl->tokens.n / 2), false);
     /* evict (sync): the KV about to be dropped goes to the store first,
      * unless it is there already (ks__policy_save asks the store) — when
      * another conversation takes the slot (most of it is dropped). A turn

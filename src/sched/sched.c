@@ -174,6 +174,13 @@ void ks__sched_finish(ks_sched *s, slot *sl, ks_finish f, int err, bool eog) {
         ks__policy_save_take(s, sl, KS_REASON_FINISH, false);
         save = false;
     }
+    /* Deferred (policy.c "Deferred finish saves"): left pending on the idle
+     * slot; run() takes it when due unless the next request supersedes it. */
+    if (save && s->p.finish_save_delay_ms > 0) {
+        sl->save_pending = true;
+        sl->save_due_ms = ks_now_ms() + s->p.finish_save_delay_ms;
+        save = false;
+    }
     ks__policy_pins_done(s, r);
     if (r->p.media)
         for (int i = 0; i < r->res.n_cached && i < r->prompt.n; i++)
@@ -399,6 +406,18 @@ static void *run(void *arg) {
     ks_sched *s = arg;
     pthread_mutex_lock(&s->mu);
     for (;;) {
+        /* A slot about to be cleared: its pending finish save first (the
+         * copy without mu; then look at everything again). */
+        bool cleared_pending = false;
+        for (int i = 0; i < s->n_slots && !cleared_pending; i++)
+            cleared_pending = s->clear_pending[i] && s->slots[i].state == ST_IDLE && s->slots[i].save_pending;
+        if (cleared_pending) {
+            pthread_mutex_unlock(&s->mu);
+            ks__policy_pending_take(s, -1, false);
+            pthread_mutex_lock(&s->mu);
+            publish_locked(s);
+            continue;
+        }
         for (int i = 0; i < s->n_slots; i++) {
             if (s->clear_pending[i] && s->slots[i].state == ST_IDLE) {
                 ks_engine_seq_clear(s->e, i);
@@ -423,6 +442,7 @@ static void *run(void *arg) {
             pthread_mutex_lock(&s->mu);
             continue;
         }
+        double due = ks__policy_pending_due(s);
         if (s->n_active == 0) {
             if (s->stop) break;
             if (s->copy_buf) { /* freed without mu; then look at the queue again */
@@ -431,11 +451,35 @@ static void *run(void *arg) {
                 pthread_mutex_lock(&s->mu);
                 continue;
             }
+            if (due >= 0) { /* a deferred finish save: taken when due unless work comes first */
+                double now = ks_now_ms();
+                if (now >= due) {
+                    pthread_mutex_unlock(&s->mu);
+                    ks__policy_pending_take(s, now, false);
+                    pthread_mutex_lock(&s->mu);
+                    publish_locked(s);
+                } else {
+                    struct timespec ts;
+                    clock_gettime(CLOCK_MONOTONIC, &ts);
+                    long long ns = (long long)ts.tv_nsec + (long long)((due - now) * 1e6) + 1000000;
+                    ts.tv_sec += (time_t)(ns / 1000000000LL);
+                    ts.tv_nsec = (long)(ns % 1000000000LL);
+                    pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+                }
+                continue;
+            }
             pthread_cond_wait(&s->cv, &s->mu);
             continue;
         }
         bool stopping = s->stop;
         pthread_mutex_unlock(&s->mu);
+        /* Other slots are busy: a deferred finish save due now is taken
+         * between their steps, as an undeferred one would have been. */
+        if (due >= 0 && ks_now_ms() >= due && ks__policy_pending_take(s, ks_now_ms(), false) > 0) {
+            pthread_mutex_lock(&s->mu);
+            publish_locked(s);
+            pthread_mutex_unlock(&s->mu);
+        }
 
         bool planned = false;
         for (int i = 0; i < s->n_slots; i++) {
@@ -469,6 +513,13 @@ static void *run(void *arg) {
     }
     publish_locked(s);
     pthread_mutex_unlock(&s->mu);
+    /* Deferred finish saves are taken before the shutdown saves (which then
+     * find those states held). */
+    if (ks__policy_pending_take(s, -1, true) > 0) {
+        pthread_mutex_lock(&s->mu);
+        publish_locked(s);
+        pthread_mutex_unlock(&s->mu);
+    }
     if (s->p.store && s->p.save_on_shutdown) {
         for (int i = 0; i < s->n_slots; i++) ks__policy_save(s, &s->slots[i], s->stop_reason, true);
         pthread_mutex_lock(&s->mu);
@@ -582,7 +633,11 @@ int ks_sched_create(const ks_sched_params *p, ks_sched **out) {
         ks_engine_seq_clear(s->e, i);
     }
     pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->cv, NULL);
+    pthread_condattr_t ca; /* cv: timed waits for deferred saves on the monotonic clock */
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&s->cv, &ca);
+    pthread_condattr_destroy(&ca);
     pthread_cond_init(&s->cv_done, NULL);
     s->st.n_slots = s->n_slots;
     ks__sched_warm(s); /* no thread of ours runs yet */

@@ -129,6 +129,17 @@ typedef struct ks_sched_params {
      * a caller that looks into the store right after on_done may not find
      * it yet. Default false (the server sets it). */
     bool finish_save_after_done;
+    /* With finish_save_after_done: the finish save waits this long after the
+     * request's end (policy.c "Deferred finish saves") and is not taken at
+     * all when the slot's next request continues the conversation first (it
+     * keeps at least half of the slot's tokens, same tenant, cache_prompt):
+     * that request's own finish save follows, so an agent's next turn sent
+     * right behind a reply never waits for a copy of the state it is about
+     * to extend (on a GPU 0.5 s at 10K tokens of an 8B model). A save not
+     * superseded is taken when due (idle or not), before anything else
+     * changes the slot's KV, and at shutdown. 0: taken right after on_done.
+     * Default 0 (the server sets store.finish_save_delay_ms). */
+    int finish_save_delay_ms;
     /* Speculative decoding (step.c, "Speculation"): NULL: off. A generating
      * slot asks its drafter (one per slot, created on first use) for up to
      * draft_max tokens after its next token, decodes them in the same step
@@ -405,6 +416,8 @@ typedef struct ks_sched_cache_stats {
                                        (queue full, no tier for pins), or the request ended first */
     uint64_t pin_written_tokens;    /* sum of the requests' n_cache_written */
     double snapshot_ms_total;       /* time the inference thread spent copying states */
+    uint64_t finish_saves_superseded; /* deferred finish saves never taken: the slot's next request
+                                         continued the conversation first (not in store_save_requests) */
     /* Checkpoints (hybrid models, ks_sched_params.ckpt_max) */
     uint64_t ckpt_saves;            /* partial states taken */
     uint64_t ckpt_drops;            /* dropped for the count or byte budget (not for a trim) */

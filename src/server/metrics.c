@@ -284,6 +284,9 @@ void ks_metrics_sched(ks_prom *p, const ks_sched_stats *st) {
                        (double)c->store_save_requests[r]);
     ks_prom_counter(p, "kvstash_snapshot_seconds_total", "Inference-thread time spent copying states.",
                     c->snapshot_ms_total / 1e3);
+    ks_prom_counter(p, "kvstash_store_finish_saves_superseded_total",
+                    "Finish saves not taken: the conversation's next request came first (store.finish_save_delay_ms).",
+                    (double)c->finish_saves_superseded);
     /* cache_control breakpoints (cache pins). */
     ks_prom_counter(p, "kvstash_cache_pins_saved_total", "Pinned prefix states handed to the store.",
                     (double)c->pin_saves);

@@ -315,13 +315,14 @@ export async function slots(srv, headers = {}) {
 // cacheDir and shmDir are required: a test never uses ~/.cache or /dev/shm.
 // tiers: { ram, shm, disk } budgets in bytes; reasons: { cold: 'disk', ... }.
 export async function writeStoreConfig(file, { cacheDir, shmDir, stride = 16, minTokens = 32,
-  continuedInterval, shutdownTimeoutMs, tiers = {}, reasons = {} }) {
+  continuedInterval, shutdownTimeoutMs, finishSaveDelayMs, tiers = {}, reasons = {} }) {
   const { writeFileSync } = await import('node:fs');
   assert.ok(cacheDir && shmDir, 'writeStoreConfig needs cacheDir and shmDir');
   const lines = ['store:', '  enabled: true', `  cache_dir: ${cacheDir}`, `  shm_dir: ${shmDir}`,
     `  stride: ${stride}`, `  min_tokens: ${minTokens}`];
   if (continuedInterval !== undefined) lines.push(`  continued_interval: ${continuedInterval}`);
   if (shutdownTimeoutMs !== undefined) lines.push(`  shutdown_timeout_ms: ${shutdownTimeoutMs}`);
+  if (finishSaveDelayMs !== undefined) lines.push(`  finish_save_delay_ms: ${finishSaveDelayMs}`);
   const t = Object.entries(tiers);
   if (t.length) {
     lines.push('  tiers:');

@@ -127,6 +127,60 @@ test('restart: after SIGTERM a new process continues the conversation from the s
   }
 });
 
+// ----------------------------------------------------------------------- 1b
+// A finish save waits store.finish_save_delay_ms on the idle slot (policy.c
+// "Deferred finish saves"): the conversation's next turn sent right behind
+// the reply supersedes it (no state copy before that turn), another
+// conversation taking the slot gets it taken first, and so does a shutdown.
+// The delay here (3 s) is longer than any back-to-back pair of requests.
+test('a finish save waits for the next turn: superseded by it, taken before a takeover and at shutdown', async () => {
+  const dirs = await storeDir('deferred', { finishSaveDelayMs: 3000, reasons: { cold: 'none', continued: 'none', shutdown: 'none' } });
+  const a = await startServer(['--slots', '1', '--config', dirs.config]);
+  const A = [sys('Lakes')];
+  let t3;
+  try {
+    const t1 = await say(a, A, 'What is a lake?', 'A turn 1');
+    const t2 = await say(a, A, 'And a pond?', 'A turn 2'); // within the delay
+    assert.ok(t2.usage.prompt_tokens_details.cached_tokens >= t1.usage.prompt_tokens, JSON.stringify(t2.cache));
+    let m = await metrics(a);
+    assert.equal(m.get('kvstash_store_finish_saves_superseded_total'), 1, 'turn 1\'s finish save: superseded by turn 2');
+    assert.equal(m.get('kvstash_store_save_requests_total{reason="finish"}'), 1, 'turn 2\'s, pending');
+    assert.equal(m.get('kvstash_store_saves_total{reason="finish"}'), 0, 'nothing taken yet');
+    // Another conversation takes the only slot, within the delay: turn 2's
+    // finish save is taken first (as finish; the evict save then finds it held).
+    const B = [sys('Deserts')];
+    await say(a, B, 'What is a desert?', 'B turn 1');
+    m = await settleStore(a);
+    assert.equal(m.get('kvstash_store_finish_saves_superseded_total'), 1);
+    assert.equal(m.get('kvstash_store_saves_total{reason="finish"}'), 2, 'A turn 2\'s, and B turn 1\'s when due');
+    assert.equal(m.get('kvstash_store_saves_total{reason="evict"}') ?? 0, 0, 'A\'s state was held already');
+    t3 = await say(a, A, 'Which is deeper?', 'A turn 3');
+    assertStoreHit(t3, t2.usage.prompt_tokens, 'A turn 3');
+  } finally {
+    await stopOk(a); // within the delay after A turn 3: shutdown takes its pending save (no shutdown saves here)
+  }
+  const b = await startServer(['--slots', '1', '--config', dirs.config]);
+  try {
+    const t4 = await say(b, A, 'Thanks.', 'A turn 4 in a new process');
+    assertStoreHit(t4, t3.usage.prompt_tokens, 'A turn 4');
+  } finally {
+    await stopOk(b);
+  }
+  // Delay 0: every finish save is taken at once, none superseded.
+  const zero = await storeDir('deferred0', { finishSaveDelayMs: 0, reasons: { cold: 'none', continued: 'none' } });
+  const c = await startServer(['--slots', '1', '--config', zero.config]);
+  try {
+    const C = [sys('Rivers')];
+    await say(c, C, 'What is a river?', 'C turn 1');
+    await say(c, C, 'And a stream?', 'C turn 2');
+    const m = await settleStore(c);
+    assert.equal(m.get('kvstash_store_finish_saves_superseded_total'), 0);
+    assert.equal(m.get('kvstash_store_saves_total{reason="finish"}'), 2);
+  } finally {
+    await stopOk(c);
+  }
+});
+
 // ----------------------------------------------------------------------- 1c
 // Warm start (--warm-slots): a new process puts the latest state of each of
 // the conversations A was serving into its slots before it serves, so their
