@@ -125,8 +125,10 @@ static int open_draft(ks_serve_model *sm, char *err, size_t errlen) {
         sm->draft_e = NULL;
         return KS_EINVAL;
     }
-    KS_INFO("serve", "%s: draft model %s (%s), %d slots", sm->name, ks_engine_model_name(sm->draft_e),
-            ks_engine_model_desc(sm->draft_e), c->slots);
+    char where[256];
+    ks_engine_offload_desc(sm->draft_e, where, sizeof where);
+    KS_INFO("serve", "%s: draft model %s (%s), %d slots, %s", sm->name, ks_engine_model_name(sm->draft_e),
+            ks_engine_model_desc(sm->draft_e), c->slots, where);
     return 0;
 }
 
@@ -328,6 +330,7 @@ int ks_serve_model_rest(ks_serve_model *sm, const char *mmproj_flag, const char 
     sp.store_min_tokens = sm->store_cfg.min_tokens;
     sp.warm_slots = sm->store_cfg.warm_slots;
     sp.finish_save_after_done = true;
+    sp.finish_save_delay_ms = sm->store_cfg.finish_save_delay_ms;
     if (sp.warm_slots > 0 && (!sm->store || sm->store_mode == KS_STORE_RAM_ONLY) && !sm->quiet_start)
         KS_WARN("serve", "--warm-slots (store.warm_slots) needs the persistent store (--cache-dir or a store: "
                          "section): no slot is warmed");

@@ -242,3 +242,148 @@ test('layers on the CPU beside a Vulkan device: op offload off in exact mode; -n
     await stopOk(cpu);
   }
 });
+
+// What landed after the GPU work (issues 36-38), on device memory: drafts
+// verified and dropped from a device KV, a draft model on the device whose
+// own KV goes through the store, quantized K/V on the device through the
+// store and a restart, and models loaded and unloaded again with their
+// states kept. Vulkan is not batch-invariant (the first test), so replies
+// are not compared with other runs' here; what the device path must keep is
+// the bookkeeping: every token of a turn that drafted is reused by the next.
+const SPEC = ['--spec-type', 'ngram-simple', '--spec-ngram-simple-size-n', '3', '--spec-ngram-simple-size-m', '16',
+  '--no-spec-adaptive'];
+
+test('speculative decoding on Vulkan0: n-gram drafts and a draft model on the device; its KV from the store', { skip: SKIP, timeout: 600000 }, async () => {
+  const ng = await vk([...ALL, '--slots', '1', ...SPEC]);
+  try {
+    const sp = (await getJSON(ng, '/props')).json.kvstash.speculative;
+    assert.equal(sp.type, 'ngram-simple');
+    assert.equal(sp.active, true);
+    assert.equal(sp.exact, false, 'Vulkan: only as exact as a prefill');
+    const msgs = [sys('Tides'), { role: 'user', content: 'Describe the tides.' }];
+    const t1 = await chat(ng, msgs, { max_tokens: 120, ignore_eos: true });
+    assert.equal(t1.usage.completion_tokens, 120);
+    assert.ok(t1.timings.draft_n > 0 && t1.timings.draft_n_accepted > 0, JSON.stringify(t1.timings));
+    assert.ok(t1.timings.draft_n_accepted < t1.timings.draft_n, `premise: some drafted rows were rejected (${JSON.stringify(t1.timings)})`);
+    // The rejected rows left the device KV and the slot's tokens: the next
+    // turn reuses all of the first one (prompt and reply but its last token).
+    msgs.push({ role: 'assistant', content: replyOf(t1) }, { role: 'user', content: 'And the waves?' });
+    const t2 = await chat(ng, msgs, { max_tokens: 8 });
+    assert.equal(t2.cache.slot, t1.cache.slot);
+    assert.ok(cached(t2) >= t1.usage.prompt_tokens + 119, `turn 2 cached ${cached(t2)} < ${t1.usage.prompt_tokens} + 119`);
+    const m = await metrics(ng);
+    assert.ok(m.get('kvstash_draft_accepted_total') > 0);
+  } finally {
+    await stopOk(ng);
+  }
+
+  // A draft model with its layers on the device (-ngld all), one slot, the
+  // RAM store: a conversation taken over by another comes back with the
+  // draft model's sequence read from the draft's store (state set on the device).
+  const TARGET = process.env.KS_TINY_TARGET_MODEL, DRAFT = process.env.KS_TINY_DRAFT_MODEL;
+  const md = await vk(['-m', TARGET, '-md', DRAFT, '-ngl', 'all', '-ngld', 'all', '--no-spec-adaptive', '--ctx', '1024',
+    '--slots', '1', '--config', writeConfig('store:\n  enabled: false\n  min_tokens: 16\n  stride: 16\n')], { model: null });
+  try {
+    assert.equal((await getJSON(md, '/props')).json.kvstash.speculative.type, 'draft-simple');
+    assert.match(md.stderr, /draft model kvstash-tiny-draft .*, 1 slots, \d+\/\d+ layers on Vulkan0, KV on Vulkan0/);
+    const a = [sys('Astronomy', 6), { role: 'user', content: 'What is a comet?' }];
+    const a1 = await chat(md, a, { max_tokens: 24, ignore_eos: true });
+    assert.ok(a1.timings.draft_n_accepted > 0, `the pair agrees by construction: ${JSON.stringify(a1.timings)}`);
+    await settleStore(md);
+    const b1 = await chat(md, [sys('Gardening', 6), { role: 'user', content: 'When do I plant tulips?' }], { max_tokens: 24, ignore_eos: true });
+    assert.equal(b1.cache.slot, a1.cache.slot, 'premise: one slot, B took it over');
+    await settleStore(md);
+    const m0 = await metrics(md);
+    a.push({ role: 'assistant', content: replyOf(a1) }, { role: 'user', content: 'And a meteor?' });
+    const a2 = await chat(md, a, { max_tokens: 24, ignore_eos: true });
+    const m1 = await metrics(md);
+    assert.equal(a2.cache.mode, 'store', JSON.stringify(a2.cache));
+    const restored = mdelta(m0, m1, 'kvstash_draft_model_restored_tokens_total');
+    const prefilled = mdelta(m0, m1, 'kvstash_draft_model_prefill_tokens_total');
+    const fresh = a2.usage.prompt_tokens - cached(a2);
+    assert.ok(restored >= a1.usage.prompt_tokens - 16, `the draft model restored ${restored} tokens`);
+    assert.ok(prefilled <= fresh + 1, `the draft model prefilled ${prefilled} tokens for ${fresh} new ones`);
+    assert.ok(a2.timings.draft_n_accepted > 0, JSON.stringify(a2.timings));
+  } finally {
+    await stopOk(md);
+  }
+});
+
+test('quantized K/V on Vulkan0: -ctk/-ctv q8_0 through the disk tier and a restart; an F16 server does not take the state', { skip: SKIP, timeout: 600000 }, async () => {
+  const Q4K = process.env.KS_TINY_Q4K_MODEL; // heads of 64: quantized K/V blocks of 32 divide them
+  const dirs = { cacheDir: path.join(root, 'q8-disk'), shmDir: path.join(root, 'q8-shm') };
+  const cfg = await writeStoreConfig(path.join(root, 'q8.yaml'), {
+    ...dirs, stride: 16, minTokens: 16, tiers: { ram: 0, shm: 0 }, reasons: { cold: 'none', continued: 'none', finish: 'disk' },
+  });
+  const Q8 = ['-m', Q4K, '-ngl', 'all', '--ctx', '1024', '--slots', '1', '--config', cfg];
+  const msgs = [sys('Harbours', 6), { role: 'user', content: 'What is a breakwater?' }];
+  let t1, t2;
+  const a = await vk([...Q8, '-ctk', 'q8_0', '-ctv', 'q8_0'], { model: null });
+  try {
+    const p = (await getJSON(a, '/props')).json.kvstash;
+    assert.equal(p.cache_type_k, 'q8_0');
+    assert.equal(p.cache_type_v, 'q8_0');
+    assert.equal(p.flash_attn, true);
+    assert.equal(p.offload.kv, 'Vulkan0');
+    assert.equal(p.exact_mode, 'unavailable');
+    t1 = await chat(a, msgs, { max_tokens: 12 });
+    assert.equal(t1.cache.mode, 'miss');
+    msgs.push({ role: 'assistant', content: replyOf(t1) }, { role: 'user', content: 'And a jetty?' });
+    t2 = await chat(a, msgs, { max_tokens: 12 });
+    assert.ok(cached(t2) >= t1.usage.prompt_tokens, `same slot: cached ${cached(t2)}`);
+    await settleStore(a);
+  } finally {
+    await stopOk(a);
+  }
+  // An F16 server on the same store: the q8_0 state is not restored, and the miss says why.
+  msgs.push({ role: 'assistant', content: replyOf(t2) }, { role: 'user', content: 'Thanks.' });
+  const f = await vk(Q8, { model: null });
+  try {
+    const r = await chat(f, msgs, { max_tokens: 4 });
+    assert.equal(cached(r), 0, JSON.stringify(r.cache));
+    assert.match(r.cache.reason, /^stored-with-kv-q8_0\/q8_0/, JSON.stringify(r.cache));
+  } finally {
+    await stopOk(f);
+  }
+  // A q8_0 server again (a new process): the state comes back from the disk tier onto the device.
+  const b = await vk([...Q8, '-ctk', 'q8_0', '-ctv', 'q8_0'], { model: null });
+  try {
+    const r = await chat(b, msgs, { max_tokens: 4 });
+    assert.equal(r.cache.mode, 'store', JSON.stringify(r.cache));
+    assert.equal(r.cache.tier, 'disk');
+    assert.ok(cached(r) >= t1.usage.prompt_tokens, `restart: cached ${cached(r)} < ${t1.usage.prompt_tokens}`);
+    assert.equal((await metrics(b)).get('kvstash_store_corrupt_files_total'), 0);
+  } finally {
+    await stopOk(b);
+  }
+});
+
+test('several models on Vulkan0: one loaded at a time, a conversation back from the store after its model was unloaded', { skip: SKIP, timeout: 600000 }, async () => {
+  const cfg = writeConfig(`models:
+  alpha: { path: ${process.env.KS_TINY_MODEL} }
+  beta: { path: ${process.env.KS_TINY_Q4K_MODEL} }
+models_max: 1
+store: { enabled: false, stride: 16, min_tokens: 16 }
+`);
+  const srv = await vk(['-ngl', 'all', '--ctx', '1024', '--slots', '1', '--config', cfg], { model: null });
+  try {
+    const ask = (model, messages) => postJSON(srv, '/v1/chat/completions', { model, messages, max_tokens: 8, temperature: 0 });
+    const conv = [sys('Lighthouses', 6), { role: 'user', content: 'Why are lighthouses tall?' }];
+    const t1 = await ask('alpha', conv);
+    assert.equal(t1.status, 200, t1.text);
+    assert.equal((await ask('beta', [{ role: 'user', content: 'hello' }])).status, 200);
+    const st = Object.fromEntries((await getJSON(srv, '/v1/models')).json.data.map((x) => [x.id, x.status.value]));
+    assert.equal(st.alpha, 'unloaded', JSON.stringify(st));
+    assert.equal(st.beta, 'loaded', JSON.stringify(st));
+    assert.match(srv.stderr, /alpha: unloaded \(least recently used, for beta/);
+    conv.push(t1.json.choices[0].message, { role: 'user', content: 'And who keeps them?' });
+    const t2 = await ask('alpha', conv);
+    assert.equal(t2.status, 200, t2.text);
+    assert.equal(t2.json.cache.mode, 'store', JSON.stringify(t2.json.cache));
+    assert.ok(t2.json.cache.cached_tokens >= t1.json.usage.prompt_tokens, JSON.stringify(t2.json.cache));
+    const p = (await getJSON(srv, '/props?model=alpha')).json.kvstash;
+    assert.equal(p.offload.kv, 'Vulkan0');
+  } finally {
+    await stopOk(srv);
+  }
+});
