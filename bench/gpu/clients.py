@@ -394,6 +394,94 @@ def cmd_restart(a, urls, names):
     write(a.out, '\n'.join(lines) + '\n', dict(warm=warm, **dict(got)))
 
 
+# ------------------------------------------------------------------ spec
+def cmd_spec(a, urls, names):
+    """Speculative decoding on kvstash (its default, n-gram drafts) against the
+    same server without drafts for the request ("speculative.n_max": 0):
+    decode speed and whether each reply is the reply without drafts; greedy,
+    then sampled at temperature 1 with a seed (drafts rejected: what
+    speculation costs when it does not pay). spec_peer.mjs's prompts."""
+    url = urls[0]
+    stream_chat(url, {'messages': [{'role': 'user', 'content': words(20, 1)}], 'max_tokens': 8, 'temperature': 0})
+    out, lines, stopped = {}, [], ''
+    lines += ['| replies | with drafts, tok/s (median) | without | ratio | drafted / accepted per reply (median) '
+              '| the same reply |', '|---|--:|--:|--:|--:|--:|']
+    for temp in (0, 1):
+        on, off, drafted, kept, same = [], [], [], [], 0
+        try:
+            for p in range(a.prompts):
+                msgs = [{'role': 'system', 'content': words(120, 1000 + p)},
+                        {'role': 'user', 'content': words(40, 2000 + p)}]
+                body = {'messages': msgs, 'max_tokens': a.max_tokens, 'temperature': temp, 'ignore_eos': True,
+                        'seed': 42 + p, 'cache_prompt': False}
+                got = {}
+                for k in ((0, 1) if p % 2 == 0 else (1, 0)):
+                    x = stream_chat(url, body if k == 0 else dict(body, **{'speculative.n_max': 0}))
+                    tm = x['times']
+                    ntok = (x['usage'] or {}).get('completion_tokens', len(tm))
+                    dt = (tm[-1] - tm[0]) / 1000 if len(tm) > 1 else float('nan')
+                    got[k] = dict(tps=(ntok - 1) / dt if dt == dt and dt > 0 else float('nan'), text=x['text'],
+                                  t=x['timings'] or {})
+                on.append(got[0]['tps'])
+                off.append(got[1]['tps'])
+                drafted.append(got[0]['t'].get('draft_n', 0))
+                kept.append(got[0]['t'].get('draft_n_accepted', 0))
+                same += got[0]['text'] == got[1]['text']
+        except (Late, RuntimeError, OSError) as e:
+            stopped = f'Stopped: {e}'[:600]
+            sys.stderr.write(f'spec: {stopped}\n')
+        key = 'greedy' if temp == 0 else 'sampled'
+        out[key] = dict(on=on, off=off, drafted=drafted, accepted=kept, same=same)
+        lines.append(f'| {key} ({len(on)}) | {f(median(on), 1)} | {f(median(off), 1)} | '
+                     f'{fr(median(on) / median(off)) if off else "–"} | {f(median(drafted))} / {f(median(kept))} | '
+                     f'{same}/{len(on)} |')
+        if stopped:
+            break
+    lines += ['', f'{names[0]}: {a.prompts} prompts (a 120-word system prompt, a 40-word message), {a.max_tokens}-token '
+              'replies (ignore_eos, no cache), each with the server\'s speculation and with "speculative.n_max": 0, '
+              'the order alternating; tok/s = (tokens - 1) / (last - first content chunk).']
+    if stopped:
+        lines += ['', f'**{stopped}**']
+    write(a.out, '\n'.join(lines) + '\n', out)
+
+
+# ------------------------------------------------------------------ behind
+def cmd_behind(a, urls, names):
+    """A request right behind a finished one against one sent after a pause:
+    one long conversation (the long step's shape), its turns sent alternately
+    at once after the previous reply and after --pause-s seconds; TTFT of
+    each kind (the server's work between requests — a finish save copying
+    the state off the device — shows in the first kind only)."""
+    url = urls[0]
+    msgs = [{'role': 'system', 'content': words(a.sys_words, 700)}]
+    rows, stopped = [], ''
+    try:
+        for t in range(1, a.turns + 1):
+            msgs.append({'role': 'user', 'content': words(a.msg_words, 20000 + t)})
+            kind = 'first' if t == 1 else ('behind' if t % 2 == 0 else 'pause')
+            if kind == 'pause':
+                time.sleep(a.pause_s)
+            x = conv_turn(url, msgs, a)
+            rows.append(dict(turn=t, kind=kind, ttft=x['ttft'], prompt=x['prompt'], cached=x['cached']))
+            sys.stderr.write(f'behind turn {t} ({kind}): {f(x["ttft"])} ms, prompt {x["prompt"]}, cached {x["cached"]}\n')
+            msgs.append({'role': 'assistant', 'content': x['text']})
+    except (Late, RuntimeError, OSError) as e:
+        stopped = f'Stopped: {e}'[:600]
+        sys.stderr.write(f'behind: {stopped}\n')
+    b = [r['ttft'] for r in rows if r['kind'] == 'behind' and r['turn'] >= 3]
+    pz = [r['ttft'] for r in rows if r['kind'] == 'pause' and r['turn'] >= 3]
+    lines = ['| turn | sent | prompt tok | cached | TTFT ms |', '|--:|---|--:|--:|--:|']
+    lines += [f'| {r["turn"]} | {r["kind"]} | {r["prompt"]} | {r["cached"]} | {f(r["ttft"], 1)} |' for r in rows]
+    lines += ['', f'**right behind / after a {a.pause_s:g} s pause** (median TTFT, turns 3+): '
+              f'{f(median(b), 1)} / {f(median(pz), 1)} ms = {fr(median(b) / median(pz)) if b and pz else "–"}.',
+              '', f'{names[0]}: one conversation ({a.sys_words}-word system prompt, {a.msg_words}-word messages, '
+              f'{a.max_tokens}-token greedy replies); even turns sent as soon as the previous reply ended, odd ones '
+              f'after {a.pause_s:g} s.']
+    if stopped:
+        lines += ['', f'**{stopped}**']
+    write(a.out, '\n'.join(lines) + '\n', dict(rows=rows))
+
+
 # ------------------------------------------------------------------ sub-agents
 def cmd_subagents(a, urls, names):
     """A sub-agents on few slots: A conversations sharing a system prompt, one
@@ -443,7 +531,7 @@ def cmd_subagents(a, urls, names):
 
 def main():
     p = argparse.ArgumentParser(prog='clients.py')
-    p.add_argument('cmd', choices=['turns', 'decode', 'exact', 'restart', 'subagents', 'words'])
+    p.add_argument('cmd', choices=['turns', 'decode', 'exact', 'restart', 'subagents', 'spec', 'behind', 'words'])
     p.add_argument('urls', nargs='*')
     p.add_argument('--name', action='append', default=[])
     p.add_argument('--out')
@@ -459,6 +547,8 @@ def main():
     p.add_argument('--phase', choices=['prep', 'resume', 'resume-warm', 'warm'], default='prep')
     p.add_argument('--state', help='restart: the conversation between the phases (a JSON file)')
     p.add_argument('--agents', type=int, default=6)
+    p.add_argument('--prompts', type=int, default=6)
+    p.add_argument('--pause-s', type=float, default=3.0)
     a = p.parse_args()
     DEADLINE[0] = a.deadline
     if a.cmd == 'words':  # for checking the generator against peer_lib.mjs
@@ -479,6 +569,13 @@ def main():
         a.turns = a.turns or 6
         a.max_tokens = a.max_tokens or 32
         cmd_restart(a, urls, names)
+    elif a.cmd == 'spec':
+        a.max_tokens = a.max_tokens or 256
+        cmd_spec(a, urls, names)
+    elif a.cmd == 'behind':
+        a.turns = a.turns or 9
+        a.max_tokens = a.max_tokens or 32
+        cmd_behind(a, urls, names)
     elif a.cmd == 'subagents':
         a.rounds = a.rounds or 4
         a.max_tokens = a.max_tokens or 32

@@ -23,6 +23,12 @@
 #        decode single-stream decode, 5 rounds of 128 tokens
 #        exact  cached == uncached, 3 conversations x 6 turns of 128-token
 #               greedy replies, for both servers
+#        spec   kvstash's speculation (its default n-gram drafts) against the
+#               same requests with "speculative.n_max": 0: decode, same replies
+#      and with servers of their own: restart (kvstash, the store, new
+#      processes), behind (kvstash with the store: a request right behind a
+#      finished one against one after a pause), kvq8 (both with -ctk/-ctv q8_0:
+#      decode and exact)
 #      each step with a deadline and a hard timeout; a step that runs out of
 #      time reports what it measured;
 #   4. writes everything to OUT (default bench/out/gpu; the device tool's $OUT
@@ -30,7 +36,7 @@
 #      env.txt (GPU, driver, CPU flags, builds), the servers' /props and logs.
 #
 # usage: bench/gpu/run.sh          (environment: OUT, WORK, CARRY, BUDGET,
-#                                   MODELS="bench bench-8b-q4k", STEPS="invariance turns long decode exact",
+#                                   MODELS="bench bench-8b-q4k", STEPS="invariance turns long decode exact subagents spec restart behind kvq8",
 #                                   NGL=all, PEER_NGL=99, INV_MASKS="63 31 0" (the invariance step's GGML_CUDA_KS_INVARIANT values) — a dry run on a CPU machine:
 #                                   MODELS=tiny NGL=0 PEER_NGL=0 bench/gpu/run.sh)
 set -uo pipefail
@@ -41,7 +47,7 @@ OUT=${OUT:-$ROOT/bench/out/gpu}
 WORK=${WORK:-/tmp/kvstash-gpu}
 BUDGET=${BUDGET:-450}
 MODELS=${MODELS:-bench bench-8b-q4k}
-STEPS=${STEPS:-invariance turns long decode exact subagents restart}
+STEPS=${STEPS:-invariance turns long decode exact subagents spec restart behind kvq8}
 NGL=${NGL:-all} PEER_NGL=${PEER_NGL:-99}
 T0=$(date +%s)
 mkdir -p "$OUT"
@@ -206,6 +212,7 @@ for m in $MODELS; do
         exact) step "$m-exact" 150 exact "${U[@]}" --convs 3 --turns 6 --max-tokens 128 ;;
         subagents) step "$m-subagents" 120 subagents "${U[@]}" --agents 6 --rounds 3 --sys-words 1000 \
             --msg-words 100 --max-tokens 32 ;;
+        spec) step "$m-spec" 120 spec http://127.0.0.1:$P_KS --name kvstash --prompts 6 --max-tokens 256 ;;
         esac
     done
     stop "$ks"
@@ -249,6 +256,45 @@ for m in $MODELS; do
         if [ $ok = 1 ]; then cat "$OUT/$m-restart.md" >>"$RES"; else echo "_not completed (logs in $OUT)_" >>"$RES"; fi
         echo >>"$RES"
         ;;
+    esac
+    # behind: kvstash alone with the persistent store (finish saves to shm): a
+    # request right behind a finished one against one sent after a pause
+    case " $STEPS " in *" behind "*)
+        bs=$WORK/behind-$m shm=/dev/shm/kvstash-bench-behind-$m
+        rm -rf "$bs" "$shm" && mkdir -p "$bs" "$shm"
+        printf 'store:\n  enabled: true\n  cache_dir: %s\n  shm_dir: %s\n' "$bs/disk" "$shm" >"$bs/store.yaml"
+        "$KS" serve -m "$model" --port $P_KS -ngl "$NGL" --slots 2 --ctx 16384 --config "$bs/store.yaml" --log info \
+            >"$OUT/$m-behind.log" 2>&1 &
+        ks=$!
+        pids+=("$ks")
+        if wait_health $P_KS "$ks" "kvstash ($m, behind)"; then
+            step "$m-behind" 120 behind http://127.0.0.1:$P_KS --name kvstash --turns 9 --sys-words 2000 --msg-words 800 \
+                --max-tokens 32 --pause-s 3
+        fi
+        stop "$ks"
+        rm -rf "$shm" ;;
+    esac
+    # kvq8: both servers with -ctk q8_0 -ctv q8_0 (issue 38): decode and cached == uncached
+    case " $STEPS " in *" kvq8 "*)
+        if [ "$(left)" -gt 90 ]; then
+            "$KS" serve -m "$model" --port $P_KS -ngl "$NGL" --slots 2 --ctx 16384 -ctk q8_0 -ctv q8_0 --log info \
+                >"$OUT/$m-kvq8-kvstash.log" 2>&1 &
+            ks=$!
+            pids+=("$ks")
+            env -u GGML_CUDA_KS_INVARIANT "$PEER" -m "$model" --host 127.0.0.1 --port $P_PEER -ngl "$PEER_NGL" -np 2 -c 32768 \
+                -ctk q8_0 -ctv q8_0 -fa on --no-webui >"$OUT/$m-kvq8-llama-server.log" 2>&1 &
+            peer=$!
+            pids+=("$peer")
+            if wait_health $P_KS "$ks" "kvstash ($m, q8_0 K/V)" && wait_health $P_PEER "$peer" "llama-server ($m, q8_0 K/V)"; then
+                grep -m1 'kvstash: listening' "$OUT/$m-kvq8-kvstash.log" >>"$RES"
+                step "$m-kvq8-decode" 60 decode "${U[@]}" --rounds 5 --max-tokens 128
+                step "$m-kvq8-exact" 120 exact "${U[@]}" --convs 3 --turns 6 --max-tokens 128
+            fi
+            stop "$ks"
+            stop "$peer"
+        else
+            say "$m kvq8: skipped, the budget is spent"; echo "_$m-kvq8: skipped (time budget)_" >>"$RES"
+        fi ;;
     esac
     say "$m done"
 done
