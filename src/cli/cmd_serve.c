@@ -8,6 +8,7 @@
  * scripts and tests rely on:
  *   kvstash: listening on http://HOST:PORT (model NAME, N slots, ctx C)
  *   kvstash: port=PORT
+ * the second after every other start-up line (cache, speculation, warnings).
  *
  * Signals: SIGINT and SIGTERM are blocked in every thread (the mask is set
  * before any thread starts) and taken with sigwait on this thread, so no
@@ -373,7 +374,6 @@ int ks_cmd_serve(int argc, char **argv) {
         fprintf(stderr, "kvstash: listening on http://%s%s%s:%d (model %s, %d slots, ctx %d, %s, exact: %s%s)\n",
                 v6 ? "[" : "", cfg.host, v6 ? "]" : "", ks_server_port(srv), sm->name, sm->cfg->slots,
                 ks_engine_n_ctx_seq(e), where, ks_engine_exact_mode(e, sm->cfg->exact), why);
-        fprintf(stderr, "kvstash: port=%d\n", ks_server_port(srv));
         char store_desc[KS_MAX_PATH + 256];
         ks_serve_store_desc(&sm->store_cfg, sm->store, sm->store_mode, store_desc, sizeof store_desc);
         KS_INFO("serve", "cache: prompt %s, imc %s, spc %s, store %s", sm->cfg->cache_prompt ? "on" : "off",
@@ -402,7 +402,6 @@ int ks_cmd_serve(int argc, char **argv) {
         fprintf(stderr, "kvstash: listening on http://%s%s%s:%d (%d models: %s; default %s; at most %d loaded)\n",
                 v6 ? "[" : "", cfg.host, v6 ? "]" : "", ks_server_port(srv), n_models, list,
                 cfg.default_model[0] ? cfg.default_model : "none", cfg.models_max);
-        fprintf(stderr, "kvstash: port=%d\n", ks_server_port(srv));
         for (int i = 0; i < n_models; i++)
             KS_INFO("serve", "model %s: %s, about %.0f MiB loaded (%d slots, ctx %d)%s%s", models[i].name,
                     models[i].cfg->model, (double)table[i].est_bytes / 1048576.0, models[i].cfg->slots,
@@ -422,6 +421,9 @@ int ks_cmd_serve(int argc, char **argv) {
             KS_WARN("serve", "--cors-origin '*' without --api-key: any web page opened in a browser that can reach "
                              "this server can use it");
     }
+    /* Last of the start lines: a supervisor (or a test) that waits for it has
+     * every line above in hand. */
+    fprintf(stderr, "kvstash: port=%d\n", ks_server_port(srv));
 
     int sig = 0;
     while (sigwait(&sigs, &sig) != 0 || sig == SIGHUP) {

@@ -20,7 +20,7 @@ import os from 'node:os';
 import path from 'node:path';
 import {
   startServer, stopOk, postJSON, getJSON, stream, metrics, metricSum, writeConfig, writeStoreConfig, settleStore,
-  runBin, templateModel, agentModel, importClient, MODEL,
+  runBin, templateModel, agentModel, importClient, until, MODEL,
 } from './lib.mjs';
 
 const dir = mkdtempSync(path.join(os.tmpdir(), 'ks-spec-'));
@@ -57,7 +57,8 @@ test('chat: greedy, seeded, logprobs, stop, n: 2, streamed — the same reply wi
     const props = (await getJSON(srv, '/props')).json;
     assert.deepEqual(props.kvstash.speculative, { type: 'ngram-simple', draft_max: 16, active: true, exact: true });
     assert.equal(props.default_generation_settings.params['speculative.types'], 'ngram-simple');
-    assert.match(srv.stderr, /speculative decoding: ngram-simple, up to 16 tokens per step, exact/);
+    await until(() => /speculative decoding: ngram-simple, up to 16 tokens per step, exact/.test(srv.stderr),
+      'the speculation line in the log'); // logged after the listening line
     const base = { messages: conv('describe the moon'), max_tokens: 200, temperature: 0, ignore_eos: true };
     const [g] = await same(srv, '/v1/chat/completions', base, 'greedy');
     await same(srv, '/v1/chat/completions', { ...base, temperature: 0.3, top_k: 4, seed: 11 }, 'seeded');
@@ -204,7 +205,9 @@ test('a hybrid model declines with its reason; --spec-type none; bad settings ex
     const sp = (await getJSON(h, '/props')).json.kvstash.speculative;
     assert.equal(sp.active, false);
     assert.match(sp.reason, /cannot drop drafted tokens/);
-    assert.match(h.stderr, /speculative decoding: off \(the model's memory cannot drop drafted tokens/);
+    // (logged after the listening line: waited for)
+    await until(() => /speculative decoding: off \(the model's memory cannot drop drafted tokens/.test(h.stderr),
+      'the hybrid model\'s refusal in the log');
     const r = await postJSON(h, '/v1/chat/completions', { messages: conv('hi'), max_tokens: 40, temperature: 0,
       ignore_eos: true });
     assert.equal(r.status, 200);
@@ -216,7 +219,7 @@ test('a hybrid model declines with its reason; --spec-type none; bad settings ex
   try {
     assert.deepEqual((await getJSON(n, '/props')).json.kvstash.speculative,
       { type: 'none', draft_max: 16, active: false, exact: false });
-    assert.match(n.stderr, /speculative decoding: off \(--spec-type none\)/);
+    await until(() => /speculative decoding: off \(--spec-type none\)/.test(n.stderr), '"off (--spec-type none)" in the log');
   } finally {
     await stopOk(n);
   }
