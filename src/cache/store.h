@@ -280,6 +280,9 @@ int ks_store_flush(ks_store *s, int timeout_ms);
  * (small_saves, dropped_saves or dedup_saves). Thread-safe; computes one key. */
 bool ks_store_wants(ks_store *s, ks_reason reason, const int32_t *tokens, int n);
 bool ks_store_wants_in(ks_store *s, uint64_t tenant, ks_reason reason, const int32_t *tokens, int n);
+/* Whether saves of this reason go anywhere (a local tier or Redis): the
+ * configuration only, nothing computed or counted. Thread-safe. */
+bool ks_store_saves_reason(const ks_store *s, ks_reason reason);
 
 /* One garbage collection of a local tier t: a file tier is rescanned first
  * (temp files of dead writers removed, files with a bad header quarantined,

@@ -123,6 +123,14 @@ static uint8_t *snapshot(ks_sched *s, slot *sl, size_t *len) {
     return buf;
 }
 
+/* Whether a save of the slot's state for `why` can apply at all (nothing
+ * asked of the store but its configuration). */
+static bool save_applies(const ks_sched *s, const slot *sl, ks_reason why) {
+    return s->p.store && !sl->no_store && sl->tokens.n >= s->p.store_min_tokens &&
+           restorable(s, sl->tokens.n) /* a sliding window: a state no restore would take */ &&
+           ks_store_saves_reason(s->p.store, why);
+}
+
 int ks__policy_save_ask(ks_sched *s, slot *sl, ks_reason why) {
     if (!s->p.store || sl->no_store || sl->tokens.n < s->p.store_min_tokens) return -1;
     if (!restorable(s, sl->tokens.n)) return -1; /* a sliding window: a state no restore would take */
@@ -155,25 +163,31 @@ void ks__policy_save(ks_sched *s, slot *sl, ks_reason why, bool sync) {
  * this thread — from a GPU 0.5 s for 10K tokens of an 8B model — and an
  * agent's next request usually arrives within milliseconds of the reply's
  * end, continuing the very conversation whose state is being copied. So the
- * save, asked for and counted at the request's end (sched.c), waits on the
- * idle slot for finish_save_delay_ms (sched.h); when the slot's next request
- * continues the conversation first (cache_prompt, the same tenant, keeping
- * at least half of the slot: the rule of the evict save in ks__policy_plan),
- * it is superseded — uncounted from store_save_requests, counted in
- * finish_saves_superseded — since that request's own finish save follows.
- * Otherwise it is taken when due (between steps when other slots are busy),
+ * save waits on the idle slot for finish_save_delay_ms (sched.h), not yet
+ * asked of the store (counted in cst.deferred_saves meanwhile); when the
+ * slot's next request continues the conversation first (cache_prompt, the
+ * same tenant, keeping at least half of the slot: the rule of the evict save
+ * in ks__policy_plan), it is superseded (counted in finish_saves_superseded)
+ * — that request's own finish save follows. Otherwise it is asked for and
+ * taken (ks__policy_save) when due (between steps when other slots are busy),
  * before any other request changes the slot's KV (ks__policy_plan), before a
  * slot clear, and at shutdown (sched.c run()). What a crash loses: the state
  * of a turn whose next turn was running. */
 static void pending_resolve(ks_sched *s, slot *sl, bool take, bool sync) {
     if (!sl->save_pending) return;
     sl->save_pending = false;
-    if (take) {
-        ks__policy_save_take(s, sl, KS_REASON_FINISH, sync);
-    } else {
-        s->cst.store_save_requests[KS_REASON_FINISH]--;
-        s->cst.finish_saves_superseded++;
-    }
+    s->cst.deferred_saves--;
+    if (take) ks__policy_save(s, sl, KS_REASON_FINISH, sync);
+    else s->cst.finish_saves_superseded++;
+}
+
+bool ks__policy_defer_finish(ks_sched *s, slot *sl) {
+    KS_ASSERT(!sl->save_pending);
+    if (!save_applies(s, sl, KS_REASON_FINISH)) return false;
+    sl->save_pending = true;
+    sl->save_due_ms = ks_now_ms() + s->p.finish_save_delay_ms;
+    s->cst.deferred_saves++;
+    return true;
 }
 
 double ks__policy_pending_due(const ks_sched *s) {

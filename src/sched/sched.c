@@ -169,16 +169,15 @@ void ks__sched_finish(ks_sched *s, slot *sl, ks_finish f, int err, bool eog) {
      * tokens: 0.7 s from a GPU) must not hold back the reply's end. Nothing
      * between on_done and the copy changes the slot's KV: only this thread
      * assigns it. */
-    bool save = (f == KS_FINISH_STOP || f == KS_FINISH_LENGTH) && ks__policy_save_ask(s, sl, KS_REASON_FINISH) == 1;
+    bool ends = f == KS_FINISH_STOP || f == KS_FINISH_LENGTH;
+    /* Deferred (policy.c "Deferred finish saves"): left pending on the idle
+     * slot, not yet asked; run() takes it when due unless the next request
+     * supersedes it. */
+    bool deferred = ends && s->p.finish_save_after_done && s->p.finish_save_delay_ms > 0 &&
+                    ks__policy_defer_finish(s, sl);
+    bool save = ends && !deferred && ks__policy_save_ask(s, sl, KS_REASON_FINISH) == 1;
     if (save && !s->p.finish_save_after_done) {
         ks__policy_save_take(s, sl, KS_REASON_FINISH, false);
-        save = false;
-    }
-    /* Deferred (policy.c "Deferred finish saves"): left pending on the idle
-     * slot; run() takes it when due unless the next request supersedes it. */
-    if (save && s->p.finish_save_delay_ms > 0) {
-        sl->save_pending = true;
-        sl->save_due_ms = ks_now_ms() + s->p.finish_save_delay_ms;
         save = false;
     }
     ks__policy_pins_done(s, r);

@@ -71,8 +71,8 @@ typedef struct slot {
     bool planned;        /* assigned and trimmed; an assigned slot not yet planned is
                             "pending" to the router */
     bool no_store;       /* the KV was left by a cache_prompt:false request: never saved */
-    bool save_pending;   /* a finish save asked for (counted) and not taken yet (policy.c
-                            "Deferred finish saves"); only on an idle slot */
+    bool save_pending;   /* a finish save deferred, not asked for yet (policy.c "Deferred
+                            finish saves"); only on an idle slot */
     double save_due_ms;  /* when it is taken at the latest, ks_now_ms() */
     ks_tokens tokens;    /* exactly what the sequence holds (sched.c, S1) */
     uint64_t tenant;     /* whose KV that is (ks_req_params.tenant): set by the plan
@@ -222,12 +222,14 @@ void ks__policy_save_take(ks_sched *s, slot *sl, ks_reason why, bool sync);
 /* No request is active: frees what the policy keeps only for busy periods
  * (the copy scratch). */
 void ks__policy_idle(ks_sched *s);
-/* Deferred finish saves (policy.c): a finish save asked for (a 1 from
- * ks__policy_save_ask) is left pending on the idle slot until due;
+/* Deferred finish saves (policy.c): ks__policy_defer_finish leaves the
+ * finished slot's finish save pending (not yet asked) until due, where one
+ * applies (the store saves finish states, the slot's may be stored);
  * ks__policy_pending_due returns the earliest due time of a pending save (ms,
  * ks_now_ms clock), -1 for none; ks__policy_pending_take takes every pending
  * save due by `now` (all with now < 0; sync: wait for the store to hold
  * them, as at shutdown) and returns how many. Inference thread, without mu. */
+bool ks__policy_defer_finish(ks_sched *s, slot *sl); /* false: no finish save applies */
 double ks__policy_pending_due(const ks_sched *s);
 int ks__policy_pending_take(ks_sched *s, double now, bool sync);
 

@@ -287,6 +287,8 @@ void ks_metrics_sched(ks_prom *p, const ks_sched_stats *st) {
     ks_prom_counter(p, "kvstash_store_finish_saves_superseded_total",
                     "Finish saves not taken: the conversation's next request came first (store.finish_save_delay_ms).",
                     (double)c->finish_saves_superseded);
+    ks_prom_gauge(p, "kvstash_store_deferred_saves", "Finish saves waiting for their delay (not yet requested).",
+                  (double)c->deferred_saves);
     /* cache_control breakpoints (cache pins). */
     ks_prom_counter(p, "kvstash_cache_pins_saved_total", "Pinned prefix states handed to the store.",
                     (double)c->pin_saves);

@@ -337,6 +337,7 @@ export async function writeStoreConfig(file, { cacheDir, shmDir, stride = 16, mi
 const sumPrefix = (m, prefix) => [...m].filter(([k]) => k.startsWith(prefix)).reduce((a, [, v]) => a + v, 0);
 
 // Waits until the store has processed every save the scheduler handed it:
+// no finish save still waiting for its delay (store.finish_save_delay_ms),
 // nothing queued, and every save request accounted for (written or not written,
 // with its cause). Returns the final metrics. headers: for a server with keys.
 export async function settleStore(srv, timeoutMs = 30000, headers = {}) {
@@ -346,7 +347,8 @@ export async function settleStore(srv, timeoutMs = 30000, headers = {}) {
       const m = (last = await metrics(srv, headers));
       const asked = sumPrefix(m, 'kvstash_store_save_requests_total{');
       const done = sumPrefix(m, 'kvstash_store_saves_total{') + sumPrefix(m, 'kvstash_store_saves_not_written_total{');
-      return m.get('kvstash_store_queued_saves') === 0 && done === asked ? m : null;
+      return !m.get('kvstash_store_deferred_saves') && m.get('kvstash_store_queued_saves') === 0 && done === asked
+        ? m : null;
     }, 'the store writer to finish its queue', timeoutMs, 25);
   } catch (e) {
     const lines = last ? [...last].filter(([k]) => k.startsWith('kvstash_store')).map(([k, v]) => `${k} ${v}`) : [];

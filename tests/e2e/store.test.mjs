@@ -144,13 +144,14 @@ test('a finish save waits for the next turn: superseded by it, taken before a ta
     assert.ok(t2.usage.prompt_tokens_details.cached_tokens >= t1.usage.prompt_tokens, JSON.stringify(t2.cache));
     let m = await metrics(a);
     assert.equal(m.get('kvstash_store_finish_saves_superseded_total'), 1, 'turn 1\'s finish save: superseded by turn 2');
-    assert.equal(m.get('kvstash_store_save_requests_total{reason="finish"}'), 1, 'turn 2\'s, pending');
-    assert.equal(m.get('kvstash_store_saves_total{reason="finish"}'), 0, 'nothing taken yet');
+    assert.equal(m.get('kvstash_store_deferred_saves'), 1, 'turn 2\'s, waiting');
+    assert.equal(m.get('kvstash_store_save_requests_total{reason="finish"}'), 0, 'nothing asked of the store yet');
     // Another conversation takes the only slot, within the delay: turn 2's
     // finish save is taken first (as finish; the evict save then finds it held).
     const B = [sys('Deserts')];
     await say(a, B, 'What is a desert?', 'B turn 1');
     m = await settleStore(a);
+    assert.equal(m.get('kvstash_store_deferred_saves'), 0);
     assert.equal(m.get('kvstash_store_finish_saves_superseded_total'), 1);
     assert.equal(m.get('kvstash_store_saves_total{reason="finish"}'), 2, 'A turn 2\'s, and B turn 1\'s when due');
     assert.equal(m.get('kvstash_store_saves_total{reason="evict"}') ?? 0, 0, 'A\'s state was held already');
