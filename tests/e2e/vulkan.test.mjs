@@ -261,8 +261,8 @@ test('speculative decoding on Vulkan0: n-gram drafts and a draft model on the de
     assert.equal(sp.active, true);
     assert.equal(sp.exact, false, 'Vulkan: only as exact as a prefill');
     const msgs = [sys('Tides'), { role: 'user', content: 'Describe the tides.' }];
-    const t1 = await chat(ng, msgs, { max_tokens: 120, ignore_eos: true });
-    assert.equal(t1.usage.completion_tokens, 120);
+    const t1 = await chat(ng, msgs, { max_tokens: 72, ignore_eos: true });
+    assert.equal(t1.usage.completion_tokens, 72);
     assert.ok(t1.timings.draft_n > 0 && t1.timings.draft_n_accepted > 0, JSON.stringify(t1.timings));
     assert.ok(t1.timings.draft_n_accepted < t1.timings.draft_n, `premise: some drafted rows were rejected (${JSON.stringify(t1.timings)})`);
     // The rejected rows left the device KV and the slot's tokens: the next
@@ -270,7 +270,7 @@ test('speculative decoding on Vulkan0: n-gram drafts and a draft model on the de
     msgs.push({ role: 'assistant', content: replyOf(t1) }, { role: 'user', content: 'And the waves?' });
     const t2 = await chat(ng, msgs, { max_tokens: 8 });
     assert.equal(t2.cache.slot, t1.cache.slot);
-    assert.ok(cached(t2) >= t1.usage.prompt_tokens + 119, `turn 2 cached ${cached(t2)} < ${t1.usage.prompt_tokens} + 119`);
+    assert.ok(cached(t2) >= t1.usage.prompt_tokens + 71, `turn 2 cached ${cached(t2)} < ${t1.usage.prompt_tokens} + 71`);
     const m = await metrics(ng);
     assert.ok(m.get('kvstash_draft_accepted_total') > 0);
   } finally {
