@@ -558,33 +558,19 @@ def main():
     names = a.name or [f's{i + 1}' for i in range(len(urls))]
     if len(names) != len(urls):
         p.error('--name: one per URL')
-    if a.cmd == 'turns':
-        a.turns = a.turns or 10
-        a.max_tokens = a.max_tokens or 32
-        cmd_turns(a, urls, names)
-    elif a.cmd == 'decode':
-        a.max_tokens = a.max_tokens or 128
-        cmd_decode(a, urls, names)
-    elif a.cmd == 'restart':
-        a.turns = a.turns or 6
-        a.max_tokens = a.max_tokens or 32
-        cmd_restart(a, urls, names)
-    elif a.cmd == 'spec':
-        a.max_tokens = a.max_tokens or 256
-        cmd_spec(a, urls, names)
-    elif a.cmd == 'behind':
-        a.turns = a.turns or 9
-        a.max_tokens = a.max_tokens or 32
-        cmd_behind(a, urls, names)
-    elif a.cmd == 'subagents':
-        a.rounds = a.rounds or 4
-        a.max_tokens = a.max_tokens or 32
-        cmd_subagents(a, urls, names)
-    else:
-        a.turns = a.turns or 6
-        a.max_tokens = a.max_tokens or 128
-        cmd_exact(a, urls, names)
-
+    # each command and the defaults of the options it leaves unset
+    run, defaults = {
+        'turns': (cmd_turns, dict(turns=10, max_tokens=32)),
+        'decode': (cmd_decode, dict(max_tokens=128)),
+        'restart': (cmd_restart, dict(turns=6, max_tokens=32)),
+        'spec': (cmd_spec, dict(max_tokens=256)),
+        'behind': (cmd_behind, dict(turns=9, max_tokens=32)),
+        'subagents': (cmd_subagents, dict(rounds=4, max_tokens=32)),
+        'exact': (cmd_exact, dict(turns=6, max_tokens=128)),
+    }[a.cmd]
+    for k, v in defaults.items():
+        setattr(a, k, getattr(a, k) or v)
+    run(a, urls, names)
 
 if __name__ == '__main__':
     main()
