@@ -344,6 +344,13 @@ bool ks_store_saves_reason(const ks_store *s, ks_reason reason) {
            (s->tiers[KS_TIER_REDIS] && (s->cfg.redis.reasons & (1u << reason)));
 }
 
+bool ks_store_reason_outlives(const ks_store *s, ks_reason reason) {
+    if (!ks_store_saves_reason(s, reason)) return false;
+    int t = s->cfg.reason_tier[reason];
+    return (t != KS_TIER_NONE && t != KS_TIER_RAM && s->tiers[t]) ||
+           (s->tiers[KS_TIER_REDIS] && (s->cfg.redis.reasons & (1u << reason)));
+}
+
 bool ks_store_wants_in(ks_store *s, uint64_t tenant, ks_reason reason, const int32_t *tokens, int n) {
     if (!s || (int)reason < 0 || reason >= KS_REASON__N || n <= 0 || !tokens) return false;
     /* A "no" is accounted as the save would have been: small, dropped or dedup. */

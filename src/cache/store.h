@@ -283,6 +283,9 @@ bool ks_store_wants_in(ks_store *s, uint64_t tenant, ks_reason reason, const int
 /* Whether saves of this reason go anywhere (a local tier or Redis): the
  * configuration only, nothing computed or counted. Thread-safe. */
 bool ks_store_saves_reason(const ks_store *s, ks_reason reason);
+/* Whether saves of this reason go somewhere that outlives the process (the
+ * shm or disk tier, or Redis). Configuration only; thread-safe. */
+bool ks_store_reason_outlives(const ks_store *s, ks_reason reason);
 
 /* One garbage collection of a local tier t: a file tier is rescanned first
  * (temp files of dead writers removed, files with a bad header quarantined,

@@ -168,11 +168,18 @@ void ks__policy_save(ks_sched *s, slot *sl, ks_reason why, bool sync) {
  * slot's next request continues the conversation first (cache_prompt, the
  * same tenant, keeping at least half of the slot: the rule of the evict save
  * in ks__policy_plan), it is superseded (counted in finish_saves_superseded)
- * — that request's own finish save follows. Otherwise it is asked for and
+ * — that request's own finish save follows (or, when it is canceled, a
+ * deferred save of what the slot holds then). Only where the cut is certain
+ * to keep what the plan counts on: nothing to cut, or a memory that drops a
+ * suffix without losing a window (not on sliding-window models, whose next
+ * state may not be restorable, nor hybrid or recurrent ones, whose cut may
+ * fall back to a checkpoint or a rebuild). Otherwise it is asked for and
  * taken (ks__policy_save) when due (between steps when other slots are busy),
  * before any other request changes the slot's KV (ks__policy_plan), before a
- * slot clear, and at shutdown (sched.c run()). What a crash loses: the state
- * of a turn whose next turn was running. */
+ * slot clear or a failed plan's clear, and when the scheduler stops — at
+ * shutdown only where the finish saves outlive the process (not into the RAM
+ * tier of a process about to exit). What is lost: the state of a turn whose
+ * next turn failed (a decode error) or was running at a crash. */
 static void pending_resolve(ks_sched *s, slot *sl, bool take, bool sync) {
     if (!sl->save_pending) return;
     sl->save_pending = false;
@@ -190,6 +197,17 @@ bool ks__policy_defer_finish(ks_sched *s, slot *sl) {
     return true;
 }
 
+void ks__policy_pending_take_slot(ks_sched *s, slot *sl) { pending_resolve(s, sl, true, false); }
+
+/* Whether a plan that keeps n_reuse of sl's tokens certainly keeps them (the
+ * deferred finish save's supersede rule, note above). */
+static bool cut_certain(const ks_sched *s, const slot *sl, int n_reuse) {
+    if (ks_engine_n_swa(s->e) > 0) return false;
+    if (n_reuse == sl->tokens.n) return true;
+    return !s->ckpt_on && !ks_engine_is_hybrid(s->e) && !ks_engine_is_recurrent(s->e) &&
+           !s->p.simulate_no_partial_rm;
+}
+
 double ks__policy_pending_due(const ks_sched *s) {
     double due = -1;
     for (int i = 0; i < s->n_slots; i++)
@@ -201,10 +219,22 @@ int ks__policy_pending_take(ks_sched *s, double now, bool sync) {
     int n = 0;
     for (int i = 0; i < s->n_slots; i++) {
         slot *sl = &s->slots[i];
-        if (!sl->save_pending || (now >= 0 && sl->save_due_ms > now)) continue;
+        /* (a slot assigned a request and not yet planned: its plan resolves it) */
+        if (!sl->save_pending || sl->r || (now >= 0 && sl->save_due_ms > now)) continue;
         pending_resolve(s, sl, true, sync);
         n++;
     }
+    return n;
+}
+
+int ks__policy_pending_drop(ks_sched *s) {
+    int n = 0;
+    for (int i = 0; i < s->n_slots; i++)
+        if (s->slots[i].save_pending) {
+            s->slots[i].save_pending = false;
+            s->cst.deferred_saves--;
+            n++;
+        }
     return n;
 }
 
@@ -674,7 +704,11 @@ int ks__policy_plan(ks_sched *s, slot *sl) {
     /* The slot's finish save still pending (note "Deferred finish saves"):
      * superseded when this request continues the conversation, else taken
      * before anything below changes the KV. */
-    pending_resolve(s, sl, !(cache && r->p.tenant == sl->tenant && sl->tokens.n - n_reuse <= sl->tokens.n / 2), false);
+    if (sl->save_pending) {
+        r->superseded = cache && r->p.tenant == sl->tenant && sl->tokens.n - n_reuse <= sl->tokens.n / 2 &&
+                        cut_certain(s, sl, n_reuse);
+        pending_resolve(s, sl, !r->superseded, false);
+    }
     /* evict (sync): the KV about to be dropped goes to the store first,
      * unless it is there already (ks__policy_save asks the store) — when
      * another conversation takes the slot (most of it is dropped). A turn

@@ -173,8 +173,8 @@ void ks__sched_finish(ks_sched *s, slot *sl, ks_finish f, int err, bool eog) {
     /* Deferred (policy.c "Deferred finish saves"): left pending on the idle
      * slot, not yet asked; run() takes it when due unless the next request
      * supersedes it. */
-    bool deferred = ends && s->p.finish_save_after_done && s->p.finish_save_delay_ms > 0 &&
-                    ks__policy_defer_finish(s, sl);
+    bool deferred = (ends || (f == KS_FINISH_CANCEL && r->superseded)) && s->p.finish_save_after_done &&
+                    s->p.finish_save_delay_ms > 0 && ks__policy_defer_finish(s, sl);
     bool save = ends && !deferred && ks__policy_save_ask(s, sl, KS_REASON_FINISH) == 1;
     if (save && !s->p.finish_save_after_done) {
         ks__policy_save_take(s, sl, KS_REASON_FINISH, false);
@@ -359,6 +359,7 @@ static void assign_locked(ks_sched *s, sreq **dead) {
 }
 
 void ks__sched_fail(ks_sched *s, slot *sl, int err) {
+    ks__policy_pending_take_slot(s, sl); /* a plan that failed before it resolved the slot's deferred save */
     ks_engine_seq_clear(s->e, sl->id);
     ks_tokens_truncate(&sl->tokens, 0);
     ks__ckpt_drop(sl, 0);
@@ -407,12 +408,12 @@ static void *run(void *arg) {
     for (;;) {
         /* A slot about to be cleared: its pending finish save first (the
          * copy without mu; then look at everything again). */
-        bool cleared_pending = false;
-        for (int i = 0; i < s->n_slots && !cleared_pending; i++)
-            cleared_pending = s->clear_pending[i] && s->slots[i].state == ST_IDLE && s->slots[i].save_pending;
-        if (cleared_pending) {
+        slot *cleared = NULL;
+        for (int i = 0; i < s->n_slots && !cleared; i++)
+            if (s->clear_pending[i] && s->slots[i].state == ST_IDLE && s->slots[i].save_pending) cleared = &s->slots[i];
+        if (cleared) {
             pthread_mutex_unlock(&s->mu);
-            ks__policy_pending_take(s, -1, false);
+            ks__policy_pending_take_slot(s, cleared);
             pthread_mutex_lock(&s->mu);
             publish_locked(s);
             continue;
@@ -459,10 +460,7 @@ static void *run(void *arg) {
                     publish_locked(s);
                 } else {
                     struct timespec ts;
-                    clock_gettime(CLOCK_MONOTONIC, &ts);
-                    long long ns = (long long)ts.tv_nsec + (long long)((due - now) * 1e6) + 1000000;
-                    ts.tv_sec += (time_t)(ns / 1000000000LL);
-                    ts.tv_nsec = (long)(ns % 1000000000LL);
+                    ks_deadline_ms(&ts, (int64_t)(due - now) + 1);
                     pthread_cond_timedwait(&s->cv, &s->mu, &ts);
                 }
                 continue;
@@ -513,8 +511,10 @@ static void *run(void *arg) {
     publish_locked(s);
     pthread_mutex_unlock(&s->mu);
     /* Deferred finish saves are taken before the shutdown saves (which then
-     * find those states held). */
-    if (ks__policy_pending_take(s, -1, true) > 0) {
+     * find those states held) — not at a process's exit where they would go
+     * only to its RAM tier (an unload keeps the RAM store: taken then). */
+    bool keep = s->stop_reason != KS_REASON_SHUTDOWN || ks_store_reason_outlives(s->p.store, KS_REASON_FINISH);
+    if (keep ? ks__policy_pending_take(s, -1, true) > 0 : ks__policy_pending_drop(s) > 0) {
         pthread_mutex_lock(&s->mu);
         publish_locked(s);
         pthread_mutex_unlock(&s->mu);

@@ -51,6 +51,8 @@ typedef struct sreq {
     ks_req_result res;
     bool done;           /* on_done was called (sched.h invariant 2) */
     int draft_steps;     /* decode steps that verified a draft (res.n_drafted's) */
+    bool superseded;     /* its plan superseded the slot's deferred finish save: a cancel
+                            defers one of what the slot holds then (policy.c) */
     struct sreq *next;
 } sreq;
 
@@ -72,7 +74,7 @@ typedef struct slot {
                             "pending" to the router */
     bool no_store;       /* the KV was left by a cache_prompt:false request: never saved */
     bool save_pending;   /* a finish save deferred, not asked for yet (policy.c "Deferred
-                            finish saves"); only on an idle slot */
+                            finish saves"); only on a slot whose KV no request changed since */
     double save_due_ms;  /* when it is taken at the latest, ks_now_ms() */
     ks_tokens tokens;    /* exactly what the sequence holds (sched.c, S1) */
     uint64_t tenant;     /* whose KV that is (ks_req_params.tenant): set by the plan
@@ -232,6 +234,11 @@ void ks__policy_idle(ks_sched *s);
 bool ks__policy_defer_finish(ks_sched *s, slot *sl); /* false: no finish save applies */
 double ks__policy_pending_due(const ks_sched *s);
 int ks__policy_pending_take(ks_sched *s, double now, bool sync);
+/* Takes sl's deferred finish save now, if it has one (before its KV is cleared). */
+void ks__policy_pending_take_slot(ks_sched *s, slot *sl);
+/* Forgets every deferred finish save (a process's exit where they would go
+ * nowhere that outlives it); returns how many. */
+int ks__policy_pending_drop(ks_sched *s);
 
 /* ckpt.c (hybrid and recurrent models; C1 there) */
 /* Drops the slot's checkpoints beyond n tokens (all of them for 0): call

@@ -16,7 +16,7 @@ import { spawnSync } from 'node:child_process';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import {
-  startServer, stopOk, chat, postJSON, metrics, sleep, writeStoreConfig, settleStore, metricSum,
+  startServer, stopOk, chat, postJSON, metrics, sleep, writeStoreConfig, settleStore, metricSum, streamUntil, until,
   kvFiles, tempFiles, kvHeader, xxh3_64, kvNonzero, runBin,
   makeSay,
 } from './lib.mjs';
@@ -166,6 +166,38 @@ test('a finish save waits for the next turn: superseded by it, taken before a ta
     assertStoreHit(t4, t3.usage.prompt_tokens, 'A turn 4');
   } finally {
     await stopOk(b);
+  }
+  // A turn that superseded its predecessor's save and is then canceled (the
+  // client leaves during its prefill) defers a save of what the slot holds:
+  // without it nothing of this conversation would be stored (no shutdown,
+  // cold or evict saves here), and a new process finds it.
+  const cd = await storeDir('deferred-cancel', { finishSaveDelayMs: 3000,
+    reasons: { cold: 'none', continued: 'none', shutdown: 'none' } });
+  const slow = ['--slots', '1', '--ctx', '8192', '--batch', '2', '--config', cd.config];
+  const d = await startServer(slow);
+  const D = [sys('Glaciers'), { role: 'user', content: 'What is a glacier?' }];
+  let d1;
+  try {
+    d1 = await chat(d, D, { max_tokens: MAX_TOKENS });
+    D.push({ role: 'assistant', content: d1.choices[0].message.content },
+      { role: 'user', content: 'hello world '.repeat(1500) });
+    const gone = await streamUntil(d, '/v1/chat/completions', { messages: D, max_tokens: 8, temperature: 0 },
+      (json) => json?.choices?.[0]?.delta?.role === 'assistant'); // leaves during the prefill
+    assert.ok(gone.aborted);
+    await until(async () => (await metrics(d)).get('kvstash_requests_canceled_total') === 1, 'the cancel');
+    const m = await settleStore(d);
+    assert.equal(m.get('kvstash_store_finish_saves_superseded_total'), 1, 'turn 1\'s, by the canceled turn');
+    assert.equal(m.get('kvstash_store_saves_total{reason="finish"}'), 1, 'the canceled turn\'s state');
+  } finally {
+    await stopOk(d);
+  }
+  const d2 = await startServer(['--slots', '1', '--ctx', '8192', '--config', cd.config]);
+  try {
+    const r = await chat(d2, D, { max_tokens: 4 }); // the client tries the canceled turn again
+    assert.equal(r.cache.mode, 'store', JSON.stringify(r.cache));
+    assert.ok(r.cache.cached_tokens >= d1.usage.prompt_tokens, JSON.stringify(r.cache));
+  } finally {
+    await stopOk(d2);
   }
   // Delay 0: every finish save is taken at once, none superseded.
   const zero = await storeDir('deferred0', { finishSaveDelayMs: 0, reasons: { cold: 'none', continued: 'none' } });
