@@ -22,7 +22,8 @@
 #            auto = on for the CPU, as kvstash's default), llama-server-fa-off
 #            (--flash-attn off), llama-server-no-repack (--no-repack),
 #            kvstash-no-spec (--spec-type none), kvstash-spec ($KS_SPEC_ARGS),
-#            llama-server-spec ($PEER_SPEC_ARGS; both default --spec-type ngram-mod)
+#            llama-server-spec ($PEER_SPEC_ARGS; both default to kvstash's default drafter,
+#            --spec-type ngram-simple with a 3-token lookup drafting up to 8)
 #   THREADS [2]  SLOTS [2]  CTX [4096] (context per slot; llama-server gets
 #            -c SLOTS*CTX with -np SLOTS, i.e. CTX per slot too: bench/peer.sh)
 #   KS_ARGS []  more `kvstash serve` flags    PEER_ARGS []  more llama-server flags
@@ -56,7 +57,7 @@ peer_start_servers() { # $1 = script name (for messages), $2 = log prefix
         kvstash | kvstash-no-exact | kvstash-prebuilt | kvstash-fa-off | kvstash-no-ckpt | kvstash-no-repack | kvstash-no-tokcache | kvstash-no-spec | kvstash-spec)
             args=$KS_ARGS envs=()
             [ "$s" = kvstash-no-spec ] && args="${args:+$args }--spec-type none"
-            [ "$s" = kvstash-spec ] && args="${args:+$args }${KS_SPEC_ARGS:---spec-type ngram-mod}"
+            [ "$s" = kvstash-spec ] && args="${args:+$args }${KS_SPEC_ARGS:---spec-type ngram-simple}"
             [ "$s" = kvstash-no-repack ] && args="${args:+$args }--no-repack"
             [ "$s" = kvstash-no-exact ] && args="${args:+$args }--no-exact"
             [ "$s" = kvstash-fa-off ] && args="${args:+$args }--flash-attn off"
@@ -81,7 +82,7 @@ peer_start_servers() { # $1 = script name (for messages), $2 = log prefix
             ;;
         llama-server | llama-server-fa-off | llama-server-no-repack | llama-server-spec)
             peer_args=$PEER_ARGS
-            [ "$s" = llama-server-spec ] && peer_args="${peer_args:+$peer_args }${PEER_SPEC_ARGS:---spec-type ngram-mod}"
+            [ "$s" = llama-server-spec ] && peer_args="${peer_args:+$peer_args }${PEER_SPEC_ARGS:---spec-type ngram-simple --spec-ngram-simple-size-n 3 --spec-ngram-simple-size-m 8}"
             [ "$s" = llama-server-fa-off ] && peer_args="${peer_args:+$peer_args }--flash-attn off"
             [ "$s" = llama-server-no-repack ] && peer_args="${peer_args:+$peer_args }--no-repack"
             "$ROOT/bench/peer.sh" path >/dev/null # build it first (not inside the timed wait)

@@ -9,7 +9,8 @@
 #
 # usage: bench/spec_peer.sh [KVSTASH_BIN [MODEL.gguf]]
 # Environment (defaults in brackets):
-#   KS_SPEC_ARGS [--spec-type ngram-mod]    PEER_SPEC_ARGS [--spec-type ngram-mod]
+#   KS_SPEC_ARGS [--spec-type ngram-simple]   PEER_SPEC_ARGS [--spec-type ngram-simple
+#   --spec-ngram-simple-size-n 3 --spec-ngram-simple-size-m 8] (kvstash's defaults, spelled out)
 #   SERVERS [kvstash-no-spec,kvstash-spec,llama-server,llama-server-spec]
 #   THREADS [2]  SLOTS [1]  CTX [4096]  PROMPTS [4]  MAX_TOKENS [256]  GAP_MS [500]
 # Writes bench/out/spec_peer-{greedy,sampled}.{md,csv} and the servers' logs.
