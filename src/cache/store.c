@@ -282,6 +282,16 @@ bool ks__store_pin_held(ks_store *s, const ks_key *key, int64_t until_us) {
  * when the key was needed. Returns 0 or the error of computing the key.
  * (Whether the state is queued already is checked by the callers, under
  * s->mu.) */
+/* Where the configuration sends saves of reason: its local tier when that
+ * tier is open (else KS_TIER_NONE), and whether Redis takes them. */
+static int reason_local(const ks_store *s, ks_reason reason) {
+    int t = s->cfg.reason_tier[reason];
+    return t != KS_TIER_NONE && s->tiers[t] ? t : KS_TIER_NONE;
+}
+static bool reason_remote(const ks_store *s, ks_reason reason) {
+    return s->tiers[KS_TIER_REDIS] && (s->cfg.redis.reasons & (1u << reason));
+}
+
 static int save_check(ks_store *s, ks_reason reason, uint64_t tenant, const int32_t *tokens, int n, ks_key *key,
                       unsigned *tiers) {
     *tiers = 0;
@@ -289,10 +299,10 @@ static int save_check(ks_store *s, ks_reason reason, uint64_t tenant, const int3
         atomic_fetch_add(&s->small_saves, 1);
         return 0;
     }
-    int t = s->cfg.reason_tier[reason];
+    int t = reason_local(s, reason);
     ks_tier *rt = s->tiers[KS_TIER_REDIS];
-    bool local = t != KS_TIER_NONE && s->tiers[t];
-    bool remote = rt && (s->cfg.redis.reasons & (1u << reason));
+    bool local = t != KS_TIER_NONE;
+    bool remote = reason_remote(s, reason);
     if (!local && !remote) {
         atomic_fetch_add(&s->dropped_saves, 1);
         return 0;
@@ -338,17 +348,14 @@ bool ks_store_wants(ks_store *s, ks_reason reason, const int32_t *tokens, int n)
 }
 
 bool ks_store_saves_reason(const ks_store *s, ks_reason reason) {
-    if (!s || (int)reason < 0 || reason >= KS_REASON__N) return false;
-    int t = s->cfg.reason_tier[reason];
-    return (t != KS_TIER_NONE && s->tiers[t]) ||
-           (s->tiers[KS_TIER_REDIS] && (s->cfg.redis.reasons & (1u << reason)));
+    return s && (int)reason >= 0 && reason < KS_REASON__N &&
+           (reason_local(s, reason) != KS_TIER_NONE || reason_remote(s, reason));
 }
 
 bool ks_store_reason_outlives(const ks_store *s, ks_reason reason) {
     if (!ks_store_saves_reason(s, reason)) return false;
-    int t = s->cfg.reason_tier[reason];
-    return (t != KS_TIER_NONE && t != KS_TIER_RAM && s->tiers[t]) ||
-           (s->tiers[KS_TIER_REDIS] && (s->cfg.redis.reasons & (1u << reason)));
+    int t = reason_local(s, reason);
+    return (t != KS_TIER_NONE && t != KS_TIER_RAM) || reason_remote(s, reason);
 }
 
 bool ks_store_wants_in(ks_store *s, uint64_t tenant, ks_reason reason, const int32_t *tokens, int n) {

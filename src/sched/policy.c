@@ -164,7 +164,7 @@ void ks__policy_save(ks_sched *s, slot *sl, ks_reason why, bool sync) {
  * agent's next request usually arrives within milliseconds of the reply's
  * end, continuing the very conversation whose state is being copied. So the
  * save waits on the idle slot for finish_save_delay_ms (sched.h), not yet
- * asked of the store (counted in cst.deferred_saves meanwhile); when the
+ * asked of the store (published as cst.deferred_saves); when the
  * slot's next request continues the conversation first (cache_prompt, the
  * same tenant, keeping at least half of the slot: the rule of the evict save
  * in ks__policy_plan), it is superseded (counted in finish_saves_superseded)
@@ -183,7 +183,6 @@ void ks__policy_save(ks_sched *s, slot *sl, ks_reason why, bool sync) {
 static void pending_resolve(ks_sched *s, slot *sl, bool take, bool sync) {
     if (!sl->save_pending) return;
     sl->save_pending = false;
-    s->cst.deferred_saves--;
     if (take) ks__policy_save(s, sl, KS_REASON_FINISH, sync);
     else s->cst.finish_saves_superseded++;
 }
@@ -193,7 +192,6 @@ bool ks__policy_defer_finish(ks_sched *s, slot *sl) {
     if (!save_applies(s, sl, KS_REASON_FINISH)) return false;
     sl->save_pending = true;
     sl->save_due_ms = ks_now_ms() + s->p.finish_save_delay_ms;
-    s->cst.deferred_saves++;
     return true;
 }
 
@@ -232,7 +230,6 @@ int ks__policy_pending_drop(ks_sched *s) {
     for (int i = 0; i < s->n_slots; i++)
         if (s->slots[i].save_pending) {
             s->slots[i].save_pending = false;
-            s->cst.deferred_saves--;
             n++;
         }
     return n;

@@ -164,15 +164,15 @@ void ks__sched_finish(ks_sched *s, slot *sl, ks_finish f, int err, bool eog) {
     /* Invariant S1 and the bookkeeping rule of prefix.h. */
     KS_ASSERT((f != KS_FINISH_STOP && f != KS_FINISH_LENGTH) ||
               sl->tokens.n == ks_prefix_kv_after(r->prompt.n, sl->n_generated, eog));
-    /* The finish save is asked for now (counted with the slot below) and,
-     * with finish_save_after_done, taken after on_done: copying a state (0.8 GB for an 8B model at 7K
-     * tokens: 0.7 s from a GPU) must not hold back the reply's end. Nothing
-     * between on_done and the copy changes the slot's KV: only this thread
-     * assigns it. */
+    /* The finish save: deferred where finish_save_delay_ms says so (policy.c
+     * "Deferred finish saves": left pending on the idle slot, not yet asked;
+     * run() takes it when due unless the next request supersedes it); else
+     * asked for now (counted with the slot below) and, with
+     * finish_save_after_done, taken after on_done: copying a state (0.8 GB
+     * for an 8B model at 7K tokens: 0.7 s from a GPU) must not hold back the
+     * reply's end. Nothing between on_done and the copy changes the slot's
+     * KV: only this thread assigns it. */
     bool ends = f == KS_FINISH_STOP || f == KS_FINISH_LENGTH;
-    /* Deferred (policy.c "Deferred finish saves"): left pending on the idle
-     * slot, not yet asked; run() takes it when due unless the next request
-     * supersedes it. */
     bool deferred = (ends || (f == KS_FINISH_CANCEL && r->superseded)) && s->p.finish_save_after_done &&
                     s->p.finish_save_delay_ms > 0 && ks__policy_defer_finish(s, sl);
     bool save = ends && !deferred && ks__policy_save_ask(s, sl, KS_REASON_FINISH) == 1;
@@ -399,6 +399,8 @@ static void publish_locked(ks_sched *s) {
     s->cst.media_encodes = ms.encodes;
     s->cst.media_encode_ms_total = ms.encode_ms_total;
     s->cst.media_tokens_decoded = ms.decoded_tokens;
+    s->cst.deferred_saves = 0;
+    for (int i = 0; i < s->n_slots; i++) s->cst.deferred_saves += s->slots[i].save_pending;
     s->st.cache = s->cst;
 }
 
@@ -472,7 +474,7 @@ static void *run(void *arg) {
         pthread_mutex_unlock(&s->mu);
         /* Other slots are busy: a deferred finish save due now is taken
          * between their steps, as an undeferred one would have been. */
-        if (due >= 0 && ks_now_ms() >= due && ks__policy_pending_take(s, ks_now_ms(), false) > 0) {
+        if (due >= 0 && ks__policy_pending_take(s, ks_now_ms(), false) > 0) {
             pthread_mutex_lock(&s->mu);
             publish_locked(s);
             pthread_mutex_unlock(&s->mu);

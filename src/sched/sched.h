@@ -418,7 +418,8 @@ typedef struct ks_sched_cache_stats {
     double snapshot_ms_total;       /* time the inference thread spent copying states */
     uint64_t finish_saves_superseded; /* deferred finish saves never taken: the slot's next request
                                          continued the conversation first */
-    uint64_t deferred_saves;        /* finish saves waiting now (not yet in store_save_requests) */
+    uint64_t deferred_saves;        /* finish saves waiting now (not yet in store_save_requests);
+                                       counted from the slots at each publish */
     /* Checkpoints (hybrid models, ks_sched_params.ckpt_max) */
     uint64_t ckpt_saves;            /* partial states taken */
     uint64_t ckpt_drops;            /* dropped for the count or byte budget (not for a trim) */
