@@ -20,9 +20,9 @@ bench_prepare() {
     if [ ! -f "$MODEL" ]; then
         echo "$name: generating the bench model at $MODEL" >&2
         mkdir -p "$(dirname "$MODEL")"
-        # build/models/PRESET.gguf of a bench preset: that preset; else the bench model
+        # build/models/bench-*.gguf: that preset (bench-q4k, bench-target, ...); else the bench model
         local preset=bench
-        case $(basename "$MODEL" .gguf) in bench-hybrid | bench-q4k | bench-moe | bench-moe-q4k) preset=$(basename "$MODEL" .gguf) ;; esac
+        case $(basename "$MODEL" .gguf) in bench-*) preset=$(basename "$MODEL" .gguf) ;; esac
         "$BIN" mkmodel --preset "$preset" --seed 1 "$MODEL"
     fi
     case $name in
