@@ -14,7 +14,7 @@ export THREADS=${THREADS:-2}
 # shellcheck source=bench/lib.sh
 . "$ROOT/bench/lib.sh"
 bench_prepare draft_cache.sh "${1:-}" "$ROOT/build/models/bench-target.gguf"
-bench_prepare draft_cache.sh "$BIN" "$ROOT/build/models/bench-draft.gguf"
+bench_models draft_cache.sh "$ROOT/build/models/bench-draft.gguf"
 node "$ROOT/bench/draft_cache.mjs" --kvstash "$BIN" --model "$ROOT/build/models/bench-target.gguf" \
     --draft "$ROOT/build/models/bench-draft.gguf" --threads "$THREADS" --rounds "${ROUNDS:-3}" \
     --sys-words "${SYS_WORDS:-1200}" --max-tokens "${MAX_TOKENS:-128}" --out "$OUT"

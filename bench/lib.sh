@@ -2,7 +2,8 @@
 # bench model is generated when missing), node (for the server_*.sh scripts,
 # which drive HTTP from node) and gnuplot, output dirs.
 # Usage (after setting ROOT): . "$ROOT/bench/lib.sh"; bench_prepare NAME.sh "$@"
-# Sets BIN, MODEL, THREADS, OUT, IMG.
+# Sets BIN, MODEL, THREADS, OUT, IMG. A script of several models then calls
+# bench_models NAME.sh MODEL... for the others.
 
 bench_prepare() {
     local name=$1
@@ -17,14 +18,7 @@ bench_prepare() {
         echo "$name: no kvstash binary at $BIN (build it first: make build)" >&2
         exit 1
     fi
-    if [ ! -f "$MODEL" ]; then
-        echo "$name: generating the bench model at $MODEL" >&2
-        mkdir -p "$(dirname "$MODEL")"
-        # build/models/bench-*.gguf: that preset (bench-q4k, bench-target, ...); else the bench model
-        local preset=bench
-        case $(basename "$MODEL" .gguf) in bench-*) preset=$(basename "$MODEL" .gguf) ;; esac
-        "$BIN" mkmodel --preset "$preset" --seed 1 "$MODEL"
-    fi
+    bench_models "$name" "$MODEL"
     case $name in
     server_*) command -v node >/dev/null 2>&1 || { echo "$name: node is required" >&2; exit 1; } ;;
     esac
@@ -33,4 +27,20 @@ bench_prepare() {
         apt-get install -y gnuplot-nox >/dev/null || { apt-get update >/dev/null && apt-get install -y gnuplot-nox >/dev/null; }
     fi
     mkdir -p "$OUT" "$IMG"
+}
+
+# bench_models NAME.sh MODEL...: writes each missing model with $BIN (set by
+# bench_prepare): build/models/bench-*.gguf with that preset (bench-q4k,
+# bench-target, ...), any other path the bench model.
+bench_models() {
+    local name=$1 m preset
+    shift
+    for m in "$@"; do
+        [ -f "$m" ] && continue
+        echo "$name: generating the bench model at $m" >&2
+        mkdir -p "$(dirname "$m")"
+        preset=bench
+        case $(basename "$m" .gguf) in bench-*) preset=$(basename "$m" .gguf) ;; esac
+        "$BIN" mkmodel --preset "$preset" --seed 1 "$m"
+    done
 }

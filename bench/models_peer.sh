@@ -15,7 +15,7 @@ export THREADS=${THREADS:-2}
 # shellcheck source=bench/lib.sh
 . "$ROOT/bench/lib.sh"
 bench_prepare models_peer.sh "${1:-}" "$ROOT/build/models/bench.gguf"
-bench_prepare models_peer.sh "$BIN" "$ROOT/build/models/bench-q4k.gguf"
+bench_models models_peer.sh "$ROOT/build/models/bench-q4k.gguf"
 PEER=$("$ROOT/bench/peer.sh" path)
 DIR=$(mktemp -d)
 trap 'rm -rf "$DIR"' EXIT
