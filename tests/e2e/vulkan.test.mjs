@@ -14,7 +14,8 @@
 // Without the Vulkan module (setup with KS_GPU=none) or Vulkan's loader and
 // Mesa's drivers, the test prints "SKIP: ..." and CTest counts it as skipped.
 // Mesa's shader cache lives in build/mesa-shader-cache (MESA_SHADER_CACHE_DIR,
-// set by CMake): cold, the first server takes ~20 s more.
+// set by CMake), shared by every build tree: cold, each new pipeline costs its
+// LLVM compile (~4 min in all here; under ASan's allocator ~10x that).
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { existsSync, mkdtempSync, rmSync } from 'node:fs';
