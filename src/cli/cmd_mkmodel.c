@@ -92,6 +92,9 @@ static void mkmodel_usage(FILE *f) {
             "                  a 112x112 image is 16 tokens over 4 KV positions)\n"
             "  --mmproj-audio  the projector also takes audio: Ultravox's Whisper encoder,\n"
             "                  125 tokens per 30 s of audio (~360 KiB more)\n"
+            "  --fim           also the fill-in-the-middle specials of Qwen2.5-Coder\n"
+            "                  (<|fim_prefix|>, <|fim_suffix|>, <|fim_middle|>, <|fim_pad|>,\n"
+            "                  <|repo_name|>, <|file_sep|>), for kvstash serve's /infill\n"
             "  -h, --help      this help\n");
 }
 
@@ -114,6 +117,7 @@ int ks_cmd_mkmodel(int argc, char **argv) {
     int ctx_train = 0;
     const char *mmproj = NULL;
     bool mmproj_audio = false;
+    bool fim = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -154,6 +158,8 @@ int ks_cmd_mkmodel(int argc, char **argv) {
             mmproj = v;
         } else if (!strcmp(a, "--mmproj-audio")) {
             mmproj_audio = true;
+        } else if (!strcmp(a, "--fim")) {
+            fim = true;
         } else if (a[0] == '-' && a[1] != '\0') {
             fprintf(stderr, "kvstash mkmodel: unknown option '%s'\n", a);
             mkmodel_usage(stderr);
@@ -198,6 +204,7 @@ int ks_cmd_mkmodel(int argc, char **argv) {
     mp.seed = seed;
     mp.chat_template = tmpl;
     mp.n_ctx_train = ctx_train;
+    mp.fim = fim;
     char err[512] = "";
     double t0 = ks_now_ms();
     rc = ks_mkmodel_write(&mp, out, &shape, err, sizeof err);

@@ -276,6 +276,17 @@ int ks_engine_token_text(const ks_engine *e, int32_t tok, char *buf, size_t n);
 /* The model's BOS / EOS token id, -1 when it has none. */
 int32_t ks_engine_token_bos(const ks_engine *e);
 int32_t ks_engine_token_eos(const ks_engine *e);
+/* Whether the tokenizer puts BOS before a text (tokenizer.ggml.add_bos_token). */
+bool ks_engine_adds_bos(const ks_engine *e);
+/* The model's fill-in-the-middle tokens (llama.cpp's vocabulary: from the
+ * GGUF's ids or found by their text, Qwen's <|fim_prefix|>, CodeLlama's
+ * <PRE>, ...), -1 each where it has none. */
+typedef struct ks_fim_tokens {
+    int32_t pre, suf, mid, pad;
+    int32_t rep; /* repository name (Qwen's <|repo_name|>) */
+    int32_t sep; /* file separator (<|file_sep|>) */
+} ks_fim_tokens;
+ks_fim_tokens ks_engine_fim_tokens(const ks_engine *e);
 /* The GGUF's chat template text (tokenizer.chat_template), NULL when the model
  * has none (ks_engine_template then uses ChatML). Borrowed, valid until free. */
 const char *ks_engine_chat_template(const ks_engine *e);

@@ -45,6 +45,22 @@ int32_t ks_engine_token_bos(const ks_engine *e) {
     return t == LLAMA_TOKEN_NULL ? -1 : t;
 }
 
+bool ks_engine_adds_bos(const ks_engine *e) { return llama_vocab_get_add_bos(ks__engine_vocab(e)); }
+
+static int32_t tok_or_none(llama_token t) { return t == LLAMA_TOKEN_NULL ? -1 : t; }
+
+ks_fim_tokens ks_engine_fim_tokens(const ks_engine *e) {
+    const struct llama_vocab *v = ks__engine_vocab(e);
+    return (ks_fim_tokens){
+        .pre = tok_or_none(llama_vocab_fim_pre(v)),
+        .suf = tok_or_none(llama_vocab_fim_suf(v)),
+        .mid = tok_or_none(llama_vocab_fim_mid(v)),
+        .pad = tok_or_none(llama_vocab_fim_pad(v)),
+        .rep = tok_or_none(llama_vocab_fim_rep(v)),
+        .sep = tok_or_none(llama_vocab_fim_sep(v)),
+    };
+}
+
 int32_t ks_engine_token_eos(const ks_engine *e) {
     llama_token t = llama_vocab_eos(ks__engine_vocab(e));
     return t == LLAMA_TOKEN_NULL ? -1 : t;

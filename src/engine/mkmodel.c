@@ -260,7 +260,7 @@ int ks_mkmodel_shape_of(const char *preset_name, ks_mkmodel_shape *out) {
     const preset *p = ks__mkmodel_find_preset(preset_name);
     if (!p || !out) return KS_EINVAL;
     vocab v;
-    int rc = ks__mkmodel_build_vocab(p, NULL, &v);
+    int rc = ks__mkmodel_build_vocab(p, NULL, false, &v);
     if (rc) return rc;
     tspec *t = NULL;
     int nt = 0;
@@ -591,7 +591,7 @@ int ks_mkmodel_write(const ks_mkmodel_params *mp, const char *out_path, ks_mkmod
         if ((rc = ks__mkmodel_tmpl_analyse(mp->chat_template, &tinfo, err, errlen)) != 0) goto done;
         ti = &tinfo;
     }
-    if ((rc = ks__mkmodel_build_vocab(p, ti, &v)) != 0) goto done;
+    if ((rc = ks__mkmodel_build_vocab(p, ti, mp->fim, &v)) != 0) goto done;
     if ((rc = make_specs(p, v.n, &t, &nt)) != 0) goto done;
     if (shape) fill_shape(p, &v, t, nt, ti, shape);
     g = build_gguf(p, &v, ti, mp->chat_template, t, nt, &gctx);

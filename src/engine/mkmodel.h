@@ -239,6 +239,10 @@ typedef struct ks_mkmodel_params {
     const char *chat_template; /* Jinja text (borrowed for the call); NULL: the preset's ChatML */
     int n_ctx_train;           /* the trained context written to the file, KS_MKMODEL_CTX_MIN..MAX;
                                   0: the preset's */
+    bool fim;                  /* also the fill-in-the-middle specials of Qwen2.5-Coder
+                                  (<|fim_prefix|>, <|fim_suffix|>, <|fim_middle|>, <|fim_pad|>,
+                                  <|repo_name|>, <|file_sep|>), control tokens after all others:
+                                  llama.cpp finds them by their text (the server's /infill) */
 } ks_mkmodel_params;
 
 /* The range of ks_mkmodel_params.n_ctx_train (as the server's --ctx). */

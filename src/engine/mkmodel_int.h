@@ -139,7 +139,7 @@ extern const char *const ks__mkmodel_agent_runs[];
 
 /* The vocabulary of a preset (mkmodel_vocab.c), with the template's specials
  * when ti is not NULL (their ids go into ti). 0 or KS_ENOMEM. */
-int ks__mkmodel_build_vocab(const preset *p, tmpl_info *ti, vocab *v);
+int ks__mkmodel_build_vocab(const preset *p, tmpl_info *ti, bool fim, vocab *v);
 /* The id of a token's text, -1 when absent. */
 int ks__mkmodel_vocab_find(const vocab *v, const char *text);
 void ks__mkmodel_vocab_free(vocab *v);

@@ -224,8 +224,14 @@ static int add_agent_vocab(vocab *v) {
     return 0;
 }
 
-int ks__mkmodel_build_vocab(const preset *p, tmpl_info *ti, vocab *v) {
-    int rc = vocab_init(v, p->n_vocab_max + (ti ? ti->n : 0));
+/* Qwen2.5-Coder's fill-in-the-middle specials, which llama.cpp's vocabulary
+ * finds by their text (llama-vocab.cpp: fim_pre/suf/mid/pad/rep/sep). */
+static const char *const FIM_SPECIALS[] = {"<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>",
+                                           "<|repo_name|>", "<|file_sep|>"};
+#define N_FIM ((int)(sizeof FIM_SPECIALS / sizeof FIM_SPECIALS[0]))
+
+int ks__mkmodel_build_vocab(const preset *p, tmpl_info *ti, bool fim, vocab *v) {
+    int rc = vocab_init(v, p->n_vocab_max + (ti ? ti->n : 0) + (fim ? N_FIM : 0));
     if (rc) return rc;
     char buf[32];
     /* Fixed ids (mkmodel.h): checked by the asserts below. */
@@ -287,6 +293,9 @@ int ks__mkmodel_build_vocab(const preset *p, tmpl_info *ti, vocab *v) {
         v->out_scale[KS_MKMODEL_TOK_IM_END] = SCALE_CONTROL;
         v->out_scale[ti->eog_id] = eog;
     }
+    /* Last, so that every other id stays what it is without them. */
+    for (int i = 0; fim && i < N_FIM; i++)
+        if ((rc = vocab_add(v, FIM_SPECIALS[i], TT_CONTROL, SCALE_CONTROL)) < 0) goto fail;
     return 0;
 fail:
     ks__mkmodel_vocab_free(v);

@@ -93,6 +93,84 @@ int ks_prompt_ids(const ks_engine *e, const int32_t *ids, int n, ks_prompt *out,
     return ks_tokens_assign(&out->tokens, ids, n);
 }
 
+/* Tokenizes s (NULL: nothing) onto t, no BOS. */
+static int tok_text(const ks_engine *e, const char *s, bool parse_special, ks_tokens *t) {
+    return s && *s ? ks_engine_tokenize(e, s, strlen(s), false, parse_special, t) : 0;
+}
+
+/* The last n of s onto t (n <= s->n). */
+static int append_tail(ks_tokens *t, const ks_tokens *s, int n) {
+    return n > 0 ? ks_tokens_append(t, s->v + s->n - n, n) : 0;
+}
+
+static int imin(int a, int b) { return a < b ? a : b; }
+static int imax(int a, int b) { return a > b ? a : b; }
+
+int ks_prompt_infill(const ks_engine *e, const ks_prompt_infill_in *in, ks_prompt *out) {
+    memset(out, 0, sizeof *out);
+    ks_fim_tokens fim = ks_engine_fim_tokens(e);
+    if (fim.pre < 0 || fim.suf < 0 || fim.mid < 0) return KS_EINVAL;
+    ks_tokens extra = {0}, pre = {0}, suf = {0}, prompt = {0};
+    int rc = tok_text(e, in->prefix, false, &pre);
+    if (!rc) rc = tok_text(e, in->suffix, false, &suf);
+    if (!rc) rc = tok_text(e, in->prompt, true, &prompt);
+    if (!rc && fim.rep >= 0) {
+        rc = ks_tokens_push(&extra, fim.rep);
+        if (!rc) rc = tok_text(e, "myproject\n", false, &extra);
+    }
+    for (int i = 0; !rc && i < in->n_extra; i++) {
+        const char *fn = in->extra[i].filename ? in->extra[i].filename : "tmp";
+        if (fim.sep >= 0) {
+            rc = ks_tokens_push(&extra, fim.sep);
+            size_t n = strlen(fn);
+            char *line = malloc(n + 2);
+            if (!line) rc = KS_ENOMEM;
+            if (!rc) {
+                memcpy(line, fn, n);
+                memcpy(line + n, "\n", 2);
+                rc = tok_text(e, line, false, &extra);
+            }
+            free(line);
+        } else if (!rc) {
+            rc = tok_text(e, "\n\n--- snippet ---\n\n", false, &extra);
+        }
+        if (!rc) rc = tok_text(e, in->extra[i].text, false, &extra);
+    }
+    if (!rc && fim.sep >= 0) {
+        rc = ks_tokens_push(&extra, fim.sep);
+        if (!rc) rc = tok_text(e, "filename\n", false, &extra);
+    }
+    if (rc) goto out;
+
+    /* llama-server's budget: the prefix and suffix fit a batch, 3:1. */
+    int n_prefix_take = imin(pre.n, 3 * (in->n_batch / 4));
+    int n_suffix_take = imin(suf.n, imax(0, in->n_batch / 4 - (2 + prompt.n)));
+    int n_extra_take = imin(imax(0, in->n_ctx - in->n_batch - 2 * in->n_predict), extra.n);
+
+    ks_tokens *t = &out->tokens;
+    rc = ks_tokens_reserve(t, n_extra_take + n_prefix_take + prompt.n + n_suffix_take + 4);
+    if (!rc) rc = append_tail(t, &extra, n_extra_take);
+    if (!rc && ks_engine_adds_bos(e) && ks_engine_token_bos(e) >= 0) rc = ks_tokens_push(t, ks_engine_token_bos(e));
+    for (int part = 0; part < 2 && !rc; part++) {
+        if ((part == 0) != in->spm) { /* the prefix part */
+            rc = ks_tokens_push(t, fim.pre);
+            if (!rc) rc = append_tail(t, &pre, n_prefix_take);
+            if (!rc) rc = append_tail(t, &prompt, prompt.n);
+        } else {
+            rc = ks_tokens_push(t, fim.suf);
+            if (!rc && n_suffix_take > 0) rc = ks_tokens_append(t, suf.v, n_suffix_take);
+        }
+    }
+    if (!rc) rc = ks_tokens_push(t, fim.mid);
+out:
+    ks_tokens_free(&extra);
+    ks_tokens_free(&pre);
+    ks_tokens_free(&suf);
+    ks_tokens_free(&prompt);
+    if (rc) ks_prompt_free(out);
+    return rc;
+}
+
 void ks_prompt_free(ks_prompt *p) {
     if (!p) return;
     ks_tokens_free(&p->tokens);

@@ -70,6 +70,35 @@ int ks_prompt_text(const ks_engine *e, const char *text, ks_prompt *out);
  * id outside the vocabulary; KS_ENOMEM. */
 int ks_prompt_ids(const ks_engine *e, const int32_t *ids, int n, ks_prompt *out, int *bad);
 
+/* A fill-in-the-middle prompt (the server's /infill), built as llama-server's
+ * format_prompt_infill builds it, token for token, in the repository-level
+ * pattern (arXiv 2409.12186) where the model has <|repo_name|> and
+ * <|file_sep|>:
+ *   [REP]myproject\n [SEP]filename0\n text0 ... [SEP]filename\n
+ *   [BOS] [PRE] prefix prompt [SUF] suffix [MID]
+ * (spm: [SUF] suffix [PRE] prefix prompt [MID]). Without a file separator
+ * each extra chunk follows a "\n\n--- snippet ---\n\n" line. The prefix keeps
+ * its last 3/4 of n_batch tokens, the suffix its first n_batch/4 - 2 -
+ * |prompt|, the extra context its last n_ctx - n_batch - 2 n_predict: the
+ * files come first, so a client that sends the same ones each time finds
+ * them in the prefix cache. prefix, suffix, chunks: tokenized with no
+ * specials parsed (code that holds "<|fim_prefix|>" stays text); prompt:
+ * specials parsed. KS_EINVAL when the model has no prefix, suffix or middle
+ * token; KS_ENOMEM. */
+typedef struct ks_prompt_infill_chunk {
+    const char *filename; /* "tmp" when NULL */
+    const char *text;
+} ks_prompt_infill_chunk;
+typedef struct ks_prompt_infill_in {
+    const char *prefix, *suffix; /* the code before and after the cursor */
+    const char *prompt;          /* after the prefix; NULL or "": none */
+    const ks_prompt_infill_chunk *extra;
+    int n_extra;
+    int n_batch, n_ctx, n_predict; /* the server's (n_predict -1: unbounded) */
+    bool spm;                    /* suffix-prefix-middle order (--spm-infill) */
+} ks_prompt_infill_in;
+int ks_prompt_infill(const ks_engine *e, const ks_prompt_infill_in *in, ks_prompt *out);
+
 /* Frees what a ks_prompt holds and zeroes it. NULL-safe, idempotent. */
 void ks_prompt_free(ks_prompt *p);
 

@@ -129,8 +129,12 @@ int ks_api_parse_root(ks_api_kind kind, json_t *root, ks_api_request *out, ks_ap
     return ks_api_parse_root_media(kind, root, NULL, out, err);
 }
 
-int ks_api_parse_root_media(ks_api_kind kind, json_t *root, const ks_media_limits *media, ks_api_request *out,
-                            ks_api_error *err) {
+static int parse_infill(json_t *root, ks_api_request *r, ks_api_error *err);
+
+/* infill: POST /infill's request, a completion whose prompt is made of
+ * its fill-in-the-middle fields. */
+static int parse_root(ks_api_kind kind, bool infill, json_t *root, const ks_media_limits *media, ks_api_request *out,
+                      ks_api_error *err) {
     memset(out, 0, sizeof *out);
     out->media_limits = media;
     out->kind = kind;
@@ -138,18 +142,30 @@ int ks_api_parse_root_media(ks_api_kind kind, json_t *root, const ks_media_limit
     out->sample = ks_api_sample_defaults();
     out->cache_prompt = true;
     out->root = root;
-    int rc = kind == KS_API_CHAT ? ks__api_parse_chat(out->root, out, err) : ks__api_parse_prompts(out->root, out, err);
+    out->infill = infill;
+    int rc = kind == KS_API_CHAT ? ks__api_parse_chat(out->root, out, err)
+             : infill            ? parse_infill(out->root, out, err)
+                                 : ks__api_parse_prompts(out->root, out, err);
     if (rc) goto fail;
     rc = parse_common(out->root, out, err);
     if (rc) goto fail;
     rc = ks__api_parse_sampling(out->root, out, err);
     if (rc) goto fail;
-    rc = ks__api_check_fields(out->root, kind, &out->notes, err);
+    rc = ks__api_check_fields(out->root, kind, infill, &out->notes, err);
     if (rc) goto fail;
     return 0;
 fail:
     ks_api_request_free(out);
     return rc;
+}
+
+int ks_api_parse_root_media(ks_api_kind kind, json_t *root, const ks_media_limits *media, ks_api_request *out,
+                            ks_api_error *err) {
+    return parse_root(kind, false, root, media, out, err);
+}
+
+int ks_api_parse_infill(json_t *root, ks_api_request *out, ks_api_error *err) {
+    return parse_root(KS_API_COMPLETION, true, root, NULL, out, err);
 }
 
 void ks_api_request_free(ks_api_request *r) {
@@ -160,6 +176,7 @@ void ks_api_request_free(ks_api_request *r) {
     for (int i = 0; i < r->n_prompts; i++) free(r->prompts[i].tokens);
     free(r->prompts);
     free(r->bias);
+    free(r->infill_extra);
     ks__api_media_free(r);
     if (r->tmpl_req) json_decref(r->tmpl_req);
     if (r->root) json_decref(r->root);
@@ -167,6 +184,8 @@ void ks_api_request_free(ks_api_request *r) {
 }
 
 /* ------------------------------------------------------------ completions */
+static int completion_extras(json_t *root, ks_api_request *r, ks_api_error *err);
+
 static int parse_ids(json_t *arr, const char *p, ks_api_prompt *out, ks_api_error *err) {
     size_t n = json_array_size(arr);
     if (n == 0) BAD("empty_array", p, "Invalid '%s': empty array.", p);
@@ -231,6 +250,12 @@ int ks__api_parse_prompts(json_t *root, ks_api_request *r, ks_api_error *err) {
     r->prompt = r->prompts[0].text;
     r->prompt_tokens = r->prompts[0].tokens;
     r->n_prompt_tokens = r->prompts[0].n_tokens;
+    return completion_extras(root, r, err);
+}
+
+/* What a completion takes besides its prompt: structured output, logprobs,
+ * and OpenAI's fields kvstash has only one value of. */
+static int completion_extras(json_t *root, ks_api_request *r, ks_api_error *err) {
     int rc;
     if ((rc = ks__api_parse_structured(root, r, NULL, err))) return rc;
     /* OpenAI's legacy logprobs: an integer, the alternatives per token. */
@@ -247,6 +272,64 @@ int ks__api_parse_prompts(json_t *root, ks_api_request *r, ks_api_error *err) {
     if (bo && !(json_is_integer(bo) && json_integer_value(bo) == 1))
         BAD("unsupported_value", "best_of", "Unsupported value: 'best_of' is only supported as 1.");
     return 0;
+}
+
+/* ------------------------------------------------------------------ infill */
+/* A string field of /infill: *out borrowed from root ("" when absent and not
+ * required). */
+static int infill_string(json_t *o, const char *key, const char *param, bool required, const char **out,
+                         ks_api_error *err) {
+    json_t *v = ks__api_field(o, key);
+    *out = "";
+    if (!v) {
+        if (required) BAD("missing_required_parameter", param, "Missing required parameter: '%s'.", param);
+        return 0;
+    }
+    if (!json_is_string(v))
+        BAD("invalid_type", param, "Invalid type for '%s': expected a string, but got %s instead.", param,
+            ks__api_json_type_name(v));
+    *out = json_string_value(v);
+    return 0;
+}
+
+/* llama-server's /infill: input_prefix and input_suffix (strings, required),
+ * prompt (a string, optional: text after the prefix), input_extra (optional:
+ * [{filename, text}], the other files the client sends as context). */
+static int parse_infill(json_t *root, ks_api_request *r, ks_api_error *err) {
+    int rc;
+    if ((rc = infill_string(root, "input_prefix", "input_prefix", true, &r->infill_prefix, err)) ||
+        (rc = infill_string(root, "input_suffix", "input_suffix", true, &r->infill_suffix, err)) ||
+        (rc = infill_string(root, "prompt", "prompt", false, &r->infill_prompt, err)))
+        return rc;
+    json_t *x = ks__api_field(root, "input_extra");
+    if (x && !json_is_array(x))
+        BAD("invalid_type", "input_extra",
+            "Invalid type for 'input_extra': expected an array of {\"filename\": string, \"text\": string}, but "
+            "got %s instead.", ks__api_json_type_name(x));
+    size_t n = x ? json_array_size(x) : 0;
+    if (n > KS_API_MAX_INFILL_EXTRA)
+        BAD("array_above_max_length", "input_extra", "Invalid 'input_extra': at most %d chunks, got %zu.",
+            KS_API_MAX_INFILL_EXTRA, n);
+    if (n > 0 && !(r->infill_extra = calloc(n, sizeof *r->infill_extra))) return ks__api_oom(err);
+    for (size_t i = 0; i < n; i++) {
+        json_t *c = json_array_get(x, i);
+        char q[64];
+        snprintf(q, sizeof q, "input_extra[%zu]", i);
+        if (!json_is_object(c))
+            BAD("invalid_type", q, "Invalid type for '%s': expected an object, but got %s instead.", q,
+                ks__api_json_type_name(c));
+        ks_api_infill_chunk *ch = &r->infill_extra[i];
+        snprintf(q, sizeof q, "input_extra[%zu].text", i);
+        if ((rc = infill_string(c, "text", q, true, &ch->text, err))) return rc;
+        snprintf(q, sizeof q, "input_extra[%zu].filename", i);
+        if ((rc = infill_string(c, "filename", q, false, &ch->filename, err))) return rc;
+        if (!*ch->filename) ch->filename = "tmp"; /* llama-server's */
+        r->n_infill_extra = (int)i + 1;
+    }
+    /* One prompt, made from these in the plan (plan.c). */
+    if (!(r->prompts = calloc(1, sizeof *r->prompts))) return ks__api_oom(err);
+    r->n_prompts = 1;
+    return completion_extras(root, r, err);
 }
 
 /* --------------------------------------------------------------- responses */

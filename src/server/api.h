@@ -128,6 +128,13 @@ typedef struct ks_api_media {
     char param[96];              /* where the request had it, for later errors */
 } ks_api_media;
 
+/* One file of /infill's input_extra (strings borrowed from the request). */
+typedef struct ks_api_infill_chunk {
+    const char *filename; /* "tmp" when the client gave none */
+    const char *text;
+} ks_api_infill_chunk;
+#define KS_API_MAX_INFILL_EXTRA 4096
+
 typedef struct ks_api_request {
     ks_api_kind kind;
     /* chat: roles are static strings ("system", "user", "assistant"; "developer"
@@ -141,6 +148,13 @@ typedef struct ks_api_request {
     int n_prompt_tokens;
     ks_api_prompt *prompts;  /* owned; prompts[0] aliases prompt / prompt_tokens */
     int n_prompts;
+    /* POST /infill (ks_api_parse_infill): one prompt (prompts[0] empty), made
+     * of these by the plan (prompt.h, ks_prompt_infill); strings borrowed
+     * from root, "" when absent. */
+    bool infill;
+    const char *infill_prefix, *infill_suffix, *infill_prompt;
+    ks_api_infill_chunk *infill_extra; /* owned */
+    int n_infill_extra;
 
     /* chat: the request as llama.cpp's common library renders it
      * (chat_tmpl.h: messages with "developer" as "system", tools,
@@ -209,6 +223,10 @@ int ks_api_parse(ks_api_kind kind, const char *body, size_t len, ks_api_request 
  * Responses and Anthropic Messages endpoints translate their requests into
  * a chat request and parse that. */
 int ks_api_parse_root(ks_api_kind kind, json_t *root, ks_api_request *out, ks_api_error *err);
+/* llama-server's POST /infill request (root stolen, also on error): a
+ * completion with input_prefix, input_suffix, input_extra and an optional
+ * prompt, rq->infill set. */
+int ks_api_parse_infill(json_t *root, ks_api_request *out, ks_api_error *err);
 /* The same with media input: image and audio parts are checked against
  * media (borrowed for the call; NULL, or modalities 0: every such part is a
  * 400 that says the model takes no image or audio input). */

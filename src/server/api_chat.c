@@ -63,7 +63,13 @@ static const ks__api_nested CHAT_NESTED[] = {
     {NULL, NULL, NULL, NULL},
 };
 
-int ks__api_check_fields(json_t *root, ks_api_kind kind, ks_api_notes *notes, ks_api_error *err) {
+/* /infill's own (llama-server's). */
+static const char *const INFILL_FIELDS[] = {
+    "input_prefix", "input_suffix", "input_extra",
+    "prompt", "grammar", "json_schema", "response_format", "logprobs", "echo", "suffix", "best_of", /* completions' */
+    NULL};
+
+int ks__api_check_fields(json_t *root, ks_api_kind kind, bool infill, ks_api_notes *notes, ks_api_error *err) {
     /* The other endpoint's own field would change what is generated if it
      * were honoured here: a mistake worth a 400, not a silent default. */
     const char *const *other = kind == KS_API_CHAT ? COMPLETION_FIELDS : CHAT_FIELDS;
@@ -78,7 +84,7 @@ int ks__api_check_fields(json_t *root, ks_api_kind kind, ks_api_notes *notes, ks
             "Unsupported parameter: '%s' belongs to %s, not to this endpoint.", param,
             kind == KS_API_CHAT ? "/v1/completions" : "/v1/chat/completions");
     }
-    ks__api_note_unknown(root, notes, COMMON_FIELDS, IGNORED_FIELDS, mine);
+    ks__api_note_unknown(root, notes, COMMON_FIELDS, IGNORED_FIELDS, infill ? INFILL_FIELDS : mine);
     ks__api_note_nested(root, CHAT_NESTED, notes);
     return 0;
 }

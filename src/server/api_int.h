@@ -79,7 +79,7 @@ int ks__api_parse_content(json_t *m, size_t i, const char *role, ks_api_request 
  * other endpoint (prompt on chat, messages on completions) is a 400
  * unsupported_parameter; a field none of the lists knows is noted in notes
  * and ignored. */
-int ks__api_check_fields(json_t *root, ks_api_kind kind, ks_api_notes *notes, ks_api_error *err);
+int ks__api_check_fields(json_t *root, ks_api_kind kind, bool infill, ks_api_notes *notes, ks_api_error *err);
 /* messages, tools, structured output and template options into r->msgs and r->tmpl_req. */
 int ks__api_parse_chat(json_t *root, ks_api_request *r, ks_api_error *err);
 /* response_format, json_schema, grammar: into tr (chat's template request;

@@ -93,6 +93,8 @@ typedef struct ks_fmt {
     bool logprobs_legacy;       /* a whole reply's logprobs as OpenAI's legacy parallel arrays
                                    (completions: tokens, token_logprobs, top_logprobs,
                                    text_offset; lptext.h) rather than chat's entries */
+    bool logprobs_bare;         /* a whole reply's logprobs as the bare array of chat's entries
+                                   (llama-server's completion_probabilities) */
     /* The request: root (stolen, also on error) into *rq (free with
      * ks_api_request_free) and the format's own state *st (free with
      * free_state). 0, or a KS_E* code with e filled and nothing to free. */
@@ -121,5 +123,7 @@ extern const ks_fmt ks__fmt_chat;        /* POST /v1/chat/completions */
 extern const ks_fmt ks__fmt_completions; /* POST /v1/completions */
 extern const ks_fmt ks__fmt_responses;   /* POST /v1/responses */
 extern const ks_fmt ks__fmt_messages;    /* POST /v1/messages, /v1/messages/count_tokens (errors) */
+extern const ks_fmt ks__fmt_native;      /* POST /completion: llama-server's own shape */
+extern const ks_fmt ks__fmt_infill;      /* POST /infill: llama-server's fill-in-the-middle */
 
 #endif

@@ -85,6 +85,7 @@ struct ks_gen {
     ks_server *srv;
     ks_smodel *m;                  /* the model, held (ks__models_ref) until the generation is freed */
     bool stream;
+    bool lp_ids;                   /* logprob entries carry the token id (llama-server's shape) */
     char id[64];
     int fd;                        /* the client's socket, polled for hang-up */
     bool http11;                   /* the client may be sent an interim 1xx response */
@@ -162,6 +163,7 @@ ks_gen *ks__gen_create(ks_server *s, ks_smodel *m, const ks_fmt *fmt, void *st, 
     g->refs = 1;
     g->stream = rq->stream;
     g->top_logprobs = rq->top_logprobs;
+    g->lp_ids = fmt->logprobs_bare;
     g->n_prompts = pl->n_prompts;
     g->tools_ignored = pl->tools_ignored;
     ks_api_make_id(g->id, sizeof g->id, fmt->id_prefix);
@@ -189,6 +191,7 @@ ks_gen *ks__gen_create(ks_server *s, ks_smodel *m, const ks_fmt *fmt, void *st, 
         if (!(c->ts = ks_textstream_create(pl->stops, pl->n_stops))) goto fail;
         c->lp_text = rq->logprobs && !rq->stream;
         c->lpt.legacy = fmt->logprobs_legacy;
+        c->lpt.bare = fmt->logprobs_bare;
         if (rq->logprobs && rq->stream && !(c->lp_pending = json_array())) goto fail;
     }
     atomic_fetch_add(&s->n_active, 1);
@@ -255,7 +258,9 @@ static json_t *lp_entry(gen *g, int32_t tok, float lp) {
     char buf[256];
     int n = ks_engine_piece(g->m->engine, tok, buf, sizeof buf);
     if (n > (int)sizeof buf) n = (int)sizeof buf;
-    return ks__out_lp_entry(buf, n, lp);
+    json_t *e = ks__out_lp_entry(buf, n, lp);
+    if (e && g->lp_ids) json_object_set_new(e, "id", json_integer(tok));
+    return e;
 }
 
 static void on_probs(void *ud, const ks_token_prob *sampled, const ks_token_prob *top, int n_top) {

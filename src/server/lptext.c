@@ -62,6 +62,11 @@ json_t *ks_lptext_placeholder(int i) {
 static int emit(ks_buf *out, const ks_lptext *t) {
     static const char *const legacy[4] = {"{\"tokens\":[", "],\"token_logprobs\":[", "],\"top_logprobs\":[",
                                           "],\"text_offset\":["};
+    if (!t->legacy && t->bare)
+        return ks_buf_append(out, "[", 1) || ks_buf_append(out, t->part[0].s, t->part[0].len) ||
+                       ks_buf_append(out, "]", 1)
+                   ? KS_ENOMEM
+                   : 0;
     if (!t->legacy)
         return ks_buf_append(out, "{\"content\":[", 12) || ks_buf_append(out, t->part[0].s, t->part[0].len) ||
                        ks_buf_append(out, "],\"refusal\":[]}", 15)
@@ -92,7 +97,9 @@ char *ks_lptext_splice(const char *body, size_t len, ks_lptext *const *lpt, int 
         json_t *ph = ks_lptext_placeholder(i);
         char *q = ph ? json_dumps(ph, JSON_ENCODE_ANY) : NULL; /* as the reply's dump escapes it */
         json_decref(ph);
-        int pl = q ? snprintf(pat, sizeof pat, "\"logprobs\":%s", q) : -1;
+        /* llama-server's /completion names them completion_probabilities */
+        const char *key = lpt[i]->bare ? "\"completion_probabilities\":" : "\"logprobs\":";
+        int pl = q ? snprintf(pat, sizeof pat, "%s%s", key, q) : -1;
         free(q);
         if (pl < 0 || pl >= (int)sizeof pat) {
             ks_buf_free(&out);
@@ -100,7 +107,7 @@ char *ks_lptext_splice(const char *body, size_t len, ks_lptext *const *lpt, int 
         }
         const char *hit = memmem(body + at, len - at, pat, (size_t)pl);
         if (!hit) continue; /* a format without logprobs */
-        size_t h = (size_t)(hit - body) + 11; /* keep `"logprobs":` */
+        size_t h = (size_t)(hit - body) + strlen(key); /* keep the key */
         if (ks_buf_append(&out, body + at, h - at) || emit(&out, lpt[i])) {
             ks_buf_free(&out);
             return NULL;

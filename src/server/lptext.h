@@ -29,6 +29,7 @@
 typedef struct ks_lptext {
     bool legacy;    /* completions: parallel arrays (tokens, token_logprobs, top_logprobs,
                        text_offset); else chat: {"content": [entries], "refusal": []} */
+    bool bare;      /* not legacy: the entries' array alone (llama-server's /completion) */
     ks_buf part[4]; /* chat: [0] the entries; legacy: the four arrays' elements */
     size_t offset;  /* legacy: text_offset of the next token */
     int n;

@@ -224,6 +224,39 @@ int ks__plan_ctx_error(const ks_server *s, const ks_smodel *m, const ks_api_requ
  * the template says about sampling and parsing. bounded: refuse a prompt
  * longer than prompt_max_bytes before tokenizing it (a generation; not a
  * token count). */
+/* /infill's prompt (prompt.h, ks_prompt_infill), from the model's
+ * fill-in-the-middle tokens; a model without them: llama-server's 501. Its
+ * parts are cut to fit the context (no bound needed before tokenizing: the
+ * body's size is the bound). */
+static int infill_prompt(ks_smodel *m, const ks_api_request *rq, ks_prompt *out, ks_api_error *e) {
+    ks_fim_tokens f = ks_engine_fim_tokens(m->engine);
+    if (f.pre < 0 || f.suf < 0 || f.mid < 0) {
+        ks_api_error_set(e, 501, "not_supported_error", "infill_unsupported", NULL,
+                         "Infill is not supported by this model: %s%s%s", f.pre < 0 ? "prefix token is missing. " : "",
+                         f.suf < 0 ? "suffix token is missing. " : "", f.mid < 0 ? "middle token is missing. " : "");
+        return KS_EINVAL;
+    }
+    ks_prompt_infill_chunk *ch = NULL;
+    if (rq->n_infill_extra > 0 && !(ch = calloc((size_t)rq->n_infill_extra, sizeof *ch))) return ks__api_oom(e);
+    for (int i = 0; i < rq->n_infill_extra; i++) ch[i] = (ks_prompt_infill_chunk){rq->infill_extra[i].filename,
+                                                                                  rq->infill_extra[i].text};
+    ks_prompt_infill_in in = {
+        .prefix = rq->infill_prefix, .suffix = rq->infill_suffix, .prompt = rq->infill_prompt,
+        .extra = ch, .n_extra = rq->n_infill_extra,
+        /* llama-server's budget is its --batch, 2048 by default (kvstash's
+         * --batch, 512, is a decode step's size, not this): the same request
+         * gets the same prompt from both servers. */
+        .n_batch = 2048, .n_ctx = ks_engine_n_ctx_seq(m->engine),
+        .n_predict = -1, /* llama-server passes its server-wide n_predict, -1 unless set */
+        .spm = false,
+    };
+    int rc = ks_prompt_infill(m->engine, &in, out);
+    free(ch);
+    if (rc == KS_ENOMEM) return ks__api_oom(e);
+    if (rc) ks_api_error_set(e, 500, "server_error", "tokenize_failed", NULL, "The prompt could not be tokenized.");
+    return rc;
+}
+
 int ks__plan_prompts(ks_server *s, ks_smodel *m, const ks_api_request *rq, ks_plan *pl, bool bounded, ks_api_error *e) {
     int n = rq->kind == KS_API_CHAT ? 1 : rq->n_prompts;
     pl->prompts = calloc((size_t)n, sizeof *pl->prompts);
@@ -285,6 +318,7 @@ int ks__plan_prompts(ks_server *s, ks_smodel *m, const ks_api_request *rq, ks_pl
         if (rc) return template_error(rc == KS_ETEMPLATE ? rc : rc, "llama.cpp's built-in templates do not know it", e);
         return 0;
     }
+    if (rq->infill) return infill_prompt(m, rq, &pl->prompts[0], e);
     for (int i = 0; i < n; i++) {
         const ks_api_prompt *ap = &rq->prompts[i];
         int bad = 0;

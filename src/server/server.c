@@ -99,6 +99,10 @@ static const route ROUTES[] = {
     {"/chat/completions", R_CHAT, M_POST, &ks__fmt_chat},
     {"/v1/completions", R_COMPLETIONS, M_POST, &ks__fmt_completions},
     {"/completions", R_COMPLETIONS, M_POST, &ks__fmt_completions},
+    /* llama-server's own shapes (fmt_native.c); its /completions is this
+     * shape too, kvstash's is OpenAI's (docs/SERVER.md) */
+    {"/completion", R_COMPLETIONS, M_POST, &ks__fmt_native},
+    {"/infill", R_COMPLETIONS, M_POST, &ks__fmt_infill},
     /* llama-server has these without a /v1 alias. */
     {"/tokenize", R_TOKENIZE, M_POST, NULL},
     {"/detokenize", R_DETOKENIZE, M_POST, NULL},

@@ -176,6 +176,14 @@ static void check_request(const ks_api_request *r) {
             if (p->text) FUZZ_CHECK(text_ok(p->text));
             else FUZZ_CHECK(p->n_tokens >= 0 && (p->n_tokens == 0 || p->tokens));
         }
+        if (r->infill) {
+            /* /infill: one prompt, made of strings the plan tokenizes */
+            FUZZ_CHECK(r->n_prompts == 1 && !r->prompts[0].text && !r->prompts[0].tokens);
+            FUZZ_CHECK(text_ok(r->infill_prefix) && text_ok(r->infill_suffix) && text_ok(r->infill_prompt));
+            FUZZ_CHECK(r->n_infill_extra >= 0 && r->n_infill_extra <= KS_API_MAX_INFILL_EXTRA);
+            for (int k = 0; k < r->n_infill_extra; k++)
+                FUZZ_CHECK(text_ok(r->infill_extra[k].filename) && text_ok(r->infill_extra[k].text));
+        }
     }
 }
 
@@ -241,6 +249,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         return 0;
     }
     parse_chat(root, KS_PRESCAN_CHAT, data, size); /* /v1/chat/completions with a projector */
+    { /* /infill */
+        ks_api_request r;
+        memset(&e, 0, sizeof e);
+        rc = ks_api_parse_infill(json_incref(root), &r, &e);
+        if (rc == 0) {
+            FUZZ_CHECK(r.infill);
+            check_request(&r);
+            ks_api_request_free(&r);
+        } else {
+            check_refusal(rc, &e);
+        }
+    }
     /* /v1/responses, without a stored conversation (previous_response_id is
      * resolved by the server; an unknown one is a 400 before this). */
     const char *prev = NULL;

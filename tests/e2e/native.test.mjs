@@ -1,0 +1,193 @@
+// native.test.mjs — llama-server's own completion endpoints on `kvstash
+// serve` (docs/SERVER.md "llama-server's /completion and /infill"): POST
+// /completion (its reply shape, streamed without [DONE], n_probs as
+// completion_probabilities, several prompts as an array, stop strings as
+// stop_type "word") and POST /infill, the fill-in-the-middle endpoint of
+// llama.vim and llama.vscode: its prompt built token for token as
+// llama-server builds it (checked against the same tokens sent to
+// /completion), its files read from the prefix cache on the next request,
+// the same reply with and without the cache, and its errors.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { startServer, stopOk, postJSON, stream, assertError, runBin } from './lib.mjs';
+
+let root;
+let srv; // the tiny model with Qwen2.5-Coder's FIM tokens (mkmodel --fim)
+let plain; // the tiny model without them
+before(async () => {
+  root = mkdtempSync(path.join(tmpdir(), 'kvstash-e2e-native-'));
+  const fim = path.join(root, 'tiny-fim.gguf');
+  const mk = await runBin(['mkmodel', '--preset', 'tiny', '--fim', '--seed', '1', fim]);
+  assert.equal(mk.code, 0, mk.stderr);
+  srv = await startServer(['--slots', '1', '--ctx', '4096'], { model: fim });
+  plain = await startServer(['--slots', '1']);
+});
+after(async () => {
+  if (srv) await stopOk(srv);
+  if (plain) await stopOk(plain);
+  if (root) rmSync(root, { recursive: true, force: true });
+});
+
+const GREEDY = { temperature: 0, n_predict: 12 };
+
+async function ok(s, p, body) {
+  const r = await postJSON(s, p, body);
+  assert.equal(r.status, 200, `${p}: ${r.status} ${r.text}`);
+  return r.json;
+}
+
+async function tokenize(content, extra = {}) {
+  return (await ok(srv, '/tokenize', { content, ...extra })).tokens;
+}
+
+test('/completion answers in llama-server\'s shape, the same text as /v1/completions', async () => {
+  const prompt = 'The quick ocean was warm, and a strong mind said';
+  const r = await ok(srv, '/completion', { prompt, ...GREEDY });
+  for (const k of ['index', 'content', 'tokens', 'id_slot', 'stop', 'model', 'tokens_predicted', 'tokens_evaluated',
+    'generation_settings', 'prompt', 'has_new_line', 'truncated', 'stop_type', 'stopping_word', 'tokens_cached',
+    'timings']) assert.ok(k in r, `no ${k}: ${JSON.stringify(r)}`);
+  assert.equal(r.stop, true);
+  assert.equal(r.prompt, prompt);
+  assert.equal(r.tokens_predicted, 12);
+  assert.equal(r.stop_type, 'limit');
+  assert.equal(r.tokens_evaluated, (await tokenize(prompt, { add_special: true })).length);
+  assert.equal(r.generation_settings.n_predict, 12);
+  assert.equal(r.generation_settings.temperature, 0);
+  const oai = await ok(srv, '/v1/completions', { prompt, max_tokens: 12, temperature: 0 });
+  assert.equal(r.content, oai.choices[0].text);
+  // several prompts: an array, one object each
+  const many = await ok(srv, '/completion', { prompt: [prompt, 'hello world'], ...GREEDY });
+  assert.ok(Array.isArray(many) && many.length === 2, JSON.stringify(many).slice(0, 200));
+  assert.equal(many[0].content, r.content);
+  assert.equal(many[1].prompt, 'hello world');
+  assert.deepEqual(many.map((x) => x.index), [0, 1]);
+});
+
+test('/completion streams pieces, then the whole object with stop: true, and no [DONE]', async () => {
+  const prompt = 'hello world, the ocean';
+  const whole = await ok(srv, '/completion', { prompt, ...GREEDY, n_probs: 2 });
+  assert.equal(whole.completion_probabilities.length, 12);
+  for (const p of whole.completion_probabilities) {
+    assert.ok(Number.isInteger(p.id) && typeof p.token === 'string' && typeof p.logprob === 'number', JSON.stringify(p));
+    assert.equal(p.top_logprobs.length, 2);
+    assert.equal(p.top_logprobs[0].id, p.id, 'greedy: the sampled token is the most likely');
+  }
+  assert.equal(whole.completion_probabilities.map((p) => p.token).join(''), whole.content);
+  const s = await stream(srv, '/completion', { prompt, ...GREEDY, n_probs: 2 });
+  assert.equal(s.status, 200);
+  assert.equal(s.done, false, 'llama-server ends /completion\'s stream without [DONE]');
+  const ev = s.events.map((e) => e.json);
+  const last = ev[ev.length - 1];
+  assert.equal(last.stop, true);
+  assert.equal(last.content, '');
+  assert.equal(last.tokens_predicted, 12);
+  assert.ok(ev.slice(0, -1).every((e) => e.stop === false));
+  assert.equal(ev.map((e) => e.content).join(''), whole.content);
+  const probs = ev.flatMap((e) => e.completion_probabilities ?? []);
+  assert.deepEqual(probs.map((p) => p.id), whole.completion_probabilities.map((p) => p.id));
+});
+
+test('/completion: a stop string ends it with stop_type "word" and names it', async () => {
+  const prompt = 'The quick ocean was warm, and a strong mind said';
+  const free = await ok(srv, '/completion', { prompt, ...GREEDY });
+  const words = free.content.trim().split(/\s+/);
+  assert.ok(words.length >= 3, free.content);
+  const word = words[2];
+  const r = await ok(srv, '/completion', { prompt, ...GREEDY, stop: [word] });
+  assert.equal(r.stop_type, 'word');
+  assert.equal(r.stopping_word, word);
+  assert.ok(free.content.startsWith(r.content) && !r.content.includes(word), `${r.content} / ${free.content}`);
+});
+
+// llama-server's format_prompt_infill (tools/server/server-common.cpp), in
+// tokens: [REP]myproject\n [SEP]name\n text ... [SEP]filename\n [BOS]? [PRE]
+// prefix prompt [SUF] suffix [MID], prefix and suffix cut to 3/4 and 1/4 of
+// a 2048-token batch.
+async function infillTokens({ input_prefix, input_suffix, prompt = '', input_extra = [] }) {
+  const [pre, suf, mid, rep, sep] = await Promise.all(
+    ['<|fim_prefix|>', '<|fim_suffix|>', '<|fim_middle|>', '<|repo_name|>', '<|file_sep|>'].map(async (t) => {
+      const ids = await tokenize(t);
+      assert.equal(ids.length, 1, `${t} is one token`);
+      return ids[0];
+    }));
+  const plainTok = (s) => (s ? tokenize(s, { parse_special: false }) : []);
+  const extra = [rep, ...(await plainTok('myproject\n'))];
+  for (const c of input_extra) extra.push(sep, ...(await plainTok(`${c.filename ?? 'tmp'}\n`)), ...(await plainTok(c.text)));
+  extra.push(sep, ...(await plainTok('filename\n')));
+  const p = await plainTok(input_prefix);
+  const s = await plainTok(input_suffix);
+  const pr = prompt ? await tokenize(prompt) : [];
+  const bos = (await tokenize('x', { add_special: true })).length === 2 ? [(await tokenize('x', { add_special: true }))[0]] : [];
+  const pTake = Math.min(p.length, 3 * 512);
+  const sTake = Math.min(s.length, Math.max(0, 512 - (2 + pr.length)));
+  return [...extra, ...bos, pre, ...p.slice(p.length - pTake), ...pr, suf, ...s.slice(0, sTake), mid];
+}
+
+const FILES = [
+  { filename: 'util.py', text: 'import os\n\ndef helper(x):\n    return x * 2\n'.repeat(6) },
+  { filename: 'main.py', text: 'from util import helper\nprint(helper(3))\n'.repeat(6) },
+];
+
+test('/infill builds llama-server\'s prompt, token for token, and answers as /completion does on it', async () => {
+  const cases = [
+    { input_prefix: 'def add(a, b):\n    ', input_suffix: '\n\nprint(add(1, 2))\n' },
+    { input_prefix: 'def add(a, b):\n    ', input_suffix: '\n', input_extra: FILES, prompt: 'ret' },
+    // code that spells the FIM tokens stays text; prefix and suffix past their budgets are cut
+    { input_prefix: '<|fim_prefix|> x = 1\n'.repeat(400), input_suffix: 'y = <|fim_middle|>\n'.repeat(300),
+      input_extra: [{ text: 'no name given\n' }] },
+    { input_prefix: '', input_suffix: '' },
+  ];
+  for (const c of cases) {
+    const want = await infillTokens(c);
+    const r = await ok(srv, '/infill', { ...c, ...GREEDY });
+    assert.equal(r.tokens_evaluated, want.length, `prompt length for ${JSON.stringify(c).slice(0, 80)}`);
+    const ref = await ok(srv, '/completion', { prompt: want, ...GREEDY });
+    assert.equal(ref.tokens_evaluated, want.length);
+    assert.equal(r.content, ref.content, 'the same prompt, the same greedy reply');
+    assert.equal(r.stop, true);
+    assert.ok(!('prompt' in r) || typeof r.prompt === 'string');
+  }
+});
+
+test('/infill: the files come first, so the next request reads them from the cache; the reply is the uncached one', async () => {
+  const a = { input_extra: FILES, input_prefix: 'def add(a, b):\n    ', input_suffix: '\n', ...GREEDY };
+  const r1 = await ok(srv, '/infill', a);
+  // the cursor moved on: a longer prefix, the same files
+  const b = { ...a, input_prefix: 'def add(a, b):\n    total = a + b\n    ' };
+  const r2 = await ok(srv, '/infill', b);
+  const nFiles = (await infillTokens({ ...b, input_prefix: '', input_suffix: '' })).length - 3;
+  assert.ok(r2.cache.cached_tokens >= nFiles, `cached ${r2.cache.cached_tokens} of ${r2.tokens_evaluated}, files ${nFiles}`);
+  assert.ok(r2.timings.prompt_n < r2.tokens_evaluated - nFiles + 1, JSON.stringify(r2.timings));
+  assert.ok(r1.tokens_evaluated > nFiles);
+  const cold = await ok(srv, '/infill', { ...b, cache_prompt: false });
+  assert.equal(cold.cache.cached_tokens, 0);
+  assert.equal(r2.content, cold.content, 'cached and uncached replies are the same');
+  const s = await stream(srv, '/infill', b);
+  assert.equal(s.events.map((e) => e.json.content).join(''), r2.content);
+  assert.equal(s.events[s.events.length - 1].json.stop, true);
+});
+
+test('/infill refuses what it cannot take, and the server goes on', async () => {
+  const base = { input_prefix: 'a', input_suffix: 'b', n_predict: 2 };
+  assertError(await postJSON(srv, '/infill', { input_suffix: 'b' }), 400, 'missing_required_parameter', 'input_prefix');
+  assertError(await postJSON(srv, '/infill', { input_prefix: 'a' }), 400, 'missing_required_parameter', 'input_suffix');
+  assertError(await postJSON(srv, '/infill', { ...base, input_prefix: 7 }), 400, 'invalid_type', 'input_prefix');
+  assertError(await postJSON(srv, '/infill', { ...base, prompt: ['x'] }), 400, 'invalid_type', 'prompt');
+  assertError(await postJSON(srv, '/infill', { ...base, input_extra: { text: 'x' } }), 400, 'invalid_type', 'input_extra');
+  assertError(await postJSON(srv, '/infill', { ...base, input_extra: ['x'] }), 400, 'invalid_type', 'input_extra[0]');
+  assertError(await postJSON(srv, '/infill', { ...base, input_extra: [{ filename: 'f' }] }), 400,
+    'missing_required_parameter', 'input_extra[0].text');
+  assertError(await postJSON(srv, '/infill', { ...base, input_extra: [{ text: 'x', filename: 3 }] }), 400,
+    'invalid_type', 'input_extra[0].filename');
+  assertError(await postJSON(srv, '/infill', { ...base, messages: [] }), 400, 'unsupported_parameter', 'messages');
+  assertError(await postJSON(srv, '/completion', { n_predict: 2 }), 400, 'missing_required_parameter', 'prompt');
+  // a model without fill-in-the-middle tokens: llama-server's 501
+  const e = assertError(await postJSON(plain, '/infill', base), 501, 'infill_unsupported');
+  assert.match(e.message, /Infill is not supported by this model: prefix token is missing/);
+  // both servers still answer
+  assert.equal((await ok(srv, '/infill', base)).stop, true);
+  assert.equal((await ok(plain, '/completion', { prompt: 'hello', n_predict: 2 })).tokens_predicted, 2);
+});
