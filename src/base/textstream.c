@@ -22,6 +22,9 @@ struct ks_textstream {
     ks_buf all;           /* everything emitted */
     bool stopped;
     int stop_index;       /* which stop string ended it, -1: none */
+    int n_indent;         /* ks_textstream_set_indent; 0: off */
+    bool line_start;      /* after a newline, no character but blanks yet */
+    int indent;           /* the blanks of the line so far */
 };
 
 static const char REPLACEMENT[] = "\xEF\xBF\xBD"; /* U+FFFD */
@@ -113,12 +116,34 @@ size_t ks_utf8_scrub(char *s, size_t n) {
     return w;
 }
 
+/* The text s[0, n) goes out, up to a line the indentation rule ends it
+ * before (then 1: stopped). */
 static int emit(ks_textstream *ts, const char *s, size_t n, ks_buf *out) {
-    if (!n) return 0;
-    int rc = ks_buf_append(out, s, n);
-    if (!rc) rc = ks_buf_append(&ts->all, s, n);
-    return rc;
+    size_t cut = n;
+    for (size_t i = 0; ts->n_indent > 0 && i < n; i++) {
+        if (s[i] == '\n') {
+            ts->line_start = true;
+            ts->indent = 0;
+        } else if (ts->line_start && (s[i] == ' ' || s[i] == '\t')) {
+            ts->indent++;
+        } else if (ts->line_start) {
+            ts->line_start = false;
+            if (ts->indent < ts->n_indent) {
+                cut = i;
+                break;
+            }
+        }
+    }
+    int rc = 0;
+    if (cut) rc = ks_buf_append(out, s, cut);
+    if (cut && !rc) rc = ks_buf_append(&ts->all, s, cut);
+    if (rc || cut == n) return rc;
+    ts->stopped = true;
+    ts->stop_index = KS_TEXTSTREAM_STOP_INDENT;
+    return 1;
 }
+
+void ks_textstream_set_indent(ks_textstream *ts, int n) { ts->n_indent = n > 0 ? n : 0; }
 
 /* Stage 2: valid text into `hold`; emit what can no longer start a stop. */
 static int push_text(ks_textstream *ts, const char *s, size_t n, ks_buf *out) {
@@ -137,7 +162,7 @@ static int push_text(ks_textstream *ts, const char *s, size_t n, ks_buf *out) {
     }
     if (best < hl) {
         ts->stop_index = ts->stop_map[which];
-        rc = emit(ts, h, best, out);
+        rc = emit(ts, h, best, out); /* 1: the indentation rule ended it first, and says so */
         ks_buf_reset(&ts->hold);
         ts->stopped = true;
         return rc ? rc : 1;
@@ -150,7 +175,10 @@ static int push_text(ks_textstream *ts, const char *s, size_t n, ks_buf *out) {
             if (memcmp(h + hl - k, ts->stops[i], k) == 0) { keep = k; break; }
     }
     rc = emit(ts, h, hl - keep, out);
-    if (rc) return rc;
+    if (rc) {
+        if (rc == 1) ks_buf_reset(&ts->hold); /* stopped by the indentation rule */
+        return rc;
+    }
     memmove(ts->hold.s, h + hl - keep, keep);
     ts->hold.len = keep;
     ts->hold.s[keep] = '\0';
@@ -199,7 +227,7 @@ int ks_textstream_flush(ks_textstream *ts, ks_buf *out) {
         if (rc == 1) return 0;
     }
     if (ts->hold.len) {
-        rc = emit(ts, ts->hold.s, ts->hold.len, out);
+        rc = emit(ts, ts->hold.s, ts->hold.len, out); /* 1: the indentation rule cut it */
         ks_buf_reset(&ts->hold);
     }
     return rc < 0 ? rc : 0;

@@ -39,8 +39,16 @@ int ks_textstream_flush(ks_textstream *ts, ks_buf *out);
 const char *ks_textstream_text(const ks_textstream *ts, size_t *len);
 bool ks_textstream_stopped(const ks_textstream *ts);
 /* The index (in create's stops) of the stop string that ended the stream,
- * the earliest in the text (the first given on a tie); -1: none. */
+ * the earliest in the text (the first given on a tie); -1: none;
+ * KS_TEXTSTREAM_STOP_INDENT: the indentation rule below. */
 int ks_textstream_stop_index(const ks_textstream *ts);
+#define KS_TEXTSTREAM_STOP_INDENT (-2)
+/* llama-server's n_indent (code completion): after the first line, a line
+ * whose first character that is not a space or tab comes after fewer than n
+ * of them ends the text just before that character (the stream stops, as
+ * at a stop string). Applied to the text as it is emitted, after the stop
+ * strings. n <= 0: off (the default). */
+void ks_textstream_set_indent(ks_textstream *ts, int n);
 
 /* Removes, in place, every byte of s[0, n) that is not part of a valid
  * UTF-8 sequence (RFC 3629: no overlong forms, surrogates or values past

@@ -105,6 +105,10 @@ static int parse_common(json_t *root, ks_api_request *r, ks_api_error *err) {
         r->include_usage = iu && json_is_true(iu);
     }
     if ((rc = ks__api_get_bool(root, "cache_prompt", &r->cache_prompt, err))) return rc;
+    /* llama-server's n_indent (llama.vim, llama.vscode): the least indentation
+     * of a line after the first, else the reply ends before it. */
+    if ((rc = ks__api_get_int(root, "n_indent", 0, INT32_MAX, &x, &set, err))) return rc;
+    if (set) r->n_indent = (int)x;
     /* llama-server's per-request draft cap (a flat key with a dot); 0 turns
      * speculation off for this request. It changes how fast, never what. */
     if ((rc = ks__api_get_int(root, "speculative.n_max", 0, INT32_MAX, &x, &set, err))) return rc;

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/textstream.h"
 #include "server/api_int.h"
 #include "server/fmt.h"
 
@@ -96,6 +97,7 @@ static int parse_infill(const ks_fmt_env *env, json_t *root, ks_api_request *rq,
  * (n_predict or the context), "none". */
 static const char *stop_type(const ks_fmt_choice *ch) {
     if (ch->stop_index >= 0) return "word";
+    if (ch->stop_index == KS_TEXTSTREAM_STOP_INDENT) return "limit"; /* n_indent */
     if (ch->r && ch->r->eog) return "eos";
     if (ch->finish && !strcmp(ch->finish, "length")) return "limit";
     return ch->finish && !strcmp(ch->finish, "stop") ? "eos" : "none";

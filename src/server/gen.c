@@ -189,6 +189,7 @@ ks_gen *ks__gen_create(ks_server *s, ks_smodel *m, const ks_fmt *fmt, void *st, 
         c->g = g;
         c->index = i;
         if (!(c->ts = ks_textstream_create(pl->stops, pl->n_stops))) goto fail;
+        ks_textstream_set_indent(c->ts, rq->n_indent);
         c->lp_text = rq->logprobs && !rq->stream;
         c->lpt.legacy = fmt->logprobs_legacy;
         c->lpt.bare = fmt->logprobs_bare;
@@ -289,7 +290,8 @@ static void on_done(void *ud, const ks_req_result *r) {
     ks_buf_reset(&c->scratch);
     int frc = stopped ? 0 : ks_textstream_flush(c->ts, &c->scratch);
 
-    const char *finish = r->finish == KS_FINISH_STOP || r->finish == KS_FINISH_LENGTH
+    const char *finish = stopped && ks_textstream_stop_index(c->ts) == KS_TEXTSTREAM_STOP_INDENT ? "length (n_indent)"
+                         : r->finish == KS_FINISH_STOP || r->finish == KS_FINISH_LENGTH
                              ? ks_api_finish_reason(r, stopped)
                              : ks_finish_name(r->finish);
     double tps = r->gen_ms > 0 ? 1e3 * r->n_generated / r->gen_ms : 0.0;

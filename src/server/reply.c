@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/textstream.h"
 #include "server/api_int.h"
 #include "server/output.h"
 #include "server/reply.h"
@@ -57,7 +58,9 @@ void ks__reply_free(ks_reply *rp) {
 /* The error of a choice that did not complete (canceled, failed): fills e
  * and returns true; else *finish ("stop", "length"). */
 static bool choice_error(const ks_reply_end *end, const char **finish, ks_api_error *e) {
-    *finish = ks_api_finish_reason(end->r, end->stopped);
+    /* n_indent ended it: llama-server counts that as a limit */
+    *finish = end->stopped && end->stop_index == KS_TEXTSTREAM_STOP_INDENT ? "length"
+                                                                            : ks_api_finish_reason(end->r, end->stopped);
     if (!end->failed && *finish) return false;
     if (end->r->finish == KS_FINISH_CANCEL)
         ks_api_error_set(e, 503, "server_error", "shutting_down", NULL,

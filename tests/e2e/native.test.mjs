@@ -170,6 +170,27 @@ test('/infill: the files come first, so the next request reads them from the cac
   assert.equal(s.events[s.events.length - 1].json.stop, true);
 });
 
+test('n_indent: a later line indented less ends the reply before its first character (stop_type "limit")', async () => {
+  // a grammar fixes the text whatever the random weights say
+  const grammar = 'root ::= "x = 1\\n    y = 2\\n  z = 3\\n    w\\n"';
+  const body = { input_prefix: 'def f():\n', input_suffix: '', n_predict: 60, temperature: 0, grammar };
+  const free = await ok(srv, '/infill', body);
+  assert.equal(free.content, 'x = 1\n    y = 2\n  z = 3\n    w\n');
+  assert.equal((await ok(srv, '/infill', { ...body, n_indent: 2 })).content, free.content);
+  const cut = await ok(srv, '/infill', { ...body, n_indent: 4 });
+  assert.equal(cut.content, 'x = 1\n    y = 2\n  ');
+  assert.equal(cut.stop_type, 'limit');
+  assert.ok(cut.tokens_predicted < free.tokens_predicted, `${cut.tokens_predicted} vs ${free.tokens_predicted}`);
+  const s = await stream(srv, '/infill', { ...body, n_indent: 4 });
+  assert.equal(s.events.map((e) => e.json.content).join(''), cut.content);
+  assert.equal(s.events[s.events.length - 1].json.stop_type, 'limit');
+  // the OpenAI shape says "length", as llama-server's does
+  const oai = await ok(srv, '/v1/completions', { prompt: 'a', max_tokens: 60, temperature: 0, n_indent: 4, grammar });
+  assert.equal(oai.choices[0].text, cut.content);
+  assert.equal(oai.choices[0].finish_reason, 'length');
+  assertError(await postJSON(srv, '/infill', { ...body, n_indent: -1 }), 400, undefined, 'n_indent');
+});
+
 test('/infill refuses what it cannot take, and the server goes on', async () => {
   const base = { input_prefix: 'a', input_suffix: 'b', n_predict: 2 };
   assertError(await postJSON(srv, '/infill', { input_suffix: 'b' }), 400, 'missing_required_parameter', 'input_prefix');

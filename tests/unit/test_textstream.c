@@ -130,6 +130,66 @@ static void test_stop_earliest_wins(void **st) {
     ks_textstream_free(ts);
 }
 
+/* n_indent: the first line is never judged; a later line that starts with
+ * fewer blanks ends the text before its first other character, whatever
+ * piece it comes in; blank-only lines and deeper ones pass. */
+static void test_indent(void **st) {
+    (void)st;
+    ks_textstream *ts = ks_textstream_create(NULL, 0);
+    ks_textstream_set_indent(ts, 4);
+    ks_buf out = {0};
+    assert_int_equal(ks_textstream_feed(ts, "x = 1\n    y", strlen("x = 1\n    y"), &out), 0);
+    assert_int_equal(ks_textstream_feed(ts, " = 2\n\n \t  z\n  ", strlen(" = 2\n\n \t  z\n  "), &out), 0);
+    assert_int_equal(ks_textstream_feed(ts, "", strlen(""), &out), 0);
+    assert_int_equal(ks_textstream_feed(ts, "\tw\n  ret", strlen("\tw\n  ret"), &out), 1);
+    assert_true(ks_textstream_stopped(ts));
+    assert_int_equal(ks_textstream_stop_index(ts), KS_TEXTSTREAM_STOP_INDENT);
+    ks_textstream_flush(ts, &out);
+    /* "  \tw" is 3 blanks: cut there, the blanks kept (llama-server's cut) */
+    assert_string_equal(out.s, "x = 1\n    y = 2\n\n \t  z\n  \t");
+    assert_string_equal(ks_textstream_text(ts, NULL), out.s);
+    assert_int_equal(ks_textstream_feed(ts, "a", strlen("a"), &out), 1);
+    ks_buf_free(&out);
+    ks_textstream_free(ts);
+
+    /* with a stop string held across pieces, the earlier of the two wins */
+    const char *stops[] = {"STOP"};
+    ts = ks_textstream_create(stops, 1);
+    ks_textstream_set_indent(ts, 2);
+    assert_int_equal(ks_textstream_feed(ts, "a\nb ST", strlen("a\nb ST"), &out), 1);
+    assert_string_equal(out.s, "a\n");
+    assert_int_equal(ks_textstream_stop_index(ts), KS_TEXTSTREAM_STOP_INDENT);
+    ks_buf_free(&out);
+    ks_textstream_free(ts);
+    ts = ks_textstream_create(stops, 1);
+    ks_textstream_set_indent(ts, 2);
+    assert_int_equal(ks_textstream_feed(ts, "a\n  b ST", strlen("a\n  b ST"), &out), 0);
+    assert_int_equal(ks_textstream_feed(ts, "OP\nc", strlen("OP\nc"), &out), 1);
+    assert_string_equal(out.s, "a\n  b ");
+    assert_int_equal(ks_textstream_stop_index(ts), 0);
+    ks_buf_free(&out);
+    ks_textstream_free(ts);
+
+    /* the rule cutting held text at the end (flush) */
+    ts = ks_textstream_create(stops, 1);
+    ks_textstream_set_indent(ts, 2);
+    assert_int_equal(ks_textstream_feed(ts, "a\nS", strlen("a\nS"), &out), 0);
+    assert_string_equal(out.s, "a\n");
+    assert_int_equal(ks_textstream_flush(ts, &out), 0);
+    assert_string_equal(out.s, "a\n");
+    assert_true(ks_textstream_stopped(ts));
+    ks_buf_free(&out);
+    ks_textstream_free(ts);
+
+    /* off: nothing is cut */
+    ts = ks_textstream_create(NULL, 0);
+    ks_textstream_set_indent(ts, 0);
+    assert_int_equal(ks_textstream_feed(ts, "a\nb\n", strlen("a\nb\n"), &out), 0);
+    assert_string_equal(out.s, "a\nb\n");
+    ks_buf_free(&out);
+    ks_textstream_free(ts);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_plain),
@@ -140,6 +200,7 @@ int main(void) {
         cmocka_unit_test(test_invalid_utf8_stop_ignored),
         cmocka_unit_test(test_utf8_scrub),
         cmocka_unit_test(test_stop_earliest_wins),
+        cmocka_unit_test(test_indent),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
