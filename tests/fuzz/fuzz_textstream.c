@@ -5,7 +5,8 @@
  * chat format's table (fmt_openai.c: ks_api_chunk_delta_json + ks_api_sse)
  * out as "data:" events.
  *
- * Input: byte 0 gives the number of stop strings (0..7); each stop is a
+ * Input: byte 0 gives the number of stop strings (0..7, its low 3 bits) and
+ * n_indent (0..5: its higher bits mod 6, 0 off); each stop is a
  * length byte (0..15) and that many bytes (cut at a NUL, as the C strings
  * the server passes; an empty one, or one that is not valid UTF-8, is
  * ignored by the stream); the rest are
@@ -23,7 +24,11 @@
  *     reported; when it did not, the text is R;
  *  4. each delta frames as exactly one SSE event ("data: " JSON "\n\n", no
  *     other newline), whose JSON parses back to the same delta text;
- *  5. the stream ends with the choice's finish chunk and [DONE].
+ *  5. the stream ends with the choice's finish chunk and [DONE];
+ *  6. n_indent: no line of the text after the first starts with fewer
+ *     blanks; a stream the rule stopped stopped at R's first such line,
+ *     just before its first other character; one a stop string stopped
+ *     has no such line in R before the stop.
  */
 #include <string.h>
 
@@ -96,6 +101,25 @@ static void check_sse(ks_reply *rp, const char *text, size_t len) {
     ks_buf_free(&ev);
 }
 
+/* The offset of s's first character that the n_indent rule cuts before
+ * (textstream.h), len when none. */
+static size_t first_cut(const char *s, size_t len, int n_indent) {
+    bool line_start = false;
+    int blanks = 0;
+    for (size_t i = 0; n_indent > 0 && i < len; i++) {
+        if (s[i] == '\n') {
+            line_start = true;
+            blanks = 0;
+        } else if (line_start && (s[i] == ' ' || s[i] == '\t')) {
+            blanks++;
+        } else if (line_start) {
+            if (blanks < n_indent) return i;
+            line_start = false;
+        }
+    }
+    return len;
+}
+
 /* Property 5: the finish chunk, then [DONE]. */
 static void check_end(ks_reply *rp, bool stopped, int stop_index) {
     ks_req_result r = {.finish = KS_FINISH_STOP};
@@ -106,7 +130,9 @@ static void check_end(ks_reply *rp, bool stopped, int stop_index) {
     FUZZ_CHECK_EQ(ks__reply_done(rp, &r, &ev), 0);
     static const char done[] = "data: [DONE]\n\n";
     FUZZ_CHECK(ev.len > sizeof done && memcmp(ev.s + ev.len - (sizeof done - 1), done, sizeof done - 1) == 0);
-    FUZZ_CHECK(strstr(ev.s, "\"finish_reason\":\"stop\"") != NULL);
+    /* n_indent's cut is a limit, as llama-server counts it */
+    FUZZ_CHECK(strstr(ev.s, stopped && stop_index == KS_TEXTSTREAM_STOP_INDENT ? "\"finish_reason\":\"length\""
+                                                                                : "\"finish_reason\":\"stop\"") != NULL);
     ks_buf_free(&ev);
 }
 
@@ -116,6 +142,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     size_t n;
     if (!take(&r, 1, &b, &n)) return 0;
     int n_stops = b[0] % (MAX_STOPS + 1);
+    int n_indent = (b[0] >> 3) % 6;
     char stop_buf[MAX_STOPS][16];
     const char *stops[MAX_STOPS];
     for (int i = 0; i < n_stops; i++) {
@@ -130,6 +157,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     ks_textstream *ts = ks_textstream_create(stops, n_stops);
     ks_textstream *plain = ks_textstream_create(NULL, 0);
     FUZZ_CHECK(ts && plain);
+    ks_textstream_set_indent(ts, n_indent);
     ks_buf text = {0}, all = {0}, ref = {0};
     bool stopped = false;
     while (take(&r, 1, &b, &n)) {
@@ -180,13 +208,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     for (int i = 0; i < n_stops; i++)
         if (active[i]) FUZZ_CHECK(memmem(t, tl, stops[i], strlen(stops[i])) == NULL);
     int si = ks_textstream_stop_index(ts);
-    if (stopped) {
+    FUZZ_CHECK_EQ(first_cut(t, tl, n_indent), tl); /* property 6 */
+    if (stopped && si == KS_TEXTSTREAM_STOP_INDENT) {
+        FUZZ_CHECK(n_indent > 0);
+        FUZZ_CHECK_EQ(first_cut(R, ref.len, n_indent), tl);
+    } else if (stopped) {
         FUZZ_CHECK(si >= 0 && si < n_stops && active[si]);
         size_t sl = strlen(stops[si]);
         FUZZ_CHECK(tl + sl <= ref.len && memcmp(R + tl, stops[si], sl) == 0);
+        FUZZ_CHECK(first_cut(R, ref.len, n_indent) >= tl);
     } else {
         FUZZ_CHECK_EQ(si, -1);
         FUZZ_CHECK_EQ(tl, ref.len); /* properties 2 and 3: everything, repaired */
+        FUZZ_CHECK_EQ(first_cut(R, ref.len, n_indent), ref.len);
     }
 
     ks_buf_free(&text);
