@@ -109,6 +109,9 @@ static int parse_common(json_t *root, ks_api_request *r, ks_api_error *err) {
      * of a line after the first, else the reply ends before it. */
     if ((rc = ks__api_get_int(root, "n_indent", 0, INT32_MAX, &x, &set, err))) return rc;
     if (set) r->n_indent = (int)x;
+    /* llama-server's t_max_predict_ms (llama.vscode's latency bound). */
+    if ((rc = ks__api_get_int(root, "t_max_predict_ms", 0, INT32_MAX, &x, &set, err))) return rc;
+    if (set) r->t_max_predict_ms = (int)x;
     /* llama-server's per-request draft cap (a flat key with a dot); 0 turns
      * speculation off for this request. It changes how fast, never what. */
     if ((rc = ks__api_get_int(root, "speculative.n_max", 0, INT32_MAX, &x, &set, err))) return rc;

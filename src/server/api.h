@@ -183,6 +183,8 @@ typedef struct ks_api_request {
     int max_tokens;        /* -1: not given (the server picks, see docs/SERVER.md) */
     int n_indent;          /* llama-server's: > 0, a later line indented less ends the reply
                               (textstream.h); 0: off */
+    int t_max_predict_ms;  /* llama-server's: > 0, past this many ms after the first token the
+                              reply ends at a newline; 0: off */
     ks_sample_params sample;
     bool seed_set;         /* false: the server draws a seed */
     const char *stops[KS_API_MAX_STOPS]; /* borrowed, non-empty */

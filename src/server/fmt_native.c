@@ -24,6 +24,7 @@
 #include "base/textstream.h"
 #include "server/api_int.h"
 #include "server/fmt.h"
+#include "server/reply.h"
 
 /* The state of one request: what the reply repeats of it. */
 typedef struct native {
@@ -97,7 +98,8 @@ static int parse_infill(const ks_fmt_env *env, json_t *root, ks_api_request *rq,
  * (n_predict or the context), "none". */
 static const char *stop_type(const ks_fmt_choice *ch) {
     if (ch->stop_index >= 0) return "word";
-    if (ch->stop_index == KS_TEXTSTREAM_STOP_INDENT) return "limit"; /* n_indent */
+    if (ch->stop_index == KS_TEXTSTREAM_STOP_INDENT || ch->stop_index == KS_REPLY_STOP_TIME)
+        return "limit"; /* n_indent, t_max_predict_ms */
     if (ch->r && ch->r->eog) return "eos";
     if (ch->finish && !strcmp(ch->finish, "length")) return "limit";
     return ch->finish && !strcmp(ch->finish, "stop") ? "eos" : "none";

@@ -66,6 +66,8 @@ typedef struct choice {
     /* inference thread only (handed over by submit) */
     ks_textstream *ts;
     ks_buf scratch;
+    double t_first_ms;             /* when its first token came (t_max_predict_ms), 0: not yet */
+    bool timed_out;                /* t_max_predict_ms ended it, at a newline */
 
     /* under g->mu */
     ks_buf pending;                /* safe text not yet taken by the connection thread (a whole
@@ -86,6 +88,7 @@ struct ks_gen {
     ks_smodel *m;                  /* the model, held (ks__models_ref) until the generation is freed */
     bool stream;
     bool lp_ids;                   /* logprob entries carry the token id (llama-server's shape) */
+    int t_max_predict_ms;          /* llama-server's; 0: none */
     char id[64];
     int fd;                        /* the client's socket, polled for hang-up */
     bool http11;                   /* the client may be sent an interim 1xx response */
@@ -164,6 +167,7 @@ ks_gen *ks__gen_create(ks_server *s, ks_smodel *m, const ks_fmt *fmt, void *st, 
     g->stream = rq->stream;
     g->top_logprobs = rq->top_logprobs;
     g->lp_ids = fmt->logprobs_bare;
+    g->t_max_predict_ms = rq->t_max_predict_ms;
     g->n_prompts = pl->n_prompts;
     g->tools_ignored = pl->tools_ignored;
     ks_api_make_id(g->id, sizeof g->id, fmt->id_prefix);
@@ -244,6 +248,15 @@ static int on_token(void *ud, int32_t tok, const char *piece, int len) {
     ks_buf_reset(&c->scratch);
     int rc = ks_textstream_feed(c->ts, piece, len > 0 ? (size_t)len : 0, &c->scratch);
     bool fail = rc < 0;
+    /* llama-server's t_max_predict_ms: past it, the reply ends after a token
+     * whose text holds a newline (the time counts from the first token). */
+    double now = g->t_max_predict_ms > 0 ? ks_now_ms() : 0.0;
+    if (g->t_max_predict_ms > 0 && c->t_first_ms == 0.0) c->t_first_ms = now;
+    if (rc == 0 && g->t_max_predict_ms > 0 && now - c->t_first_ms > g->t_max_predict_ms && c->scratch.len &&
+        memchr(c->scratch.s, '\n', c->scratch.len)) {
+        c->timed_out = true;
+        rc = 1;
+    }
     if (c->scratch.len || fail) {
         pthread_mutex_lock(&g->mu);
         if (!fail && ks_buf_append(&c->pending, c->scratch.s, c->scratch.len)) fail = true;
@@ -290,7 +303,8 @@ static void on_done(void *ud, const ks_req_result *r) {
     ks_buf_reset(&c->scratch);
     int frc = stopped ? 0 : ks_textstream_flush(c->ts, &c->scratch);
 
-    const char *finish = stopped && ks_textstream_stop_index(c->ts) == KS_TEXTSTREAM_STOP_INDENT ? "length (n_indent)"
+    const char *finish = c->timed_out ? "length (t_max_predict_ms)"
+                         : stopped && ks_textstream_stop_index(c->ts) == KS_TEXTSTREAM_STOP_INDENT ? "length (n_indent)"
                          : r->finish == KS_FINISH_STOP || r->finish == KS_FINISH_LENGTH
                              ? ks_api_finish_reason(r, stopped)
                              : ks_finish_name(r->finish);
@@ -319,8 +333,8 @@ static void on_done(void *ud, const ks_req_result *r) {
     c->res = *r;
     c->res.logits = NULL; /* borrowed for this call only */
     c->res.tools_ignored = g->tools_ignored;
-    c->stopped = stopped;
-    c->stop_index = ks_textstream_stop_index(c->ts);
+    c->stopped = stopped || c->timed_out;
+    c->stop_index = c->timed_out ? KS_REPLY_STOP_TIME : ks_textstream_stop_index(c->ts);
     c->done = true;
     g->n_done++;
     pthread_cond_broadcast(&g->cv);

@@ -58,9 +58,10 @@ void ks__reply_free(ks_reply *rp) {
 /* The error of a choice that did not complete (canceled, failed): fills e
  * and returns true; else *finish ("stop", "length"). */
 static bool choice_error(const ks_reply_end *end, const char **finish, ks_api_error *e) {
-    /* n_indent ended it: llama-server counts that as a limit */
-    *finish = end->stopped && end->stop_index == KS_TEXTSTREAM_STOP_INDENT ? "length"
-                                                                            : ks_api_finish_reason(end->r, end->stopped);
+    /* n_indent or t_max_predict_ms ended it: llama-server counts those as limits */
+    *finish = end->stopped && (end->stop_index == KS_TEXTSTREAM_STOP_INDENT || end->stop_index == KS_REPLY_STOP_TIME)
+                  ? "length"
+                  : ks_api_finish_reason(end->r, end->stopped);
     if (!end->failed && *finish) return false;
     if (end->r->finish == KS_FINISH_CANCEL)
         ks_api_error_set(e, 503, "server_error", "shutting_down", NULL,

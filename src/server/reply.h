@@ -24,10 +24,16 @@
 typedef struct ks_reply ks_reply;
 
 /* How a choice ended (borrowed for the call). */
+/* A reply ended by t_max_predict_ms (gen.c), as the textstream's own codes
+ * (textstream.h: KS_TEXTSTREAM_STOP_INDENT) a limit. */
+#define KS_REPLY_STOP_TIME (-3)
+
 typedef struct ks_reply_end {
     const ks_req_result *r;
     bool stopped;          /* a stop string ended it */
-    int stop_index;        /* which (the request's stops, then the template's), -1: none */
+    int stop_index;        /* which (the request's stops, then the template's), -1: none;
+                              KS_TEXTSTREAM_STOP_INDENT (n_indent), KS_REPLY_STOP_TIME
+                              (t_max_predict_ms): limits, "length" */
     bool failed;           /* its text could not be kept (out of memory) */
 } ks_reply_end;
 

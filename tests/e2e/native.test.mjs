@@ -191,6 +191,24 @@ test('n_indent: a later line indented less ends the reply before its first chara
   assertError(await postJSON(srv, '/infill', { ...body, n_indent: -1 }), 400, undefined, 'n_indent');
 });
 
+test('t_max_predict_ms: past it, the reply ends at the next newline (stop_type "limit")', async () => {
+  // 40 fixed lines (a grammar) take far more than 1 ms to generate, even under a sanitizer
+  const body = { input_prefix: 'x', input_suffix: '', n_predict: 400, temperature: 0, grammar: 'root ::= ("ab\\n"){40}' };
+  const full = await ok(srv, '/infill', body);
+  assert.equal(full.content, 'ab\n'.repeat(40));
+  const cut = await ok(srv, '/infill', { ...body, t_max_predict_ms: 1 });
+  assert.equal(cut.stop_type, 'limit');
+  assert.ok(cut.content.length >= 3 && cut.content.length < full.content.length, JSON.stringify(cut.content));
+  assert.ok(full.content.startsWith(cut.content) && cut.content.endsWith('\n'), JSON.stringify(cut.content));
+  assert.ok(cut.tokens_predicted < full.tokens_predicted);
+  const oai = await ok(srv, '/v1/completions', { prompt: 'x', max_tokens: 400, temperature: 0, grammar: body.grammar,
+    t_max_predict_ms: 1 });
+  assert.equal(oai.choices[0].finish_reason, 'length');
+  assert.ok(oai.choices[0].text.endsWith('\n') && oai.choices[0].text.length < full.content.length);
+  // a bound the reply never reaches changes nothing
+  assert.equal((await ok(srv, '/infill', { ...body, t_max_predict_ms: 600000 })).content, full.content);
+});
+
 test('/infill refuses what it cannot take, and the server goes on', async () => {
   const base = { input_prefix: 'a', input_suffix: 'b', n_predict: 2 };
   assertError(await postJSON(srv, '/infill', { input_suffix: 'b' }), 400, 'missing_required_parameter', 'input_prefix');
