@@ -355,6 +355,7 @@ int ks_cmd_serve(int argc, char **argv) {
     hp.cors_origins = cors;
     hp.n_cors_origins = cfg.n_cors_origins;
     hp.reasoning_format = f.reasoning_format;
+    hp.spm_infill = f.spm_infill;
     if (f.responses_ttl >= 0) hp.responses_ttl_s = f.responses_ttl;
     if (f.responses_max >= 0) hp.responses_max = f.responses_max;
     char err[512] = "";

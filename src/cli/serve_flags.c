@@ -113,6 +113,8 @@ void ks_serve_usage(FILE *f) {
             "  --chat-template FILE      Jinja chat template to use instead of the GGUF's\n"
             "  --reasoning-format F      where a reasoning model's thinking goes: deepseek (default:\n"
             "                            reasoning_content), deepseek-legacy, auto or none (in content)\n"
+            "  --spm-infill              /infill puts the suffix before the prefix (suffix-prefix-\n"
+            "                            middle: models trained so; default prefix-suffix-middle)\n"
             "  --timeout S               idle keep-alive timeout between requests, seconds; 0: none\n"
             "                            (default 600)\n"
             "  --header-timeout S        a request's headers and body may pause this long, seconds,\n"
@@ -199,7 +201,7 @@ void ks_serve_apply_spec_flags(const ks_serve_flags *f, ks_config *c) {
 int ks_serve_parse_flags(int argc, char **argv, ks_serve_flags *f) {
     enum { O_HOST = 256, O_MMPROJ, O_PORT, O_SLOTS, O_CTX, O_CTX_SIZE, O_BATCH, O_THREADS, O_NOCACHE, O_NOEXACT, O_KEY, O_QUEUE, O_BODY,
            O_MAXTOK, O_ALIAS, O_TIMEOUT, O_SHUTDOWN, O_FA, O_CONFIG, O_LOG, O_IMC, O_SPC, O_CACHEDIR, O_CACHERAM,
-           O_TEMPLATE, O_REASONING, O_CORS, O_RESP_TTL, O_RESP_MAX, O_HDR_TIMEOUT, O_MAXCONN, O_MAXCONN_CLIENT,
+           O_TEMPLATE, O_REASONING, O_SPM_INFILL, O_CORS, O_RESP_TTL, O_RESP_MAX, O_HDR_TIMEOUT, O_MAXCONN, O_MAXCONN_CLIENT,
            O_CKPT, O_CKPT_EVERY, O_CKPT_BYTES, O_CACHEREDIS, O_TLS_CA, O_TLS_CA_DIR, O_TLS_CERT, O_TLS_KEY,
            O_TLS_NAME, O_TLS_INSECURE, O_NOREPACK, O_WARM, O_SECRET, O_KEYFILE, O_TENANT_BY, O_SHARE_SYS, O_METRICS_KEY,
            O_MEDIA_BYTES, O_MEDIA_TOTAL, O_MEDIA_ITEMS, O_MEDIA_PIXELS, O_MEDIA_PATH, O_MEDIA_HOSTS, O_MEDIA_FTIMEOUT,
@@ -237,6 +239,7 @@ int ks_serve_parse_flags(int argc, char **argv, ks_serve_flags *f) {
         {"cache-redis-tls-insecure", no_argument, 0, O_TLS_INSECURE},
         {"cache-secret-file", required_argument, 0, O_SECRET},
         {"chat-template", required_argument, 0, O_TEMPLATE}, {"reasoning-format", required_argument, 0, O_REASONING},
+        {"spm-infill", no_argument, 0, O_SPM_INFILL},
         {"cors-origin", required_argument, 0, O_CORS},
         {"responses-ttl", required_argument, 0, O_RESP_TTL}, {"responses-max", required_argument, 0, O_RESP_MAX},
         {"header-timeout", required_argument, 0, O_HDR_TIMEOUT}, {"max-connections", required_argument, 0, O_MAXCONN},
@@ -529,6 +532,9 @@ int ks_serve_parse_flags(int argc, char **argv, ks_serve_flags *f) {
             f->checkpoint_bytes = v;
             break;
         }
+        case O_SPM_INFILL:
+            f->spm_infill = true;
+            break;
         case O_REASONING:
             if (strcmp(optarg, "deepseek") && strcmp(optarg, "deepseek-legacy") && strcmp(optarg, "auto") &&
                 strcmp(optarg, "none")) {

@@ -32,6 +32,7 @@ typedef struct ks_serve_flags {
     int cache_ram; /* MiB, -1: not given */
     int warm_slots; /* -1: not given */
     bool no_cache, no_exact, no_repack, imc, spc;
+    bool spm_infill; /* --spm-infill */
     int flash_attn; /* KS_FA_* */
     const char *cache_type_k, *cache_type_v; /* --cache-type-k/-ctk, --cache-type-v/-ctv */
     const char *cache_dir, *cache_redis, *secret_file;

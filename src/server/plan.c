@@ -228,7 +228,7 @@ int ks__plan_ctx_error(const ks_server *s, const ks_smodel *m, const ks_api_requ
  * fill-in-the-middle tokens; a model without them: llama-server's 501. Its
  * parts are cut to fit the context (no bound needed before tokenizing: the
  * body's size is the bound). */
-static int infill_prompt(ks_smodel *m, const ks_api_request *rq, ks_prompt *out, ks_api_error *e) {
+static int infill_prompt(const ks_server *s, ks_smodel *m, const ks_api_request *rq, ks_prompt *out, ks_api_error *e) {
     ks_fim_tokens f = ks_engine_fim_tokens(m->engine);
     if (f.pre < 0 || f.suf < 0 || f.mid < 0) {
         ks_api_error_set(e, 501, "not_supported_error", "infill_unsupported", NULL,
@@ -248,7 +248,7 @@ static int infill_prompt(ks_smodel *m, const ks_api_request *rq, ks_prompt *out,
          * gets the same prompt from both servers. */
         .n_batch = 2048, .n_ctx = ks_engine_n_ctx_seq(m->engine),
         .n_predict = -1, /* llama-server passes its server-wide n_predict, -1 unless set */
-        .spm = false,
+        .spm = s->spm_infill,
     };
     int rc = ks_prompt_infill(m->engine, &in, out);
     free(ch);
@@ -318,7 +318,7 @@ int ks__plan_prompts(ks_server *s, ks_smodel *m, const ks_api_request *rq, ks_pl
         if (rc) return template_error(rc == KS_ETEMPLATE ? rc : rc, "llama.cpp's built-in templates do not know it", e);
         return 0;
     }
-    if (rq->infill) return infill_prompt(m, rq, &pl->prompts[0], e);
+    if (rq->infill) return infill_prompt(s, m, rq, &pl->prompts[0], e);
     for (int i = 0; i < n; i++) {
         const ks_api_prompt *ap = &rq->prompts[i];
         int bad = 0;

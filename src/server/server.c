@@ -769,6 +769,7 @@ int ks_server_start(const ks_server_params *p, ks_server **out, char *err, size_
     s->created = ks_wall_s();
     s->http.started_us = ks_now_us();
     snprintf(s->reasoning_format, sizeof s->reasoning_format, "%s", p->reasoning_format ? p->reasoning_format : "");
+    s->spm_infill = p->spm_infill;
     s->media = p->media;
     s->fetch = p->media_fetch;
     s->fetch.dir = p->media_fetch.dir && *p->media_fetch.dir ? strdup(p->media_fetch.dir) : NULL;

@@ -220,6 +220,7 @@ typedef struct ks_server_params {
                                  fresh connection gets it too) */
     const char *chat_template_all; /* Jinja source for every model whose parts give none
                                       (--chat-template); NULL: each GGUF's. Copied */
+    bool spm_infill;              /* /infill: suffix, prefix, middle (--spm-infill) */
     const char *reasoning_format; /* default of requests that give none: "deepseek" (NULL),
                                      "deepseek-legacy", "auto", "none" */
     int responses_max;        /* Responses API: conversations kept for previous_response_id

@@ -115,6 +115,7 @@ struct ks_server {
     bool admit_ok;              /* admit initialised */
     char *chat_template;        /* --chat-template's source for every model, NULL: each GGUF's */
     char reasoning_format[24];  /* the requests' default, "" : the library's */
+    bool spm_infill;            /* /infill's order (--spm-infill) */
     int64_t created;
     ks_metrics *metrics;
     bool own_metrics;

@@ -106,7 +106,7 @@ test('/completion: a stop string ends it with stop_type "word" and names it', as
 // tokens: [REP]myproject\n [SEP]name\n text ... [SEP]filename\n [BOS]? [PRE]
 // prefix prompt [SUF] suffix [MID], prefix and suffix cut to 3/4 and 1/4 of
 // a 2048-token batch.
-async function infillTokens({ input_prefix, input_suffix, prompt = '', input_extra = [] }) {
+async function infillTokens({ input_prefix, input_suffix, prompt = '', input_extra = [] }, spm = false) {
   const [pre, suf, mid, rep, sep] = await Promise.all(
     ['<|fim_prefix|>', '<|fim_suffix|>', '<|fim_middle|>', '<|repo_name|>', '<|file_sep|>'].map(async (t) => {
       const ids = await tokenize(t);
@@ -123,7 +123,9 @@ async function infillTokens({ input_prefix, input_suffix, prompt = '', input_ext
   const bos = (await tokenize('x', { add_special: true })).length === 2 ? [(await tokenize('x', { add_special: true }))[0]] : [];
   const pTake = Math.min(p.length, 3 * 512);
   const sTake = Math.min(s.length, Math.max(0, 512 - (2 + pr.length)));
-  return [...extra, ...bos, pre, ...p.slice(p.length - pTake), ...pr, suf, ...s.slice(0, sTake), mid];
+  const prePart = [pre, ...p.slice(p.length - pTake), ...pr];
+  const sufPart = [suf, ...s.slice(0, sTake)];
+  return [...extra, ...bos, ...(spm ? [...sufPart, ...prePart] : [...prePart, ...sufPart]), mid];
 }
 
 const FILES = [
@@ -149,6 +151,26 @@ test('/infill builds llama-server\'s prompt, token for token, and answers as /co
     assert.equal(r.content, ref.content, 'the same prompt, the same greedy reply');
     assert.equal(r.stop, true);
     assert.ok(!('prompt' in r) || typeof r.prompt === 'string');
+  }
+});
+
+test('--spm-infill: the suffix before the prefix, token for token as llama-server orders them', async () => {
+  const spm = await startServer(['--slots', '1', '--ctx', '4096', '--spm-infill'], { model: path.join(root, 'tiny-fim.gguf') });
+  try {
+    const c = { input_prefix: 'def add(a, b):\n    ', input_suffix: '\nprint(1)\n', input_extra: FILES, prompt: 'ret' };
+    const want = await infillTokens(c, true);
+    assert.notDeepEqual(want, await infillTokens(c, false));
+    // the first token's log-probability tells the orders apart (the same tokens, in another order)
+    const first = (x) => x.completion_probabilities[0].logprob;
+    const r = await ok(spm, '/infill', { ...c, ...GREEDY, n_probs: 1 });
+    assert.equal(r.tokens_evaluated, want.length);
+    const ref = await ok(spm, '/completion', { prompt: want, ...GREEDY, n_probs: 1 });
+    assert.equal(r.content, ref.content);
+    assert.equal(first(r), first(ref));
+    const psm = await ok(spm, '/completion', { prompt: await infillTokens(c, false), ...GREEDY, n_probs: 1 });
+    assert.notEqual(first(r), first(psm));
+  } finally {
+    await stopOk(spm);
   }
 });
 
