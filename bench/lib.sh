@@ -31,16 +31,18 @@ bench_prepare() {
 
 # bench_models NAME.sh MODEL...: writes each missing model with $BIN (set by
 # bench_prepare): build/models/bench-*.gguf with that preset (bench-q4k,
-# bench-target, ...), any other path the bench model.
+# bench-target, ...; a name ending in -fim: the preset before it, with the
+# fill-in-the-middle tokens, mkmodel --fim), any other path the bench model.
 bench_models() {
-    local name=$1 m preset
+    local name=$1 m preset fim
     shift
     for m in "$@"; do
         [ -f "$m" ] && continue
         echo "$name: generating the bench model at $m" >&2
         mkdir -p "$(dirname "$m")"
-        preset=bench
+        preset=bench fim=()
         case $(basename "$m" .gguf) in bench-*) preset=$(basename "$m" .gguf) ;; esac
-        "$BIN" mkmodel --preset "$preset" --seed 1 "$m"
+        case $preset in *-fim) preset=${preset%-fim} fim=(--fim) ;; esac
+        "$BIN" mkmodel --preset "$preset" --seed 1 "${fim[@]}" "$m"
     done
 }
