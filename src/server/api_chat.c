@@ -31,7 +31,7 @@ static const char *const COMMON_FIELDS[] = {
     "model", "max_tokens", "max_completion_tokens", "n_predict", "temperature", "top_p", "top_k", "min_p",
     "seed", "n", "stop", "stream", "stream_options", "cache_prompt", "logit_bias", "presence_penalty",
     "frequency_penalty", "repeat_penalty", "repeat_last_n", "ignore_eos", "id_slot", "n_probs",
-    "speculative.n_max", "n_indent", "t_max_predict_ms",
+    "speculative.n_max", "n_indent", "t_max_predict_ms", "response_fields",
     NULL};
 /* Accepted and ignored for compatibility (docs/SERVER.md): they change
  * nothing a local server does. */

@@ -34,6 +34,8 @@ typedef struct native {
     char *stops[KS_API_MAX_STOPS];
     int n_stops;
     json_t *settings;     /* generation_settings */
+    json_t *fields;       /* response_fields (borrowed from root): the paths a whole reply keeps,
+                             NULL: all */
     json_t *root;         /* keeps prompt's strings alive */
 } native;
 
@@ -74,6 +76,22 @@ static int state_of(ks_api_request *rq, void **st, ks_api_error *e) {
     }
     if (!(n->settings = settings_json(rq))) goto oom;
     n->root = json_incref(rq->root);
+    json_t *f = json_object_get(rq->root, "response_fields");
+    if (f && !json_is_null(f)) {
+        size_t i;
+        json_t *p;
+        bool ok = json_is_array(f) && json_array_size(f) <= 256;
+        json_array_foreach(f, i, p) ok = ok && json_is_string(p) && json_string_length(p) <= 256;
+        if (!ok) {
+            free_state(n);
+            ks_api_request_free(rq);
+            ks_api_error_set(e, 400, T_INVALID, "invalid_type", "response_fields",
+                             "Invalid 'response_fields': expected an array of at most 256 paths (strings of at most "
+                             "256 bytes, keys joined by '/').");
+            return KS_EINVAL;
+        }
+        n->fields = f;
+    }
     *st = n;
     return 0;
 oom:
@@ -105,6 +123,32 @@ static const char *stop_type(const ks_fmt_choice *ch) {
     return ch->finish && !strcmp(ch->finish, "stop") ? "eos" : "none";
 }
 
+/* llama-server's response_fields: the object with only the values at the
+ * given paths ("timings/prompt_n"), each under its path as the key; a path
+ * that is not there is left out (json_get_nested_values). o is stolen. */
+static json_t *only_fields(json_t *o, const json_t *fields) {
+    json_t *r = json_object();
+    size_t i;
+    json_t *p;
+    json_array_foreach(fields, i, p) {
+        const char *path = json_string_value(p);
+        json_t *cur = o;
+        const char *k = path;
+        char key[257];
+        while (cur) {
+            const char *slash = strchr(k, '/');
+            size_t len = slash ? (size_t)(slash - k) : strlen(k);
+            snprintf(key, sizeof key, "%.*s", (int)len, k);
+            cur = json_is_object(cur) ? json_object_get(cur, key) : NULL;
+            if (!slash) break;
+            k = slash + 1;
+        }
+        if (cur && r) json_object_set(r, path, cur);
+    }
+    json_decref(o);
+    return r;
+}
+
 /* One choice's final object (content: its text, "" at a stream's end). */
 static json_t *final_json(const native *n, const ks_fmt_gen *g, const ks_fmt_choice *ch, const char *content) {
     const ks_req_result *r = ch->r;
@@ -128,16 +172,24 @@ static json_t *final_json(const native *n, const ks_fmt_gen *g, const ks_fmt_cho
     return o;
 }
 
+/* The final object, cut to response_fields when the request gave them; lp:
+ * its completion_probabilities (borrowed; entries or lptext's placeholder). */
+static json_t *final_fields(const native *n, const ks_fmt_gen *g, const ks_fmt_choice *ch, const char *content,
+                            const json_t *lp) {
+    json_t *o = final_json(n, g, ch, content);
+    if (o && lp) json_object_set(o, "completion_probabilities", (json_t *)lp);
+    return o && n->fields ? only_fields(o, n->fields) : o;
+}
+
 static json_t *whole(void *st, const ks_fmt_gen *g, const ks_fmt_choice *ch, int n, const ks_req_result *total) {
     (void)total;
     const native *nv = st;
     json_t *arr = n > 1 ? json_array() : NULL;
     if (n > 1 && !arr) return NULL;
     for (int i = 0; i < n; i++) {
-        json_t *o = final_json(nv, g, &ch[i], ch[i].text);
-        if (!o) goto fail;
         /* entries, or lptext's placeholder spliced as an array (lptext.h) */
-        if (ch[i].logprobs) json_object_set(o, "completion_probabilities", (json_t *)ch[i].logprobs);
+        json_t *o = final_fields(nv, g, &ch[i], ch[i].text, ch[i].logprobs);
+        if (!o) goto fail;
         if (n == 1) return o;
         json_array_append_new(arr, o);
     }
@@ -173,7 +225,7 @@ static int stream_delta(void *st, const ks_fmt_gen *g, int index, const json_t *
 }
 
 static int stream_end(void *st, const ks_fmt_gen *g, const ks_fmt_choice *ch, ks_buf *out) {
-    return sse(out, final_json(st, g, ch, ""));
+    return sse(out, final_fields(st, g, ch, "", NULL));
 }
 
 static int stream_error(void *st, const ks_fmt_gen *g, int index, const ks_api_error *e, ks_buf *out) {

@@ -231,6 +231,25 @@ test('t_max_predict_ms: past it, the reply ends at the next newline (stop_type "
   assert.equal((await ok(srv, '/infill', { ...body, t_max_predict_ms: 600000 })).content, full.content);
 });
 
+test('response_fields: the whole reply keeps those paths, each under its path (llama.vscode reads "timings/prompt_n")', async () => {
+  const body = { input_prefix: 'def f(x):\n    ', input_suffix: '\n', ...GREEDY, n_probs: 1 };
+  const all = await ok(srv, '/infill', body);
+  const fields = ['content', 'timings/prompt_n', 'timings/predicted_n', 'tokens_cached', 'completion_probabilities',
+    'no/such/path'];
+  const r = await ok(srv, '/infill', { ...body, response_fields: fields });
+  assert.deepEqual(Object.keys(r).sort(), fields.slice(0, 5).sort());
+  assert.equal(r.content, all.content);
+  assert.equal(r['timings/predicted_n'], 12);
+  assert.ok(Number.isInteger(r['timings/prompt_n']));
+  assert.equal(r.completion_probabilities.length, 12);
+  // streamed: the pieces as before, the last event cut to the fields
+  const s = await stream(srv, '/completion', { prompt: 'hello', ...GREEDY, response_fields: ['content', 'stop'] });
+  assert.deepEqual(s.events[s.events.length - 1].json, { content: '', stop: true });
+  assertError(await postJSON(srv, '/infill', { ...body, response_fields: 'content' }), 400, 'invalid_type',
+    'response_fields');
+  assertError(await postJSON(srv, '/infill', { ...body, response_fields: [3] }), 400, 'invalid_type', 'response_fields');
+});
+
 test('/infill refuses what it cannot take, and the server goes on', async () => {
   const base = { input_prefix: 'a', input_suffix: 'b', n_predict: 2 };
   assertError(await postJSON(srv, '/infill', { input_suffix: 'b' }), 400, 'missing_required_parameter', 'input_prefix');
