@@ -76,11 +76,12 @@ static int parse_common(json_t *root, ks_api_request *r, ks_api_error *err) {
         if ((rc = ks__api_get_int(root, "max_tokens", 1, INT32_MAX, &x, &set, err))) return rc;
         if (set) r->max_tokens = (int)x;
     }
-    /* llama-server's name; -1 there means "until the context is full". */
+    /* llama-server's name; -1 there means "until the context is full". 0
+     * is one token there (its budget is checked after a token): llama.vim
+     * and llama.vscode send n_predict 0 to put their files in the cache. */
     if (!set && r->max_tokens < 0) {
         if ((rc = ks__api_get_int(root, "n_predict", -1, INT32_MAX, &x, &set, err))) return rc;
-        if (set && x == 0) BAD("integer_below_min_value", "n_predict", "Invalid 'n_predict': expected -1 or a value >= 1.");
-        if (set && x > 0) r->max_tokens = (int)x;
+        if (set && x >= 0) r->max_tokens = x > 0 ? (int)x : 1;
     }
     if ((rc = ks__api_get_number(root, "temperature", 0.0, 2.0, &r->sample.temperature, err))) return rc;
     if ((rc = ks__api_get_number(root, "top_p", 0.0, 1.0, &r->sample.top_p, err))) return rc;

@@ -250,6 +250,21 @@ test('response_fields: the whole reply keeps those paths, each under its path (l
   assertError(await postJSON(srv, '/infill', { ...body, response_fields: [3] }), 400, 'invalid_type', 'response_fields');
 });
 
+test('llama.vim\'s cache warm-up (n_predict 0, response_fields [""]): {} back, and the files are in the cache after', async () => {
+  const files = [{ filename: 'warm.py', text: 'def warm(x):\n    return x + 1\n'.repeat(20) }];
+  // the request llama.vim sends when its ring of chunks changes, field for field
+  const r = await ok(srv, '/infill', {
+    input_prefix: '', input_suffix: '', input_extra: files, prompt: '', n_predict: 0, temperature: 0.0, stream: false,
+    samplers: [], cache_prompt: true, t_max_prompt_ms: 1, t_max_predict_ms: 1, response_fields: [''],
+  });
+  assert.deepEqual(r, {});
+  const next = await ok(srv, '/infill', { input_extra: files, input_prefix: 'def main():\n    ', input_suffix: '\n', ...GREEDY });
+  const nFiles = (await infillTokens({ input_extra: files, input_prefix: '', input_suffix: '' })).length - 3;
+  assert.ok(next.cache.cached_tokens >= nFiles, `cached ${next.cache.cached_tokens}, files ${nFiles}`);
+  // n_predict 0 is one token, as llama-server counts it
+  assert.equal((await ok(srv, '/completion', { prompt: 'hello', n_predict: 0 })).tokens_predicted, 1);
+});
+
 test('/infill refuses what it cannot take, and the server goes on', async () => {
   const base = { input_prefix: 'a', input_suffix: 'b', n_predict: 2 };
   assertError(await postJSON(srv, '/infill', { input_suffix: 'b' }), 400, 'missing_required_parameter', 'input_prefix');
