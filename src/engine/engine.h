@@ -350,6 +350,11 @@ typedef struct ks_logit_bias { int32_t tok; float bias; } ks_logit_bias;   /* bi
 #define KS_N_PROBS_MAX 20
 
 /* What a request adds to sampling beyond ks_sample_params (zero-initialised = off). */
+/* The steps of a sampler chain in a given order (ks_sample_ext.order). */
+enum { KS_SAMPLER_TOP_K = 1, KS_SAMPLER_TOP_P, KS_SAMPLER_MIN_P, KS_SAMPLER_TEMPERATURE, KS_SAMPLER_INFILL,
+       KS_SAMPLER_PENALTIES };
+#define KS_SAMPLER_ORDER_MAX 32
+
 typedef struct ks_sample_ext {
     const char *grammar;            /* GBNF, root rule "root"; NULL or "": none */
     bool grammar_lazy;              /* the grammar applies from the first trigger on */
@@ -367,6 +372,16 @@ typedef struct ks_sample_ext {
     bool ignore_eos;                /* every end-of-generation token gets -INFINITY */
     int n_probs;                    /* > 0: compute the top n_probs log-probabilities per
                                        sampled token (max KS_N_PROBS_MAX) */
+    /* llama-server's "samplers": the chain after the biases in this order,
+     * then a draw at the seed, as common_sampler_init builds it — a step not
+     * listed is not applied (no temperature: the logits as they are; no
+     * penalties: none), and there is no greedy shortcut (temperature 0 is
+     * the temperature step's argmax). ordered false: kvstash's chain
+     * (penalties, then top-k, top-p, min-p, temperature; greedy at
+     * temperature 0). */
+    bool ordered;
+    uint8_t order[KS_SAMPLER_ORDER_MAX]; /* KS_SAMPLER_*; n_order 0: the draw alone */
+    int n_order;
 } ks_sample_ext;
 
 /* Checks everything in x but the grammar itself: counts >= 0 with their

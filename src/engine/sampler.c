@@ -43,6 +43,9 @@ int ks_sampler_ext_check(const ks_engine *e, const ks_sample_ext *x) {
         (x->n_grammar_prefill && !x->grammar_prefill) || (x->n_logit_bias && !x->logit_bias))
         return KS_EINVAL;
     if (x->n_probs < 0 || x->n_probs > KS_N_PROBS_MAX || x->repeat_last_n < -1) return KS_EINVAL;
+    if (x->n_order < 0 || x->n_order > KS_SAMPLER_ORDER_MAX) return KS_EINVAL;
+    for (int k = 0; k < x->n_order; k++)
+        if (x->order[k] < KS_SAMPLER_TOP_K || x->order[k] > KS_SAMPLER_PENALTIES) return KS_EINVAL;
     /* llama.cpp's common_sampler_init refuses these too (it throws). */
     float rp = x->repeat_penalty;
     if (!isfinite(rp) || rp < 0.0f || (rp > 0.0f && !isfinite(1.0f / rp))) return KS_EINVAL;
@@ -146,6 +149,28 @@ static int add_grammar(const ks_engine *e, ks_sampler *s, const ks_sample_ext *x
     return s->cur ? 0 : KS_ENOMEM;
 }
 
+/* llama-server's "samplers" order (engine.h), as common_sampler_init
+ * builds its chain: each step with the request's value, even where it does
+ * nothing (top-k 0, top-p 1), then the draw at the seed. */
+static void add_ordered(const ks_engine *e, ks_sampler *s, const ks_sample_params *sp, const ks_sample_ext *x) {
+    ks_sample_params d = ks_sample_params_default();
+    const ks_sample_params *p = sp ? sp : &d;
+    for (int k = 0; k < x->n_order; k++) {
+        switch (x->order[k]) {
+        case KS_SAMPLER_TOP_K: llama_sampler_chain_add(s->chain, llama_sampler_init_top_k(p->top_k)); break;
+        case KS_SAMPLER_TOP_P: llama_sampler_chain_add(s->chain, llama_sampler_init_top_p(p->top_p, 0)); break;
+        case KS_SAMPLER_MIN_P: llama_sampler_chain_add(s->chain, llama_sampler_init_min_p(p->min_p, 0)); break;
+        case KS_SAMPLER_TEMPERATURE:
+            llama_sampler_chain_add(s->chain, llama_sampler_init_temp_ext(p->temperature, 0.0f, 1.0f));
+            break;
+        case KS_SAMPLER_INFILL: llama_sampler_chain_add(s->chain, llama_sampler_init_infill(ks__engine_vocab(e))); break;
+        case KS_SAMPLER_PENALTIES: add_penalties(e, s, x); break;
+        default: break; /* refused by ks_sampler_ext_check */
+        }
+    }
+    llama_sampler_chain_add(s->chain, llama_sampler_init_dist((uint32_t)(p->seed ^ (p->seed >> 32))));
+}
+
 ks_sampler *ks_sampler_create_ext(const ks_engine *e, const ks_sample_params *sp, const ks_sample_ext *x, int *rc) {
     int rc_ = 0;
     if (!rc) rc = &rc_;
@@ -158,18 +183,21 @@ ks_sampler *ks_sampler_create_ext(const ks_engine *e, const ks_sample_params *sp
     scp.no_perf = true;
     s->chain = llama_sampler_chain_init(scp);
     if (!s->chain) goto fail;
-    if (x) {
-        if (add_logit_bias(e, s, x)) goto fail;
-        add_penalties(e, s, x);
-    }
-    if (!sp || sp->temperature <= 0.0f) {
-        llama_sampler_chain_add(s->chain, llama_sampler_init_greedy());
+    if (x && add_logit_bias(e, s, x)) goto fail;
+    if (x && x->ordered) {
+        add_ordered(e, s, sp, x);
     } else {
-        if (sp->top_k > 0) llama_sampler_chain_add(s->chain, llama_sampler_init_top_k(sp->top_k));
-        if (sp->top_p > 0.0f && sp->top_p < 1.0f) llama_sampler_chain_add(s->chain, llama_sampler_init_top_p(sp->top_p, 1));
-        if (sp->min_p > 0.0f) llama_sampler_chain_add(s->chain, llama_sampler_init_min_p(sp->min_p, 1));
-        llama_sampler_chain_add(s->chain, llama_sampler_init_temp(sp->temperature));
-        llama_sampler_chain_add(s->chain, llama_sampler_init_dist((uint32_t)(sp->seed ^ (sp->seed >> 32))));
+        if (x) add_penalties(e, s, x);
+        if (!sp || sp->temperature <= 0.0f) {
+            llama_sampler_chain_add(s->chain, llama_sampler_init_greedy());
+        } else {
+            if (sp->top_k > 0) llama_sampler_chain_add(s->chain, llama_sampler_init_top_k(sp->top_k));
+            if (sp->top_p > 0.0f && sp->top_p < 1.0f)
+                llama_sampler_chain_add(s->chain, llama_sampler_init_top_p(sp->top_p, 1));
+            if (sp->min_p > 0.0f) llama_sampler_chain_add(s->chain, llama_sampler_init_min_p(sp->min_p, 1));
+            llama_sampler_chain_add(s->chain, llama_sampler_init_temp(sp->temperature));
+            llama_sampler_chain_add(s->chain, llama_sampler_init_dist((uint32_t)(sp->seed ^ (sp->seed >> 32))));
+        }
     }
     if (x && x->grammar && x->grammar[0] && (*rc = add_grammar(e, s, x)) != 0) goto fail;
     *rc = 0;

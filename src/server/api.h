@@ -185,6 +185,10 @@ typedef struct ks_api_request {
                               (textstream.h); 0: off */
     int t_max_predict_ms;  /* llama-server's: > 0, past this many ms after the first token the
                               reply ends at a newline; 0: off */
+    uint8_t sampler_order[KS_SAMPLER_ORDER_MAX]; /* llama-server's "samplers" (engine.h
+                                                    ks_sample_ext.order); n 0: kvstash's chain */
+    int n_sampler_order;
+    bool samplers_given;   /* "samplers" was given (an empty list: the draw alone) */
     ks_sample_params sample;
     bool seed_set;         /* false: the server draws a seed */
     const char *stops[KS_API_MAX_STOPS]; /* borrowed, non-empty */

@@ -31,7 +31,7 @@ static const char *const COMMON_FIELDS[] = {
     "model", "max_tokens", "max_completion_tokens", "n_predict", "temperature", "top_p", "top_k", "min_p",
     "seed", "n", "stop", "stream", "stream_options", "cache_prompt", "logit_bias", "presence_penalty",
     "frequency_penalty", "repeat_penalty", "repeat_last_n", "ignore_eos", "id_slot", "n_probs",
-    "speculative.n_max", "n_indent", "t_max_predict_ms", "response_fields",
+    "speculative.n_max", "n_indent", "t_max_predict_ms", "response_fields", "samplers",
     NULL};
 /* Accepted and ignored for compatibility (docs/SERVER.md): they change
  * nothing a local server does. */
@@ -707,6 +707,76 @@ static int parse_bias(json_t *root, ks_api_request *r, ks_api_error *err) {
     return 0;
 }
 
+/* One of llama-server's sampler names (common_sampler_types_from_names:
+ * canonical, kebab-case, no dash, and its aliases) or chars
+ * (common_sampler_types_from_chars): 0 for one llama-server knows that is a
+ * no-op at the values kvstash leaves it (dry, typ_p, xtc, top_n_sigma), -1
+ * for adaptive_p (kvstash has no such draw), -2 for a name neither knows. */
+static int sampler_code(const char *n) {
+    static const struct { const char *name; int code; } M[] = {
+        {"top_k", KS_SAMPLER_TOP_K}, {"top-k", KS_SAMPLER_TOP_K}, {"topk", KS_SAMPLER_TOP_K},
+        {"top_p", KS_SAMPLER_TOP_P}, {"top-p", KS_SAMPLER_TOP_P}, {"topp", KS_SAMPLER_TOP_P},
+        {"nucleus", KS_SAMPLER_TOP_P}, {"min_p", KS_SAMPLER_MIN_P}, {"min-p", KS_SAMPLER_MIN_P},
+        {"minp", KS_SAMPLER_MIN_P}, {"temperature", KS_SAMPLER_TEMPERATURE}, {"temp", KS_SAMPLER_TEMPERATURE},
+        {"infill", KS_SAMPLER_INFILL}, {"penalties", KS_SAMPLER_PENALTIES}, {"dry", 0}, {"typ_p", 0},
+        {"typ-p", 0}, {"typp", 0}, {"typ", 0}, {"xtc", 0}, {"top_n_sigma", 0}, {"top-n-sigma", 0},
+        {"topnsigma", 0}, {"adaptive_p", -1}, {"adaptive-p", -1}, {"adaptivep", -1},
+    };
+    for (size_t i = 0; i < sizeof M / sizeof M[0]; i++)
+        if (!strcmp(n, M[i].name)) return M[i].code;
+    return -2;
+}
+
+static int sampler_char(char c) {
+    switch (c) {
+    case 'k': return KS_SAMPLER_TOP_K;
+    case 'p': return KS_SAMPLER_TOP_P;
+    case 'm': return KS_SAMPLER_MIN_P;
+    case 't': return KS_SAMPLER_TEMPERATURE;
+    case 'i': return KS_SAMPLER_INFILL;
+    case 'e': return KS_SAMPLER_PENALTIES;
+    case 'd': case 'y': case 's': case 'x': return 0;
+    case 'a': return -1;
+    default: return -2;
+    }
+}
+
+/* samplers: an array of names or a string of chars, llama-server's. Steps
+ * kvstash has no parameter for are no-ops there at their defaults, and left
+ * out; an unknown name is left out as llama-server leaves it out (with a
+ * warning there, a note here). */
+static int parse_samplers(json_t *root, ks_api_request *r, ks_api_error *err) {
+    json_t *v = ks__api_field(root, "samplers");
+    if (!v) return 0;
+    size_t n = json_is_array(v) ? json_array_size(v) : json_is_string(v) ? json_string_length(v) : 0;
+    if (!json_is_array(v) && !json_is_string(v))
+        BAD("invalid_type", "samplers",
+            "Invalid type for 'samplers': expected an array of sampler names or a string of sampler characters, "
+            "but got %s instead.", ks__api_json_type_name(v));
+    if (n > KS_SAMPLER_ORDER_MAX)
+        BAD("array_above_max_length", "samplers", "Invalid 'samplers': at most %d, got %zu.", KS_SAMPLER_ORDER_MAX, n);
+    r->samplers_given = true;
+    for (size_t i = 0; i < n; i++) {
+        int c;
+        char q[32];
+        snprintf(q, sizeof q, "samplers[%zu]", i);
+        if (json_is_string(v)) {
+            c = sampler_char(json_string_value(v)[i]);
+        } else {
+            json_t *e = json_array_get(v, i);
+            if (!json_is_string(e))
+                BAD("invalid_type", q, "Invalid type for '%s': expected a sampler name, but got %s instead.", q,
+                    ks__api_json_type_name(e));
+            c = sampler_code(json_string_value(e));
+        }
+        if (c == -1)
+            BAD("unsupported_value", q, "Unsupported value: '%s' (adaptive_p) is not a sampler kvstash has.", q);
+        if (c == -2) ks_api_note(&r->notes, q, "an unknown sampler");
+        if (c > 0) r->sampler_order[r->n_sampler_order++] = (uint8_t)c;
+    }
+    return 0;
+}
+
 int ks__api_parse_sampling(json_t *root, ks_api_request *r, ks_api_error *err) {
     int rc;
     r->repeat_penalty = 1.0f;
@@ -714,6 +784,7 @@ int ks__api_parse_sampling(json_t *root, ks_api_request *r, ks_api_error *err) {
     r->n = 1;
     r->id_slot = -1;
     if ((rc = parse_bias(root, r, err))) return rc;
+    if ((rc = parse_samplers(root, r, err))) return rc;
     long long x;
     bool set;
     if ((rc = ks__api_get_number(root, "presence_penalty", -2.0, 2.0, &r->presence_penalty, err))) return rc;

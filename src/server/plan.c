@@ -482,6 +482,11 @@ ks_sample_ext ks__plan_ext(const ks_api_request *rq, const ks_plan *pl) {
     x.presence_penalty = rq->presence_penalty;
     x.ignore_eos = rq->ignore_eos;
     x.n_probs = rq->logprobs ? (rq->top_logprobs > 0 ? rq->top_logprobs : 1) : 0;
+    if (rq->samplers_given) {
+        x.ordered = true;
+        memcpy(x.order, rq->sampler_order, sizeof x.order);
+        x.n_order = rq->n_sampler_order;
+    }
     return x;
 }
 

@@ -265,6 +265,27 @@ test('llama.vim\'s cache warm-up (n_predict 0, response_fields [""]): {} back, a
   assert.equal((await ok(srv, '/completion', { prompt: 'hello', n_predict: 0 })).tokens_predicted, 1);
 });
 
+test('samplers: llama-server\'s order, names or chars (llama.vscode: top_k, top_p, infill)', async () => {
+  const body = { input_prefix: 'def f(x):\n    ', input_suffix: '\n', n_predict: 16, seed: 42, top_k: 40, top_p: 0.99 };
+  const a = await ok(srv, '/infill', { ...body, samplers: ['top_k', 'top_p', 'infill'] });
+  const b = await ok(srv, '/infill', { ...body, samplers: 'kpi' });
+  assert.equal(a.content, b.content, 'the same order by names and by chars, the same seed');
+  // with the temperature step last, temperature 0 is greedy; without it, temperature 0 does nothing
+  const greedy = await ok(srv, '/infill', { ...body, temperature: 0 });
+  assert.equal((await ok(srv, '/infill', { ...body, temperature: 0, samplers: ['top_k', 'temperature'] })).content,
+    greedy.content);
+  const seeds = await Promise.all([1, 2, 3, 4].map((seed) =>
+    ok(srv, '/infill', { ...body, seed, temperature: 0, samplers: [] })));
+  assert.ok(new Set(seeds.map((r) => r.content)).size > 1, 'no temperature step: draws from the logits as they are');
+  // steps kvstash has no parameter for are no-ops (llama-server's defaults); unknown names are left out
+  assert.equal((await ok(srv, '/infill', { ...body, samplers: ['dry', 'top_k', 'typ_p', 'top_p', 'xtc', 'infill', 'nope'] })).content,
+    a.content);
+  assertError(await postJSON(srv, '/infill', { ...body, samplers: ['adaptive_p'] }), 400, 'unsupported_value', 'samplers[0]');
+  assertError(await postJSON(srv, '/infill', { ...body, samplers: [3] }), 400, 'invalid_type', 'samplers[0]');
+  assertError(await postJSON(srv, '/infill', { ...body, samplers: 7 }), 400, 'invalid_type', 'samplers');
+  assertError(await postJSON(srv, '/infill', { ...body, samplers: 'k'.repeat(33) }), 400, 'array_above_max_length', 'samplers');
+});
+
 test('/infill refuses what it cannot take, and the server goes on', async () => {
   const base = { input_prefix: 'a', input_suffix: 'b', n_predict: 2 };
   assertError(await postJSON(srv, '/infill', { input_suffix: 'b' }), 400, 'missing_required_parameter', 'input_prefix');
