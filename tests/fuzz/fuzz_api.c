@@ -142,6 +142,12 @@ static void check_media(const ks_api_request *r) {
 static void check_request(const ks_api_request *r) {
     check_media(r);
     FUZZ_CHECK(r->n_stops >= 0 && r->n_stops <= KS_API_MAX_STOPS);
+    /* samplers: codes the sampler takes (engine.h), never more than it holds */
+    FUZZ_CHECK(r->n_sampler_order >= 0 && r->n_sampler_order <= KS_SAMPLER_ORDER_MAX);
+    FUZZ_CHECK(r->samplers_given || r->n_sampler_order == 0);
+    for (int k = 0; k < r->n_sampler_order; k++)
+        FUZZ_CHECK(r->sampler_order[k] >= KS_SAMPLER_TOP_K && r->sampler_order[k] <= KS_SAMPLER_PENALTIES);
+    FUZZ_CHECK(r->n_indent >= 0 && r->t_max_predict_ms >= 0);
     for (int i = 0; i < r->n_stops; i++) {
         FUZZ_CHECK(text_ok(r->stops[i]) && r->stops[i][0] != '\0');
         FUZZ_CHECK(strlen(r->stops[i]) <= KS_API_MAX_STOP_LEN);
