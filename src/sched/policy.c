@@ -123,17 +123,21 @@ static uint8_t *snapshot(ks_sched *s, slot *sl, size_t *len) {
     return buf;
 }
 
+/* Whether the slot's state may go to the store at all: there is one, the
+ * KV is not a cache_prompt:false request's, it is long enough, and a
+ * restore would take it (not so at every length on a sliding window). */
+static bool slot_storable(const ks_sched *s, const slot *sl) {
+    return s->p.store && !sl->no_store && sl->tokens.n >= s->p.store_min_tokens && restorable(s, sl->tokens.n);
+}
+
 /* Whether a save of the slot's state for `why` can apply at all (nothing
  * asked of the store but its configuration). */
 static bool save_applies(const ks_sched *s, const slot *sl, ks_reason why) {
-    return s->p.store && !sl->no_store && sl->tokens.n >= s->p.store_min_tokens &&
-           restorable(s, sl->tokens.n) /* a sliding window: a state no restore would take */ &&
-           ks_store_saves_reason(s->p.store, why);
+    return slot_storable(s, sl) && ks_store_saves_reason(s->p.store, why);
 }
 
 int ks__policy_save_ask(ks_sched *s, slot *sl, ks_reason why) {
-    if (!s->p.store || sl->no_store || sl->tokens.n < s->p.store_min_tokens) return -1;
-    if (!restorable(s, sl->tokens.n)) return -1; /* a sliding window: a state no restore would take */
+    if (!slot_storable(s, sl)) return -1;
     /* Ask the store first: nothing is copied for a reason that maps to no
      * tier, or for a state it already holds (e.g. the finish save of the
      * request that left this KV, when the slot is evicted later). Such a "no"
