@@ -326,7 +326,7 @@ static int parse_infill(json_t *root, ks_api_request *r, ks_api_error *err) {
         if (!json_is_object(c))
             BAD("invalid_type", q, "Invalid type for '%s': expected an object, but got %s instead.", q,
                 ks__api_json_type_name(c));
-        ks_api_infill_chunk *ch = &r->infill_extra[i];
+        ks_prompt_infill_chunk *ch = &r->infill_extra[i];
         snprintf(q, sizeof q, "input_extra[%zu].text", i);
         if ((rc = infill_string(c, "text", q, true, &ch->text, err))) return rc;
         snprintf(q, sizeof q, "input_extra[%zu].filename", i);

@@ -40,6 +40,7 @@
 
 #include "base/base.h"
 #include "engine/engine.h"
+#include "prompt/prompt.h"
 #include "sched/sched.h"
 #include "server/media_in.h"
 
@@ -128,11 +129,7 @@ typedef struct ks_api_media {
     char param[96];              /* where the request had it, for later errors */
 } ks_api_media;
 
-/* One file of /infill's input_extra (strings borrowed from the request). */
-typedef struct ks_api_infill_chunk {
-    const char *filename; /* "tmp" when the client gave none */
-    const char *text;
-} ks_api_infill_chunk;
+/* The most files in /infill's input_extra. */
 #define KS_API_MAX_INFILL_EXTRA 4096
 
 typedef struct ks_api_request {
@@ -153,7 +150,7 @@ typedef struct ks_api_request {
      * from root, "" when absent. */
     bool infill;
     const char *infill_prefix, *infill_suffix, *infill_prompt;
-    ks_api_infill_chunk *infill_extra; /* owned */
+    ks_prompt_infill_chunk *infill_extra; /* owned; filename "tmp" when the client gave none */
     int n_infill_extra;
 
     /* chat: the request as llama.cpp's common library renders it

@@ -236,13 +236,9 @@ static int infill_prompt(const ks_server *s, ks_smodel *m, const ks_api_request 
                          f.suf < 0 ? "suffix token is missing. " : "", f.mid < 0 ? "middle token is missing. " : "");
         return KS_EINVAL;
     }
-    ks_prompt_infill_chunk *ch = NULL;
-    if (rq->n_infill_extra > 0 && !(ch = calloc((size_t)rq->n_infill_extra, sizeof *ch))) return ks__api_oom(e);
-    for (int i = 0; i < rq->n_infill_extra; i++) ch[i] = (ks_prompt_infill_chunk){rq->infill_extra[i].filename,
-                                                                                  rq->infill_extra[i].text};
     ks_prompt_infill_in in = {
         .prefix = rq->infill_prefix, .suffix = rq->infill_suffix, .prompt = rq->infill_prompt,
-        .extra = ch, .n_extra = rq->n_infill_extra,
+        .extra = rq->infill_extra, .n_extra = rq->n_infill_extra,
         /* llama-server's budget is its --batch, 2048 by default (kvstash's
          * --batch, 512, is a decode step's size, not this): the same request
          * gets the same prompt from both servers. */
@@ -251,7 +247,6 @@ static int infill_prompt(const ks_server *s, ks_smodel *m, const ks_api_request 
         .spm = s->spm_infill,
     };
     int rc = ks_prompt_infill(m->engine, &in, out);
-    free(ch);
     if (rc == KS_ENOMEM) return ks__api_oom(e);
     if (rc) ks_api_error_set(e, 500, "server_error", "tokenize_failed", NULL, "The prompt could not be tokenized.");
     return rc;
