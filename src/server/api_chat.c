@@ -63,11 +63,8 @@ static const ks__api_nested CHAT_NESTED[] = {
     {NULL, NULL, NULL, NULL},
 };
 
-/* /infill's own (llama-server's). */
-static const char *const INFILL_FIELDS[] = {
-    "input_prefix", "input_suffix", "input_extra",
-    "prompt", "grammar", "json_schema", "response_format", "logprobs", "echo", "suffix", "best_of", /* completions' */
-    NULL};
+/* /infill's own (llama-server's), beside the completion's. */
+static const char *const INFILL_FIELDS[] = {"input_prefix", "input_suffix", "input_extra", NULL};
 
 int ks__api_check_fields(json_t *root, ks_api_kind kind, bool infill, ks_api_notes *notes, ks_api_error *err) {
     /* The other endpoint's own field would change what is generated if it
@@ -84,7 +81,7 @@ int ks__api_check_fields(json_t *root, ks_api_kind kind, bool infill, ks_api_not
             "Unsupported parameter: '%s' belongs to %s, not to this endpoint.", param,
             kind == KS_API_CHAT ? "/v1/completions" : "/v1/chat/completions");
     }
-    ks__api_note_unknown(root, notes, COMMON_FIELDS, IGNORED_FIELDS, infill ? INFILL_FIELDS : mine);
+    ks__api_note_unknown(root, notes, COMMON_FIELDS, IGNORED_FIELDS, mine, infill ? INFILL_FIELDS : NULL);
     ks__api_note_nested(root, CHAT_NESTED, notes);
     return 0;
 }

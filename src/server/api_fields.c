@@ -167,12 +167,14 @@ int ks__api_want(json_t *v, json_type t, const char *what, const char *param, ks
 }
 
 void ks__api_note_unknown(json_t *root, ks_api_notes *notes, const char *const *l1, const char *const *l2,
-                          const char *const *l3) {
+                          const char *const *l3, const char *const *l4) {
+    const char *const *lists[] = {l1, l2, l3, l4};
     const char *k;
     json_t *v;
     json_object_foreach(root, k, v) {
-        if ((l1 && ks__api_in_list(l1, k)) || (l2 && ks__api_in_list(l2, k)) || (l3 && ks__api_in_list(l3, k)))
-            continue;
+        bool known = false;
+        for (int i = 0; i < 4 && lists[i] && !known; i++) known = ks__api_in_list(lists[i], k);
+        if (known) continue;
         ks_api_note(notes, k, "an unknown field");
     }
 }

@@ -51,7 +51,7 @@ int ks__api_want(json_t *v, json_type t, const char *what, const char *param, ks
 /* Notes every field of root that is in none of the NULL-terminated lists
  * (the lists may be NULL-padded: a NULL list ends them). */
 void ks__api_note_unknown(json_t *root, ks_api_notes *notes, const char *const *l1, const char *const *l2,
-                          const char *const *l3);
+                          const char *const *l3, const char *const *l4);
 
 /* The fields a parser knows in a nested object (docs/SERVER.md, "Request
  * fields", rule 5 for nested fields): path is a pattern of object keys, "[]"

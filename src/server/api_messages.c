@@ -451,7 +451,7 @@ int ks_api_messages_to_chat(json_t *root, bool count, ks_api_msg_req *out, ks_ap
     memset(out, 0, sizeof *out);
     out->mid_system = -1;
     int rc;
-    ks__api_note_unknown(root, &out->notes, count ? COUNT_FIELDS : MSG_FIELDS, MSG_IGNORED, NULL);
+    ks__api_note_unknown(root, &out->notes, count ? COUNT_FIELDS : MSG_FIELDS, MSG_IGNORED, NULL, NULL);
     ks__api_note_nested(root, MSG_NESTED, &out->notes);
     ks__msg_tools tools;
     json_t *chat = json_object(), *msgs = json_array();

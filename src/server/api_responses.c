@@ -503,7 +503,7 @@ int ks_api_responses_to_chat(json_t *root, const json_t *history, ks_api_resp_re
             "Unsupported parameter: '%s' is not supported by this server (it keeps no server-side conversations "
             "or prompts, and one response has one output; docs/SERVER.md).", k);
     }
-    ks__api_note_unknown(root, &out->notes, RESP_FIELDS, RESP_IGNORED, RESP_REFUSED);
+    ks__api_note_unknown(root, &out->notes, RESP_FIELDS, RESP_IGNORED, RESP_REFUSED, NULL);
     ks__api_note_nested(root, RESP_NESTED, &out->notes);
     json_t *bg = ks__api_field(root, "background");
     if (bg && !json_is_false(bg))
