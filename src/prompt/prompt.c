@@ -121,17 +121,12 @@ int ks_prompt_infill(const ks_engine *e, const ks_prompt_infill_in *in, ks_promp
     for (int i = 0; !rc && i < in->n_extra; i++) {
         const char *fn = in->extra[i].filename ? in->extra[i].filename : "tmp";
         if (fim.sep >= 0) {
+            ks_buf line = {0};
             rc = ks_tokens_push(&extra, fim.sep);
-            size_t n = strlen(fn);
-            char *line = malloc(n + 2);
-            if (!line) rc = KS_ENOMEM;
-            if (!rc) {
-                memcpy(line, fn, n);
-                memcpy(line + n, "\n", 2);
-                rc = tok_text(e, line, false, &extra);
-            }
-            free(line);
-        } else if (!rc) {
+            if (!rc) rc = ks_buf_printf(&line, "%s\n", fn);
+            if (!rc) rc = tok_text(e, line.s, false, &extra);
+            ks_buf_free(&line);
+        } else {
             rc = tok_text(e, "\n\n--- snippet ---\n\n", false, &extra);
         }
         if (!rc) rc = tok_text(e, in->extra[i].text, false, &extra);
