@@ -149,6 +149,10 @@ static int add_grammar(const ks_engine *e, ks_sampler *s, const ks_sample_ext *x
     return s->cur ? 0 : KS_ENOMEM;
 }
 
+/* The draw's seed: llama.cpp's is 32 bits; a 64-bit seed folds into it
+ * (one below 2^32 stays what it is, as llama-server takes it). */
+static uint32_t seed32(uint64_t seed) { return (uint32_t)(seed ^ (seed >> 32)); }
+
 /* llama-server's "samplers" order (engine.h), as common_sampler_init
  * builds its chain: each step with the request's value, even where it does
  * nothing (top-k 0, top-p 1), then the draw at the seed. */
@@ -168,7 +172,7 @@ static void add_ordered(const ks_engine *e, ks_sampler *s, const ks_sample_param
         default: break; /* refused by ks_sampler_ext_check */
         }
     }
-    llama_sampler_chain_add(s->chain, llama_sampler_init_dist((uint32_t)(p->seed ^ (p->seed >> 32))));
+    llama_sampler_chain_add(s->chain, llama_sampler_init_dist(seed32(p->seed)));
 }
 
 ks_sampler *ks_sampler_create_ext(const ks_engine *e, const ks_sample_params *sp, const ks_sample_ext *x, int *rc) {
@@ -196,7 +200,7 @@ ks_sampler *ks_sampler_create_ext(const ks_engine *e, const ks_sample_params *sp
                 llama_sampler_chain_add(s->chain, llama_sampler_init_top_p(sp->top_p, 1));
             if (sp->min_p > 0.0f) llama_sampler_chain_add(s->chain, llama_sampler_init_min_p(sp->min_p, 1));
             llama_sampler_chain_add(s->chain, llama_sampler_init_temp(sp->temperature));
-            llama_sampler_chain_add(s->chain, llama_sampler_init_dist((uint32_t)(sp->seed ^ (sp->seed >> 32))));
+            llama_sampler_chain_add(s->chain, llama_sampler_init_dist(seed32(sp->seed)));
         }
     }
     if (x && x->grammar && x->grammar[0] && (*rc = add_grammar(e, s, x)) != 0) goto fail;
