@@ -12,7 +12,7 @@ import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import { startServer, stopOk, postJSON, stream, assertError, runBin } from './lib.mjs';
+import { startServer, stopOk, postJSON, stream, assertError, runBin, importClient } from './lib.mjs';
 
 let root;
 let srv; // the tiny model with Qwen2.5-Coder's FIM tokens (mkmodel --fim)
@@ -284,6 +284,27 @@ test('samplers: llama-server\'s order, names or chars (llama.vscode: top_k, top_
   assertError(await postJSON(srv, '/infill', { ...body, samplers: [3] }), 400, 'invalid_type', 'samplers[0]');
   assertError(await postJSON(srv, '/infill', { ...body, samplers: 7 }), 400, 'invalid_type', 'samplers');
   assertError(await postJSON(srv, '/infill', { ...body, samplers: 'k'.repeat(33) }), 400, 'array_above_max_length', 'samplers');
+});
+
+test('the openai SDK sends llama-server\'s fields on /v1/completions: n_indent, t_max_predict_ms, samplers, n_predict 0', async () => {
+  const OpenAI = (await importClient('openai')).default;
+  const oai = new OpenAI({ baseURL: srv.base + '/v1', apiKey: 'none', maxRetries: 0, timeout: 120000 });
+  const grammar = 'root ::= "x = 1\\n    y = 2\\n  z = 3\\n"';
+  const cut = await oai.completions.create({ model: 'x', prompt: 'a', max_tokens: 60, temperature: 0, grammar, n_indent: 4 });
+  assert.equal(cut.choices[0].text, 'x = 1\n    y = 2\n  ');
+  assert.equal(cut.choices[0].finish_reason, 'length');
+  const lines = await oai.completions.create({ model: 'x', prompt: 'x', max_tokens: 400, temperature: 0,
+    grammar: 'root ::= ("ab\\n"){40}', t_max_predict_ms: 1 });
+  assert.equal(lines.choices[0].finish_reason, 'length');
+  assert.ok(lines.choices[0].text.endsWith('\n') && lines.choices[0].text.length < 120, lines.choices[0].text);
+  const body = { model: 'x', prompt: 'def f(x):', max_tokens: 8, seed: 7, top_k: 40, top_p: 0.99 };
+  const a = await oai.completions.create({ ...body, samplers: ['top_k', 'top_p', 'infill'] });
+  const b = await oai.completions.create({ ...body, samplers: 'kpi' });
+  assert.equal(a.choices[0].text, b.choices[0].text);
+  const one = await oai.completions.create({ model: 'x', prompt: 'hello', n_predict: 0 });
+  assert.equal(one.usage.completion_tokens, 1);
+  await assert.rejects(oai.completions.create({ ...body, samplers: ['adaptive_p'] }),
+    (e) => e.status === 400 && e.error?.param === 'samplers[0]');
 });
 
 test('/infill refuses what it cannot take, and the server goes on', async () => {
